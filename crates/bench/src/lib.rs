@@ -1,0 +1,1 @@
+//! Benchmarks for hipdecode: `bench-decode` and the criterion suites.

@@ -1,0 +1,5 @@
+//! The `hipdecode` command line.
+
+fn main() {
+    println!("hipdecode: no subcommands yet");
+}

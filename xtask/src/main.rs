@@ -1,0 +1,60 @@
+//! `cargo xtask`: project automation written as plain Rust.
+//!
+//! Each subcommand lives in its own module with its own arguments.
+
+mod bindgen;
+mod bundle;
+mod demo;
+mod models;
+mod test;
+mod verify_rocm;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "hipdecode project automation")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The main job: fetch Gemma 3 270M and generate from a prompt on the best device.
+    Demo(demo::Args),
+    /// The README's test command: Python references, the test model, then every test.
+    Test(test::Args),
+    /// Print the platform and device, then run the whole test suite with a pass/fail summary.
+    VerifyRocm(verify_rocm::Args),
+    /// Build the test binaries and tools into a folder that runs without cargo (for the GPU machine).
+    Bundle(bundle::Args),
+    /// Regenerate hip-ffi's committed bindings from installed HIP headers.
+    Bindgen(bindgen::Args),
+    /// Download a known model and verify its checksum.
+    FetchModel(models::FetchArgs),
+    /// Write a synthetic model with real shapes and random quantized weights.
+    SynthModel(models::SynthArgs),
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::Demo(args) => demo::run(args),
+        Command::Test(args) => test::run(args),
+        Command::VerifyRocm(args) => verify_rocm::run(args),
+        Command::Bundle(args) => bundle::run(args),
+        Command::Bindgen(args) => bindgen::run(args),
+        Command::FetchModel(args) => models::fetch(args),
+        Command::SynthModel(args) => models::synth(args),
+    }
+}
+
+/// The workspace root, found from this crate's manifest directory at build time.
+pub(crate) fn workspace_root() -> PathBuf {
+    let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or(manifest_dir)
+}

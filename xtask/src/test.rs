@@ -1,0 +1,63 @@
+//! `cargo xtask test`: the README's test command for a fresh machine.
+//!
+//! It installs the Python reference tools the tests compare against, fetches the real test
+//! model, then runs the whole workspace's tests. Real-model tests are required to run here
+//! (`HIPDECODE_REQUIRE_MODELS=1`), so a missing model fails instead of being skipped.
+
+use anyhow::{bail, Context, Result};
+use std::path::Path;
+use std::process::Command;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Skip the model download and the Python install; real-model tests then skip themselves.
+    #[arg(long)]
+    pub offline: bool,
+    /// Extra arguments passed to `cargo test` (after `--workspace`).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub cargo_args: Vec<String>,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let root = crate::workspace_root();
+    let mut cargo_test = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cargo_test.current_dir(&root).arg("test").arg("--workspace");
+    cargo_test.args(&args.cargo_args);
+
+    if !args.offline {
+        install_python_reference(&root)?;
+        let xtask = std::env::current_exe().context("locating the xtask binary")?;
+        run_step(
+            "fetch the Gemma 3 270M test model",
+            Command::new(xtask)
+                .current_dir(&root)
+                .args(["fetch-model", "gemma3-270m"]),
+        )?;
+        cargo_test.env("HIPDECODE_REQUIRE_MODELS", "1");
+    }
+    run_step("cargo test --workspace", &mut cargo_test)
+}
+
+fn install_python_reference(root: &Path) -> Result<()> {
+    let requirements = root.join("tests/reference/requirements.txt");
+    if !requirements.exists() {
+        return Ok(());
+    }
+    run_step(
+        "install the Python reference packages",
+        Command::new("python3")
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"])
+            .arg(&requirements),
+    )
+}
+
+fn run_step(what: &str, command: &mut Command) -> Result<()> {
+    eprintln!("==> {what}");
+    let status = command
+        .status()
+        .with_context(|| format!("could not start the step '{what}'"))?;
+    if !status.success() {
+        bail!("step '{what}' failed ({status})");
+    }
+    Ok(())
+}
