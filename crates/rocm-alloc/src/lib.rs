@@ -1,1 +1,53 @@
 //! A stream-aware caching allocator for GPU memory whose every byte is bounded and explained.
+//!
+//! [`Allocator`] sits on a [`RawDevice`] (HIP through `hip-ffi`, or the simulated
+//! [`backends::sim::SimDevice`]) and caches device memory in per-stream small and large pools,
+//! splitting and merging blocks like PyTorch's CUDA caching allocator. On top of that it adds a
+//! bounded cache, a memory limit with environment overrides, tagged accounting, snapshots, an
+//! optional trace, graph-capture pools and a decode arena. `docs/memory.md` describes the model
+//! and every knob.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use rocm_alloc::{Allocator, AllocatorConfig, StreamId, Tag};
+//! use rocm_alloc::backends::sim::SimDevice;
+//!
+//! let device = Arc::new(SimDevice::discrete(1 << 30));
+//! let config = AllocatorConfig { read_env: false, ..Default::default() };
+//! let alloc = Allocator::new(device, config).unwrap();
+//! let kv = alloc.alloc(4 << 20, StreamId::DEFAULT, Tag::KvCache).unwrap();
+//! assert_eq!(alloc.stats().tag(Tag::KvCache).current, 4 << 20);
+//! drop(kv);
+//! assert_eq!(alloc.stats().active_bytes, 0);
+//! ```
+
+mod allocator;
+mod arena;
+pub mod backends;
+mod block_pool;
+mod config;
+mod deferred;
+mod device;
+mod error;
+mod graph_pool;
+pub mod limits;
+mod oom;
+pub mod size_class;
+mod snapshot;
+mod stats;
+mod tag;
+mod trace;
+
+pub use allocator::{Allocation, Allocator, TraceLog};
+pub use arena::{ArenaSlice, DecodeArena, ARENA_ALIGN};
+pub use block_pool::{BlockState, GraphPoolId};
+pub use config::{AllocatorConfig, DEFAULT_TRIM_HOT_WINDOW};
+pub use device::{DeviceError, EventId, MemoryInfo, RawDevice, StreamId, UmaInfo};
+pub use error::AllocError;
+pub use graph_pool::{CaptureGuard, CaptureTarget, GraphPool};
+pub use limits::{LimitParseError, LimitSpec};
+pub use oom::{fmt_bytes, OomCause, OomReport};
+pub use snapshot::{BlockInfo, PoolName, SegmentInfo, Snapshot};
+pub use stats::{Stats, TagUsage};
+pub use tag::Tag;
+pub use trace::{TraceEvent, TraceKind};

@@ -1,0 +1,668 @@
+//! The caching allocator: one mutex around the pool state, RAII allocations, raw FFI entry
+//! points, limits, trimming and the out-of-memory path.
+//!
+//! Concurrency: a single `std::sync::Mutex` guards all state. The cache-hit path does one
+//! ordered-set lookup and removal, a few slab writes and counter updates, and never allocates
+//! in steady state, so the critical section is short; device calls (only on a miss, a trim or
+//! the OOM path) are made while holding it, like PyTorch, so that no other thread can observe
+//! half-grown state.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::arena::DecodeArena;
+use crate::block_pool::{BlockId, BlockPool, BlockState, GraphPoolId, PoolKey, PoolOwner, SegmentId};
+use crate::config::AllocatorConfig;
+use crate::deferred::{PendingFree, PendingFrees};
+use crate::device::{DeviceError, RawDevice, StreamId};
+use crate::error::AllocError;
+use crate::graph_pool::{CaptureGuard, CaptureTarget, Captures, GraphPool};
+use crate::limits::{self, LimitSpec};
+use crate::oom::{OomCause, OomReport};
+use crate::size_class::{kind_of, round_request, segment_size};
+use crate::snapshot::{self, Snapshot};
+use crate::stats::{Counters, Stats};
+use crate::tag::Tag;
+use crate::trace::{Trace, TraceEvent, TraceKind};
+
+/// Hasher for device addresses: one multiply, then fold the high bits down so the bucket index
+/// (low bits) is not constant for 512-aligned addresses.
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 32)
+    }
+}
+
+type AddrMap = HashMap<u64, BlockId, BuildHasherDefault<AddrHasher>>;
+
+struct State {
+    pool: BlockPool,
+    counters: Counters,
+    /// Blocks handed out through `raw_alloc`, by address.
+    raw: AddrMap,
+    pending: PendingFrees,
+    captures: Captures,
+    trace: Option<Trace>,
+    memory_limit: Option<u64>,
+    cache_limit: Option<u64>,
+    cache_limit_explicit: bool,
+    weight_bytes: u64,
+    hot_window: u64,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    device: Arc<dyn RawDevice>,
+    device_total: u64,
+    device_name: String,
+}
+
+/// A stream-aware caching allocator. Cheap to clone (clones share one cache); `Send + Sync`.
+#[derive(Clone)]
+pub struct Allocator {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Allocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Allocator").field("device", &self.shared.device_name).finish_non_exhaustive()
+    }
+}
+
+/// A device allocation that returns to the cache when dropped.
+pub struct Allocation {
+    allocator: Allocator,
+    block: BlockId,
+    ptr: u64,
+    size: u64,
+    stream: StreamId,
+    tag: Tag,
+}
+
+impl std::fmt::Debug for Allocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Allocation")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("size", &self.size)
+            .field("stream", &self.stream)
+            .field("tag", &self.tag)
+            .finish()
+    }
+}
+
+impl Allocation {
+    /// Device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Bytes requested (the block may be larger).
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Stream the allocation belongs to.
+    pub fn stream(&self) -> StreamId {
+        self.stream
+    }
+
+    /// Accounting tag.
+    pub fn tag(&self) -> Tag {
+        self.tag
+    }
+
+    /// Declares that `stream` uses this memory: on drop the block is not reused until the work
+    /// queued on `stream` by then has completed.
+    pub fn record_stream(&self, stream: StreamId) {
+        self.allocator.record_stream_block(self.block, stream);
+    }
+
+    /// Gives up RAII ownership; the address must later go to [`Allocator::raw_free`].
+    pub fn into_raw(self) -> u64 {
+        let me = std::mem::ManuallyDrop::new(self);
+        let mut st = me.allocator.lock();
+        st.raw.insert(me.ptr, me.block);
+        drop(st);
+        // SAFETY: `me` is never used again and its destructor does not run (ManuallyDrop), so
+        // reading the allocator out moves its reference count exactly once.
+        let _allocator = unsafe { std::ptr::read(&me.allocator) };
+        me.ptr
+    }
+}
+
+impl Drop for Allocation {
+    fn drop(&mut self) {
+        self.allocator.free_block(self.block);
+    }
+}
+
+/// Events recorded by the optional trace, and how many were dropped for lack of room.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct TraceLog {
+    /// Events, oldest first.
+    pub events: Vec<TraceEvent>,
+    /// Events overwritten because the ring was full.
+    pub dropped: u64,
+}
+
+impl Allocator {
+    /// Creates an allocator over `device`, reading `HIPDECODE_MEMORY_LIMIT` and
+    /// `HIPDECODE_CACHE_LIMIT` unless `config.read_env` is false.
+    pub fn new(device: Arc<dyn RawDevice>, config: AllocatorConfig) -> Result<Allocator, AllocError> {
+        let read = config.read_env;
+        Self::with_env_lookup(device, config, &|var| if read { std::env::var(var).ok() } else { None })
+    }
+
+    /// Like [`Allocator::new`], reading the environment through `lookup`.
+    pub fn with_env_lookup(
+        device: Arc<dyn RawDevice>,
+        config: AllocatorConfig,
+        lookup: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Allocator, AllocError> {
+        let info = device.memory_info()?;
+        let env_memory = limits::limit_from_env(limits::MEMORY_LIMIT_ENV, lookup)?;
+        let env_cache = limits::limit_from_env(limits::CACHE_LIMIT_ENV, lookup)?;
+        let memory_limit = match config.memory_limit.or(env_memory) {
+            Some(spec) => spec.resolve(info.total),
+            None => Some(limits::default_memory_limit(&info)),
+        };
+        let cache_spec = config.cache_limit.or(env_cache);
+        let cache_limit = match cache_spec {
+            Some(spec) => spec.resolve(info.total),
+            None => Some(limits::default_cache_limit(config.weight_bytes)),
+        };
+        let state = State {
+            pool: BlockPool::default(),
+            counters: Counters::default(),
+            raw: AddrMap::with_capacity_and_hasher(1024, Default::default()),
+            pending: PendingFrees::default(),
+            captures: Captures::default(),
+            trace: config.trace_capacity.map(Trace::new),
+            memory_limit,
+            cache_limit,
+            cache_limit_explicit: cache_spec.is_some(),
+            weight_bytes: config.weight_bytes,
+            hot_window: config.trim_hot_window,
+        };
+        let device_name = device.name();
+        Ok(Allocator {
+            shared: Arc::new(Shared { state: Mutex::new(state), device, device_total: info.total, device_name }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves counters possibly stale but the pool
+        // consistent enough to keep serving; poisoning would turn every later drop into a panic.
+        self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn device(&self) -> &dyn RawDevice {
+        &*self.shared.device
+    }
+
+    /// Allocates at least `bytes` on `stream`, accounted under `tag`.
+    pub fn alloc(&self, bytes: u64, stream: StreamId, tag: Tag) -> Result<Allocation, AllocError> {
+        let (block, ptr) = self.alloc_block(bytes, stream, tag)?;
+        Ok(Allocation { allocator: self.clone(), block, ptr, size: bytes, stream, tag })
+    }
+
+    /// Allocates for FFI callers that manage lifetime themselves; free with
+    /// [`Allocator::raw_free`].
+    pub fn raw_alloc(&self, bytes: u64, stream: StreamId, tag: Tag) -> Result<u64, AllocError> {
+        let (block, ptr) = self.alloc_block(bytes, stream, tag)?;
+        self.lock().raw.insert(ptr, block);
+        Ok(ptr)
+    }
+
+    /// Frees an address from [`Allocator::raw_alloc`] or [`Allocation::into_raw`].
+    pub fn raw_free(&self, ptr: u64) -> Result<(), AllocError> {
+        let mut st = self.lock();
+        let block = st.raw.remove(&ptr).ok_or(AllocError::UnknownPointer(ptr))?;
+        self.free_locked(&mut st, block);
+        Ok(())
+    }
+
+    /// `record_stream` for a raw allocation.
+    pub fn raw_record_stream(&self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
+        let mut st = self.lock();
+        let block = *st.raw.get(&ptr).ok_or(AllocError::UnknownPointer(ptr))?;
+        Self::add_stream_use(&mut st, block, stream);
+        Ok(())
+    }
+
+    fn record_stream_block(&self, block: BlockId, stream: StreamId) {
+        let mut st = self.lock();
+        Self::add_stream_use(&mut st, block, stream);
+    }
+
+    fn add_stream_use(st: &mut State, block: BlockId, stream: StreamId) {
+        let seg_stream = st.pool.segment(st.pool.block(block).segment).pool.stream;
+        let b = st.pool.block_mut(block);
+        if stream != seg_stream && !b.stream_uses.contains(&stream) {
+            b.stream_uses.push(stream);
+        }
+    }
+
+    fn alloc_block(&self, bytes: u64, stream: StreamId, tag: Tag) -> Result<(BlockId, u64), AllocError> {
+        if bytes == 0 {
+            return Err(AllocError::ZeroSize);
+        }
+        let rounded = round_request(bytes).ok_or(AllocError::TooLarge(bytes))?;
+        let kind = kind_of(rounded);
+        let mut st = self.lock();
+        if !st.pending.is_empty() {
+            self.collect_pending(&mut st, false)?;
+        }
+        let key = PoolKey { owner: st.captures.owner_for(stream), stream, kind };
+        let block = match st.pool.find_free(key, rounded) {
+            Some(b) => {
+                st.counters.hits += 1;
+                b
+            }
+            None => {
+                st.counters.misses += 1;
+                self.grow(&mut st, key, rounded, bytes)?
+            }
+        };
+        let st = &mut *st;
+        let ptr = st.pool.take(block, rounded, tag);
+        let size = st.pool.block(block).size;
+        st.counters.on_alloc(tag, size);
+        if let Some(t) = &mut st.trace {
+            t.record(TraceKind::Alloc, ptr, size, tag, stream);
+        }
+        Ok((block, ptr))
+    }
+
+    /// Obtains a free block for a request that missed the cache: trim, then a new segment;
+    /// on failure wait for pending frees, flush the cache, and try once more.
+    fn grow(&self, st: &mut State, key: PoolKey, rounded: u64, requested: u64) -> Result<BlockId, AllocError> {
+        let seg = segment_size(rounded).ok_or(AllocError::TooLarge(requested))?;
+        if let Some(limit) = st.cache_limit {
+            let window = st.hot_window;
+            self.trim_locked(st, limit, Some(window))?;
+        }
+        match self.try_device_alloc(st, seg)? {
+            Ok(addr) => return Ok(st.pool.add_segment(addr, seg, key)),
+            Err(_) => st.counters.oom_retries += 1,
+        }
+        self.collect_pending(st, true)?;
+        if let Some(b) = st.pool.find_free(key, rounded) {
+            return Ok(b);
+        }
+        self.trim_locked(st, 0, None)?;
+        match self.try_device_alloc(st, seg)? {
+            Ok(addr) => Ok(st.pool.add_segment(addr, seg, key)),
+            Err(cause) => Err(self.oom_error(st, requested, seg, cause)),
+        }
+    }
+
+    /// One device allocation attempt, within the memory limit. The outer error is a device
+    /// failure other than running out of memory.
+    fn try_device_alloc(&self, st: &mut State, bytes: u64) -> Result<Result<u64, OomCause>, AllocError> {
+        if let Some(limit) = st.memory_limit {
+            if st.pool.reserved().saturating_add(bytes) > limit {
+                return Ok(Err(OomCause::MemoryLimit));
+            }
+        }
+        match self.device().malloc(bytes) {
+            Ok(addr) => {
+                let reserved = st.pool.reserved() + bytes;
+                st.counters.on_reserve(reserved);
+                if let Some(t) = &mut st.trace {
+                    t.record(TraceKind::DeviceAlloc, addr, bytes, Tag::Other, StreamId::DEFAULT);
+                }
+                Ok(Ok(addr))
+            }
+            Err(DeviceError::OutOfMemory { .. }) => Ok(Err(OomCause::Device)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn oom_error(&self, st: &State, requested: u64, segment: u64, cause: OomCause) -> AllocError {
+        let mut per_tag: Vec<(Tag, u64)> = st
+            .counters
+            .per_tag
+            .iter()
+            .zip(Tag::ALL)
+            .filter(|(u, _)| u.current > 0)
+            .map(|(u, t)| (t, u.current))
+            .collect();
+        per_tag.sort_by(|a, b| b.1.cmp(&a.1));
+        let reserved = st.pool.reserved();
+        let active = st.counters.active;
+        let cached = reserved - active;
+        let hint = OomReport::hint_for(cause, requested, &per_tag, cached);
+        AllocError::OutOfMemory(Box::new(OomReport {
+            requested,
+            segment,
+            cause,
+            active,
+            cached,
+            reserved,
+            limit: st.memory_limit,
+            device_free: self.device().memory_info().ok().map(|i| i.free),
+            per_tag,
+            hint,
+        }))
+    }
+
+    fn free_block(&self, block: BlockId) {
+        let mut st = self.lock();
+        self.free_locked(&mut st, block);
+    }
+
+    fn free_locked(&self, st: &mut State, block: BlockId) {
+        let (size, tag, sid, has_uses) = {
+            let b = st.pool.block(block);
+            debug_assert_eq!(b.state, BlockState::Active);
+            (b.size, b.tag, b.segment, !b.stream_uses.is_empty())
+        };
+        st.counters.on_free(tag, size);
+        if let Some(t) = &mut st.trace {
+            let (addr, stream) = (st.pool.block(block).addr, st.pool.segment(sid).pool.stream);
+            t.record(TraceKind::Free, addr, size, tag, stream);
+        }
+        if has_uses {
+            let uses = st.pool.block(block).stream_uses.clone();
+            let mut events = Vec::with_capacity(uses.len());
+            let mut stuck = false;
+            for s in uses {
+                match self.device().record_event(s) {
+                    Ok(e) => events.push(e),
+                    Err(_) => stuck = true,
+                }
+            }
+            st.pool.mark_pending(block);
+            st.pending.push(PendingFree { block, events, stuck });
+        } else if let Some(sid) = st.pool.release(block) {
+            self.on_segment_idle(st, sid);
+        }
+    }
+
+    /// Returns segments of released graph pools to the device as soon as they idle.
+    fn on_segment_idle(&self, st: &mut State, sid: SegmentId) {
+        if st.captures.is_dead(st.pool.segment(sid).pool.owner) {
+            self.release_segment(st, sid);
+        }
+    }
+
+    fn release_segment(&self, st: &mut State, sid: SegmentId) {
+        let size = st.pool.segment(sid).size;
+        let addr = st.pool.remove_segment(sid);
+        // SAFETY: the segment came from this device's malloc, is removed from the pool (so it
+        // is freed once), and has no busy block: every block was freed by its user and every
+        // cross-stream use has completed its recorded events.
+        let result = unsafe { self.device().free(addr) };
+        // A failed free leaves nothing to retry with; the bytes are no longer reserved by us.
+        let _ = result;
+        st.counters.device_frees += 1;
+        if let Some(t) = &mut st.trace {
+            t.record(TraceKind::DeviceFree, addr, size, Tag::Other, StreamId::DEFAULT);
+        }
+    }
+
+    fn collect_pending(&self, st: &mut State, wait: bool) -> Result<(), AllocError> {
+        let done = st.pending.collect_done(self.device(), wait)?;
+        for block in done {
+            if let Some(sid) = st.pool.release(block) {
+                self.on_segment_idle(st, sid);
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases idle ordinary-pool segments, least recently used first, until at most `target`
+    /// idle bytes remain. With `spare_window`, segments used within that many allocations are
+    /// kept. Returns bytes released.
+    fn trim_locked(&self, st: &mut State, target: u64, spare_window: Option<u64>) -> Result<u64, AllocError> {
+        if st.pool.idle_default_bytes() <= target {
+            return Ok(0);
+        }
+        let clock = st.pool.clock();
+        let mut released = 0;
+        for seg in st.pool.idle_segments() {
+            if st.pool.idle_default_bytes() <= target {
+                break;
+            }
+            if seg.owner != PoolOwner::Default {
+                continue;
+            }
+            if spare_window.is_some_and(|w| seg.last_used.saturating_add(w) >= clock) {
+                continue;
+            }
+            self.release_segment(st, seg.id);
+            released += seg.size;
+        }
+        Ok(released)
+    }
+
+    /// Polls pending cross-stream frees; returns how many remain pending.
+    pub fn process_pending(&self) -> Result<usize, AllocError> {
+        let mut st = self.lock();
+        self.collect_pending(&mut st, false)?;
+        Ok(st.pending.len())
+    }
+
+    /// Releases idle ordinary-pool segments until the cache limit holds. Returns bytes released.
+    pub fn trim(&self) -> Result<u64, AllocError> {
+        let mut st = self.lock();
+        self.collect_pending(&mut st, false)?;
+        let target = st.cache_limit.unwrap_or(u64::MAX);
+        self.trim_locked(&mut st, target, None)
+    }
+
+    /// Releases every idle ordinary-pool segment, waiting for pending frees first. Returns
+    /// bytes released.
+    pub fn clear_cache(&self) -> Result<u64, AllocError> {
+        let mut st = self.lock();
+        self.collect_pending(&mut st, true)?;
+        self.trim_locked(&mut st, 0, None)
+    }
+
+    /// Sets the cache limit (`LimitSpec::FractionOfDevice` resolves against device memory) and
+    /// trims to it. Explicit: later weight reports do not change it.
+    pub fn set_cache_limit(&self, spec: LimitSpec) -> Result<(), AllocError> {
+        let mut st = self.lock();
+        st.cache_limit = spec.resolve(self.shared.device_total);
+        st.cache_limit_explicit = true;
+        let target = st.cache_limit.unwrap_or(u64::MAX);
+        self.trim_locked(&mut st, target, None)?;
+        Ok(())
+    }
+
+    /// Sets the memory limit. Releases idle segments if needed; refuses (keeping the old limit)
+    /// when what stays reserved is above the new limit.
+    pub fn set_memory_limit(&self, spec: LimitSpec) -> Result<(), AllocError> {
+        let mut st = self.lock();
+        let limit = spec.resolve(self.shared.device_total);
+        if let Some(l) = limit {
+            if st.pool.reserved() > l {
+                self.collect_pending(&mut st, true)?;
+                let excess = st.pool.reserved() - l;
+                let target = st.pool.idle_default_bytes().saturating_sub(excess);
+                self.trim_locked(&mut st, target, None)?;
+            }
+            if st.pool.reserved() > l {
+                return Err(AllocError::LimitBelowReserved {
+                    limit: l,
+                    reserved: st.pool.reserved(),
+                    active: st.counters.active,
+                });
+            }
+        }
+        st.memory_limit = limit;
+        Ok(())
+    }
+
+    /// Tells the allocator how many bytes of weights the runtime holds; the default cache limit
+    /// follows unless a limit was set explicitly.
+    pub fn set_weight_bytes(&self, bytes: u64) {
+        let mut st = self.lock();
+        st.weight_bytes = bytes;
+        if !st.cache_limit_explicit {
+            st.cache_limit = Some(limits::default_cache_limit(bytes));
+        }
+    }
+
+    /// The memory limit in force (`None` = unbounded).
+    pub fn memory_limit(&self) -> Option<u64> {
+        self.lock().memory_limit
+    }
+
+    /// The cache limit in force (`None` = unbounded).
+    pub fn cache_limit(&self) -> Option<u64> {
+        self.lock().cache_limit
+    }
+
+    /// Resets every peak to its current value.
+    pub fn reset_peak(&self) {
+        let mut st = self.lock();
+        let reserved = st.pool.reserved();
+        st.counters.reset_peak(reserved);
+    }
+
+    fn stats_locked(st: &State) -> Stats {
+        let c = &st.counters;
+        let reserved = st.pool.reserved();
+        Stats {
+            active_bytes: c.active,
+            peak_active_bytes: c.peak_active,
+            per_tag: Tag::ALL.iter().map(|&t| (t, c.per_tag[t.index()])).collect(),
+            reserved_bytes: reserved,
+            peak_reserved_bytes: c.peak_reserved,
+            cached_bytes: reserved - c.active,
+            releasable_bytes: st.pool.idle_default_bytes(),
+            pending_free_blocks: st.pending.len() as u64,
+            device_allocs: c.device_allocs,
+            device_frees: c.device_frees,
+            cache_hits: c.hits,
+            cache_misses: c.misses,
+            oom_retries: c.oom_retries,
+            memory_limit: st.memory_limit,
+            cache_limit: st.cache_limit,
+        }
+    }
+
+    /// A consistent copy of the counters.
+    pub fn stats(&self) -> Stats {
+        Self::stats_locked(&self.lock())
+    }
+
+    /// Every segment and block, with the counters, at one moment.
+    pub fn snapshot(&self) -> Snapshot {
+        let st = self.lock();
+        Snapshot {
+            device: self.shared.device_name.clone(),
+            stats: Self::stats_locked(&st),
+            segments: snapshot::segments(&st.pool),
+        }
+    }
+
+    /// Starts recording up to `capacity` most recent events (replacing any current trace).
+    pub fn enable_trace(&self, capacity: usize) {
+        self.lock().trace = Some(Trace::new(capacity));
+    }
+
+    /// Stops tracing and returns what was recorded.
+    pub fn disable_trace(&self) -> TraceLog {
+        let t = self.lock().trace.take();
+        t.map_or(TraceLog { events: Vec::new(), dropped: 0 }, |mut t| {
+            let (events, dropped) = t.take();
+            TraceLog { events, dropped }
+        })
+    }
+
+    /// Returns and clears what the trace recorded so far; tracing continues.
+    pub fn take_trace(&self) -> TraceLog {
+        let mut st = self.lock();
+        match &mut st.trace {
+            Some(t) => {
+                let (events, dropped) = t.take();
+                TraceLog { events, dropped }
+            }
+            None => TraceLog { events: Vec::new(), dropped: 0 },
+        }
+    }
+
+    /// Creates a private pool for graph captures.
+    pub fn new_graph_pool(&self) -> GraphPool {
+        let id = self.lock().captures.new_pool();
+        GraphPool::new(id, self.clone())
+    }
+
+    /// Routes allocations on `stream` to `target` until the returned guard is dropped.
+    pub fn begin_capture(&self, stream: StreamId, target: CaptureTarget<'_>) -> Result<CaptureGuard, AllocError> {
+        let mut st = self.lock();
+        if st.captures.is_capturing(stream) {
+            return Err(AllocError::AlreadyCapturing(stream));
+        }
+        let (owner, pool) = match target {
+            CaptureTarget::Private(p) => (PoolOwner::Graph(p.id()), Some(p.clone())),
+            CaptureTarget::StreamPool => (PoolOwner::Default, None),
+        };
+        st.captures.begin(stream, owner);
+        Ok(CaptureGuard { allocator: self.clone(), stream, _pool: pool })
+    }
+
+    pub(crate) fn end_capture(&self, stream: StreamId) {
+        self.lock().captures.end(stream);
+    }
+
+    pub(crate) fn release_graph_pool(&self, id: GraphPoolId) {
+        let mut st = self.lock();
+        st.captures.release_pool(id);
+        for seg in st.pool.idle_segments() {
+            if seg.owner == PoolOwner::Graph(id) {
+                self.release_segment(&mut st, seg.id);
+            }
+        }
+    }
+
+    /// Creates a decode arena of `capacity` bytes on `stream`, accounted under `tag`.
+    pub fn new_arena(&self, capacity: u64, stream: StreamId, tag: Tag) -> Result<DecodeArena, AllocError> {
+        Ok(DecodeArena::new(self.alloc(capacity, stream, tag)?))
+    }
+
+    /// Backend name.
+    pub fn device_name(&self) -> &str {
+        &self.shared.device_name
+    }
+
+    /// Total device memory as reported when the allocator was created.
+    pub fn device_total(&self) -> u64 {
+        self.shared.device_total
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        let device = &*self.device;
+        // Other streams may still read pending blocks: wait for them before freeing anything.
+        let _ = st.pending.collect_done(device, true);
+        st.pending.destroy_all(device);
+        // Every Allocation and GraphPool holds a clone, so only raw allocations can still be
+        // live here; their memory goes with the allocator, as documented on `raw_alloc`.
+        for (sid, _) in st.pool.walk() {
+            let addr = st.pool.segment(sid).addr;
+            // SAFETY: each live segment came from this device's malloc and is freed exactly
+            // once, here, as the allocator is destroyed.
+            let _ = unsafe { device.free(addr) };
+        }
+    }
+}

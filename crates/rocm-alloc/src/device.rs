@@ -1,0 +1,95 @@
+//! The raw-memory trait the allocator is generic over, and the small value types it uses.
+//!
+//! A backend only moves raw device memory and events; every caching decision lives above it.
+//! Two backends exist: [`crate::backends::sim::SimDevice`] for tests and what-if studies, and
+//! [`crate::backends::hip::HipDevice`] on `hip-ffi`.
+
+use serde::Serialize;
+
+/// A stream, identified by an opaque value. `StreamId::DEFAULT` is the device's null stream;
+/// the HIP backend uses the raw stream handle as the value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct StreamId(pub u64);
+
+impl StreamId {
+    /// The default (null) stream.
+    pub const DEFAULT: StreamId = StreamId(0);
+}
+
+/// An event recorded on a stream, identified by an opaque value chosen by the backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EventId(pub u64);
+
+/// Memory facts the allocator derives its default limits from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct MemoryInfo {
+    /// Bytes the device reports as free now.
+    pub free: u64,
+    /// Bytes the device reports in total (on UMA devices: the carve-out the driver reports).
+    pub total: u64,
+    /// Present on integrated (UMA) devices, whose memory is shared with the host.
+    pub uma: Option<UmaInfo>,
+}
+
+/// Memory layout of an integrated device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct UmaInfo {
+    /// Dedicated carve-out ("VRAM" set aside by firmware).
+    pub carve_out: u64,
+    /// GTT: host pages the GPU may map, taken from system RAM on demand.
+    pub gtt: u64,
+    /// System RAM visible to the operating system (excludes the carve-out).
+    pub host_ram: u64,
+}
+
+/// A failure reported by a backend.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    /// The device could not provide the requested bytes.
+    #[error("device out of memory allocating {bytes} bytes")]
+    OutOfMemory {
+        /// Size of the failed request.
+        bytes: u64,
+    },
+    /// Any other driver error, with the driver's words.
+    #[error("device error in {call}: {message}")]
+    Driver {
+        /// The driver call that failed.
+        call: &'static str,
+        /// The driver's description.
+        message: String,
+    },
+}
+
+/// Raw device memory, events and memory facts: everything the caching allocator needs from a
+/// device. Implementations must be cheap to call from any thread.
+pub trait RawDevice: Send + Sync + 'static {
+    /// A short human-readable name for reports.
+    fn name(&self) -> String;
+
+    /// Allocates `bytes` of device memory and returns its address.
+    fn malloc(&self, bytes: u64) -> Result<u64, DeviceError>;
+
+    /// Returns memory obtained from [`RawDevice::malloc`].
+    ///
+    /// # Safety
+    /// `ptr` must come from `malloc` on this device, must not have been freed already, and no
+    /// queued or running device work may still access it.
+    unsafe fn free(&self, ptr: u64) -> Result<(), DeviceError>;
+
+    /// Records an event on `stream` that completes when all work queued there so far is done.
+    fn record_event(&self, stream: StreamId) -> Result<EventId, DeviceError>;
+
+    /// Whether a recorded event has completed; does not block.
+    fn event_complete(&self, event: EventId) -> Result<bool, DeviceError>;
+
+    /// Blocks until a recorded event has completed.
+    fn event_wait(&self, event: EventId) -> Result<(), DeviceError>;
+
+    /// Releases an event. Called exactly once per recorded event.
+    fn destroy_event(&self, event: EventId);
+
+    /// Current memory facts.
+    fn memory_info(&self) -> Result<MemoryInfo, DeviceError>;
+}
