@@ -1,1 +1,15 @@
 //! Token generation for Llama, Qwen3, Qwen3-MoE and Gemma 3: model, KV cache, sampler and tokenizer.
+//!
+//! - [`backend`]: the compute interface and the CPU backend with fused quantized kernels.
+//! - [`model`]: the per-architecture graph over a backend, with its KV cache.
+//! - [`tokenizer`]: SentencePiece-style and byte-level BPE tokenizers built from GGUF metadata.
+//! - [`sampler`]: greedy, temperature, top-k and top-p sampling with a seed.
+//! - [`generate`]: prefill, then decode, streaming tokens.
+
+pub mod backend;
+pub mod error;
+pub mod memory;
+pub mod quant;
+
+pub use error::{DecodeError, Result};
+pub use memory::{MemoryReport, MemoryTag};

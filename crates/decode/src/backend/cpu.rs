@@ -1,0 +1,455 @@
+//! The CPU backend: the reference every GPU kernel is checked against, the fallback without a
+//! GPU, and the path CI runs. Buffers are heap vectors; weights are copied out of the file once
+//! in their stored format and read by the fused kernels in [`super::kernels`].
+
+use super::kernels::{self, MatrixRef, Precision};
+use super::{ops, Attention, Backend, ExpertChoice, GateActivation, Rope, WeightSource};
+use crate::error::{DecodeError, Result};
+use crate::memory::{MemoryReport, MemoryTag};
+use crate::quant::{self, Q8Row, WeightFormat};
+
+/// A weight tensor held in host memory in its stored format.
+pub struct CpuWeight {
+    name: String,
+    format: WeightFormat,
+    dims: [usize; 3],
+    data: Vec<u8>,
+    /// One-dimensional tensors (norms, biases, rope factors) dequantized once.
+    vector: Vec<f32>,
+}
+
+impl CpuWeight {
+    fn matrix(&self, index: usize) -> MatrixRef<'_> {
+        let (cols, rows) = (self.dims[0], self.dims[1]);
+        let bytes = rows * cols / self.format.block_len() * self.format.block_bytes();
+        MatrixRef {
+            format: self.format,
+            data: &self.data[index * bytes..(index + 1) * bytes],
+            rows,
+            cols,
+        }
+    }
+
+    fn vector(&self) -> Result<&[f32]> {
+        if self.vector.is_empty() {
+            return Err(DecodeError::InvalidArgument(format!(
+                "tensor '{}' is used as a vector but has shape {:?}",
+                self.name, self.dims
+            )));
+        }
+        Ok(&self.vector)
+    }
+}
+
+/// The CPU backend.
+pub struct CpuBackend {
+    precision: Precision,
+    books: MemoryReport,
+    q8: Vec<Q8Row>,
+    row: Vec<f32>,
+}
+
+impl CpuBackend {
+    /// A backend using rayon's global pool (one thread per core unless `RAYON_NUM_THREADS`).
+    pub fn new(precision: Precision) -> CpuBackend {
+        CpuBackend {
+            precision,
+            books: MemoryReport {
+                location: "host".into(),
+                ..Default::default()
+            },
+            q8: Vec::new(),
+            row: Vec::new(),
+        }
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+}
+
+fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
+    if have < need {
+        return Err(DecodeError::InvalidArgument(format!(
+            "{what}: buffer holds {have} values but the op needs {need}"
+        )));
+    }
+    Ok(())
+}
+
+impl Backend for CpuBackend {
+    type Buffer = Vec<f32>;
+    type Weight = CpuWeight;
+
+    fn describe(&self) -> String {
+        let mode = match self.precision {
+            Precision::Fast => "8-bit activations",
+            Precision::Exact => "f32 activations",
+        };
+        format!("cpu ({} threads, {mode})", rayon::current_num_threads())
+    }
+
+    fn alloc(&mut self, tag: MemoryTag, len: usize) -> Result<Vec<f32>> {
+        self.books.add(tag, (len * 4) as u64);
+        Ok(vec![0.0; len])
+    }
+
+    fn load_weight(&mut self, src: &WeightSource<'_>) -> Result<CpuWeight> {
+        let [cols, rows, mats] = src.dims;
+        let expected = src
+            .format
+            .row_bytes(cols)
+            .map(|rb| rb * rows * mats)
+            .ok_or_else(|| DecodeError::TensorShape {
+                name: src.name.to_string(),
+                expected: vec![cols.next_multiple_of(src.format.block_len()), rows, mats],
+                found: vec![cols, rows, mats],
+            })?;
+        if src.bytes.len() != expected {
+            return Err(DecodeError::InvalidArgument(format!(
+                "tensor '{}' holds {} bytes but {} {:?} needs {expected}",
+                src.name,
+                src.bytes.len(),
+                src.format.name(),
+                src.dims
+            )));
+        }
+        let vector = if rows == 1 && mats == 1 {
+            let mut v = vec![0.0; cols];
+            quant::row_to_f32(src.format, src.bytes, &mut v);
+            v
+        } else {
+            Vec::new()
+        };
+        self.books.add(
+            MemoryTag::Weights,
+            (src.bytes.len() + vector.len() * 4) as u64,
+        );
+        Ok(CpuWeight {
+            name: src.name.to_string(),
+            format: src.format,
+            dims: src.dims,
+            data: src.bytes.to_vec(),
+            vector,
+        })
+    }
+
+    fn memory(&self) -> MemoryReport {
+        let mut r = self.books.clone();
+        let scratch = self
+            .q8
+            .iter()
+            .map(|q| q.q.len() + 4 * (q.d.len() + q.group_sum.len()));
+        r.add(
+            MemoryTag::Workspace,
+            (scratch.sum::<usize>() + self.row.len() * 4) as u64,
+        );
+        r
+    }
+
+    fn read(&mut self, src: &Vec<f32>, offset: usize, dst: &mut [f32]) -> Result<()> {
+        check_len("read", src.len(), offset + dst.len())?;
+        dst.copy_from_slice(&src[offset..offset + dst.len()]);
+        Ok(())
+    }
+
+    fn embed(
+        &mut self,
+        table: &CpuWeight,
+        tokens: &[u32],
+        scale: f32,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let m = table.matrix(0);
+        check_len("embed", out.len(), tokens.len() * m.cols)?;
+        let rb = m.format.row_bytes(m.cols).unwrap_or(0);
+        for (t, &id) in tokens.iter().enumerate() {
+            if id as usize >= m.rows {
+                return Err(DecodeError::TokenOutOfRange { id, vocab: m.rows });
+            }
+            let dst = &mut out[t * m.cols..(t + 1) * m.cols];
+            quant::row_to_f32(m.format, &m.data[id as usize * rb..][..rb], dst);
+            if scale != 1.0 {
+                dst.iter_mut().for_each(|v| *v *= scale);
+            }
+        }
+        Ok(())
+    }
+
+    fn rms_norm(
+        &mut self,
+        x: &Vec<f32>,
+        weight: &CpuWeight,
+        out: &mut Vec<f32>,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let w = weight.vector()?;
+        check_len("rms_norm weight", w.len(), dim)?;
+        check_len("rms_norm input", x.len(), rows * dim)?;
+        check_len("rms_norm output", out.len(), rows * dim)?;
+        for (xr, or) in x
+            .chunks_exact(dim)
+            .zip(out.chunks_exact_mut(dim))
+            .take(rows)
+        {
+            ops::rms_norm(xr, w, or, eps);
+        }
+        Ok(())
+    }
+
+    fn rms_norm_inplace(
+        &mut self,
+        x: &mut Vec<f32>,
+        weight: &CpuWeight,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let w = weight.vector()?;
+        check_len("rms_norm weight", w.len(), dim)?;
+        check_len("rms_norm input", x.len(), rows * dim)?;
+        self.row.resize(dim, 0.0);
+        for xr in x.chunks_exact_mut(dim).take(rows) {
+            self.row.copy_from_slice(xr);
+            ops::rms_norm(&self.row, w, xr, eps);
+        }
+        Ok(())
+    }
+
+    fn matmul(
+        &mut self,
+        w: &CpuWeight,
+        x: &Vec<f32>,
+        out: &mut Vec<f32>,
+        rows: usize,
+    ) -> Result<()> {
+        let m = w.matrix(0);
+        check_len("matmul input", x.len(), rows * m.cols)?;
+        check_len("matmul output", out.len(), rows * m.rows)?;
+        kernels::matmul(
+            m,
+            &x[..rows * m.cols],
+            rows,
+            &mut out[..rows * m.rows],
+            self.precision,
+            &mut self.q8,
+        );
+        Ok(())
+    }
+
+    fn matmul_expert(
+        &mut self,
+        w: &CpuWeight,
+        expert: usize,
+        x: &Vec<f32>,
+        x_row: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        if expert >= w.dims[2] {
+            return Err(DecodeError::InvalidArgument(format!(
+                "expert {expert} of '{}' which has {}",
+                w.name, w.dims[2]
+            )));
+        }
+        let m = w.matrix(expert);
+        check_len("expert input", x.len(), (x_row + 1) * m.cols)?;
+        check_len("expert output", out.len(), m.rows)?;
+        kernels::matmul(
+            m,
+            &x[x_row * m.cols..(x_row + 1) * m.cols],
+            1,
+            &mut out[..m.rows],
+            self.precision,
+            &mut self.q8,
+        );
+        Ok(())
+    }
+
+    fn add_bias(&mut self, x: &mut Vec<f32>, bias: &CpuWeight, rows: usize) -> Result<()> {
+        let b = bias.vector()?;
+        check_len("add_bias", x.len(), rows * b.len())?;
+        for xr in x.chunks_exact_mut(b.len()).take(rows) {
+            for (v, &bv) in xr.iter_mut().zip(b) {
+                *v += bv;
+            }
+        }
+        Ok(())
+    }
+
+    fn rope(
+        &mut self,
+        x: &mut Vec<f32>,
+        rows: usize,
+        n_heads: usize,
+        head_dim: usize,
+        pos0: usize,
+        rope: &Rope,
+        freq_factors: Option<&CpuWeight>,
+    ) -> Result<()> {
+        check_len("rope", x.len(), rows * n_heads * head_dim)?;
+        let factors = freq_factors.map(|f| f.vector()).transpose()?;
+        if let Some(f) = factors {
+            check_len("rope frequency factors", f.len(), rope.n_rot / 2)?;
+        }
+        for (r, xr) in x
+            .chunks_exact_mut(n_heads * head_dim)
+            .take(rows)
+            .enumerate()
+        {
+            for head in xr.chunks_exact_mut(head_dim) {
+                ops::rope_head(head, pos0 + r, rope, factors);
+            }
+        }
+        Ok(())
+    }
+
+    fn store_rows(
+        &mut self,
+        src: &Vec<f32>,
+        cache: &mut Vec<f32>,
+        pos0: usize,
+        rows: usize,
+        dim: usize,
+    ) -> Result<()> {
+        check_len("store_rows source", src.len(), rows * dim)?;
+        if cache.len() < (pos0 + rows) * dim {
+            return Err(DecodeError::ContextFull {
+                needed: pos0 + rows,
+                capacity: cache.len() / dim.max(1),
+            });
+        }
+        cache[pos0 * dim..(pos0 + rows) * dim].copy_from_slice(&src[..rows * dim]);
+        Ok(())
+    }
+
+    fn attention(
+        &mut self,
+        q: &Vec<f32>,
+        k_cache: &Vec<f32>,
+        v_cache: &Vec<f32>,
+        out: &mut Vec<f32>,
+        a: &Attention,
+    ) -> Result<()> {
+        if a.n_head_kv == 0 || a.n_head % a.n_head_kv != 0 {
+            return Err(DecodeError::InvalidArgument(format!(
+                "{} query heads cannot share {} KV heads",
+                a.n_head, a.n_head_kv
+            )));
+        }
+        let end = a.pos0 + a.n_tokens;
+        check_len("attention q", q.len(), a.n_tokens * a.n_head * a.head_dim_k)?;
+        check_len(
+            "attention k",
+            k_cache.len(),
+            end * a.n_head_kv * a.head_dim_k,
+        )?;
+        check_len(
+            "attention v",
+            v_cache.len(),
+            end * a.n_head_kv * a.head_dim_v,
+        )?;
+        check_len(
+            "attention out",
+            out.len(),
+            a.n_tokens * a.n_head * a.head_dim_v,
+        )?;
+        ops::attention(q, k_cache, v_cache, out, a);
+        Ok(())
+    }
+
+    fn gated(
+        &mut self,
+        gate: &mut Vec<f32>,
+        up: &Vec<f32>,
+        len: usize,
+        act: GateActivation,
+    ) -> Result<()> {
+        check_len("gate", gate.len(), len)?;
+        check_len("up", up.len(), len)?;
+        ops::gated(&mut gate[..len], &up[..len], act);
+        Ok(())
+    }
+
+    fn add(&mut self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) -> Result<()> {
+        check_len("add", x.len().min(y.len()), len)?;
+        for (a, &b) in x[..len].iter_mut().zip(&y[..len]) {
+            *a += b;
+        }
+        Ok(())
+    }
+
+    fn add_scaled_row(
+        &mut self,
+        x: &mut Vec<f32>,
+        x_row: usize,
+        y: &Vec<f32>,
+        dim: usize,
+        alpha: f32,
+    ) -> Result<()> {
+        check_len("add_scaled_row", x.len(), (x_row + 1) * dim)?;
+        check_len("add_scaled_row source", y.len(), dim)?;
+        for (a, &b) in x[x_row * dim..(x_row + 1) * dim].iter_mut().zip(&y[..dim]) {
+            *a += alpha * b;
+        }
+        Ok(())
+    }
+
+    fn copy_row(
+        &mut self,
+        src: &Vec<f32>,
+        src_row: usize,
+        dst: &mut Vec<f32>,
+        dst_row: usize,
+        dim: usize,
+    ) -> Result<()> {
+        check_len("copy_row source", src.len(), (src_row + 1) * dim)?;
+        check_len("copy_row destination", dst.len(), (dst_row + 1) * dim)?;
+        dst[dst_row * dim..(dst_row + 1) * dim]
+            .copy_from_slice(&src[src_row * dim..(src_row + 1) * dim]);
+        Ok(())
+    }
+
+    fn zero(&mut self, x: &mut Vec<f32>, len: usize) -> Result<()> {
+        check_len("zero", x.len(), len)?;
+        x[..len].fill(0.0);
+        Ok(())
+    }
+
+    fn route_top_k(
+        &mut self,
+        logits: &Vec<f32>,
+        rows: usize,
+        n_expert: usize,
+        k: usize,
+    ) -> Result<Vec<Vec<ExpertChoice>>> {
+        if k == 0 || k > n_expert {
+            return Err(DecodeError::InvalidArgument(format!(
+                "cannot route to {k} of {n_expert} experts"
+            )));
+        }
+        check_len("route_top_k", logits.len(), rows * n_expert)?;
+        Ok(logits
+            .chunks_exact(n_expert)
+            .take(rows)
+            .map(|row| {
+                let mut idx: Vec<usize> = (0..n_expert).collect();
+                // Stable sort keeps the lower index first on ties, like a plain argmax.
+                idx.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+                let mut top: Vec<f32> = idx[..k].iter().map(|&i| row[i]).collect();
+                ops::softmax(&mut top);
+                idx[..k]
+                    .iter()
+                    .zip(top)
+                    .map(|(&expert, weight)| ExpertChoice { expert, weight })
+                    .collect()
+            })
+            .collect())
+    }
+
+    fn argmax(&mut self, x: &Vec<f32>, row: usize, n: usize) -> Result<u32> {
+        check_len("argmax", x.len(), (row + 1) * n)?;
+        Ok(ops::argmax(&x[row * n..(row + 1) * n]) as u32)
+    }
+}

@@ -1,0 +1,218 @@
+//! The compute interface a model runs on, and its CPU implementation.
+//!
+//! A backend owns every buffer the model touches. Buffers are allocated once, tagged with a
+//! [`MemoryTag`], before the first step: the GPU backend draws them from rocm-alloc (weights,
+//! KV cache, activations, workspace pools) and the CPU backend from the heap, keeping the same
+//! books. A step then runs a fixed sequence of ops over those same buffers, so a GPU backend
+//! can capture one decode step as a graph and replay it: the only values that change between
+//! decode steps are the token id and the position, which reach the backend through
+//! [`Backend::begin_step`] (a GPU backend writes them into a device-side step block that the
+//! captured kernels read). Shapes are plain integers known when the model is built.
+//!
+//! Buffers hold f32 rows. Ops address rows by count from the start of a buffer, which is
+//! sized for the largest batch.
+
+pub mod cpu;
+pub mod kernels;
+mod ops;
+
+use crate::error::Result;
+use crate::memory::{MemoryReport, MemoryTag};
+use crate::quant::WeightFormat;
+
+pub use kernels::Precision;
+
+/// A tensor from the model file, as handed to [`Backend::load_weight`].
+pub struct WeightSource<'a> {
+    pub name: &'a str,
+    pub format: WeightFormat,
+    /// GGML order: `dims[0]` is the row length, `dims[1]` the number of rows, `dims[2]` the
+    /// number of matrices (experts); missing trailing dims are 1.
+    pub dims: [usize; 3],
+    pub bytes: &'a [u8],
+}
+
+/// Rotary embedding parameters of one layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rope {
+    /// Rotate pairs `(2i, 2i+1)` (Llama) or `(i, i + d/2)` (NeoX: Qwen, Gemma).
+    pub neox: bool,
+    pub freq_base: f32,
+    /// Linear position scaling (positions are divided by this); 1 for none.
+    pub position_scale: f32,
+    /// Number of leading dimensions of each head that rotate (the rest pass through).
+    pub n_rot: usize,
+}
+
+/// Shape of one attention call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Attention {
+    pub n_tokens: usize,
+    /// Position of the first of `n_tokens`; the cache already holds `0..pos0 + n_tokens`.
+    pub pos0: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim_k: usize,
+    pub head_dim_v: usize,
+    pub scale: f32,
+    /// Sliding window: a query at position p sees keys at positions > p - window.
+    pub window: Option<usize>,
+}
+
+/// The nonlinearity of a gated feed-forward block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateActivation {
+    Silu,
+    /// GELU, tanh approximation (Gemma).
+    GeluTanh,
+}
+
+/// One routed expert of one token.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ExpertChoice {
+    pub expert: usize,
+    pub weight: f32,
+}
+
+/// The compute interface. Every op takes its shapes explicitly and works on the leading rows
+/// of its buffers.
+pub trait Backend: Send {
+    /// A device array of f32.
+    type Buffer: Send;
+    /// A resident weight tensor in its stored (possibly quantized) format.
+    type Weight: Send + Sync;
+
+    /// Human-readable name, e.g. "cpu (2 threads, fast)".
+    fn describe(&self) -> String;
+    /// A zeroed buffer of `len` f32, accounted under `tag`.
+    fn alloc(&mut self, tag: MemoryTag, len: usize) -> Result<Self::Buffer>;
+    /// Makes a weight resident (accounted under [`MemoryTag::Weights`]).
+    fn load_weight(&mut self, src: &WeightSource<'_>) -> Result<Self::Weight>;
+    /// Bytes in use per tag.
+    fn memory(&self) -> MemoryReport;
+
+    /// Called before each step with the step's scalars (see the module docs).
+    fn begin_step(&mut self, _pos0: usize, _n_tokens: usize) {}
+    /// Copies `dst.len()` values from the start of `src` to the host.
+    fn read(&mut self, src: &Self::Buffer, offset: usize, dst: &mut [f32]) -> Result<()>;
+
+    /// `out[t] = table[tokens[t]] * scale`.
+    fn embed(
+        &mut self,
+        table: &Self::Weight,
+        tokens: &[u32],
+        scale: f32,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+    /// `out[r] = x[r] / rms(x[r]) * weight` for `rows` rows of `dim`.
+    fn rms_norm(
+        &mut self,
+        x: &Self::Buffer,
+        weight: &Self::Weight,
+        out: &mut Self::Buffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()>;
+    /// In-place RMSNorm of `rows` consecutive vectors of `dim` (per-head Q/K norm).
+    fn rms_norm_inplace(
+        &mut self,
+        x: &mut Self::Buffer,
+        weight: &Self::Weight,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()>;
+    /// `out[r] = W · x[r]` for `rows` rows; W is `[n_out][n_in]` in its stored format.
+    fn matmul(
+        &mut self,
+        w: &Self::Weight,
+        x: &Self::Buffer,
+        out: &mut Self::Buffer,
+        rows: usize,
+    ) -> Result<()>;
+    /// `out[0] = W[expert] · x[x_row]` for one matrix of a stacked expert tensor.
+    fn matmul_expert(
+        &mut self,
+        w: &Self::Weight,
+        expert: usize,
+        x: &Self::Buffer,
+        x_row: usize,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+    /// `x[r] += bias` for `rows` rows.
+    fn add_bias(&mut self, x: &mut Self::Buffer, bias: &Self::Weight, rows: usize) -> Result<()>;
+    /// Rotates `rows` rows of `n_heads` heads of `head_dim`, row r at position `pos0 + r`.
+    fn rope(
+        &mut self,
+        x: &mut Self::Buffer,
+        rows: usize,
+        n_heads: usize,
+        head_dim: usize,
+        pos0: usize,
+        rope: &Rope,
+        freq_factors: Option<&Self::Weight>,
+    ) -> Result<()>;
+    /// Writes `rows` rows of `dim` from `src` into `cache` at row `pos0`.
+    fn store_rows(
+        &mut self,
+        src: &Self::Buffer,
+        cache: &mut Self::Buffer,
+        pos0: usize,
+        rows: usize,
+        dim: usize,
+    ) -> Result<()>;
+    /// Causal attention of `q` against the cached keys and values (GQA when
+    /// `n_head_kv < n_head`); writes `[n_tokens][n_head * head_dim_v]` to `out`.
+    fn attention(
+        &mut self,
+        q: &Self::Buffer,
+        k_cache: &Self::Buffer,
+        v_cache: &Self::Buffer,
+        out: &mut Self::Buffer,
+        shape: &Attention,
+    ) -> Result<()>;
+    /// `gate = act(gate) * up` over `len` values.
+    fn gated(
+        &mut self,
+        gate: &mut Self::Buffer,
+        up: &Self::Buffer,
+        len: usize,
+        act: GateActivation,
+    ) -> Result<()>;
+    /// `x += y` over `len` values (the residual add).
+    fn add(&mut self, x: &mut Self::Buffer, y: &Self::Buffer, len: usize) -> Result<()>;
+    /// `x[x_row] += alpha * y[0]` over rows of `dim` (MoE accumulation).
+    fn add_scaled_row(
+        &mut self,
+        x: &mut Self::Buffer,
+        x_row: usize,
+        y: &Self::Buffer,
+        dim: usize,
+        alpha: f32,
+    ) -> Result<()>;
+    /// Copies row `src_row` of `src` to row `dst_row` of `dst`.
+    fn copy_row(
+        &mut self,
+        src: &Self::Buffer,
+        src_row: usize,
+        dst: &mut Self::Buffer,
+        dst_row: usize,
+        dim: usize,
+    ) -> Result<()>;
+    /// Zeroes the first `len` values.
+    fn zero(&mut self, x: &mut Self::Buffer, len: usize) -> Result<()>;
+    /// MoE routing: for each of `rows` rows of `n_expert` router logits, the `k` most likely
+    /// experts with their probabilities renormalized over those `k` (a softmax over the top k).
+    /// The result comes back to the host: it decides which expert matrices run.
+    fn route_top_k(
+        &mut self,
+        logits: &Self::Buffer,
+        rows: usize,
+        n_expert: usize,
+        k: usize,
+    ) -> Result<Vec<Vec<ExpertChoice>>>;
+    /// Index of the largest of `n` values in row `row` (greedy decoding without a copy of the
+    /// logits to the host).
+    fn argmax(&mut self, x: &Self::Buffer, row: usize, n: usize) -> Result<u32>;
+}

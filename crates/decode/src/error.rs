@@ -1,0 +1,41 @@
+//! The decoder's error type: every variant names what went wrong and what to do about it.
+
+use std::path::PathBuf;
+
+/// Errors from loading a model, tokenizing, or generating.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("could not read the model {path}: {reason}")]
+    Model { path: PathBuf, reason: String },
+    #[error("architecture '{0}' is not supported; supported are llama, qwen2, qwen3, qwen3moe and gemma3")]
+    UnsupportedArchitecture(String),
+    #[error("tensor '{name}' is missing from the model; the file is incomplete or of another architecture")]
+    MissingTensor { name: String },
+    #[error(
+        "tensor '{name}' has shape {found:?} but {expected:?} was expected from the model metadata"
+    )]
+    TensorShape {
+        name: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
+    #[error("tensor '{name}' is stored as {ty}, which the CPU backend cannot read; re-quantize the model to Q4_K_M, Q8_0, F16 or F32")]
+    UnsupportedTensorType { name: String, ty: String },
+    #[error("the tokenizer cannot be built: {0}")]
+    Tokenizer(String),
+    #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
+    TokenOutOfRange { id: u32, vocab: usize },
+    #[error("the context is full: {needed} positions are needed but the KV cache holds {capacity}; pass a larger --ctx")]
+    ContextFull { needed: usize, capacity: usize },
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("the GPU backend is not available yet: {0}. Run with --device cpu")]
+    GpuUnavailable(String),
+    #[error("the reference command failed: {0}")]
+    Reference(String),
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Result alias for this crate.
+pub type Result<T, E = DecodeError> = std::result::Result<T, E>;

@@ -1,0 +1,414 @@
+//! Quantized weight formats as the CPU kernels see them, and the 8-bit activation format the
+//! fused dot products use.
+//!
+//! Every ggml block format the decoder supports is described by one [`WeightFormat`]. A block
+//! unpacks into small integers `q` plus, for every group of 16 elements, a scale and an offset,
+//! so that element `i` is `scale[i / 16] * q[i] + offset[i / 16]`. That one description serves
+//! both kernel flavours: the exact one multiplies by f32 activations, the fast one takes an
+//! integer dot product against activations quantized once per row to 8 bits ([`Q8Row`]). The
+//! weight bytes are never expanded to a whole f32 row; a block at a time is unpacked into
+//! registers and stack arrays.
+
+use half::bf16;
+
+/// Largest block any supported format uses (the k-quant super-block).
+pub const MAX_BLOCK: usize = 256;
+/// Granularity of scales and offsets after unpacking.
+pub const GROUP: usize = 16;
+/// Block length of the 8-bit activation format.
+pub const Q8_BLOCK: usize = 32;
+
+/// A weight storage format the CPU kernels read directly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightFormat {
+    F32,
+    F16,
+    Bf16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q4K,
+    Q5K,
+    Q6K,
+}
+
+impl WeightFormat {
+    /// Elements per block.
+    pub const fn block_len(self) -> usize {
+        match self {
+            WeightFormat::F32 | WeightFormat::F16 | WeightFormat::Bf16 => 32,
+            WeightFormat::Q4_0
+            | WeightFormat::Q4_1
+            | WeightFormat::Q5_0
+            | WeightFormat::Q5_1
+            | WeightFormat::Q8_0 => 32,
+            WeightFormat::Q4K | WeightFormat::Q5K | WeightFormat::Q6K => 256,
+        }
+    }
+
+    /// Bytes per block.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            WeightFormat::F32 => 128,
+            WeightFormat::F16 | WeightFormat::Bf16 => 64,
+            WeightFormat::Q4_0 => 18,
+            WeightFormat::Q4_1 => 20,
+            WeightFormat::Q5_0 => 22,
+            WeightFormat::Q5_1 => 24,
+            WeightFormat::Q8_0 => 34,
+            WeightFormat::Q4K => 144,
+            WeightFormat::Q5K => 176,
+            WeightFormat::Q6K => 210,
+        }
+    }
+
+    /// Bytes one row of `n` elements takes, or `None` when `n` is not a whole number of blocks.
+    pub fn row_bytes(self, n: usize) -> Option<usize> {
+        (n % self.block_len() == 0).then(|| n / self.block_len() * self.block_bytes())
+    }
+
+    /// Whether the format holds floats rather than small integers (no integer dot product).
+    pub const fn is_float(self) -> bool {
+        matches!(
+            self,
+            WeightFormat::F32 | WeightFormat::F16 | WeightFormat::Bf16
+        )
+    }
+
+    /// The ggml name, for messages.
+    pub const fn name(self) -> &'static str {
+        match self {
+            WeightFormat::F32 => "F32",
+            WeightFormat::F16 => "F16",
+            WeightFormat::Bf16 => "BF16",
+            WeightFormat::Q4_0 => "Q4_0",
+            WeightFormat::Q4_1 => "Q4_1",
+            WeightFormat::Q5_0 => "Q5_0",
+            WeightFormat::Q5_1 => "Q5_1",
+            WeightFormat::Q8_0 => "Q8_0",
+            WeightFormat::Q4K => "Q4_K",
+            WeightFormat::Q5K => "Q5_K",
+            WeightFormat::Q6K => "Q6_K",
+        }
+    }
+
+    /// Maps a ggml type name (as `GgmlType::name` spells it) to a supported format.
+    pub fn from_ggml_name(name: &str) -> Option<WeightFormat> {
+        let all = [
+            WeightFormat::F32,
+            WeightFormat::F16,
+            WeightFormat::Bf16,
+            WeightFormat::Q4_0,
+            WeightFormat::Q4_1,
+            WeightFormat::Q5_0,
+            WeightFormat::Q5_1,
+            WeightFormat::Q8_0,
+            WeightFormat::Q4K,
+            WeightFormat::Q5K,
+            WeightFormat::Q6K,
+        ];
+        all.into_iter()
+            .find(|f| f.name().eq_ignore_ascii_case(name))
+    }
+}
+
+#[inline(always)]
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16_bits_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+/// IEEE half to single without a table or F16C: exact for every value.
+#[inline(always)]
+pub fn f16_bits_to_f32(h: u16) -> f32 {
+    let sign = ((h as u32) & 0x8000) << 16;
+    let rest = (h as u32) & 0x7FFF;
+    if rest >= 0x7C00 {
+        // Inf or NaN: widen the exponent field to all ones.
+        return f32::from_bits(sign | 0x7F80_0000 | ((rest & 0x3FF) << 13));
+    }
+    // Shifting into f32 position and scaling by 2^112 rebiases the exponent; subnormal halves
+    // come out right too because the multiply normalizes them.
+    let magic = f32::from_bits((254 - 15) << 23);
+    f32::from_bits(sign | (f32::from_bits(rest << 13) * magic).to_bits())
+}
+
+/// One block unpacked: integers plus per-16 scale and offset.
+pub struct Unpacked {
+    pub q: [i8; MAX_BLOCK],
+    pub scale: [f32; MAX_BLOCK / GROUP],
+    pub offset: [f32; MAX_BLOCK / GROUP],
+}
+
+impl Default for Unpacked {
+    fn default() -> Self {
+        Unpacked {
+            q: [0; MAX_BLOCK],
+            scale: [0.0; MAX_BLOCK / GROUP],
+            offset: [0.0; MAX_BLOCK / GROUP],
+        }
+    }
+}
+
+/// Unpacks one block of an integer format. `src` is exactly one block.
+/// Float formats are not unpacked this way (see [`block_to_f32`]).
+#[inline(always)]
+pub fn unpack_block(format: WeightFormat, src: &[u8], out: &mut Unpacked) {
+    match format {
+        WeightFormat::Q8_0 => {
+            let d = f16_at(src, 0);
+            for (q, &b) in out.q[..32].iter_mut().zip(&src[2..34]) {
+                *q = b as i8;
+            }
+            out.scale[..2].fill(d);
+            out.offset[..2].fill(0.0);
+        }
+        WeightFormat::Q4_0 | WeightFormat::Q4_1 => {
+            let d = f16_at(src, 0);
+            let (qs, bias, offset) = if format == WeightFormat::Q4_0 {
+                (&src[2..18], 8i8, 0.0)
+            } else {
+                (&src[4..20], 0i8, f16_at(src, 2))
+            };
+            for j in 0..16 {
+                out.q[j] = (qs[j] & 0x0F) as i8 - bias;
+                out.q[j + 16] = (qs[j] >> 4) as i8 - bias;
+            }
+            out.scale[..2].fill(d);
+            out.offset[..2].fill(offset);
+        }
+        WeightFormat::Q5_0 | WeightFormat::Q5_1 => {
+            let d = f16_at(src, 0);
+            let (base, bias, offset) = if format == WeightFormat::Q5_0 {
+                (2, 16i8, 0.0)
+            } else {
+                (4, 0i8, f16_at(src, 2))
+            };
+            let qh = u32::from_le_bytes([src[base], src[base + 1], src[base + 2], src[base + 3]]);
+            let qs = &src[base + 4..base + 20];
+            for j in 0..16 {
+                let lo = (qs[j] & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
+                let hi = (qs[j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+                out.q[j] = lo as i8 - bias;
+                out.q[j + 16] = hi as i8 - bias;
+            }
+            out.scale[..2].fill(d);
+            out.offset[..2].fill(offset);
+        }
+        WeightFormat::Q4K | WeightFormat::Q5K => {
+            let d = f16_at(src, 0);
+            let dmin = f16_at(src, 2);
+            let scales = &src[4..16];
+            let (qh, qs): (&[u8], &[u8]) = if format == WeightFormat::Q4K {
+                (&[], &src[16..144])
+            } else {
+                (&src[16..48], &src[48..176])
+            };
+            for chunk in 0..4 {
+                let ql = &qs[chunk * 32..chunk * 32 + 32];
+                for l in 0..32 {
+                    let mut lo = ql[l] & 0x0F;
+                    let mut hi = ql[l] >> 4;
+                    if !qh.is_empty() {
+                        lo |= ((qh[l] >> (2 * chunk)) & 1) << 4;
+                        hi |= ((qh[l] >> (2 * chunk + 1)) & 1) << 4;
+                    }
+                    out.q[chunk * 64 + l] = lo as i8;
+                    out.q[chunk * 64 + 32 + l] = hi as i8;
+                }
+            }
+            for sub in 0..8 {
+                let (sc, m) = k_scale_min(sub, scales);
+                let s = d * sc as f32;
+                let o = -dmin * m as f32;
+                out.scale[2 * sub] = s;
+                out.scale[2 * sub + 1] = s;
+                out.offset[2 * sub] = o;
+                out.offset[2 * sub + 1] = o;
+            }
+        }
+        WeightFormat::Q6K => {
+            let ql_all = &src[0..128];
+            let qh_all = &src[128..192];
+            let sc_all = &src[192..208];
+            let d = f16_at(src, 208);
+            for half in 0..2 {
+                let ql = &ql_all[half * 64..half * 64 + 64];
+                let qh = &qh_all[half * 32..half * 32 + 32];
+                let y = &mut out.q[half * 128..half * 128 + 128];
+                for l in 0..32 {
+                    let q1 = (ql[l] & 0x0F) | ((qh[l] & 3) << 4);
+                    let q2 = (ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4);
+                    let q3 = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+                    let q4 = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+                    y[l] = q1 as i8 - 32;
+                    y[l + 32] = q2 as i8 - 32;
+                    y[l + 64] = q3 as i8 - 32;
+                    y[l + 96] = q4 as i8 - 32;
+                }
+            }
+            for g in 0..16 {
+                out.scale[g] = d * (sc_all[g] as i8) as f32;
+            }
+            out.offset = [0.0; 16];
+        }
+        WeightFormat::F32 | WeightFormat::F16 | WeightFormat::Bf16 => {
+            unreachable!("float formats are read by block_to_f32")
+        }
+    }
+}
+
+/// The 6-bit scale and minimum of sub-block `j` of a Q4_K / Q5_K super-block.
+#[inline(always)]
+fn k_scale_min(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Dequantizes one block of any format into `dst` (`dst.len() == format.block_len()`).
+#[inline(always)]
+pub fn block_to_f32(format: WeightFormat, src: &[u8], dst: &mut [f32], scratch: &mut Unpacked) {
+    match format {
+        WeightFormat::F32 => {
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        WeightFormat::F16 => {
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *d = f16_bits_to_f32(u16::from_le_bytes([c[0], c[1]]));
+            }
+        }
+        WeightFormat::Bf16 => {
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *d = bf16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        _ => {
+            unpack_block(format, src, scratch);
+            for (g, chunk) in dst.chunks_exact_mut(GROUP).enumerate() {
+                let (s, o) = (scratch.scale[g], scratch.offset[g]);
+                for (d, &q) in chunk.iter_mut().zip(&scratch.q[g * GROUP..]) {
+                    *d = s * q as f32 + o;
+                }
+            }
+        }
+    }
+}
+
+/// Dequantizes a whole row (a whole number of blocks) into `dst`.
+pub fn row_to_f32(format: WeightFormat, src: &[u8], dst: &mut [f32]) {
+    let mut scratch = Unpacked::default();
+    let bl = format.block_len();
+    for (blk, out) in src
+        .chunks_exact(format.block_bytes())
+        .zip(dst.chunks_exact_mut(bl))
+    {
+        block_to_f32(format, blk, out, &mut scratch);
+    }
+}
+
+/// An activation row quantized to 8 bits in blocks of 32, as the integer kernels consume it.
+#[derive(Clone, Debug, Default)]
+pub struct Q8Row {
+    /// Quantized values.
+    pub q: Vec<i8>,
+    /// Scale per block of 32.
+    pub d: Vec<f32>,
+    /// `d * sum(q)` per group of 16, for the offsets of formats with a minimum.
+    pub group_sum: Vec<f32>,
+}
+
+impl Q8Row {
+    /// Quantizes `x` (length a multiple of 32) into `self`, reusing its storage.
+    pub fn quantize_from(&mut self, x: &[f32]) {
+        let n = x.len();
+        self.q.resize(n, 0);
+        self.d.resize(n / Q8_BLOCK, 0.0);
+        self.group_sum.resize(n / GROUP, 0.0);
+        for (b, chunk) in x.chunks_exact(Q8_BLOCK).enumerate() {
+            let amax = chunk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let q = &mut self.q[b * Q8_BLOCK..(b + 1) * Q8_BLOCK];
+            for (qv, &v) in q.iter_mut().zip(chunk) {
+                *qv = (v * inv).round() as i8;
+            }
+            self.d[b] = d;
+            for h in 0..2 {
+                let s: i32 = q[h * GROUP..(h + 1) * GROUP]
+                    .iter()
+                    .map(|&v| v as i32)
+                    .sum();
+                self.group_sum[b * 2 + h] = d * s as f32;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::f16;
+
+    #[test]
+    fn q8_row_reconstructs_within_half_a_step() {
+        let x: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.173)
+            .collect();
+        let mut r = Q8Row::default();
+        r.quantize_from(&x);
+        for (i, &v) in x.iter().enumerate() {
+            let d = r.d[i / 32];
+            let back = d * r.q[i] as f32;
+            assert!(
+                (back - v).abs() <= d * 0.5 + 1e-6,
+                "element {i}: {v} vs {back}"
+            );
+        }
+        let s: f32 = (0..16).map(|i| r.d[0] * r.q[i] as f32).sum();
+        assert!((s - r.group_sum[0]).abs() < 1e-4);
+    }
+
+    #[test]
+    fn f16_conversion_matches_half_for_every_value() {
+        for bits in 0..=u16::MAX {
+            let h = f16::from_bits(bits);
+            if h.is_nan() {
+                assert!(f16_bits_to_f32(bits).is_nan());
+            } else {
+                assert_eq!(f16_bits_to_f32(bits), h.to_f32(), "bits {bits:#06x}");
+            }
+        }
+    }
+
+    #[test]
+    fn row_bytes_rejects_partial_blocks() {
+        assert_eq!(WeightFormat::Q4K.row_bytes(640), None);
+        assert_eq!(WeightFormat::Q8_0.row_bytes(640), Some(20 * 34));
+        assert_eq!(WeightFormat::Q6K.row_bytes(512), Some(420));
+    }
+
+    #[test]
+    fn q4_0_unpacks_nibbles_in_ggml_order() {
+        // d = 1.0, low nibbles hold elements 0..16, high nibbles 16..32.
+        let mut blk = vec![0u8; 18];
+        blk[..2].copy_from_slice(&f16::from_f32(1.0).to_le_bytes());
+        for j in 0..16 {
+            blk[2 + j] = (j as u8) | ((15 - j as u8) << 4);
+        }
+        let mut out = [0f32; 32];
+        block_to_f32(WeightFormat::Q4_0, &blk, &mut out, &mut Unpacked::default());
+        for j in 0..16 {
+            assert_eq!(out[j], j as f32 - 8.0);
+            assert_eq!(out[j + 16], (15 - j) as f32 - 8.0);
+        }
+    }
+}
