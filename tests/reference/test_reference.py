@@ -82,7 +82,9 @@ def write_model(path, arch, *, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head
     if swa_pattern is not None:
         w.add_uint32(a + "attention.sliding_window_pattern", swa_pattern)
     for k, v in (extra_meta or {}).items():
-        if isinstance(v, float):
+        if isinstance(v, str):
+            w.add_string(k, v)
+        elif isinstance(v, float):
             w.add_float32(k, v)
         else:
             w.add_uint32(k, v)
@@ -436,6 +438,22 @@ def test_llama_normal_rope_on_permuted_weights_equals_neox():
     assert np.max(np.abs(load(base_path).logits(toks) - want)) > 1e-3, "layouts must differ"
 
 
+def test_rope_freq_factors_and_linear_scaling_agree():
+    # Llama 3's rope_freqs tensor divides each pair's frequency; a uniform factor f must equal
+    # linear scaling by f (positions divided by f), and differ from no scaling.
+    base = tmp("llama-rope-base.gguf")
+    W = write_model(base, "llama")
+    toks = rand_tokens(7)
+    factors = tmp("llama-rope-factors.gguf")
+    write_model(factors, "llama", overrides={**W, "rope_freqs.weight": np.full(4, 2.0, np.float32)})
+    linear = tmp("llama-rope-linear.gguf")
+    write_model(linear, "llama", overrides=W,
+                extra_meta={"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0})
+    a, b, c = load(factors).logits(toks), load(linear).logits(toks), load(base).logits(toks)
+    assert_close(a, b, 1e-5, "uniform rope_freqs vs linear scaling")
+    assert np.max(np.abs(a - c)) > 1e-3, "scaling must change the logits"
+
+
 def test_greedy_matches_argmax_and_stops_at_eos():
     path = _case_file("qwen3")
     model = load(path)
@@ -479,7 +497,8 @@ def test_cli_contract():
 # --------------------------------------------------------------------------------------------
 
 
-def write_vocab_only(path, model, tokens, types, scores=None, merges=None, pre=None, bos=None, eos=None, unk=None):
+def write_vocab_only(path, model, tokens, types, scores=None, merges=None, pre=None, bos=None, eos=None, unk=None,
+                     space_prefix=False):
     w = gguf.GGUFWriter(path, "llama")
     w.add_tokenizer_model(model)
     if pre:
@@ -496,7 +515,8 @@ def write_vocab_only(path, model, tokens, types, scores=None, merges=None, pre=N
         w.add_eos_token_id(eos)
     if unk is not None:
         w.add_unk_token_id(unk)
-    w.add_bool("tokenizer.ggml.add_space_prefix", False)
+    if space_prefix is not None:
+        w.add_bool("tokenizer.ggml.add_space_prefix", space_prefix)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -567,6 +587,12 @@ def test_sentencepiece_by_hand():
     assert got == want, (got, want)
     for text in ["hello world", " hello", "hé", "<start_of_turn>hello\nworld  hello"]:
         assert tok.decode(tok.encode(text)) == text
+    # Without the add_space_prefix key, SentencePiece's dummy prefix is on.
+    path = tmp("spm-vocab-prefix.gguf")
+    write_vocab_only(path, "llama", tokens, types, scores=scores, bos=2, eos=1, unk=3, space_prefix=None)
+    tok = reftok.load_tokenizer(path)
+    assert tok.encode("hello") == [idx["▁hello"]]
+    assert tok.decode([idx["▁hello"]]) == "hello"
 
 
 # --------------------------------------------------------------------------------------------
@@ -590,7 +616,11 @@ def test_real_gemma_tokenizer():
     if path is None:
         raise Skip("Gemma 3 270M not found (cargo xtask fetch-model gemma3-270m)")
     tok = reftok.load_tokenizer(path)
-    assert tok.encode("<start_of_turn>user\n") == [105, 2364, 107]
+    # Known ids of the public Gemma 3 tokenizer (published prompts of other projects).
+    assert tok.encode("The capital of France is") == [818, 5279, 529, 7001, 563]
+    assert tok.encode("Hello") == [9259]
+    assert tok.encode("<start_of_turn>user\nwhy is the sky blue<end_of_turn>\n<start_of_turn>model") == [
+        105, 2364, 107, 36425, 563, 506, 7217, 3730, 106, 107, 105, 4368]
     assert tok.vocab.tokens[tok.vocab.bos] == "<bos>"
     for text in ["The capital of France is", "  two spaces\tand\ttabs\n\n\nnewlines",
                  "naïve café 日本語 🦀 12345", "<start_of_turn>model\nHi!<end_of_turn>"]:

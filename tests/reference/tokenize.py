@@ -100,7 +100,8 @@ class Vocab:
         self.eos = get("tokenizer.ggml.eos_token_id")
         self.unk = get("tokenizer.ggml.unknown_token_id")
         self.pad = get("tokenizer.ggml.padding_token_id")
-        self.add_space_prefix = bool(get("tokenizer.ggml.add_space_prefix", False))
+        # Absent key: SentencePiece's own default (and llama.cpp's) is to add the dummy prefix.
+        self.add_space_prefix = bool(get("tokenizer.ggml.add_space_prefix", self.model == "llama"))
         self.id_of = {}
         for i, t in enumerate(self.tokens):
             self.id_of.setdefault(t, i)
