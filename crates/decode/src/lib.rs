@@ -10,6 +10,8 @@ pub mod backend;
 pub mod error;
 pub mod memory;
 pub mod quant;
+pub mod sampler;
+pub mod tokenizer;
 
 pub use error::{DecodeError, Result};
 pub use memory::{MemoryReport, MemoryTag};

@@ -216,3 +216,8 @@ pub trait Backend: Send {
     /// logits to the host).
     fn argmax(&mut self, x: &Self::Buffer, row: usize, n: usize) -> Result<u32>;
 }
+
+/// Index of the largest value of a host slice (the first on ties; NaN never wins).
+pub fn argmax_host(x: &[f32]) -> u32 {
+    ops::argmax(x) as u32
+}

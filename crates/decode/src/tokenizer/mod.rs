@@ -1,0 +1,255 @@
+//! Tokenizers built from a GGUF vocabulary.
+//!
+//! Two kinds, as `tokenizer.ggml.model` names them:
+//! - `llama`: SentencePiece-style (Gemma). The GGUF scores are merge priorities: the pair whose
+//!   merged piece scores highest is merged first. Spaces are written `▁`; characters with no
+//!   piece fall back to `<0xXX>` byte tokens. See [`spm`].
+//! - `gpt2`: byte-level BPE (Llama 3, Qwen) with ranked merges and a pre-tokenizer chosen by
+//!   `tokenizer.ggml.pre`. See [`bpe`].
+//!
+//! Both are written here rather than on the `tokenizers` crate: its Unigram model would read
+//! the scores as log-probabilities and segment Gemma text wrongly, its BPE model has no notion
+//! of score-ordered merges with byte fallback, and the Llama 3 / Qwen pre-tokenizer regexes need
+//! look-ahead that would pull in a second regex engine; the two algorithms are short.
+//!
+//! Control and user-defined tokens written literally in the text are matched whole first
+//! (leftmost, then longest), like the reference under `tests/reference/tokenize.py`.
+
+pub mod bpe;
+mod pretokenize;
+pub mod spm;
+
+use crate::error::{DecodeError, Result};
+use std::collections::HashMap;
+
+/// GGUF token types (SentencePiece numbering).
+pub mod token_type {
+    pub const NORMAL: i32 = 1;
+    pub const UNKNOWN: i32 = 2;
+    pub const CONTROL: i32 = 3;
+    pub const USER_DEFINED: i32 = 4;
+    pub const UNUSED: i32 = 5;
+    pub const BYTE: i32 = 6;
+}
+
+/// The vocabulary fields of a GGUF file.
+#[derive(Clone, Debug, Default)]
+pub struct Vocabulary {
+    /// `tokenizer.ggml.model`: "llama" or "gpt2".
+    pub model: String,
+    /// `tokenizer.ggml.pre`, for gpt2 vocabularies.
+    pub pre: Option<String>,
+    pub tokens: Vec<String>,
+    /// Merge priorities of a `llama` vocabulary (empty means all zero).
+    pub scores: Vec<f32>,
+    /// Token types (empty means all normal).
+    pub types: Vec<i32>,
+    /// `"left right"` merges of a `gpt2` vocabulary, by rank.
+    pub merges: Vec<String>,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    /// End-of-turn and other ids that also stop generation.
+    pub extra_stops: Vec<u32>,
+    pub add_bos: bool,
+    pub add_space_prefix: bool,
+}
+
+enum Model {
+    Spm(spm::Spm),
+    Bpe(bpe::Bpe),
+}
+
+/// A tokenizer: text to ids and back.
+pub struct Tokenizer {
+    model: Model,
+    vocab: Vocabulary,
+    /// Control and user-defined tokens by first character, longest first.
+    specials: HashMap<char, Vec<(String, u32)>>,
+    /// Bytes each token decodes to.
+    bytes: Vec<Vec<u8>>,
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer a vocabulary describes.
+    pub fn new(vocab: Vocabulary) -> Result<Tokenizer> {
+        let n = vocab.tokens.len();
+        if n == 0 {
+            return Err(DecodeError::Tokenizer(
+                "the model has no tokenizer.ggml.tokens".into(),
+            ));
+        }
+        for (what, v) in [
+            ("scores", vocab.scores.len()),
+            ("token_type", vocab.types.len()),
+        ] {
+            if v != 0 && v != n {
+                return Err(DecodeError::Tokenizer(format!(
+                    "tokenizer.ggml.{what} has {v} entries for {n} tokens"
+                )));
+            }
+        }
+        for (what, id) in [("bos", vocab.bos), ("eos", vocab.eos)] {
+            if let Some(id) = id.filter(|&id| id as usize >= n) {
+                return Err(DecodeError::Tokenizer(format!(
+                    "tokenizer.ggml.{what}_token_id {id} is outside the {n}-token vocabulary"
+                )));
+            }
+        }
+        let model = match vocab.model.as_str() {
+            "llama" => Model::Spm(spm::Spm::new(&vocab)?),
+            "gpt2" => Model::Bpe(bpe::Bpe::new(&vocab)?),
+            other => {
+                return Err(DecodeError::Tokenizer(format!(
+                    "tokenizer.ggml.model '{other}' is not supported (supported: llama, gpt2)"
+                )))
+            }
+        };
+        let mut specials: HashMap<char, Vec<(String, u32)>> = HashMap::new();
+        for (i, t) in vocab.tokens.iter().enumerate() {
+            let ty = vocab.types.get(i).copied().unwrap_or(token_type::NORMAL);
+            if matches!(ty, token_type::CONTROL | token_type::USER_DEFINED) {
+                if let Some(c) = t.chars().next() {
+                    let list = specials.entry(c).or_default();
+                    // The first id wins for duplicate texts.
+                    if !list.iter().any(|(s, _)| s == t) {
+                        list.push((t.clone(), i as u32));
+                    }
+                }
+            }
+        }
+        for list in specials.values_mut() {
+            list.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+        }
+        let bytes = (0..n)
+            .map(|i| match &model {
+                Model::Spm(_) => spm::token_bytes(&vocab, i),
+                Model::Bpe(b) => b.token_bytes(&vocab, i),
+            })
+            .collect();
+        Ok(Tokenizer {
+            model,
+            vocab,
+            specials,
+            bytes,
+        })
+    }
+
+    pub fn vocab(&self) -> &Vocabulary {
+        &self.vocab
+    }
+
+    pub fn len(&self) -> usize {
+        self.vocab.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.vocab.tokens.is_empty()
+    }
+
+    /// Encodes text; prepends BOS when `add_bos` and the vocabulary has one.
+    pub fn encode(&self, text: &str, add_bos: bool) -> Vec<u32> {
+        let mut ids = Vec::new();
+        if add_bos {
+            ids.extend(self.vocab.bos);
+        }
+        let mut start = 0;
+        let mut i = 0;
+        while i < text.len() {
+            let c = text[i..].chars().next().expect("char boundary");
+            let hit = self
+                .specials
+                .get(&c)
+                .and_then(|list| list.iter().find(|(s, _)| text[i..].starts_with(s.as_str())));
+            match hit {
+                Some((s, id)) => {
+                    self.encode_plain(&text[start..i], &mut ids);
+                    ids.push(*id);
+                    i += s.len();
+                    start = i;
+                }
+                None => i += c.len_utf8(),
+            }
+        }
+        self.encode_plain(&text[start..], &mut ids);
+        ids
+    }
+
+    fn encode_plain(&self, text: &str, out: &mut Vec<u32>) {
+        if text.is_empty() {
+            return;
+        }
+        match &self.model {
+            Model::Spm(m) => m.encode(text, out),
+            Model::Bpe(m) => m.encode(text, out),
+        }
+    }
+
+    /// The bytes a token stands for.
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
+        self.bytes.get(id as usize).map_or(&[], |b| b.as_slice())
+    }
+
+    /// Decodes ids to text (invalid UTF-8 replaced).
+    pub fn decode(&self, ids: &[u32]) -> String {
+        let bytes: Vec<u8> = ids
+            .iter()
+            .flat_map(|&id| self.token_bytes(id).iter().copied())
+            .collect();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        match &self.model {
+            Model::Spm(_) if self.vocab.add_space_prefix => {
+                text.strip_prefix(' ').map(str::to_string).unwrap_or(text)
+            }
+            _ => text,
+        }
+    }
+
+    /// Whether generation stops at this token (EOS, end of turn).
+    pub fn is_stop(&self, id: u32) -> bool {
+        Some(id) == self.vocab.eos || self.vocab.extra_stops.contains(&id)
+    }
+
+    /// Whether the token is a control token (not printed while streaming).
+    pub fn is_control(&self, id: u32) -> bool {
+        self.vocab.types.get(id as usize).copied() == Some(token_type::CONTROL)
+    }
+}
+
+/// Turns a stream of token ids into text pieces that are always whole UTF-8, holding back
+/// the bytes of a character split across tokens.
+pub struct TextStream<'a> {
+    tokenizer: &'a Tokenizer,
+    pending: Vec<u8>,
+}
+
+impl<'a> TextStream<'a> {
+    pub fn new(tokenizer: &'a Tokenizer) -> TextStream<'a> {
+        TextStream {
+            tokenizer,
+            pending: Vec::new(),
+        }
+    }
+
+    /// The text that became complete with this token (may be empty).
+    pub fn push(&mut self, id: u32) -> String {
+        if self.tokenizer.is_control(id) {
+            return String::new();
+        }
+        self.pending
+            .extend_from_slice(self.tokenizer.token_bytes(id));
+        let valid = match std::str::from_utf8(&self.pending) {
+            Ok(_) => self.pending.len(),
+            Err(e) if e.error_len().is_some() => self.pending.len(), // invalid, not incomplete
+            Err(e) => e.valid_up_to(),
+        };
+        let done: Vec<u8> = self.pending.drain(..valid).collect();
+        String::from_utf8_lossy(&done).into_owned()
+    }
+
+    /// Whatever is still held back, flushed lossily.
+    pub fn finish(&mut self) -> String {
+        let rest = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        rest
+    }
+}
