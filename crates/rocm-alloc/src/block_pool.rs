@@ -9,7 +9,7 @@
 use std::collections::BTreeSet;
 
 use crate::device::StreamId;
-use crate::size_class::{should_split, SizeKind};
+use crate::size_class::{should_split, SizeKind, MAX_BLOCK, MIN_BLOCK};
 use crate::tag::Tag;
 
 /// Index of a block in the slab.
@@ -51,11 +51,27 @@ pub enum BlockState {
     PendingFree,
 }
 
+/// Free-list key packed into one integer so that ordered-set comparisons are a single `u128`
+/// compare (measurably faster than comparing a struct): block size in 512-byte units (40 bits),
+/// then address (56 bits), then block id (32 bits). Ordering is by size, then address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct FreeKey {
-    size: u64,
-    addr: u64,
-    id: BlockId,
+struct FreeKey(u128);
+
+const ADDR_MASK: u64 = (1 << 56) - 1;
+
+impl FreeKey {
+    fn new(size: u64, addr: u64, id: BlockId) -> FreeKey {
+        debug_assert!(size % MIN_BLOCK == 0 && size <= MAX_BLOCK);
+        FreeKey((u128::from(size / MIN_BLOCK) << 88) | (u128::from(addr & ADDR_MASK) << 32) | u128::from(id))
+    }
+
+    fn lower_bound(size: u64) -> FreeKey {
+        FreeKey(u128::from(size / MIN_BLOCK) << 88)
+    }
+
+    fn id(self) -> BlockId {
+        self.0 as u32
+    }
 }
 
 #[derive(Debug)]
@@ -146,7 +162,7 @@ impl BlockPool {
 
     fn list_insert(&mut self, id: BlockId) {
         let b = &self.blocks[id as usize];
-        let key = FreeKey { size: b.size, addr: b.addr, id };
+        let key = FreeKey::new(b.size, b.addr, id);
         let pool = self.segments[b.segment as usize].pool;
         let i = self.list_index(pool);
         self.free_lists[i].1.insert(key);
@@ -154,7 +170,7 @@ impl BlockPool {
 
     fn list_remove(&mut self, id: BlockId) {
         let b = &self.blocks[id as usize];
-        let key = FreeKey { size: b.size, addr: b.addr, id };
+        let key = FreeKey::new(b.size, b.addr, id);
         let pool = self.segments[b.segment as usize].pool;
         let i = self.list_index(pool);
         let removed = self.free_lists[i].1.remove(&key);
@@ -183,11 +199,9 @@ impl BlockPool {
     pub fn find_free(&mut self, pool: PoolKey, rounded: u64) -> Option<BlockId> {
         let i = self.free_lists.iter().position(|(k, _)| *k == pool)?;
         let set = &mut self.free_lists[i].1;
-        let key = *set
-            .range(FreeKey { size: rounded, addr: 0, id: 0 }..)
-            .next()?;
+        let key = *set.range(FreeKey::lower_bound(rounded)..).next()?;
         set.remove(&key);
-        Some(key.id)
+        Some(key.id())
     }
 
     /// Registers a new segment obtained from the device and returns its single free block,

@@ -18,6 +18,9 @@ pub const LARGE_SEGMENT: u64 = 20 << 20;
 /// Large requests of their own segment are rounded up to this.
 pub const ROUND_LARGE: u64 = 2 << 20;
 
+/// Largest block or segment the allocator represents (512 TiB), far beyond any device.
+pub const MAX_BLOCK: u64 = 1 << 49;
+
 /// Which pool a request belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SizeKind {
@@ -43,7 +46,7 @@ pub fn round_request(bytes: u64) -> Option<u64> {
     if bytes <= MIN_BLOCK {
         return Some(MIN_BLOCK);
     }
-    bytes.checked_next_multiple_of(MIN_BLOCK)
+    bytes.checked_next_multiple_of(MIN_BLOCK).filter(|&r| r <= MAX_BLOCK)
 }
 
 /// The pool a rounded block size belongs to.
@@ -62,7 +65,7 @@ pub fn segment_size(rounded: u64) -> Option<u64> {
     } else if rounded < MIN_LARGE_ALLOC {
         Some(LARGE_SEGMENT)
     } else {
-        rounded.checked_next_multiple_of(ROUND_LARGE)
+        rounded.checked_next_multiple_of(ROUND_LARGE).filter(|&s| s <= MAX_BLOCK)
     }
 }
 
@@ -89,6 +92,7 @@ mod tests {
         assert_eq!(round_request(512), Some(512));
         assert_eq!(round_request(513), Some(1024));
         assert_eq!(round_request(u64::MAX), None);
+        assert_eq!(round_request(MAX_BLOCK + 1), None);
     }
 
     #[test]
