@@ -1,1 +1,20 @@
 //! Zero-copy GGUF and safetensors model files: metadata, tensor index, quantized formats and a writer.
+//!
+//! [`GgufFile::open`] memory-maps a file and indexes its header; tensor data is never copied
+//! until a caller dequantizes it. Every malformed input is a [`GgufError`] naming the problem.
+
+mod cursor;
+pub mod error;
+pub mod file;
+pub mod metadata;
+pub mod model;
+pub mod paths;
+pub mod quant;
+pub mod writer;
+
+pub use error::GgufError;
+pub use file::{GgufFile, TensorInfo};
+pub use metadata::{MetadataArray, MetadataValue, ValueType};
+pub use model::{Architecture, ModelConfig, RopeScaling};
+pub use quant::{dequantize, GgmlType};
+pub use writer::GgufWriter;

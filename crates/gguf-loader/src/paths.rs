@@ -1,0 +1,44 @@
+//! Where models live, by the project's convention: `$HIPDECODE_MODELS_DIR` if set, else
+//! `<workspace root>/models`.
+
+use std::path::PathBuf;
+
+/// File name of the real test model inside the models directory.
+pub const GEMMA3_270M_FILE: &str = "gemma3-270m-q4_k_m.gguf";
+
+/// The models directory.
+pub fn models_dir() -> PathBuf {
+    match std::env::var_os("HIPDECODE_MODELS_DIR") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"),
+    }
+}
+
+/// Path of the Gemma 3 270M Q4_K_M test model (it may not exist; see [`require_models`]).
+pub fn gemma3_270m_path() -> PathBuf {
+    models_dir().join(GEMMA3_270M_FILE)
+}
+
+/// Whether real-model tests must run (`HIPDECODE_REQUIRE_MODELS=1`) rather than skip.
+pub fn require_models() -> bool {
+    std::env::var("HIPDECODE_REQUIRE_MODELS").is_ok_and(|v| v == "1")
+}
+
+/// The Gemma test model's path if present. When absent: `None` (after printing why the caller
+/// skips), or a panic when `HIPDECODE_REQUIRE_MODELS=1`, so CI cannot skip silently. For tests.
+pub fn gemma3_270m_for_test(test: &str) -> Option<PathBuf> {
+    let path = gemma3_270m_path();
+    if path.exists() {
+        return Some(path);
+    }
+    assert!(
+        !require_models(),
+        "{test}: HIPDECODE_REQUIRE_MODELS=1 but {} is missing; run `cargo xtask fetch-model gemma3-270m`",
+        path.display()
+    );
+    eprintln!(
+        "skipping {test}: {} is absent (run `cargo xtask fetch-model gemma3-270m`)",
+        path.display()
+    );
+    None
+}
