@@ -1,4 +1,44 @@
-//! HIP runtime API for hipdecode: bindings loaded at run time, a checked result layer and safe RAII types.
+//! HIP runtime API for hipdecode: bindings loaded at run time, a checked result layer and safe
+//! RAII types.
 //!
 //! On AMD it loads `libamdhip64` and `libhiprtc`; on NVIDIA it serves the same HIP-shaped API
-//! through the CUDA driver API and NVRTC (via cudarc), which is how the project is tested.
+//! through the CUDA driver API and NVRTC (via cudarc, `cuda-13000` bindings), which is how the
+//! project is tested. Layers:
+//!
+//! * [`sys`]: raw bindgen output (generated at build time from installed HIP headers, or the
+//!   committed HIP 5.2 bindings).
+//! * `backend` (private): the only module with foreign calls; one `check` per runtime turns
+//!   status codes into [`HipError`].
+//! * the safe layer: [`Platform`], [`Device`], [`Stream`], [`Event`], [`DeviceBuffer`],
+//!   [`PinnedHostBuffer`], [`HostRegistration`], [`ManagedBuffer`], [`Module`], [`Function`],
+//!   [`Graph`], [`GraphExec`].
+//!
+//! ```no_run
+//! use hip_ffi::{DeviceBuffer, Platform};
+//! let device = Platform::detect().device(0)?;
+//! let mut buf = DeviceBuffer::alloc(&device, 16)?;
+//! buf.copy_from_host(&[1u32, 2, 3, 4])?;
+//! assert_eq!(buf.to_host_vec::<u32>()?, vec![1, 2, 3, 4]);
+//! # Ok::<(), hip_ffi::HipError>(())
+//! ```
+
+mod backend;
+pub mod device;
+pub mod error;
+pub mod graph;
+pub mod memory;
+pub mod module;
+pub mod platform;
+pub mod stream;
+pub mod sys;
+pub mod sysfs;
+
+pub use backend::RawHandle;
+pub use device::{Device, DeviceAttributes, DevicePtr, MemInfo};
+pub use error::{Backend, ErrorKind, HipError, Result};
+pub use graph::{Graph, GraphExec};
+pub use memory::{DeviceBuffer, DeviceCopy, HostRegistration, ManagedBuffer, PinnedHostBuffer};
+pub use module::{device_compile_options, kernel_arg, Function, LaunchConfig, Module};
+pub use platform::{Platform, PlatformKind, Visibility};
+pub use stream::{Event, Stream};
+pub use sysfs::{GttInfo, PciLocation};

@@ -1,0 +1,822 @@
+//! NVIDIA: the HIP-shaped API on the CUDA driver API and NVRTC, through cudarc's `sys` layer.
+//!
+//! cudarc is built with `dynamic-loading` and `cuda-13000` (the workspace pins it): `libcuda` and
+//! `libnvrtc` are opened at run time, and the bindings follow the CUDA 13.0 headers, which driver
+//! 580 (CUDA 13.0) serves. cudarc panics when a library or symbol is missing, so [`CudaApi::load`]
+//! first checks with libloading that both libraries open and that every symbol used here exists;
+//! after that no cudarc call can hit its panic path.
+
+use super::{c_string, Addr, Attr, CopyKind, GpuApi, RawHandle};
+use crate::error::{classify_cuda, Backend, ErrorKind, HipError, Result};
+use cudarc::driver::sys as cu;
+use cudarc::nvrtc::sys as nvrtc;
+use std::cell::Cell;
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::Mutex;
+
+/// Driver symbols this backend calls (the exported names, with their `_v2` suffixes).
+const DRIVER_SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuGetErrorName",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetName",
+    "cuDeviceGetAttribute",
+    "cuDeviceTotalMem_v2",
+    "cuDevicePrimaryCtxRetain",
+    "cuCtxSetCurrent",
+    "cuCtxSynchronize",
+    "cuMemGetInfo_v2",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemAllocAsync",
+    "cuMemFreeAsync",
+    "cuMemAllocManaged",
+    "cuMemsetD8_v2",
+    "cuMemsetD8Async",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2",
+    "cuMemcpyDtoD_v2",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyDtoDAsync_v2",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
+    "cuMemHostGetDevicePointer_v2",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamSynchronize",
+    "cuStreamQuery",
+    "cuStreamWaitEvent",
+    "cuEventCreate",
+    "cuEventDestroy_v2",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuEventSynchronize",
+    "cuEventElapsedTime_v2",
+    "cuModuleLoadData",
+    "cuModuleUnload",
+    "cuModuleGetFunction",
+    "cuLaunchKernel",
+    "cuStreamBeginCapture_v2",
+    "cuStreamEndCapture",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphLaunch",
+    "cuGraphDestroy",
+    "cuGraphExecDestroy",
+];
+
+const NVRTC_SYMBOLS: &[&str] = &[
+    "nvrtcVersion",
+    "nvrtcGetErrorString",
+    "nvrtcCreateProgram",
+    "nvrtcDestroyProgram",
+    "nvrtcCompileProgram",
+    "nvrtcGetProgramLogSize",
+    "nvrtcGetProgramLog",
+    "nvrtcGetCUBINSize",
+    "nvrtcGetCUBIN",
+];
+
+/// CUDA's "not ready" status, shared by stream and event queries.
+const NOT_READY: i32 = 600;
+
+thread_local! {
+    /// The device whose primary context is current on this thread (-1: none set by us).
+    static CURRENT_DEVICE: Cell<i32> = const { Cell::new(-1) };
+}
+
+/// The NVIDIA backend. Primary contexts are retained on first use and kept for the process's
+/// lifetime (the backend itself is a process-wide singleton).
+pub(crate) struct CudaApi {
+    nvrtc_available: bool,
+    driver_version: i32,
+    contexts: Mutex<Vec<(i32, usize)>>,
+}
+
+/// Opens a library by cudarc's candidate names and reports the symbols it lacks.
+fn probe_library(lib_name: &str, symbols: &[&str]) -> std::result::Result<(), String> {
+    let candidates = cudarc::get_lib_name_candidates(lib_name);
+    for candidate in &candidates {
+        // SAFETY: opening a system library runs its initialisers; libcuda and libnvrtc are
+        // designed to be loaded this way (it is what cudarc itself does next).
+        let Ok(lib) = (unsafe { libloading::Library::new(candidate) }) else {
+            continue;
+        };
+        let missing: Vec<&str> = symbols
+            .iter()
+            .copied()
+            .filter(|sym| {
+                // SAFETY: only the symbol's presence is checked; the pointer is never called.
+                unsafe { lib.get::<*const c_void>(sym.as_bytes()) }.is_err()
+            })
+            .collect();
+        return if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{candidate} lacks {missing:?}; the CUDA 13.0 bindings need a driver of the 580 \
+                 series or newer"
+            ))
+        };
+    }
+    Err(format!(
+        "lib{lib_name} not found (tried {} names)",
+        candidates.len()
+    ))
+}
+
+/// The single place where a `CUresult` becomes a `HipError`.
+fn check(op: &'static str, status: cu::CUresult) -> Result<()> {
+    if status == cu::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let code = status as i32;
+    let mut name_ptr: *const c_char = std::ptr::null();
+    // SAFETY: cuGetErrorName writes a pointer to a static string or leaves it null.
+    let name = unsafe {
+        if cu::cuGetErrorName(status, &mut name_ptr) == cu::CUresult::CUDA_SUCCESS
+            && !name_ptr.is_null()
+        {
+            CStr::from_ptr(name_ptr).to_string_lossy().into_owned()
+        } else {
+            format!("CUresult({code})")
+        }
+    };
+    Err(HipError {
+        op,
+        code,
+        name,
+        backend: Backend::Cuda,
+        kind: classify_cuda(code),
+        detail: None,
+    })
+}
+
+/// The single place where an `nvrtcResult` becomes a `HipError`.
+fn check_nvrtc(op: &'static str, status: nvrtc::nvrtcResult) -> Result<()> {
+    if status == nvrtc::nvrtcResult::NVRTC_SUCCESS {
+        return Ok(());
+    }
+    // SAFETY: nvrtcGetErrorString returns a static string for every status value.
+    let name = unsafe {
+        let ptr = nvrtc::nvrtcGetErrorString(status);
+        if ptr.is_null() {
+            format!("nvrtcResult({})", status as i32)
+        } else {
+            CStr::from_ptr(ptr).to_string_lossy().into_owned()
+        }
+    };
+    Err(HipError {
+        op,
+        code: status as i32,
+        name,
+        backend: Backend::Cuda,
+        kind: ErrorKind::Compile,
+        detail: None,
+    })
+}
+
+/// Maps a query status: success means done, "not ready" means still running.
+fn check_query(op: &'static str, status: cu::CUresult) -> Result<bool> {
+    if status as i32 == NOT_READY {
+        return Ok(false);
+    }
+    check(op, status).map(|()| true)
+}
+
+impl CudaApi {
+    /// Loads the driver (and NVRTC if present). Never panics: a missing library, a driver too
+    /// old for the CUDA 13.0 bindings, or a failed `cuInit` is an error.
+    pub(crate) fn load() -> std::result::Result<CudaApi, String> {
+        probe_library("cuda", DRIVER_SYMBOLS)?;
+        let nvrtc_available = probe_library("nvrtc", NVRTC_SYMBOLS).is_ok();
+        // SAFETY: the probe above proved the library and every symbol we call are present.
+        check("cuInit", unsafe { cu::cuInit(0) }).map_err(|e| e.to_string())?;
+        let mut driver_version = 0;
+        // SAFETY: plain out-parameter.
+        check("cuDriverGetVersion", unsafe {
+            cu::cuDriverGetVersion(&mut driver_version)
+        })
+        .map_err(|e| e.to_string())?;
+        Ok(CudaApi {
+            nvrtc_available,
+            driver_version,
+            contexts: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn device(&self, dev: i32) -> Result<cu::CUdevice> {
+        let mut device: cu::CUdevice = 0;
+        // SAFETY: plain out-parameter; an out-of-range ordinal is reported as an error.
+        check("cuDeviceGet", unsafe { cu::cuDeviceGet(&mut device, dev) })?;
+        Ok(device)
+    }
+
+    /// Makes `dev`'s primary context current on this thread (cached per thread).
+    fn bind(&self, dev: i32) -> Result<()> {
+        if CURRENT_DEVICE.with(|c| c.get()) == dev {
+            return Ok(());
+        }
+        let ctx = {
+            let mut contexts = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
+            match contexts.iter().find(|(d, _)| *d == dev) {
+                Some(&(_, ctx)) => ctx,
+                None => {
+                    let device = self.device(dev)?;
+                    let mut ctx: cu::CUcontext = std::ptr::null_mut();
+                    // SAFETY: `device` is valid; the retained context is kept for the
+                    // process's lifetime, so it is never released while in use.
+                    check("cuDevicePrimaryCtxRetain", unsafe {
+                        cu::cuDevicePrimaryCtxRetain(&mut ctx, device)
+                    })?;
+                    contexts.push((dev, ctx as usize));
+                    ctx as usize
+                }
+            }
+        };
+        // SAFETY: `ctx` is a retained primary context.
+        check("cuCtxSetCurrent", unsafe {
+            cu::cuCtxSetCurrent(ctx as cu::CUcontext)
+        })?;
+        CURRENT_DEVICE.with(|c| c.set(dev));
+        Ok(())
+    }
+
+    fn stream(handle: RawHandle) -> cu::CUstream {
+        handle.as_ptr()
+    }
+}
+
+fn attribute_id(attr: Attr) -> cu::CUdevice_attribute {
+    use cu::CUdevice_attribute as A;
+    match attr {
+        Attr::ComputeCapabilityMajor => A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+        Attr::ComputeCapabilityMinor => A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+        Attr::Integrated => A::CU_DEVICE_ATTRIBUTE_INTEGRATED,
+        Attr::WarpSize => A::CU_DEVICE_ATTRIBUTE_WARP_SIZE,
+        Attr::MultiprocessorCount => A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        Attr::ManagedMemory => A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY,
+        Attr::PageableMemoryAccess => A::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS,
+        Attr::ConcurrentManagedAccess => A::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
+        Attr::CanMapHostMemory => A::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY,
+        Attr::MemoryPoolsSupported => A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+        Attr::PciBusId => A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID,
+        Attr::PciDeviceId => A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID,
+        Attr::PciDomainId => A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID,
+        Attr::MaxThreadsPerBlock => A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+        Attr::MaxSharedMemoryPerBlock => A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK,
+    }
+}
+
+impl GpuApi for CudaApi {
+    fn version_string(&self) -> String {
+        let (major, minor) = (
+            self.driver_version / 1000,
+            (self.driver_version % 1000) / 10,
+        );
+        let nvrtc = if self.nvrtc_available {
+            let (mut maj, mut min) = (0, 0);
+            // SAFETY: NVRTC was probed at load; plain out-parameters.
+            let status = unsafe { nvrtc::nvrtcVersion(&mut maj, &mut min) };
+            if status == nvrtc::nvrtcResult::NVRTC_SUCCESS {
+                format!("NVRTC {maj}.{min}")
+            } else {
+                "NVRTC unknown".to_string()
+            }
+        } else {
+            "NVRTC not found".to_string()
+        };
+        format!("CUDA driver API {major}.{minor}, {nvrtc} (cudarc bindings: cuda-13000)")
+    }
+
+    fn device_count(&self) -> Result<i32> {
+        let mut count = 0;
+        // SAFETY: plain out-parameter.
+        check("cuDeviceGetCount", unsafe {
+            cu::cuDeviceGetCount(&mut count)
+        })?;
+        Ok(count)
+    }
+
+    fn device_name(&self, dev: i32) -> Result<String> {
+        let device = self.device(dev)?;
+        let mut buf = [0 as c_char; 256];
+        // SAFETY: the buffer holds `len` bytes; the driver NUL-terminates within it.
+        check("cuDeviceGetName", unsafe {
+            cu::cuDeviceGetName(buf.as_mut_ptr(), buf.len() as i32, device)
+        })?;
+        // SAFETY: NUL-terminated by the driver (and the buffer was zeroed).
+        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned())
+    }
+
+    fn attribute(&self, dev: i32, attr: Attr) -> Result<i32> {
+        let device = self.device(dev)?;
+        let mut value = 0;
+        // SAFETY: plain out-parameter, valid device.
+        check("cuDeviceGetAttribute", unsafe {
+            cu::cuDeviceGetAttribute(&mut value, attribute_id(attr), device)
+        })?;
+        Ok(value)
+    }
+
+    fn total_memory(&self, dev: i32) -> Result<u64> {
+        let device = self.device(dev)?;
+        let mut bytes = 0usize;
+        // SAFETY: plain out-parameter, valid device.
+        check("cuDeviceTotalMem", unsafe {
+            cu::cuDeviceTotalMem_v2(&mut bytes, device)
+        })?;
+        Ok(bytes as u64)
+    }
+
+    fn mem_get_info(&self, dev: i32) -> Result<(u64, u64)> {
+        self.bind(dev)?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: plain out-parameters; the context is current.
+        check("cuMemGetInfo", unsafe {
+            cu::cuMemGetInfo_v2(&mut free, &mut total)
+        })?;
+        Ok((free as u64, total as u64))
+    }
+
+    fn arch_name(&self, dev: i32) -> Result<Option<String>> {
+        let major = self.attribute(dev, Attr::ComputeCapabilityMajor)?;
+        let minor = self.attribute(dev, Attr::ComputeCapabilityMinor)?;
+        Ok(Some(format!("sm_{major}{minor}")))
+    }
+
+    fn synchronize_device(&self, dev: i32) -> Result<()> {
+        self.bind(dev)?;
+        // SAFETY: the context is current.
+        check("cuCtxSynchronize", unsafe { cu::cuCtxSynchronize() })
+    }
+
+    fn malloc(&self, dev: i32, bytes: usize) -> Result<Addr> {
+        self.bind(dev)?;
+        let mut ptr: cu::CUdeviceptr = 0;
+        // SAFETY: plain out-parameter; the context is current.
+        check("cuMemAlloc", unsafe { cu::cuMemAlloc_v2(&mut ptr, bytes) })
+            .map_err(|e| e.with_detail(format!("asked for {bytes} bytes")))?;
+        Ok(ptr)
+    }
+
+    unsafe fn free(&self, dev: i32, ptr: Addr) -> Result<()> {
+        self.bind(dev)?;
+        // SAFETY: the caller guarantees `ptr` came from cuMemAlloc/cuMemAllocManaged.
+        check("cuMemFree", unsafe { cu::cuMemFree_v2(ptr) })
+    }
+
+    unsafe fn malloc_async(&self, dev: i32, bytes: usize, stream: RawHandle) -> Result<Addr> {
+        self.bind(dev)?;
+        let mut ptr: cu::CUdeviceptr = 0;
+        // SAFETY: the caller guarantees the stream is live.
+        check("cuMemAllocAsync", unsafe {
+            cu::cuMemAllocAsync(&mut ptr, bytes, Self::stream(stream))
+        })
+        .map_err(|e| e.with_detail(format!("asked for {bytes} bytes")))?;
+        Ok(ptr)
+    }
+
+    unsafe fn free_async(&self, dev: i32, ptr: Addr, stream: RawHandle) -> Result<()> {
+        self.bind(dev)?;
+        // SAFETY: the caller guarantees `ptr` came from cuMemAllocAsync and the stream is live.
+        check("cuMemFreeAsync", unsafe {
+            cu::cuMemFreeAsync(ptr, Self::stream(stream))
+        })
+    }
+
+    fn malloc_managed(&self, dev: i32, bytes: usize) -> Result<Addr> {
+        self.bind(dev)?;
+        let mut ptr: cu::CUdeviceptr = 0;
+        let flags = cu::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32;
+        // SAFETY: plain out-parameter; the context is current.
+        check("cuMemAllocManaged", unsafe {
+            cu::cuMemAllocManaged(&mut ptr, bytes, flags)
+        })
+        .map_err(|e| e.with_detail(format!("asked for {bytes} bytes")))?;
+        Ok(ptr)
+    }
+
+    unsafe fn memset(
+        &self,
+        dev: i32,
+        ptr: Addr,
+        value: u8,
+        bytes: usize,
+        stream: Option<RawHandle>,
+    ) -> Result<()> {
+        self.bind(dev)?;
+        // SAFETY: the caller guarantees the range is device memory and the stream is live.
+        unsafe {
+            match stream {
+                None => check("cuMemsetD8", cu::cuMemsetD8_v2(ptr, value, bytes)),
+                Some(s) => check(
+                    "cuMemsetD8Async",
+                    cu::cuMemsetD8Async(ptr, value, bytes, Self::stream(s)),
+                ),
+            }
+        }
+    }
+
+    unsafe fn memcpy(
+        &self,
+        dev: i32,
+        dst: Addr,
+        src: Addr,
+        bytes: usize,
+        kind: CopyKind,
+        stream: Option<RawHandle>,
+    ) -> Result<()> {
+        self.bind(dev)?;
+        let host_dst = dst as usize as *mut c_void;
+        let host_src = src as usize as *const c_void;
+        // SAFETY: the caller guarantees both ranges are valid on the sides `kind` names and
+        // stay valid until an async copy has run.
+        unsafe {
+            match (kind, stream) {
+                (CopyKind::HostToDevice, None) => {
+                    check("cuMemcpyHtoD", cu::cuMemcpyHtoD_v2(dst, host_src, bytes))
+                }
+                (CopyKind::DeviceToHost, None) => {
+                    check("cuMemcpyDtoH", cu::cuMemcpyDtoH_v2(host_dst, src, bytes))
+                }
+                (CopyKind::DeviceToDevice, None) => {
+                    check("cuMemcpyDtoD", cu::cuMemcpyDtoD_v2(dst, src, bytes))
+                }
+                (CopyKind::HostToDevice, Some(s)) => check(
+                    "cuMemcpyHtoDAsync",
+                    cu::cuMemcpyHtoDAsync_v2(dst, host_src, bytes, Self::stream(s)),
+                ),
+                (CopyKind::DeviceToHost, Some(s)) => check(
+                    "cuMemcpyDtoHAsync",
+                    cu::cuMemcpyDtoHAsync_v2(host_dst, src, bytes, Self::stream(s)),
+                ),
+                (CopyKind::DeviceToDevice, Some(s)) => check(
+                    "cuMemcpyDtoDAsync",
+                    cu::cuMemcpyDtoDAsync_v2(dst, src, bytes, Self::stream(s)),
+                ),
+            }
+        }
+    }
+
+    fn host_alloc_mapped(&self, dev: i32, bytes: usize) -> Result<(*mut u8, Addr)> {
+        self.bind(dev)?;
+        let mut host: *mut c_void = std::ptr::null_mut();
+        let flags = cu::CU_MEMHOSTALLOC_DEVICEMAP | cu::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: plain out-parameter; the context is current.
+        check("cuMemHostAlloc", unsafe {
+            cu::cuMemHostAlloc(&mut host, bytes, flags)
+        })
+        .map_err(|e| e.with_detail(format!("asked for {bytes} bytes")))?;
+        let mut device: cu::CUdeviceptr = 0;
+        // SAFETY: `host` was just allocated with DEVICEMAP.
+        let mapped = check("cuMemHostGetDevicePointer", unsafe {
+            cu::cuMemHostGetDevicePointer_v2(&mut device, host, 0)
+        });
+        if let Err(e) = mapped {
+            // SAFETY: `host` came from cuMemHostAlloc and is not handed out.
+            let _ = unsafe { cu::cuMemFreeHost(host) };
+            return Err(e);
+        }
+        Ok((host.cast(), device))
+    }
+
+    unsafe fn host_free(&self, dev: i32, ptr: *mut u8) -> Result<()> {
+        self.bind(dev)?;
+        // SAFETY: the caller guarantees `ptr` came from cuMemHostAlloc.
+        check("cuMemFreeHost", unsafe { cu::cuMemFreeHost(ptr.cast()) })
+    }
+
+    unsafe fn host_register(&self, dev: i32, ptr: *mut u8, bytes: usize) -> Result<Addr> {
+        self.bind(dev)?;
+        let flags = cu::CU_MEMHOSTREGISTER_DEVICEMAP | cu::CU_MEMHOSTREGISTER_PORTABLE;
+        // SAFETY: the caller guarantees the range is valid host memory.
+        check("cuMemHostRegister", unsafe {
+            cu::cuMemHostRegister_v2(ptr.cast(), bytes, flags)
+        })?;
+        let mut device: cu::CUdeviceptr = 0;
+        // SAFETY: the range was just registered with DEVICEMAP.
+        let mapped = check("cuMemHostGetDevicePointer", unsafe {
+            cu::cuMemHostGetDevicePointer_v2(&mut device, ptr.cast(), 0)
+        });
+        if let Err(e) = mapped {
+            // SAFETY: registered just above, not handed out.
+            let _ = unsafe { cu::cuMemHostUnregister(ptr.cast()) };
+            return Err(e);
+        }
+        Ok(device)
+    }
+
+    unsafe fn host_unregister(&self, dev: i32, ptr: *mut u8) -> Result<()> {
+        self.bind(dev)?;
+        // SAFETY: the caller guarantees `ptr` was registered.
+        check("cuMemHostUnregister", unsafe {
+            cu::cuMemHostUnregister(ptr.cast())
+        })
+    }
+
+    fn stream_create(&self, dev: i32) -> Result<RawHandle> {
+        self.bind(dev)?;
+        let mut stream: cu::CUstream = std::ptr::null_mut();
+        let flags = cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        // SAFETY: plain out-parameter; the context is current.
+        check("cuStreamCreate", unsafe {
+            cu::cuStreamCreate(&mut stream, flags)
+        })?;
+        Ok(RawHandle::from_ptr(stream))
+    }
+
+    unsafe fn stream_destroy(&self, dev: i32, stream: RawHandle) -> Result<()> {
+        self.bind(dev)?;
+        // SAFETY: the caller guarantees the stream is live and unused afterwards.
+        check("cuStreamDestroy", unsafe {
+            cu::cuStreamDestroy_v2(Self::stream(stream))
+        })
+    }
+
+    unsafe fn stream_synchronize(&self, dev: i32, stream: RawHandle) -> Result<()> {
+        self.bind(dev)?;
+        // SAFETY: the caller guarantees the stream is live.
+        check("cuStreamSynchronize", unsafe {
+            cu::cuStreamSynchronize(Self::stream(stream))
+        })
+    }
+
+    unsafe fn stream_query(&self, dev: i32, stream: RawHandle) -> Result<bool> {
+        self.bind(dev)?;
+        // SAFETY: the caller guarantees the stream is live.
+        check_query("cuStreamQuery", unsafe {
+            cu::cuStreamQuery(Self::stream(stream))
+        })
+    }
+
+    unsafe fn stream_wait_event(
+        &self,
+        dev: i32,
+        stream: RawHandle,
+        event: RawHandle,
+    ) -> Result<()> {
+        self.bind(dev)?;
+        // SAFETY: the caller guarantees both handles are live.
+        check("cuStreamWaitEvent", unsafe {
+            cu::cuStreamWaitEvent(Self::stream(stream), event.as_ptr(), 0)
+        })
+    }
+
+    fn event_create(&self, dev: i32, timing: bool) -> Result<RawHandle> {
+        self.bind(dev)?;
+        let flags = if timing {
+            cu::CUevent_flags::CU_EVENT_DEFAULT as u32
+        } else {
+            cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
+        };
+        let mut event: cu::CUevent = std::ptr::null_mut();
+        // SAFETY: plain out-parameter; the context is current.
+        check("cuEventCreate", unsafe {
+            cu::cuEventCreate(&mut event, flags)
+        })?;
+        Ok(RawHandle::from_ptr(event))
+    }
+
+    unsafe fn event_destroy(&self, dev: i32, event: RawHandle) -> Result<()> {
+        self.bind(dev)?;
+        // SAFETY: the caller guarantees the event is live and unused afterwards.
+        check("cuEventDestroy", unsafe {
+            cu::cuEventDestroy_v2(event.as_ptr())
+        })
+    }
+
+    unsafe fn event_record(&self, dev: i32, event: RawHandle, stream: RawHandle) -> Result<()> {
+        self.bind(dev)?;
+        // SAFETY: the caller guarantees both handles are live.
+        check("cuEventRecord", unsafe {
+            cu::cuEventRecord(event.as_ptr(), Self::stream(stream))
+        })
+    }
+
+    unsafe fn event_query(&self, dev: i32, event: RawHandle) -> Result<bool> {
+        self.bind(dev)?;
+        // SAFETY: the caller guarantees the event is live.
+        check_query("cuEventQuery", unsafe { cu::cuEventQuery(event.as_ptr()) })
+    }
+
+    unsafe fn event_synchronize(&self, dev: i32, event: RawHandle) -> Result<()> {
+        self.bind(dev)?;
+        // SAFETY: the caller guarantees the event is live.
+        check("cuEventSynchronize", unsafe {
+            cu::cuEventSynchronize(event.as_ptr())
+        })
+    }
+
+    unsafe fn event_elapsed_ms(&self, dev: i32, start: RawHandle, end: RawHandle) -> Result<f32> {
+        self.bind(dev)?;
+        let mut ms = 0f32;
+        // SAFETY: the caller guarantees both events are live timing events.
+        check("cuEventElapsedTime", unsafe {
+            cu::cuEventElapsedTime_v2(&mut ms, start.as_ptr(), end.as_ptr())
+        })?;
+        Ok(ms)
+    }
+
+    fn compile(&self, source: &str, name: &str, options: &[String]) -> Result<Vec<u8>> {
+        if !self.nvrtc_available {
+            return Err(HipError::host(
+                "nvrtcCompileProgram",
+                ErrorKind::NotSupported,
+                "libnvrtc was not found; install the CUDA NVRTC runtime (cuda-nvrtc-13-0) or put \
+                 its directory on LD_LIBRARY_PATH",
+            ));
+        }
+        let c_source = c_string("nvrtcCreateProgram", "kernel source", source)?;
+        let c_name = c_string("nvrtcCreateProgram", "program name", name)?;
+        let c_options = options
+            .iter()
+            .map(|o| c_string("nvrtcCompileProgram", "compile option", o))
+            .collect::<Result<Vec<_>>>()?;
+        let option_ptrs: Vec<*const c_char> = c_options.iter().map(|o| o.as_ptr()).collect();
+        let mut prog: nvrtc::nvrtcProgram = std::ptr::null_mut();
+        // SAFETY: all strings are NUL-terminated and outlive the call; no headers are passed.
+        check_nvrtc("nvrtcCreateProgram", unsafe {
+            nvrtc::nvrtcCreateProgram(
+                &mut prog,
+                c_source.as_ptr(),
+                c_name.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        })?;
+        // SAFETY: `prog` is live until the destroy below; option pointers outlive the call.
+        let result = unsafe {
+            let compiled = check_nvrtc(
+                "nvrtcCompileProgram",
+                nvrtc::nvrtcCompileProgram(prog, option_ptrs.len() as i32, option_ptrs.as_ptr()),
+            );
+            match compiled {
+                Err(e) => Err(e.with_detail(nvrtc_log(prog))),
+                Ok(()) => {
+                    let mut size = 0usize;
+                    check_nvrtc(
+                        "nvrtcGetCUBINSize",
+                        nvrtc::nvrtcGetCUBINSize(prog, &mut size),
+                    )
+                    .and_then(|()| {
+                        let mut image = vec![0u8; size];
+                        check_nvrtc(
+                            "nvrtcGetCUBIN",
+                            nvrtc::nvrtcGetCUBIN(prog, image.as_mut_ptr().cast()),
+                        )
+                        .map(|()| image)
+                    })
+                }
+            }
+        };
+        // SAFETY: `prog` is live and not used afterwards.
+        let _ = unsafe { nvrtc::nvrtcDestroyProgram(&mut prog) };
+        result
+    }
+
+    fn module_load(&self, dev: i32, image: &[u8]) -> Result<RawHandle> {
+        self.bind(dev)?;
+        let mut module: cu::CUmodule = std::ptr::null_mut();
+        // SAFETY: `image` is a complete CUBIN produced by NVRTC (the driver validates it).
+        check("cuModuleLoadData", unsafe {
+            cu::cuModuleLoadData(&mut module, image.as_ptr().cast())
+        })?;
+        Ok(RawHandle::from_ptr(module))
+    }
+
+    unsafe fn module_unload(&self, dev: i32, module: RawHandle) -> Result<()> {
+        self.bind(dev)?;
+        // SAFETY: the caller guarantees the module is live and unused afterwards.
+        check("cuModuleUnload", unsafe {
+            cu::cuModuleUnload(module.as_ptr())
+        })
+    }
+
+    unsafe fn module_function(&self, dev: i32, module: RawHandle, name: &str) -> Result<RawHandle> {
+        self.bind(dev)?;
+        let c_name = c_string("cuModuleGetFunction", "kernel name", name)?;
+        let mut function: cu::CUfunction = std::ptr::null_mut();
+        // SAFETY: the caller guarantees the module is live; the name is NUL-terminated.
+        check("cuModuleGetFunction", unsafe {
+            cu::cuModuleGetFunction(&mut function, module.as_ptr(), c_name.as_ptr())
+        })
+        .map_err(|e| e.with_detail(format!("kernel `{name}`")))?;
+        Ok(RawHandle::from_ptr(function))
+    }
+
+    unsafe fn launch(
+        &self,
+        dev: i32,
+        function: RawHandle,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_bytes: u32,
+        stream: RawHandle,
+        params: *mut *mut c_void,
+    ) -> Result<()> {
+        self.bind(dev)?;
+        // SAFETY: the caller guarantees the function and stream are live and `params` matches
+        // the kernel's parameter list.
+        check("cuLaunchKernel", unsafe {
+            cu::cuLaunchKernel(
+                function.as_ptr(),
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                shared_bytes,
+                Self::stream(stream),
+                params,
+                std::ptr::null_mut(),
+            )
+        })
+    }
+
+    unsafe fn begin_capture(&self, dev: i32, stream: RawHandle) -> Result<()> {
+        self.bind(dev)?;
+        let mode = cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        // SAFETY: the caller guarantees the stream is live and not capturing.
+        check("cuStreamBeginCapture", unsafe {
+            cu::cuStreamBeginCapture_v2(Self::stream(stream), mode)
+        })
+    }
+
+    unsafe fn end_capture(&self, dev: i32, stream: RawHandle) -> Result<RawHandle> {
+        self.bind(dev)?;
+        let mut graph: cu::CUgraph = std::ptr::null_mut();
+        // SAFETY: the caller guarantees the stream is live and capturing.
+        check("cuStreamEndCapture", unsafe {
+            cu::cuStreamEndCapture(Self::stream(stream), &mut graph)
+        })?;
+        Ok(RawHandle::from_ptr(graph))
+    }
+
+    unsafe fn graph_instantiate(&self, dev: i32, graph: RawHandle) -> Result<RawHandle> {
+        self.bind(dev)?;
+        let mut exec: cu::CUgraphExec = std::ptr::null_mut();
+        // SAFETY: the caller guarantees the graph is live.
+        check("cuGraphInstantiateWithFlags", unsafe {
+            cu::cuGraphInstantiateWithFlags(&mut exec, graph.as_ptr(), 0)
+        })?;
+        Ok(RawHandle::from_ptr(exec))
+    }
+
+    unsafe fn graph_launch(&self, dev: i32, exec: RawHandle, stream: RawHandle) -> Result<()> {
+        self.bind(dev)?;
+        // SAFETY: the caller guarantees both handles are live.
+        check("cuGraphLaunch", unsafe {
+            cu::cuGraphLaunch(exec.as_ptr(), Self::stream(stream))
+        })
+    }
+
+    unsafe fn graph_destroy(&self, dev: i32, graph: RawHandle) -> Result<()> {
+        self.bind(dev)?;
+        // SAFETY: the caller guarantees the graph is live and unused afterwards.
+        check("cuGraphDestroy", unsafe {
+            cu::cuGraphDestroy(graph.as_ptr())
+        })
+    }
+
+    unsafe fn graph_exec_destroy(&self, dev: i32, exec: RawHandle) -> Result<()> {
+        self.bind(dev)?;
+        // SAFETY: the caller guarantees the exec is live and unused afterwards.
+        check("cuGraphExecDestroy", unsafe {
+            cu::cuGraphExecDestroy(exec.as_ptr())
+        })
+    }
+}
+
+/// The NVRTC compile log, for error messages.
+///
+/// # Safety
+/// `prog` is a live program.
+unsafe fn nvrtc_log(prog: nvrtc::nvrtcProgram) -> String {
+    let mut size = 0usize;
+    // SAFETY: the caller guarantees `prog` is live.
+    if unsafe { nvrtc::nvrtcGetProgramLogSize(prog, &mut size) }
+        != nvrtc::nvrtcResult::NVRTC_SUCCESS
+    {
+        return "(no compiler log)".to_string();
+    }
+    let mut log = vec![0u8; size.max(1)];
+    // SAFETY: the buffer holds `size` bytes as NVRTC asked.
+    if unsafe { nvrtc::nvrtcGetProgramLog(prog, log.as_mut_ptr().cast()) }
+        != nvrtc::nvrtcResult::NVRTC_SUCCESS
+    {
+        return "(no compiler log)".to_string();
+    }
+    String::from_utf8_lossy(&log)
+        .trim_end_matches('\0')
+        .trim()
+        .to_string()
+}

@@ -1,0 +1,502 @@
+//! Device, pinned-host and managed memory with RAII ownership.
+
+use crate::backend::{Addr, CopyKind};
+use crate::device::{Device, DevicePtr};
+use crate::error::{ErrorKind, HipError, Result};
+use crate::stream::Stream;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Plain numeric types that may be copied byte-for-byte between host and device: every bit
+/// pattern is a valid value and there is no padding. Sealed; implemented for the primitive
+/// integers and floats.
+pub trait DeviceCopy: Copy + Default + sealed::Sealed + 'static {}
+
+macro_rules! device_copy {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl DeviceCopy for $t {}
+    )*};
+}
+device_copy!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64);
+
+fn byte_len<T>(slice: &[T]) -> usize {
+    std::mem::size_of_val(slice)
+}
+
+fn size_mismatch(op: &'static str, wanted: usize, have: usize) -> HipError {
+    HipError::host(
+        op,
+        ErrorKind::InvalidArgument,
+        format!("copy of {wanted} bytes does not fit a buffer of {have} bytes"),
+    )
+}
+
+/// Owned device memory. Dropping it frees synchronously (`hipFree`, which also accepts
+/// stream-ordered allocations); [`DeviceBuffer::free_async`] frees in stream order instead.
+#[derive(Debug)]
+pub struct DeviceBuffer {
+    device: Device,
+    ptr: DevicePtr,
+    bytes: usize,
+}
+
+impl DeviceBuffer {
+    /// Allocates `bytes` (> 0) of device memory (contents undefined until written).
+    pub fn alloc(device: &Device, bytes: usize) -> Result<DeviceBuffer> {
+        let ptr = device.malloc_raw(bytes)?;
+        Ok(DeviceBuffer {
+            device: *device,
+            ptr,
+            bytes,
+        })
+    }
+
+    /// Stream-ordered allocation on `stream` (`hipMallocAsync`); usable by work queued on
+    /// that stream afterwards. Check [`Device::supports_async_alloc`] first.
+    pub fn alloc_async(stream: &Stream, bytes: usize) -> Result<DeviceBuffer> {
+        let ptr = stream.malloc_async_raw(bytes)?;
+        Ok(DeviceBuffer {
+            device: *stream.device(),
+            ptr,
+            bytes,
+        })
+    }
+
+    /// Frees in stream order on `stream` (`hipFreeAsync`) instead of synchronously.
+    ///
+    /// # Safety
+    /// Work queued on other streams that still uses this memory must be ordered before this
+    /// point on `stream` (e.g. through an event the stream waits on).
+    pub unsafe fn free_async(self, stream: &Stream) -> Result<()> {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: owned pointer, freed once (drop is suppressed); ordering is the caller's.
+        unsafe { stream.free_async_raw(this.ptr) }
+    }
+
+    /// Device address of the first byte.
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    /// Size in bytes.
+    pub fn len_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The owning device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Sets every byte to `value` (synchronous with respect to the host).
+    pub fn memset(&mut self, value: u8) -> Result<()> {
+        // SAFETY: the whole range is owned device memory.
+        unsafe {
+            self.device
+                .api
+                .memset(self.device.ordinal, self.ptr.0, value, self.bytes, None)
+        }
+    }
+
+    /// Queues a memset on `stream`.
+    pub fn memset_async(&mut self, value: u8, stream: &Stream) -> Result<()> {
+        // SAFETY: the whole range is owned device memory; the stream is live. Dropping the
+        // buffer frees synchronously, which waits for the memset.
+        unsafe {
+            self.device.api.memset(
+                self.device.ordinal,
+                self.ptr.0,
+                value,
+                self.bytes,
+                Some(stream.raw()),
+            )
+        }
+    }
+
+    /// Copies `src` to the start of the buffer and waits for the copy.
+    pub fn copy_from_host<T: DeviceCopy>(&mut self, src: &[T]) -> Result<()> {
+        let n = byte_len(src);
+        if n > self.bytes {
+            return Err(size_mismatch("hipMemcpyHtoD", n, self.bytes));
+        }
+        // SAFETY: `src` is valid for `n` bytes; the buffer holds at least `n`.
+        unsafe {
+            self.device.api.memcpy(
+                self.device.ordinal,
+                self.ptr.0,
+                src.as_ptr() as Addr,
+                n,
+                CopyKind::HostToDevice,
+                None,
+            )
+        }
+    }
+
+    /// Copies the start of the buffer into `dst` and waits for the copy.
+    pub fn copy_to_host<T: DeviceCopy>(&self, dst: &mut [T]) -> Result<()> {
+        let n = byte_len(dst);
+        if n > self.bytes {
+            return Err(size_mismatch("hipMemcpyDtoH", n, self.bytes));
+        }
+        // SAFETY: `dst` is valid for `n` bytes and any bit pattern is a valid `T`.
+        unsafe {
+            self.device.api.memcpy(
+                self.device.ordinal,
+                dst.as_mut_ptr() as Addr,
+                self.ptr.0,
+                n,
+                CopyKind::DeviceToHost,
+                None,
+            )
+        }
+    }
+
+    /// Reads the whole buffer as `T`s (length = bytes / size of `T`).
+    pub fn to_host_vec<T: DeviceCopy>(&self) -> Result<Vec<T>> {
+        let mut out = vec![T::default(); self.bytes / std::mem::size_of::<T>()];
+        self.copy_to_host(&mut out)?;
+        Ok(out)
+    }
+
+    /// Copies all of `src` to the start of this buffer (device to device) and waits.
+    pub fn copy_from_device(&mut self, src: &DeviceBuffer) -> Result<()> {
+        if src.bytes > self.bytes {
+            return Err(size_mismatch("hipMemcpyDtoD", src.bytes, self.bytes));
+        }
+        // SAFETY: both ranges are owned device memory of at least `src.bytes`.
+        unsafe {
+            self.device.api.memcpy(
+                self.device.ordinal,
+                self.ptr.0,
+                src.ptr.0,
+                src.bytes,
+                CopyKind::DeviceToDevice,
+                None,
+            )
+        }
+    }
+
+    /// Queues a device-to-device copy of all of `src` on `stream`.
+    pub fn copy_from_device_async(&mut self, src: &DeviceBuffer, stream: &Stream) -> Result<()> {
+        if src.bytes > self.bytes {
+            return Err(size_mismatch("hipMemcpyDtoDAsync", src.bytes, self.bytes));
+        }
+        // SAFETY: both ranges are owned device memory; dropping either frees synchronously,
+        // which waits for the copy.
+        unsafe {
+            self.device.api.memcpy(
+                self.device.ordinal,
+                self.ptr.0,
+                src.ptr.0,
+                src.bytes,
+                CopyKind::DeviceToDevice,
+                Some(stream.raw()),
+            )
+        }
+    }
+
+    /// Queues a host-to-device copy on `stream`.
+    ///
+    /// # Safety
+    /// `src` must stay alive and unmodified until the stream has reached the copy (synchronise
+    /// the stream or an event recorded after it). For true overlap use pinned host memory.
+    pub unsafe fn copy_from_host_async<T: DeviceCopy>(
+        &mut self,
+        src: &[T],
+        stream: &Stream,
+    ) -> Result<()> {
+        let n = byte_len(src);
+        if n > self.bytes {
+            return Err(size_mismatch("hipMemcpyHtoDAsync", n, self.bytes));
+        }
+        // SAFETY: sizes checked; the caller keeps `src` alive until the copy has run.
+        unsafe {
+            self.device.api.memcpy(
+                self.device.ordinal,
+                self.ptr.0,
+                src.as_ptr() as Addr,
+                n,
+                CopyKind::HostToDevice,
+                Some(stream.raw()),
+            )
+        }
+    }
+
+    /// Queues a device-to-host copy on `stream`.
+    ///
+    /// # Safety
+    /// `dst` must stay alive and must not be read or written until the stream has reached the
+    /// copy.
+    pub unsafe fn copy_to_host_async<T: DeviceCopy>(
+        &self,
+        dst: &mut [T],
+        stream: &Stream,
+    ) -> Result<()> {
+        let n = byte_len(dst);
+        if n > self.bytes {
+            return Err(size_mismatch("hipMemcpyDtoHAsync", n, self.bytes));
+        }
+        // SAFETY: sizes checked; the caller keeps `dst` untouched until the copy has run.
+        unsafe {
+            self.device.api.memcpy(
+                self.device.ordinal,
+                dst.as_mut_ptr() as Addr,
+                self.ptr.0,
+                n,
+                CopyKind::DeviceToHost,
+                Some(stream.raw()),
+            )
+        }
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: the pointer is owned and freed once; hipFree waits for queued work.
+        let result = unsafe { self.device.api.free(self.device.ordinal, self.ptr.0) };
+        if let Err(e) = result {
+            tracing::warn!("freeing {} bytes of device memory failed: {e}", self.bytes);
+        }
+    }
+}
+
+/// Page-locked host memory mapped into the device (`hipHostMalloc` with `hipHostMallocMapped`):
+/// kernels read and write it through [`PinnedHostBuffer::device_ptr`]. Zeroed at allocation.
+#[derive(Debug)]
+pub struct PinnedHostBuffer {
+    device: Device,
+    host: *mut u8,
+    device_ptr: DevicePtr,
+    bytes: usize,
+}
+
+// SAFETY: the buffer owns its allocation exclusively; the pointer is not tied to a thread.
+unsafe impl Send for PinnedHostBuffer {}
+// SAFETY: shared access only hands out `&[T]`.
+unsafe impl Sync for PinnedHostBuffer {}
+
+impl PinnedHostBuffer {
+    /// Allocates `bytes` (> 0) of mapped, pinned host memory, zero-filled.
+    pub fn alloc(device: &Device, bytes: usize) -> Result<PinnedHostBuffer> {
+        if bytes == 0 {
+            return Err(HipError::host(
+                "hipHostMalloc",
+                ErrorKind::InvalidArgument,
+                "zero-byte allocation requested",
+            ));
+        }
+        let (host, device_ptr) = device.api.host_alloc_mapped(device.ordinal, bytes)?;
+        // SAFETY: `host` points to `bytes` writable bytes just allocated.
+        unsafe { std::ptr::write_bytes(host, 0, bytes) };
+        Ok(PinnedHostBuffer {
+            device: *device,
+            host,
+            device_ptr: DevicePtr(device_ptr),
+            bytes,
+        })
+    }
+
+    /// The address kernels use.
+    pub fn device_ptr(&self) -> DevicePtr {
+        self.device_ptr
+    }
+
+    /// The host address.
+    pub fn host_ptr(&self) -> *mut u8 {
+        self.host
+    }
+
+    /// Size in bytes.
+    pub fn len_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The contents as `T`s. Do not rely on values a kernel may still be writing: synchronise
+    /// first.
+    pub fn as_slice<T: DeviceCopy>(&self) -> &[T] {
+        // SAFETY: page-aligned (runtime allocation), initialised (zeroed at allocation), any
+        // bit pattern is a valid `T`, and the length stays inside the allocation.
+        unsafe {
+            std::slice::from_raw_parts(self.host.cast(), self.bytes / std::mem::size_of::<T>())
+        }
+    }
+
+    /// Mutable contents as `T`s.
+    pub fn as_mut_slice<T: DeviceCopy>(&mut self) -> &mut [T] {
+        // SAFETY: as for `as_slice`, plus `&mut self` gives exclusive host access.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.host.cast(), self.bytes / std::mem::size_of::<T>())
+        }
+    }
+}
+
+impl Drop for PinnedHostBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated by hipHostMalloc and freed once.
+        let result = unsafe { self.device.api.host_free(self.device.ordinal, self.host) };
+        if let Err(e) = result {
+            tracing::warn!("freeing {} bytes of pinned memory failed: {e}", self.bytes);
+        }
+    }
+}
+
+/// Existing host memory page-locked and mapped into the device (`hipHostRegister`) for as long
+/// as this value lives; it holds the exclusive borrow of the memory meanwhile.
+#[derive(Debug)]
+pub struct HostRegistration<'a, T: DeviceCopy> {
+    device: Device,
+    memory: &'a mut [T],
+    device_ptr: DevicePtr,
+}
+
+impl<'a, T: DeviceCopy> HostRegistration<'a, T> {
+    /// Registers `memory` (non-empty) with the device.
+    pub fn new(device: &Device, memory: &'a mut [T]) -> Result<HostRegistration<'a, T>> {
+        let bytes = byte_len(memory);
+        if bytes == 0 {
+            return Err(HipError::host(
+                "hipHostRegister",
+                ErrorKind::InvalidArgument,
+                "cannot register an empty slice",
+            ));
+        }
+        // SAFETY: the slice is valid for `bytes` and stays borrowed until unregistered in drop.
+        let device_ptr = unsafe {
+            device
+                .api
+                .host_register(device.ordinal, memory.as_mut_ptr().cast(), bytes)
+        }?;
+        Ok(HostRegistration {
+            device: *device,
+            memory,
+            device_ptr: DevicePtr(device_ptr),
+        })
+    }
+
+    /// The address kernels use.
+    pub fn device_ptr(&self) -> DevicePtr {
+        self.device_ptr
+    }
+
+    /// Host view (synchronise device work that writes it first).
+    pub fn as_slice(&self) -> &[T] {
+        self.memory
+    }
+
+    /// Mutable host view.
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        self.memory
+    }
+}
+
+impl<T: DeviceCopy> Drop for HostRegistration<'_, T> {
+    fn drop(&mut self) {
+        // SAFETY: registered in `new`, unregistered once.
+        let result = unsafe {
+            self.device
+                .api
+                .host_unregister(self.device.ordinal, self.memory.as_mut_ptr().cast())
+        };
+        if let Err(e) = result {
+            tracing::warn!("unregistering host memory failed: {e}");
+        }
+    }
+}
+
+/// Managed (unified) memory, reachable from host and device at one address. Zeroed at
+/// allocation. Only where [`Device::supports_managed_memory`] says so; otherwise allocation
+/// returns an [`ErrorKind::NotSupported`] error.
+#[derive(Debug)]
+pub struct ManagedBuffer {
+    device: Device,
+    ptr: DevicePtr,
+    bytes: usize,
+}
+
+// SAFETY: the buffer owns its allocation exclusively.
+unsafe impl Send for ManagedBuffer {}
+// SAFETY: shared access hands out only `&[T]` behind `unsafe`.
+unsafe impl Sync for ManagedBuffer {}
+
+impl ManagedBuffer {
+    /// Allocates `bytes` (> 0) of managed memory. Refuses requests larger than the device's
+    /// free memory: oversubscribing managed memory can hang some GPUs.
+    pub fn alloc(device: &Device, bytes: usize) -> Result<ManagedBuffer> {
+        if bytes == 0 {
+            return Err(HipError::host(
+                "hipMallocManaged",
+                ErrorKind::InvalidArgument,
+                "zero-byte allocation requested",
+            ));
+        }
+        if !device.supports_managed_memory()? {
+            return Err(HipError::host(
+                "hipMallocManaged",
+                ErrorKind::NotSupported,
+                "this device does not support managed memory; use DeviceBuffer or \
+                 PinnedHostBuffer",
+            ));
+        }
+        let free = device.mem_get_info()?.free;
+        if bytes as u64 > free {
+            return Err(HipError::host(
+                "hipMallocManaged",
+                ErrorKind::OutOfMemory,
+                format!("{bytes} bytes requested but only {free} free on the device"),
+            ));
+        }
+        let ptr = device.api.malloc_managed(device.ordinal, bytes)?;
+        let buffer = ManagedBuffer {
+            device: *device,
+            ptr: DevicePtr(ptr),
+            bytes,
+        };
+        // SAFETY: the whole range was just allocated.
+        unsafe {
+            device
+                .api
+                .memset(device.ordinal, buffer.ptr.0, 0, bytes, None)?;
+        }
+        device.synchronize()?;
+        Ok(buffer)
+    }
+
+    /// The single address valid on host and device.
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    /// Size in bytes.
+    pub fn len_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Host view of the contents.
+    ///
+    /// # Safety
+    /// No device work that writes this memory may be in flight (synchronise first), and on
+    /// devices without concurrent managed access no device work may touch it at all.
+    pub unsafe fn host_slice_mut<T: DeviceCopy>(&mut self) -> &mut [T] {
+        // SAFETY: initialised (zeroed at allocation), suitably aligned (runtime allocation),
+        // any bit pattern is a valid `T`; the caller guarantees no concurrent device access.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.ptr.0 as usize as *mut T,
+                self.bytes / std::mem::size_of::<T>(),
+            )
+        }
+    }
+}
+
+impl Drop for ManagedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated by hipMallocManaged and freed once.
+        let result = unsafe { self.device.api.free(self.device.ordinal, self.ptr.0) };
+        if let Err(e) = result {
+            tracing::warn!("freeing {} bytes of managed memory failed: {e}", self.bytes);
+        }
+    }
+}

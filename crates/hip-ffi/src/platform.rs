@@ -1,0 +1,241 @@
+//! Which GPU platform this process can use: AMD (HIP), NVIDIA (CUDA) or none.
+
+use crate::backend::{cuda::CudaApi, hip::HipApi, GpuApi};
+use crate::device::Device;
+use crate::error::{ErrorKind, HipError, Result};
+use std::fmt;
+use std::sync::OnceLock;
+
+/// The kind of GPU platform found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PlatformKind {
+    /// AMD GPU through the HIP runtime (`libamdhip64`).
+    Amd,
+    /// NVIDIA GPU through the CUDA driver API (`libcuda`).
+    Nvidia,
+    /// No usable GPU.
+    None,
+}
+
+impl fmt::Display for PlatformKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PlatformKind::Amd => "AMD (HIP)",
+            PlatformKind::Nvidia => "NVIDIA (CUDA)",
+            PlatformKind::None => "none",
+        })
+    }
+}
+
+/// What a `*_VISIBLE_DEVICES` variable allows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Visibility {
+    /// Unset: every device.
+    All,
+    /// Set to nothing usable (empty, or starting with an invalid/negative index): no device.
+    Hidden,
+    /// An explicit list (indices or UUIDs); the runtime itself applies it.
+    Only(Vec<String>),
+}
+
+impl Visibility {
+    /// Parses a `HIP_VISIBLE_DEVICES` / `CUDA_VISIBLE_DEVICES` value the way the runtimes do:
+    /// comma-separated entries, and the list ends at the first negative index (so `-1` hides
+    /// every device).
+    pub fn parse(value: Option<&str>) -> Visibility {
+        let Some(value) = value else {
+            return Visibility::All;
+        };
+        let mut entries = Vec::new();
+        for entry in value.split(',').map(str::trim) {
+            if entry.is_empty() {
+                break;
+            }
+            if let Ok(index) = entry.parse::<i64>() {
+                if index < 0 {
+                    break;
+                }
+            }
+            entries.push(entry.to_string());
+        }
+        if entries.is_empty() {
+            Visibility::Hidden
+        } else {
+            Visibility::Only(entries)
+        }
+    }
+
+    /// Reads and parses an environment variable.
+    pub fn from_env(var: &str) -> Visibility {
+        Visibility::parse(std::env::var(var).ok().as_deref())
+    }
+
+    /// True when no device can be visible.
+    pub fn hides_all(&self) -> bool {
+        matches!(self, Visibility::Hidden)
+    }
+}
+
+/// The result of platform detection, with the reasons other platforms were not chosen.
+pub struct Platform {
+    kind: PlatformKind,
+    api: Option<&'static dyn GpuApi>,
+    device_count: i32,
+    notes: Vec<String>,
+}
+
+impl fmt::Debug for Platform {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Platform")
+            .field("kind", &self.kind)
+            .field("device_count", &self.device_count)
+            .field("notes", &self.notes)
+            .finish()
+    }
+}
+
+/// Loaded once per process and kept (the runtimes are not designed to be unloaded).
+fn hip_api() -> std::result::Result<&'static HipApi, String> {
+    static HIP: OnceLock<std::result::Result<&'static HipApi, String>> = OnceLock::new();
+    HIP.get_or_init(|| HipApi::load().map(|api| &*Box::leak(Box::new(api))))
+        .clone()
+}
+
+fn cuda_api() -> std::result::Result<&'static CudaApi, String> {
+    static CUDA: OnceLock<std::result::Result<&'static CudaApi, String>> = OnceLock::new();
+    CUDA.get_or_init(|| CudaApi::load().map(|api| &*Box::leak(Box::new(api))))
+        .clone()
+}
+
+/// Environment variable that forces a platform: `amd`, `nvidia` or `none`.
+pub const PLATFORM_OVERRIDE_VAR: &str = "HIPDECODE_PLATFORM";
+
+impl Platform {
+    /// Detects the platform once per process (later calls return the same answer).
+    ///
+    /// AMD is tried first, then NVIDIA. A platform counts only if its library loads, the runtime
+    /// initialises and it reports at least one device. `HIP_VISIBLE_DEVICES` (AMD) and
+    /// `CUDA_VISIBLE_DEVICES` (both; ROCm honours it too) that hide every device rule the
+    /// platform out before any library is opened. Never panics.
+    pub fn detect() -> &'static Platform {
+        static PLATFORM: OnceLock<Platform> = OnceLock::new();
+        PLATFORM.get_or_init(Self::detect_uncached)
+    }
+
+    fn detect_uncached() -> Platform {
+        let forced = std::env::var(PLATFORM_OVERRIDE_VAR)
+            .ok()
+            .map(|v| v.to_ascii_lowercase());
+        let mut notes = Vec::new();
+        if let Some(f) = &forced {
+            notes.push(format!("{PLATFORM_OVERRIDE_VAR}={f}"));
+        }
+        let want = |name: &str| forced.as_deref().is_none_or(|f| f == name);
+        let cuda_visible = Visibility::from_env("CUDA_VISIBLE_DEVICES");
+        let hip_visible = Visibility::from_env("HIP_VISIBLE_DEVICES");
+
+        if want("amd") {
+            if hip_visible.hides_all() || cuda_visible.hides_all() {
+                notes
+                    .push("AMD: HIP_VISIBLE_DEVICES/CUDA_VISIBLE_DEVICES hide every device".into());
+            } else {
+                match hip_api() {
+                    Err(e) => notes.push(format!("AMD: {e}")),
+                    Ok(api) => match api.device_count() {
+                        Ok(n) if n > 0 => return Self::found(PlatformKind::Amd, api, n, notes),
+                        Ok(_) => notes.push("AMD: HIP runtime loaded but reports no device".into()),
+                        Err(e) => notes.push(format!("AMD: {e}")),
+                    },
+                }
+            }
+        }
+        if want("nvidia") {
+            if cuda_visible.hides_all() {
+                notes.push("NVIDIA: CUDA_VISIBLE_DEVICES hides every device".into());
+            } else {
+                match cuda_api() {
+                    Err(e) => notes.push(format!("NVIDIA: {e}")),
+                    Ok(api) => match api.device_count() {
+                        Ok(n) if n > 0 => return Self::found(PlatformKind::Nvidia, api, n, notes),
+                        Ok(_) => notes.push("NVIDIA: driver loaded but reports no device".into()),
+                        Err(e) => notes.push(format!("NVIDIA: {e}")),
+                    },
+                }
+            }
+        }
+        Platform {
+            kind: PlatformKind::None,
+            api: None,
+            device_count: 0,
+            notes,
+        }
+    }
+
+    fn found(
+        kind: PlatformKind,
+        api: &'static dyn GpuApi,
+        device_count: i32,
+        notes: Vec<String>,
+    ) -> Platform {
+        Platform {
+            kind,
+            api: Some(api),
+            device_count,
+            notes,
+        }
+    }
+
+    /// AMD, NVIDIA or none.
+    pub fn kind(&self) -> PlatformKind {
+        self.kind
+    }
+
+    /// Number of visible devices (0 when none).
+    pub fn device_count(&self) -> usize {
+        self.device_count.max(0) as usize
+    }
+
+    /// Why the platforms that were not chosen were ruled out (library missing, no device, …).
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// Runtime and driver versions, or `None` without a platform.
+    pub fn version(&self) -> Option<String> {
+        self.api.map(|api| api.version_string())
+    }
+
+    /// The device with this (visible) ordinal.
+    pub fn device(&self, ordinal: usize) -> Result<Device> {
+        let Some(api) = self.api else {
+            return Err(HipError::host(
+                "Platform::device",
+                ErrorKind::NoDevice,
+                format!(
+                    "no GPU platform was found ({}); install ROCm (AMD) or the NVIDIA driver, \
+                     and check HIP_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES",
+                    self.notes.join("; ")
+                ),
+            ));
+        };
+        if ordinal >= self.device_count() {
+            return Err(HipError::host(
+                "Platform::device",
+                ErrorKind::InvalidArgument,
+                format!(
+                    "device {ordinal} requested but only {} visible",
+                    self.device_count
+                ),
+            ));
+        }
+        Ok(Device::new(api, ordinal as i32, self.kind))
+    }
+
+    /// The first device, when there is one; otherwise the reason there is none.
+    pub fn default_device() -> std::result::Result<Device, String> {
+        let platform = Self::detect();
+        platform
+            .device(0)
+            .map_err(|e| e.detail.clone().unwrap_or_else(|| e.to_string()))
+    }
+}

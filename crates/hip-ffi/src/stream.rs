@@ -1,0 +1,208 @@
+//! Streams and events.
+
+use crate::backend::RawHandle;
+use crate::device::{Device, DevicePtr};
+use crate::error::Result;
+
+/// An asynchronous work queue on one device, created non-blocking (it does not synchronise with
+/// the legacy default stream, so the synchronous copies in [`crate::memory`] are not ordered
+/// after work queued here: synchronise the stream first). Destroyed on drop.
+#[derive(Debug)]
+pub struct Stream {
+    device: Device,
+    handle: RawHandle,
+}
+
+impl Stream {
+    /// Creates a non-blocking stream on `device`.
+    pub fn new(device: &Device) -> Result<Stream> {
+        let handle = device.api.stream_create(device.ordinal)?;
+        Ok(Stream {
+            device: *device,
+            handle,
+        })
+    }
+
+    /// The device this stream belongs to.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The raw handle, for identification (e.g. per-stream pools) and FFI.
+    pub fn raw(&self) -> RawHandle {
+        self.handle
+    }
+
+    /// Blocks until all work queued so far has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: the handle is live while `self` is.
+        unsafe {
+            self.device
+                .api
+                .stream_synchronize(self.device.ordinal, self.handle)
+        }
+    }
+
+    /// `true` when all queued work has finished; never blocks.
+    pub fn query(&self) -> Result<bool> {
+        // SAFETY: the handle is live while `self` is.
+        unsafe {
+            self.device
+                .api
+                .stream_query(self.device.ordinal, self.handle)
+        }
+    }
+
+    /// Makes later work on this stream wait until `event` has completed.
+    pub fn wait_event(&self, event: &Event) -> Result<()> {
+        // SAFETY: both handles are live while their owners are.
+        unsafe {
+            self.device
+                .api
+                .stream_wait_event(self.device.ordinal, self.handle, event.handle)
+        }
+    }
+
+    /// Stream-ordered allocation (`hipMallocAsync`): the memory is usable by work queued on
+    /// this stream after this call. Check [`Device::supports_async_alloc`] first.
+    pub fn malloc_async_raw(&self, bytes: usize) -> Result<DevicePtr> {
+        if bytes == 0 {
+            return Err(crate::error::HipError::host(
+                "hipMallocAsync",
+                crate::error::ErrorKind::InvalidArgument,
+                "zero-byte allocation requested",
+            ));
+        }
+        // SAFETY: the handle is live while `self` is.
+        unsafe {
+            self.device
+                .api
+                .malloc_async(self.device.ordinal, bytes, self.handle)
+        }
+        .map(DevicePtr)
+    }
+
+    /// Stream-ordered free (`hipFreeAsync`).
+    ///
+    /// # Safety
+    /// `ptr` came from [`Stream::malloc_async_raw`] (on any stream of this device), is freed
+    /// once, and work on other streams that still uses it is ordered before this point.
+    pub unsafe fn free_async_raw(&self, ptr: DevicePtr) -> Result<()> {
+        // SAFETY: forwarded contract; the handle is live.
+        unsafe {
+            self.device
+                .api
+                .free_async(self.device.ordinal, ptr.0, self.handle)
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // SAFETY: the handle is live and dropped once; the runtime lets queued work finish.
+        let result = unsafe {
+            self.device
+                .api
+                .stream_destroy(self.device.ordinal, self.handle)
+        };
+        if let Err(e) = result {
+            tracing::warn!("destroying a stream failed: {e}");
+        }
+    }
+}
+
+/// A marker in a stream: record it, then query, wait for, or time it. Destroyed on drop.
+#[derive(Debug)]
+pub struct Event {
+    device: Device,
+    handle: RawHandle,
+    timing: bool,
+}
+
+impl Event {
+    /// An event that can be used for timing.
+    pub fn new(device: &Device) -> Result<Event> {
+        Self::create(device, true)
+    }
+
+    /// An event without timing, cheaper to record and query (for synchronisation only).
+    pub fn new_without_timing(device: &Device) -> Result<Event> {
+        Self::create(device, false)
+    }
+
+    fn create(device: &Device, timing: bool) -> Result<Event> {
+        let handle = device.api.event_create(device.ordinal, timing)?;
+        Ok(Event {
+            device: *device,
+            handle,
+            timing,
+        })
+    }
+
+    /// The raw handle.
+    pub fn raw(&self) -> RawHandle {
+        self.handle
+    }
+
+    /// Records the event at the current end of `stream`.
+    pub fn record(&self, stream: &Stream) -> Result<()> {
+        // SAFETY: both handles are live while their owners are.
+        unsafe {
+            self.device
+                .api
+                .event_record(self.device.ordinal, self.handle, stream.handle)
+        }
+    }
+
+    /// `true` once the work before the recorded point has finished (and for a never-recorded
+    /// event); never blocks.
+    pub fn query(&self) -> Result<bool> {
+        // SAFETY: the handle is live while `self` is.
+        unsafe {
+            self.device
+                .api
+                .event_query(self.device.ordinal, self.handle)
+        }
+    }
+
+    /// Blocks until the recorded point is reached.
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: the handle is live while `self` is.
+        unsafe {
+            self.device
+                .api
+                .event_synchronize(self.device.ordinal, self.handle)
+        }
+    }
+
+    /// Milliseconds from `start` to this event; both must be recorded and complete.
+    pub fn elapsed_ms_since(&self, start: &Event) -> Result<f32> {
+        if !self.timing || !start.timing {
+            return Err(crate::error::HipError::host(
+                "hipEventElapsedTime",
+                crate::error::ErrorKind::InvalidArgument,
+                "an event created with new_without_timing cannot be timed; use Event::new",
+            ));
+        }
+        // SAFETY: both handles are live while their owners are.
+        unsafe {
+            self.device
+                .api
+                .event_elapsed_ms(self.device.ordinal, start.handle, self.handle)
+        }
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: the handle is live and dropped once.
+        let result = unsafe {
+            self.device
+                .api
+                .event_destroy(self.device.ordinal, self.handle)
+        };
+        if let Err(e) = result {
+            tracing::warn!("destroying an event failed: {e}");
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! Tests that need no GPU: detection, environment parsing, errors, sysfs parsing.
+
+use hip_ffi::sysfs::{gfx_arch_for_pci, gfx_name_from_target_version, gtt_info};
+use hip_ffi::{
+    Backend, ErrorKind, GttInfo, HipError, PciLocation, Platform, PlatformKind, Visibility,
+};
+use std::path::{Path, PathBuf};
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("hip-ffi-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create temp dir");
+    dir
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+    std::fs::write(path, text).expect("write");
+}
+
+#[test]
+fn detection_returns_a_consistent_answer_without_panicking() {
+    let platform = Platform::detect();
+    match platform.kind() {
+        PlatformKind::None => {
+            assert_eq!(platform.device_count(), 0);
+            assert!(platform.version().is_none());
+            let err = platform
+                .device(0)
+                .expect_err("no device without a platform");
+            assert_eq!(err.kind, ErrorKind::NoDevice);
+            assert!(
+                err.to_string().contains("HIP_VISIBLE_DEVICES"),
+                "the error should say what to check: {err}"
+            );
+        }
+        PlatformKind::Amd | PlatformKind::Nvidia => {
+            assert!(platform.device_count() > 0);
+            assert!(platform.version().is_some());
+            let beyond = platform.device(platform.device_count());
+            assert_eq!(
+                beyond.expect_err("out of range").kind,
+                ErrorKind::InvalidArgument
+            );
+        }
+    }
+    // Detection is cached: a second call gives the same object.
+    assert!(std::ptr::eq(platform, Platform::detect()));
+}
+
+/// Runs this test binary again with every device hidden and checks the child sees none.
+#[test]
+fn visible_devices_minus_one_hides_every_gpu() {
+    const CHILD: &str = "HIP_FFI_TEST_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        let platform = Platform::detect();
+        assert_eq!(platform.kind(), PlatformKind::None);
+        assert!(
+            platform
+                .notes()
+                .iter()
+                .any(|n| n.contains("hide every device")),
+            "notes: {:?}",
+            platform.notes()
+        );
+        return;
+    }
+    let exe = std::env::current_exe().expect("test binary path");
+    let output = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            "visible_devices_minus_one_hides_every_gpu",
+            "--test-threads=1",
+        ])
+        .env(CHILD, "1")
+        .env("HIP_VISIBLE_DEVICES", "-1")
+        .env("CUDA_VISIBLE_DEVICES", "-1")
+        .env_remove("HIPDECODE_PLATFORM")
+        .output()
+        .expect("spawn child test");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "child failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn visibility_parsing_follows_runtime_rules() {
+    assert_eq!(Visibility::parse(None), Visibility::All);
+    assert_eq!(Visibility::parse(Some("")), Visibility::Hidden);
+    assert_eq!(Visibility::parse(Some("-1")), Visibility::Hidden);
+    assert_eq!(
+        Visibility::parse(Some("0,2")),
+        Visibility::Only(vec!["0".into(), "2".into()])
+    );
+    // The list ends at the first negative index.
+    assert_eq!(
+        Visibility::parse(Some("1,-1,3")),
+        Visibility::Only(vec!["1".into()])
+    );
+    assert_eq!(
+        Visibility::parse(Some(" GPU-8f2a , 0 ")),
+        Visibility::Only(vec!["GPU-8f2a".into(), "0".into()])
+    );
+    assert!(Visibility::parse(Some("-1")).hides_all());
+    assert!(!Visibility::parse(Some("0")).hides_all());
+}
+
+#[test]
+fn host_errors_name_operation_and_fix() {
+    let err = HipError::host(
+        "hipMalloc",
+        ErrorKind::InvalidArgument,
+        "zero-byte allocation",
+    );
+    assert_eq!(err.backend, Backend::Host);
+    assert_eq!(err.code, 0);
+    assert_eq!(
+        err.to_string(),
+        "hipMalloc failed: InvalidArgument: zero-byte allocation"
+    );
+    let err = err.with_detail("while loading weights");
+    assert_eq!(
+        err.detail.as_deref(),
+        Some("zero-byte allocation; while loading weights")
+    );
+    assert!(!err.is_out_of_memory());
+}
+
+#[test]
+fn gtt_is_read_from_the_pci_device_directory() {
+    let root = temp_dir("gtt");
+    let pci = PciLocation {
+        domain: 0,
+        bus: 0xc3,
+        device: 0,
+    };
+    assert_eq!(pci.sysfs_name(), "0000:c3:00.0");
+    assert_eq!(gtt_info(&root, pci), None, "no files yet");
+    write(
+        &root.join("0000:c3:00.0/mem_info_gtt_total"),
+        "103079215104\n",
+    );
+    assert_eq!(gtt_info(&root, pci), None, "used is still missing");
+    write(&root.join("0000:c3:00.0/mem_info_gtt_used"), "52428800\n");
+    assert_eq!(
+        gtt_info(&root, pci),
+        Some(GttInfo {
+            total: 103_079_215_104,
+            used: 52_428_800
+        })
+    );
+    write(&root.join("0000:c3:00.0/mem_info_gtt_used"), "garbage\n");
+    assert_eq!(
+        gtt_info(&root, pci),
+        None,
+        "unparsable values are not guessed"
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn gfx_names_decode_target_versions() {
+    assert_eq!(
+        gfx_name_from_target_version(110501).as_deref(),
+        Some("gfx1151")
+    );
+    assert_eq!(
+        gfx_name_from_target_version(90010).as_deref(),
+        Some("gfx90a")
+    );
+    assert_eq!(
+        gfx_name_from_target_version(90402).as_deref(),
+        Some("gfx942")
+    );
+    assert_eq!(
+        gfx_name_from_target_version(100300).as_deref(),
+        Some("gfx1030")
+    );
+    assert_eq!(gfx_name_from_target_version(0), None);
+}
+
+#[test]
+fn gfx_arch_is_found_by_pci_location_in_kfd_topology() {
+    let topo = temp_dir("kfd");
+    // Node 0 is the CPU, node 1 a dGPU at 03:00.0, node 2 an APU at c3:00.0.
+    write(
+        &topo.join("0/properties"),
+        "cpu_cores_count 16\ngfx_target_version 0\nlocation_id 0\n",
+    );
+    write(
+        &topo.join("1/properties"),
+        &format!(
+            "gfx_target_version 100300\nlocation_id {}\ndomain 0\n",
+            0x03 << 8
+        ),
+    );
+    write(
+        &topo.join("2/properties"),
+        &format!(
+            "gfx_target_version 110501\nlocation_id {}\ndomain 0\n",
+            0xc3 << 8
+        ),
+    );
+    assert_eq!(
+        gfx_arch_for_pci(&topo, 0, 0xc3, 0).as_deref(),
+        Some("gfx1151")
+    );
+    assert_eq!(
+        gfx_arch_for_pci(&topo, 0, 0x03, 0).as_deref(),
+        Some("gfx1030")
+    );
+    assert_eq!(gfx_arch_for_pci(&topo, 0, 0x04, 0), None);
+    assert_eq!(
+        gfx_arch_for_pci(&topo, 1, 0xc3, 0),
+        None,
+        "domain must match"
+    );
+    assert_eq!(
+        gfx_arch_for_pci(Path::new("/nonexistent/kfd"), 0, 0, 0),
+        None
+    );
+    let _ = std::fs::remove_dir_all(&topo);
+}
+
+#[test]
+fn mem_info_clamps_free_to_total() {
+    let info = hip_ffi::MemInfo::new(10, 8, None);
+    assert_eq!((info.free, info.total), (8, 8));
+    let info = hip_ffi::MemInfo::new(3, 8, None);
+    assert_eq!((info.free, info.total), (3, 8));
+}
+
+#[test]
+fn launch_config_covers_every_element() {
+    let cfg = hip_ffi::LaunchConfig::for_elements(1000, 256);
+    assert_eq!(cfg.grid, [4, 1, 1]);
+    assert!(cfg.grid[0] * cfg.block[0] >= 1000);
+    assert_eq!(hip_ffi::LaunchConfig::for_elements(0, 256).grid, [1, 1, 1]);
+}
