@@ -89,6 +89,7 @@ pub struct Allocation {
     block: BlockId,
     ptr: u64,
     size: u64,
+    block_size: u64,
     stream: StreamId,
     tag: Tag,
 }
@@ -113,6 +114,12 @@ impl Allocation {
     /// Bytes requested (the block may be larger).
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// Bytes actually set aside: the request rounded up, plus any remainder too small to split
+    /// off. This is what the statistics count.
+    pub fn block_size(&self) -> u64 {
+        self.block_size
     }
 
     /// Stream the allocation belongs to.
@@ -216,14 +223,15 @@ impl Allocator {
 
     /// Allocates at least `bytes` on `stream`, accounted under `tag`.
     pub fn alloc(&self, bytes: u64, stream: StreamId, tag: Tag) -> Result<Allocation, AllocError> {
-        let (block, ptr) = self.alloc_block(bytes, stream, tag)?;
-        Ok(Allocation { allocator: self.clone(), block, ptr, size: bytes, stream, tag })
+        let (block, ptr, block_size) = self.alloc_block(bytes, stream, tag)?;
+        Ok(Allocation { allocator: self.clone(), block, ptr, size: bytes, block_size, stream, tag })
     }
 
     /// Allocates for FFI callers that manage lifetime themselves; free with
-    /// [`Allocator::raw_free`].
+    /// [`Allocator::raw_free`]. Raw allocations still live when the last clone of the allocator
+    /// is dropped are returned to the device with it.
     pub fn raw_alloc(&self, bytes: u64, stream: StreamId, tag: Tag) -> Result<u64, AllocError> {
-        let (block, ptr) = self.alloc_block(bytes, stream, tag)?;
+        let (block, ptr, _) = self.alloc_block(bytes, stream, tag)?;
         self.lock().raw.insert(ptr, block);
         Ok(ptr)
     }
@@ -257,7 +265,7 @@ impl Allocator {
         }
     }
 
-    fn alloc_block(&self, bytes: u64, stream: StreamId, tag: Tag) -> Result<(BlockId, u64), AllocError> {
+    fn alloc_block(&self, bytes: u64, stream: StreamId, tag: Tag) -> Result<(BlockId, u64, u64), AllocError> {
         if bytes == 0 {
             return Err(AllocError::ZeroSize);
         }
@@ -285,7 +293,7 @@ impl Allocator {
         if let Some(t) = &mut st.trace {
             t.record(TraceKind::Alloc, ptr, size, tag, stream);
         }
-        Ok((block, ptr))
+        Ok((block, ptr, size))
     }
 
     /// Obtains a free block for a request that missed the cache: trim, then a new segment;
