@@ -47,9 +47,11 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), GgufE
         GgmlType::Q4K => blocks.for_each(|(s, d)| q4_k(s, d)),
         GgmlType::Q5K => blocks.for_each(|(s, d)| q5_k(s, d)),
         GgmlType::Q6K => blocks.for_each(|(s, d)| q6_k(s, d)),
-        GgmlType::Q8K | GgmlType::Iq4Nl | GgmlType::Iq4Xs | GgmlType::Mxfp4 => {
-            return Err(GgufError::DequantUnsupported { ty: ty.name() })
-        }
+        GgmlType::Iq4Nl => blocks.for_each(|(s, d)| iq4_nl(s, d)),
+        GgmlType::Iq4Xs => blocks.for_each(|(s, d)| iq4_xs(s, d)),
+        GgmlType::Mxfp4 => blocks.for_each(|(s, d)| mxfp4(s, d)),
+        // Q8_K only ever holds activations inside ggml; no file stores weights in it.
+        GgmlType::Q8K => return Err(GgufError::DequantUnsupported { ty: ty.name() }),
     }
     Ok(())
 }
@@ -215,5 +217,58 @@ fn q6_k(s: &[u8], y: &mut [f32]) {
         let q = (low | (high << 4)) as i32 - 32;
         let dl = d * (scales[i / 16] as i8) as f32;
         *out = dl * q as f32;
+    }
+}
+
+/// The non-linear 4-bit code book shared by IQ4_NL and IQ4_XS.
+pub const IQ4_NL_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+fn iq4_nl(s: &[u8], y: &mut [f32]) {
+    let d = half_at(s, 0);
+    let qs = &s[2..18];
+    for j in 0..16 {
+        y[j] = d * IQ4_NL_VALUES[(qs[j] & 0x0F) as usize] as f32;
+        y[j + 16] = d * IQ4_NL_VALUES[(qs[j] >> 4) as usize] as f32;
+    }
+}
+
+fn iq4_xs(s: &[u8], y: &mut [f32]) {
+    let d = half_at(s, 0);
+    let scales_h = u16::from_le_bytes([s[2], s[3]]);
+    let scales_l = &s[4..8];
+    let qs = &s[8..136];
+    for (ib, out) in y.chunks_exact_mut(32).enumerate().take(QK_K / 32) {
+        let low = (scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0F;
+        let high = ((scales_h >> (2 * ib)) & 3) as u8;
+        let dl = d * ((low | (high << 4)) as i32 - 32) as f32;
+        let q = &qs[ib * 16..ib * 16 + 16];
+        for j in 0..16 {
+            out[j] = dl * IQ4_NL_VALUES[(q[j] & 0x0F) as usize] as f32;
+            out[j + 16] = dl * IQ4_NL_VALUES[(q[j] >> 4) as usize] as f32;
+        }
+    }
+}
+
+/// FP4 (E2M1) values, doubled so they are integers; the block scale is halved to compensate.
+pub const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Half of 2^(e - 127), the E8M0 block scale, as ggml computes it (exact for every e).
+fn e8m0_to_f32_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        u32::from(e - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
+fn mxfp4(s: &[u8], y: &mut [f32]) {
+    let d = e8m0_to_f32_half(s[0]);
+    let qs = &s[1..17];
+    for j in 0..16 {
+        y[j] = d * MXFP4_VALUES[(qs[j] & 0x0F) as usize] as f32;
+        y[j + 16] = d * MXFP4_VALUES[(qs[j] >> 4) as usize] as f32;
     }
 }

@@ -4,7 +4,7 @@ mod blocks;
 mod dequant;
 
 pub use blocks::*;
-pub use dequant::dequantize;
+pub use dequant::{dequantize, IQ4_NL_VALUES, MXFP4_VALUES};
 
 use crate::GgufError;
 
@@ -177,10 +177,7 @@ impl GgmlType {
 
     /// Whether [`dequantize`] handles this type.
     pub fn can_dequantize(self) -> bool {
-        !matches!(
-            self,
-            GgmlType::Q8K | GgmlType::Iq4Nl | GgmlType::Iq4Xs | GgmlType::Mxfp4
-        )
+        self != GgmlType::Q8K
     }
 
     /// Bytes taken by `n_elements` elements, or `None` if `n_elements` is not a whole number of
