@@ -1,10 +1,270 @@
 //! `cargo xtask bundle`: prebuilt test binaries for a machine without cargo.
+//!
+//! Builds every test binary of the workspace in release mode plus the release `xtask`, copies
+//! them stripped into one folder with `manifest.json` (binary → crate directory) and `run.sh`.
+//! On the target machine, from the checkout root:
+//!
+//! ```sh
+//! mkdir -p /work && ln -sfn "$PWD" /work/main; bundle/xtask verify-rocm --bundle bundle
+//! ```
+//!
+//! (the symlink makes the compile-time `CARGO_MANIFEST_DIR` paths baked into the tests resolve).
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The manifest file inside a bundle.
+pub const MANIFEST: &str = "manifest.json";
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Output folder (created; existing binaries in it are replaced).
+    #[arg(long, default_value = "bundle")]
+    pub out: PathBuf,
+    /// Do not strip the copied binaries.
+    #[arg(long)]
+    pub no_strip: bool,
+}
 
-pub fn run(_args: Args) -> Result<()> {
-    bail!("bundle is not implemented yet")
+/// One prebuilt test binary.
+pub struct BundledTest {
+    /// Path of the binary relative to the bundle folder.
+    pub binary: String,
+    /// Crate directory relative to the workspace root (the binary runs there).
+    pub crate_dir: String,
+    /// Readable name: `<package>/<target>`.
+    pub name: String,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let root = crate::workspace_root();
+    let out = if args.out.is_absolute() {
+        args.out.clone()
+    } else {
+        root.join(&args.out)
+    };
+    std::fs::create_dir_all(out.join("tests"))
+        .with_context(|| format!("creating {}", out.display()))?;
+
+    eprintln!("==> building the workspace's test binaries (release)");
+    let artifacts = cargo_artifacts(
+        &root,
+        &[
+            "test",
+            "--workspace",
+            "--release",
+            "--no-run",
+            "--message-format=json",
+        ],
+    )?;
+    let mut tests = Vec::new();
+    for artifact in &artifacts {
+        if !artifact.is_test {
+            continue;
+        }
+        let file_name = artifact
+            .executable
+            .file_name()
+            .context("test executable without a file name")?
+            .to_string_lossy()
+            .into_owned();
+        let dest = out.join("tests").join(&file_name);
+        copy_binary(&artifact.executable, &dest, !args.no_strip)?;
+        let crate_dir = artifact
+            .manifest_dir
+            .strip_prefix(&root)
+            .unwrap_or(&artifact.manifest_dir)
+            .to_string_lossy()
+            .into_owned();
+        tests.push(BundledTest {
+            binary: format!("tests/{file_name}"),
+            crate_dir,
+            name: format!("{}/{}", artifact.package, artifact.target),
+        });
+    }
+    tests.sort_by(|a, b| a.name.cmp(&b.name));
+
+    eprintln!("==> building the release xtask");
+    let xtask = cargo_artifacts(
+        &root,
+        &[
+            "build",
+            "--release",
+            "-p",
+            "xtask",
+            "--message-format=json",
+        ],
+    )?
+    .into_iter()
+    .find(|a| a.target == "xtask" && !a.is_test)
+    .context("cargo did not report the xtask executable")?;
+    copy_binary(&xtask.executable, &out.join("xtask"), !args.no_strip)?;
+
+    let manifest = serde_json::json!({
+        "tests": tests.iter().map(|t| serde_json::json!({
+            "binary": t.binary,
+            "crate_dir": t.crate_dir,
+            "name": t.name,
+        })).collect::<Vec<_>>(),
+    });
+    std::fs::write(
+        out.join(MANIFEST),
+        serde_json::to_string_pretty(&manifest)? + "\n",
+    )?;
+    write_run_script(&out)?;
+
+    let total: u64 = walk_size(&out);
+    println!(
+        "bundle: {} test binaries + xtask in {} ({:.1} MiB)",
+        tests.len(),
+        out.display(),
+        total as f64 / (1 << 20) as f64
+    );
+    println!(
+        "run there (from the checkout root): mkdir -p /work && ln -sfn \"$PWD\" /work/main; \
+         {0}/xtask verify-rocm --bundle {0}",
+        args.out.display()
+    );
+    Ok(())
+}
+
+/// A test or binary artifact reported by cargo.
+pub(crate) struct Artifact {
+    pub package: String,
+    pub target: String,
+    pub executable: PathBuf,
+    pub manifest_dir: PathBuf,
+    pub is_test: bool,
+}
+
+/// Runs cargo with `--message-format=json` and collects the executables it reports.
+pub(crate) fn cargo_artifacts(root: &Path, cargo_args: &[&str]) -> Result<Vec<Artifact>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let output = Command::new(cargo)
+        .current_dir(root)
+        .args(cargo_args)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo")?;
+    if !output.status.success() {
+        bail!("cargo {} failed ({})", cargo_args.join(" "), output.status);
+    }
+    let mut artifacts = Vec::new();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if message["reason"] != "compiler-artifact" {
+            continue;
+        }
+        let Some(executable) = message["executable"].as_str() else {
+            continue;
+        };
+        let manifest = PathBuf::from(message["manifest_path"].as_str().unwrap_or_default());
+        let package_id = message["package_id"].as_str().unwrap_or_default();
+        artifacts.push(Artifact {
+            package: package_name(package_id, &manifest),
+            target: message["target"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            executable: PathBuf::from(executable),
+            manifest_dir: manifest.parent().map(PathBuf::from).unwrap_or_default(),
+            is_test: message["profile"]["test"].as_bool().unwrap_or(false),
+        });
+    }
+    Ok(artifacts)
+}
+
+/// The package name: the crate directory's name is the package name in this workspace.
+fn package_name(package_id: &str, manifest: &Path) -> String {
+    manifest
+        .parent()
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| package_id.to_string())
+}
+
+fn copy_binary(from: &Path, to: &Path, strip: bool) -> Result<()> {
+    // Replace rather than overwrite: a running or read-only old copy must not block us.
+    let _ = std::fs::remove_file(to);
+    std::fs::copy(from, to)
+        .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+    if strip {
+        let status = Command::new("strip").arg(to).status();
+        match status {
+            Ok(s) if s.success() => {}
+            _ => eprintln!("warning: could not strip {} (is binutils installed?)", to.display()),
+        }
+    }
+    Ok(())
+}
+
+fn write_run_script(out: &Path) -> Result<()> {
+    let script = r#"#!/bin/sh
+# Runs the prebuilt verify-rocm from a hipdecode bundle, on a machine without cargo.
+# Call it from the checkout root: bundle/run.sh [extra verify-rocm arguments]
+# The tests look for their files under the compile-time path /work/main, so that path is
+# pointed at this checkout when it is free (or already a symlink).
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+if [ ! -e /work/main ] || [ -L /work/main ]; then
+    mkdir -p /work && ln -sfn "$root" /work/main
+fi
+exec "$here/xtask" verify-rocm --bundle "$here" "$@"
+"#;
+    let path = out.join("run.sh");
+    std::fs::write(&path, script)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+    }
+    Ok(())
+}
+
+fn walk_size(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => walk_size(&e.path()),
+            Ok(_) => e.metadata().map(|m| m.len()).unwrap_or(0),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// Reads a bundle's manifest.
+pub fn read_manifest(bundle: &Path) -> Result<Vec<BundledTest>> {
+    let path = bundle.join(MANIFEST);
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "reading {} (build the bundle with `cargo xtask bundle`)",
+            path.display()
+        )
+    })?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let Some(entries) = value["tests"].as_array() else {
+        bail!("{} has no \"tests\" list", path.display());
+    };
+    entries
+        .iter()
+        .map(|e| {
+            let field = |k: &str| {
+                e[k].as_str()
+                    .map(str::to_string)
+                    .with_context(|| format!("manifest entry without \"{k}\": {e}"))
+            };
+            Ok(BundledTest {
+                binary: field("binary")?,
+                crate_dir: field("crate_dir")?,
+                name: field("name")?,
+            })
+        })
+        .collect()
 }

