@@ -44,8 +44,7 @@ pub fn run(args: Args) -> Result<()> {
     let out_dir = args
         .out
         .unwrap_or_else(|| crate::workspace_root().join("crates/hip-ffi/src/sys"));
-    std::fs::create_dir_all(&out_dir)
-        .with_context(|| format!("creating {}", out_dir.display()))?;
+    std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
 
     for library in [hip_bindgen::Library::Runtime, hip_bindgen::Library::Rtc] {
         let text = hip_bindgen::generate(&include_dir, library).map_err(anyhow::Error::msg)?;

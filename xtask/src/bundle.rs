@@ -88,13 +88,7 @@ pub fn run(args: Args) -> Result<()> {
     eprintln!("==> building the release xtask");
     let xtask = cargo_artifacts(
         &root,
-        &[
-            "build",
-            "--release",
-            "-p",
-            "xtask",
-            "--message-format=json",
-        ],
+        &["build", "--release", "-p", "xtask", "--message-format=json"],
     )?
     .into_iter()
     .find(|a| a.target == "xtask" && !a.is_test)
@@ -195,7 +189,10 @@ fn copy_binary(from: &Path, to: &Path, strip: bool) -> Result<()> {
         let status = Command::new("strip").arg(to).status();
         match status {
             Ok(s) if s.success() => {}
-            _ => eprintln!("warning: could not strip {} (is binutils installed?)", to.display()),
+            _ => eprintln!(
+                "warning: could not strip {} (is binutils installed?)",
+                to.display()
+            ),
         }
     }
     Ok(())

@@ -76,13 +76,20 @@ pub fn run(args: Args) -> Result<()> {
         .map(|r| r.name.as_str())
         .collect();
     if !failed.is_empty() {
-        bail!("{} test binaries failed: {}", failed.len(), failed.join(", "));
+        bail!(
+            "{} test binaries failed: {}",
+            failed.len(),
+            failed.join(", ")
+        );
     }
     Ok(())
 }
 
 fn gib(bytes: u64) -> String {
-    format!("{:.2} GiB ({bytes} bytes)", bytes as f64 / (1u64 << 30) as f64)
+    format!(
+        "{:.2} GiB ({bytes} bytes)",
+        bytes as f64 / (1u64 << 30) as f64
+    )
 }
 
 fn yes_no(flag: bool) -> &'static str {
@@ -96,11 +103,7 @@ fn yes_no(flag: bool) -> &'static str {
 /// Prints platform and devices; returns whether a GPU is usable.
 fn print_platform_report() -> bool {
     println!("== hipdecode verify-rocm ==");
-    println!(
-        "host: {} {}",
-        std::env::consts::OS,
-        std::env::consts::ARCH
-    );
+    println!("host: {} {}", std::env::consts::OS, std::env::consts::ARCH);
     for var in [
         "HIP_VISIBLE_DEVICES",
         "CUDA_VISIBLE_DEVICES",
@@ -149,7 +152,10 @@ fn print_device(ordinal: usize, device: &Device) {
     );
     row(
         "compute capability",
-        format!("{}.{}", attrs.compute_capability.0, attrs.compute_capability.1),
+        format!(
+            "{}.{}",
+            attrs.compute_capability.0, attrs.compute_capability.1
+        ),
     );
     row("total memory", gib(attrs.total_memory));
     match device.mem_get_info() {
@@ -170,14 +176,23 @@ fn print_device(ordinal: usize, device: &Device) {
     row("warp size", attrs.warp_size.to_string());
     row("multiprocessors", attrs.multiprocessor_count.to_string());
     row("managed memory", yes_no(attrs.managed_memory).into());
-    row("pageable memory access", yes_no(attrs.pageable_memory_access).into());
+    row(
+        "pageable memory access",
+        yes_no(attrs.pageable_memory_access).into(),
+    );
     row(
         "concurrent managed access",
         yes_no(attrs.concurrent_managed_access).into(),
     );
-    row("can map host memory", yes_no(attrs.can_map_host_memory).into());
+    row(
+        "can map host memory",
+        yes_no(attrs.can_map_host_memory).into(),
+    );
     row("stream-ordered alloc", yes_no(attrs.async_alloc).into());
-    row("max threads per block", attrs.max_threads_per_block.to_string());
+    row(
+        "max threads per block",
+        attrs.max_threads_per_block.to_string(),
+    );
     row(
         "max shared memory per block",
         format!("{} bytes", attrs.max_shared_memory_per_block),
@@ -240,7 +255,9 @@ fn parse_libtest(output: &str, run: &mut TestRun) {
         if let Some(rest) = trimmed.strip_prefix("test result:") {
             run.saw_summary = true;
             for part in rest.split(';') {
-                let mut words = part.split_whitespace().filter(|w| *w != "ok." && *w != "FAILED.");
+                let mut words = part
+                    .split_whitespace()
+                    .filter(|w| *w != "ok." && *w != "FAILED.");
                 let (Some(n), Some(what)) = (words.next(), words.next()) else {
                     continue;
                 };
@@ -276,7 +293,11 @@ fn run_binary(binary: &TestBinary, extra: &[String]) -> TestRun {
     let output = match output {
         Ok(o) => o,
         Err(e) => {
-            println!("{}: could not start {}: {e}", binary.name, binary.path.display());
+            println!(
+                "{}: could not start {}: {e}",
+                binary.name,
+                binary.path.display()
+            );
             return run;
         }
     };
@@ -396,7 +417,10 @@ mod tests {
                       finished in 0.01s\n";
         let mut run = TestRun::default();
         parse_libtest(output, &mut run);
-        assert_eq!((run.passed, run.failed, run.ignored, run.skipped), (3, 0, 1, 1));
+        assert_eq!(
+            (run.passed, run.failed, run.ignored, run.skipped),
+            (3, 0, 1, 1)
+        );
         assert!(run.saw_summary);
 
         let failing = "test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; \

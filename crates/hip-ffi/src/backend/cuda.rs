@@ -12,6 +12,7 @@ use cudarc::driver::sys as cu;
 use cudarc::nvrtc::sys as nvrtc;
 use std::cell::Cell;
 use std::ffi::{c_char, c_void, CStr};
+use std::path::PathBuf;
 use std::sync::Mutex;
 
 /// Driver symbols this backend calls (the exported names, with their `_v2` suffixes).
@@ -97,13 +98,51 @@ pub(crate) struct CudaApi {
     contexts: Mutex<Vec<(i32, usize)>>,
 }
 
-/// Opens a library by cudarc's candidate names and reports the symbols it lacks.
+/// Directories searched when a library is not on the loader path: CUDA toolkit installs
+/// (NVRTC ships with the toolkit, not the driver) and pip's `nvidia-cuda-nvrtc` wheels.
+fn extra_library_dirs() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
+        .iter()
+        .filter_map(std::env::var_os)
+        .filter(|v| !v.is_empty())
+        .map(|root| PathBuf::from(root).join("lib64"))
+        .collect();
+    dirs.push(PathBuf::from("/usr/local/cuda/lib64"));
+    dirs.push(PathBuf::from("/usr/local/cuda/targets/x86_64-linux/lib"));
+    for lib_root in ["/usr/local/lib", "/usr/lib"] {
+        let Ok(entries) = std::fs::read_dir(lib_root) else {
+            continue;
+        };
+        for python in entries.flatten() {
+            if !python.file_name().to_string_lossy().starts_with("python3") {
+                continue;
+            }
+            for packages in ["dist-packages", "site-packages"] {
+                let nvidia = python.path().join(packages).join("nvidia");
+                for sub in ["cuda_nvrtc/lib", "cu13/lib", "cu12/lib"] {
+                    dirs.push(nvidia.join(sub));
+                }
+            }
+        }
+    }
+    dirs
+}
+
+/// Opens a library by cudarc's candidate names (then in [`extra_library_dirs`]) and reports
+/// the symbols it lacks. A library found only by full path is kept loaded, so cudarc's own
+/// later `dlopen` by soname (`libnvrtc.so.13`) finds the same, already loaded object.
 fn probe_library(lib_name: &str, symbols: &[&str]) -> std::result::Result<(), String> {
-    let candidates = cudarc::get_lib_name_candidates(lib_name);
-    for candidate in &candidates {
+    let names = cudarc::get_lib_name_candidates(lib_name);
+    let by_name = names.iter().map(|n| (PathBuf::from(n), false));
+    let by_path = extra_library_dirs()
+        .into_iter()
+        .flat_map(|dir| names.iter().map(move |n| (dir.join(n), true)))
+        .filter(|(path, _)| path.is_file())
+        .collect::<Vec<_>>();
+    for (candidate, found_by_path) in by_name.chain(by_path) {
         // SAFETY: opening a system library runs its initialisers; libcuda and libnvrtc are
         // designed to be loaded this way (it is what cudarc itself does next).
-        let Ok(lib) = (unsafe { libloading::Library::new(candidate) }) else {
+        let Ok(lib) = (unsafe { libloading::Library::new(&candidate) }) else {
             continue;
         };
         let missing: Vec<&str> = symbols
@@ -114,18 +153,22 @@ fn probe_library(lib_name: &str, symbols: &[&str]) -> std::result::Result<(), St
                 unsafe { lib.get::<*const c_void>(sym.as_bytes()) }.is_err()
             })
             .collect();
-        return if missing.is_empty() {
-            Ok(())
-        } else {
-            Err(format!(
-                "{candidate} lacks {missing:?}; the CUDA 13.0 bindings need a driver of the 580 \
-                 series or newer"
-            ))
-        };
+        if !missing.is_empty() {
+            return Err(format!(
+                "{} lacks {missing:?}; the CUDA 13.0 bindings need a driver of the 580 series \
+                 or newer",
+                candidate.display()
+            ));
+        }
+        if found_by_path {
+            // Kept for the process's lifetime on purpose (see above).
+            std::mem::forget(lib);
+        }
+        return Ok(());
     }
     Err(format!(
         "lib{lib_name} not found (tried {} names)",
-        candidates.len()
+        names.len()
     ))
 }
 
@@ -819,4 +862,15 @@ unsafe fn nvrtc_log(prog: nvrtc::nvrtcProgram) -> String {
         .trim_end_matches('\0')
         .trim()
         .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_library_is_an_error_not_a_panic() {
+        let err = probe_library("hipdecode_no_such_library", &["cuInit"]).expect_err("absent");
+        assert!(err.contains("not found"), "{err}");
+    }
 }
