@@ -1,4 +1,4 @@
 //! Implementations of [`crate::RawDevice`].
 
-// pub mod hip; (added with the hip-ffi backend)
+pub mod hip;
 pub mod sim;

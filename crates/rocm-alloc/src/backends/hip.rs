@@ -1,0 +1,173 @@
+//! The HIP backend, on `hip-ffi` (on NVIDIA machines `hip-ffi` serves the same calls through
+//! CUDA).
+//!
+//! Streams are identified to the allocator by [`StreamId`]s this backend hands out when a
+//! stream is created through it ([`HipDevice::create_stream`]), because recording an event
+//! needs the stream object. [`StreamId::DEFAULT`] is the null stream; recording an event on it
+//! synchronizes the device instead (the safe layer has no handle for the null stream), so use
+//! created streams for cross-stream work.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use hip_ffi::{Device, DevicePtr, Event, HipError, Stream};
+
+use crate::device::{DeviceError, EventId, MemoryInfo, RawDevice, StreamId, UmaInfo};
+
+/// Event id meaning "already complete" (used for the null stream after a device sync).
+const DONE_EVENT: u64 = 0;
+
+#[derive(Default)]
+struct Registry {
+    streams: HashMap<StreamId, Arc<Stream>>,
+    next_stream: u64,
+    events: HashMap<u64, Event>,
+    spare_events: Vec<Event>,
+    next_event: u64,
+}
+
+/// A HIP device as a [`RawDevice`].
+pub struct HipDevice {
+    device: Device,
+    name: String,
+    registry: Mutex<Registry>,
+}
+
+fn driver(call: &'static str, e: HipError) -> DeviceError {
+    DeviceError::Driver { call, message: e.to_string() }
+}
+
+impl HipDevice {
+    /// Wraps a device.
+    pub fn new(device: Device) -> HipDevice {
+        let name = device.name().unwrap_or_else(|_| format!("device {}", device.ordinal()));
+        HipDevice { device, name, registry: Mutex::new(Registry { next_stream: 1, next_event: 1, ..Default::default() }) }
+    }
+
+    /// The first device of the detected platform, or the reason there is none.
+    pub fn first() -> Result<HipDevice, String> {
+        hip_ffi::Platform::default_device().map(HipDevice::new)
+    }
+
+    /// The wrapped device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Creates a stream the allocator can record events on, and its id.
+    pub fn create_stream(&self) -> Result<(StreamId, Arc<Stream>), DeviceError> {
+        let stream = Arc::new(Stream::new(&self.device).map_err(|e| driver("hipStreamCreate", e))?);
+        let mut r = self.lock();
+        let id = StreamId(r.next_stream);
+        r.next_stream += 1;
+        r.streams.insert(id, stream.clone());
+        Ok((id, stream))
+    }
+
+    /// The stream behind an id from [`HipDevice::create_stream`].
+    pub fn stream(&self, id: StreamId) -> Option<Arc<Stream>> {
+        self.lock().streams.get(&id).cloned()
+    }
+}
+
+/// Host RAM from `/proc/meminfo` (`MemTotal`), in bytes.
+fn host_ram() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+impl RawDevice for HipDevice {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn malloc(&self, bytes: u64) -> Result<u64, DeviceError> {
+        let size = usize::try_from(bytes).map_err(|_| DeviceError::OutOfMemory { bytes })?;
+        match self.device.malloc_raw(size) {
+            Ok(p) => Ok(p.0),
+            Err(e) if e.is_out_of_memory() => Err(DeviceError::OutOfMemory { bytes }),
+            Err(e) => Err(driver("hipMalloc", e)),
+        }
+    }
+
+    unsafe fn free(&self, ptr: u64) -> Result<(), DeviceError> {
+        // SAFETY: the caller guarantees `ptr` came from `malloc` here, is freed once and is no
+        // longer used by device work; that is `free_raw`'s contract.
+        unsafe { self.device.free_raw(DevicePtr(ptr)) }.map_err(|e| driver("hipFree", e))
+    }
+
+    fn record_event(&self, stream: StreamId) -> Result<EventId, DeviceError> {
+        if stream == StreamId::DEFAULT {
+            self.device.synchronize().map_err(|e| driver("hipDeviceSynchronize", e))?;
+            return Ok(EventId(DONE_EVENT));
+        }
+        let mut r = self.lock();
+        let s = r.streams.get(&stream).cloned().ok_or_else(|| DeviceError::Driver {
+            call: "record_event",
+            message: format!("stream {stream:?} was not created through HipDevice::create_stream"),
+        })?;
+        let event = match r.spare_events.pop() {
+            Some(e) => e,
+            None => Event::new_without_timing(&self.device).map_err(|e| driver("hipEventCreate", e))?,
+        };
+        event.record(&s).map_err(|e| driver("hipEventRecord", e))?;
+        let id = r.next_event;
+        r.next_event += 1;
+        r.events.insert(id, event);
+        Ok(EventId(id))
+    }
+
+    fn event_complete(&self, event: EventId) -> Result<bool, DeviceError> {
+        if event.0 == DONE_EVENT {
+            return Ok(true);
+        }
+        let r = self.lock();
+        let e = r.events.get(&event.0).ok_or_else(|| DeviceError::Driver {
+            call: "hipEventQuery",
+            message: format!("unknown event {}", event.0),
+        })?;
+        e.query().map_err(|e| driver("hipEventQuery", e))
+    }
+
+    fn event_wait(&self, event: EventId) -> Result<(), DeviceError> {
+        if event.0 == DONE_EVENT {
+            return Ok(());
+        }
+        // Wait outside the registry lock: take the event out, wait, put it back.
+        let e = self.lock().events.remove(&event.0).ok_or_else(|| DeviceError::Driver {
+            call: "hipEventSynchronize",
+            message: format!("unknown event {}", event.0),
+        })?;
+        let result = e.synchronize().map_err(|e| driver("hipEventSynchronize", e));
+        self.lock().events.insert(event.0, e);
+        result
+    }
+
+    fn destroy_event(&self, event: EventId) {
+        let mut r = self.lock();
+        if let Some(e) = r.events.remove(&event.0) {
+            // Completed events are recycled: creating one costs a driver call.
+            r.spare_events.push(e);
+        }
+    }
+
+    fn memory_info(&self) -> Result<MemoryInfo, DeviceError> {
+        let info = self.device.mem_get_info().map_err(|e| driver("hipMemGetInfo", e))?;
+        let integrated = self.device.is_integrated().map_err(|e| driver("hipDeviceGetAttribute", e))?;
+        let uma = if integrated {
+            let host = host_ram().unwrap_or(0);
+            // amdgpu's default GTT size is half of system RAM when sysfs does not say.
+            let gtt = info.gtt.map_or(host / 2, |g| g.total);
+            Some(UmaInfo { carve_out: info.total, gtt, host_ram: host })
+        } else {
+            None
+        };
+        Ok(MemoryInfo { free: info.free, total: info.total, uma })
+    }
+}
