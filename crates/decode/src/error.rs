@@ -5,8 +5,14 @@ use std::path::PathBuf;
 /// Errors from loading a model, tokenizing, or generating.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
-    #[error("could not read the model {path}: {reason}")]
-    Model { path: PathBuf, reason: String },
+    #[error("could not read the model {path}: {source}")]
+    Model {
+        path: PathBuf,
+        #[source]
+        source: gguf_loader::GgufError,
+    },
+    #[error("the model file is not usable: {0}")]
+    Gguf(#[from] gguf_loader::GgufError),
     #[error("architecture '{0}' is not supported; supported are llama, qwen2, qwen3, qwen3moe and gemma3")]
     UnsupportedArchitecture(String),
     #[error("tensor '{name}' is missing from the model; the file is incomplete or of another architecture")]

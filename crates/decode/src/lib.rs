@@ -7,11 +7,25 @@
 //! - [`generate`]: prefill, then decode, streaming tokens.
 
 pub mod backend;
+pub mod device;
 pub mod error;
+pub mod generate;
 pub mod memory;
+pub mod model;
 pub mod quant;
 pub mod sampler;
 pub mod tokenizer;
 
 pub use error::{DecodeError, Result};
 pub use memory::{MemoryReport, MemoryTag};
+
+pub use gguf_loader;
+pub use gguf_loader::GgufFile;
+
+/// Opens a GGUF model file, naming the path in the error.
+pub fn open_model(path: &std::path::Path) -> Result<GgufFile> {
+    GgufFile::open(path).map_err(|source| DecodeError::Model {
+        path: path.to_path_buf(),
+        source,
+    })
+}

@@ -54,6 +54,89 @@ pub struct Vocabulary {
     pub add_space_prefix: bool,
 }
 
+impl Vocabulary {
+    /// Reads the `tokenizer.ggml.*` keys of a GGUF file.
+    pub fn from_gguf(f: &gguf_loader::GgufFile) -> Result<Vocabulary> {
+        const P: &str = "tokenizer.ggml.";
+        let key = |k: &str| format!("{P}{k}");
+        let has = |k: &str| f.get(&key(k)).is_some();
+        let opt_id = |k: &str| -> Result<Option<u32>> {
+            Ok(if has(k) {
+                Some(f.get_u32(&key(k))?)
+            } else {
+                None
+            })
+        };
+        let model = f
+            .get_str(&key("model"))
+            .map_err(|_| {
+                DecodeError::Tokenizer(
+                    "the model has no tokenizer.ggml.model; it carries no tokenizer".into(),
+                )
+            })?
+            .to_string();
+        let strings = |k: &str| -> Result<Vec<String>> {
+            Ok(if has(k) {
+                f.get_str_array(&key(k))?
+                    .into_iter()
+                    .map(str::to_string)
+                    .collect()
+            } else {
+                Vec::new()
+            })
+        };
+        let tokens = strings("tokens")?;
+        let merges = strings("merges")?;
+        let scores = if has("scores") {
+            f.get_f32_array(&key("scores"))?
+        } else {
+            Vec::new()
+        };
+        let types = if has("token_type") {
+            f.get_i32_array(&key("token_type"))?
+        } else {
+            Vec::new()
+        };
+        let pre = if has("pre") {
+            Some(f.get_str(&key("pre"))?.to_string())
+        } else {
+            None
+        };
+        let bos = opt_id("bos_token_id")?;
+        let eos = opt_id("eos_token_id")?;
+        let mut extra_stops = Vec::new();
+        for k in ["eot_token_id", "eom_token_id"] {
+            extra_stops.extend(opt_id(k)?);
+        }
+        // Gemma's chat turns end with <end_of_turn>, which the metadata does not name.
+        if model == "llama" {
+            if let Some(i) = tokens.iter().position(|t| t == "<end_of_turn>") {
+                extra_stops.push(i as u32);
+            }
+        }
+        let flag = |k: &str, default: bool| -> Result<bool> {
+            Ok(if has(k) {
+                f.get_bool(&key(k))?
+            } else {
+                default
+            })
+        };
+        Ok(Vocabulary {
+            add_bos: flag("add_bos_token", bos.is_some() && model == "llama")?,
+            add_space_prefix: flag("add_space_prefix", false)?,
+            model,
+            pre,
+            tokens,
+            scores,
+            types,
+            merges,
+            bos,
+            eos,
+            extra_stops,
+        })
+    }
+}
+
 enum Model {
     Spm(spm::Spm),
     Bpe(bpe::Bpe),
@@ -132,6 +215,11 @@ impl Tokenizer {
             specials,
             bytes,
         })
+    }
+
+    /// The tokenizer a GGUF file describes.
+    pub fn from_gguf(f: &gguf_loader::GgufFile) -> Result<Tokenizer> {
+        Tokenizer::new(Vocabulary::from_gguf(f)?)
     }
 
     pub fn vocab(&self) -> &Vocabulary {

@@ -1,0 +1,106 @@
+//! The generation loop: prefill the prompt, then decode one token at a time, streaming each
+//! token to a callback as it is chosen.
+
+use crate::backend::Backend;
+use crate::error::{DecodeError, Result};
+use crate::model::Model;
+use crate::sampler::{Sampler, SamplerConfig};
+use std::time::{Duration, Instant};
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// The model produced an end-of-sequence or end-of-turn token.
+    EndOfSequence,
+    /// The requested number of tokens was generated.
+    TokenLimit,
+    /// The KV cache is full.
+    ContextFull,
+}
+
+/// What happened, with timings.
+#[derive(Clone, Debug)]
+pub struct GenerationReport {
+    pub prompt_tokens: usize,
+    /// Generated ids, including a final stop token.
+    pub tokens: Vec<u32>,
+    /// Prompt processing, up to and including the choice of the first new token.
+    pub prefill: Duration,
+    /// All later steps.
+    pub decode: Duration,
+    pub stop: StopReason,
+}
+
+impl GenerationReport {
+    /// Prompt tokens per second.
+    pub fn prefill_tok_s(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prefill.as_secs_f64().max(1e-9)
+    }
+
+    /// Decode steps per second (every generated token after the first is one step).
+    pub fn decode_tok_s(&self) -> f64 {
+        let steps = self.tokens.len().saturating_sub(1);
+        steps as f64 / self.decode.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Generates up to `max_new` tokens after `prompt`, calling `on_token` for each as it comes.
+/// Stops early when `is_stop` says so (the stop token is reported and kept in the result).
+pub fn generate<B: Backend>(
+    model: &mut Model<B>,
+    prompt: &[u32],
+    max_new: usize,
+    sampler: SamplerConfig,
+    is_stop: &dyn Fn(u32) -> bool,
+    on_token: &mut dyn FnMut(u32),
+) -> Result<GenerationReport> {
+    if prompt.is_empty() {
+        return Err(DecodeError::InvalidArgument(
+            "the prompt is empty; give at least one token (most models want BOS first)".into(),
+        ));
+    }
+    let mut sampler = Sampler::new(sampler)?;
+    let mut logits = Vec::new();
+    let mut pick = |model: &mut Model<B>| -> Result<u32> {
+        if sampler.config().is_greedy() {
+            model.last_argmax()
+        } else {
+            model.last_logits(&mut logits)?;
+            Ok(sampler.sample(&logits))
+        }
+    };
+    let mut report = GenerationReport {
+        prompt_tokens: prompt.len(),
+        tokens: Vec::new(),
+        prefill: Duration::ZERO,
+        decode: Duration::ZERO,
+        stop: StopReason::TokenLimit,
+    };
+    if max_new == 0 {
+        return Ok(report);
+    }
+    let t0 = Instant::now();
+    model.forward(prompt)?;
+    let mut next = pick(model)?;
+    report.prefill = t0.elapsed();
+    let t1 = Instant::now();
+    loop {
+        report.tokens.push(next);
+        on_token(next);
+        if is_stop(next) {
+            report.stop = StopReason::EndOfSequence;
+            break;
+        }
+        if report.tokens.len() >= max_new {
+            break;
+        }
+        if model.position() + 1 > model.options().context {
+            report.stop = StopReason::ContextFull;
+            break;
+        }
+        model.forward(&[next])?;
+        next = pick(model)?;
+    }
+    report.decode = t1.elapsed();
+    Ok(report)
+}

@@ -1,0 +1,456 @@
+//! A decoder model over a [`Backend`]: weights, KV cache, activation buffers and the forward
+//! pass shared by every architecture, with the differences taken from [`ModelSpec`].
+
+mod kv_cache;
+mod spec;
+
+pub use kv_cache::KvCache;
+pub use spec::{LayerSpec, ModelSpec};
+
+use crate::backend::{Attention, Backend, WeightSource};
+use crate::error::{DecodeError, Result};
+use crate::memory::{MemoryReport, MemoryTag};
+use crate::quant::WeightFormat;
+use gguf_loader::GgufFile;
+
+/// Sizes chosen when a model is loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelOptions {
+    /// Positions the KV cache holds (clamped to the model's trained context).
+    pub context: usize,
+    /// Most tokens one forward call processes at once (prefill chunk).
+    pub max_batch: usize,
+    /// Keep logits for every position of a batch, not just the last (reference checks).
+    pub all_logits: bool,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        ModelOptions {
+            context: 4096,
+            max_batch: 64,
+            all_logits: false,
+        }
+    }
+}
+
+enum Ffn<W> {
+    Dense { gate: W, up: W, down: W },
+    Moe { router: W, gate: W, up: W, down: W },
+}
+
+struct Layer<W> {
+    attn_norm: W,
+    wq: W,
+    wk: W,
+    wv: W,
+    wo: W,
+    bias: Option<[W; 3]>,
+    qk_norm: Option<[W; 2]>,
+    attn_post_norm: Option<W>,
+    ffn_norm: W,
+    ffn: Ffn<W>,
+    ffn_post_norm: Option<W>,
+}
+
+/// Per-step activation buffers, allocated once at the largest batch so their addresses never
+/// change between steps.
+struct Activations<B: Backend> {
+    x: B::Buffer,
+    xn: B::Buffer,
+    q: B::Buffer,
+    k: B::Buffer,
+    v: B::Buffer,
+    attn: B::Buffer,
+    proj: B::Buffer,
+    gate: B::Buffer,
+    up: B::Buffer,
+    router: B::Buffer,
+    expert_out: B::Buffer,
+    logits: B::Buffer,
+}
+
+/// A loaded model ready to run steps.
+pub struct Model<B: Backend> {
+    spec: ModelSpec,
+    backend: B,
+    embed: B::Weight,
+    output_norm: B::Weight,
+    /// `None` when the output projection is tied to the embedding.
+    output: Option<B::Weight>,
+    rope_factors: Option<B::Weight>,
+    layers: Vec<Layer<B::Weight>>,
+    kv: KvCache<B>,
+    act: Activations<B>,
+    options: ModelOptions,
+    file_bytes: u64,
+    /// Tokens in the last step (rows of the logits buffer with `all_logits`).
+    last_n: usize,
+}
+
+struct Loader<'a, B: Backend> {
+    file: &'a GgufFile,
+    backend: &'a mut B,
+}
+
+impl<B: Backend> Loader<'_, B> {
+    fn optional(&mut self, name: &str, shape: &[usize]) -> Result<Option<B::Weight>> {
+        let Some(info) = self.file.tensor(name) else {
+            return Ok(None);
+        };
+        let found: Vec<usize> = info.dims.iter().map(|&d| d as usize).collect();
+        let mut want = shape.to_vec();
+        while want.len() < found.len() && found[want.len()] == 1 {
+            want.push(1);
+        }
+        let mut f = found.clone();
+        while f.len() > want.len() && f.last() == Some(&1) {
+            f.pop();
+        }
+        if f != want {
+            return Err(DecodeError::TensorShape {
+                name: name.to_string(),
+                expected: shape.to_vec(),
+                found,
+            });
+        }
+        let ty = info.ggml_type.name();
+        let format =
+            WeightFormat::from_ggml_name(ty).ok_or_else(|| DecodeError::UnsupportedTensorType {
+                name: name.to_string(),
+                ty: ty.to_string(),
+            })?;
+        let mut dims = [1usize; 3];
+        for (d, &v) in dims.iter_mut().zip(&found) {
+            *d = v;
+        }
+        let w = self.backend.load_weight(&WeightSource {
+            name,
+            format,
+            dims,
+            bytes: self.file.tensor_data(info),
+        })?;
+        Ok(Some(w))
+    }
+
+    fn required(&mut self, name: &str, shape: &[usize]) -> Result<B::Weight> {
+        self.optional(name, shape)?
+            .ok_or_else(|| DecodeError::MissingTensor {
+                name: name.to_string(),
+            })
+    }
+}
+
+impl<B: Backend> Model<B> {
+    /// Loads the weights of `file` into `backend` and allocates the cache and activations.
+    pub fn load(file: &GgufFile, mut backend: B, options: ModelOptions) -> Result<Model<B>> {
+        let spec = ModelSpec::from_gguf(file)?;
+        if options.max_batch == 0 || options.context == 0 {
+            return Err(DecodeError::InvalidArgument(
+                "context and batch size must be at least 1".into(),
+            ));
+        }
+        let s = &spec;
+        let (e, qd, kd, vd) = (
+            s.n_embd,
+            s.n_head * s.head_dim_k,
+            s.n_head_kv * s.head_dim_k,
+            s.n_head_kv * s.head_dim_v,
+        );
+        let mut ld = Loader {
+            file,
+            backend: &mut backend,
+        };
+        let embed = ld.required("token_embd.weight", &[e, s.vocab])?;
+        let output_norm = ld.required("output_norm.weight", &[e])?;
+        let output = ld.optional("output.weight", &[e, s.vocab])?;
+        let rope_factors = ld.optional("rope_freqs.weight", &[s.layers[0].rope.n_rot / 2])?;
+        let mut layers = Vec::with_capacity(s.n_layers);
+        for il in 0..s.n_layers {
+            let n = |t: &str| format!("blk.{il}.{t}.weight");
+            let b = |t: &str| format!("blk.{il}.{t}.bias");
+            let bias = match ld.optional(&b("attn_q"), &[qd])? {
+                Some(bq) => Some([
+                    bq,
+                    ld.required(&b("attn_k"), &[kd])?,
+                    ld.required(&b("attn_v"), &[vd])?,
+                ]),
+                None => None,
+            };
+            let qk_norm = if s.qk_norm {
+                Some([
+                    ld.required(&n("attn_q_norm"), &[s.head_dim_k])?,
+                    ld.required(&n("attn_k_norm"), &[s.head_dim_k])?,
+                ])
+            } else {
+                None
+            };
+            let post = |ld: &mut Loader<'_, B>, t: &str| -> Result<Option<B::Weight>> {
+                if s.sandwich_norms {
+                    ld.required(&n(t), &[e]).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            let ffn = if s.is_moe() {
+                let (x, f) = (s.n_expert, s.n_ff_expert);
+                Ffn::Moe {
+                    router: ld.required(&n("ffn_gate_inp"), &[e, x])?,
+                    gate: ld.required(&n("ffn_gate_exps"), &[e, f, x])?,
+                    up: ld.required(&n("ffn_up_exps"), &[e, f, x])?,
+                    down: ld.required(&n("ffn_down_exps"), &[f, e, x])?,
+                }
+            } else {
+                Ffn::Dense {
+                    gate: ld.required(&n("ffn_gate"), &[e, s.n_ff])?,
+                    up: ld.required(&n("ffn_up"), &[e, s.n_ff])?,
+                    down: ld.required(&n("ffn_down"), &[s.n_ff, e])?,
+                }
+            };
+            layers.push(Layer {
+                attn_norm: ld.required(&n("attn_norm"), &[e])?,
+                wq: ld.required(&n("attn_q"), &[e, qd])?,
+                wk: ld.required(&n("attn_k"), &[e, kd])?,
+                wv: ld.required(&n("attn_v"), &[e, vd])?,
+                wo: ld.required(&n("attn_output"), &[s.n_head * s.head_dim_v, e])?,
+                bias,
+                qk_norm,
+                attn_post_norm: post(&mut ld, "post_attention_norm")?,
+                ffn_norm: ld.required(&n("ffn_norm"), &[e])?,
+                ffn,
+                ffn_post_norm: post(&mut ld, "post_ffw_norm")?,
+            });
+        }
+        let context = options.context.min(s.context_length.max(1));
+        let kv = KvCache::new(&mut backend, s.n_layers, context, kd, vd)?;
+        let mb = options.max_batch;
+        let ff = s.n_ff.max(s.n_ff_expert);
+        let logit_rows = if options.all_logits { mb } else { 1 };
+        let mut a = |tag, n| backend.alloc(tag, n);
+        use MemoryTag::Activations as A;
+        let act = Activations {
+            x: a(A, mb * e)?,
+            xn: a(A, mb * e.max(qd))?,
+            q: a(A, mb * qd)?,
+            k: a(A, mb * kd)?,
+            v: a(A, mb * vd)?,
+            attn: a(A, mb * s.n_head * s.head_dim_v)?,
+            proj: a(A, mb * e)?,
+            gate: a(A, mb * ff)?,
+            up: a(A, mb * ff)?,
+            router: a(A, mb * s.n_expert.max(1))?,
+            expert_out: a(A, e)?,
+            logits: a(A, logit_rows * s.vocab)?,
+        };
+        let file_bytes = file.tensors().iter().map(|t| t.n_bytes).sum();
+        Ok(Model {
+            spec,
+            backend,
+            embed,
+            output_norm,
+            output,
+            rope_factors,
+            layers,
+            kv,
+            act,
+            options: ModelOptions { context, ..options },
+            file_bytes,
+            last_n: 0,
+        })
+    }
+
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    pub fn options(&self) -> &ModelOptions {
+        &self.options
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Positions already in the KV cache.
+    pub fn position(&self) -> usize {
+        self.kv.len()
+    }
+
+    /// Empties the KV cache so the next tokens start a new sequence at position 0.
+    pub fn reset(&mut self) {
+        self.kv.clear();
+    }
+
+    /// Bytes in use, per tag.
+    pub fn memory(&self) -> MemoryReport {
+        self.backend.memory()
+    }
+
+    /// Total bytes of weight tensors in the file.
+    pub fn file_weight_bytes(&self) -> u64 {
+        self.file_bytes
+    }
+
+    /// Appends `tokens` to the sequence. Afterwards the logits of the last token (or of every
+    /// token of the last chunk with `all_logits`) are in the logits buffer.
+    pub fn forward(&mut self, tokens: &[u32]) -> Result<()> {
+        let needed = self.kv.len() + tokens.len();
+        if needed > self.kv.capacity() {
+            return Err(DecodeError::ContextFull {
+                needed,
+                capacity: self.kv.capacity(),
+            });
+        }
+        for chunk in tokens.chunks(self.options.max_batch) {
+            self.step(chunk)?;
+        }
+        Ok(())
+    }
+
+    /// Logits of the last token processed, copied to the host.
+    pub fn last_logits(&mut self, out: &mut Vec<f32>) -> Result<()> {
+        out.resize(self.spec.vocab, 0.0);
+        let row = if self.options.all_logits {
+            self.last_batch_len().saturating_sub(1)
+        } else {
+            0
+        };
+        self.backend
+            .read(&self.act.logits, row * self.spec.vocab, out)
+    }
+
+    /// Index of the largest logit of the last token, computed on the backend.
+    pub fn last_argmax(&mut self) -> Result<u32> {
+        let row = if self.options.all_logits {
+            self.last_batch_len().saturating_sub(1)
+        } else {
+            0
+        };
+        self.backend.argmax(&self.act.logits, row, self.spec.vocab)
+    }
+
+    fn last_batch_len(&self) -> usize {
+        self.last_n
+    }
+
+    /// Logits at every position of `tokens` from the current position on (needs
+    /// `all_logits`), as `[tokens.len()][vocab]`.
+    pub fn forward_all_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        if !self.options.all_logits {
+            return Err(DecodeError::InvalidArgument(
+                "forward_all_logits needs a model loaded with all_logits".into(),
+            ));
+        }
+        let v = self.spec.vocab;
+        let mut out = vec![0.0; tokens.len() * v];
+        let mut done = 0;
+        for chunk in tokens.chunks(self.options.max_batch) {
+            self.forward(chunk)?;
+            self.backend.read(
+                &self.act.logits,
+                0,
+                &mut out[done * v..(done + chunk.len()) * v],
+            )?;
+            done += chunk.len();
+        }
+        Ok(out)
+    }
+
+    fn step(&mut self, tokens: &[u32]) -> Result<()> {
+        let n = tokens.len();
+        let pos0 = self.kv.len();
+        let s = &self.spec;
+        let be = &mut self.backend;
+        let a = &mut self.act;
+        let e = s.n_embd;
+        let (kd, vd) = (s.n_head_kv * s.head_dim_k, s.n_head_kv * s.head_dim_v);
+        be.begin_step(pos0, n);
+        be.embed(&self.embed, tokens, s.embed_scale, &mut a.x)?;
+        for (il, (layer, ls)) in self.layers.iter().zip(&s.layers).enumerate() {
+            // Attention block.
+            be.rms_norm(&a.x, &layer.attn_norm, &mut a.xn, n, e, s.eps)?;
+            be.matmul(&layer.wq, &a.xn, &mut a.q, n)?;
+            be.matmul(&layer.wk, &a.xn, &mut a.k, n)?;
+            be.matmul(&layer.wv, &a.xn, &mut a.v, n)?;
+            if let Some([bq, bk, bv]) = &layer.bias {
+                be.add_bias(&mut a.q, bq, n)?;
+                be.add_bias(&mut a.k, bk, n)?;
+                be.add_bias(&mut a.v, bv, n)?;
+            }
+            if let Some([qn, kn]) = &layer.qk_norm {
+                be.rms_norm_inplace(&mut a.q, qn, n * s.n_head, s.head_dim_k, s.eps)?;
+                be.rms_norm_inplace(&mut a.k, kn, n * s.n_head_kv, s.head_dim_k, s.eps)?;
+            }
+            let rf = self.rope_factors.as_ref();
+            be.rope(&mut a.q, n, s.n_head, s.head_dim_k, pos0, &ls.rope, rf)?;
+            be.rope(&mut a.k, n, s.n_head_kv, s.head_dim_k, pos0, &ls.rope, rf)?;
+            be.store_rows(&a.k, &mut self.kv.k[il], pos0, n, kd)?;
+            be.store_rows(&a.v, &mut self.kv.v[il], pos0, n, vd)?;
+            let shape = Attention {
+                n_tokens: n,
+                pos0,
+                n_head: s.n_head,
+                n_head_kv: s.n_head_kv,
+                head_dim_k: s.head_dim_k,
+                head_dim_v: s.head_dim_v,
+                scale: s.attn_scale,
+                window: ls.window,
+            };
+            be.attention(&a.q, &self.kv.k[il], &self.kv.v[il], &mut a.attn, &shape)?;
+            be.matmul(&layer.wo, &a.attn, &mut a.proj, n)?;
+            if let Some(w) = &layer.attn_post_norm {
+                be.rms_norm(&a.proj, w, &mut a.xn, n, e, s.eps)?;
+                be.add(&mut a.x, &a.xn, n * e)?;
+            } else {
+                be.add(&mut a.x, &a.proj, n * e)?;
+            }
+            // Feed-forward block.
+            be.rms_norm(&a.x, &layer.ffn_norm, &mut a.xn, n, e, s.eps)?;
+            match &layer.ffn {
+                Ffn::Dense { gate, up, down } => {
+                    be.matmul(gate, &a.xn, &mut a.gate, n)?;
+                    be.matmul(up, &a.xn, &mut a.up, n)?;
+                    be.gated(&mut a.gate, &a.up, n * s.n_ff, s.gate)?;
+                    be.matmul(down, &a.gate, &mut a.proj, n)?;
+                }
+                Ffn::Moe {
+                    router,
+                    gate,
+                    up,
+                    down,
+                } => {
+                    be.matmul(router, &a.xn, &mut a.router, n)?;
+                    let routes = be.route_top_k(&a.router, n, s.n_expert, s.n_expert_used)?;
+                    be.zero(&mut a.proj, n * e)?;
+                    for (t, choices) in routes.iter().enumerate() {
+                        for c in choices {
+                            be.matmul_expert(gate, c.expert, &a.xn, t, &mut a.gate)?;
+                            be.matmul_expert(up, c.expert, &a.xn, t, &mut a.up)?;
+                            be.gated(&mut a.gate, &a.up, s.n_ff_expert, s.gate)?;
+                            be.matmul_expert(down, c.expert, &a.gate, 0, &mut a.expert_out)?;
+                            be.add_scaled_row(&mut a.proj, t, &a.expert_out, e, c.weight)?;
+                        }
+                    }
+                }
+            }
+            if let Some(w) = &layer.ffn_post_norm {
+                be.rms_norm(&a.proj, w, &mut a.xn, n, e, s.eps)?;
+                be.add(&mut a.x, &a.xn, n * e)?;
+            } else {
+                be.add(&mut a.x, &a.proj, n * e)?;
+            }
+        }
+        let out_w = self.output.as_ref().unwrap_or(&self.embed);
+        if self.options.all_logits {
+            be.rms_norm(&a.x, &self.output_norm, &mut a.xn, n, e, s.eps)?;
+            be.matmul(out_w, &a.xn, &mut a.logits, n)?;
+        } else {
+            be.copy_row(&a.x, n - 1, &mut a.proj, 0, e)?;
+            be.rms_norm(&a.proj, &self.output_norm, &mut a.xn, 1, e, s.eps)?;
+            be.matmul(out_w, &a.xn, &mut a.logits, 1)?;
+        }
+        self.kv.set_len(pos0 + n);
+        self.last_n = n;
+        Ok(())
+    }
+}

@@ -1,0 +1,137 @@
+//! What differs between architectures, reduced to plain numbers and switches per layer.
+//!
+//! All four families share one Llama-like skeleton (pre-norm attention and FFN blocks with
+//! residuals). The differences: RoPE layout (Llama rotates interleaved pairs, the others
+//! NeoX halves), Q/K RMSNorm (Qwen3, Gemma 3), Gemma's embedding scale, GELU gate, sandwich
+//! norms and alternating sliding-window/global layers with their own RoPE bases, and Qwen3-MoE's
+//! routed experts.
+
+use crate::backend::{GateActivation, Rope};
+use crate::error::{DecodeError, Result};
+use gguf_loader::{Architecture, GgufFile, ModelConfig, RopeScaling};
+
+/// Per-layer attention settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerSpec {
+    pub rope: Rope,
+    pub window: Option<usize>,
+}
+
+/// Everything the graph needs to know about a model besides its weights.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelSpec {
+    pub arch_name: String,
+    pub architecture: Architecture,
+    pub n_layers: usize,
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim_k: usize,
+    pub head_dim_v: usize,
+    pub eps: f32,
+    pub vocab: usize,
+    pub context_length: usize,
+    pub embed_scale: f32,
+    pub attn_scale: f32,
+    pub gate: GateActivation,
+    pub qk_norm: bool,
+    pub sandwich_norms: bool,
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+    pub n_ff_expert: usize,
+    pub layers: Vec<LayerSpec>,
+}
+
+impl ModelSpec {
+    pub fn from_gguf(file: &GgufFile) -> Result<ModelSpec> {
+        let arch_name = file.get_str("general.architecture")?.to_string();
+        let c = ModelConfig::from_gguf(file).map_err(|e| match e {
+            e if matches!(
+                arch_name.as_str(),
+                "llama" | "qwen2" | "qwen3" | "qwen3moe" | "gemma3"
+            ) =>
+            {
+                DecodeError::Gguf(e)
+            }
+            _ => DecodeError::UnsupportedArchitecture(arch_name.clone()),
+        })?;
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let gemma = c.architecture == Architecture::Gemma3;
+        let n_rot = match file.get(&key("rope.dimension_count")) {
+            Some(_) => file.get_u32(&key("rope.dimension_count"))? as usize,
+            None => c.head_dim_k,
+        };
+        if n_rot % 2 != 0 || n_rot > c.head_dim_k {
+            return Err(DecodeError::InvalidArgument(format!(
+                "{} = {n_rot} must be even and at most the head size {}",
+                key("rope.dimension_count"),
+                c.head_dim_k
+            )));
+        }
+        let position_scale = match &c.rope_scaling {
+            None | Some(RopeScaling::FreqFactors { .. }) => 1.0,
+            Some(RopeScaling::Linear { factor }) => *factor,
+            Some(RopeScaling::Yarn { .. }) => {
+                return Err(DecodeError::InvalidArgument(format!(
+                    "{} = yarn is not supported yet (none, linear and frequency factors are)",
+                    key("rope.scaling.type")
+                )))
+            }
+        };
+        let pattern = c.sliding_window_pattern.unwrap_or(6).max(1);
+        let layers = (0..c.n_layers)
+            .map(|il| {
+                let local = gemma && c.sliding_window.is_some() && il % pattern < pattern - 1;
+                LayerSpec {
+                    rope: Rope {
+                        neox: c.architecture != Architecture::Llama,
+                        freq_base: if local {
+                            c.rope_freq_base_local.unwrap_or(10_000.0)
+                        } else {
+                            c.rope_freq_base
+                        },
+                        // Gemma 3 scales positions on its global layers only.
+                        position_scale: if gemma && local { 1.0 } else { position_scale },
+                        n_rot,
+                    },
+                    window: if local { c.sliding_window } else { None },
+                }
+            })
+            .collect();
+        Ok(ModelSpec {
+            arch_name,
+            architecture: c.architecture,
+            n_layers: c.n_layers,
+            n_embd: c.n_embd,
+            n_ff: c.n_ff,
+            n_head: c.n_head,
+            n_head_kv: c.n_head_kv,
+            head_dim_k: c.head_dim_k,
+            head_dim_v: c.head_dim_v,
+            eps: c.rms_eps,
+            vocab: c.vocab_size,
+            context_length: c.context_length,
+            embed_scale: if gemma { (c.n_embd as f32).sqrt() } else { 1.0 },
+            attn_scale: 1.0 / (c.head_dim_k as f32).sqrt(),
+            gate: if gemma {
+                GateActivation::GeluTanh
+            } else {
+                GateActivation::Silu
+            },
+            qk_norm: matches!(
+                c.architecture,
+                Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+            ),
+            sandwich_norms: gemma,
+            n_expert: c.n_expert,
+            n_expert_used: c.n_expert_used,
+            n_ff_expert: c.n_ff_expert.unwrap_or(c.n_ff),
+            layers,
+        })
+    }
+
+    pub fn is_moe(&self) -> bool {
+        self.n_expert > 0
+    }
+}
