@@ -10,10 +10,21 @@ use rocm_alloc::{Allocator, AllocatorConfig, StreamId, Tag};
 
 fn warm_allocator() -> Allocator {
     let device = Arc::new(SimDevice::discrete(64 << 30));
-    let alloc = Allocator::new(device, AllocatorConfig { read_env: false, ..Default::default() }).unwrap();
+    let alloc = Allocator::new(
+        device,
+        AllocatorConfig {
+            read_env: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     // A realistic free list: some live blocks of mixed sizes around the one being recycled.
     let keep: Vec<_> = (0..64u64)
-        .map(|i| alloc.raw_alloc(512 * (1 + i % 16), StreamId::DEFAULT, Tag::Activations).unwrap())
+        .map(|i| {
+            alloc
+                .raw_alloc(512 * (1 + i % 16), StreamId::DEFAULT, Tag::Activations)
+                .unwrap()
+        })
         .collect();
     for p in keep.iter().step_by(2) {
         alloc.raw_free(*p).unwrap();
@@ -29,21 +40,33 @@ fn cache_hit(c: &mut Criterion) {
         drop(alloc.alloc(size, stream, Tag::Activations).unwrap());
     }
     let warm_device_allocs = alloc.stats().device_allocs;
-    for (name, size) in [("raii_4KiB", 4096u64), ("raii_1MiB", 1 << 20), ("raii_64MiB", 64 << 20)] {
+    for (name, size) in [
+        ("raii_4KiB", 4096u64),
+        ("raii_1MiB", 1 << 20),
+        ("raii_64MiB", 64 << 20),
+    ] {
         c.bench_function(&format!("cache_hit/{name}"), |b| {
             b.iter(|| {
-                let a = alloc.alloc(black_box(size), stream, Tag::Activations).unwrap();
+                let a = alloc
+                    .alloc(black_box(size), stream, Tag::Activations)
+                    .unwrap();
                 black_box(a.ptr());
             })
         });
     }
     c.bench_function("cache_hit/raw_4KiB", |b| {
         b.iter(|| {
-            let p = alloc.raw_alloc(black_box(4096), stream, Tag::Activations).unwrap();
+            let p = alloc
+                .raw_alloc(black_box(4096), stream, Tag::Activations)
+                .unwrap();
             alloc.raw_free(black_box(p)).unwrap();
         })
     });
-    assert_eq!(alloc.stats().device_allocs, warm_device_allocs, "the timed loops never reached the device");
+    assert_eq!(
+        alloc.stats().device_allocs,
+        warm_device_allocs,
+        "the timed loops never reached the device"
+    );
 }
 
 criterion_group!(benches, cache_hit);

@@ -30,7 +30,14 @@ impl Rng {
 
 fn churn(c: &mut Criterion) {
     let device = Arc::new(SimDevice::discrete(1 << 40));
-    let alloc = Allocator::new(device, AllocatorConfig { read_env: false, ..Default::default() }).unwrap();
+    let alloc = Allocator::new(
+        device,
+        AllocatorConfig {
+            read_env: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let streams = [StreamId(0), StreamId(1)];
     let mut live: Vec<Option<Allocation>> = (0..256).map(|_| None).collect();
@@ -47,7 +54,12 @@ fn churn(c: &mut Criterion) {
     let s = alloc.stats();
     eprintln!(
         "churn: hits {} misses {} device allocs {} frees {} reserved {} cached {}",
-        s.cache_hits, s.cache_misses, s.device_allocs, s.device_frees, s.reserved_bytes, s.cached_bytes
+        s.cache_hits,
+        s.cache_misses,
+        s.device_allocs,
+        s.device_frees,
+        s.reserved_bytes,
+        s.cached_bytes
     );
 }
 

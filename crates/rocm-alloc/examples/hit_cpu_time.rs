@@ -9,14 +9,28 @@ use rocm_alloc::{Allocator, AllocatorConfig, StreamId, Tag};
 
 fn cpu_ns() -> u64 {
     let s = std::fs::read_to_string("/proc/thread-self/schedstat").expect("Linux schedstat");
-    s.split_whitespace().next().and_then(|v| v.parse().ok()).expect("schedstat run time")
+    s.split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("schedstat run time")
 }
 
 fn main() {
     let device = Arc::new(SimDevice::discrete(64 << 30));
-    let alloc = Allocator::new(device, AllocatorConfig { read_env: false, ..Default::default() }).unwrap();
+    let alloc = Allocator::new(
+        device,
+        AllocatorConfig {
+            read_env: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let keep: Vec<_> = (0..64u64)
-        .map(|i| alloc.raw_alloc(512 * (1 + i % 16), StreamId::DEFAULT, Tag::Activations).unwrap())
+        .map(|i| {
+            alloc
+                .raw_alloc(512 * (1 + i % 16), StreamId::DEFAULT, Tag::Activations)
+                .unwrap()
+        })
         .collect();
     for p in keep.iter().step_by(2) {
         alloc.raw_free(*p).unwrap();
@@ -27,7 +41,9 @@ fn main() {
         for _ in 0..5 {
             let t = cpu_ns();
             for _ in 0..n {
-                let a = alloc.alloc(black_box(size), StreamId::DEFAULT, Tag::Activations).unwrap();
+                let a = alloc
+                    .alloc(black_box(size), StreamId::DEFAULT, Tag::Activations)
+                    .unwrap();
                 black_box(a.ptr());
             }
             best = best.min((cpu_ns() - t) as f64 / n as f64);
@@ -36,7 +52,9 @@ fn main() {
         for _ in 0..5 {
             let t = cpu_ns();
             for _ in 0..n {
-                let p = alloc.raw_alloc(black_box(size), StreamId::DEFAULT, Tag::Activations).unwrap();
+                let p = alloc
+                    .raw_alloc(black_box(size), StreamId::DEFAULT, Tag::Activations)
+                    .unwrap();
                 alloc.raw_free(black_box(p)).unwrap();
             }
             best_raw = best_raw.min((cpu_ns() - t) as f64 / n as f64);

@@ -12,7 +12,9 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::arena::DecodeArena;
-use crate::block_pool::{BlockId, BlockPool, BlockState, GraphPoolId, PoolKey, PoolOwner, SegmentId};
+use crate::block_pool::{
+    BlockId, BlockPool, BlockState, GraphPoolId, PoolKey, PoolOwner, SegmentId,
+};
 use crate::config::AllocatorConfig;
 use crate::deferred::{PendingFree, PendingFrees};
 use crate::device::{DeviceError, RawDevice, StreamId};
@@ -79,7 +81,9 @@ pub struct Allocator {
 
 impl std::fmt::Debug for Allocator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Allocator").field("device", &self.shared.device_name).finish_non_exhaustive()
+        f.debug_struct("Allocator")
+            .field("device", &self.shared.device_name)
+            .finish_non_exhaustive()
     }
 }
 
@@ -169,9 +173,18 @@ pub struct TraceLog {
 impl Allocator {
     /// Creates an allocator over `device`, reading `HIPDECODE_MEMORY_LIMIT` and
     /// `HIPDECODE_CACHE_LIMIT` unless `config.read_env` is false.
-    pub fn new(device: Arc<dyn RawDevice>, config: AllocatorConfig) -> Result<Allocator, AllocError> {
+    pub fn new(
+        device: Arc<dyn RawDevice>,
+        config: AllocatorConfig,
+    ) -> Result<Allocator, AllocError> {
         let read = config.read_env;
-        Self::with_env_lookup(device, config, &|var| if read { std::env::var(var).ok() } else { None })
+        Self::with_env_lookup(device, config, &|var| {
+            if read {
+                std::env::var(var).ok()
+            } else {
+                None
+            }
+        })
     }
 
     /// Like [`Allocator::new`], reading the environment through `lookup`.
@@ -207,7 +220,12 @@ impl Allocator {
         };
         let device_name = device.name();
         Ok(Allocator {
-            shared: Arc::new(Shared { state: Mutex::new(state), device, device_total: info.total, device_name }),
+            shared: Arc::new(Shared {
+                state: Mutex::new(state),
+                device,
+                device_total: info.total,
+                device_name,
+            }),
         })
     }
 
@@ -224,7 +242,15 @@ impl Allocator {
     /// Allocates at least `bytes` on `stream`, accounted under `tag`.
     pub fn alloc(&self, bytes: u64, stream: StreamId, tag: Tag) -> Result<Allocation, AllocError> {
         let (block, ptr, block_size) = self.alloc_block(bytes, stream, tag)?;
-        Ok(Allocation { allocator: self.clone(), block, ptr, size: bytes, block_size, stream, tag })
+        Ok(Allocation {
+            allocator: self.clone(),
+            block,
+            ptr,
+            size: bytes,
+            block_size,
+            stream,
+            tag,
+        })
     }
 
     /// Allocates for FFI callers that manage lifetime themselves; free with
@@ -265,7 +291,12 @@ impl Allocator {
         }
     }
 
-    fn alloc_block(&self, bytes: u64, stream: StreamId, tag: Tag) -> Result<(BlockId, u64, u64), AllocError> {
+    fn alloc_block(
+        &self,
+        bytes: u64,
+        stream: StreamId,
+        tag: Tag,
+    ) -> Result<(BlockId, u64, u64), AllocError> {
         if bytes == 0 {
             return Err(AllocError::ZeroSize);
         }
@@ -275,7 +306,11 @@ impl Allocator {
         if !st.pending.is_empty() {
             self.collect_pending(&mut st, false)?;
         }
-        let key = PoolKey { owner: st.captures.owner_for(stream), stream, kind };
+        let key = PoolKey {
+            owner: st.captures.owner_for(stream),
+            stream,
+            kind,
+        };
         let block = match st.pool.find_free(key, rounded) {
             Some(b) => {
                 st.counters.hits += 1;
@@ -298,7 +333,13 @@ impl Allocator {
 
     /// Obtains a free block for a request that missed the cache: trim, then a new segment;
     /// on failure wait for pending frees, flush the cache, and try once more.
-    fn grow(&self, st: &mut State, key: PoolKey, rounded: u64, requested: u64) -> Result<BlockId, AllocError> {
+    fn grow(
+        &self,
+        st: &mut State,
+        key: PoolKey,
+        rounded: u64,
+        requested: u64,
+    ) -> Result<BlockId, AllocError> {
         let seg = segment_size(rounded).ok_or(AllocError::TooLarge(requested))?;
         if let Some(limit) = st.cache_limit {
             let window = st.hot_window;
@@ -321,7 +362,11 @@ impl Allocator {
 
     /// One device allocation attempt, within the memory limit. The outer error is a device
     /// failure other than running out of memory.
-    fn try_device_alloc(&self, st: &mut State, bytes: u64) -> Result<Result<u64, OomCause>, AllocError> {
+    fn try_device_alloc(
+        &self,
+        st: &mut State,
+        bytes: u64,
+    ) -> Result<Result<u64, OomCause>, AllocError> {
         if let Some(limit) = st.memory_limit {
             if st.pool.reserved().saturating_add(bytes) > limit {
                 return Ok(Err(OomCause::MemoryLimit));
@@ -332,7 +377,13 @@ impl Allocator {
                 let reserved = st.pool.reserved() + bytes;
                 st.counters.on_reserve(reserved);
                 if let Some(t) = &mut st.trace {
-                    t.record(TraceKind::DeviceAlloc, addr, bytes, Tag::Other, StreamId::DEFAULT);
+                    t.record(
+                        TraceKind::DeviceAlloc,
+                        addr,
+                        bytes,
+                        Tag::Other,
+                        StreamId::DEFAULT,
+                    );
                 }
                 Ok(Ok(addr))
             }
@@ -350,7 +401,7 @@ impl Allocator {
             .filter(|(u, _)| u.current > 0)
             .map(|(u, t)| (t, u.current))
             .collect();
-        per_tag.sort_by(|a, b| b.1.cmp(&a.1));
+        per_tag.sort_by_key(|&(_, bytes)| std::cmp::Reverse(bytes));
         let reserved = st.pool.reserved();
         let active = st.counters.active;
         let cached = reserved - active;
@@ -396,7 +447,11 @@ impl Allocator {
                 }
             }
             st.pool.mark_pending(block);
-            st.pending.push(PendingFree { block, events, stuck });
+            st.pending.push(PendingFree {
+                block,
+                events,
+                stuck,
+            });
         } else if let Some(sid) = st.pool.release(block) {
             self.on_segment_idle(st, sid);
         }
@@ -420,7 +475,13 @@ impl Allocator {
         let _ = result;
         st.counters.device_frees += 1;
         if let Some(t) = &mut st.trace {
-            t.record(TraceKind::DeviceFree, addr, size, Tag::Other, StreamId::DEFAULT);
+            t.record(
+                TraceKind::DeviceFree,
+                addr,
+                size,
+                Tag::Other,
+                StreamId::DEFAULT,
+            );
         }
     }
 
@@ -437,7 +498,12 @@ impl Allocator {
     /// Releases idle ordinary-pool segments, least recently used first, until at most `target`
     /// idle bytes remain. With `spare_window`, segments used within that many allocations are
     /// kept. Returns bytes released.
-    fn trim_locked(&self, st: &mut State, target: u64, spare_window: Option<u64>) -> Result<u64, AllocError> {
+    fn trim_locked(
+        &self,
+        st: &mut State,
+        target: u64,
+        spare_window: Option<u64>,
+    ) -> Result<u64, AllocError> {
         if st.pool.idle_default_bytes() <= target {
             return Ok(0);
         }
@@ -550,7 +616,10 @@ impl Allocator {
         Stats {
             active_bytes: c.active,
             peak_active_bytes: c.peak_active,
-            per_tag: Tag::ALL.iter().map(|&t| (t, c.per_tag[t.index()])).collect(),
+            per_tag: Tag::ALL
+                .iter()
+                .map(|&t| (t, c.per_tag[t.index()]))
+                .collect(),
             reserved_bytes: reserved,
             peak_reserved_bytes: c.peak_reserved,
             cached_bytes: reserved - c.active,
@@ -589,10 +658,16 @@ impl Allocator {
     /// Stops tracing and returns what was recorded.
     pub fn disable_trace(&self) -> TraceLog {
         let t = self.lock().trace.take();
-        t.map_or(TraceLog { events: Vec::new(), dropped: 0 }, |mut t| {
-            let (events, dropped) = t.take();
-            TraceLog { events, dropped }
-        })
+        t.map_or(
+            TraceLog {
+                events: Vec::new(),
+                dropped: 0,
+            },
+            |mut t| {
+                let (events, dropped) = t.take();
+                TraceLog { events, dropped }
+            },
+        )
     }
 
     /// Returns and clears what the trace recorded so far; tracing continues.
@@ -603,7 +678,10 @@ impl Allocator {
                 let (events, dropped) = t.take();
                 TraceLog { events, dropped }
             }
-            None => TraceLog { events: Vec::new(), dropped: 0 },
+            None => TraceLog {
+                events: Vec::new(),
+                dropped: 0,
+            },
         }
     }
 
@@ -614,7 +692,11 @@ impl Allocator {
     }
 
     /// Routes allocations on `stream` to `target` until the returned guard is dropped.
-    pub fn begin_capture(&self, stream: StreamId, target: CaptureTarget<'_>) -> Result<CaptureGuard, AllocError> {
+    pub fn begin_capture(
+        &self,
+        stream: StreamId,
+        target: CaptureTarget<'_>,
+    ) -> Result<CaptureGuard, AllocError> {
         let mut st = self.lock();
         if st.captures.is_capturing(stream) {
             return Err(AllocError::AlreadyCapturing(stream));
@@ -624,7 +706,11 @@ impl Allocator {
             CaptureTarget::StreamPool => (PoolOwner::Default, None),
         };
         st.captures.begin(stream, owner);
-        Ok(CaptureGuard { allocator: self.clone(), stream, _pool: pool })
+        Ok(CaptureGuard {
+            allocator: self.clone(),
+            stream,
+            _pool: pool,
+        })
     }
 
     pub(crate) fn end_capture(&self, stream: StreamId) {
@@ -642,7 +728,12 @@ impl Allocator {
     }
 
     /// Creates a decode arena of `capacity` bytes on `stream`, accounted under `tag`.
-    pub fn new_arena(&self, capacity: u64, stream: StreamId, tag: Tag) -> Result<DecodeArena, AllocError> {
+    pub fn new_arena(
+        &self,
+        capacity: u64,
+        stream: StreamId,
+        tag: Tag,
+    ) -> Result<DecodeArena, AllocError> {
         Ok(DecodeArena::new(self.alloc(capacity, stream, tag)?))
     }
 

@@ -33,7 +33,12 @@ pub struct DecodeArena {
 
 impl DecodeArena {
     pub(crate) fn new(backing: Allocation) -> DecodeArena {
-        DecodeArena { backing, used: 0, high_water: 0, resets: 0 }
+        DecodeArena {
+            backing,
+            used: 0,
+            high_water: 0,
+            resets: 0,
+        }
     }
 
     /// Takes `bytes` (aligned to [`ARENA_ALIGN`]) from the arena.
@@ -41,8 +46,13 @@ impl DecodeArena {
         if bytes == 0 {
             return Err(AllocError::ZeroSize);
         }
-        let aligned = bytes.checked_next_multiple_of(ARENA_ALIGN).ok_or(AllocError::TooLarge(bytes))?;
-        let end = self.used.checked_add(aligned).ok_or(AllocError::TooLarge(bytes))?;
+        let aligned = bytes
+            .checked_next_multiple_of(ARENA_ALIGN)
+            .ok_or(AllocError::TooLarge(bytes))?;
+        let end = self
+            .used
+            .checked_add(aligned)
+            .ok_or(AllocError::TooLarge(bytes))?;
         self.high_water = self.high_water.max(end);
         if end > self.capacity() {
             return Err(AllocError::ArenaExhausted {
@@ -54,7 +64,11 @@ impl DecodeArena {
         }
         let offset = self.used;
         self.used = end;
-        Ok(ArenaSlice { ptr: self.backing.ptr() + offset, size: bytes, offset })
+        Ok(ArenaSlice {
+            ptr: self.backing.ptr() + offset,
+            size: bytes,
+            offset,
+        })
     }
 
     /// Starts a new step: every slice handed out so far is invalid afterwards, and the same

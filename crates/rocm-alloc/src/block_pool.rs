@@ -62,7 +62,11 @@ const ADDR_MASK: u64 = (1 << 56) - 1;
 impl FreeKey {
     fn new(size: u64, addr: u64, id: BlockId) -> FreeKey {
         debug_assert!(size % MIN_BLOCK == 0 && size <= MAX_BLOCK);
-        FreeKey((u128::from(size / MIN_BLOCK) << 88) | (u128::from(addr & ADDR_MASK) << 32) | u128::from(id))
+        FreeKey(
+            (u128::from(size / MIN_BLOCK) << 88)
+                | (u128::from(addr & ADDR_MASK) << 32)
+                | u128::from(id),
+        )
     }
 
     fn lower_bound(size: u64) -> FreeKey {
@@ -207,7 +211,15 @@ impl BlockPool {
     /// Registers a new segment obtained from the device and returns its single free block,
     /// which is not in any free list (the caller takes it at once).
     pub fn add_segment(&mut self, addr: u64, size: u64, pool: PoolKey) -> BlockId {
-        let seg = Segment { addr, size, pool, first: NIL, busy: 0, last_used: self.clock, live: true };
+        let seg = Segment {
+            addr,
+            size,
+            pool,
+            first: NIL,
+            busy: 0,
+            last_used: self.clock,
+            live: true,
+        };
         let sid = if let Some(s) = self.free_segment_slots.pop() {
             self.segments[s as usize] = seg;
             s
@@ -419,7 +431,11 @@ mod tests {
     use super::*;
 
     fn key(kind: SizeKind) -> PoolKey {
-        PoolKey { owner: PoolOwner::Default, stream: StreamId::DEFAULT, kind }
+        PoolKey {
+            owner: PoolOwner::Default,
+            stream: StreamId::DEFAULT,
+            kind,
+        }
     }
 
     #[test]
@@ -430,9 +446,15 @@ mod tests {
         let a = p.take(b, 4096, Tag::Other);
         assert_eq!(a, 0x1000_0000);
         assert_eq!(p.idle_default_bytes(), 0);
-        let c = p.find_free(key(SizeKind::Small), 1024).expect("remainder is free");
+        let c = p
+            .find_free(key(SizeKind::Small), 1024)
+            .expect("remainder is free");
         let ca = p.take(c, 1024, Tag::Other);
-        assert_eq!(ca, 0x1000_0000 + 4096, "best fit takes the lowest address remainder");
+        assert_eq!(
+            ca,
+            0x1000_0000 + 4096,
+            "best fit takes the lowest address remainder"
+        );
         assert_eq!(p.walk()[0].1.len(), 3);
         assert_eq!(p.release(b), None);
         assert_eq!(p.release(c), Some(0));
@@ -463,7 +485,10 @@ mod tests {
     fn free_lists_are_separated_by_stream() {
         let mut p = BlockPool::default();
         let k1 = key(SizeKind::Small);
-        let k2 = PoolKey { stream: StreamId(7), ..k1 };
+        let k2 = PoolKey {
+            stream: StreamId(7),
+            ..k1
+        };
         let b = p.add_segment(0x1000_0000, 2 << 20, k1);
         p.take(b, 512, Tag::Other);
         p.release(b);

@@ -43,7 +43,9 @@ pub struct GraphPool {
 
 impl GraphPool {
     pub(crate) fn new(id: GraphPoolId, allocator: Allocator) -> GraphPool {
-        GraphPool { handle: Arc::new(PoolHandle { id, allocator }) }
+        GraphPool {
+            handle: Arc::new(PoolHandle { id, allocator }),
+        }
     }
 
     /// The pool's identifier, as shown in snapshots.
@@ -54,7 +56,9 @@ impl GraphPool {
 
 impl std::fmt::Debug for GraphPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GraphPool").field("id", &self.handle.id).finish()
+        f.debug_struct("GraphPool")
+            .field("id", &self.handle.id)
+            .finish()
     }
 }
 

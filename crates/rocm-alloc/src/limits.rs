@@ -82,13 +82,16 @@ pub fn parse_limit(source_name: &str, text: &str) -> Result<LimitSpec, LimitPars
         return Ok(LimitSpec::Unbounded);
     }
     if let Some(num) = lower.strip_suffix('%') {
-        let pct: f64 = parse_decimal(num.trim()).ok_or_else(|| err("the percentage is not a number"))?;
+        let pct: f64 =
+            parse_decimal(num.trim()).ok_or_else(|| err("the percentage is not a number"))?;
         if !(pct > 0.0 && pct <= 100.0) {
             return Err(err("a percentage must be above 0 and at most 100"));
         }
         return Ok(LimitSpec::FractionOfDevice(pct / 100.0));
     }
-    let split = lower.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(lower.len());
+    let split = lower
+        .find(|c: char| c.is_ascii_alphabetic())
+        .unwrap_or(lower.len());
     let (num, suffix) = lower.split_at(split);
     let num = num.trim();
     let multiplier: u64 = match suffix.trim() {
@@ -101,17 +104,28 @@ pub fn parse_limit(source_name: &str, text: &str) -> Result<LimitSpec, LimitPars
     };
     if multiplier == 1 {
         if let Ok(b) = num.parse::<u64>() {
-            return Ok(if b == 0 { LimitSpec::Unbounded } else { LimitSpec::Bytes(b) });
+            return Ok(if b == 0 {
+                LimitSpec::Unbounded
+            } else {
+                LimitSpec::Bytes(b)
+            });
         }
-        return Err(err("a plain byte count must be a whole non-negative number"));
+        return Err(err(
+            "a plain byte count must be a whole non-negative number",
+        ));
     }
-    let value = parse_decimal(num).ok_or_else(|| err("the number before the unit is not a decimal"))?;
+    let value =
+        parse_decimal(num).ok_or_else(|| err("the number before the unit is not a decimal"))?;
     let bytes = value * multiplier as f64;
     if !bytes.is_finite() || bytes >= u64::MAX as f64 {
         return Err(err("the value does not fit in 64 bits"));
     }
     let bytes = bytes.round() as u64;
-    Ok(if bytes == 0 { LimitSpec::Unbounded } else { LimitSpec::Bytes(bytes) })
+    Ok(if bytes == 0 {
+        LimitSpec::Unbounded
+    } else {
+        LimitSpec::Bytes(bytes)
+    })
 }
 
 /// Accepts only plain decimals (digits with at most one point), not Rust's "inf"/"nan"/"1e3".
@@ -156,7 +170,8 @@ pub fn default_memory_limit(info: &MemoryInfo) -> u64 {
 
 /// The UMA rule of [`default_memory_limit`].
 pub fn uma_memory_limit(uma: &UmaInfo) -> u64 {
-    let reserve = UMA_HOST_RESERVE_MIN.max((uma.host_ram as f64 * UMA_HOST_RESERVE_FRACTION) as u64);
+    let reserve =
+        UMA_HOST_RESERVE_MIN.max((uma.host_ram as f64 * UMA_HOST_RESERVE_FRACTION) as u64);
     let host_usable = uma.host_ram.saturating_sub(reserve);
     (uma.carve_out as f64 * DISCRETE_FRACTION) as u64 + uma.gtt.min(host_usable)
 }
@@ -193,7 +208,9 @@ mod tests {
 
     #[test]
     fn rejected_forms_name_variable_value_and_forms() {
-        for bad in ["", "abc", "12XB", "-5", "1.2.3G", "150%", "0%", "inf", "nan%", "1e3", "1.5"] {
+        for bad in [
+            "", "abc", "12XB", "-5", "1.2.3G", "150%", "0%", "inf", "nan%", "1e3", "1.5",
+        ] {
             let e = p(bad).expect_err(bad);
             let msg = e.to_string();
             assert!(msg.contains("HIPDECODE_CACHE_LIMIT"), "{msg}");
@@ -207,33 +224,58 @@ mod tests {
         let absent = |_: &str| None;
         assert_eq!(limit_from_env(CACHE_LIMIT_ENV, &absent), Ok(None));
         let present = |v: &str| (v == CACHE_LIMIT_ENV).then(|| "1G".to_string());
-        assert_eq!(limit_from_env(CACHE_LIMIT_ENV, &present), Ok(Some(LimitSpec::Bytes(1 << 30))));
+        assert_eq!(
+            limit_from_env(CACHE_LIMIT_ENV, &present),
+            Ok(Some(LimitSpec::Bytes(1 << 30)))
+        );
         let bad = |_: &str| Some("lots".to_string());
-        assert!(limit_from_env(MEMORY_LIMIT_ENV, &bad).unwrap_err().to_string().contains(MEMORY_LIMIT_ENV));
+        assert!(limit_from_env(MEMORY_LIMIT_ENV, &bad)
+            .unwrap_err()
+            .to_string()
+            .contains(MEMORY_LIMIT_ENV));
     }
 
     #[test]
     fn percentage_resolves_against_device_total() {
-        assert_eq!(LimitSpec::FractionOfDevice(0.25).resolve(8 << 30), Some(2 << 30));
+        assert_eq!(
+            LimitSpec::FractionOfDevice(0.25).resolve(8 << 30),
+            Some(2 << 30)
+        );
         assert_eq!(LimitSpec::Unbounded.resolve(8 << 30), None);
     }
 
     #[test]
     fn discrete_default_is_a_fraction_of_total() {
-        let info = MemoryInfo { free: 10 << 30, total: 100 << 30, uma: None };
+        let info = MemoryInfo {
+            free: 10 << 30,
+            total: 100 << 30,
+            uma: None,
+        };
         assert_eq!(default_memory_limit(&info), 90 << 30);
     }
 
     #[test]
     fn uma_default_respects_gtt_and_host_ram() {
         // 512 MiB carve-out, 64 GiB GTT, 128 GiB RAM: GTT is the binding term.
-        let uma = UmaInfo { carve_out: 512 << 20, gtt: 64 << 30, host_ram: 128 << 30 };
+        let uma = UmaInfo {
+            carve_out: 512 << 20,
+            gtt: 64 << 30,
+            host_ram: 128 << 30,
+        };
         assert_eq!(uma_memory_limit(&uma), (512u64 << 20) * 9 / 10 + (64 << 30));
         // 16 GiB RAM with an oversized GTT: host RAM minus the 4 GiB reserve binds.
-        let uma = UmaInfo { carve_out: 0, gtt: 16 << 30, host_ram: 16 << 30 };
+        let uma = UmaInfo {
+            carve_out: 0,
+            gtt: 16 << 30,
+            host_ram: 16 << 30,
+        };
         assert_eq!(uma_memory_limit(&uma), 12 << 30);
         // 96 GiB RAM: the reserve is 25% = 24 GiB.
-        let uma = UmaInfo { carve_out: 0, gtt: 96 << 30, host_ram: 96 << 30 };
+        let uma = UmaInfo {
+            carve_out: 0,
+            gtt: 96 << 30,
+            host_ram: 96 << 30,
+        };
         assert_eq!(uma_memory_limit(&uma), 72 << 30);
     }
 

@@ -44,8 +44,15 @@ pub struct OomReport {
 }
 
 impl OomReport {
-    pub(crate) fn hint_for(cause: OomCause, requested: u64, per_tag: &[(Tag, u64)], cached: u64) -> String {
-        let top = per_tag.first().map(|(t, b)| format!("{t} holds the most ({})", fmt_bytes(*b)));
+    pub(crate) fn hint_for(
+        cause: OomCause,
+        requested: u64,
+        per_tag: &[(Tag, u64)],
+        cached: u64,
+    ) -> String {
+        let top = per_tag
+            .first()
+            .map(|(t, b)| format!("{t} holds the most ({})", fmt_bytes(*b)));
         let mut h = match cause {
             OomCause::MemoryLimit => format!(
                 "the allocator's memory limit stops this {}-byte request; raise it with \

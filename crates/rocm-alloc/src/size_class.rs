@@ -46,7 +46,9 @@ pub fn round_request(bytes: u64) -> Option<u64> {
     if bytes <= MIN_BLOCK {
         return Some(MIN_BLOCK);
     }
-    bytes.checked_next_multiple_of(MIN_BLOCK).filter(|&r| r <= MAX_BLOCK)
+    bytes
+        .checked_next_multiple_of(MIN_BLOCK)
+        .filter(|&r| r <= MAX_BLOCK)
 }
 
 /// The pool a rounded block size belongs to.
@@ -65,7 +67,9 @@ pub fn segment_size(rounded: u64) -> Option<u64> {
     } else if rounded < MIN_LARGE_ALLOC {
         Some(LARGE_SEGMENT)
     } else {
-        rounded.checked_next_multiple_of(ROUND_LARGE).filter(|&s| s <= MAX_BLOCK)
+        rounded
+            .checked_next_multiple_of(ROUND_LARGE)
+            .filter(|&s| s <= MAX_BLOCK)
     }
 }
 

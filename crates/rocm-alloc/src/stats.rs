@@ -120,7 +120,13 @@ mod tests {
         c.on_free(Tag::KvCache, 100);
         assert_eq!(c.active, 50);
         assert_eq!(c.peak_active, 150);
-        assert_eq!(c.per_tag[Tag::KvCache.index()], TagUsage { current: 0, peak: 100 });
+        assert_eq!(
+            c.per_tag[Tag::KvCache.index()],
+            TagUsage {
+                current: 0,
+                peak: 100
+            }
+        );
         c.reset_peak(0);
         assert_eq!(c.peak_active, 50);
         assert_eq!(c.per_tag[Tag::KvCache.index()].peak, 0);

@@ -51,7 +51,12 @@ pub(crate) struct Trace {
 
 impl Trace {
     pub fn new(capacity: usize) -> Trace {
-        Trace { start: Instant::now(), capacity: capacity.max(1), events: VecDeque::with_capacity(capacity.max(1)), dropped: 0 }
+        Trace {
+            start: Instant::now(),
+            capacity: capacity.max(1),
+            events: VecDeque::with_capacity(capacity.max(1)),
+            dropped: 0,
+        }
     }
 
     pub fn record(&mut self, kind: TraceKind, addr: u64, size: u64, tag: Tag, stream: StreamId) {
@@ -60,7 +65,14 @@ impl Trace {
             self.dropped += 1;
         }
         let t_ns = self.start.elapsed().as_nanos() as u64;
-        self.events.push_back(TraceEvent { t_ns, kind, addr, size, tag, stream });
+        self.events.push_back(TraceEvent {
+            t_ns,
+            kind,
+            addr,
+            size,
+            tag,
+            stream,
+        });
     }
 
     /// Removes and returns the recorded events and the number dropped for lack of room.
@@ -82,7 +94,10 @@ mod tests {
         }
         let (events, dropped) = t.take();
         assert_eq!(dropped, 1);
-        assert_eq!(events.iter().map(|e| e.addr).collect::<Vec<_>>(), vec![2, 3]);
+        assert_eq!(
+            events.iter().map(|e| e.addr).collect::<Vec<_>>(),
+            vec![2, 3]
+        );
         assert!(events[0].t_ns <= events[1].t_ns);
     }
 }

@@ -14,13 +14,28 @@ const MEMORY_LIMIT: u64 = 320 << 20;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Alloc { size: u64, stream: usize, tag: usize },
-    Free { index: usize },
-    RecordStream { index: usize, stream: usize },
-    SubmitWork { stream: usize },
-    CompleteStream { stream: usize },
+    Alloc {
+        size: u64,
+        stream: usize,
+        tag: usize,
+    },
+    Free {
+        index: usize,
+    },
+    RecordStream {
+        index: usize,
+        stream: usize,
+    },
+    SubmitWork {
+        stream: usize,
+    },
+    CompleteStream {
+        stream: usize,
+    },
     Trim,
-    SetCacheLimit { bytes: u64 },
+    SetCacheLimit {
+        bytes: u64,
+    },
     ClearCache,
     ProcessPending,
 }
@@ -95,7 +110,10 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         }
                         for (other, _) in &live {
                             let m = other.block_size();
-                            prop_assert!(!overlaps(a.ptr(), n, other.ptr(), m), "live blocks overlap");
+                            prop_assert!(
+                                !overlaps(a.ptr(), n, other.ptr(), m),
+                                "live blocks overlap"
+                            );
                         }
                         live.push((a, Vec::new()));
                     }
@@ -113,7 +131,11 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     for s in uses {
                         let si = STREAMS.iter().position(|x| *x == s).unwrap();
                         if busy[si] && s != a.stream() {
-                            quarantine.push(Quarantine { addr: a.ptr(), size: a.block_size(), stream: s });
+                            quarantine.push(Quarantine {
+                                addr: a.ptr(),
+                                size: a.block_size(),
+                                stream: s,
+                            });
                         }
                     }
                     drop(a);
@@ -138,10 +160,15 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Trim => {
                 alloc.trim().unwrap();
                 let st = alloc.stats();
-                prop_assert!(st.releasable_bytes <= st.cache_limit.unwrap_or(u64::MAX), "trim enforces the cache limit");
+                prop_assert!(
+                    st.releasable_bytes <= st.cache_limit.unwrap_or(u64::MAX),
+                    "trim enforces the cache limit"
+                );
             }
             Op::SetCacheLimit { bytes } => {
-                alloc.set_cache_limit(LimitSpec::Bytes(bytes.max(1))).unwrap();
+                alloc
+                    .set_cache_limit(LimitSpec::Bytes(bytes.max(1)))
+                    .unwrap();
                 prop_assert!(alloc.stats().releasable_bytes <= bytes.max(1));
             }
             Op::ClearCache => {
@@ -156,10 +183,18 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         }
         let st = alloc.stats();
         prop_assert!(st.reserved_bytes <= MEMORY_LIMIT, "memory limit holds");
-        prop_assert_eq!(st.reserved_bytes, dev.stats().used, "reserved matches the device");
+        prop_assert_eq!(
+            st.reserved_bytes,
+            dev.stats().used,
+            "reserved matches the device"
+        );
         let expected_active: u64 = live.iter().map(|(a, _)| a.block_size()).sum();
         let pending_extra = st.active_bytes.checked_sub(expected_active);
-        prop_assert_eq!(pending_extra, Some(0), "active bytes are exactly the live blocks");
+        prop_assert_eq!(
+            pending_extra,
+            Some(0),
+            "active bytes are exactly the live blocks"
+        );
         let per_tag: u64 = st.per_tag.iter().map(|(_, u)| u.current).sum();
         prop_assert_eq!(per_tag, st.active_bytes);
         prop_assert_eq!(st.cached_bytes, st.reserved_bytes - st.active_bytes);

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use rocm_alloc::backends::sim::{SimConfig, SimDevice};
 use rocm_alloc::limits::{self, CACHE_FLOOR};
 use rocm_alloc::{
-    AllocError, Allocator, AllocatorConfig, BlockState, CaptureTarget, LimitSpec, OomCause, PoolName, StreamId, Tag,
-    UmaInfo,
+    AllocError, Allocator, AllocatorConfig, BlockState, CaptureTarget, LimitSpec, OomCause,
+    PoolName, StreamId, Tag, UmaInfo,
 };
 
 const MAIN: StreamId = StreamId(1);
@@ -31,20 +31,36 @@ fn cross_stream_free_waits_for_events() {
     a.record_stream(SIDE);
     dev.submit_work(SIDE); // a kernel on SIDE reads the buffer
     drop(a);
-    assert_eq!(alloc.stats().active_bytes, 0, "the user's bytes are released at once");
+    assert_eq!(
+        alloc.stats().active_bytes,
+        0,
+        "the user's bytes are released at once"
+    );
     let b = alloc.alloc(4096, MAIN, Tag::Activations).unwrap();
     assert_ne!(b.ptr(), pa, "not reused while SIDE may still read it");
     let snap = alloc.snapshot();
-    let pending: Vec<_> =
-        snap.segments.iter().flat_map(|s| &s.blocks).filter(|b| b.state == BlockState::PendingFree).collect();
-    assert_eq!(pending.len(), 1, "a stranded block is visible in the snapshot");
+    let pending: Vec<_> = snap
+        .segments
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .filter(|b| b.state == BlockState::PendingFree)
+        .collect();
+    assert_eq!(
+        pending.len(),
+        1,
+        "a stranded block is visible in the snapshot"
+    );
     assert_eq!(pending[0].address, pa);
     assert_eq!(pending[0].stream_uses, vec![SIDE]);
     assert_eq!(pending[0].tag, Some(Tag::Activations));
     drop(b);
     dev.complete_stream(SIDE);
     let c = alloc.alloc(4096, MAIN, Tag::Activations).unwrap();
-    assert_eq!(c.ptr(), pa, "reused once the event completed (lowest address first)");
+    assert_eq!(
+        c.ptr(),
+        pa,
+        "reused once the event completed (lowest address first)"
+    );
     assert_eq!(dev.stats().live_events, 0, "events are destroyed after use");
 }
 
@@ -56,7 +72,9 @@ fn oom_path_waits_on_pending_events_then_retries() {
     dev.submit_work(SIDE);
     drop(a);
     // Only 24 MiB of device memory is free; the 40 MiB block is pending on SIDE.
-    let b = alloc.alloc(40 << 20, MAIN, Tag::KvCache).expect("the OOM path waits for SIDE and reuses the block");
+    let b = alloc
+        .alloc(40 << 20, MAIN, Tag::KvCache)
+        .expect("the OOM path waits for SIDE and reuses the block");
     assert_eq!(alloc.stats().oom_retries, 1);
     assert_eq!(alloc.stats().device_allocs, 1);
     drop(b);
@@ -66,9 +84,14 @@ fn oom_path_waits_on_pending_events_then_retries() {
 fn oom_path_flushes_other_streams_cache() {
     let (_dev, alloc) = sim(64 << 20);
     drop(alloc.alloc(40 << 20, SIDE, Tag::Other).unwrap());
-    let a = alloc.alloc(40 << 20, MAIN, Tag::Other).expect("idle SIDE segment released, then retried");
+    let a = alloc
+        .alloc(40 << 20, MAIN, Tag::Other)
+        .expect("idle SIDE segment released, then retried");
     let st = alloc.stats();
-    assert_eq!((st.device_allocs, st.device_frees, st.oom_retries), (2, 1, 1));
+    assert_eq!(
+        (st.device_allocs, st.device_frees, st.oom_retries),
+        (2, 1, 1)
+    );
     drop(a);
 }
 
@@ -79,9 +102,14 @@ fn device_failure_reports_breakdown() {
     let _k = alloc.alloc(30 << 20, MAIN, Tag::KvCache).unwrap();
     dev.fail_next_mallocs(2);
     let err = alloc.alloc(50 << 20, MAIN, Tag::Activations).unwrap_err();
-    let AllocError::OutOfMemory(r) = err else { panic!("expected OOM") };
+    let AllocError::OutOfMemory(r) = err else {
+        panic!("expected OOM")
+    };
     assert_eq!(r.cause, OomCause::Device);
-    assert_eq!(r.per_tag, vec![(Tag::Weights, 100 << 20), (Tag::KvCache, 30 << 20)]);
+    assert_eq!(
+        r.per_tag,
+        vec![(Tag::Weights, 100 << 20), (Tag::KvCache, 30 << 20)]
+    );
     assert_eq!(r.device_free, Some((1 << 30) - (130 << 20)));
     assert!(r.hint.contains("weights holds the most"), "{}", r.hint);
     // Injection exhausted: the same request now succeeds.
@@ -95,33 +123,60 @@ fn graph_capture_uses_private_pool_until_graph_dropped() {
     let warm_addr = warm.ptr();
     drop(warm);
     let pool = alloc.new_graph_pool();
-    let cap = alloc.begin_capture(MAIN, CaptureTarget::Private(&pool)).unwrap();
+    let cap = alloc
+        .begin_capture(MAIN, CaptureTarget::Private(&pool))
+        .unwrap();
     assert!(matches!(
         alloc.begin_capture(MAIN, CaptureTarget::StreamPool),
         Err(AllocError::AlreadyCapturing(_))
     ));
     let g = alloc.alloc(1 << 16, MAIN, Tag::Graph).unwrap();
-    assert_ne!(g.ptr(), warm_addr, "capture does not take from the stream's cache");
+    assert_ne!(
+        g.ptr(),
+        warm_addr,
+        "capture does not take from the stream's cache"
+    );
     let other = alloc.alloc(1 << 16, SIDE, Tag::Other).unwrap();
     let g_addr = g.ptr();
     drop(g);
     let g2 = alloc.alloc(1 << 16, MAIN, Tag::Graph).unwrap();
-    assert_eq!(g2.ptr(), g_addr, "frees inside the capture return to the graph's pool");
+    assert_eq!(
+        g2.ptr(),
+        g_addr,
+        "frees inside the capture return to the graph's pool"
+    );
     drop(g2);
     cap.end();
     let snap = alloc.snapshot();
-    assert!(snap.segments.iter().any(|s| s.pool == PoolName::Graph(pool.id())));
+    assert!(snap
+        .segments
+        .iter()
+        .any(|s| s.pool == PoolName::Graph(pool.id())));
     // After capture, ordinary allocations never get graph memory.
     let after = alloc.alloc(1 << 16, MAIN, Tag::Activations).unwrap();
     assert_eq!(after.ptr(), warm_addr);
     drop(after);
     let before = dev.stats().live;
     alloc.clear_cache().unwrap();
-    assert!(alloc.snapshot().segments.iter().any(|s| s.pool == PoolName::Graph(pool.id())), "clear_cache keeps graph pools");
+    assert!(
+        alloc
+            .snapshot()
+            .segments
+            .iter()
+            .any(|s| s.pool == PoolName::Graph(pool.id())),
+        "clear_cache keeps graph pools"
+    );
     let live_before_drop = dev.stats().live;
     assert!(live_before_drop < before);
     drop(pool);
-    assert!(alloc.snapshot().segments.iter().all(|s| s.pool == PoolName::Stream), "pool released with its graph");
+    assert!(
+        alloc
+            .snapshot()
+            .segments
+            .iter()
+            .all(|s| s.pool == PoolName::Stream),
+        "pool released with its graph"
+    );
     assert_eq!(dev.stats().live, live_before_drop - 1);
     drop(other);
 }
@@ -130,13 +185,19 @@ fn graph_capture_uses_private_pool_until_graph_dropped() {
 fn graph_pool_live_block_freed_after_pool_dropped() {
     let (dev, alloc) = sim(1 << 30);
     let pool = alloc.new_graph_pool();
-    let cap = alloc.begin_capture(MAIN, CaptureTarget::Private(&pool)).unwrap();
+    let cap = alloc
+        .begin_capture(MAIN, CaptureTarget::Private(&pool))
+        .unwrap();
     let g = alloc.alloc(5 << 20, MAIN, Tag::Graph).unwrap();
     drop(cap);
     drop(pool);
     assert_eq!(dev.stats().live, 1, "still in use: kept");
     drop(g);
-    assert_eq!(dev.stats().live, 0, "returned as soon as its last block is freed");
+    assert_eq!(
+        dev.stats().live,
+        0,
+        "returned as soon as its last block is freed"
+    );
     assert_eq!(alloc.stats().reserved_bytes, 0);
 }
 
@@ -146,7 +207,9 @@ fn capture_can_use_the_stream_pool() {
     let warm = alloc.alloc(1 << 16, MAIN, Tag::Activations).unwrap();
     let addr = warm.ptr();
     drop(warm);
-    let cap = alloc.begin_capture(MAIN, CaptureTarget::StreamPool).unwrap();
+    let cap = alloc
+        .begin_capture(MAIN, CaptureTarget::StreamPool)
+        .unwrap();
     let g = alloc.alloc(1 << 16, MAIN, Tag::Graph).unwrap();
     assert_eq!(g.ptr(), addr);
     drop(cap);
@@ -158,11 +221,18 @@ fn decode_arena_keeps_addresses_and_high_water() {
     let mut arena = alloc.new_arena(1 << 20, MAIN, Tag::Activations).unwrap();
     assert_eq!(alloc.stats().tag(Tag::Activations).current, 1 << 20);
     let step = |arena: &mut rocm_alloc::DecodeArena| -> Vec<u64> {
-        [1000u64, 4096, 77, 65536].iter().map(|&n| arena.alloc(n).unwrap().ptr).collect()
+        [1000u64, 4096, 77, 65536]
+            .iter()
+            .map(|&n| arena.alloc(n).unwrap().ptr)
+            .collect()
     };
     let first = step(&mut arena);
     assert!(first.iter().all(|p| p % rocm_alloc::ARENA_ALIGN == 0));
-    assert_eq!(first[1] - first[0], 1024, "1000 bytes rounded to the 256-byte alignment");
+    assert_eq!(
+        first[1] - first[0],
+        1024,
+        "1000 bytes rounded to the 256-byte alignment"
+    );
     let used = arena.used();
     arena.reset();
     assert_eq!(arena.used(), 0);
@@ -213,7 +283,11 @@ fn steady_loop_does_not_churn_under_small_cache_limit() {
     for _ in 0..200 {
         step();
     }
-    assert_eq!(dev.stats().mallocs, warm, "no device allocation after warm-up");
+    assert_eq!(
+        dev.stats().mallocs,
+        warm,
+        "no device allocation after warm-up"
+    );
     assert_eq!(dev.stats().frees, 0);
     // An explicit trim still enforces the limit.
     alloc.trim().unwrap();
@@ -236,7 +310,10 @@ fn stale_spike_is_trimmed_on_a_later_miss() {
     }
     // A miss (on another stream, so the spike's free block cannot serve it).
     let _miss = alloc.alloc(30 << 20, SIDE, Tag::KvCache).unwrap();
-    assert!(alloc.stats().releasable_bytes <= 8 << 20, "the cold spike segment was released before growing");
+    assert!(
+        alloc.stats().releasable_bytes <= 8 << 20,
+        "the cold spike segment was released before growing"
+    );
     assert_eq!(d.stats().frees, 1);
 }
 
@@ -247,18 +324,32 @@ fn memory_limit_always_holds_and_lowering_it_is_checked() {
     let a = alloc.alloc(60 << 20, MAIN, Tag::Weights).unwrap();
     let b = alloc.alloc(20 << 20, MAIN, Tag::Other).unwrap();
     drop(b);
-    alloc.set_memory_limit(LimitSpec::Bytes(70 << 20)).expect("idle segment released to fit");
+    alloc
+        .set_memory_limit(LimitSpec::Bytes(70 << 20))
+        .expect("idle segment released to fit");
     assert_eq!(alloc.stats().reserved_bytes, 60 << 20);
-    let err = alloc.set_memory_limit(LimitSpec::Bytes(50 << 20)).unwrap_err();
-    assert!(matches!(err, AllocError::LimitBelowReserved { .. }), "{err}");
-    assert_eq!(alloc.memory_limit(), Some(70 << 20), "a refused limit leaves the old one");
+    let err = alloc
+        .set_memory_limit(LimitSpec::Bytes(50 << 20))
+        .unwrap_err();
+    assert!(
+        matches!(err, AllocError::LimitBelowReserved { .. }),
+        "{err}"
+    );
+    assert_eq!(
+        alloc.memory_limit(),
+        Some(70 << 20),
+        "a refused limit leaves the old one"
+    );
     alloc.set_memory_limit(LimitSpec::Unbounded).unwrap();
     assert_eq!(alloc.memory_limit(), None);
     drop(a);
 }
 
 fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-    let map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let map: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     move |k| map.get(k).cloned()
 }
 
@@ -266,38 +357,69 @@ fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
 fn defaults_are_bounded() {
     let d = Arc::new(SimDevice::discrete(80 << 30));
     let alloc = Allocator::with_env_lookup(d, AllocatorConfig::default(), &env(&[])).unwrap();
-    assert_eq!(alloc.memory_limit(), Some(72 << 30), "90% of a discrete device");
+    assert_eq!(
+        alloc.memory_limit(),
+        Some(72 << 30),
+        "90% of a discrete device"
+    );
     assert_eq!(alloc.cache_limit(), Some(CACHE_FLOOR));
     alloc.set_weight_bytes(8 << 30);
-    assert_eq!(alloc.cache_limit(), Some(limits::default_cache_limit(8 << 30)));
+    assert_eq!(
+        alloc.cache_limit(),
+        Some(limits::default_cache_limit(8 << 30))
+    );
     assert!(alloc.cache_limit().unwrap() > CACHE_FLOOR);
 }
 
 #[test]
 fn uma_default_uses_carve_out_gtt_and_host_ram() {
-    let uma = UmaInfo { carve_out: 512 << 20, gtt: 64 << 30, host_ram: 64 << 30 };
+    let uma = UmaInfo {
+        carve_out: 512 << 20,
+        gtt: 64 << 30,
+        host_ram: 64 << 30,
+    };
     let d = Arc::new(SimDevice::new(SimConfig::uma(uma)));
     let alloc = Allocator::with_env_lookup(d, AllocatorConfig::default(), &env(&[])).unwrap();
     // 64 GiB RAM keeps max(4 GiB, 16 GiB) = 16 GiB for the host.
-    assert_eq!(alloc.memory_limit(), Some(((512u64 << 20) * 9 / 10) + (48 << 30)));
+    assert_eq!(
+        alloc.memory_limit(),
+        Some(((512u64 << 20) * 9 / 10) + (48 << 30))
+    );
 }
 
 #[test]
 fn env_overrides_and_explicit_values_win() {
     let d = Arc::new(SimDevice::discrete(80 << 30));
-    let e = env(&[("HIPDECODE_MEMORY_LIMIT", "50%"), ("HIPDECODE_CACHE_LIMIT", "1.5GiB")]);
+    let e = env(&[
+        ("HIPDECODE_MEMORY_LIMIT", "50%"),
+        ("HIPDECODE_CACHE_LIMIT", "1.5GiB"),
+    ]);
     let alloc = Allocator::with_env_lookup(d.clone(), AllocatorConfig::default(), &e).unwrap();
     assert_eq!(alloc.memory_limit(), Some(40 << 30));
     assert_eq!(alloc.cache_limit(), Some(3 << 29));
     alloc.set_weight_bytes(64 << 30);
-    assert_eq!(alloc.cache_limit(), Some(3 << 29), "weight reports never override an explicit limit");
-    let e = env(&[("HIPDECODE_MEMORY_LIMIT", "none"), ("HIPDECODE_CACHE_LIMIT", "0")]);
+    assert_eq!(
+        alloc.cache_limit(),
+        Some(3 << 29),
+        "weight reports never override an explicit limit"
+    );
+    let e = env(&[
+        ("HIPDECODE_MEMORY_LIMIT", "none"),
+        ("HIPDECODE_CACHE_LIMIT", "0"),
+    ]);
     let alloc = Allocator::with_env_lookup(d.clone(), AllocatorConfig::default(), &e).unwrap();
     assert_eq!((alloc.memory_limit(), alloc.cache_limit()), (None, None));
-    let config = AllocatorConfig { memory_limit: Some(LimitSpec::Bytes(1 << 30)), ..Default::default() };
+    let config = AllocatorConfig {
+        memory_limit: Some(LimitSpec::Bytes(1 << 30)),
+        ..Default::default()
+    };
     let e = env(&[("HIPDECODE_MEMORY_LIMIT", "50%")]);
     let alloc = Allocator::with_env_lookup(d, config, &e).unwrap();
-    assert_eq!(alloc.memory_limit(), Some(1 << 30), "configuration beats the environment");
+    assert_eq!(
+        alloc.memory_limit(),
+        Some(1 << 30),
+        "configuration beats the environment"
+    );
 }
 
 #[test]
@@ -307,7 +429,10 @@ fn bad_env_value_is_an_error_naming_it() {
     let err = Allocator::with_env_lookup(d, AllocatorConfig::default(), &e).unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, AllocError::Limit(_)));
-    assert!(msg.contains("HIPDECODE_CACHE_LIMIT") && msg.contains("12 parsecs") && msg.contains("GiB"), "{msg}");
+    assert!(
+        msg.contains("HIPDECODE_CACHE_LIMIT") && msg.contains("12 parsecs") && msg.contains("GiB"),
+        "{msg}"
+    );
 }
 
 #[test]

@@ -62,7 +62,9 @@ fn threads_stress() {
 fn dropping_the_allocator_returns_everything() {
     let sim = Arc::new(SimDevice::discrete(1 << 30));
     let alloc = common::allocator(sim.clone());
-    let _leaked_raw = alloc.raw_alloc(5 << 20, S[0], rocm_alloc::Tag::Other).unwrap();
+    let _leaked_raw = alloc
+        .raw_alloc(5 << 20, S[0], rocm_alloc::Tag::Other)
+        .unwrap();
     let a = alloc.alloc(100, S[1], rocm_alloc::Tag::Other).unwrap();
     drop(a);
     assert_eq!(sim.stats().live, 2);

@@ -34,14 +34,27 @@ pub struct HipDevice {
 }
 
 fn driver(call: &'static str, e: HipError) -> DeviceError {
-    DeviceError::Driver { call, message: e.to_string() }
+    DeviceError::Driver {
+        call,
+        message: e.to_string(),
+    }
 }
 
 impl HipDevice {
     /// Wraps a device.
     pub fn new(device: Device) -> HipDevice {
-        let name = device.name().unwrap_or_else(|_| format!("device {}", device.ordinal()));
-        HipDevice { device, name, registry: Mutex::new(Registry { next_stream: 1, next_event: 1, ..Default::default() }) }
+        let name = device
+            .name()
+            .unwrap_or_else(|_| format!("device {}", device.ordinal()));
+        HipDevice {
+            device,
+            name,
+            registry: Mutex::new(Registry {
+                next_stream: 1,
+                next_event: 1,
+                ..Default::default()
+            }),
+        }
     }
 
     /// The first device of the detected platform, or the reason there is none.
@@ -104,17 +117,27 @@ impl RawDevice for HipDevice {
 
     fn record_event(&self, stream: StreamId) -> Result<EventId, DeviceError> {
         if stream == StreamId::DEFAULT {
-            self.device.synchronize().map_err(|e| driver("hipDeviceSynchronize", e))?;
+            self.device
+                .synchronize()
+                .map_err(|e| driver("hipDeviceSynchronize", e))?;
             return Ok(EventId(DONE_EVENT));
         }
         let mut r = self.lock();
-        let s = r.streams.get(&stream).cloned().ok_or_else(|| DeviceError::Driver {
-            call: "record_event",
-            message: format!("stream {stream:?} was not created through HipDevice::create_stream"),
-        })?;
+        let s = r
+            .streams
+            .get(&stream)
+            .cloned()
+            .ok_or_else(|| DeviceError::Driver {
+                call: "record_event",
+                message: format!(
+                    "stream {stream:?} was not created through HipDevice::create_stream"
+                ),
+            })?;
         let event = match r.spare_events.pop() {
             Some(e) => e,
-            None => Event::new_without_timing(&self.device).map_err(|e| driver("hipEventCreate", e))?,
+            None => {
+                Event::new_without_timing(&self.device).map_err(|e| driver("hipEventCreate", e))?
+            }
         };
         event.record(&s).map_err(|e| driver("hipEventRecord", e))?;
         let id = r.next_event;
@@ -140,11 +163,17 @@ impl RawDevice for HipDevice {
             return Ok(());
         }
         // Wait outside the registry lock: take the event out, wait, put it back.
-        let e = self.lock().events.remove(&event.0).ok_or_else(|| DeviceError::Driver {
-            call: "hipEventSynchronize",
-            message: format!("unknown event {}", event.0),
-        })?;
-        let result = e.synchronize().map_err(|e| driver("hipEventSynchronize", e));
+        let e = self
+            .lock()
+            .events
+            .remove(&event.0)
+            .ok_or_else(|| DeviceError::Driver {
+                call: "hipEventSynchronize",
+                message: format!("unknown event {}", event.0),
+            })?;
+        let result = e
+            .synchronize()
+            .map_err(|e| driver("hipEventSynchronize", e));
         self.lock().events.insert(event.0, e);
         result
     }
@@ -158,16 +187,30 @@ impl RawDevice for HipDevice {
     }
 
     fn memory_info(&self) -> Result<MemoryInfo, DeviceError> {
-        let info = self.device.mem_get_info().map_err(|e| driver("hipMemGetInfo", e))?;
-        let integrated = self.device.is_integrated().map_err(|e| driver("hipDeviceGetAttribute", e))?;
+        let info = self
+            .device
+            .mem_get_info()
+            .map_err(|e| driver("hipMemGetInfo", e))?;
+        let integrated = self
+            .device
+            .is_integrated()
+            .map_err(|e| driver("hipDeviceGetAttribute", e))?;
         let uma = if integrated {
             let host = host_ram().unwrap_or(0);
             // amdgpu's default GTT size is half of system RAM when sysfs does not say.
             let gtt = info.gtt.map_or(host / 2, |g| g.total);
-            Some(UmaInfo { carve_out: info.total, gtt, host_ram: host })
+            Some(UmaInfo {
+                carve_out: info.total,
+                gtt,
+                host_ram: host,
+            })
         } else {
             None
         };
-        Ok(MemoryInfo { free: info.free, total: info.total, uma })
+        Ok(MemoryInfo {
+            free: info.free,
+            total: info.total,
+            uma,
+        })
     }
 }

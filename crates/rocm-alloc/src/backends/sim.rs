@@ -21,9 +21,15 @@ pub struct CostModel {
 
 impl CostModel {
     /// Free calls.
-    pub const FREE: CostModel = CostModel { base_ns: 0, per_gib_ns: 0 };
+    pub const FREE: CostModel = CostModel {
+        base_ns: 0,
+        per_gib_ns: 0,
+    };
     /// hipMalloc/hipFree as measured on the H200 host: about 94 µs per call, about 1 ms at 1 GiB.
-    pub const H200: CostModel = CostModel { base_ns: 94_000, per_gib_ns: 906_000 };
+    pub const H200: CostModel = CostModel {
+        base_ns: 94_000,
+        per_gib_ns: 906_000,
+    };
 
     /// Simulated cost of a call for `bytes`.
     pub fn cost(&self, bytes: u64) -> u64 {
@@ -47,7 +53,12 @@ pub struct SimConfig {
 impl SimConfig {
     /// A discrete device of `capacity` bytes with free raw calls and manual events.
     pub fn discrete(capacity: u64) -> SimConfig {
-        SimConfig { capacity, uma: None, cost: CostModel::FREE, events_complete_immediately: false }
+        SimConfig {
+            capacity,
+            uma: None,
+            cost: CostModel::FREE,
+            events_complete_immediately: false,
+        }
     }
 
     /// An integrated device.
@@ -105,7 +116,13 @@ const ADDR_ALIGN: u64 = 2 << 20;
 impl SimDevice {
     /// Creates a device.
     pub fn new(config: SimConfig) -> SimDevice {
-        SimDevice { config, state: Mutex::new(SimState { next_addr: ADDR_BASE, ..Default::default() }) }
+        SimDevice {
+            config,
+            state: Mutex::new(SimState {
+                next_addr: ADDR_BASE,
+                ..Default::default()
+            }),
+        }
     }
 
     /// A discrete device of `capacity` bytes.
@@ -208,7 +225,10 @@ impl RawDevice for SimDevice {
     unsafe fn free(&self, ptr: u64) -> Result<(), DeviceError> {
         let mut st = self.lock();
         let Some(bytes) = st.live.remove(&ptr) else {
-            return Err(DeviceError::Driver { call: "sim free", message: format!("{ptr:#x} is not allocated") });
+            return Err(DeviceError::Driver {
+                call: "sim free",
+                message: format!("{ptr:#x} is not allocated"),
+            });
         };
         st.stats.simulated_ns += self.config.cost.cost(bytes);
         st.stats.used -= bytes;
@@ -218,7 +238,11 @@ impl RawDevice for SimDevice {
 
     fn record_event(&self, stream: StreamId) -> Result<EventId, DeviceError> {
         let mut st = self.lock();
-        let target = if self.config.events_complete_immediately { 0 } else { st.streams.entry(stream).or_default().0 };
+        let target = if self.config.events_complete_immediately {
+            0
+        } else {
+            st.streams.entry(stream).or_default().0
+        };
         st.next_event += 1;
         let id = st.next_event;
         st.events.insert(id, (stream, target));
@@ -227,19 +251,19 @@ impl RawDevice for SimDevice {
 
     fn event_complete(&self, event: EventId) -> Result<bool, DeviceError> {
         let st = self.lock();
-        let &(stream, target) = st
-            .events
-            .get(&event.0)
-            .ok_or_else(|| DeviceError::Driver { call: "sim event query", message: "unknown event".into() })?;
+        let &(stream, target) = st.events.get(&event.0).ok_or_else(|| DeviceError::Driver {
+            call: "sim event query",
+            message: "unknown event".into(),
+        })?;
         Ok(st.streams.get(&stream).map_or(0, |s| s.1) >= target)
     }
 
     fn event_wait(&self, event: EventId) -> Result<(), DeviceError> {
         let mut st = self.lock();
-        let &(stream, target) = st
-            .events
-            .get(&event.0)
-            .ok_or_else(|| DeviceError::Driver { call: "sim event wait", message: "unknown event".into() })?;
+        let &(stream, target) = st.events.get(&event.0).ok_or_else(|| DeviceError::Driver {
+            call: "sim event wait",
+            message: "unknown event".into(),
+        })?;
         // Waiting lets the stream run up to the event.
         let s = st.streams.entry(stream).or_default();
         s.1 = s.1.max(target);
@@ -252,8 +276,15 @@ impl RawDevice for SimDevice {
 
     fn memory_info(&self) -> Result<MemoryInfo, DeviceError> {
         let st = self.lock();
-        let total = self.config.uma.map_or(self.config.capacity, |u| u.carve_out);
-        Ok(MemoryInfo { free: self.capacity().saturating_sub(st.stats.used), total, uma: self.config.uma })
+        let total = self
+            .config
+            .uma
+            .map_or(self.config.capacity, |u| u.carve_out);
+        Ok(MemoryInfo {
+            free: self.capacity().saturating_sub(st.stats.used),
+            total,
+            uma: self.config.uma,
+        })
     }
 }
 
@@ -265,7 +296,10 @@ mod tests {
     fn capacity_and_fault_injection() {
         let d = SimDevice::discrete(8 << 20);
         let a = d.malloc(4 << 20).unwrap();
-        assert!(matches!(d.malloc(6 << 20), Err(DeviceError::OutOfMemory { .. })));
+        assert!(matches!(
+            d.malloc(6 << 20),
+            Err(DeviceError::OutOfMemory { .. })
+        ));
         d.fail_next_mallocs(1);
         assert!(d.malloc(1 << 20).is_err());
         let b = d.malloc(1 << 20).unwrap();
@@ -285,7 +319,10 @@ mod tests {
         let d = SimDevice::discrete(1 << 30);
         let s = StreamId(3);
         let idle = d.record_event(s).unwrap();
-        assert!(d.event_complete(idle).unwrap(), "no work queued: complete at once");
+        assert!(
+            d.event_complete(idle).unwrap(),
+            "no work queued: complete at once"
+        );
         d.submit_work(s);
         let e = d.record_event(s).unwrap();
         assert!(!d.event_complete(e).unwrap());

@@ -5,10 +5,15 @@
 
 use std::sync::Arc;
 
-use rocm_alloc::{AllocError, Allocator, AllocatorConfig, BlockState, LimitSpec, RawDevice, StreamId, Tag};
+use rocm_alloc::{
+    AllocError, Allocator, AllocatorConfig, BlockState, LimitSpec, RawDevice, StreamId, Tag,
+};
 
 pub fn allocator(device: Arc<dyn RawDevice>) -> Allocator {
-    let config = AllocatorConfig { read_env: false, ..Default::default() };
+    let config = AllocatorConfig {
+        read_env: false,
+        ..Default::default()
+    };
     Allocator::new(device, config).expect("allocator")
 }
 
@@ -33,19 +38,34 @@ pub fn assert_no_overlap(alloc: &Allocator) {
 pub fn reuse_hits_cache(device: Arc<dyn RawDevice>, s: [StreamId; 2]) {
     let alloc = allocator(device);
     let sizes = [1u64, 700, 4096, 1 << 20, (1 << 20) + 1, 5 << 20, 33 << 20];
-    let first: Vec<_> = sizes.iter().map(|&n| alloc.alloc(n, s[0], Tag::Activations).unwrap()).collect();
+    let first: Vec<_> = sizes
+        .iter()
+        .map(|&n| alloc.alloc(n, s[0], Tag::Activations).unwrap())
+        .collect();
     let allocs_after_first = alloc.stats().device_allocs;
-    assert!(allocs_after_first >= 3, "small, shared-large and own-segment large requests");
+    assert!(
+        allocs_after_first >= 3,
+        "small, shared-large and own-segment large requests"
+    );
     let addrs: Vec<u64> = first.iter().map(|a| a.ptr()).collect();
     drop(first);
     let stats = alloc.stats();
     assert_eq!(stats.active_bytes, 0);
     assert_eq!(stats.cached_bytes, stats.reserved_bytes);
-    let second: Vec<_> = sizes.iter().map(|&n| alloc.alloc(n, s[0], Tag::Activations).unwrap()).collect();
+    let second: Vec<_> = sizes
+        .iter()
+        .map(|&n| alloc.alloc(n, s[0], Tag::Activations).unwrap())
+        .collect();
     let again: Vec<u64> = second.iter().map(|a| a.ptr()).collect();
-    assert_eq!(addrs, again, "the same sequence gets the same addresses from the cache");
+    assert_eq!(
+        addrs, again,
+        "the same sequence gets the same addresses from the cache"
+    );
     let after = alloc.stats();
-    assert_eq!(after.device_allocs, allocs_after_first, "no device call on reuse");
+    assert_eq!(
+        after.device_allocs, allocs_after_first,
+        "no device call on reuse"
+    );
     assert_eq!(after.cache_hits, sizes.len() as u64 + (stats.cache_hits));
     assert_no_overlap(&alloc);
 }
@@ -54,7 +74,11 @@ pub fn split_and_merge(device: Arc<dyn RawDevice>, s: [StreamId; 2]) {
     let alloc = allocator(device);
     let a = alloc.alloc(4096, s[0], Tag::Workspace).unwrap();
     let b = alloc.alloc(8192, s[0], Tag::Workspace).unwrap();
-    assert_eq!(b.ptr(), a.ptr() + 4096, "small requests are carved from one segment");
+    assert_eq!(
+        b.ptr(),
+        a.ptr() + 4096,
+        "small requests are carved from one segment"
+    );
     let snap = alloc.snapshot();
     assert_eq!(snap.segments.len(), 1);
     assert_eq!(snap.segments[0].size, 2 << 20);
@@ -73,7 +97,11 @@ pub fn streams_have_separate_pools(device: Arc<dyn RawDevice>, s: [StreamId; 2])
     let pa = a.ptr();
     drop(a);
     let b = alloc.alloc(1 << 16, s[1], Tag::Other).unwrap();
-    assert_ne!(b.ptr(), pa, "a block freed on one stream is not handed to another");
+    assert_ne!(
+        b.ptr(),
+        pa,
+        "a block freed on one stream is not handed to another"
+    );
     assert_eq!(alloc.stats().device_allocs, 2);
     let c = alloc.alloc(1 << 16, s[0], Tag::Other).unwrap();
     assert_eq!(c.ptr(), pa);
@@ -104,14 +132,19 @@ pub fn memory_limit_gives_oom_report(device: Arc<dyn RawDevice>, s: [StreamId; 2
     alloc.set_memory_limit(LimitSpec::Bytes(64 << 20)).unwrap();
     let w = alloc.alloc(40 << 20, s[0], Tag::Weights).unwrap();
     let err = alloc.alloc(30 << 20, s[0], Tag::KvCache).unwrap_err();
-    let AllocError::OutOfMemory(report) = &err else { panic!("expected OOM, got {err}") };
+    let AllocError::OutOfMemory(report) = &err else {
+        panic!("expected OOM, got {err}")
+    };
     assert_eq!(report.requested, 30 << 20);
     assert_eq!(report.active, 40 << 20);
     assert_eq!(report.reserved, 40 << 20);
     assert_eq!(report.limit, Some(64 << 20));
     assert_eq!(report.per_tag, vec![(Tag::Weights, 40 << 20)]);
     let msg = err.to_string();
-    assert!(msg.contains("HIPDECODE_MEMORY_LIMIT") && msg.contains("weights"), "{msg}");
+    assert!(
+        msg.contains("HIPDECODE_MEMORY_LIMIT") && msg.contains("weights"),
+        "{msg}"
+    );
     assert_eq!(alloc.stats().oom_retries, 1);
     drop(w);
     // The idle 40 MiB segment is flushed by the OOM path, then the request fits.
@@ -139,7 +172,10 @@ pub fn clear_cache_and_peaks(device: Arc<dyn RawDevice>, s: [StreamId; 2]) {
     let released = alloc.clear_cache().unwrap();
     assert_eq!(released, st.reserved_bytes);
     let st = alloc.stats();
-    assert_eq!((st.reserved_bytes, st.cached_bytes, st.releasable_bytes), (0, 0, 0));
+    assert_eq!(
+        (st.reserved_bytes, st.cached_bytes, st.releasable_bytes),
+        (0, 0, 0)
+    );
     assert_eq!(st.device_frees, st.device_allocs);
 }
 
@@ -163,16 +199,28 @@ pub fn snapshot_and_trace(device: Arc<dyn RawDevice>, s: [StreamId; 2]) {
     assert_eq!(kinds, vec![DeviceAlloc, Alloc, Free]);
     assert_eq!(log.events[1].size, 10_240);
     let _ = alloc.alloc(512, s[0], Tag::Other).unwrap();
-    assert!(alloc.take_trace().events.is_empty(), "tracing is off after disable");
+    assert!(
+        alloc.take_trace().events.is_empty(),
+        "tracing is off after disable"
+    );
 }
 
 pub fn raw_api(device: Arc<dyn RawDevice>, s: [StreamId; 2]) {
     let alloc = allocator(device);
     let p = alloc.raw_alloc(1000, s[0], Tag::Other).unwrap();
-    assert!(matches!(alloc.raw_free(p + 512), Err(AllocError::UnknownPointer(_))));
+    assert!(matches!(
+        alloc.raw_free(p + 512),
+        Err(AllocError::UnknownPointer(_))
+    ));
     alloc.raw_free(p).unwrap();
-    assert!(matches!(alloc.raw_free(p), Err(AllocError::UnknownPointer(_))), "double free is an error");
-    assert!(matches!(alloc.alloc(0, s[0], Tag::Other), Err(AllocError::ZeroSize)));
+    assert!(
+        matches!(alloc.raw_free(p), Err(AllocError::UnknownPointer(_))),
+        "double free is an error"
+    );
+    assert!(matches!(
+        alloc.alloc(0, s[0], Tag::Other),
+        Err(AllocError::ZeroSize)
+    ));
     let a = alloc.alloc(2048, s[0], Tag::Other).unwrap();
     let q = a.into_raw();
     assert_eq!(alloc.stats().active_bytes, 2048);
@@ -187,7 +235,7 @@ pub fn threads_stress(device: Arc<dyn RawDevice>, s: [StreamId; 2]) {
         for t in 0..threads {
             let alloc = alloc.clone();
             scope.spawn(move || {
-                let mut rng = 0x1234_5678_9abc_def0u64 ^ (t as u64 * 0x9E37_79B9);
+                let mut rng = 0x1234_5678_9abc_def0u64 ^ (t * 0x9E37_79B9);
                 let mut live = Vec::new();
                 for i in 0..3000 {
                     rng ^= rng << 13;
@@ -195,7 +243,9 @@ pub fn threads_stress(device: Arc<dyn RawDevice>, s: [StreamId; 2]) {
                     rng ^= rng << 17;
                     let size = 512 << (rng % 14);
                     let stream = s[(rng >> 20) as usize % 2];
-                    let a = alloc.alloc(size + rng % 512, stream, Tag::ALL[i % Tag::COUNT]).unwrap();
+                    let a = alloc
+                        .alloc(size + rng % 512, stream, Tag::ALL[i % Tag::COUNT])
+                        .unwrap();
                     if (rng >> 8) % 5 == 0 {
                         a.record_stream(s[0]);
                     }
