@@ -287,6 +287,46 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-pub fn synth(_args: SynthArgs) -> Result<()> {
-    bail!("synth-model is not implemented yet")
+pub fn synth(args: SynthArgs) -> Result<()> {
+    use gguf_loader::synth::{write_preset_with_progress, Preset};
+    let Some(preset) = Preset::from_name(&args.preset) else {
+        let known: Vec<&str> = Preset::ALL.iter().map(|p| p.name()).collect();
+        bail!(
+            "unknown preset '{}'; presets: {}",
+            args.preset,
+            known.join(", ")
+        );
+    };
+    let out = match args.out {
+        Some(out) => out,
+        None => {
+            let dir = models_dir();
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("creating the models directory {}", dir.display()))?;
+            dir.join(format!("synth-{}.gguf", preset.name()))
+        }
+    };
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "writing {msg} {bytes}/{total_bytes} [{bar:40}] {bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_message(preset.name());
+    write_preset_with_progress(preset, &out, args.seed, |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })
+    .with_context(|| format!("writing preset {} to {}", preset.name(), out.display()))?;
+    bar.finish_and_clear();
+    let size = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+    eprintln!(
+        "wrote {} ({:.2} GB, preset {}, seed {})",
+        out.display(),
+        size as f64 / 1e9,
+        preset.name(),
+        args.seed
+    );
+    Ok(())
 }

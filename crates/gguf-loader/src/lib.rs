@@ -10,6 +10,7 @@ pub mod metadata;
 pub mod model;
 pub mod paths;
 pub mod quant;
+pub mod synth;
 pub mod writer;
 
 pub use error::GgufError;
