@@ -6,7 +6,7 @@ use super::kernels::{self, MatrixRef, Precision};
 use super::{ops, Attention, Backend, ExpertChoice, GateActivation, Rope, WeightSource};
 use crate::error::{DecodeError, Result};
 use crate::memory::{MemoryReport, MemoryTag};
-use crate::quant::{self, Q8Row, WeightFormat};
+use crate::quant::{self, Q16Row, WeightFormat};
 
 /// A weight tensor held in host memory in its stored format.
 pub struct CpuWeight {
@@ -45,7 +45,7 @@ impl CpuWeight {
 pub struct CpuBackend {
     precision: Precision,
     books: MemoryReport,
-    q8: Vec<Q8Row>,
+    act_q: Vec<Q16Row>,
     row: Vec<f32>,
 }
 
@@ -58,7 +58,7 @@ impl CpuBackend {
                 location: "host".into(),
                 ..Default::default()
             },
-            q8: Vec::new(),
+            act_q: Vec::new(),
             row: Vec::new(),
         }
     }
@@ -83,7 +83,7 @@ impl Backend for CpuBackend {
 
     fn describe(&self) -> String {
         let mode = match self.precision {
-            Precision::Fast => "8-bit activations",
+            Precision::Fast => "16-bit integer activations",
             Precision::Exact => "f32 activations",
         };
         format!("cpu ({} threads, {mode})", rayon::current_num_threads())
@@ -137,9 +137,9 @@ impl Backend for CpuBackend {
     fn memory(&self) -> MemoryReport {
         let mut r = self.books.clone();
         let scratch = self
-            .q8
+            .act_q
             .iter()
-            .map(|q| q.q.len() + 4 * (q.d.len() + q.group_sum.len()));
+            .map(|q| 2 * q.q.len() + 4 * (q.d.len() + q.group_sum.len()));
         r.add(
             MemoryTag::Workspace,
             (scratch.sum::<usize>() + self.row.len() * 4) as u64,
@@ -234,7 +234,7 @@ impl Backend for CpuBackend {
             rows,
             &mut out[..rows * m.rows],
             self.precision,
-            &mut self.q8,
+            &mut self.act_q,
         );
         Ok(())
     }
@@ -262,7 +262,7 @@ impl Backend for CpuBackend {
             1,
             &mut out[..m.rows],
             self.precision,
-            &mut self.q8,
+            &mut self.act_q,
         );
         Ok(())
     }
