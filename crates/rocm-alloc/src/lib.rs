@@ -29,6 +29,7 @@ mod config;
 mod deferred;
 mod device;
 mod error;
+mod free_list;
 mod graph_pool;
 pub mod limits;
 mod oom;

@@ -62,11 +62,29 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// A freed range that must not be handed out again until `stream` completes its work.
+/// A freed range that must not be handed out again until `stream` has completed the work
+/// submitted before the free (`target`).
 struct Quarantine {
     addr: u64,
     size: u64,
     stream: StreamId,
+    target: u64,
+}
+
+/// Per-stream work counters, mirroring what the simulated device does.
+#[derive(Default, Clone, Copy)]
+struct Work {
+    submitted: u64,
+    completed: u64,
+}
+
+/// The allocator waited on every pending event (OOM path, `clear_cache`): each stream has run
+/// up to the work its quarantined blocks waited for.
+fn waited_all(quarantine: &mut Vec<Quarantine>, work: &mut [Work; 3]) {
+    for q in quarantine.drain(..) {
+        let w = &mut work[q.stream.0 as usize];
+        w.completed = w.completed.max(q.target);
+    }
 }
 
 fn overlaps(a: u64, an: u64, b: u64, bn: u64) -> bool {
@@ -85,8 +103,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let alloc = Allocator::new(dev.clone(), config).unwrap();
     let mut live: Vec<(Allocation, Vec<StreamId>)> = Vec::new();
     let mut quarantine: Vec<Quarantine> = Vec::new();
-    // Streams with work submitted since their last completion.
-    let mut busy = [false; 3];
+    let mut work = [Work::default(); 3];
 
     for op in ops {
         match op {
@@ -95,8 +112,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 match alloc.alloc(size, STREAMS[stream], Tag::ALL[tag]) {
                     Ok(a) => {
                         if alloc.stats().oom_retries > retries {
-                            // The OOM path waited on every pending event: the streams ran.
-                            quarantine.clear();
+                            waited_all(&mut quarantine, &mut work);
                         }
                         let n = a.block_size();
                         prop_assert!(n >= round_request(size).unwrap());
@@ -118,7 +134,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         live.push((a, Vec::new()));
                     }
                     Err(AllocError::OutOfMemory(r)) => {
-                        quarantine.clear();
+                        waited_all(&mut quarantine, &mut work);
                         prop_assert!(r.reserved <= MEMORY_LIMIT);
                         prop_assert_eq!(r.requested, size);
                     }
@@ -129,12 +145,13 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 if !live.is_empty() {
                     let (a, uses) = live.swap_remove(index % live.len());
                     for s in uses {
-                        let si = STREAMS.iter().position(|x| *x == s).unwrap();
-                        if busy[si] && s != a.stream() {
+                        let w = work[s.0 as usize];
+                        if w.submitted > w.completed && s != a.stream() {
                             quarantine.push(Quarantine {
                                 addr: a.ptr(),
                                 size: a.block_size(),
                                 stream: s,
+                                target: w.submitted,
                             });
                         }
                     }
@@ -150,11 +167,11 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::SubmitWork { stream } => {
                 dev.submit_work(STREAMS[stream]);
-                busy[stream] = true;
+                work[stream].submitted += 1;
             }
             Op::CompleteStream { stream } => {
                 dev.complete_stream(STREAMS[stream]);
-                busy[stream] = false;
+                work[stream].completed = work[stream].submitted;
                 quarantine.retain(|q| q.stream != STREAMS[stream]);
             }
             Op::Trim => {
@@ -173,8 +190,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::ClearCache => {
                 alloc.clear_cache().unwrap();
-                quarantine.clear();
-                busy = [false; 3];
+                waited_all(&mut quarantine, &mut work);
                 prop_assert_eq!(alloc.stats().releasable_bytes, 0);
             }
             Op::ProcessPending => {
