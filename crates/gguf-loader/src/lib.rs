@@ -6,8 +6,10 @@
 mod cursor;
 pub mod error;
 pub mod file;
+pub mod inspect;
 pub mod metadata;
 pub mod model;
+pub mod npy;
 pub mod paths;
 pub mod quant;
 pub mod synth;
