@@ -9,6 +9,7 @@ tests/reference/README.md; that file is the spec.
 CLI:
   forward.py --model M --tokens 2,1234,56 --out logits.npy   # float32 [n_tokens, vocab]
   forward.py --model M --tokens 2,1234,56 --greedy 16        # prints {"tokens": [...]}
+  forward.py ... --greedy 16 --margins                         # adds "margins": top-1 minus top-2 logit per step
 """
 
 from __future__ import annotations
@@ -421,12 +422,17 @@ class Transformer:
         self.reset()
         return self.step(tokens, "all")
 
-    def greedy(self, tokens, n_new: int) -> list[int]:
+    def greedy(self, tokens, n_new: int, margins: list | None = None) -> list[int]:
+        """Argmax continuation; if `margins` is a list, append each step's top-1 minus top-2 logit."""
         self.reset()
         logits = self.step(tokens, "last")
         out: list[int] = []
         for _ in range(n_new):
-            nxt = int(np.argmax(logits[-1]))  # first maximal index on ties
+            row = logits[-1]
+            nxt = int(np.argmax(row))  # first maximal index on ties
+            if margins is not None:
+                top2 = np.partition(row, -2)[-2:]
+                margins.append(float(top2[1] - top2[0]))
             out.append(nxt)
             if self.cfg.eos is not None and nxt == self.cfg.eos:
                 break
@@ -457,6 +463,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", required=True, help="comma-separated token ids (no BOS is added)")
     ap.add_argument("--out", help="write float32 logits [n_tokens, vocab] to this .npy file")
     ap.add_argument("--greedy", type=int, metavar="N", help="print N greedily generated ids as JSON")
+    ap.add_argument("--margins", action="store_true",
+                    help="with --greedy, also print each step's top-1 minus top-2 logit as \"margins\"")
     args = ap.parse_args(argv)
     if (args.out is None) == (args.greedy is None):
         ap.error("give exactly one of --out or --greedy")
@@ -468,7 +476,11 @@ def main(argv=None) -> int:
         if args.out is not None:
             np.save(args.out, model.logits(ids))
         else:
-            print(json.dumps({"tokens": model.greedy(ids, args.greedy)}))
+            margins: list | None = [] if args.margins else None
+            result = {"tokens": model.greedy(ids, args.greedy, margins)}
+            if margins is not None:
+                result["margins"] = margins
+            print(json.dumps(result))
     except ReferenceError as e:
         print(f"forward.py: error: {e}", file=sys.stderr)
         return 2

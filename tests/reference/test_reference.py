@@ -484,6 +484,15 @@ def test_cli_contract():
     r = subprocess.run([sys.executable, script, "--model", path, "--tokens", "1,2,3", "--greedy", "4"],
                        check=True, capture_output=True, text=True)
     assert json.loads(r.stdout) == {"tokens": load(path).greedy([1, 2, 3], 4)}
+    r = subprocess.run([sys.executable, script, "--model", path, "--tokens", "1,2,3", "--greedy", "4", "--margins"],
+                       check=True, capture_output=True, text=True)
+    got = json.loads(r.stdout)
+    assert got["tokens"] == load(path).greedy([1, 2, 3], 4) and len(got["margins"]) == 4
+    seq = [1, 2, 3]
+    for t, margin in zip(got["tokens"], got["margins"]):
+        row = np.sort(load(path).logits(seq)[-1])
+        assert abs((row[-1] - row[-2]) - margin) < 1e-4 and margin >= 0
+        seq.append(t)
     r = subprocess.run([sys.executable, script, "--model", path, "--tokens", "1,999", "--out", npy],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "outside the vocabulary" in r.stderr, r.stderr
