@@ -562,6 +562,53 @@ def test_pretokenizer_regexes():
     assert gpt2.findall(s) == ["I", "'", "M", " 12345", " ok", "!!", "\n\n ", " done"]
 
 
+_CORPUS_WORDS = ("the quick brown fox jumps over the lazy dog I'm you're we'll they've it's don't "
+                 "hello world 2024 12345 3.14 naïve café façade 日本語 東京 🦀🚀 <html> x+=1; f(x) == y\n"
+                 "\tindent    spaces\n\n\nnewlines CAPS MiXeD 'quoted' \"double\" — – … ¿qué? ÜBER").split(" ")
+
+
+def _random_text(rng, n_words):
+    seps = [" ", "  ", "\n", " \n", "\t", "", "\n\n", "   "]
+    return "".join(str(rng.choice(_CORPUS_WORDS)) + str(rng.choice(seps)) for _ in range(n_words))
+
+
+def test_byte_level_bpe_matches_hf_tokenizers():
+    # Differential check: train a small byte-level BPE with Hugging Face `tokenizers` for each
+    # pre-tokenizer pattern, store its vocabulary and merges in a GGUF, and compare encodings.
+    try:
+        from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+    except ImportError:
+        raise Skip("the `tokenizers` package is not installed (tests/reference/requirements.txt)")
+    rng = np.random.default_rng(7)
+    corpus = [_random_text(rng, 30) for _ in range(300)]
+    for pre in ("gpt2", "llama-bpe", "qwen2"):
+        ignore = pre in reftok.IGNORE_MERGES
+        hf = Tokenizer(models.BPE(ignore_merges=ignore))
+        hf.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(reftok.PRE_TOKENIZERS[pre]), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+        trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<|eos|>"], show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        hf.train_from_iterator(corpus, trainer)
+        model = json.loads(hf.to_str())["model"]
+        vocab = sorted(model["vocab"].items(), key=lambda kv: kv[1])
+        assert [i for _, i in vocab] == list(range(len(vocab)))
+        tokens = [t for t, _ in vocab]
+        types = [3 if t == "<|eos|>" else 1 for t in tokens]
+        merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+        path = tmp(f"hf-bpe-{pre}.gguf")
+        write_vocab_only(path, "gpt2", tokens, types, merges=merges, pre=pre, eos=tokens.index("<|eos|>"),
+                         space_prefix=None)
+        tok = reftok.load_tokenizer(path)
+        texts = [_random_text(rng, 12) for _ in range(150)] + ["<|eos|>hello<|eos|> world", "", " ", "\n\n "]
+        for text in texts:
+            want = hf.encode(text).ids
+            got = tok.encode(text)
+            assert got == want, f"pre={pre} text={text!r}: {got} != {want}"
+            assert tok.decode(got) == text
+
+
 def spm_vocab():
     tokens = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)]
     types = [3, 3, 3, 3] + [6] * 256
