@@ -10,7 +10,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let f = GgufFile::open(path)?;
     if args.iter().any(|a| a == "--json") {
-        println!("{}", serde_json::to_string_pretty(&inspect::json_report(&f))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&inspect::json_report(&f))?
+        );
     } else {
         inspect::write_text_report(&f, &mut std::io::stdout().lock())?;
     }

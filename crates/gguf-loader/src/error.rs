@@ -40,7 +40,7 @@ pub enum GgufError {
 
     #[error(
         "{what} at offset {offset} claims {count} entries, more than the {remaining} bytes left \
-         in the file could hold: the file is corrupt"
+         in the file could hold: the file is truncated or corrupt"
     )]
     CountTooLarge {
         what: String,

@@ -6,6 +6,7 @@
 mod cursor;
 pub mod error;
 pub mod file;
+pub mod fuzzing;
 pub mod inspect;
 pub mod metadata;
 pub mod model;
