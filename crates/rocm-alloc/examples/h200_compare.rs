@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rocm_alloc::backends::hip::HipDevice;
-use rocm_alloc::{Allocator, AllocatorConfig, RawDevice, StreamId, Tag};
+use rocm_alloc::{Allocator, AllocatorConfig, LimitSpec, RawDevice, StreamId, Tag};
 
 /// xorshift64*, identical to the C++ harness's generator.
 struct Rng(u64);
@@ -88,6 +88,41 @@ fn main() {
         println!("RESULT,ours,hit_raii_{name},{:.1},ns/pair", median(raii));
     }
 
+    churn(&alloc, iters, runs, "");
+    let unbounded = Allocator::new(
+        device.clone(),
+        AllocatorConfig {
+            read_env: false,
+            cache_limit: Some(LimitSpec::Unbounded),
+            ..Default::default()
+        },
+    )
+    .expect("allocator");
+    churn(&unbounded, iters, runs, "_unbounded_cache");
+    drop(unbounded);
+
+    // Raw device cost, for the cost model: malloc then free, median of 5.
+    for (name, size) in [("2MiB", 2u64 << 20), ("20MiB", 20 << 20), ("1GiB", 1 << 30)] {
+        let mut m = Vec::new();
+        let mut f = Vec::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            let p = device.malloc(size).unwrap();
+            m.push(t.elapsed().as_nanos() as f64 / 1000.0);
+            let t = Instant::now();
+            // SAFETY: `p` came from this device's malloc just above, no work uses it, and it
+            // is freed once.
+            unsafe { device.free(p).unwrap() };
+            f.push(t.elapsed().as_nanos() as f64 / 1000.0);
+        }
+        println!("RESULT,device,malloc_{name},{:.1},us", median(m));
+        println!("RESULT,device,free_{name},{:.1},us", median(f));
+    }
+}
+
+/// Random-size churn over a window of 256 live allocations, identical to the C++ harness.
+fn churn(alloc: &Allocator, iters: u64, runs: usize, suffix: &str) {
+    let s = StreamId::DEFAULT;
     let before = alloc.stats();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut live: Vec<Option<u64>> = vec![None; 256];
@@ -110,17 +145,20 @@ fn main() {
         })
         .collect();
     let after = alloc.stats();
-    println!("RESULT,ours,churn_window256,{:.1},ns/op", median(churn));
     println!(
-        "RESULT,ours,churn_device_allocs_timed,{},count",
+        "RESULT,ours,churn_window256{suffix},{:.1},ns/op",
+        median(churn)
+    );
+    println!(
+        "RESULT,ours,churn_device_allocs_timed{suffix},{},count",
         after.device_allocs - warm.device_allocs
     );
     println!(
-        "RESULT,ours,churn_device_allocs_warmup,{},count",
+        "RESULT,ours,churn_device_allocs_warmup{suffix},{},count",
         warm.device_allocs - before.device_allocs
     );
     println!(
-        "RESULT,ours,churn_peak_reserved_MiB,{},MiB",
+        "RESULT,ours,churn_peak_reserved_MiB{suffix},{},MiB",
         after.peak_reserved_bytes >> 20
     );
     for p in live.iter().flatten() {
@@ -128,21 +166,5 @@ fn main() {
     }
     drop(live);
 
-    // Raw device cost, for the cost model: malloc then free, median of 5.
-    for (name, size) in [("2MiB", 2u64 << 20), ("20MiB", 20 << 20), ("1GiB", 1 << 30)] {
-        let mut m = Vec::new();
-        let mut f = Vec::new();
-        for _ in 0..5 {
-            let t = Instant::now();
-            let p = device.malloc(size).unwrap();
-            m.push(t.elapsed().as_nanos() as f64 / 1000.0);
-            let t = Instant::now();
-            // SAFETY: `p` came from this device's malloc just above, no work uses it, and it
-            // is freed once.
-            unsafe { device.free(p).unwrap() };
-            f.push(t.elapsed().as_nanos() as f64 / 1000.0);
-        }
-        println!("RESULT,device,malloc_{name},{:.1},us", median(m));
-        println!("RESULT,device,free_{name},{:.1},us", median(f));
-    }
+    alloc.clear_cache().expect("clear");
 }

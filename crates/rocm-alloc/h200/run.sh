@@ -20,9 +20,11 @@ mkdir -p "$O"
 T=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))')
 ABI=$(python3 -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))')
 CXX=$(command -v g++ || command -v c++ || command -v clang++)
-HDR=$(find /usr/local/cuda/include "$(dirname "$T")/nvidia" -name cuda_runtime_api.h 2>/dev/null | head -1)
-echo "compiler $CXX; cuda headers $HDR" >>"$O/device.txt"
-"$CXX" -O2 -std=c++20 -D_GLIBCXX_USE_CXX11_ABI="$ABI" -I"$T/include" -I"$(dirname "$HDR")" \
+# The toolkit's include folder (the one with crt/host_config.h, which the pip wheel lacks).
+HDR=$(find /usr/local /opt -path '*/include/crt/host_config.h' 2>/dev/null | head -1)
+CUDA_INC=$(dirname "$(dirname "$HDR")")
+echo "compiler $CXX; cuda headers $CUDA_INC" >>"$O/device.txt"
+"$CXX" -O2 -std=c++20 -D_GLIBCXX_USE_CXX11_ABI="$ABI" -I"$T/include" -I"$CUDA_INC" \
   "$H/pytorch_alloc.cpp" -L"$T/lib" -lc10_cuda -lc10 -Wl,-rpath,"$T/lib" -o /tmp/pytorch_alloc \
   >"$O/build.log" 2>&1 || echo "C++ build failed (see build.log)"
 : >"$O/results.csv"

@@ -241,7 +241,7 @@ impl Allocator {
 
     /// Allocates at least `bytes` on `stream`, accounted under `tag`.
     pub fn alloc(&self, bytes: u64, stream: StreamId, tag: Tag) -> Result<Allocation, AllocError> {
-        let (block, ptr, block_size) = self.alloc_block(bytes, stream, tag)?;
+        let (block, ptr, block_size) = self.alloc_block(bytes, stream, tag, false)?;
         Ok(Allocation {
             allocator: self.clone(),
             block,
@@ -257,8 +257,7 @@ impl Allocator {
     /// [`Allocator::raw_free`]. Raw allocations still live when the last clone of the allocator
     /// is dropped are returned to the device with it.
     pub fn raw_alloc(&self, bytes: u64, stream: StreamId, tag: Tag) -> Result<u64, AllocError> {
-        let (block, ptr, _) = self.alloc_block(bytes, stream, tag)?;
-        self.lock().raw.insert(ptr, block);
+        let (_, ptr, _) = self.alloc_block(bytes, stream, tag, true)?;
         Ok(ptr)
     }
 
@@ -291,11 +290,14 @@ impl Allocator {
         }
     }
 
+    /// The allocation path shared by the RAII and raw APIs; `raw` registers the address for
+    /// `raw_free` under the same lock acquisition.
     fn alloc_block(
         &self,
         bytes: u64,
         stream: StreamId,
         tag: Tag,
+        raw: bool,
     ) -> Result<(BlockId, u64, u64), AllocError> {
         if bytes == 0 {
             return Err(AllocError::ZeroSize);
@@ -327,6 +329,9 @@ impl Allocator {
         st.counters.on_alloc(tag, size);
         if let Some(t) = &mut st.trace {
             t.record(TraceKind::Alloc, ptr, size, tag, stream);
+        }
+        if raw {
+            st.raw.insert(ptr, block);
         }
         Ok((block, ptr, size))
     }

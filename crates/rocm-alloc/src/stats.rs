@@ -17,7 +17,8 @@ pub struct TagUsage {
 /// A consistent copy of the allocator's counters.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Stats {
-    /// Bytes handed out to users (rounded block sizes, pending cross-stream frees included).
+    /// Bytes handed out to users (block sizes; a block waiting for other streams after its free
+    /// is no longer active, it is counted in `cached_bytes`).
     pub active_bytes: u64,
     /// Highest `active_bytes` since creation or the last `reset_peak`.
     pub peak_active_bytes: u64,
