@@ -13,6 +13,7 @@ pub mod model;
 pub mod npy;
 pub mod paths;
 pub mod quant;
+pub mod safetensors_file;
 pub mod synth;
 pub mod writer;
 

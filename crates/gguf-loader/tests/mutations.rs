@@ -147,6 +147,9 @@ fn unmutated_bases_open() {
     }
     if let Some((prefix, _)) = bases.get(2) {
         let e = GgufFile::from_bytes(prefix.clone()).unwrap_err();
-        assert!(matches!(e, gguf_loader::GgufError::TensorOutOfBounds { .. }), "{e}");
+        assert!(
+            matches!(e, gguf_loader::GgufError::TensorOutOfBounds { .. }),
+            "{e}"
+        );
     }
 }
