@@ -178,8 +178,9 @@ def load_config(m: GGUFModel) -> Config:
                 raise ReferenceError(f"sliding_window_pattern has {len(pattern)} entries for {n_layer} layers")
             swa_layers = [bool(x) for x in pattern]
         else:
+            # Period n: the last layer of every n is global; n = 0 makes every layer local.
             period = int(pattern)
-            swa_layers = [(il % period) < period - 1 for il in range(n_layer)]
+            swa_layers = [period == 0 or (il % period) < period - 1 for il in range(n_layer)]
         rope_base_swa = float(m.meta(a + "rope.freq_base_swa", 10000.0))
     else:
         swa_layers = [False] * n_layer

@@ -332,6 +332,10 @@ def test_gemma_layer_pattern_default():
     assert c.swa_layers == [i % 6 != 5 for i in range(12)], c.swa_layers
     assert c.rope_base_swa == 10000.0 and c.rope_base == 1000000.0
     assert abs(c.embd_scale - math.sqrt(32)) < 1e-12 and abs(c.attn_scale - 1 / math.sqrt(8)) < 1e-12
+    for period, want in ((1, [False] * 4), (0, [True] * 4), (3, [True, True, False, True])):
+        path = tmp(f"gemma-pattern-{period}.gguf")
+        write_model(path, "gemma3", n_layer=4, sliding_window=4, swa_pattern=period)
+        assert load(path).cfg.swa_layers == want, (period, load(path).cfg.swa_layers)
 
 
 def test_zero_blocks_give_normed_embedding_logits():
