@@ -46,10 +46,19 @@ pub fn run(args: Args) -> Result<()> {
             .unwrap_or_else(crate::workspace_root),
         None => crate::workspace_root(),
     };
+    let mut build_failed = false;
     let binaries = match &args.bundle {
         Some(bundle) => {
             let bundle = std::fs::canonicalize(bundle)?;
-            crate::bundle::read_manifest(&bundle)?
+            let (tests, complete) = crate::bundle::read_manifest(&bundle)?;
+            if !complete {
+                build_failed = true;
+                println!(
+                    "\nWARNING: this bundle is incomplete: some test targets failed to build \
+                     when it was made, so their tests are missing (counted as a failure)."
+                );
+            }
+            tests
                 .into_iter()
                 .map(|t| TestBinary {
                     path: bundle.join(&t.binary),
@@ -58,7 +67,11 @@ pub fn run(args: Args) -> Result<()> {
                 })
                 .collect()
         }
-        None => cargo_test_binaries(&root)?,
+        None => {
+            let (binaries, ok) = cargo_test_binaries(&root)?;
+            build_failed = !ok;
+            binaries
+        }
     };
 
     println!("\n== test suite: {} test binaries ==", binaries.len());
@@ -81,6 +94,9 @@ pub fn run(args: Args) -> Result<()> {
             failed.len(),
             failed.join(", ")
         );
+    }
+    if build_failed {
+        bail!("some test targets did not build, so the suite is incomplete");
     }
     Ok(())
 }
@@ -229,23 +245,36 @@ impl TestRun {
     }
 }
 
-/// Builds the test binaries with cargo (dev profile) and lists them.
-fn cargo_test_binaries(root: &Path) -> Result<Vec<TestBinary>> {
+/// Builds the test binaries with cargo (dev profile) and lists them, with whether every
+/// target built (`--no-fail-fast` keeps building: one broken crate does not hide the others).
+fn cargo_test_binaries(root: &Path) -> Result<(Vec<TestBinary>, bool)> {
     eprintln!("==> cargo test --workspace --no-run");
-    let mut binaries: Vec<TestBinary> = crate::bundle::cargo_artifacts(
+    let (artifacts, ok) = crate::bundle::cargo_artifacts_status(
         root,
-        &["test", "--workspace", "--no-run", "--message-format=json"],
-    )?
-    .into_iter()
-    .filter(|a| a.is_test)
-    .map(|a| TestBinary {
-        name: format!("{}/{}", a.package, a.target),
-        path: a.executable,
-        crate_dir: a.manifest_dir,
-    })
-    .collect();
+        &[
+            "test",
+            "--workspace",
+            "--no-run",
+            "--no-fail-fast",
+            "--message-format=json-render-diagnostics",
+        ],
+    )?;
+    let mut binaries: Vec<TestBinary> = artifacts
+        .into_iter()
+        .filter(|a| a.is_test)
+        .map(|a| TestBinary {
+            name: format!("{}/{}", a.package, a.target),
+            path: a.executable,
+            crate_dir: a.manifest_dir,
+        })
+        .collect();
     binaries.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(binaries)
+    if !ok {
+        println!(
+            "\nWARNING: some test targets failed to build (see above); their tests are missing."
+        );
+    }
+    Ok((binaries, ok))
 }
 
 /// Parses libtest's output: summary counts and printed skip reasons.
