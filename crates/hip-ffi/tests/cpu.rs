@@ -240,3 +240,17 @@ fn launch_config_covers_every_element() {
     assert!(cfg.grid[0] * cfg.block[0] >= 1000);
     assert_eq!(hip_ffi::LaunchConfig::for_elements(0, 256).grid, [1, 1, 1]);
 }
+
+#[test]
+fn handles_can_move_between_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<hip_ffi::Device>();
+    send_sync::<hip_ffi::Stream>();
+    send_sync::<hip_ffi::Event>();
+    send_sync::<hip_ffi::DeviceBuffer>();
+    send_sync::<hip_ffi::PinnedHostBuffer>();
+    send_sync::<hip_ffi::ManagedBuffer>();
+    send_sync::<hip_ffi::Module>();
+    send_sync::<hip_ffi::GraphExec>();
+    send_sync::<HipError>();
+}
