@@ -143,21 +143,22 @@ impl Allocation {
     }
 
     /// Gives up RAII ownership; the address must later go to [`Allocator::raw_free`].
-    pub fn into_raw(self) -> u64 {
-        let me = std::mem::ManuallyDrop::new(self);
-        let mut st = me.allocator.lock();
-        st.raw.insert(me.ptr, me.block);
-        drop(st);
-        // SAFETY: `me` is never used again and its destructor does not run (ManuallyDrop), so
-        // reading the allocator out moves its reference count exactly once.
-        let _allocator = unsafe { std::ptr::read(&me.allocator) };
-        me.ptr
+    pub fn into_raw(mut self) -> u64 {
+        self.allocator.lock().raw.insert(self.ptr, self.block);
+        // The raw map owns the block now; the destructor must not free it.
+        self.block = RAW_OWNED;
+        self.ptr
     }
 }
 
+/// Block id marking an `Allocation` whose block was handed to the raw API.
+const RAW_OWNED: BlockId = BlockId::MAX;
+
 impl Drop for Allocation {
     fn drop(&mut self) {
-        self.allocator.free_block(self.block);
+        if self.block != RAW_OWNED {
+            self.allocator.free_block(self.block);
+        }
     }
 }
 
@@ -194,15 +195,18 @@ impl Allocator {
         lookup: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Allocator, AllocError> {
         let info = device.memory_info()?;
+        // Percentages mean "of what the GPU can use": the total on discrete cards, the
+        // carve-out plus GTT on UMA devices (the carve-out alone can be a few hundred MiB).
+        let device_total = info.uma.map_or(info.total, |u| u.carve_out + u.gtt);
         let env_memory = limits::limit_from_env(limits::MEMORY_LIMIT_ENV, lookup)?;
         let env_cache = limits::limit_from_env(limits::CACHE_LIMIT_ENV, lookup)?;
         let memory_limit = match config.memory_limit.or(env_memory) {
-            Some(spec) => spec.resolve(info.total),
+            Some(spec) => spec.resolve(device_total),
             None => Some(limits::default_memory_limit(&info)),
         };
         let cache_spec = config.cache_limit.or(env_cache);
         let cache_limit = match cache_spec {
-            Some(spec) => spec.resolve(info.total),
+            Some(spec) => spec.resolve(device_total),
             None => Some(limits::default_cache_limit(config.weight_bytes)),
         };
         let state = State {
@@ -223,7 +227,7 @@ impl Allocator {
             shared: Arc::new(Shared {
                 state: Mutex::new(state),
                 device,
-                device_total: info.total,
+                device_total,
                 device_name,
             }),
         })
@@ -476,8 +480,11 @@ impl Allocator {
         // is freed once), and has no busy block: every block was freed by its user and every
         // cross-stream use has completed its recorded events.
         let result = unsafe { self.device().free(addr) };
-        // A failed free leaves nothing to retry with; the bytes are no longer reserved by us.
-        let _ = result;
+        // A failed free cannot be retried meaningfully (the driver already rejected this
+        // address); it is counted so that it shows in the statistics instead of vanishing.
+        if result.is_err() {
+            st.counters.device_free_failures += 1;
+        }
         st.counters.device_frees += 1;
         if let Some(t) = &mut st.trace {
             t.record(
@@ -632,6 +639,7 @@ impl Allocator {
             pending_free_blocks: st.pending.len() as u64,
             device_allocs: c.device_allocs,
             device_frees: c.device_frees,
+            device_free_failures: c.device_free_failures,
             cache_hits: c.hits,
             cache_misses: c.misses,
             oom_retries: c.oom_retries,
@@ -747,7 +755,8 @@ impl Allocator {
         &self.shared.device_name
     }
 
-    /// Total device memory as reported when the allocator was created.
+    /// Memory the GPU can use, as reported when the allocator was created (total on discrete
+    /// cards, carve-out plus GTT on UMA devices): what percentages resolve against.
     pub fn device_total(&self) -> u64 {
         self.shared.device_total
     }

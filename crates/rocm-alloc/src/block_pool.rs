@@ -96,8 +96,6 @@ pub(crate) struct BlockPool {
     segments: Vec<Segment>,
     free_segment_slots: Vec<SegmentId>,
     free_lists: Vec<(PoolKey, FreeList)>,
-    /// Bytes of segments in which no block is busy.
-    idle_bytes: u64,
     /// Idle bytes of segments owned by the default pools (what the cache limit bounds).
     idle_default_bytes: u64,
     reserved: u64,
@@ -214,7 +212,6 @@ impl BlockPool {
 
     fn add_idle(&mut self, sid: SegmentId) {
         let s = &self.segments[sid as usize];
-        self.idle_bytes += s.size;
         if s.pool.owner == PoolOwner::Default {
             self.idle_default_bytes += s.size;
         }
@@ -222,7 +219,6 @@ impl BlockPool {
 
     fn remove_idle(&mut self, sid: SegmentId) {
         let s = &self.segments[sid as usize];
-        self.idle_bytes -= s.size;
         if s.pool.owner == PoolOwner::Default {
             self.idle_default_bytes -= s.size;
         }

@@ -40,6 +40,8 @@ pub struct Stats {
     pub device_allocs: u64,
     /// Device frees made.
     pub device_frees: u64,
+    /// Device frees the driver reported as failed (should stay 0).
+    pub device_free_failures: u64,
     /// Allocations served from the cache.
     pub cache_hits: u64,
     /// Allocations that needed a new segment.
@@ -68,6 +70,7 @@ pub(crate) struct Counters {
     pub peak_reserved: u64,
     pub device_allocs: u64,
     pub device_frees: u64,
+    pub device_free_failures: u64,
     pub hits: u64,
     pub misses: u64,
     pub oom_retries: u64,

@@ -223,7 +223,7 @@ pub fn raw_api(device: Arc<dyn RawDevice>, s: [StreamId; 2]) {
     ));
     let a = alloc.alloc(2048, s[0], Tag::Other).unwrap();
     let q = a.into_raw();
-    assert_eq!(alloc.stats().active_bytes, 2048);
+    assert_eq!(alloc.stats().active_bytes, 2048, "into_raw keeps the block");
     alloc.raw_free(q).unwrap();
     assert_eq!(alloc.stats().active_bytes, 0);
 }
