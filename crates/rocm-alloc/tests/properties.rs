@@ -1,12 +1,15 @@
 //! Property tests on `SimDevice`: random sequences of allocations, frees, cross-stream uses,
-//! stream progress, trims and limit changes, checked against a model after every step.
+//! stream progress, trims, limit changes and graph-capture pools, checked against a model after
+//! every step.
 
 use std::sync::Arc;
 
 use proptest::prelude::*;
 use rocm_alloc::backends::sim::SimDevice;
 use rocm_alloc::size_class::round_request;
-use rocm_alloc::{AllocError, Allocation, Allocator, AllocatorConfig, LimitSpec, StreamId, Tag};
+use rocm_alloc::{
+    AllocError, Allocation, Allocator, AllocatorConfig, CaptureTarget, LimitSpec, StreamId, Tag,
+};
 
 const STREAMS: [StreamId; 3] = [StreamId(0), StreamId(1), StreamId(2)];
 const DEVICE: u64 = 512 << 20;
@@ -38,6 +41,13 @@ enum Op {
     },
     ClearCache,
     ProcessPending,
+    /// Start capturing on a stream into the current graph pool (making one if needed).
+    BeginCapture {
+        stream: usize,
+    },
+    EndCapture,
+    /// Drop the graph pool (the "graph" goes away); blocks still held keep their segments.
+    DropGraphPool,
 }
 
 fn size() -> impl Strategy<Value = u64> {
@@ -59,6 +69,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u64..(64 << 20)).prop_map(|bytes| Op::SetCacheLimit { bytes }),
         1 => Just(Op::ClearCache),
         1 => Just(Op::ProcessPending),
+        1 => (0..3usize).prop_map(|stream| Op::BeginCapture { stream }),
+        1 => Just(Op::EndCapture),
+        1 => Just(Op::DropGraphPool),
     ]
 }
 
@@ -104,6 +117,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut live: Vec<(Allocation, Vec<StreamId>)> = Vec::new();
     let mut quarantine: Vec<Quarantine> = Vec::new();
     let mut work = [Work::default(); 3];
+    let mut graph_pool: Option<rocm_alloc::GraphPool> = None;
+    let mut capture: Option<rocm_alloc::CaptureGuard> = None;
 
     for op in ops {
         match op {
@@ -193,6 +208,18 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 waited_all(&mut quarantine, &mut work);
                 prop_assert_eq!(alloc.stats().releasable_bytes, 0);
             }
+            Op::BeginCapture { stream } => {
+                if capture.is_none() {
+                    let pool = graph_pool.get_or_insert_with(|| alloc.new_graph_pool());
+                    capture = Some(
+                        alloc
+                            .begin_capture(STREAMS[stream], CaptureTarget::Private(pool))
+                            .unwrap(),
+                    );
+                }
+            }
+            Op::EndCapture => capture = None,
+            Op::DropGraphPool => graph_pool = None,
             Op::ProcessPending => {
                 alloc.process_pending().unwrap();
             }
@@ -215,6 +242,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         prop_assert_eq!(per_tag, st.active_bytes);
         prop_assert_eq!(st.cached_bytes, st.reserved_bytes - st.active_bytes);
     }
+    drop(capture);
+    drop(graph_pool);
     drop(live);
     dev.complete_all();
     prop_assert_eq!(alloc.process_pending().unwrap(), 0);
