@@ -81,7 +81,15 @@ fn ids_arg(ids: &[u32]) -> String {
 
 /// Reference logits `[n][vocab]` at every position of `tokens`.
 pub fn reference_logits(model: &Path, tokens: &[u32], scratch: &Path) -> (Vec<f32>, usize) {
-    let out = scratch.join(format!("ref-logits-{}.npy", std::process::id()));
+    let stem = model
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let out = scratch.join(format!(
+        "ref-logits-{stem}-{}-{}.npy",
+        tokens.len(),
+        std::process::id()
+    ));
     run_python(
         "forward.py",
         &[

@@ -6,6 +6,7 @@ use decode::backend::cpu::CpuBackend;
 use decode::backend::{Backend, Precision};
 use decode::device::{self, DeviceRequest};
 use decode::generate::{generate, StopReason};
+use decode::gguf_loader;
 use decode::memory::human_bytes;
 use decode::model::{Model, ModelOptions};
 use decode::sampler::SamplerConfig;
@@ -186,10 +187,17 @@ fn run(args: RunArgs) -> Result<()> {
 
 fn inspect(args: InspectArgs) -> Result<()> {
     let file = decode::open_model(&args.model)?;
-    if let (Some(name), Some(_out)) = (&args.tensor, &args.npy) {
-        let _ = file.tensor(name);
-        anyhow::bail!("PENDING: npy export lands with gguf_loader::npy");
+    if let (Some(name), Some(out)) = (&args.tensor, &args.npy) {
+        gguf_loader::inspect::write_tensor_npy(&file, name, out)
+            .with_context(|| format!("exporting '{name}' to {}", out.display()))?;
+        eprintln!("wrote {name} as f32 to {}", out.display());
+        return Ok(());
     }
-    let _ = args.json;
-    anyhow::bail!("PENDING: report lands with gguf_loader::inspect")
+    if args.json {
+        println!("{}", gguf_loader::inspect::json_report(&file));
+    } else {
+        let mut out = std::io::stdout().lock();
+        gguf_loader::inspect::write_text_report(&file, &mut out)?;
+    }
+    Ok(())
 }
