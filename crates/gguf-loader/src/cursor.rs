@@ -19,6 +19,11 @@ impl<'a> Cursor<'a> {
         self.pos
     }
 
+    /// The bytes between two positions already passed over (empty if out of range).
+    pub(crate) fn passed(&self, start: usize) -> &'a [u8] {
+        self.bytes.get(start..self.pos).unwrap_or(&[])
+    }
+
     pub(crate) fn remaining(&self) -> usize {
         self.bytes.len() - self.pos
     }

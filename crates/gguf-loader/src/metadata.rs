@@ -332,15 +332,73 @@ fn parse_array<'a>(
         return Ok(MetadataArray::Scalars { elem, count, bytes });
     }
     if elem == ValueType::String {
-        let mut out = Vec::with_capacity(count);
-        for i in 0..count {
-            out.push(cur.string(|| format!("element {i} of array {key:?}"))?);
-        }
-        return Ok(MetadataArray::Strings(out));
+        return parse_string_array(cur, key, count).map(MetadataArray::Strings);
     }
     let mut out = Vec::with_capacity(count);
     for _ in 0..count {
         out.push(parse_array(cur, key, depth + 1)?);
     }
     Ok(MetadataArray::Arrays(out))
+}
+
+/// A string array. Vocabularies hold hundreds of thousands of short strings, so instead of
+/// validating each string's UTF-8 separately, the lengths are walked first (bounds-checked),
+/// then the whole region, length prefixes included, is validated once. That is equivalent when
+/// every string starts and ends on a character boundary of the region, which `str::get`
+/// checks; any doubt falls back to validating string by string, which also finds the culprit
+/// for the error message.
+fn parse_string_array<'a>(
+    cur: &mut Cursor<'a>,
+    key: &str,
+    count: usize,
+) -> Result<Vec<&'a str>, GgufError> {
+    let start = cur.pos();
+    for i in 0..count {
+        let len = cur.u64(|| format!("the length of element {i} of array {key:?}"))?;
+        let len = usize::try_from(len).map_err(|_| GgufError::Truncated {
+            what: format!("element {i} of array {key:?}"),
+            offset: cur.pos() as u64,
+            needed: len,
+            file_len: (cur.pos() + cur.remaining()) as u64,
+        })?;
+        cur.take(len, || format!("element {i} of array {key:?}"))?;
+    }
+    let region = cur.passed(start);
+    // simdutf8 validates non-ASCII text (most of a multilingual vocabulary) many times faster.
+    if let Ok(text) = simdutf8::basic::from_utf8(region) {
+        if let Some(strings) = split_validated(region, text, count) {
+            return Ok(strings);
+        }
+    }
+    let mut again = Cursor::new(region);
+    let mut out = Vec::with_capacity(count);
+    for i in 0..count {
+        match again.string(|| format!("element {i} of array {key:?}")) {
+            Ok(s) => out.push(s),
+            Err(GgufError::InvalidUtf8 { what, offset }) => {
+                return Err(GgufError::InvalidUtf8 {
+                    what,
+                    offset: offset + start as u64,
+                })
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+/// Cuts a validated region into its strings; `None` if a string does not start and end on a
+/// character boundary (then the strings must be checked one by one).
+fn split_validated<'a>(region: &'a [u8], text: &'a str, count: usize) -> Option<Vec<&'a str>> {
+    let mut out = Vec::with_capacity(count);
+    let mut pos = 0usize;
+    for _ in 0..count {
+        let len_bytes: [u8; 8] = region.get(pos..pos.checked_add(8)?)?.try_into().ok()?;
+        let len = usize::try_from(u64::from_le_bytes(len_bytes)).ok()?;
+        pos += 8;
+        let end = pos.checked_add(len)?;
+        out.push(text.get(pos..end)?);
+        pos = end;
+    }
+    Some(out)
 }

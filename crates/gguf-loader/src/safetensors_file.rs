@@ -166,18 +166,19 @@ impl SafetensorsModel {
             metadata.tensors().into_iter().collect();
         names.sort_by(|a, b| a.0.cmp(&b.0));
         for (name, info) in names {
-            let dtype =
-                match info.dtype {
-                    Dtype::F32 => GgmlType::F32,
-                    Dtype::F16 => GgmlType::F16,
-                    Dtype::BF16 => GgmlType::Bf16,
-                    other => return Err(st_error(
+            let dtype = match info.dtype {
+                Dtype::F32 => GgmlType::F32,
+                Dtype::F16 => GgmlType::F16,
+                Dtype::BF16 => GgmlType::Bf16,
+                other => {
+                    return Err(st_error(
                         &path,
                         format!(
                             "tensor {name:?} has dtype {other:?}; supported are F32, F16 and BF16"
                         ),
-                    )),
-                };
+                    ))
+                }
+            };
             let (start, end) = info.data_offsets;
             let (start, end) = (data_start + start, data_start + end);
             debug_assert_eq!(

@@ -446,3 +446,50 @@ fn missing_and_empty_files_are_io_and_truncation_errors() {
     ));
     std::fs::remove_file(&path).unwrap();
 }
+
+#[test]
+fn string_arrays_validate_each_element() {
+    // Valid: multibyte text and lengths of 128 and more (length bytes >= 0x80).
+    let long = "é".repeat(100);
+    let mut r = Raw::header(3, 0, 1);
+    r.str(b"k")
+        .u32(9)
+        .u32(8)
+        .u64(3)
+        .str("añb".as_bytes())
+        .str(long.as_bytes())
+        .str(b"");
+    let f = r.open().unwrap();
+    assert_eq!(f.get_str_array("k").unwrap(), ["añb", long.as_str(), ""]);
+
+    // An invalid byte inside the third element: the error names the element and its offset.
+    let mut r = Raw::header(3, 0, 1);
+    r.str(b"k")
+        .u32(9)
+        .u32(8)
+        .u64(3)
+        .str(b"ok")
+        .str(b"fine")
+        .str(b"b\xffd");
+    let bad_offset = r.0.len() - 3; // where the element starts
+    let e = r.open().unwrap_err();
+    assert!(
+        matches!(e, GgufError::InvalidUtf8 { ref what, offset } if what.contains("element 2") && offset == bad_offset as u64),
+        "{e}"
+    );
+
+    // A lone lead byte at the end of one element followed by a length byte of 0xA9 makes the
+    // region as a whole valid UTF-8 ("\xc3\xa9" is 'é'); the element itself is not.
+    let mut r = Raw::header(3, 0, 1);
+    r.str(b"k")
+        .u32(9)
+        .u32(8)
+        .u64(2)
+        .str(b"\xc3")
+        .str(&[b'a'; 0xA9]);
+    let e = r.open().unwrap_err();
+    assert!(
+        matches!(e, GgufError::InvalidUtf8 { ref what, .. } if what.contains("element 0")),
+        "{e}"
+    );
+}
