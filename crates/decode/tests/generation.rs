@@ -1,0 +1,123 @@
+//! The generation loop on a tiny synthetic model: prefill and step-by-step decode agree, stop
+//! conditions, seeded sampling, and the KV cache bound.
+
+mod common;
+
+use common::scratch_dir;
+use decode::backend::cpu::CpuBackend;
+use decode::backend::Precision;
+use decode::generate::{generate, StopReason};
+use decode::gguf_loader::synth::{write_preset, Preset};
+use decode::model::{Model, ModelOptions};
+use decode::sampler::SamplerConfig;
+use decode::DecodeError;
+
+fn tiny(preset: Preset, tag: &str, options: ModelOptions) -> Model<CpuBackend> {
+    let path = scratch_dir().join(format!("gen-{tag}-{}.gguf", std::process::id()));
+    write_preset(preset, &path, 3).unwrap();
+    let file = decode::open_model(&path).unwrap();
+    let model = Model::load(&file, CpuBackend::new(Precision::Exact), options).unwrap();
+    std::fs::remove_file(&path).ok();
+    model
+}
+
+fn opts(context: usize, all_logits: bool) -> ModelOptions {
+    ModelOptions {
+        context,
+        max_batch: 16,
+        all_logits,
+    }
+}
+
+#[test]
+fn decoding_one_token_at_a_time_matches_the_batched_prefill() {
+    for preset in [Preset::TinyGemma3, Preset::TinyQwen3Moe, Preset::TinyLlama] {
+        let mut model = tiny(preset, preset.name(), opts(64, true));
+        let tokens: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % 300).collect();
+        let batched = model.forward_all_logits(&tokens).unwrap();
+        model.reset();
+        let vocab = model.spec().vocab;
+        let mut row = Vec::new();
+        for (t, &tok) in tokens.iter().enumerate() {
+            model.forward(&[tok]).unwrap();
+            model.last_logits(&mut row).unwrap();
+            let want = &batched[t * vocab..(t + 1) * vocab];
+            let max = row
+                .iter()
+                .zip(want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(max < 1e-4, "{} position {t}: {max}", preset.name());
+        }
+        assert_eq!(model.position(), tokens.len());
+    }
+}
+
+#[test]
+fn generation_stops_at_a_stop_token_and_at_the_limit() {
+    let mut model = tiny(Preset::TinyQwen3, "stop", opts(64, false));
+    let prompt = [1u32, 2, 3];
+    let greedy = SamplerConfig::default();
+    let all = generate(&mut model, &prompt, 8, greedy, &|_| false, &mut |_| {}).unwrap();
+    assert_eq!(all.tokens.len(), 8);
+    assert_eq!(all.stop, StopReason::TokenLimit);
+    // Treat the third generated token as end-of-sequence: generation ends right there.
+    let stop_id = all.tokens[2];
+    model.reset();
+    let mut streamed = Vec::new();
+    let r = generate(
+        &mut model,
+        &prompt,
+        8,
+        greedy,
+        &|id| id == stop_id,
+        &mut |id| streamed.push(id),
+    )
+    .unwrap();
+    let first = all.tokens.iter().position(|&t| t == stop_id).unwrap();
+    assert_eq!(r.tokens, all.tokens[..=first]);
+    assert_eq!(streamed, r.tokens, "every token is streamed as it comes");
+    assert_eq!(r.stop, StopReason::EndOfSequence);
+}
+
+#[test]
+fn seeded_sampling_repeats_and_the_context_bound_is_enforced() {
+    let mut model = tiny(Preset::TinyGemma3, "seed", opts(12, false));
+    let cfg = SamplerConfig {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: 11,
+    };
+    let prompt = [2u32, 10, 20, 30];
+    let a = generate(&mut model, &prompt, 6, cfg, &|_| false, &mut |_| {}).unwrap();
+    model.reset();
+    let b = generate(&mut model, &prompt, 6, cfg, &|_| false, &mut |_| {}).unwrap();
+    assert_eq!(a.tokens, b.tokens);
+    // 4 prompt tokens and 8 generated ones fed back fill the 12-position cache; a 9th comes
+    // from the last logits, and generation ends at the bound instead of failing.
+    model.reset();
+    let c = generate(&mut model, &prompt, 100, cfg, &|_| false, &mut |_| {}).unwrap();
+    assert_eq!(c.stop, StopReason::ContextFull);
+    assert_eq!(c.tokens.len(), 9);
+    assert_eq!(model.position(), 12);
+    // A prompt longer than the cache is a typed error, not a panic.
+    model.reset();
+    let long: Vec<u32> = (0..13).collect();
+    match model.forward(&long) {
+        Err(DecodeError::ContextFull { needed, capacity }) => {
+            assert_eq!((needed, capacity), (13, 12));
+        }
+        other => panic!("expected ContextFull, got {other:?}"),
+    }
+}
+
+#[test]
+fn out_of_vocabulary_tokens_are_rejected() {
+    let mut model = tiny(Preset::TinyLlama, "oov", opts(16, false));
+    let vocab = model.spec().vocab as u32;
+    match model.forward(&[vocab]) {
+        Err(DecodeError::TokenOutOfRange { id, .. }) => assert_eq!(id, vocab),
+        other => panic!("expected TokenOutOfRange, got {other:?}"),
+    }
+}
