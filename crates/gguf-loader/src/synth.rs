@@ -226,9 +226,11 @@ pub struct Spec {
 
 /// llama.cpp's Q4_K_M rule: some layers get more bits for `attn_v` and `ffn_down`.
 fn use_more_bits(layer: usize, n_layers: usize) -> bool {
-    layer < n_layers / 8
-        || layer >= 7 * n_layers / 8
-        || (layer >= n_layers / 8 && (layer - n_layers / 8) % 3 == 2)
+    let first = n_layers / 8;
+    match layer.checked_sub(first) {
+        None => true,
+        Some(since_first) => layer >= 7 * n_layers / 8 || since_first % 3 == 2,
+    }
 }
 
 /// K-quants need rows that are a multiple of 256; llama.cpp falls back to a legacy type.
@@ -648,4 +650,33 @@ fn add_sentencepiece_tokenizer(
     w.add("tokenizer.ggml.add_eos_token", Value::Bool(false))?;
     w.add("tokenizer.ggml.add_space_prefix", Value::Bool(false))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The layers of the real Gemma 3 270M Q4_K_M file whose attn_v/ffn_down got more bits
+    /// (read from the file with gguf-py: Q8_0/Q6_K instead of Q5_0/Q4_K).
+    #[test]
+    fn more_bits_layers_match_the_real_q4_k_m_file() {
+        let more: Vec<usize> = (0..18).filter(|&i| use_more_bits(i, 18)).collect();
+        assert_eq!(more, [0, 1, 4, 7, 10, 13, 15, 16, 17]);
+    }
+
+    #[test]
+    fn rows_that_are_not_a_multiple_of_256_fall_back_like_llama_cpp() {
+        assert_eq!(fit_row(GgmlType::Q4K, 640), GgmlType::Q5_0);
+        assert_eq!(fit_row(GgmlType::Q6K, 640), GgmlType::Q8_0);
+        assert_eq!(fit_row(GgmlType::Q4K, 1024), GgmlType::Q4K);
+    }
+
+    #[test]
+    fn gpt2_byte_map_is_a_bijection_with_space_as_g_dot() {
+        let chars = gpt2_byte_chars();
+        let unique: HashSet<char> = chars.iter().copied().collect();
+        assert_eq!(unique.len(), 256);
+        assert_eq!(chars[b' ' as usize], 'Ġ');
+        assert_eq!(chars[b'a' as usize], 'a');
+    }
 }
