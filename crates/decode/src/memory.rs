@@ -92,6 +92,18 @@ impl fmt::Display for MemoryReport {
     }
 }
 
+/// The allocator tag a GPU backend requests each kind of buffer under.
+impl From<MemoryTag> for rocm_alloc::Tag {
+    fn from(t: MemoryTag) -> rocm_alloc::Tag {
+        match t {
+            MemoryTag::Weights => rocm_alloc::Tag::Weights,
+            MemoryTag::KvCache => rocm_alloc::Tag::KvCache,
+            MemoryTag::Activations => rocm_alloc::Tag::Activations,
+            MemoryTag::Workspace => rocm_alloc::Tag::Workspace,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,17 +120,5 @@ mod tests {
         let s = r.to_string();
         assert!(s.contains("weights 3.0 MiB"), "{s}");
         assert!(s.contains("kv_cache 512 B"), "{s}");
-    }
-}
-
-/// The allocator tag a GPU backend requests each kind of buffer under.
-impl From<MemoryTag> for rocm_alloc::Tag {
-    fn from(t: MemoryTag) -> rocm_alloc::Tag {
-        match t {
-            MemoryTag::Weights => rocm_alloc::Tag::Weights,
-            MemoryTag::KvCache => rocm_alloc::Tag::KvCache,
-            MemoryTag::Activations => rocm_alloc::Tag::Activations,
-            MemoryTag::Workspace => rocm_alloc::Tag::Workspace,
-        }
     }
 }

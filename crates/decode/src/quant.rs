@@ -154,6 +154,8 @@ impl Default for Unpacked {
 
 /// Unpacks one block of an integer format. `src` is exactly one block.
 /// Float formats are not unpacked this way (see [`block_to_f32`]).
+// Indexed loops on purpose: the indices are the ggml block layout, element j pairs with j + 16.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 pub fn unpack_block(format: WeightFormat, src: &[u8], out: &mut Unpacked) {
     match format {

@@ -5,7 +5,7 @@ use anyhow::{bail, Result};
 use bench::{median, process_memory};
 use clap::Parser;
 use decode::backend::cpu::CpuBackend;
-use decode::backend::Precision;
+use decode::backend::{Backend, Precision};
 use decode::memory::{human_bytes, MemoryTag};
 use decode::model::{Model, ModelOptions};
 use std::path::PathBuf;

@@ -278,6 +278,7 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn rope(
         &mut self,
         x: &mut Vec<f32>,

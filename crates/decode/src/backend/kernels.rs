@@ -13,7 +13,7 @@
 //! less per token than decode. The loops are written over fixed-size arrays so LLVM vectorizes
 //! them; on x86-64 the same code is also compiled for AVX2 and chosen at run time.
 
-use crate::quant::{self, Q16Row, Unpacked, WeightFormat, GROUP, MAX_BLOCK, ACT_BLOCK};
+use crate::quant::{self, Q16Row, Unpacked, WeightFormat, ACT_BLOCK, GROUP, MAX_BLOCK};
 use rayon::prelude::*;
 
 /// How activations enter the weight products.
@@ -212,7 +212,16 @@ fn rows_generic<D: IntDot>(
                 dot_unpacked::<D>(w.format, row, a, &mut acc, &mut scratch);
             }
         } else {
-            dot_f32(w.format, row, acts, t0, nt, &mut acc, &mut scratch, &mut fbuf);
+            dot_f32(
+                w.format,
+                row,
+                acts,
+                t0,
+                nt,
+                &mut acc,
+                &mut scratch,
+                &mut fbuf,
+            );
         }
         for t in 0..nt {
             dst[t * nr + i] = acc[t];
@@ -365,9 +374,9 @@ fn dot_f32(
     let bl = format.block_len();
     for (b, blk) in row.chunks_exact(format.block_bytes()).enumerate() {
         quant::block_to_f32(format, blk, &mut fbuf[..bl], u);
-        for t in 0..nt {
+        for (t, a) in acc.iter_mut().enumerate().take(nt) {
             let x = &acts.x[(t0 + t) * acts.cols + b * bl..(t0 + t) * acts.cols + (b + 1) * bl];
-            acc[t] += dot_f32_slice(&fbuf[..bl], x);
+            *a += dot_f32_slice(&fbuf[..bl], x);
         }
     }
 }

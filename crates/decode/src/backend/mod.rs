@@ -143,6 +143,8 @@ pub trait Backend: Send {
     /// `x[r] += bias` for `rows` rows.
     fn add_bias(&mut self, x: &mut Self::Buffer, bias: &Self::Weight, rows: usize) -> Result<()>;
     /// Rotates `rows` rows of `n_heads` heads of `head_dim`, row r at position `pos0 + r`.
+    // Shapes stay plain arguments like every other op's, rather than a one-off struct.
+    #[allow(clippy::too_many_arguments)]
     fn rope(
         &mut self,
         x: &mut Self::Buffer,

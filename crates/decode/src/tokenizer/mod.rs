@@ -138,8 +138,8 @@ impl Vocabulary {
 }
 
 enum Model {
-    Spm(spm::Spm),
-    Bpe(bpe::Bpe),
+    Spm(Box<spm::Spm>),
+    Bpe(Box<bpe::Bpe>),
 }
 
 /// A tokenizer: text to ids and back.
@@ -179,8 +179,8 @@ impl Tokenizer {
             }
         }
         let model = match vocab.model.as_str() {
-            "llama" => Model::Spm(spm::Spm::new(&vocab)?),
-            "gpt2" => Model::Bpe(bpe::Bpe::new(&vocab)?),
+            "llama" => Model::Spm(Box::new(spm::Spm::new(&vocab)?)),
+            "gpt2" => Model::Bpe(Box::new(bpe::Bpe::new(&vocab)?)),
             other => {
                 return Err(DecodeError::Tokenizer(format!(
                     "tokenizer.ggml.model '{other}' is not supported (supported: llama, gpt2)"
@@ -201,7 +201,7 @@ impl Tokenizer {
             }
         }
         for list in specials.values_mut() {
-            list.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+            list.sort_by_key(|s| std::cmp::Reverse(s.0.len()));
         }
         let bytes = (0..n)
             .map(|i| match &model {

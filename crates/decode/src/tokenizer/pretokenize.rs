@@ -67,12 +67,15 @@ pub fn split(scheme: Scheme, text: &str) -> Vec<&str> {
     out
 }
 
+/// `run(i, class)`: the index after the longest run of `class` characters starting at `i`.
+type RunFn<'a> = &'a dyn Fn(usize, &dyn Fn(char) -> bool) -> usize;
+
 fn match_at(
     scheme: Scheme,
     chars: &[(usize, char)],
     i: usize,
     at: &dyn Fn(usize) -> Option<char>,
-    run: &dyn Fn(usize, &dyn Fn(char) -> bool) -> usize,
+    run: RunFn<'_>,
 ) -> usize {
     let c = chars[i].1;
     let insensitive = scheme != Scheme::Gpt2;
