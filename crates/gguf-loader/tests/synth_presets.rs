@@ -146,3 +146,55 @@ fn tiny_presets_load_in_gguf_py_and_match_it() {
         std::fs::remove_file(path).unwrap();
     }
 }
+
+/// `.npy` files of dequantized tensors load in numpy with gguf-py's shape and values.
+#[test]
+fn npy_export_loads_in_numpy_and_matches_gguf_py() {
+    let test = "npy_export_loads_in_numpy_and_matches_gguf_py";
+    if !gguf_py_available(test) {
+        return;
+    }
+    let (path, f) = write(Preset::TinyGemma3, 8);
+    for name in [
+        "token_embd.weight",
+        "blk.0.attn_q.weight",
+        "blk.1.ffn_down.weight",
+        "output_norm.weight",
+    ] {
+        let npy = path.with_extension(format!("{name}.npy"));
+        gguf_loader::inspect::write_tensor_npy(&f, name, &npy).unwrap();
+        let out = run_reference(
+            "gguf_npy_check.py",
+            &[path.as_os_str(), name.as_ref(), npy.as_os_str()],
+        );
+        assert!(out.starts_with("ok "), "{out}");
+        std::fs::remove_file(npy).unwrap();
+    }
+    std::fs::remove_file(path).unwrap();
+}
+
+/// The text and JSON reports describe the file: every tensor and key appears, long arrays are
+/// elided, and the JSON model description equals ModelConfig.
+#[test]
+fn inspect_reports_describe_the_file() {
+    let (path, f) = write(Preset::TinyQwen3Moe, 2);
+    let mut text = Vec::new();
+    gguf_loader::inspect::write_text_report(&f, &mut text).unwrap();
+    let text = String::from_utf8(text).unwrap();
+    for t in f.tensors() {
+        assert!(text.contains(&t.name), "{}", t.name);
+    }
+    for (key, _) in f.metadata() {
+        assert!(text.contains(key), "{key}");
+    }
+    assert!(text.contains("more)"), "long arrays are elided");
+    assert!(text.lines().count() < 200, "the vocabulary is not printed");
+
+    let json = gguf_loader::inspect::json_report(&f);
+    assert_eq!(json["tensors"].as_array().unwrap().len(), f.tensors().len());
+    assert_eq!(json["metadata"]["tokenizer.ggml.tokens"]["len"], 640);
+    let config = ModelConfig::from_gguf(&f).unwrap();
+    assert_eq!(json["model"], serde_json::to_value(&config).unwrap());
+    assert_eq!(json["model"]["n_expert"], 8);
+    std::fs::remove_file(path).unwrap();
+}
