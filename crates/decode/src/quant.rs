@@ -70,6 +70,14 @@ impl WeightFormat {
         (n % self.block_len() == 0).then(|| n / self.block_len() * self.block_bytes())
     }
 
+    /// Whether unpacked blocks carry a nonzero offset (a stored minimum).
+    pub const fn has_offset(self) -> bool {
+        matches!(
+            self,
+            WeightFormat::Q4_1 | WeightFormat::Q5_1 | WeightFormat::Q4K | WeightFormat::Q5K
+        )
+    }
+
     /// Whether the format holds floats rather than small integers (no integer dot product).
     pub const fn is_float(self) -> bool {
         matches!(

@@ -270,19 +270,31 @@ fn dot_unpacked<D: IntDot>(
 ) {
     let bl = format.block_len();
     let groups = bl / GROUP;
+    // Only Q6_K changes scale every 16 elements; the others can take 32 at a time.
+    let by32 = format != WeightFormat::Q6K;
+    let has_offset = format.has_offset();
     let mut vacc = [D::zero(); TILE];
     let mut offsets = [0f32; TILE];
     for (b, blk) in row.chunks_exact(format.block_bytes()).enumerate() {
         quant::unpack_block(format, blk, u);
         let base = b * bl;
-        let has_offset = u.offset[..groups].iter().any(|&o| o != 0.0);
         for (t, a) in acts.iter().enumerate() {
             let mut v = vacc[t];
-            for g in 0..groups {
-                let e = base + g * GROUP;
-                let wq: &[i8; GROUP] = u.q[g * GROUP..(g + 1) * GROUP].try_into().expect("group");
-                let aq: &[i16; GROUP] = a.q[e..e + GROUP].try_into().expect("group");
-                v = D::group16(v, wq, aq, u.scale[g] * a.d[e / ACT_BLOCK]);
+            if by32 {
+                for g in 0..groups / 2 {
+                    let e = base + g * ACT_BLOCK;
+                    let wq: &[i8; 32] = u.q[g * 32..(g + 1) * 32].try_into().expect("group");
+                    let aq: &[i16; 32] = a.q[e..e + 32].try_into().expect("group");
+                    v = D::group32(v, wq, aq, u.scale[2 * g] * a.d[e / ACT_BLOCK]);
+                }
+            } else {
+                for g in 0..groups {
+                    let e = base + g * GROUP;
+                    let wq: &[i8; GROUP] =
+                        u.q[g * GROUP..(g + 1) * GROUP].try_into().expect("group");
+                    let aq: &[i16; GROUP] = a.q[e..e + GROUP].try_into().expect("group");
+                    v = D::group16(v, wq, aq, u.scale[g] * a.d[e / ACT_BLOCK]);
+                }
             }
             vacc[t] = v;
             if has_offset {
@@ -459,6 +471,39 @@ pub(crate) mod tests {
         out
     }
 
+    /// The portable kernels over all rows, one token at a time (the AVX2 ones are what
+    /// `matmul` picks on this machine, so this is how the portable path gets checked).
+    fn matmul_portable(
+        w: MatrixRef<'_>,
+        x: &[f32],
+        n_tok: usize,
+        precision: Precision,
+    ) -> Vec<f32> {
+        let mut rows = vec![Q16Row::default(); n_tok];
+        for (r, xr) in rows.iter_mut().zip(x.chunks_exact(w.cols)) {
+            r.quantize_from(xr);
+        }
+        let use_int = precision == Precision::Fast && !w.format.is_float();
+        let acts = Acts {
+            x,
+            act_q: if use_int { &rows } else { &[] },
+            cols: w.cols,
+        };
+        let mut out = vec![0f32; n_tok * w.rows];
+        for t in 0..n_tok {
+            rows_generic::<Portable>(
+                w,
+                &acts,
+                0,
+                w.rows,
+                t,
+                1,
+                &mut out[t * w.rows..(t + 1) * w.rows],
+            );
+        }
+        out
+    }
+
     pub(crate) const ALL: [WeightFormat; 11] = [
         WeightFormat::F32,
         WeightFormat::F16,
@@ -504,9 +549,15 @@ pub(crate) mod tests {
             let scale = (want.iter().map(|v| v * v).sum::<f64>() / want.len() as f64).sqrt();
             for (precision, tol) in [(Precision::Exact, 1e-5), (Precision::Fast, 1e-4)] {
                 // Single token and batched paths.
-                for nt in [1, n_tok] {
-                    let mut out = vec![0f32; nt * rows];
-                    matmul(w, &x[..nt * cols], nt, &mut out, precision, &mut Vec::new());
+                let portable = matmul_portable(w, &x, n_tok, precision);
+                for nt in [1, n_tok, usize::MAX] {
+                    let out = if nt == usize::MAX {
+                        portable.clone()
+                    } else {
+                        let mut out = vec![0f32; nt * rows];
+                        matmul(w, &x[..nt * cols], nt, &mut out, precision, &mut Vec::new());
+                        out
+                    };
                     for (i, (&got, &exp)) in out.iter().zip(&want).enumerate() {
                         let err = (got as f64 - exp).abs() / scale;
                         assert!(
