@@ -48,22 +48,12 @@ pub fn run(args: Args) -> Result<()> {
         .with_context(|| format!("creating {}", out.display()))?;
 
     eprintln!("==> building the workspace's test binaries (release)");
-    // --no-fail-fast keeps building after a crate fails: it costs only its own tests; the
-    // bundle records that it is incomplete and verify-rocm reports it.
-    let (artifacts, build_ok) = cargo_artifacts_status(
-        &root,
-        &[
-            "test",
-            "--workspace",
-            "--release",
-            "--no-run",
-            "--no-fail-fast",
-            "--message-format=json-render-diagnostics",
-        ],
-    )?;
+    let (artifacts, failed_packages) = build_tests_per_package_on_failure(&root, &["--release"])?;
+    let build_ok = failed_packages.is_empty();
     if !build_ok {
         eprintln!(
-            "warning: some test targets failed to build (see above); the bundle lacks their tests"
+            "warning: test targets of {} failed to build (see above); the bundle lacks them",
+            failed_packages.join(", ")
         );
     }
     let mut tests = Vec::new();
@@ -105,6 +95,7 @@ pub fn run(args: Args) -> Result<()> {
 
     let manifest = serde_json::json!({
         "complete": build_ok,
+        "failed_packages": failed_packages,
         "tests": tests.iter().map(|t| serde_json::json!({
             "binary": t.binary,
             "crate_dir": t.crate_dir,
@@ -149,6 +140,73 @@ pub(crate) fn cargo_artifacts(root: &Path, cargo_args: &[&str]) -> Result<Vec<Ar
         bail!("cargo {} failed", cargo_args.join(" "));
     }
     Ok(artifacts)
+}
+
+/// Builds every test target of the workspace (`cargo test --workspace --no-run` plus
+/// `extra_args`). If that fails, builds package by package so one crate that does not compile
+/// costs only its own tests; returns the artifacts and the packages that failed.
+pub(crate) fn build_tests_per_package_on_failure(
+    root: &Path,
+    extra_args: &[&str],
+) -> Result<(Vec<Artifact>, Vec<String>)> {
+    let mut args = vec![
+        "test",
+        "--workspace",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ];
+    args.extend_from_slice(extra_args);
+    let (artifacts, ok) = cargo_artifacts_status(root, &args)?;
+    if ok {
+        return Ok((artifacts, Vec::new()));
+    }
+    eprintln!("==> the workspace build failed; building package by package");
+    let mut all = Vec::new();
+    let mut failed = Vec::new();
+    for package in workspace_packages(root)? {
+        let mut args = vec![
+            "test",
+            "-p",
+            package.as_str(),
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ];
+        args.extend_from_slice(extra_args);
+        let (artifacts, ok) = cargo_artifacts_status(root, &args)?;
+        all.extend(artifacts);
+        if !ok {
+            failed.push(package);
+        }
+    }
+    // A package's test build also reports its dependencies' (non-test) artifacts; keep each
+    // executable once.
+    all.sort_by(|a, b| a.executable.cmp(&b.executable));
+    all.dedup_by(|a, b| a.executable == b.executable);
+    Ok((all, failed))
+}
+
+/// Names of the workspace's member packages, from `cargo metadata`.
+fn workspace_packages(root: &Path) -> Result<Vec<String>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let output = Command::new(cargo)
+        .current_dir(root)
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo metadata")?;
+    if !output.status.success() {
+        bail!("cargo metadata failed ({})", output.status);
+    }
+    let value: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+    Ok(value["packages"]
+        .as_array()
+        .map(|packages| {
+            packages
+                .iter()
+                .filter_map(|p| p["name"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default())
 }
 
 /// Like [`cargo_artifacts`], but returns what was built together with cargo's success.

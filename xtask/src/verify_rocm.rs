@@ -246,19 +246,12 @@ impl TestRun {
 }
 
 /// Builds the test binaries with cargo (dev profile) and lists them, with whether every
-/// target built (`--no-fail-fast` keeps building: one broken crate does not hide the others).
+/// target built (one broken crate does not hide the others' results).
 fn cargo_test_binaries(root: &Path) -> Result<(Vec<TestBinary>, bool)> {
     eprintln!("==> cargo test --workspace --no-run");
-    let (artifacts, ok) = crate::bundle::cargo_artifacts_status(
-        root,
-        &[
-            "test",
-            "--workspace",
-            "--no-run",
-            "--no-fail-fast",
-            "--message-format=json-render-diagnostics",
-        ],
-    )?;
+    let (artifacts, failed_packages) =
+        crate::bundle::build_tests_per_package_on_failure(root, &[])?;
+    let ok = failed_packages.is_empty();
     let mut binaries: Vec<TestBinary> = artifacts
         .into_iter()
         .filter(|a| a.is_test)
