@@ -158,7 +158,7 @@ fn run(args: RunArgs) -> Result<()> {
     };
     let mem = model.memory();
     eprintln!(
-        "prefill {} tokens at {:.1} tok/s; decode {} tokens at {:.1} tok/s; stopped at {stop}",
+        "prompt {} tokens at {:.1} tok/s; generated {} tokens, decode at {:.1} tok/s; stopped at {stop}",
         report.prompt_tokens,
         report.prefill_tok_s(),
         report.tokens.len(),

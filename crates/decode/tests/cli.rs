@@ -1,0 +1,118 @@
+//! The `hipdecode` binary end to end on a tiny synthetic model.
+
+mod common;
+
+use decode::gguf_loader::synth::{write_preset, Preset};
+use std::process::Command;
+
+fn hipdecode() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_hipdecode"))
+}
+
+fn tiny_model(tag: &str) -> std::path::PathBuf {
+    let path = common::scratch_dir().join(format!("cli-{tag}-{}.gguf", std::process::id()));
+    write_preset(Preset::TinyQwen3, &path, 5).unwrap();
+    path
+}
+
+#[test]
+fn run_streams_a_continuation_and_reports_speed_and_memory() {
+    let model = tiny_model("run");
+    let out = hipdecode()
+        .args(["run", "-m"])
+        .arg(&model)
+        .args([
+            "-p",
+            "hello world",
+            "-n",
+            "5",
+            "--temp",
+            "0",
+            "--device",
+            "cpu",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.starts_with("hello world"), "{stdout}");
+    assert!(stderr.contains("tok/s"), "{stderr}");
+    assert!(stderr.contains("kv_cache"), "{stderr}");
+    std::fs::remove_file(&model).ok();
+}
+
+#[test]
+fn asking_for_the_gpu_is_a_clear_error() {
+    let model = tiny_model("gpu");
+    let out = hipdecode()
+        .args(["run", "-m"])
+        .arg(&model)
+        .args(["-p", "x", "--device", "gpu"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("GPU backend is not available"), "{stderr}");
+    assert!(stderr.contains("--device cpu"), "{stderr}");
+    std::fs::remove_file(&model).ok();
+}
+
+#[test]
+fn bad_input_is_reported_not_panicked() {
+    let out = hipdecode()
+        .args([
+            "run",
+            "-m",
+            "/nonexistent/model.gguf",
+            "-p",
+            "x",
+            "--device",
+            "cpu",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("/nonexistent/model.gguf"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    let model = tiny_model("temp");
+    let out = hipdecode()
+        .args(["run", "-m"])
+        .arg(&model)
+        .args(["-p", "x", "--temp=-1", "--device", "cpu"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("--temp"), "{stderr}");
+    std::fs::remove_file(&model).ok();
+}
+
+#[test]
+fn inspect_reports_metadata_and_exports_a_tensor() {
+    let model = tiny_model("inspect");
+    let out = hipdecode().arg("inspect").arg(&model).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("general.architecture"), "{text}");
+    let npy = common::scratch_dir().join(format!("cli-{}.npy", std::process::id()));
+    let out = hipdecode()
+        .arg("inspect")
+        .arg(&model)
+        .args(["--tensor", "output_norm.weight", "--npy"])
+        .arg(&npy)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (shape, data) = common::read_npy_f32(&npy);
+    assert_eq!(shape.len(), 1);
+    assert_eq!(data.len(), shape[0]);
+    std::fs::remove_file(&npy).ok();
+    std::fs::remove_file(&model).ok();
+}
