@@ -660,15 +660,40 @@ def test_sentencepiece_by_hand():
 # --------------------------------------------------------------------------------------------
 
 
-def gemma_path():
+def models_dir():
     root = os.path.abspath(os.path.join(_HERE, "..", ".."))
-    models = os.environ.get("HIPDECODE_MODELS_DIR") or os.path.join(root, "models")
-    p = os.path.join(models, "gemma3-270m-q4_k_m.gguf")
+    return os.environ.get("HIPDECODE_MODELS_DIR") or os.path.join(root, "models")
+
+
+def gemma_path():
+    p = os.path.join(models_dir(), "gemma3-270m-q4_k_m.gguf")
     return p if os.path.exists(p) else None
 
 
 class Skip(Exception):
     pass
+
+
+def test_synth_models_from_xtask():
+    # Files from `cargo xtask synth-model <preset>` (default path <models dir>/synth-<preset>.gguf):
+    # the reference must load them, and its one-pass and incremental paths must agree.
+    found = 0
+    for preset in ("tiny-llama", "tiny-qwen3", "tiny-qwen3moe", "tiny-gemma3"):
+        path = os.path.join(models_dir(), f"synth-{preset}.gguf")
+        if not os.path.exists(path):
+            continue
+        found += 1
+        model = load(path)
+        toks = rand_tokens(12, model.cfg.vocab)
+        full = model.logits(toks)
+        model.reset()
+        inc = np.concatenate([model.step(toks[:4], "all")] + [model.step([t], "all") for t in toks[4:]])
+        assert_close(inc, full, 2e-5, f"{preset}: incremental vs full")
+        tok = reftok.load_tokenizer(path)
+        text = "Hello world, the capital of France is Paris.\n"
+        assert tok.decode(tok.encode(text)) == text, preset
+    if not found:
+        raise Skip(f"no synth-*.gguf in {models_dir()} (cargo xtask synth-model tiny-llama ...)")
 
 
 def test_real_gemma_tokenizer():
@@ -715,19 +740,21 @@ def test_real_gemma_continues_sensibly():
 def main() -> int:
     sel = sys.argv[sys.argv.index("-k") + 1] if "-k" in sys.argv else ""
     tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f) and sel in n]
-    failed = 0
+    passed = failed = skipped = 0
     for name, fn in tests:
         try:
             fn()
+            passed += 1
             print(f"PASS {name}")
         except Skip as s:
+            skipped += 1
             print(f"SKIP {name}: {s}")
         except Exception:
             failed += 1
             print(f"FAIL {name}")
             traceback.print_exc()
-    print(f"{len(tests) - failed}/{len(tests)} passed" + (f", {failed} FAILED" if failed else ""))
-    return 1 if failed else 0
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    return 1 if failed or not tests else 0
 
 
 if __name__ == "__main__":
