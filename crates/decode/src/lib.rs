@@ -22,10 +22,13 @@ pub use memory::{MemoryReport, MemoryTag};
 pub use gguf_loader;
 pub use gguf_loader::GgufFile;
 
-/// Opens a GGUF model file, naming the path in the error.
-pub fn open_model(path: &std::path::Path) -> Result<GgufFile> {
-    GgufFile::open(path).map_err(|source| DecodeError::Model {
-        path: path.to_path_buf(),
-        source,
-    })
+/// Opens (memory-maps) a GGUF model file, naming the path in the error. Shared, because
+/// backends that read weights in place keep the mapping alive.
+pub fn open_model(path: &std::path::Path) -> Result<std::sync::Arc<GgufFile>> {
+    GgufFile::open(path)
+        .map(std::sync::Arc::new)
+        .map_err(|source| DecodeError::Model {
+            path: path.to_path_buf(),
+            source,
+        })
 }

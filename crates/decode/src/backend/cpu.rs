@@ -1,21 +1,38 @@
 //! The CPU backend: the reference every GPU kernel is checked against, the fallback without a
-//! GPU, and the path CI runs. Buffers are heap vectors; weights are copied out of the file once
-//! in their stored format and read by the fused kernels in [`super::kernels`].
+//! GPU, and the path CI runs. Buffers are heap vectors; weights are read in place from the
+//! memory-mapped file in their stored format by the fused kernels in [`super::kernels`].
 
 use super::kernels::{self, MatrixRef, Precision};
 use super::{ops, Attention, Backend, ExpertChoice, GateActivation, Rope, WeightSource};
 use crate::error::{DecodeError, Result};
 use crate::memory::{MemoryReport, MemoryTag};
 use crate::quant::{self, Q16Row, WeightFormat};
+use gguf_loader::{GgufFile, TensorInfo};
+use std::sync::Arc;
 
 /// A weight tensor held in host memory in its stored format.
 pub struct CpuWeight {
     name: String,
     format: WeightFormat,
     dims: [usize; 3],
-    data: Vec<u8>,
+    data: Bytes,
     /// One-dimensional tensors (norms, biases, rope factors) dequantized once.
     vector: Vec<f32>,
+}
+
+/// Where a weight's bytes are: read in place from the mapped file, or an owned copy.
+enum Bytes {
+    Mapped(Arc<GgufFile>, TensorInfo),
+    Owned(Vec<u8>),
+}
+
+impl Bytes {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(file, info) => file.tensor_data(info),
+            Bytes::Owned(v) => v,
+        }
+    }
 }
 
 impl CpuWeight {
@@ -24,7 +41,7 @@ impl CpuWeight {
         let bytes = rows * cols / self.format.block_len() * self.format.block_bytes();
         MatrixRef {
             format: self.format,
-            data: &self.data[index * bytes..(index + 1) * bytes],
+            data: &self.data.as_slice()[index * bytes..(index + 1) * bytes],
             rows,
             cols,
         }
@@ -129,7 +146,10 @@ impl Backend for CpuBackend {
             name: src.name.to_string(),
             format: src.format,
             dims: src.dims,
-            data: src.bytes.to_vec(),
+            data: match src.mapped {
+                Some(m) => Bytes::Mapped(Arc::clone(m.file), m.info.clone()),
+                None => Bytes::Owned(src.bytes.to_vec()),
+            },
             vector,
         })
     }

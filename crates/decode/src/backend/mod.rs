@@ -19,6 +19,8 @@ mod ops;
 use crate::error::Result;
 use crate::memory::{MemoryReport, MemoryTag};
 use crate::quant::WeightFormat;
+use gguf_loader::{GgufFile, TensorInfo};
+use std::sync::Arc;
 
 pub use kernels::Precision;
 
@@ -30,6 +32,16 @@ pub struct WeightSource<'a> {
     /// number of matrices (experts); missing trailing dims are 1.
     pub dims: [usize; 3],
     pub bytes: &'a [u8],
+    /// The file the bytes live in, for a backend that can read weights in place (the CPU
+    /// backend keeps a reference instead of a copy). `None` for bytes from elsewhere.
+    pub mapped: Option<MappedTensor<'a>>,
+}
+
+/// A tensor inside a memory-mapped GGUF file that stays open as long as the `Arc` lives.
+#[derive(Clone, Copy)]
+pub struct MappedTensor<'a> {
+    pub file: &'a Arc<GgufFile>,
+    pub info: &'a TensorInfo,
 }
 
 /// Rotary embedding parameters of one layer.

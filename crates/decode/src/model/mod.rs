@@ -7,11 +7,12 @@ mod spec;
 pub use kv_cache::KvCache;
 pub use spec::{LayerSpec, ModelSpec};
 
-use crate::backend::{Attention, Backend, WeightSource};
+use crate::backend::{Attention, Backend, MappedTensor, WeightSource};
 use crate::error::{DecodeError, Result};
 use crate::memory::{MemoryReport, MemoryTag};
 use crate::quant::WeightFormat;
 use gguf_loader::GgufFile;
+use std::sync::Arc;
 
 /// Sizes chosen when a model is loaded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,7 +90,7 @@ pub struct Model<B: Backend> {
 }
 
 struct Loader<'a, B: Backend> {
-    file: &'a GgufFile,
+    file: &'a Arc<GgufFile>,
     backend: &'a mut B,
 }
 
@@ -129,6 +130,10 @@ impl<B: Backend> Loader<'_, B> {
             format,
             dims,
             bytes: self.file.tensor_data(info),
+            mapped: Some(MappedTensor {
+                file: self.file,
+                info,
+            }),
         })?;
         Ok(Some(w))
     }
@@ -143,7 +148,7 @@ impl<B: Backend> Loader<'_, B> {
 
 impl<B: Backend> Model<B> {
     /// Loads the weights of `file` into `backend` and allocates the cache and activations.
-    pub fn load(file: &GgufFile, mut backend: B, options: ModelOptions) -> Result<Model<B>> {
+    pub fn load(file: &Arc<GgufFile>, mut backend: B, options: ModelOptions) -> Result<Model<B>> {
         let spec = ModelSpec::from_gguf(file)?;
         if options.max_batch == 0 || options.context == 0 {
             return Err(DecodeError::InvalidArgument(
