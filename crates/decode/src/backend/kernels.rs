@@ -162,6 +162,8 @@ trait IntDot {
     fn group16(acc: Self::Acc, w: &[i8; 16], a: &[i16; 16], scale: f32) -> Self::Acc;
     /// `acc + scale * (w · a)` over 32 elements.
     fn group32(acc: Self::Acc, w: &[i8; 32], a: &[i16; 32], scale: f32) -> Self::Acc;
+    /// [`IntDot::group32`] with the weights given as the bytes of `i8` values (Q8_0 blocks).
+    fn group32_bytes(acc: Self::Acc, w: &[u8; 32], a: &[i16; 32], scale: f32) -> Self::Acc;
     fn sum(acc: Self::Acc) -> f32;
 }
 
@@ -181,6 +183,14 @@ impl IntDot for Portable {
     #[inline(always)]
     fn group32(acc: f32, w: &[i8; 32], a: &[i16; 32], scale: f32) -> f32 {
         acc + scale * idot(w, a) as f32
+    }
+    #[inline(always)]
+    fn group32_bytes(acc: f32, w: &[u8; 32], a: &[i16; 32], scale: f32) -> f32 {
+        let mut s = 0i32;
+        for i in 0..32 {
+            s += w[i] as i8 as i32 * a[i] as i32;
+        }
+        acc + scale * s as f32
     }
     #[inline(always)]
     fn sum(acc: f32) -> f32 {
@@ -246,13 +256,11 @@ fn dot_q8_0<D: IntDot>(row: &[u8], acts: &[Q16Row], acc: &mut [f32; TILE]) {
     for (b, blk) in row.chunks_exact(34).enumerate() {
         let dw = quant::f16_bits_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
         let wq: &[u8; 32] = blk[2..34].try_into().expect("block of 32");
-        // Reinterpreting bytes as i8 is a plain cast per element; the optimizer folds it away.
-        let wq: [i8; 32] = wq.map(|v| v as i8);
         for (t, a) in acts.iter().enumerate() {
             let aq: &[i16; 32] = a.q[b * ACT_BLOCK..(b + 1) * ACT_BLOCK]
                 .try_into()
                 .expect("block of 32");
-            vacc[t] = D::group32(vacc[t], &wq, aq, dw * a.d[b]);
+            vacc[t] = D::group32_bytes(vacc[t], wq, aq, dw * a.d[b]);
         }
     }
     for t in 0..acts.len() {
@@ -344,6 +352,23 @@ mod avx2 {
         fn group32(acc: __m256, w: &[i8; 32], a: &[i16; 32], scale: f32) -> __m256 {
             // SAFETY: only reached from `rows_avx2`, which requires AVX2 and FMA; the loads read
             // exactly the 32 bytes of `w` and the 64 bytes of `a` (unaligned loads).
+            unsafe {
+                let w0 = _mm_loadu_si128(w.as_ptr().cast());
+                let w1 = _mm_loadu_si128(w.as_ptr().add(16).cast());
+                let a0 = _mm256_loadu_si256(a.as_ptr().cast());
+                let a1 = _mm256_loadu_si256(a.as_ptr().add(16).cast());
+                let p0 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(w0), a0);
+                let p1 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(w1), a1);
+                let s = _mm256_add_epi32(p0, p1);
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(scale), acc)
+            }
+        }
+
+        #[inline(always)]
+        fn group32_bytes(acc: __m256, w: &[u8; 32], a: &[i16; 32], scale: f32) -> __m256 {
+            // SAFETY: only reached from `rows_avx2`, which requires AVX2 and FMA; the loads read
+            // exactly the 32 bytes of `w` and the 64 bytes of `a` (unaligned loads). The bytes
+            // are the two's-complement i8 values, which `cvtepi8` sign-extends.
             unsafe {
                 let w0 = _mm_loadu_si128(w.as_ptr().cast());
                 let w1 = _mm_loadu_si128(w.as_ptr().add(16).cast());
