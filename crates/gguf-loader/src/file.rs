@@ -141,6 +141,11 @@ impl GgufFile {
         self.index.version
     }
 
+    /// The whole file image (the mapping itself, not a copy).
+    pub fn file_bytes(&self) -> &[u8] {
+        self.backing.bytes()
+    }
+
     /// Size of the whole file in bytes.
     pub fn file_len(&self) -> u64 {
         self.backing.bytes().len() as u64

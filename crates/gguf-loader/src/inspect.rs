@@ -95,7 +95,9 @@ fn scalar_json(value: &MetadataValue<'_>) -> Json {
         MetadataValue::U64(v) => json!(v),
         MetadataValue::I64(v) => json!(v),
         // Through the shortest decimal form, so 1e-6 prints as 1e-6, not 9.999999974752427e-7.
-        MetadataValue::F32(v) => format!("{v:?}").parse::<f64>().map_or(Json::Null, |f| json!(f)),
+        MetadataValue::F32(v) => format!("{v:?}")
+            .parse::<f64>()
+            .map_or(Json::Null, |f| json!(f)),
         MetadataValue::F64(v) => json!(v),
         MetadataValue::Bool(v) => json!(v),
         MetadataValue::String(s) => json!(s),

@@ -26,10 +26,17 @@ fn gemma_indexes_and_describes() {
     assert_eq!(embd.dims, vec![640, 262_144]);
     assert_eq!(embd.ggml_type, GgmlType::Q8_0);
     assert_eq!(f.tensor_data(embd).len() as u64, embd.n_bytes);
-    // The data slice is the mapping itself, not a copy: its address lies inside the file image.
-    let data = f.tensor_data(embd);
-    let first = f.tensor_data(&f.tensors()[0]).as_ptr() as usize;
-    assert!(data.as_ptr() as usize > first);
+    // Every data slice is the mapping itself, not a copy: it lies at its offset in the image.
+    let image = f.file_bytes().as_ptr() as usize;
+    for t in f.tensors() {
+        let at = f.tensor_data(t).as_ptr() as usize;
+        assert_eq!(
+            at - image,
+            (f.data_start() + t.offset) as usize,
+            "{}",
+            t.name
+        );
+    }
 
     let c = ModelConfig::from_gguf(&f).unwrap();
     assert_eq!(c.architecture, Architecture::Gemma3);
@@ -45,4 +52,36 @@ fn gemma_indexes_and_describes() {
     assert_eq!(c.vocab_size, 262_144);
     assert_eq!(c.context_length, 32_768);
     assert!(c.is_sliding_layer(0) && !c.is_sliding_layer(5) && c.is_sliding_layer(6));
+}
+
+/// Resident memory in bytes, from /proc (Linux only).
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// Opening reads the header only: resident memory grows by a small part of the 253 MB file.
+#[test]
+fn opening_does_not_read_tensor_data() {
+    let Some(path) = gemma3_270m_for_test("opening_does_not_read_tensor_data") else {
+        return;
+    };
+    let Some(before) = resident_bytes() else {
+        eprintln!("skipping opening_does_not_read_tensor_data: no /proc/self/statm");
+        return;
+    };
+    let f = GgufFile::open(&path).unwrap();
+    let total: u64 = f
+        .tensors()
+        .iter()
+        .map(|t| f.tensor_data(t).len() as u64)
+        .sum();
+    let grown = resident_bytes().unwrap().saturating_sub(before);
+    assert!(total > 240_000_000);
+    // The header (vocabulary included) is 6.5 MB; allow for the index and allocator slack.
+    assert!(
+        grown < 48 << 20,
+        "resident memory grew by {grown} bytes on open"
+    );
 }
