@@ -8,7 +8,7 @@
 use anyhow::{bail, Context, Result};
 use std::process::Command;
 
-const DEFAULT_PROMPT: &str = "The three most important things to know about the ocean are";
+const DEFAULT_PROMPT: &str = "Photosynthesis is the process by which";
 
 #[derive(clap::Args)]
 pub struct Args {
