@@ -31,15 +31,20 @@ fn check(preset: Preset) {
     let file = decode::open_model(&path).unwrap();
     let tok = Tokenizer::from_gguf(&file).unwrap();
 
-    // Tokenization agrees with the independent reference and round-trips.
-    let ids = tok.encode(TEXT, false);
-    assert_eq!(
-        ids,
-        reference_tokenize(&path, TEXT),
-        "{} ids",
-        preset.name()
-    );
-    assert_eq!(tok.decode(&ids), TEXT);
+    // Tokenization agrees with the independent reference and round-trips, including the
+    // pre-tokenizer's corners: digit runs, contractions, whitespace runs and newlines,
+    // punctuation runs, non-Latin letters.
+    for text in [
+        TEXT,
+        "It's 2026; they'RE 1234567 times   faster!!\n\n  ok\t(yes)",
+        "naïve café — 日本語 and ελληνικά, x=3.14159",
+        "  leading\r\n\r\ntrailing   ",
+    ] {
+        let ids = tok.encode(text, false);
+        let want = reference_tokenize(&path, text);
+        assert_eq!(ids, want, "{} ids of {text:?}", preset.name());
+        assert_eq!(tok.decode(&ids), text);
+    }
 
     // Logits at every position, both precisions. A BOS first when the vocabulary has one.
     let mut tokens = tok.encode(TEXT, tok.vocab().bos.is_some());
