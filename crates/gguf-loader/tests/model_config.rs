@@ -1,0 +1,187 @@
+//! ModelConfig from metadata: every family, scaling variants, and errors that name the key.
+
+use gguf_loader::writer::Value;
+use gguf_loader::{Architecture, GgufError, GgufFile, GgufWriter, ModelConfig, RopeScaling};
+
+fn file(arch: &str, extra: &[(&str, Value)], skip: &[&str]) -> GgufFile {
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", arch).unwrap();
+    let k = |s: &str| format!("{arch}.{s}");
+    let base = [
+        ("block_count", Value::U32(4)),
+        ("embedding_length", Value::U32(512)),
+        ("feed_forward_length", Value::U32(1024)),
+        ("attention.head_count", Value::U32(8)),
+        ("attention.head_count_kv", Value::U32(2)),
+        ("rope.freq_base", Value::F32(10000.0)),
+        ("attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+        ("context_length", Value::U32(4096)),
+        ("vocab_size", Value::U64(1000)),
+    ];
+    for (suffix, v) in base {
+        if !skip.contains(&suffix) {
+            w.add(k(suffix), v).unwrap();
+        }
+    }
+    for (suffix, v) in extra {
+        w.add(k(suffix), v.clone()).unwrap();
+    }
+    GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap()
+}
+
+#[test]
+fn qwen2_derives_the_head_dim_and_has_no_window_or_experts() {
+    let c = ModelConfig::from_gguf(&file("qwen2", &[], &[])).unwrap();
+    assert_eq!(c.architecture, Architecture::Qwen2);
+    assert_eq!((c.head_dim_k, c.head_dim_v), (64, 64));
+    assert_eq!(
+        (c.n_expert, c.n_expert_used, c.sliding_window),
+        (0, 0, None)
+    );
+    assert_eq!(c.vocab_size, 1000);
+    assert!(!c.is_sliding_layer(3));
+}
+
+#[test]
+fn rope_scaling_variants() {
+    let linear = file(
+        "llama",
+        &[
+            ("rope.scaling.type", "linear".into()),
+            ("rope.scaling.factor", Value::F32(8.0)),
+        ],
+        &[],
+    );
+    assert_eq!(
+        ModelConfig::from_gguf(&linear).unwrap().rope_scaling,
+        Some(RopeScaling::Linear { factor: 8.0 })
+    );
+    let yarn = file(
+        "qwen3",
+        &[
+            ("rope.scaling.type", "yarn".into()),
+            ("rope.scaling.factor", Value::F32(4.0)),
+            ("rope.scaling.original_context_length", Value::U32(32768)),
+        ],
+        &[],
+    );
+    assert_eq!(
+        ModelConfig::from_gguf(&yarn).unwrap().rope_scaling,
+        Some(RopeScaling::Yarn {
+            factor: 4.0,
+            original_context_length: 32768
+        })
+    );
+    let missing_factor = file("llama", &[("rope.scaling.type", "yarn".into())], &[]);
+    let e = ModelConfig::from_gguf(&missing_factor).unwrap_err();
+    assert!(
+        matches!(e, GgufError::MissingKey { ref key } if key == "llama.rope.scaling.factor"),
+        "{e}"
+    );
+    let unknown = file("llama", &[("rope.scaling.type", "longrope".into())], &[]);
+    assert!(ModelConfig::from_gguf(&unknown)
+        .unwrap_err()
+        .to_string()
+        .contains("longrope"));
+}
+
+#[test]
+fn missing_keys_are_named_never_defaulted() {
+    for (arch, skip, key) in [
+        (
+            "llama",
+            "attention.head_count_kv",
+            "llama.attention.head_count_kv",
+        ),
+        ("qwen3", "rope.freq_base", "qwen3.rope.freq_base"),
+        (
+            "llama",
+            "attention.layer_norm_rms_epsilon",
+            "llama.attention.layer_norm_rms_epsilon",
+        ),
+        ("qwen2", "context_length", "qwen2.context_length"),
+    ] {
+        let e = ModelConfig::from_gguf(&file(arch, &[], &[skip])).unwrap_err();
+        assert!(
+            matches!(e, GgufError::MissingKey { key: ref k } if k == key),
+            "{arch} {skip}: {e}"
+        );
+    }
+    // Gemma 3 needs its window; Qwen3 MoE its experts.
+    let e = ModelConfig::from_gguf(&file("gemma3", &[], &[])).unwrap_err();
+    assert!(
+        e.to_string().contains("gemma3.attention.sliding_window"),
+        "{e}"
+    );
+    let e = ModelConfig::from_gguf(&file("qwen3moe", &[], &[])).unwrap_err();
+    assert!(e.to_string().contains("qwen3moe.expert_count"), "{e}");
+    // Without vocab_size and tokens, both are named.
+    let e = ModelConfig::from_gguf(&file("llama", &[], &["vocab_size"])).unwrap_err();
+    assert!(
+        e.to_string().contains("llama.vocab_size")
+            && e.to_string().contains("tokenizer.ggml.tokens"),
+        "{e}"
+    );
+}
+
+#[test]
+fn inconsistent_values_are_errors() {
+    let e = ModelConfig::from_gguf(&file(
+        "llama",
+        &[("attention.head_count_kv", Value::U32(3))],
+        &["attention.head_count_kv"],
+    ))
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("must divide the head count 8"),
+        "{e}"
+    );
+    let e = ModelConfig::from_gguf(&file(
+        "llama",
+        &[("block_count", Value::U32(0))],
+        &["block_count"],
+    ))
+    .unwrap_err();
+    assert!(
+        matches!(e, GgufError::InvalidValue { ref key, .. } if key == "llama.block_count"),
+        "{e}"
+    );
+    let moe = file(
+        "qwen3moe",
+        &[
+            ("expert_count", Value::U32(4)),
+            ("expert_used_count", Value::U32(8)),
+            ("expert_feed_forward_length", Value::U32(256)),
+        ],
+        &[],
+    );
+    assert!(ModelConfig::from_gguf(&moe)
+        .unwrap_err()
+        .to_string()
+        .contains("exceeds the expert count 4"));
+    let e = ModelConfig::from_gguf(&file("mamba", &[], &[])).unwrap_err();
+    assert!(
+        matches!(e, GgufError::UnsupportedArchitecture { ref name } if name == "mamba"),
+        "{e}"
+    );
+}
+
+#[test]
+fn gemma3_window_pattern_and_local_base_can_be_stated_by_the_file() {
+    let f = file(
+        "gemma3",
+        &[
+            ("attention.sliding_window", Value::U32(1024)),
+            ("attention.sliding_window_pattern", Value::U32(4)),
+            ("rope.freq_base_swa", Value::F32(5000.0)),
+        ],
+        &[],
+    );
+    let c = ModelConfig::from_gguf(&f).unwrap();
+    assert_eq!(
+        (c.sliding_window, c.sliding_window_pattern),
+        (Some(1024), Some(4))
+    );
+    assert_eq!(c.rope_base_for_layer(0), 5000.0);
+    assert_eq!(c.rope_base_for_layer(3), 10000.0);
+}
