@@ -52,7 +52,14 @@ fn install_python_reference(root: &Path) -> Result<()> {
     run_step(
         "install the Python reference packages",
         Command::new("python3")
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "-r",
+            ])
             .arg(&requirements),
     )
 }
