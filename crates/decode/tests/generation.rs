@@ -33,7 +33,9 @@ fn opts(context: usize, all_logits: bool) -> ModelOptions {
 fn decoding_one_token_at_a_time_matches_the_batched_prefill() {
     for preset in [Preset::TinyGemma3, Preset::TinyQwen3Moe, Preset::TinyLlama] {
         let mut model = tiny(preset, preset.name(), opts(64, true));
-        let tokens: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % 300).collect();
+        // 40 tokens: past tiny-gemma3's sliding window (8) plus a batch, so its ring-buffered
+        // window layers wrap.
+        let tokens: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 300).collect();
         let batched = model.forward_all_logits(&tokens).unwrap();
         model.reset();
         let vocab = model.spec().vocab;
@@ -51,6 +53,20 @@ fn decoding_one_token_at_a_time_matches_the_batched_prefill() {
         }
         assert_eq!(model.position(), tokens.len());
     }
+}
+
+#[test]
+fn sliding_window_layers_keep_only_a_window_of_keys() {
+    let model = tiny(Preset::TinyGemma3, "ring", opts(64, false));
+    let s = model.spec();
+    let per_slot = (2 * s.n_head_kv * s.head_dim_k * 4) as u64;
+    let windowed = s.layers.iter().filter(|l| l.window.is_some()).count() as u64;
+    let window = s.layers.iter().find_map(|l| l.window).unwrap() as u64;
+    assert!(windowed > 0 && window + 15 < 64);
+    let full = s.n_layers as u64 - windowed;
+    // Full layers hold 64 positions; window layers window + max_batch - 1.
+    let want = per_slot * (full * 64 + windowed * (window + 15));
+    assert_eq!(model.memory().get(decode::MemoryTag::KvCache), want);
 }
 
 #[test]

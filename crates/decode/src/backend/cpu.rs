@@ -333,15 +333,20 @@ impl Backend for CpuBackend {
         pos0: usize,
         rows: usize,
         dim: usize,
+        slots: usize,
     ) -> Result<()> {
         check_len("store_rows source", src.len(), rows * dim)?;
-        if cache.len() < (pos0 + rows) * dim {
+        check_len("store_rows cache", cache.len(), slots * dim)?;
+        if rows > slots {
             return Err(DecodeError::ContextFull {
-                needed: pos0 + rows,
-                capacity: cache.len() / dim.max(1),
+                needed: rows,
+                capacity: slots,
             });
         }
-        cache[pos0 * dim..(pos0 + rows) * dim].copy_from_slice(&src[..rows * dim]);
+        for (r, row) in src.chunks_exact(dim).take(rows).enumerate() {
+            let slot = (pos0 + r) % slots;
+            cache[slot * dim..(slot + 1) * dim].copy_from_slice(row);
+        }
         Ok(())
     }
 
@@ -360,16 +365,29 @@ impl Backend for CpuBackend {
             )));
         }
         let end = a.pos0 + a.n_tokens;
+        // The oldest key any query of this call reads must still be in the ring.
+        let oldest = match a.window {
+            Some(w) => (a.pos0 + 1).saturating_sub(w),
+            None => 0,
+        };
+        if a.kv_slots == 0 || end - oldest > a.kv_slots {
+            return Err(DecodeError::InvalidArgument(format!(
+                "attention over positions {oldest}..{end} needs {} cache slots but has {}",
+                end - oldest,
+                a.kv_slots
+            )));
+        }
+        let rows = end.min(a.kv_slots);
         check_len("attention q", q.len(), a.n_tokens * a.n_head * a.head_dim_k)?;
         check_len(
             "attention k",
             k_cache.len(),
-            end * a.n_head_kv * a.head_dim_k,
+            rows * a.n_head_kv * a.head_dim_k,
         )?;
         check_len(
             "attention v",
             v_cache.len(),
-            end * a.n_head_kv * a.head_dim_v,
+            rows * a.n_head_kv * a.head_dim_v,
         )?;
         check_len(
             "attention out",

@@ -69,6 +69,8 @@ pub struct Attention {
     pub scale: f32,
     /// Sliding window: a query at position p sees keys at positions > p - window.
     pub window: Option<usize>,
+    /// Rows of the K and V caches; position p is in slot `p % kv_slots` (see `store_rows`).
+    pub kv_slots: usize,
 }
 
 /// The nonlinearity of a gated feed-forward block.
@@ -167,7 +169,9 @@ pub trait Backend: Send {
         rope: &Rope,
         freq_factors: Option<&Self::Weight>,
     ) -> Result<()>;
-    /// Writes `rows` rows of `dim` from `src` into `cache` at row `pos0`.
+    /// Writes `rows` rows of `dim` from `src` into `cache` for positions `pos0..pos0 + rows`.
+    /// The cache has `slots` rows and position p goes to slot `p % slots`: a full-length cache
+    /// is never wrapped, a sliding-window layer's cache is a ring.
     fn store_rows(
         &mut self,
         src: &Self::Buffer,
@@ -175,6 +179,7 @@ pub trait Backend: Send {
         pos0: usize,
         rows: usize,
         dim: usize,
+        slots: usize,
     ) -> Result<()>;
     /// Causal attention of `q` against the cached keys and values (GQA when
     /// `n_head_kv < n_head`); writes `[n_tokens][n_head * head_dim_v]` to `out`.

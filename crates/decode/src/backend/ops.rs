@@ -55,7 +55,8 @@ pub fn attention(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], a: &Attention
             scores.clear();
             let mut max = f32::NEG_INFINITY;
             for j in first..=pos {
-                let kj = &k[j * kv_stride_k + kvh * a.head_dim_k..][..a.head_dim_k];
+                let slot = j % a.kv_slots;
+                let kj = &k[slot * kv_stride_k + kvh * a.head_dim_k..][..a.head_dim_k];
                 let s = super::kernels::dot_f32_slice(qh, kj) * a.scale;
                 max = max.max(s);
                 scores.push(s);
@@ -67,7 +68,7 @@ pub fn attention(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], a: &Attention
             }
             o.fill(0.0);
             for (s, j) in scores.iter().zip(first..=pos) {
-                let vj = &v[j * kv_stride_v + kvh * a.head_dim_v..][..a.head_dim_v];
+                let vj = &v[(j % a.kv_slots) * kv_stride_v + kvh * a.head_dim_v..][..a.head_dim_v];
                 let wgt = s / sum;
                 for (ov, &vv) in o.iter_mut().zip(vj) {
                     *ov += wgt * vv;
@@ -161,6 +162,7 @@ mod tests {
             head_dim_v: 2,
             scale: 1.0,
             window: None,
+            kv_slots: 3,
         };
         let mut out = [0.0; 2];
         attention(&q, &k, &v, &mut out, &shape);
@@ -177,6 +179,16 @@ mod tests {
         let z: f32 = e.iter().sum();
         let want0 = (e[0] * 1.0 + e[1] * 3.0 + e[2] * 5.0) / z;
         assert!((out[0] - want0).abs() < 1e-5);
+        // A two-slot ring: position 2 lives in slot 0; with window 2, position 2 sees
+        // positions 1 (slot 1) and 2 (slot 0).
+        shape.kv_slots = 2;
+        shape.window = Some(2);
+        let k2 = [1.0, 1.0, 0.0, 1.0];
+        let v2 = [5.0, 6.0, 3.0, 4.0];
+        attention(&q, &k2, &v2, &mut out, &shape);
+        let (e1, e2) = ((-0.2f32).exp(), 0.1f32.exp());
+        let want = (e1 * 3.0 + e2 * 5.0) / (e1 + e2);
+        assert!((out[0] - want).abs() < 1e-5, "{} vs {want}", out[0]);
     }
 
     #[test]

@@ -1,4 +1,7 @@
 //! The KV cache: one key and one value buffer per layer, sized from the requested context.
+//! A sliding-window layer only ever reads its last `window` positions, so its buffers are a
+//! ring of `window + max_batch - 1` slots (enough for a whole prefill chunk) when that is
+//! smaller than the context: on Gemma 3 that is 15 of 18 layers.
 
 use crate::backend::Backend;
 use crate::error::Result;
@@ -7,28 +10,32 @@ use crate::memory::MemoryTag;
 pub struct KvCache<B: Backend> {
     pub(crate) k: Vec<B::Buffer>,
     pub(crate) v: Vec<B::Buffer>,
+    /// Rows per layer (`capacity` for full layers, less for ring-buffered window layers).
+    pub(crate) slots: Vec<usize>,
     capacity: usize,
     len: usize,
 }
 
 impl<B: Backend> KvCache<B> {
-    /// Allocates `capacity` positions of `k_dim` keys and `v_dim` values for each layer.
+    /// A cache for `capacity` positions: per layer, `slots[l]` rows of `k_dim` keys and
+    /// `v_dim` values (each at most `capacity`).
     pub fn new(
         backend: &mut B,
-        n_layers: usize,
+        slots: Vec<usize>,
         capacity: usize,
         k_dim: usize,
         v_dim: usize,
     ) -> Result<Self> {
-        let mut k = Vec::with_capacity(n_layers);
-        let mut v = Vec::with_capacity(n_layers);
-        for _ in 0..n_layers {
-            k.push(backend.alloc(MemoryTag::KvCache, capacity * k_dim)?);
-            v.push(backend.alloc(MemoryTag::KvCache, capacity * v_dim)?);
+        let mut k = Vec::with_capacity(slots.len());
+        let mut v = Vec::with_capacity(slots.len());
+        for &n in &slots {
+            k.push(backend.alloc(MemoryTag::KvCache, n * k_dim)?);
+            v.push(backend.alloc(MemoryTag::KvCache, n * v_dim)?);
         }
         Ok(KvCache {
             k,
             v,
+            slots,
             capacity,
             len: 0,
         })

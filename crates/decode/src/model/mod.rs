@@ -227,7 +227,15 @@ impl<B: Backend> Model<B> {
             });
         }
         let context = options.context.min(s.context_length.max(1));
-        let kv = KvCache::new(&mut backend, s.n_layers, context, kd, vd)?;
+        let slots = s
+            .layers
+            .iter()
+            .map(|l| match l.window {
+                Some(w) => context.min(w + options.max_batch - 1),
+                None => context,
+            })
+            .collect();
+        let kv = KvCache::new(&mut backend, slots, context, kd, vd)?;
         let mb = options.max_batch;
         let ff = s.n_ff.max(s.n_ff_expert);
         let logit_rows = if options.all_logits { mb } else { 1 };
@@ -389,8 +397,9 @@ impl<B: Backend> Model<B> {
             let rf = self.rope_factors.as_ref();
             be.rope(&mut a.q, n, s.n_head, s.head_dim_k, pos0, &ls.rope, rf)?;
             be.rope(&mut a.k, n, s.n_head_kv, s.head_dim_k, pos0, &ls.rope, rf)?;
-            be.store_rows(&a.k, &mut self.kv.k[il], pos0, n, kd)?;
-            be.store_rows(&a.v, &mut self.kv.v[il], pos0, n, vd)?;
+            let slots = self.kv.slots[il];
+            be.store_rows(&a.k, &mut self.kv.k[il], pos0, n, kd, slots)?;
+            be.store_rows(&a.v, &mut self.kv.v[il], pos0, n, vd, slots)?;
             let shape = Attention {
                 n_tokens: n,
                 pos0,
@@ -400,6 +409,7 @@ impl<B: Backend> Model<B> {
                 head_dim_v: s.head_dim_v,
                 scale: s.attn_scale,
                 window: ls.window,
+                kv_slots: slots,
             };
             be.attention(&a.q, &self.kv.k[il], &self.kv.v[il], &mut a.attn, &shape)?;
             be.matmul(&layer.wo, &a.attn, &mut a.proj, n)?;
