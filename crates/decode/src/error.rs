@@ -37,10 +37,6 @@ pub enum DecodeError {
     InvalidArgument(String),
     #[error("the GPU backend is not available yet: {0}. Run with --device cpu")]
     GpuUnavailable(String),
-    #[error("the reference command failed: {0}")]
-    Reference(String),
-    #[error("I/O error: {0}")]
-    Io(#[from] std::io::Error),
 }
 
 /// Result alias for this crate.

@@ -5,6 +5,10 @@
 //! - [`tokenizer`]: SentencePiece-style and byte-level BPE tokenizers built from GGUF metadata.
 //! - [`sampler`]: greedy, temperature, top-k and top-p sampling with a seed.
 //! - [`generate`]: prefill, then decode, streaming tokens.
+//! - [`device`]: `--device auto|cpu|gpu`; [`memory`]: bytes per purpose.
+//!
+//! The `hipdecode` binary (`run`, `inspect`) is in `src/bin/hipdecode.rs`; docs/decode.md
+//! describes the design, the tolerances against the reference and the measured speed.
 
 pub mod backend;
 pub mod device;
