@@ -17,11 +17,6 @@ from __future__ import annotations
 import os
 import sys
 
-# This folder holds a file named tokenize.py, which would shadow the standard library's
-# `tokenize` (imported by linecache, inspect, ...). Move the folder to the end of the import path
-# so the standard library wins and the sibling module ggufread is still found.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
 # The matmuls here are small (often one row); BLAS threads only add contention on a busy CI
 # machine, where they made single-token steps ~8x slower. Callers may still override this.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")

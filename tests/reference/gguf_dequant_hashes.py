@@ -8,13 +8,8 @@ GGML element order. The Rust test computes the same digest from its own dequanti
 Usage: gguf_dequant_hashes.py MODEL.gguf [NAME ...]
 """
 import hashlib
-import os
 import sys
 
-# This folder holds a script named tokenize.py, which would shadow the standard library module
-# of that name when Python puts the script's folder first on sys.path.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 import numpy as np
 from gguf import GGUFReader  # noqa: E402

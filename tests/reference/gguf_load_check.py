@@ -4,11 +4,8 @@ dequantizes the first and last tensor of every ggml type to check the values are
 
 Usage: gguf_load_check.py MODEL.gguf
 """
-import os
 import sys
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 import numpy as np  # noqa: E402
 from gguf import GGUFReader  # noqa: E402

@@ -4,11 +4,8 @@ loads it, and it equals gguf-py's dequantization of that tensor bit for bit, sha
 
 Usage: gguf_npy_check.py MODEL.gguf TENSOR_NAME FILE.npy
 """
-import os
 import sys
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 import numpy as np  # noqa: E402
 from gguf import GGUFReader  # noqa: E402

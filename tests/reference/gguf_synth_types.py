@@ -13,8 +13,6 @@ type gguf-py can dequantize.
 import os
 import sys
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 import numpy as np  # noqa: E402
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFWriter  # noqa: E402

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Self-tests of the Python reference (forward.py, tokenize.py, ggufread.py).
+"""Self-tests of the Python reference (forward.py, tokenizer_ref.py, ggufread.py).
 
 Run: python3 tests/reference/test_reference.py [-k SUBSTRING]
 
@@ -15,11 +15,8 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# Keep the standard library's `tokenize` ahead of this folder's tokenize.py.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -33,10 +30,7 @@ from gguf import GGMLQuantizationType as QT
 
 import forward
 from ggufread import GGUFFile
-
-_spec = importlib.util.spec_from_file_location("hipdecode_ref_tokenize", os.path.join(_HERE, "tokenize.py"))
-reftok = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(reftok)
+import tokenizer_ref as reftok
 
 TMP = tempfile.mkdtemp(prefix="hipdecode-ref-")
 RNG = np.random.default_rng(1234)

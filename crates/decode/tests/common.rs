@@ -127,7 +127,7 @@ pub fn reference_greedy(model: &Path, tokens: &[u32], n: usize) -> Vec<u32> {
 /// The reference tokenizer's ids for `text` (no BOS).
 pub fn reference_tokenize(model: &Path, text: &str) -> Vec<u32> {
     let out = run_python(
-        "tokenize.py",
+        "tokenizer_ref.py",
         &[
             "--model".into(),
             model.display().to_string(),

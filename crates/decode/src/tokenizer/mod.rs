@@ -13,7 +13,7 @@
 //! look-ahead that would pull in a second regex engine; the two algorithms are short.
 //!
 //! Control and user-defined tokens written literally in the text are matched whole first
-//! (leftmost, then longest), like the reference under `tests/reference/tokenize.py`.
+//! (leftmost, then longest), like the reference under `tests/reference/tokenizer_ref.py`.
 
 pub mod bpe;
 mod pretokenize;

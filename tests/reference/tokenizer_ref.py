@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Independent tokenizer reference for GGUF vocabularies.
 
-  tokenize.py --model M --text "..."      # prints {"ids": [...]}  (no BOS added)
-  tokenize.py --model M --decode 1,2,3    # prints {"text": "..."}
+  tokenizer_ref.py --model M --text "..."      # prints {"ids": [...]}  (no BOS added)
+  tokenizer_ref.py --model M --decode 1,2,3    # prints {"text": "..."}
 
 `tokenizer.ggml.model == "llama"` (SentencePiece, e.g. Gemma): a SentencePiece ModelProto is built
 from the GGUF vocabulary and encoding is done by the `sentencepiece` package.
@@ -13,14 +13,7 @@ In both, control and user-defined tokens written literally in the text are match
 
 from __future__ import annotations
 
-import os
 import sys
-
-# This folder holds a file named tokenize.py, which would shadow the standard library's
-# `tokenize` (imported by linecache, inspect, ...). Move the folder to the end of the import path
-# so the standard library wins and the sibling module ggufread is still found.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
 
 import argparse
 import json
@@ -339,7 +332,7 @@ def main(argv=None) -> int:
                 raise TokenizerError(f"token ids {bad} are outside the vocabulary 0..{len(tok.vocab.tokens) - 1}")
             print(json.dumps({"text": tok.decode(ids)}))
     except TokenizerError as e:
-        print(f"tokenize.py: error: {e}", file=sys.stderr)
+        print(f"tokenizer_ref.py: error: {e}", file=sys.stderr)
         return 2
     return 0
 
