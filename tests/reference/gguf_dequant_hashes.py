@@ -10,9 +10,8 @@ Usage: gguf_dequant_hashes.py MODEL.gguf [NAME ...]
 import hashlib
 import sys
 
-
 import numpy as np
-from gguf import GGUFReader  # noqa: E402
+from gguf import GGUFReader
 from gguf.quants import dequantize
 
 

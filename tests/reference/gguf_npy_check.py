@@ -6,10 +6,9 @@ Usage: gguf_npy_check.py MODEL.gguf TENSOR_NAME FILE.npy
 """
 import sys
 
-
-import numpy as np  # noqa: E402
-from gguf import GGUFReader  # noqa: E402
-from gguf.quants import dequantize  # noqa: E402
+import numpy as np
+from gguf import GGUFReader
+from gguf.quants import dequantize
 
 
 def main() -> int:

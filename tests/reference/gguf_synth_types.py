@@ -13,10 +13,9 @@ type gguf-py can dequantize.
 import os
 import sys
 
-
-import numpy as np  # noqa: E402
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFWriter  # noqa: E402
-from gguf.quants import dequantize, quantize  # noqa: E402
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFWriter
+from gguf.quants import dequantize, quantize
 
 QUANTIZABLE = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 # Byte offsets of the fp16 scale fields inside one block, per raw-byte type.
