@@ -1,7 +1,7 @@
 //! `cargo xtask test`: the README's test command for a fresh machine.
 //!
-//! It installs the Python reference tools the tests compare against and self-tests them,
-//! fetches the real test model, then runs the whole workspace's tests. Real-model tests are required to run here
+//! It installs the Python reference tools the tests compare against, fetches the real test
+//! model, self-tests the references on it, then runs the whole workspace's tests. Real-model tests are required to run here
 //! (`HIPDECODE_REQUIRE_MODELS=1`), so a missing model fails instead of being skipped.
 
 use anyhow::{bail, Context, Result};
@@ -26,18 +26,18 @@ pub fn run(args: Args) -> Result<()> {
 
     if !args.offline {
         install_python_reference(&root)?;
-        run_step(
-            "self-test the numpy reference",
-            Command::new("python3")
-                .current_dir(&root)
-                .arg("tests/reference/test_reference.py"),
-        )?;
         let xtask = std::env::current_exe().context("locating the xtask binary")?;
         run_step(
             "fetch the Gemma 3 270M test model",
             Command::new(xtask)
                 .current_dir(&root)
                 .args(["fetch-model", "gemma3-270m"]),
+        )?;
+        run_step(
+            "self-test the numpy reference",
+            Command::new("python3")
+                .current_dir(&root)
+                .arg("tests/reference/test_reference.py"),
         )?;
         cargo_test.env("HIPDECODE_REQUIRE_MODELS", "1");
     }
