@@ -1,4 +1,4 @@
-//! Quantized weight formats as the CPU kernels see them, and the 8-bit activation format the
+//! Quantized weight formats as the CPU kernels see them, and the 16-bit activation format the
 //! fused dot products use.
 //!
 //! Every ggml block format the decoder supports is described by one [`WeightFormat`]. A block

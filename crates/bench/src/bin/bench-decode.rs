@@ -35,7 +35,7 @@ struct Args {
     /// CPU threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
-    /// Use f32 activations (the reference path) instead of 8-bit ones.
+    /// Use f32 activations (the reference path) instead of 16-bit integer ones.
     #[arg(long)]
     exact: bool,
     /// Print one JSON object instead of text.

@@ -65,7 +65,7 @@ struct RunArgs {
     /// CPU threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
-    /// Multiply by f32 activations instead of 8-bit ones (slower; the reference path).
+    /// Multiply by f32 activations instead of 16-bit integer ones (slower; the reference path).
     #[arg(long)]
     exact: bool,
     /// Do not prepend the BOS token.
