@@ -83,6 +83,30 @@ pub fn run(args: Args) -> Result<()> {
     }
     tests.sort_by(|a, b| a.name.cmp(&b.name));
 
+    // Integration tests run the workspace's programs through the absolute path cargo compiled
+    // into them (`CARGO_BIN_EXE_*`), so the bundle carries those programs with that path and
+    // verify-rocm puts them back there before the tests run.
+    std::fs::create_dir_all(out.join("bin"))?;
+    let mut programs = Vec::new();
+    for artifact in artifacts
+        .iter()
+        .filter(|a| !a.is_test && a.target != "xtask")
+    {
+        let Some(file_name) = artifact.executable.file_name() else {
+            continue;
+        };
+        let file_name = file_name.to_string_lossy().into_owned();
+        copy_binary(
+            &artifact.executable,
+            &out.join("bin").join(&file_name),
+            !args.no_strip,
+        )?;
+        programs.push(serde_json::json!({
+            "binary": format!("bin/{file_name}"),
+            "build_path": artifact.executable,
+        }));
+    }
+
     eprintln!("==> building the release xtask");
     let xtask = cargo_artifacts(
         &root,
@@ -96,6 +120,7 @@ pub fn run(args: Args) -> Result<()> {
     let manifest = serde_json::json!({
         "complete": build_ok,
         "failed_packages": failed_packages,
+        "programs": programs,
         "tests": tests.iter().map(|t| serde_json::json!({
             "binary": t.binary,
             "crate_dir": t.crate_dir,
@@ -110,8 +135,9 @@ pub fn run(args: Args) -> Result<()> {
 
     let total: u64 = walk_size(&out);
     println!(
-        "bundle: {} test binaries + xtask in {} ({:.1} MiB)",
+        "bundle: {} test binaries, {} programs + xtask in {} ({:.1} MiB)",
         tests.len(),
+        programs.len(),
         out.display(),
         total as f64 / (1 << 20) as f64
     );
@@ -343,4 +369,36 @@ pub fn read_manifest(bundle: &Path) -> Result<(Vec<BundledTest>, bool)> {
         })
         .collect::<Result<Vec<_>>>()?;
     Ok((tests, complete))
+}
+
+/// Copies the bundle's programs back to the paths they were built at, where the tests that
+/// run them look for them; a path that already holds a file is left alone.
+pub fn restore_programs(bundle: &Path) -> Result<()> {
+    let path = bundle.join(MANIFEST);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    for program in value["programs"].as_array().into_iter().flatten() {
+        let (Some(binary), Some(build_path)) =
+            (program["binary"].as_str(), program["build_path"].as_str())
+        else {
+            bail!(
+                "{}: a program entry lacks \"binary\" or \"build_path\": {program}",
+                path.display()
+            );
+        };
+        let target = PathBuf::from(build_path);
+        if target.exists() {
+            continue;
+        }
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).with_context(|| {
+                format!("creating {} for the bundled {binary}", parent.display())
+            })?;
+        }
+        std::fs::copy(bundle.join(binary), &target)
+            .with_context(|| format!("restoring the bundled {binary} to {}", target.display()))?;
+    }
+    Ok(())
 }

@@ -51,6 +51,7 @@ pub fn run(args: Args) -> Result<()> {
         Some(bundle) => {
             let bundle = std::fs::canonicalize(bundle)?;
             let (tests, complete) = crate::bundle::read_manifest(&bundle)?;
+            crate::bundle::restore_programs(&bundle)?;
             if !complete {
                 build_failed = true;
                 println!(
