@@ -103,22 +103,25 @@ impl WeightFormat {
         }
     }
 
+    /// Every format the CPU kernels read.
+    pub const ALL: [WeightFormat; 11] = [
+        WeightFormat::F32,
+        WeightFormat::F16,
+        WeightFormat::Bf16,
+        WeightFormat::Q4_0,
+        WeightFormat::Q4_1,
+        WeightFormat::Q5_0,
+        WeightFormat::Q5_1,
+        WeightFormat::Q8_0,
+        WeightFormat::Q4K,
+        WeightFormat::Q5K,
+        WeightFormat::Q6K,
+    ];
+
     /// Maps a ggml type name (as `GgmlType::name` spells it) to a supported format.
     pub fn from_ggml_name(name: &str) -> Option<WeightFormat> {
-        let all = [
-            WeightFormat::F32,
-            WeightFormat::F16,
-            WeightFormat::Bf16,
-            WeightFormat::Q4_0,
-            WeightFormat::Q4_1,
-            WeightFormat::Q5_0,
-            WeightFormat::Q5_1,
-            WeightFormat::Q8_0,
-            WeightFormat::Q4K,
-            WeightFormat::Q5K,
-            WeightFormat::Q6K,
-        ];
-        all.into_iter()
+        Self::ALL
+            .into_iter()
             .find(|f| f.name().eq_ignore_ascii_case(name))
     }
 }

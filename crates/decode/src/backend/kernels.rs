@@ -529,25 +529,11 @@ pub(crate) mod tests {
         out
     }
 
-    pub(crate) const ALL: [WeightFormat; 11] = [
-        WeightFormat::F32,
-        WeightFormat::F16,
-        WeightFormat::Bf16,
-        WeightFormat::Q4_0,
-        WeightFormat::Q4_1,
-        WeightFormat::Q5_0,
-        WeightFormat::Q5_1,
-        WeightFormat::Q8_0,
-        WeightFormat::Q4K,
-        WeightFormat::Q5K,
-        WeightFormat::Q6K,
-    ];
-
     #[test]
     fn both_precisions_match_dequantize_then_dot_for_every_format() {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         let (rows, cols, n_tok) = (37, 512, 6);
-        for format in ALL {
+        for format in WeightFormat::ALL {
             let data: Vec<u8> = (0..rows)
                 .flat_map(|_| random_row(format, cols, &mut rng))
                 .collect();
