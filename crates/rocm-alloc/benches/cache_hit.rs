@@ -1,37 +1,13 @@
 //! Cache-hit path: one allocation and its free, served entirely from the cache of a warm
 //! allocator on `SimDevice` (the device is never called). Target: at most 150 ns per pair.
 
+mod support;
+
 use std::hint::black_box;
-use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use rocm_alloc::backends::sim::SimDevice;
-use rocm_alloc::{Allocator, AllocatorConfig, StreamId, Tag};
-
-fn warm_allocator() -> Allocator {
-    let device = Arc::new(SimDevice::discrete(64 << 30));
-    let alloc = Allocator::new(
-        device,
-        AllocatorConfig {
-            read_env: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    // A realistic free list: some live blocks of mixed sizes around the one being recycled.
-    let keep: Vec<_> = (0..64u64)
-        .map(|i| {
-            alloc
-                .raw_alloc(512 * (1 + i % 16), StreamId::DEFAULT, Tag::Activations)
-                .unwrap()
-        })
-        .collect();
-    for p in keep.iter().step_by(2) {
-        alloc.raw_free(*p).unwrap();
-    }
-    std::mem::forget(keep);
-    alloc
-}
+use rocm_alloc::{StreamId, Tag};
+use support::warm_allocator;
 
 fn cache_hit(c: &mut Criterion) {
     let alloc = warm_allocator();

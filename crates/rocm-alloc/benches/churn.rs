@@ -2,12 +2,12 @@
 //! one random slot replaced per iteration, on `SimDevice` with free raw calls. Measures the
 //! allocator's own cost, misses, splits, merges and trims included.
 
+mod support;
+
 use std::hint::black_box;
-use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use rocm_alloc::backends::sim::SimDevice;
-use rocm_alloc::{Allocation, Allocator, AllocatorConfig, StreamId, Tag};
+use rocm_alloc::{Allocation, StreamId, Tag};
 
 /// xorshift64*: deterministic and dependency-free.
 struct Rng(u64);
@@ -29,15 +29,7 @@ impl Rng {
 }
 
 fn churn(c: &mut Criterion) {
-    let device = Arc::new(SimDevice::discrete(1 << 40));
-    let alloc = Allocator::new(
-        device,
-        AllocatorConfig {
-            read_env: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let alloc = support::sim_allocator(1 << 40);
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let streams = [StreamId(0), StreamId(1)];
     let mut live: Vec<Option<Allocation>> = (0..256).map(|_| None).collect();

@@ -1,11 +1,12 @@
 //! Cache-hit cost in thread CPU time (from /proc/thread-self/schedstat), which unlike wall
 //! time is not inflated when other processes share the cores. Linux only.
 
-use std::hint::black_box;
-use std::sync::Arc;
+#[path = "../benches/support/mod.rs"]
+mod support;
 
-use rocm_alloc::backends::sim::SimDevice;
-use rocm_alloc::{Allocator, AllocatorConfig, StreamId, Tag};
+use std::hint::black_box;
+
+use rocm_alloc::{StreamId, Tag};
 
 fn cpu_ns() -> u64 {
     let s = std::fs::read_to_string("/proc/thread-self/schedstat").expect("Linux schedstat");
@@ -16,25 +17,7 @@ fn cpu_ns() -> u64 {
 }
 
 fn main() {
-    let device = Arc::new(SimDevice::discrete(64 << 30));
-    let alloc = Allocator::new(
-        device,
-        AllocatorConfig {
-            read_env: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let keep: Vec<_> = (0..64u64)
-        .map(|i| {
-            alloc
-                .raw_alloc(512 * (1 + i % 16), StreamId::DEFAULT, Tag::Activations)
-                .unwrap()
-        })
-        .collect();
-    for p in keep.iter().step_by(2) {
-        alloc.raw_free(*p).unwrap();
-    }
+    let alloc = support::warm_allocator();
     let n = 5_000_000u64;
     for size in [4096u64, 1 << 20, 64 << 20] {
         let mut best = f64::MAX;
