@@ -275,6 +275,23 @@ impl BlockPool {
         b.state = BlockState::PendingFree;
     }
 
+    /// Merges the block after `left` (free, in the same segment, already off its free list)
+    /// into `left`, and retires its id.
+    fn absorb_next(&mut self, left: BlockId) {
+        let right = self.blocks[left as usize].next;
+        let (size, after) = {
+            let r = &self.blocks[right as usize];
+            (r.size, r.next)
+        };
+        let l = &mut self.blocks[left as usize];
+        l.size += size;
+        l.next = after;
+        if after != NIL {
+            self.blocks[after as usize].prev = left;
+        }
+        self.drop_block(right);
+    }
+
     /// Returns an active or pending block to its free list, merging it with free neighbours.
     /// Returns the segment if it became fully free.
     pub fn release(&mut self, id: BlockId) -> Option<SegmentId> {
@@ -288,31 +305,11 @@ impl BlockPool {
         let mut head = id;
         if next != NIL && self.blocks[next as usize].state == BlockState::Free {
             self.list_remove(next);
-            let (nsize, nnext) = {
-                let n = &self.blocks[next as usize];
-                (n.size, n.next)
-            };
-            let b = &mut self.blocks[id as usize];
-            b.size += nsize;
-            b.next = nnext;
-            if nnext != NIL {
-                self.blocks[nnext as usize].prev = id;
-            }
-            self.drop_block(next);
+            self.absorb_next(id);
         }
         if prev != NIL && self.blocks[prev as usize].state == BlockState::Free {
             self.list_remove(prev);
-            let (size, bnext) = {
-                let b = &self.blocks[id as usize];
-                (b.size, b.next)
-            };
-            let p = &mut self.blocks[prev as usize];
-            p.size += size;
-            p.next = bnext;
-            if bnext != NIL {
-                self.blocks[bnext as usize].prev = prev;
-            }
-            self.drop_block(id);
+            self.absorb_next(prev);
             head = prev;
         }
         self.list_insert(head);
