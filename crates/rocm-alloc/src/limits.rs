@@ -12,6 +12,8 @@ use crate::device::{MemoryInfo, UmaInfo};
 pub const MEMORY_LIMIT_ENV: &str = "HIPDECODE_MEMORY_LIMIT";
 /// Environment variable overriding the cache limit.
 pub const CACHE_LIMIT_ENV: &str = "HIPDECODE_CACHE_LIMIT";
+/// Every environment variable this crate reads; [`check_env`] validates all of them.
+pub const ENV_VARS: [&str; 2] = [MEMORY_LIMIT_ENV, CACHE_LIMIT_ENV];
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -141,6 +143,21 @@ fn parse_decimal(s: &str) -> Option<f64> {
     }
 }
 
+/// Parses every `HIPDECODE_*` variable this crate reads ([`ENV_VARS`]) from the process
+/// environment and returns the first error, so a program can reject a bad setting at start-up
+/// even when it never creates an allocator (a CPU run, say). Unset variables are fine.
+pub fn check_env() -> Result<(), LimitParseError> {
+    check_env_with(&|var| std::env::var(var).ok())
+}
+
+/// Like [`check_env`], reading variables through `lookup`.
+pub fn check_env_with(lookup: &dyn Fn(&str) -> Option<String>) -> Result<(), LimitParseError> {
+    for var in ENV_VARS {
+        limit_from_env(var, lookup)?;
+    }
+    Ok(())
+}
+
 /// Reads one limit variable through `lookup` (normally `std::env::var`). Absent → `Ok(None)`.
 pub fn limit_from_env(
     var: &str,
@@ -217,6 +234,24 @@ mod tests {
             assert!(msg.contains(&format!("{bad:?}")), "{msg}");
             assert!(msg.contains("50%") && msg.contains("none"), "{msg}");
         }
+    }
+
+    #[test]
+    fn check_env_reports_the_first_bad_variable() {
+        assert_eq!(check_env_with(&|_| None), Ok(()));
+        let good = |_: &str| Some("2GiB".to_string());
+        assert_eq!(check_env_with(&good), Ok(()));
+        let bad_cache = |v: &str| (v == CACHE_LIMIT_ENV).then(|| "lots".to_string());
+        let e = check_env_with(&bad_cache).unwrap_err();
+        assert_eq!(e.source_name, CACHE_LIMIT_ENV);
+        assert_eq!(e.value, "lots");
+        assert!(e.to_string().contains("accepted forms"), "{e}");
+        let both_bad = |v: &str| Some(format!("bad-{v}"));
+        let e = check_env_with(&both_bad).unwrap_err();
+        assert_eq!(
+            e.source_name, MEMORY_LIMIT_ENV,
+            "memory limit is checked first"
+        );
     }
 
     #[test]
