@@ -1,1 +1,24 @@
-//! HIP C++ kernels compiled at run time (hiprtc or NVRTC) with a disk cache, each with a CPU reference.
+//! HIP C++ kernels for hipdecode, compiled at run time (hiprtc on AMD, NVRTC on NVIDIA) through
+//! `hip-ffi`, with a disk cache and a CPU reference for every op.
+//!
+//! * [`source`]: the table of kernel modules: each module's source file and entry points. Every
+//!   source starts with `kernels/portability.h`, the only place where HIP and CUDA differ.
+//! * [`cache`]: compiled code objects on disk, keyed by source hash, architecture, compiler
+//!   version and flags.
+//! * [`Kernels`]: every module compiled and loaded for one device.
+//! * [`view`]: typed views of device memory that the launch wrappers take.
+//! * [`ops`]: one safe launch wrapper per op; shapes are checked against the views.
+//! * [`reference`]: the CPU reference of every op, which the GPU tests compare against.
+
+pub mod cache;
+pub mod error;
+pub mod kernels;
+pub mod ops;
+pub mod reference;
+pub mod source;
+pub mod view;
+
+pub use error::{KernelError, Result};
+pub use kernels::Kernels;
+pub use source::KernelModule;
+pub use view::{DeviceSlice, DeviceSliceMut};

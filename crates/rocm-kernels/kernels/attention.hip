@@ -1,0 +1,2 @@
+// attention kernels: being written.
+#include "portability.h"

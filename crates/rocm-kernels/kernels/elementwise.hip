@@ -1,0 +1,2 @@
+// elementwise kernels: being written.
+#include "portability.h"

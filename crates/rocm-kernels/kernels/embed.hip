@@ -1,0 +1,2 @@
+// embed kernels: being written.
+#include "portability.h"

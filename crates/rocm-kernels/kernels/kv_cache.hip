@@ -1,0 +1,2 @@
+// kv_cache kernels: being written.
+#include "portability.h"

@@ -1,0 +1,2 @@
+// matmul kernels: being written.
+#include "portability.h"

@@ -1,0 +1,2 @@
+// matvec kernels: being written.
+#include "portability.h"

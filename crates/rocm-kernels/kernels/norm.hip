@@ -1,0 +1,2 @@
+// norm kernels: being written.
+#include "portability.h"

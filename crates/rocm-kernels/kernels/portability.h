@@ -1,0 +1,134 @@
+// The one portability header: everything that differs between HIP (hiprtc, ROCm 5.2 .. 7.x)
+// and CUDA (NVRTC) lives here, so kernel files use only the common subset plus these names.
+//
+// The host passes the device's wave size as -DWARP_SIZE=<32|64>; nothing hard-codes it.
+// No standard headers are available under either run-time compiler, so the fixed-width
+// integer names and the f16 conversions are defined here.
+#pragma once
+
+#ifndef WARP_SIZE
+#error "WARP_SIZE must be defined by the host from the device's wave size"
+#endif
+#if WARP_SIZE != 32 && WARP_SIZE != 64
+#error "WARP_SIZE must be 32 or 64"
+#endif
+
+typedef signed char i8;
+typedef unsigned char u8;
+typedef short i16;
+typedef unsigned short u16;
+typedef int i32;
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+
+#define DEVICE __device__ __forceinline__
+#define KERNEL extern "C" __global__
+
+#if defined(__CUDACC__)
+// CUDA: shuffles take a mask of participating lanes (all of the warp here).
+DEVICE float warp_shfl_xor(float v, int lane_mask) {
+    return __shfl_xor_sync(0xffffffffu, v, lane_mask, WARP_SIZE);
+}
+DEVICE int warp_shfl_xor_int(int v, int lane_mask) {
+    return __shfl_xor_sync(0xffffffffu, v, lane_mask, WARP_SIZE);
+}
+DEVICE float warp_shfl(float v, int src_lane) {
+    return __shfl_sync(0xffffffffu, v, src_lane, WARP_SIZE);
+}
+#else
+// HIP: the mask-free shuffles exist in every ROCm release (the _sync forms only from 6.2 on).
+DEVICE float warp_shfl_xor(float v, int lane_mask) { return __shfl_xor(v, lane_mask, WARP_SIZE); }
+DEVICE int warp_shfl_xor_int(int v, int lane_mask) { return __shfl_xor(v, lane_mask, WARP_SIZE); }
+DEVICE float warp_shfl(float v, int src_lane) { return __shfl(v, src_lane, WARP_SIZE); }
+#endif
+
+DEVICE float warp_sum(float v) {
+#pragma unroll
+    for (int m = WARP_SIZE / 2; m > 0; m >>= 1) v += warp_shfl_xor(v, m);
+    return v;
+}
+
+DEVICE float warp_max(float v) {
+#pragma unroll
+    for (int m = WARP_SIZE / 2; m > 0; m >>= 1) v = fmaxf(v, warp_shfl_xor(v, m));
+    return v;
+}
+
+// Sum over the whole block; every thread gets the result. `scratch` holds one float per warp
+// (blockDim.x / WARP_SIZE <= 32, so 32 floats always suffice).
+DEVICE float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int warp = threadIdx.x / WARP_SIZE;
+    const int n_warps = (blockDim.x + WARP_SIZE - 1) / WARP_SIZE;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = (lane < n_warps) ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+DEVICE float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int warp = threadIdx.x / WARP_SIZE;
+    const int n_warps = (blockDim.x + WARP_SIZE - 1) / WARP_SIZE;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = (lane < n_warps) ? scratch[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+// IEEE half <-> float by bit manipulation: neither compiler offers its fp16 header without
+// include paths, and these are exact (round to nearest even on the way down).
+DEVICE float f16_to_f32(u16 h) {
+    const u32 sign = (u32)(h & 0x8000u) << 16;
+    u32 exp = (h >> 10) & 0x1fu;
+    u32 mant = h & 0x3ffu;
+    u32 bits;
+    if (exp == 0) {
+        if (mant == 0) {
+            bits = sign;
+        } else {
+            // Subnormal half: normalise.
+            int e = -1;
+            do { mant <<= 1; ++e; } while ((mant & 0x400u) == 0);
+            bits = sign | ((u32)(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
+        }
+    } else if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+    }
+    return __int_as_float((int)bits);
+}
+
+DEVICE u16 f32_to_f16(float f) {
+    const u32 x = (u32)__float_as_int(f);
+    const u32 sign = (x >> 16) & 0x8000u;
+    const u32 abs = x & 0x7fffffffu;
+    if (abs >= 0x7f800000u) {  // inf or NaN
+        return (u16)(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
+    }
+    if (abs >= 0x477ff000u) return (u16)(sign | 0x7c00u);  // overflows to inf
+    if (abs < 0x38800000u) {  // result is subnormal or zero
+        if (abs < 0x33000000u) return (u16)sign;
+        // value = m * 2^(e - 150) and a half subnormal is r * 2^-24, so r = m >> (126 - e).
+        const u32 e = abs >> 23;
+        const u32 m = (abs & 0x7fffffu) | 0x800000u;
+        const u32 shift = 126 - e;
+        u32 r = m >> shift;
+        const u32 rem = m & ((1u << shift) - 1u);
+        const u32 halfway = 1u << (shift - 1);
+        if (rem > halfway || (rem == halfway && (r & 1u))) r += 1;
+        return (u16)(sign | r);
+    }
+    u32 r = ((abs >> 13) - (112u << 10));
+    const u32 rem = abs & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) r += 1;
+    return (u16)(sign | r);
+}
+
+DEVICE float bf16_to_f32(u16 h) { return __int_as_float((int)((u32)h << 16)); }

@@ -1,0 +1,2 @@
+// rope kernels: being written.
+#include "portability.h"

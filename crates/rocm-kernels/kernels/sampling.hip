@@ -1,0 +1,2 @@
+// sampling kernels: being written.
+#include "portability.h"

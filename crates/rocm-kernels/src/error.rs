@@ -1,0 +1,50 @@
+//! Errors of kernel compilation, caching and launches.
+
+/// What went wrong in this crate.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// The runtime or compiler failed (the message carries the compile log where there is one).
+    #[error(transparent)]
+    Hip(#[from] hip_ffi::HipError),
+    /// A launch wrapper was given views too short for the shape, or a shape it cannot run.
+    #[error("{op}: {message}")]
+    Shape {
+        /// The op that refused.
+        op: &'static str,
+        /// What does not fit, with the numbers.
+        message: String,
+    },
+    /// A weight format this op has no kernel for.
+    #[error("{op}: no kernel for weight format {format:?}; supported: {supported}")]
+    UnsupportedFormat {
+        /// The op that refused.
+        op: &'static str,
+        /// The format asked for.
+        format: gguf_loader::GgmlType,
+        /// The formats that work, for the message.
+        supported: &'static str,
+    },
+    /// The kernel disk cache could not be used (the path and the reason).
+    #[error("kernel cache at {path}: {message}")]
+    Cache {
+        /// The cache folder or file.
+        path: String,
+        /// What failed and what to do about it.
+        message: String,
+    },
+}
+
+/// Result of this crate.
+pub type Result<T> = std::result::Result<T, KernelError>;
+
+/// Returns a [`KernelError::Shape`] error unless `ok`.
+pub(crate) fn check_shape(ok: bool, op: &'static str, message: impl FnOnce() -> String) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(KernelError::Shape {
+            op,
+            message: message(),
+        })
+    }
+}

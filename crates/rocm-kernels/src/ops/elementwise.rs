@@ -1,0 +1,1 @@
+//! elementwise: being written.

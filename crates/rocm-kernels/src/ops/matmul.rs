@@ -1,0 +1,1 @@
+//! matmul: being written.

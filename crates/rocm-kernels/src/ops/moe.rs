@@ -1,0 +1,1 @@
+//! moe: being written.

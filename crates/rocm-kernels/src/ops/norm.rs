@@ -1,0 +1,1 @@
+//! norm: being written.

@@ -1,0 +1,1 @@
+//! embed reference: being written.

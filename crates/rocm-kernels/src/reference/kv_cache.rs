@@ -1,0 +1,1 @@
+//! kv_cache reference: being written.

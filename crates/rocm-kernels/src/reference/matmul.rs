@@ -1,0 +1,1 @@
+//! matmul reference: being written.

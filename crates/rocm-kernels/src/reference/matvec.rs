@@ -1,0 +1,1 @@
+//! matvec reference: being written.

@@ -1,0 +1,1 @@
+//! moe reference: being written.

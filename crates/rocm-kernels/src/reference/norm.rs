@@ -1,0 +1,1 @@
+//! norm reference: being written.

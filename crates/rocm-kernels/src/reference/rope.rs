@@ -1,0 +1,1 @@
+//! rope reference: being written.

@@ -1,0 +1,1 @@
+//! sampling reference: being written.
