@@ -1,14 +1,14 @@
 //! `cargo xtask bundle`: prebuilt test binaries for a machine without cargo.
 //!
 //! Builds every test binary of the workspace in release mode plus the release `xtask`, copies
-//! them stripped into one folder with `manifest.json` (binary → crate directory) and `run.sh`.
-//! On the target machine, from the checkout root:
+//! them stripped into one folder with `manifest.json` (the build's workspace root, binary →
+//! crate directory) and `run.sh`. On the target machine, with the bundle folder inside a checkout
+//! of the same commit, run `bundle/run.sh` (or `bundle/xtask verify-rocm --bundle bundle`).
 //!
-//! ```sh
-//! mkdir -p /work && ln -sfn "$PWD" /work/main; bundle/xtask verify-rocm --bundle bundle
-//! ```
-//!
-//! (the symlink makes the compile-time `CARGO_MANIFEST_DIR` paths baked into the tests resolve).
+//! The tests carry the compile-time `CARGO_MANIFEST_DIR` paths of the build machine, so before
+//! they run verify-rocm points the recorded build root at the checkout with a symlink when that
+//! path is free (see [`link_build_root`]); a bundle built in any folder therefore runs from a
+//! checkout in any folder.
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -118,6 +118,7 @@ pub fn run(args: Args) -> Result<()> {
     copy_binary(&xtask.executable, &out.join("xtask"), !args.no_strip)?;
 
     let manifest = serde_json::json!({
+        "build_root": root,
         "complete": build_ok,
         "failed_packages": failed_packages,
         "programs": programs,
@@ -142,8 +143,7 @@ pub fn run(args: Args) -> Result<()> {
         total as f64 / (1 << 20) as f64
     );
     println!(
-        "run there (from the checkout root): mkdir -p /work && ln -sfn \"$PWD\" /work/main; \
-         {0}/xtask verify-rocm --bundle {0}",
+        "run there, from a checkout of this commit that holds the bundle: {}/run.sh",
         args.out.display()
     );
     Ok(())
@@ -304,14 +304,13 @@ fn copy_binary(from: &Path, to: &Path, strip: bool) -> Result<()> {
 fn write_run_script(out: &Path) -> Result<()> {
     let script = r#"#!/bin/sh
 # Runs the prebuilt verify-rocm from a hipdecode bundle, on a machine without cargo.
-# Call it from the checkout root: bundle/run.sh [extra verify-rocm arguments]
-# The tests look for their files under the compile-time path /work/main, so that path is
-# pointed at this checkout when it is free (or already a symlink).
+# Usage: bundle/run.sh [extra verify-rocm arguments]; the bundle folder must sit in the checkout
+# root. verify-rocm links the build root recorded in manifest.json to that checkout when needed.
+# This is the run on the GPU machine, so a GPU test that skips is a failure; set
+# HIPDECODE_REQUIRE_GPU=0 to allow skips (on a machine without a GPU).
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/.." && pwd)
-if [ ! -e /work/main ] || [ -L /work/main ]; then
-    mkdir -p /work && ln -sfn "$root" /work/main
-fi
+HIPDECODE_REQUIRE_GPU="${HIPDECODE_REQUIRE_GPU:-1}"
+export HIPDECODE_REQUIRE_GPU
 exec "$here/xtask" verify-rocm --bundle "$here" "$@"
 "#;
     let path = out.join("run.sh");
@@ -338,8 +337,18 @@ fn walk_size(dir: &Path) -> u64 {
         .sum()
 }
 
-/// Reads a bundle's manifest: its tests, and whether every test target had built.
-pub fn read_manifest(bundle: &Path) -> Result<(Vec<BundledTest>, bool)> {
+/// What a bundle's manifest says.
+pub struct Manifest {
+    /// The workspace root the bundle was built in; `None` in bundles older than this field.
+    pub build_root: Option<PathBuf>,
+    /// The bundled test binaries.
+    pub tests: Vec<BundledTest>,
+    /// Whether every test target had built.
+    pub complete: bool,
+}
+
+/// Reads a bundle's manifest.
+pub fn read_manifest(bundle: &Path) -> Result<Manifest> {
     let path = bundle.join(MANIFEST);
     let text = std::fs::read_to_string(&path).with_context(|| {
         format!(
@@ -347,10 +356,20 @@ pub fn read_manifest(bundle: &Path) -> Result<(Vec<BundledTest>, bool)> {
             path.display()
         )
     })?;
-    let value: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    parse_manifest(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+fn parse_manifest(text: &str) -> Result<Manifest> {
+    let value: serde_json::Value = serde_json::from_str(text)?;
     let Some(entries) = value["tests"].as_array() else {
-        bail!("{} has no \"tests\" list", path.display());
+        bail!("no \"tests\" list");
+    };
+    let build_root = match &value["build_root"] {
+        serde_json::Value::Null => None,
+        serde_json::Value::String(root) if Path::new(root).is_absolute() => {
+            Some(PathBuf::from(root))
+        }
+        other => bail!("\"build_root\" must be an absolute path, found {other}"),
     };
     let complete = value["complete"].as_bool().unwrap_or(true);
     let tests = entries
@@ -368,7 +387,106 @@ pub fn read_manifest(bundle: &Path) -> Result<(Vec<BundledTest>, bool)> {
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok((tests, complete))
+    Ok(Manifest {
+        build_root,
+        tests,
+        complete,
+    })
+}
+
+/// What to do so that the build root's paths reach the checkout the bundle runs from.
+#[derive(Debug, PartialEq, Eq)]
+pub enum BuildRootLink {
+    /// The checkout is the build root (or a link to it already points there): nothing to do.
+    AlreadyThere,
+    /// The build root does not exist: create a symlink there to the checkout.
+    Create,
+    /// The build root is a symlink to somewhere else: point it at the checkout.
+    Replace,
+    /// The build root is a real folder other than the checkout; it is left alone.
+    Conflict,
+}
+
+/// Decides how to make `build_root` lead to `checkout` (both as given; symlinks are resolved
+/// here to compare them).
+pub fn plan_build_root_link(build_root: &Path, checkout: &Path) -> BuildRootLink {
+    let same = match (
+        std::fs::canonicalize(build_root),
+        std::fs::canonicalize(checkout),
+    ) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if same {
+        return BuildRootLink::AlreadyThere;
+    }
+    match std::fs::symlink_metadata(build_root) {
+        Err(_) => BuildRootLink::Create,
+        Ok(meta) if meta.file_type().is_symlink() => BuildRootLink::Replace,
+        Ok(_) => BuildRootLink::Conflict,
+    }
+}
+
+/// Makes the compile-time paths of a bundle built in `build_root` resolve in `checkout`: a
+/// symlink at `build_root` to `checkout`, created (with its parent folders) or repointed as
+/// [`plan_build_root_link`] decides. A real folder at `build_root` is an error that says how to
+/// proceed, as the tests would otherwise read another checkout's files.
+pub fn link_build_root(build_root: &Path, checkout: &Path) -> Result<()> {
+    let manual = format!(
+        "run from a checkout at {0}, or link it yourself: ln -sfn {1} {0}",
+        build_root.display(),
+        checkout.display()
+    );
+    match plan_build_root_link(build_root, checkout) {
+        BuildRootLink::AlreadyThere => return Ok(()),
+        BuildRootLink::Conflict => bail!(
+            "the bundle was built in {}, which exists here and is not this checkout ({}); the \
+             tests would read that folder's files. Move it aside and {manual}",
+            build_root.display(),
+            checkout.display()
+        ),
+        BuildRootLink::Replace => std::fs::remove_file(build_root).with_context(|| {
+            format!(
+                "removing the old symlink {} to repoint it; {manual}",
+                build_root.display()
+            )
+        })?,
+        BuildRootLink::Create => {
+            if let Some(parent) = build_root.parent() {
+                std::fs::create_dir_all(parent).with_context(|| {
+                    format!(
+                        "creating {} for the build-root link; {manual}",
+                        parent.display()
+                    )
+                })?;
+            }
+        }
+    }
+    symlink_dir(checkout, build_root).with_context(|| {
+        format!(
+            "linking {} to this checkout; {manual}",
+            build_root.display()
+        )
+    })?;
+    eprintln!(
+        "linked the bundle's build root {} to this checkout {}",
+        build_root.display(),
+        checkout.display()
+    );
+    Ok(())
+}
+
+#[cfg(unix)]
+fn symlink_dir(target: &Path, link: &Path) -> std::io::Result<()> {
+    std::os::unix::fs::symlink(target, link)
+}
+
+#[cfg(not(unix))]
+fn symlink_dir(_target: &Path, _link: &Path) -> std::io::Result<()> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "bundles run on Linux only",
+    ))
 }
 
 /// Copies the bundle's programs back to the paths they were built at, where the tests that
@@ -401,4 +519,127 @@ pub fn restore_programs(bundle: &Path) -> Result<()> {
             .with_context(|| format!("restoring the bundled {binary} to {}", target.display()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh, empty folder under the system temp dir, removed when dropped.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(label: &str) -> TempDir {
+            let dir = std::env::temp_dir().join(format!(
+                "xtask-bundle-{label}-{}-{:?}",
+                std::process::id(),
+                std::time::SystemTime::now()
+            ));
+            std::fs::create_dir_all(&dir).expect("creating a temp dir");
+            TempDir(dir)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn a_bundle_built_elsewhere_runs_from_this_checkout() {
+        let tmp = TempDir::new("elsewhere");
+        // The checkout the bundle runs from, with one crate file a test reads by its
+        // compile-time path.
+        let checkout = tmp.0.join("checkout");
+        std::fs::create_dir_all(checkout.join("crates/decode")).unwrap();
+        std::fs::write(checkout.join("crates/decode/marker"), "here").unwrap();
+        // The build machine's root: a path that does not exist here and is not /work/main.
+        let build_root = tmp.0.join("builder/home/ci/hipdecode");
+        let manifest = serde_json::json!({
+            "build_root": build_root,
+            "complete": true,
+            "programs": [],
+            "tests": [{"binary": "tests/decode-1", "crate_dir": "crates/decode",
+                       "name": "decode/decode"}],
+        });
+        let parsed = parse_manifest(&manifest.to_string()).unwrap();
+        assert_eq!(parsed.build_root.as_deref(), Some(build_root.as_path()));
+        assert_eq!(parsed.tests[0].crate_dir, "crates/decode");
+
+        assert_eq!(
+            plan_build_root_link(&build_root, &checkout),
+            BuildRootLink::Create
+        );
+        link_build_root(&build_root, &checkout).unwrap();
+        let baked = build_root.join("crates/decode/marker");
+        assert_eq!(std::fs::read_to_string(baked).unwrap(), "here");
+        assert_eq!(
+            plan_build_root_link(&build_root, &checkout),
+            BuildRootLink::AlreadyThere
+        );
+        // A second run is a no-op.
+        link_build_root(&build_root, &checkout).unwrap();
+    }
+
+    #[test]
+    fn a_stale_link_is_repointed_and_a_real_folder_is_refused() {
+        let tmp = TempDir::new("stale");
+        let checkout = tmp.0.join("checkout");
+        let old = tmp.0.join("old-checkout");
+        std::fs::create_dir_all(&checkout).unwrap();
+        std::fs::create_dir_all(&old).unwrap();
+        let build_root = tmp.0.join("root");
+        symlink_dir(&old, &build_root).unwrap();
+        assert_eq!(
+            plan_build_root_link(&build_root, &checkout),
+            BuildRootLink::Replace
+        );
+        link_build_root(&build_root, &checkout).unwrap();
+        assert_eq!(
+            std::fs::canonicalize(&build_root).unwrap(),
+            std::fs::canonicalize(&checkout).unwrap()
+        );
+
+        let occupied = tmp.0.join("occupied");
+        std::fs::create_dir_all(&occupied).unwrap();
+        assert_eq!(
+            plan_build_root_link(&occupied, &checkout),
+            BuildRootLink::Conflict
+        );
+        let err = format!("{:#}", link_build_root(&occupied, &checkout).unwrap_err());
+        assert!(
+            err.contains("is not this checkout") && err.contains("ln -sfn"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_checkout_itself_needs_no_link() {
+        let tmp = TempDir::new("same");
+        assert_eq!(
+            plan_build_root_link(&tmp.0, &tmp.0),
+            BuildRootLink::AlreadyThere
+        );
+    }
+
+    #[test]
+    fn manifest_build_root_must_be_absolute_and_may_be_absent() {
+        let old = parse_manifest(r#"{"tests": []}"#).unwrap();
+        assert!(old.build_root.is_none() && old.complete);
+        let err = parse_manifest(r#"{"build_root": "relative/dir", "tests": []}"#)
+            .err()
+            .expect("a relative build root is refused");
+        assert!(err.to_string().contains("absolute path"), "{err}");
+    }
+
+    #[test]
+    fn the_run_script_links_nothing_itself_and_requires_a_gpu() {
+        let tmp = TempDir::new("script");
+        write_run_script(&tmp.0).unwrap();
+        let script = std::fs::read_to_string(tmp.0.join("run.sh")).unwrap();
+        assert!(!script.contains("/work/main"), "{script}");
+        assert!(script.contains("HIPDECODE_REQUIRE_GPU:-1"), "{script}");
+        assert!(script.contains("verify-rocm --bundle"), "{script}");
+    }
 }
