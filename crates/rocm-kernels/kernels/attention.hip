@@ -1,2 +1,282 @@
-// attention kernels: being written.
+// Causal attention against a layer's K/V cache, with grouped KV heads (GQA), an optional sliding
+// window and ring slots.
+//
+// Shapes: q `[n_tokens][n_head][dk]` f32; the K cache `[slots][n_head_kv][dk]` and the V cache
+// `[slots][n_head_kv][dv]` in f16 (u16 bits) or f32; out `[n_tokens][n_head][dv]` f32. Query
+// head h reads KV head h / (n_head / n_head_kv). Query token t is at positions[t] (device
+// memory) and sees the keys at positions [first, p] with first = max(0, p - window + 1) (or 0
+// without a window); position j lives in slot j % slots.
+//
+// One kernel serves both paths. A block takes one query token (grid x), a group of at most
+// ATTN_MAX_HEADS query heads that share one KV head (grid y), and one split of the key range
+// (grid z). It streams its keys in tiles of blockDim.x keys with an online softmax:
+//  - prefill (n_split = 1): each block covers all the keys of its token and writes the output;
+//  - decode (n_split > 1, flash-decoding): split s covers key offsets [s * keys_per_split,
+//    (s + 1) * keys_per_split) from `first`, and writes its partial max, sum of exponentials
+//    and unnormalised weighted V; `attn_combine` merges the splits. The grid is sized on the
+//    host for the most keys a query can see (min(slots, window)), never for the current
+//    length, so a captured graph replays at any position: a split past the current length
+//    writes a neutral partial (max = -inf, sum = 0) that the combine skips.
 #include "portability.h"
+
+// Query heads per block (the GQA group is split into sub-groups of at most this many).
+#define ATTN_MAX_HEADS 8
+// V dimensions per thread: dv <= ATTN_MAX_ITEMS * blockDim.x.
+#define ATTN_MAX_ITEMS 2
+
+DEVICE float attn_neg_inf() { return __int_as_float((int)0xff800000u); }
+
+DEVICE float kv_load(const float* p, u64 i) { return p[i]; }
+DEVICE float kv_load(const u16* p, u64 i) { return f16_to_f32(p[i]); }
+
+// Max (IS_MAX) or sum of v[0..nh) over the block; every thread gets the results. `red` holds
+// ATTN_MAX_HEADS * 32 floats; blockDim.x is a multiple of WARP_SIZE.
+template <bool IS_MAX>
+DEVICE void attn_block_reduce(float* v, u32 nh, float* red) {
+    const u32 lane = threadIdx.x % WARP_SIZE;
+    const u32 warp = threadIdx.x / WARP_SIZE;
+    const u32 n_warps = blockDim.x / WARP_SIZE;
+#pragma unroll
+    for (u32 g = 0; g < ATTN_MAX_HEADS; ++g) {
+        if (g < nh) v[g] = IS_MAX ? warp_max(v[g]) : warp_sum(v[g]);
+    }
+    __syncthreads();  // `red` may still be read by an earlier call
+    if (lane == 0) {
+#pragma unroll
+        for (u32 g = 0; g < ATTN_MAX_HEADS; ++g) {
+            if (g < nh) red[g * 32 + warp] = v[g];
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (u32 g = 0; g < ATTN_MAX_HEADS; ++g) {
+        if (g < nh) {
+            float r = IS_MAX ? attn_neg_inf() : 0.0f;
+            for (u32 w = 0; w < n_warps; ++w) {
+                r = IS_MAX ? fmaxf(r, red[g * 32 + w]) : r + red[g * 32 + w];
+            }
+            v[g] = r;
+        }
+    }
+}
+
+// Dynamic shared memory: heads_per_block * dk floats of q, then heads_per_block *
+// max(blockDim.x, rows_par * dv) floats for the tile's probabilities (and, at the end, the
+// partial V sums), where rows_par = dv <= blockDim.x ? blockDim.x / dv : 1.
+template <typename T>
+DEVICE void attn_core(const float* q, const T* k_cache, const T* v_cache, const i32* positions,
+                      float* out, float* part_ms, float* part_acc, u32 n_head, u32 n_head_kv,
+                      u32 dk, u32 dv, u32 slots, u32 window, float scale, u32 heads_per_block,
+                      u32 n_split, u32 keys_per_split, float* smem, float* red) {
+    const u32 n_threads = blockDim.x;
+    const u32 tid = threadIdx.x;
+    const u32 t = blockIdx.x;
+    const u32 split = blockIdx.z;
+    const u32 group = n_head / n_head_kv;
+    const u32 n_sub = (group + heads_per_block - 1) / heads_per_block;
+    const u32 kvh = blockIdx.y / n_sub;
+    const u32 h0 = kvh * group + (blockIdx.y % n_sub) * heads_per_block;
+    const u32 group_end = kvh * group + group;
+    const u32 nh = heads_per_block < group_end - h0 ? heads_per_block : group_end - h0;
+
+    // The keys this query sees, as offsets [0, n_keys) from `first`, and this split's share.
+    const i64 pos = (i64)positions[t];
+    i64 first = 0;
+    if (window > 0 && pos - (i64)window + 1 > 0) first = pos - (i64)window + 1;
+    const i64 n_keys = pos - first + 1;
+    const i64 k_begin = (i64)split * (i64)keys_per_split;
+    i64 k_end = k_begin + (i64)keys_per_split;
+    if (k_end > n_keys) k_end = n_keys;
+
+    const u64 row_q = (u64)t * n_head + h0;  // first (token, head) row of this block
+    if (k_begin >= k_end) {
+        // Nothing to see: a neutral partial, or zeros (only for an invalid position).
+        if (n_split > 1) {
+            if (tid < nh) {
+                float* ms = part_ms + ((row_q + tid) * n_split + split) * 2;
+                ms[0] = attn_neg_inf();
+                ms[1] = 0.0f;
+            }
+        } else {
+            for (u32 i = tid; i < nh * dv; i += n_threads) out[row_q * dv + i] = 0.0f;
+        }
+        return;
+    }
+
+    float* q_sh = smem;
+    float* p_sh = smem + heads_per_block * dk;
+    for (u32 i = tid; i < nh * dk; i += n_threads) q_sh[i] = q[row_q * dk + i];
+    __syncthreads();
+
+    const u64 k_row = (u64)n_head_kv * dk;
+    const u64 v_row = (u64)n_head_kv * dv;
+    const T* k_head = k_cache + (u64)kvh * dk;
+    const T* v_head = v_cache + (u64)kvh * dv;
+    const u32 rows_par = dv <= n_threads ? n_threads / dv : 1;
+
+    float m_run[ATTN_MAX_HEADS];
+    float l_run[ATTN_MAX_HEADS];
+    float acc[ATTN_MAX_ITEMS][ATTN_MAX_HEADS];
+#pragma unroll
+    for (u32 g = 0; g < ATTN_MAX_HEADS; ++g) {
+        m_run[g] = attn_neg_inf();
+        l_run[g] = 0.0f;
+#pragma unroll
+        for (u32 it = 0; it < ATTN_MAX_ITEMS; ++it) acc[it][g] = 0.0f;
+    }
+
+    for (i64 tile = k_begin; tile < k_end; tile += n_threads) {
+        // Scores: one key per thread.
+        const i64 jj = tile + tid;
+        const bool valid = jj < k_end;
+        float s[ATTN_MAX_HEADS];
+#pragma unroll
+        for (u32 g = 0; g < ATTN_MAX_HEADS; ++g) s[g] = 0.0f;
+        if (valid) {
+            const u32 slot = (u32)(first + jj) % slots;
+            const T* kr = k_head + (u64)slot * k_row;
+            for (u32 d = 0; d < dk; ++d) {
+                const float kd = kv_load(kr, d);
+#pragma unroll
+                for (u32 g = 0; g < ATTN_MAX_HEADS; ++g) {
+                    if (g < nh) s[g] += q_sh[g * dk + d] * kd;
+                }
+            }
+#pragma unroll
+            for (u32 g = 0; g < ATTN_MAX_HEADS; ++g) s[g] *= scale;
+        } else {
+#pragma unroll
+            for (u32 g = 0; g < ATTN_MAX_HEADS; ++g) s[g] = attn_neg_inf();
+        }
+
+        // Online softmax: new running max, rescale factor, this tile's probabilities.
+        float m_tile[ATTN_MAX_HEADS];
+#pragma unroll
+        for (u32 g = 0; g < ATTN_MAX_HEADS; ++g) m_tile[g] = s[g];
+        attn_block_reduce<true>(m_tile, nh, red);
+        float alpha[ATTN_MAX_HEADS];
+        float p[ATTN_MAX_HEADS];
+#pragma unroll
+        for (u32 g = 0; g < ATTN_MAX_HEADS; ++g) {
+            const float m_new = fmaxf(m_run[g], m_tile[g]);
+            const bool finite = m_new > attn_neg_inf();
+            alpha[g] = (m_run[g] > attn_neg_inf()) ? expf(m_run[g] - m_new) : 0.0f;
+            p[g] = (valid && finite) ? expf(s[g] - m_new) : 0.0f;
+            m_run[g] = m_new;
+            if (g < nh) p_sh[g * n_threads + tid] = p[g];
+        }
+        attn_block_reduce<false>(p, nh, red);  // its barriers also publish p_sh
+#pragma unroll
+        for (u32 g = 0; g < ATTN_MAX_HEADS; ++g) l_run[g] = l_run[g] * alpha[g] + p[g];
+
+        // Weighted V: item (d, r) sums the keys r, r + rows_par, ... of the tile.
+        const i64 left = k_end - tile;
+        const u32 n_tile = left < (i64)n_threads ? (u32)left : n_threads;
+        const u32 slot0 = (u32)(first + tile) % slots;
+#pragma unroll
+        for (u32 it = 0; it < ATTN_MAX_ITEMS; ++it) {
+            const u32 idx = tid + it * n_threads;
+            const u32 d = idx % dv;
+            const u32 r = idx / dv;
+            if (r < rows_par) {
+#pragma unroll
+                for (u32 g = 0; g < ATTN_MAX_HEADS; ++g) acc[it][g] *= alpha[g];
+                for (u32 j = r; j < n_tile; j += rows_par) {
+                    const u32 slot = (slot0 + j) % slots;
+                    const float vd = kv_load(v_head + (u64)slot * v_row, d);
+#pragma unroll
+                    for (u32 g = 0; g < ATTN_MAX_HEADS; ++g) {
+                        if (g < nh) acc[it][g] += p_sh[g * n_threads + j] * vd;
+                    }
+                }
+            }
+        }
+        __syncthreads();  // p_sh is rewritten by the next tile
+    }
+
+    // Sum the items' partial sums over r, then write the output or the partial.
+    float* acc_sh = p_sh;
+#pragma unroll
+    for (u32 it = 0; it < ATTN_MAX_ITEMS; ++it) {
+        const u32 idx = tid + it * n_threads;
+        const u32 d = idx % dv;
+        const u32 r = idx / dv;
+        if (r < rows_par) {
+#pragma unroll
+            for (u32 g = 0; g < ATTN_MAX_HEADS; ++g) {
+                if (g < nh) acc_sh[(g * rows_par + r) * dv + d] = acc[it][g];
+            }
+        }
+    }
+    __syncthreads();
+    for (u32 i = tid; i < nh * dv; i += n_threads) {
+        const u32 g = i / dv;
+        const u32 d = i % dv;
+        float a = 0.0f;
+        for (u32 r = 0; r < rows_par; ++r) a += acc_sh[(g * rows_par + r) * dv + d];
+        if (n_split > 1) {
+            part_acc[((row_q + g) * n_split + split) * dv + d] = a;
+        } else {
+            float l = 0.0f;
+#pragma unroll
+            for (u32 gg = 0; gg < ATTN_MAX_HEADS; ++gg) {
+                if (gg == g) l = l_run[gg];
+            }
+            out[(row_q + g) * dv + d] = l > 0.0f ? a / l : 0.0f;
+        }
+    }
+    if (n_split > 1) {
+#pragma unroll
+        for (u32 g = 0; g < ATTN_MAX_HEADS; ++g) {
+            if (g < nh && tid == g) {
+                float* ms = part_ms + ((row_q + g) * n_split + split) * 2;
+                ms[0] = m_run[g];
+                ms[1] = l_run[g];
+            }
+        }
+    }
+}
+
+KERNEL void attn_f16(const float* q, const u16* k_cache, const u16* v_cache,
+                     const i32* positions, float* out, float* part_ms, float* part_acc,
+                     u32 n_head, u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window,
+                     float scale, u32 heads_per_block, u32 n_split, u32 keys_per_split) {
+    extern __shared__ float attn_smem[];
+    __shared__ float red[ATTN_MAX_HEADS * 32];
+    attn_core<u16>(q, k_cache, v_cache, positions, out, part_ms, part_acc, n_head, n_head_kv, dk,
+                   dv, slots, window, scale, heads_per_block, n_split, keys_per_split, attn_smem,
+                   red);
+}
+
+KERNEL void attn_f32(const float* q, const float* k_cache, const float* v_cache,
+                     const i32* positions, float* out, float* part_ms, float* part_acc,
+                     u32 n_head, u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window,
+                     float scale, u32 heads_per_block, u32 n_split, u32 keys_per_split) {
+    extern __shared__ float attn_smem[];
+    __shared__ float red[ATTN_MAX_HEADS * 32];
+    attn_core<float>(q, k_cache, v_cache, positions, out, part_ms, part_acc, n_head, n_head_kv,
+                     dk, dv, slots, window, scale, heads_per_block, n_split, keys_per_split,
+                     attn_smem, red);
+}
+
+// Merges the splits of one (token, head) per block: out = sum_s acc_s e^(m_s - M) /
+// sum_s l_s e^(m_s - M) with M the largest split max; splits with max = -inf are skipped.
+KERNEL void attn_combine(const float* part_ms, const float* part_acc, float* out, u32 n_head,
+                         u32 dv, u32 n_split) {
+    const u64 row = (u64)blockIdx.x * n_head + blockIdx.y;
+    const float* ms = part_ms + row * n_split * 2;
+    const float* acc = part_acc + row * n_split * dv;
+    float m = attn_neg_inf();
+    for (u32 s = 0; s < n_split; ++s) m = fmaxf(m, ms[2 * s]);
+    float l = 0.0f;
+    for (u32 s = 0; s < n_split; ++s) {
+        if (ms[2 * s] > attn_neg_inf()) l += ms[2 * s + 1] * expf(ms[2 * s] - m);
+    }
+    for (u32 d = threadIdx.x; d < dv; d += blockDim.x) {
+        float a = 0.0f;
+        for (u32 s = 0; s < n_split; ++s) {
+            if (ms[2 * s] > attn_neg_inf()) a += acc[(u64)s * dv + d] * expf(ms[2 * s] - m);
+        }
+        out[row * dv + d] = l > 0.0f ? a / l : 0.0f;
+    }
+}
