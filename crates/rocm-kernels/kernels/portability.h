@@ -25,6 +25,11 @@ typedef unsigned long long u64;
 #define DEVICE __device__ __forceinline__
 #define KERNEL extern "C" __global__
 
+// Neither run-time compiler defines INFINITY without <math.h>, which neither can include.
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
 #if defined(__CUDACC__)
 // CUDA: shuffles take a mask of participating lanes (all of the warp here).
 DEVICE float warp_shfl_xor(float v, int lane_mask) {
