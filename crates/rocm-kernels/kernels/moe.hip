@@ -1,2 +1,123 @@
-// moe kernels: being written.
+// Mixture-of-experts: routing, the selected experts' matrix-vector products, and their
+// weighted sum. Expert ids and weights stay in device memory between the three kernels, so a
+// step needs no host synchronisation.
+//
+// moe_route_top_k: for each of `rows` rows of `n_expert` router logits, the `k` largest
+// logits in descending order (Rust's f32::total_cmp order: -0.0 below +0.0; ties keep the
+// lower expert index first, as a stable sort does), written as ids[row * k + s], and
+// weights[row * k + s] = softmax over those k logits (max-subtracted, sum, divide: the CPU
+// backend's `route_top_k`, which equals a softmax over all experts renormalised over the top k).
+// One warp per row; lane l holds experts l, l + WARP_SIZE, ... (n_expert <= 64 * WARP_SIZE).
+//
+// matvec_id_<format>: for pair p = t * k + s (grid.x = n_tokens * k),
+// out[p * rows + r] = sum_c W[ids[p]][r][c] * x[xrow * cols + c], where W is a stacked
+// `[n_expert][rows][cols]` tensor, and xrow = p when each slot has its own input (x_per_slot,
+// e.g. the down projection) and t otherwise (gate and up read the token's row). An id outside
+// [0, n_expert) reads no weights and gives zeros. One warp per output row, as matvec.
+//
+// moe_weighted_sum: out[t][c] (+)= sum_s weights[t * k + s] * y[(t * k + s) * dim + c], summed
+// in slot order from zero, then stored (accumulate == 0) or added to out (accumulate != 0).
 #include "portability.h"
+#include "quant.h"
+
+// A key whose signed integer order is f32::total_cmp's order on the float bits.
+DEVICE i32 total_order_key(float v) {
+    const i32 bits = __float_as_int(v);
+    return bits < 0 ? (bits ^ 0x7fffffff) : bits;
+}
+
+KERNEL void moe_route_top_k(const float* __restrict__ logits, i32* __restrict__ ids,
+                            float* __restrict__ weights, u32 rows, u32 n_expert, u32 k) {
+    const u32 warps = blockDim.x / WARP_SIZE;
+    const u32 row = blockIdx.x * warps + threadIdx.x / WARP_SIZE;
+    if (row >= rows) return;  // the whole warp leaves together
+    const u32 lane = threadIdx.x % WARP_SIZE;
+    const float* lr = logits + (u64)row * n_expert;
+    i32* row_ids = ids + (u64)row * k;
+    float* row_w = weights + (u64)row * k;
+    u64 taken = 0;  // bit i: expert lane + i * WARP_SIZE is already chosen
+    for (u32 s = 0; s < k; ++s) {
+        i32 best_key = (i32)0x80000000;
+        i32 best_idx = 0x7fffffff;  // loses every comparison with a real expert
+        u32 li = 0;
+        for (u32 e = lane; e < n_expert; e += WARP_SIZE, ++li) {
+            if ((taken >> li) & 1ull) continue;
+            const i32 key = total_order_key(lr[e]);
+            if (key > best_key || (key == best_key && (i32)e < best_idx)) {
+                best_key = key;
+                best_idx = (i32)e;
+            }
+        }
+        // Butterfly all-reduce: (larger key, then smaller index) is a total order, so every
+        // lane ends with the same winner.
+#pragma unroll
+        for (int m = WARP_SIZE / 2; m > 0; m >>= 1) {
+            const i32 other_key = warp_shfl_xor_int(best_key, m);
+            const i32 other_idx = warp_shfl_xor_int(best_idx, m);
+            if (other_key > best_key || (other_key == best_key && other_idx < best_idx)) {
+                best_key = other_key;
+                best_idx = other_idx;
+            }
+        }
+        if ((u32)best_idx % WARP_SIZE == lane) taken |= 1ull << ((u32)best_idx / WARP_SIZE);
+        if (lane == 0) {
+            row_ids[s] = best_idx;
+            row_w[s] = lr[best_idx];
+        }
+    }
+    if (lane == 0) {
+        float max = -INFINITY;
+        for (u32 s = 0; s < k; ++s) max = fmaxf(max, row_w[s]);
+        float sum = 0.0f;
+        for (u32 s = 0; s < k; ++s) {
+            const float e = expf(row_w[s] - max);
+            row_w[s] = e;
+            sum += e;
+        }
+        for (u32 s = 0; s < k; ++s) row_w[s] = row_w[s] / sum;
+    }
+}
+
+template <int FMT>
+DEVICE void matvec_id_impl(const u8* __restrict__ w, const i32* __restrict__ ids,
+                           const float* __restrict__ x, float* __restrict__ out, u32 n_expert,
+                           u32 rows, u32 cols, u32 k, u32 x_per_slot) {
+    const u32 pair = blockIdx.x;
+    const u32 warps = blockDim.x / WARP_SIZE;
+    const u32 r = blockIdx.y * warps + threadIdx.x / WARP_SIZE;
+    if (r >= rows) return;  // the whole warp leaves together
+    const u32 lane = threadIdx.x % WARP_SIZE;
+    float* dst = out + (u64)pair * rows + r;
+    const i32 e = ids[pair];
+    if (e < 0 || (u32)e >= n_expert) {
+        if (lane == 0) *dst = 0.0f;
+        return;
+    }
+    const u64 rb = row_bytes<FMT>(cols);
+    const u8* row = w + ((u64)e * rows + r) * rb;
+    const u32 xrow = x_per_slot ? pair : pair / k;
+    float acc[1];
+    warp_row_dot<FMT, 1>(row, x + (u64)xrow * cols, cols, 1, cols, acc);
+    if (lane == 0) *dst = acc[0];
+}
+
+#define MATVEC_ID_ENTRY(suffix, FMT)                                                           \
+    KERNEL void matvec_id_##suffix(const u8* w, const i32* ids, const float* x, float* out,   \
+                                   u32 n_expert, u32 rows, u32 cols, u32 k, u32 x_per_slot) { \
+        matvec_id_impl<FMT>(w, ids, x, out, n_expert, rows, cols, k, x_per_slot);             \
+    }
+FOR_EACH_WEIGHT_FORMAT(MATVEC_ID_ENTRY)
+
+KERNEL void moe_weighted_sum(const float* __restrict__ y, const float* __restrict__ weights,
+                             float* out, u32 n_tokens, u32 k, u32 dim, u32 accumulate) {
+    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (u64)n_tokens * dim) return;
+    const u64 t = i / dim;
+    const u64 c = i % dim;
+    float acc = 0.0f;
+    for (u32 s = 0; s < k; ++s) {
+        const u64 p = t * k + s;
+        acc += weights[p] * y[p * dim + c];
+    }
+    out[i] = accumulate ? out[i] + acc : acc;
+}
