@@ -1,2 +1,61 @@
-// elementwise kernels: being written.
+// Elementwise f32 kernels: gated activations, residual add, bias over rows, scaled row
+// accumulation, scale, copy, zero.
+//
+// Every kernel is a grid-stride loop over `n` elements (any grid and block shape works; the host
+// uses blocks of 256 threads and caps the grid). Indices are 64-bit so `i += stride` cannot wrap.
+// The formulas follow crates/decode/src/backend/ops.rs `gated` and the CPU backend's ops.
 #include "portability.h"
+
+#define GRID_STRIDE_LOOP(i, n)                                                    \
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (u64)(n);       \
+         i += (u64)gridDim.x * blockDim.x)
+
+// gate = silu(gate) * up = gate / (1 + exp(-gate)) * up.
+KERNEL void gated_silu(float* __restrict__ gate, const float* __restrict__ up, u32 n) {
+    GRID_STRIDE_LOOP(i, n) {
+        const float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+// gate = gelu_tanh(gate) * up = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * up.
+KERNEL void gated_gelu_tanh(float* __restrict__ gate, const float* __restrict__ up, u32 n) {
+    const float sqrt_2_over_pi = 0.7978846f;
+    GRID_STRIDE_LOOP(i, n) {
+        const float g = gate[i];
+        const float inner = sqrt_2_over_pi * (g + 0.044715f * g * g * g);
+        gate[i] = 0.5f * g * (1.0f + tanhf(inner)) * up[i];
+    }
+}
+
+// x += y.
+KERNEL void add_inplace(float* __restrict__ x, const float* __restrict__ y, u32 n) {
+    GRID_STRIDE_LOOP(i, n) x[i] += y[i];
+}
+
+// x[r][c] += bias[c] for n = rows * dim elements.
+KERNEL void add_bias_rows(float* __restrict__ x, const float* __restrict__ bias, u32 n, u32 dim) {
+    GRID_STRIDE_LOOP(i, n) x[i] += bias[i % dim];
+}
+
+// x += alpha[0] * y, with alpha read from device memory (an MoE routing weight).
+KERNEL void add_scaled(float* __restrict__ x, const float* __restrict__ y,
+                       const float* __restrict__ alpha, u32 n) {
+    const float a = alpha[0];
+    GRID_STRIDE_LOOP(i, n) x[i] += a * y[i];
+}
+
+// x *= s.
+KERNEL void scale_inplace(float* __restrict__ x, float s, u32 n) {
+    GRID_STRIDE_LOOP(i, n) x[i] *= s;
+}
+
+// dst = src (the ranges do not overlap; the host checks).
+KERNEL void copy_f32(const float* __restrict__ src, float* __restrict__ dst, u32 n) {
+    GRID_STRIDE_LOOP(i, n) dst[i] = src[i];
+}
+
+// x = 0.
+KERNEL void zero_f32(float* __restrict__ x, u32 n) {
+    GRID_STRIDE_LOOP(i, n) x[i] = 0.0f;
+}

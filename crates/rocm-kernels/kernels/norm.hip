@@ -1,2 +1,51 @@
-// norm kernels: being written.
+// RMSNorm: out = x / sqrt(mean(x^2) + eps) * w, over vectors of `dim` f32.
+//
+// Gemma's `(1 + w)` needs no variant: the GGUF converter already stores 1 + w in every Gemma norm
+// weight (docs/decode.md), so every norm is this plain multiply.
+//
+// Both kernels may run in place (out == x): each element is read and written by one thread only,
+// and every read that feeds the sum happens before the reduction's barrier / shuffles.
+// The arithmetic follows the CPU reference: ss = sum(x^2) / dim; inv = 1 / sqrt(ss + eps);
+// out = x * inv * w (only the order of the sum differs).
 #include "portability.h"
+
+// One block per vector (row); blockDim.x is any multiple of WARP_SIZE up to 1024.
+// Grid: (n_vectors, 1, 1).
+KERNEL void rms_norm_rows(const float* x, const float* w, float* out, u32 dim, float eps) {
+    __shared__ float scratch[32];
+    const u64 base = (u64)blockIdx.x * dim;
+    const float* xr = x + base;
+    float* orow = out + base;
+    float ss = 0.0f;
+    for (u32 i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = xr[i];
+        ss += v * v;
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (u32 i = threadIdx.x; i < dim; i += blockDim.x) orow[i] = xr[i] * inv * w[i];
+}
+
+// One warp per vector, for short vectors (per-head Q/K norm, head_dim 64..256): blockDim.x is a
+// multiple of WARP_SIZE and each block handles blockDim.x / WARP_SIZE consecutive vectors.
+// Grid: (ceil(n_vectors / (blockDim.x / WARP_SIZE)), 1, 1).
+KERNEL void rms_norm_warp(const float* x, const float* w, float* out, u32 n_vectors, u32 dim,
+                          float eps) {
+    const u32 warps_per_block = blockDim.x / WARP_SIZE;
+    const u32 vec = blockIdx.x * warps_per_block + threadIdx.x / WARP_SIZE;
+    const u32 lane = threadIdx.x % WARP_SIZE;
+    // The test depends on the warp index only, so whole warps leave together and the shuffles
+    // below always see every lane of a warp.
+    if (vec >= n_vectors) return;
+    const u64 base = (u64)vec * dim;
+    const float* xv = x + base;
+    float* ov = out + base;
+    float ss = 0.0f;
+    for (u32 i = lane; i < dim; i += WARP_SIZE) {
+        const float v = xv[i];
+        ss += v * v;
+    }
+    ss = warp_sum(ss);
+    const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (u32 i = lane; i < dim; i += WARP_SIZE) ov[i] = xv[i] * inv * w[i];
+}

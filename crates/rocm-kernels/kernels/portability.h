@@ -86,6 +86,67 @@ DEVICE float block_max(float v, float* scratch) {
     return warp_max(v);
 }
 
+// Integer reductions (counts, and 64-bit ordered keys for argmax / selection). A 64-bit value
+// crosses lanes as two 32-bit shuffles.
+DEVICE u64 warp_shfl_xor_u64(u64 v, int lane_mask) {
+    const u32 lo = (u32)warp_shfl_xor_int((int)(u32)v, lane_mask);
+    const u32 hi = (u32)warp_shfl_xor_int((int)(u32)(v >> 32), lane_mask);
+    return ((u64)hi << 32) | (u64)lo;
+}
+
+DEVICE u32 warp_sum_u32(u32 v) {
+#pragma unroll
+    for (int m = WARP_SIZE / 2; m > 0; m >>= 1) v += (u32)warp_shfl_xor_int((int)v, m);
+    return v;
+}
+
+DEVICE u64 warp_max_u64(u64 v) {
+#pragma unroll
+    for (int m = WARP_SIZE / 2; m > 0; m >>= 1) {
+        const u64 o = warp_shfl_xor_u64(v, m);
+        v = o > v ? o : v;
+    }
+    return v;
+}
+
+// As block_sum, for u32; `scratch` holds 32 u32.
+DEVICE u32 block_sum_u32(u32 v, u32* scratch) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int warp = threadIdx.x / WARP_SIZE;
+    const int n_warps = (blockDim.x + WARP_SIZE - 1) / WARP_SIZE;
+    v = warp_sum_u32(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = (lane < n_warps) ? scratch[lane] : 0u;
+    return warp_sum_u32(v);
+}
+
+// As block_max, for u64; `scratch` holds 32 u64.
+DEVICE u64 block_max_u64(u64 v, u64* scratch) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int warp = threadIdx.x / WARP_SIZE;
+    const int n_warps = (blockDim.x + WARP_SIZE - 1) / WARP_SIZE;
+    v = warp_max_u64(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = (lane < n_warps) ? scratch[lane] : 0ull;
+    return warp_max_u64(v);
+}
+
+// A float's bits mapped to an unsigned integer with the same order as Rust's `f32::total_cmp`
+// (-NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN).
+DEVICE u32 float_order_key(float v) {
+    const u32 b = (u32)__float_as_int(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+DEVICE float float_from_order_key(u32 k) {
+    const u32 b = (k & 0x80000000u) ? (k & 0x7fffffffu) : ~k;
+    return __int_as_float((int)b);
+}
+
 // IEEE half <-> float by bit manipulation: neither compiler offers its fp16 header without
 // include paths, and these are exact (round to nearest even on the way down).
 DEVICE float f16_to_f32(u16 h) {

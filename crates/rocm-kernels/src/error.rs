@@ -24,6 +24,25 @@ pub enum KernelError {
         /// The formats that work, for the message.
         supported: &'static str,
     },
+    /// An environment variable of this crate holds a value that cannot be used.
+    #[error("{variable}={value:?} {message}")]
+    Env {
+        /// The variable.
+        variable: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong and what to set instead.
+        message: String,
+    },
+    /// A kernel module has no entry point of that name (a mismatch between `source.rs` and the
+    /// module's source file).
+    #[error("kernel module `{module}` has no entry point `{name}`")]
+    MissingEntryPoint {
+        /// The module's name.
+        module: &'static str,
+        /// The entry point asked for.
+        name: &'static str,
+    },
     /// The kernel disk cache could not be used (the path and the reason).
     #[error("kernel cache at {path}: {message}")]
     Cache {
@@ -38,7 +57,11 @@ pub enum KernelError {
 pub type Result<T> = std::result::Result<T, KernelError>;
 
 /// Returns a [`KernelError::Shape`] error unless `ok`.
-pub(crate) fn check_shape(ok: bool, op: &'static str, message: impl FnOnce() -> String) -> Result<()> {
+pub(crate) fn check_shape(
+    ok: bool,
+    op: &'static str,
+    message: impl FnOnce() -> String,
+) -> Result<()> {
     if ok {
         Ok(())
     } else {

@@ -3,6 +3,13 @@
 //! Every program is `portability.h`, then `quant.h` where the module reads quantized weights,
 //! then the module's own file, concatenated (no include paths are needed by either run-time
 //! compiler). Adding a module means one file under `kernels/` and one row here.
+//!
+//! ENTRY POINTS (to every engineer with a module here): [`Kernels::load`](crate::Kernels::load)
+//! looks up exactly the names [`KernelModule::entry_points`] lists for your module, and
+//! `Kernels::function` finds nothing else. Add every `extern "C"` kernel your wrappers launch
+//! to your module's arm of `entry_points` (macro-generated names spelled out in full).
+//! `tests/compile_all.rs` checks that each listed name is in the compiled code object of every
+//! target, so a typo fails there, without a GPU.
 
 /// A kernel module: one source file and the `extern "C"` entry points it defines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -78,6 +85,33 @@ impl KernelModule {
         }
     }
 
+    /// The `extern "C"` kernels of the module that [`crate::Kernels`] looks up at load time.
+    /// Each module's owner keeps its arm in step with its source file (see the module docs).
+    pub fn entry_points(self) -> &'static [&'static str] {
+        match self {
+            KernelModule::Norm => &["rms_norm_rows", "rms_norm_warp"],
+            KernelModule::Elementwise => &[
+                "gated_silu",
+                "gated_gelu_tanh",
+                "add_inplace",
+                "add_bias_rows",
+                "add_scaled",
+                "scale_inplace",
+                "copy_f32",
+                "zero_f32",
+            ],
+            KernelModule::Sampling => &["argmax_partial", "argmax_final", "sample_logits"],
+            // Owners of these modules: list your entry points here.
+            KernelModule::Embed => &[],
+            KernelModule::Rope => &[],
+            KernelModule::KvCache => &[],
+            KernelModule::Attention => &[],
+            KernelModule::Matvec => &[],
+            KernelModule::Matmul => &[],
+            KernelModule::Moe => &[],
+        }
+    }
+
     /// Whether the module reads quantized weight blocks (and so needs `quant.h`).
     fn reads_quantized(self) -> bool {
         matches!(
@@ -87,24 +121,27 @@ impl KernelModule {
     }
 
     /// The whole program handed to the compiler. `#include "…"` lines of the bundled headers
-    /// are dropped, since the headers are pasted in front.
+    /// are dropped, since the headers are pasted in front, and so are the headers' `#pragma
+    /// once` lines (in one pasted program they only draw a warning).
     pub fn source(self) -> String {
         let mut text = String::with_capacity(32 * 1024);
-        text.push_str(PORTABILITY_H);
-        text.push('\n');
+        let mut parts = vec![PORTABILITY_H];
         if self.reads_quantized() {
-            text.push_str(QUANT_H);
-            text.push('\n');
+            parts.push(QUANT_H);
         }
-        for line in self.body().lines() {
-            let trimmed = line.trim_start();
-            if trimmed.starts_with("#include \"portability.h\"")
-                || trimmed.starts_with("#include \"quant.h\"")
-            {
-                continue;
+        parts.push(self.body());
+        for part in parts {
+            for line in part.lines() {
+                let trimmed = line.trim();
+                if trimmed.starts_with("#include \"portability.h\"")
+                    || trimmed.starts_with("#include \"quant.h\"")
+                    || trimmed == "#pragma once"
+                {
+                    continue;
+                }
+                text.push_str(line);
+                text.push('\n');
             }
-            text.push_str(line);
-            text.push('\n');
         }
         text
     }
@@ -116,11 +153,43 @@ mod tests {
 
     #[test]
     fn every_source_starts_with_the_portability_header_and_has_no_local_includes() {
+        let header_start = PORTABILITY_H
+            .lines()
+            .take_while(|l| l.trim() != "#pragma once")
+            .collect::<Vec<_>>()
+            .join("\n");
+        let quant_marker = QUANT_H.lines().find(|l| l.contains("DEVICE")).unwrap_or("");
         for module in KernelModule::ALL {
             let source = module.source();
-            assert!(source.starts_with(PORTABILITY_H), "{}", module.name());
-            assert!(!source.contains("#include \""), "{} keeps an include", module.name());
-            assert_eq!(source.contains(QUANT_H), module.reads_quantized() && !QUANT_H.is_empty());
+            assert!(source.starts_with(&header_start), "{}", module.name());
+            assert!(
+                !source.contains("#include \""),
+                "{} keeps an include",
+                module.name()
+            );
+            assert!(!source.contains("#pragma once"), "{}", module.name());
+            if !quant_marker.is_empty() {
+                assert_eq!(source.contains(quant_marker), module.reads_quantized());
+            }
+        }
+    }
+
+    #[test]
+    fn listed_entry_points_are_unique_and_named_in_the_source() {
+        for module in KernelModule::ALL {
+            let source = module.source();
+            let names = module.entry_points();
+            for (i, name) in names.iter().enumerate() {
+                assert!(!names[..i].contains(name), "{name} listed twice");
+                // Macro-generated names are spelled whole only after expansion; their stem
+                // (up to the last '_') is in the source.
+                let stem = name.rsplit_once('_').map_or(*name, |(s, _)| s);
+                assert!(
+                    source.contains(name) || source.contains(stem),
+                    "{}: entry point {name} is not in the source",
+                    module.name()
+                );
+            }
         }
     }
 }
