@@ -2,8 +2,8 @@
 //
 // The cache has `slots` rows; the row of position p goes to slot p % slots (a ring for
 // sliding-window layers, never wrapped for a full-length cache). Positions are read from device
-// memory. One launch stores up to two tensors (K and V): blockIdx.z picks which, blockIdx.y is
-// the row, and x covers the row's `dim` values.
+// memory. One launch stores up to two tensors (K and V): blockIdx.z picks which, blockIdx.x is
+// the row, and y covers the row's `dim` values in blocks of blockDim.x.
 #include "portability.h"
 
 DEVICE u32 kv_slot(i32 pos, u32 slots) {
@@ -13,12 +13,12 @@ DEVICE u32 kv_slot(i32 pos, u32 slots) {
 
 KERNEL void kv_store_f16(u16* dst0, const float* src0, u32 dim0, u16* dst1, const float* src1,
                          u32 dim1, const i32* positions, u32 rows, u32 slots) {
-    const u32 row = blockIdx.y;
+    const u32 row = blockIdx.x;
     const bool second = blockIdx.z == 1;
     u16* dst = second ? dst1 : dst0;
     const float* src = second ? src1 : src0;
     const u32 dim = second ? dim1 : dim0;
-    const u32 c = blockIdx.x * blockDim.x + threadIdx.x;
+    const u32 c = blockIdx.y * blockDim.x + threadIdx.x;
     if (row >= rows || c >= dim) return;
     const u32 slot = kv_slot(positions[row], slots);
     dst[(u64)slot * dim + c] = f32_to_f16(src[(u64)row * dim + c]);
@@ -27,12 +27,12 @@ KERNEL void kv_store_f16(u16* dst0, const float* src0, u32 dim0, u16* dst1, cons
 KERNEL void kv_store_f32(float* dst0, const float* src0, u32 dim0, float* dst1,
                          const float* src1, u32 dim1, const i32* positions, u32 rows,
                          u32 slots) {
-    const u32 row = blockIdx.y;
+    const u32 row = blockIdx.x;
     const bool second = blockIdx.z == 1;
     float* dst = second ? dst1 : dst0;
     const float* src = second ? src1 : src0;
     const u32 dim = second ? dim1 : dim0;
-    const u32 c = blockIdx.x * blockDim.x + threadIdx.x;
+    const u32 c = blockIdx.y * blockDim.x + threadIdx.x;
     if (row >= rows || c >= dim) return;
     const u32 slot = kv_slot(positions[row], slots);
     dst[(u64)slot * dim + c] = src[(u64)row * dim + c];

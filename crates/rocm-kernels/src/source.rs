@@ -103,9 +103,9 @@ impl KernelModule {
             KernelModule::Sampling => &["argmax_partial", "argmax_final", "sample_logits"],
             // Owners of these modules: list your entry points here.
             KernelModule::Embed => &[],
-            KernelModule::Rope => &[],
-            KernelModule::KvCache => &[],
-            KernelModule::Attention => &[],
+            KernelModule::Rope => &["rope_f32"],
+            KernelModule::KvCache => &["kv_store_f16", "kv_store_f32"],
+            KernelModule::Attention => &["attn_f16", "attn_f32", "attn_combine"],
             KernelModule::Matvec => &[],
             KernelModule::Matmul => &[],
             KernelModule::Moe => &[],
