@@ -5,8 +5,10 @@ Run: python3 tests/reference/test_reference.py [-k SUBSTRING]
 
 Small GGUF files are written with gguf-py's GGUFWriter (random F32 and Q8_0 weights) and the
 reference is checked against invariants and hand-written computations that do not go through
-its code paths. When the real Gemma 3 270M file is present (models dir = $HIPDECODE_MODELS_DIR or
-<workspace>/models), a few real-model checks run too; otherwise they print why they skip.
+its code paths. When the real Gemma 3 270M file and the `cargo xtask synth-model` tiny-* files are
+present (models dir = $HIPDECODE_MODELS_DIR or <workspace>/models), checks on them run too;
+otherwise they print why they skip, or fail when HIPDECODE_REQUIRE_MODELS=1 (as under
+`cargo xtask test`, which fetches and writes those models first).
 """
 
 from __future__ import annotations
@@ -668,6 +670,23 @@ class Skip(Exception):
     pass
 
 
+class MissingModel(Skip):
+    """A skip because a model file is absent: a failure when HIPDECODE_REQUIRE_MODELS=1."""
+
+
+REQUIRE_MODELS_VAR = "HIPDECODE_REQUIRE_MODELS"
+
+
+def require_models(environ=os.environ):
+    """HIPDECODE_REQUIRE_MODELS as a switch: unset, empty or 0 allow skipping, 1 requires models."""
+    value = environ.get(REQUIRE_MODELS_VAR, "").strip()
+    if value in ("", "0"):
+        return False
+    if value == "1":
+        return True
+    raise ValueError(f"{REQUIRE_MODELS_VAR}={value!r} is not understood; use 1 (required) or 0 / empty / unset")
+
+
 def test_synth_models_from_xtask():
     # Files from `cargo xtask synth-model <preset>` (default path <models dir>/synth-<preset>.gguf):
     # the reference must load them, and its one-pass and incremental paths must agree.
@@ -687,13 +706,13 @@ def test_synth_models_from_xtask():
         text = "Hello world, the capital of France is Paris.\n"
         assert tok.decode(tok.encode(text)) == text, preset
     if not found:
-        raise Skip(f"no synth-*.gguf in {models_dir()} (cargo xtask synth-model tiny-llama ...)")
+        raise MissingModel(f"no synth-*.gguf in {models_dir()} (cargo xtask synth-model tiny-llama ...)")
 
 
 def test_real_gemma_tokenizer():
     path = gemma_path()
     if path is None:
-        raise Skip("Gemma 3 270M not found (cargo xtask fetch-model gemma3-270m)")
+        raise MissingModel("Gemma 3 270M not found (cargo xtask fetch-model gemma3-270m)")
     tok = reftok.load_tokenizer(path)
     # Known ids of the public Gemma 3 tokenizer (published prompts of other projects).
     assert tok.encode("The capital of France is") == [818, 5279, 529, 7001, 563]
@@ -712,7 +731,7 @@ def test_real_gemma_tokenizer():
 def test_real_gemma_continues_sensibly():
     path = gemma_path()
     if path is None:
-        raise Skip("Gemma 3 270M not found (cargo xtask fetch-model gemma3-270m)")
+        raise MissingModel("Gemma 3 270M not found (cargo xtask fetch-model gemma3-270m)")
     tok = reftok.load_tokenizer(path)
     model = load(path)
     # Natural English should be well predicted: mean NLL well under 4 nats (a random model
@@ -731,7 +750,32 @@ def test_real_gemma_continues_sensibly():
     assert "there" in out or "was" in out, out
 
 
+def test_missing_models_fail_only_when_required():
+    # The runner's decision, checked on both switch values and a malformed one.
+    assert outcome_of_skip(MissingModel("absent"), required=True) == "FAIL"
+    assert outcome_of_skip(MissingModel("absent"), required=False) == "SKIP"
+    assert outcome_of_skip(Skip("no tokenizers package"), required=True) == "SKIP"
+    assert require_models({}) is False and require_models({REQUIRE_MODELS_VAR: "0"}) is False
+    assert require_models({REQUIRE_MODELS_VAR: "1"}) is True
+    try:
+        require_models({REQUIRE_MODELS_VAR: "yes"})
+    except ValueError as e:
+        assert "use 1" in str(e), e
+    else:
+        raise AssertionError("HIPDECODE_REQUIRE_MODELS=yes was accepted")
+
+
+def outcome_of_skip(skip, required):
+    """A missing model under HIPDECODE_REQUIRE_MODELS=1 fails; every other skip stays a skip."""
+    return "FAIL" if required and isinstance(skip, MissingModel) else "SKIP"
+
+
 def main() -> int:
+    try:
+        required = require_models()
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
     sel = sys.argv[sys.argv.index("-k") + 1] if "-k" in sys.argv else ""
     tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f) and sel in n]
     passed = failed = skipped = 0
@@ -741,8 +785,12 @@ def main() -> int:
             passed += 1
             print(f"PASS {name}")
         except Skip as s:
-            skipped += 1
-            print(f"SKIP {name}: {s}")
+            if outcome_of_skip(s, required) == "FAIL":
+                failed += 1
+                print(f"FAIL {name}: {REQUIRE_MODELS_VAR}=1 but {s}")
+            else:
+                skipped += 1
+                print(f"SKIP {name}: {s}")
         except Exception:
             failed += 1
             print(f"FAIL {name}")

@@ -4,12 +4,21 @@
 //! `crates/hip-ffi/src/sys/{hip_runtime,hiprtc}.rs` with a header naming the HIP version the
 //! headers declare. The committed files are produced from Debian's `libamdhip64-dev`
 //! (`apt-get install libamdhip64-dev libclang-dev`), which installs HIP 5.2 under `/usr/include`.
+//!
+//! bindgen and libclang are heavy and only this subcommand needs them, so they sit behind the
+//! `bindgen` feature of xtask: `cargo run -p xtask --features bindgen -- bindgen`. Without the
+//! feature the subcommand says exactly that, and `cargo xtask demo` / `test` never compile them.
 
+#[cfg(feature = "bindgen")]
 #[path = "../../crates/hip-ffi/build_support/hip_bindgen.rs"]
 mod hip_bindgen;
 
-use anyhow::{bail, Context, Result};
-use std::path::{Path, PathBuf};
+#[cfg(feature = "bindgen")]
+use anyhow::Context;
+use anyhow::{bail, Result};
+#[cfg(feature = "bindgen")]
+use std::path::Path;
+use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -22,6 +31,22 @@ pub struct Args {
     pub out: Option<PathBuf>,
 }
 
+/// Without the `bindgen` feature: the command to run instead, with the same arguments.
+#[cfg(not(feature = "bindgen"))]
+pub fn run(args: Args) -> Result<()> {
+    let mut command = "cargo run -p xtask --features bindgen -- bindgen".to_string();
+    for (flag, value) in [("--include", &args.include), ("--out", &args.out)] {
+        if let Some(value) = value {
+            command += &format!(" {flag} {}", value.display());
+        }
+    }
+    bail!(
+        "this xtask was built without its `bindgen` feature (it keeps bindgen and libclang out \
+         of `cargo xtask demo` and `test`); run: {command}"
+    )
+}
+
+#[cfg(feature = "bindgen")]
 pub fn run(args: Args) -> Result<()> {
     let include_dir = match args.include {
         Some(dir) => dir,
@@ -62,6 +87,7 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 /// `major.minor.patch` from `hip/hip_version.h`.
+#[cfg(feature = "bindgen")]
 fn header_version(include_dir: &Path) -> Result<String> {
     let path = include_dir.join("hip/hip_version.h");
     let text =
@@ -81,4 +107,24 @@ fn header_version(include_dir: &Path) -> Result<String> {
         field("HIP_VERSION_MINOR"),
         field("HIP_VERSION_PATCH")
     ))
+}
+
+#[cfg(all(test, not(feature = "bindgen")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_the_feature_it_names_the_command_that_works() {
+        let err = run(Args {
+            include: Some(PathBuf::from("/opt/rocm/include")),
+            out: None,
+        })
+        .expect_err("bindgen needs its feature");
+        assert!(
+            err.to_string().contains(
+                "run: cargo run -p xtask --features bindgen -- bindgen --include /opt/rocm/include"
+            ),
+            "{err}"
+        );
+    }
 }

@@ -30,7 +30,8 @@ enum Command {
     VerifyRocm(verify_rocm::Args),
     /// Build the test binaries and tools into a folder that runs without cargo (for the GPU machine).
     Bundle(bundle::Args),
-    /// Regenerate hip-ffi's committed bindings from installed HIP headers.
+    /// Regenerate hip-ffi's committed bindings from installed HIP headers (needs the `bindgen`
+    /// feature: `cargo run -p xtask --features bindgen -- bindgen`).
     Bindgen(bindgen::Args),
     /// Download a known model and verify its checksum.
     FetchModel(models::FetchArgs),

@@ -288,7 +288,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 pub fn synth(args: SynthArgs) -> Result<()> {
-    use gguf_loader::synth::{write_preset_with_progress, Preset};
+    use gguf_loader::synth::Preset;
     let Some(preset) = Preset::from_name(&args.preset) else {
         let known: Vec<&str> = Preset::ALL.iter().map(|p| p.name()).collect();
         bail!(
@@ -299,13 +299,32 @@ pub fn synth(args: SynthArgs) -> Result<()> {
     };
     let out = match args.out {
         Some(out) => out,
-        None => {
-            let dir = models_dir();
-            std::fs::create_dir_all(&dir)
-                .with_context(|| format!("creating the models directory {}", dir.display()))?;
-            dir.join(format!("synth-{}.gguf", preset.name()))
-        }
+        None => synth_default_path(&models_dir(), preset)?,
     };
+    write_synth(preset, &out, args.seed)
+}
+
+/// `<dir>/synth-<preset>.gguf`, the path the tests look for; creates `dir`.
+fn synth_default_path(dir: &Path, preset: gguf_loader::synth::Preset) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("creating the models directory {}", dir.display()))?;
+    Ok(dir.join(format!("synth-{}.gguf", preset.name())))
+}
+
+/// Writes every `tiny-*` preset (seed 0) to its default path in `dir`, as `synth-model` would;
+/// the files are small (a few MB in all) and written in seconds. Returns the paths.
+pub fn synth_tiny_presets(dir: &Path) -> Result<Vec<PathBuf>> {
+    use gguf_loader::synth::Preset;
+    let mut written = Vec::new();
+    for preset in Preset::ALL.into_iter().filter(|p| p.is_tiny()) {
+        let out = synth_default_path(dir, preset)?;
+        write_synth(preset, &out, 0)?;
+        written.push(out);
+    }
+    Ok(written)
+}
+
+fn write_synth(preset: gguf_loader::synth::Preset, out: &Path, seed: u64) -> Result<()> {
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template(
@@ -314,19 +333,53 @@ pub fn synth(args: SynthArgs) -> Result<()> {
         .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     bar.set_message(preset.name());
-    write_preset_with_progress(preset, &out, args.seed, |done, total| {
+    gguf_loader::synth::write_preset_with_progress(preset, out, seed, |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     })
     .with_context(|| format!("writing preset {} to {}", preset.name(), out.display()))?;
     bar.finish_and_clear();
-    let size = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+    let size = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
     eprintln!(
-        "wrote {} ({:.2} GB, preset {}, seed {})",
+        "wrote {} ({:.2} GB, preset {}, seed {seed})",
         out.display(),
         size as f64 / 1e9,
         preset.name(),
-        args.seed
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiny_presets_land_where_the_reference_self_test_looks() {
+        let dir = std::env::temp_dir().join(format!("xtask-synth-tiny-{}", std::process::id()));
+        let written = synth_tiny_presets(&dir).unwrap();
+        let names: Vec<String> = written
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        // The names test_synth_models_from_xtask in tests/reference/test_reference.py reads.
+        assert_eq!(
+            names,
+            [
+                "synth-tiny-llama.gguf",
+                "synth-tiny-qwen3.gguf",
+                "synth-tiny-qwen3moe.gguf",
+                "synth-tiny-gemma3.gguf"
+            ]
+        );
+        for path in &written {
+            let size = std::fs::metadata(path).unwrap().len();
+            assert!(
+                size > 0 && size < 16 << 20,
+                "{}: {size} bytes",
+                path.display()
+            );
+            gguf_loader::GgufFile::open(path).unwrap();
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -1,12 +1,17 @@
 //! `cargo xtask test`: the README's test command for a fresh machine.
 //!
 //! It installs the Python reference tools the tests compare against, fetches the real test
-//! model, self-tests the references on it, then runs the whole workspace's tests. Real-model tests are required to run here
-//! (`HIPDECODE_REQUIRE_MODELS=1`), so a missing model fails instead of being skipped.
+//! model, writes the small synthetic `tiny-*` models (as `cargo xtask synth-model` would),
+//! self-tests the references on all of them, then runs the whole workspace's tests. Real-model
+//! tests, Python and Rust, are required to run here (`HIPDECODE_REQUIRE_MODELS=1`), so a missing
+//! model fails instead of being skipped.
 
 use anyhow::{bail, Context, Result};
 use std::path::Path;
 use std::process::Command;
+
+/// Makes a missing model a test failure instead of a skip (Rust and Python tests read it).
+const REQUIRE_MODELS_VAR: &str = "HIPDECODE_REQUIRE_MODELS";
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -33,13 +38,16 @@ pub fn run(args: Args) -> Result<()> {
                 .current_dir(&root)
                 .args(["fetch-model", "gemma3-270m"]),
         )?;
+        eprintln!("==> write the synthetic tiny-* models for the reference self-test");
+        crate::models::synth_tiny_presets(&crate::models::models_dir())?;
         run_step(
             "self-test the numpy reference",
             Command::new("python3")
                 .current_dir(&root)
+                .env(REQUIRE_MODELS_VAR, "1")
                 .arg("tests/reference/test_reference.py"),
         )?;
-        cargo_test.env("HIPDECODE_REQUIRE_MODELS", "1");
+        cargo_test.env(REQUIRE_MODELS_VAR, "1");
     }
     run_step("cargo test --workspace", &mut cargo_test)
 }
