@@ -5,7 +5,10 @@
 // step replays with new ids. An id outside [0, vocab) reads nothing: its output row is zeros,
 // and, when `error_flag` is not null, 1 is stored there (never cleared here; the host clears it).
 // One block per token; threads stride over runs of eight values (quantized) or single values
-// (dense). Entry points: embed_<format>.
+// (dense).
+// Entry points, one per format (FOR_EACH_WEIGHT_FORMAT in quant.h): embed_f32, embed_f16,
+// embed_bf16, embed_q4_0, embed_q4_1, embed_q5_0, embed_q5_1, embed_q8_0, embed_q4_k, embed_q5_k,
+// embed_q6_k.
 #include "portability.h"
 #include "quant.h"
 

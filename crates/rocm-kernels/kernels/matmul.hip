@@ -7,7 +7,9 @@
 // tile beside it, then every thread accumulates a 4 x 4 sub-tile in f32 registers. Partial tiles
 // (rows, tokens, and for dense formats columns) are bounds-checked and padded with zeros.
 // Grid: (ceil(rows / MATMUL_BR), ceil(n_tokens / MATMUL_BT)). Nothing depends on the wave size.
-// Entry points: matmul_<format>.
+// Entry points, one per format (FOR_EACH_WEIGHT_FORMAT in quant.h): matmul_f32, matmul_f16,
+// matmul_bf16, matmul_q4_0, matmul_q4_1, matmul_q5_0, matmul_q5_1, matmul_q8_0, matmul_q4_k,
+// matmul_q5_k, matmul_q6_k.
 #include "portability.h"
 #include "quant.h"
 

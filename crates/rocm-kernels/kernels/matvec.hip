@@ -3,7 +3,10 @@
 // out[t * rows + r] = sum_c W[r][c] * x[t * cols + c], for t < n_tokens <= MATVEC_MAX_TOKENS.
 // One warp per output row; a block holds blockDim.x / WARP_SIZE warps, so row
 // r = blockIdx.x * (blockDim.x / WARP_SIZE) + warp. The weight rows are read once for all
-// tokens of the launch. Entry points: matvec_<format> (see FOR_EACH_WEIGHT_FORMAT in quant.h).
+// tokens of the launch.
+// Entry points, one per format (FOR_EACH_WEIGHT_FORMAT in quant.h): matvec_f32, matvec_f16,
+// matvec_bf16, matvec_q4_0, matvec_q4_1, matvec_q5_0, matvec_q5_1, matvec_q8_0, matvec_q4_k,
+// matvec_q5_k, matvec_q6_k.
 #include "portability.h"
 #include "quant.h"
 

@@ -17,6 +17,11 @@
 //
 // moe_weighted_sum: out[t][c] (+)= sum_s weights[t * k + s] * y[(t * k + s) * dim + c], summed
 // in slot order from zero, then stored (accumulate == 0) or added to out (accumulate != 0).
+//
+// Entry points: moe_route_top_k, moe_weighted_sum, and one matvec_id per format
+// (FOR_EACH_WEIGHT_FORMAT in quant.h): matvec_id_f32, matvec_id_f16, matvec_id_bf16,
+// matvec_id_q4_0, matvec_id_q4_1, matvec_id_q5_0, matvec_id_q5_1, matvec_id_q8_0,
+// matvec_id_q4_k, matvec_id_q5_k, matvec_id_q6_k.
 #include "portability.h"
 #include "quant.h"
 
