@@ -32,6 +32,7 @@ pub mod platform;
 pub mod stream;
 pub mod sys;
 pub mod sysfs;
+pub mod testing;
 
 pub use backend::RawHandle;
 pub use device::{Device, DeviceAttributes, DevicePtr, MemInfo};

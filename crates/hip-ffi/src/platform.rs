@@ -200,6 +200,20 @@ impl Platform {
         &self.notes
     }
 
+    /// Why no GPU can be used, or `None` when one can: what was probed on each platform and why
+    /// it failed (library missing, driver too old, runtime initialisation error, no device,
+    /// devices hidden by `*_VISIBLE_DEVICES`). For messages such as "GPU present but unusable".
+    pub fn unusable_reason(&self) -> Option<String> {
+        if self.kind != PlatformKind::None {
+            return None;
+        }
+        Some(if self.notes.is_empty() {
+            "no GPU platform was probed".to_string()
+        } else {
+            self.notes.join("; ")
+        })
+    }
+
     /// Runtime and driver versions, or `None` without a platform.
     pub fn version(&self) -> Option<String> {
         self.api.map(|api| api.version_string())

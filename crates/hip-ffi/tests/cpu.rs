@@ -254,3 +254,68 @@ fn handles_can_move_between_threads() {
     send_sync::<hip_ffi::GraphExec>();
     send_sync::<HipError>();
 }
+
+/// Runs one test of this binary again in a child with `envs` set; returns (passed, output).
+fn run_child(test: &str, envs: &[(&str, &str)]) -> (bool, String) {
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut command = std::process::Command::new(exe);
+    command
+        .args(["--exact", test, "--test-threads=1", "--nocapture"])
+        .env("HIP_FFI_TEST_CHILD", "1")
+        .env_remove("HIPDECODE_REQUIRE_GPU")
+        .env_remove("HIPDECODE_PLATFORM");
+    for (key, value) in envs {
+        command.env(key, value);
+    }
+    let output = command.output().expect("spawn child test");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+/// The body the children below run: asks for a GPU while the platform is forced to none.
+#[test]
+fn device_or_skip_child_body() {
+    if std::env::var_os("HIP_FFI_TEST_CHILD").is_none() {
+        return;
+    }
+    assert!(Platform::detect().unusable_reason().is_some());
+    assert!(hip_ffi::testing::device_or_skip("probe_test").is_none());
+}
+
+#[test]
+fn device_or_skip_skips_with_reason_or_fails_when_a_gpu_is_required() {
+    let none = [("HIPDECODE_PLATFORM", "none")];
+    let (passed, output) = run_child("device_or_skip_child_body", &none);
+    assert!(passed, "skipping must pass:\n{output}");
+    assert!(
+        output.contains("SKIP probe_test: HIPDECODE_PLATFORM=none"),
+        "the skip line names the test and the reason:\n{output}"
+    );
+
+    let required = [
+        ("HIPDECODE_PLATFORM", "none"),
+        ("HIPDECODE_REQUIRE_GPU", "1"),
+    ];
+    let (passed, output) = run_child("device_or_skip_child_body", &required);
+    assert!(
+        !passed,
+        "a required GPU that is missing must fail:\n{output}"
+    );
+    assert!(
+        output.contains("HIPDECODE_REQUIRE_GPU=1 but no GPU is usable")
+            && output.contains("HIPDECODE_PLATFORM=none"),
+        "the panic says why:\n{output}"
+    );
+
+    let garbage = [
+        ("HIPDECODE_PLATFORM", "none"),
+        ("HIPDECODE_REQUIRE_GPU", "yes"),
+    ];
+    let (passed, output) = run_child("device_or_skip_child_body", &garbage);
+    assert!(!passed, "an unknown value must fail:\n{output}");
+    assert!(output.contains("use 1"), "names accepted values:\n{output}");
+}

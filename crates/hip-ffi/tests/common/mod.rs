@@ -1,14 +1,4 @@
-//! Shared helper for GPU tests: the device, or a printed reason to skip.
+//! Shared helper for GPU tests: the device, or a printed reason to skip (a panic when
+//! `HIPDECODE_REQUIRE_GPU=1`).
 
-use hip_ffi::{Device, Platform};
-
-/// The first GPU, or `None` after printing `skipping: <reason>` (the test then returns early).
-pub fn gpu_or_skip(test: &str) -> Option<Device> {
-    match Platform::default_device() {
-        Ok(device) => Some(device),
-        Err(reason) => {
-            eprintln!("skipping: {test}: no GPU found ({reason})");
-            None
-        }
-    }
-}
+pub use hip_ffi::testing::device_or_skip as gpu_or_skip;
