@@ -1,1 +1,183 @@
-//! norm: being written.
+//! RMSNorm over rows: `out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight`, f32.
+//!
+//! Gemma's `(1 + w)` RMSNorm is not a separate op: llama.cpp's converter stores `1 + w` in every
+//! Gemma norm weight (Q/K norms included; see docs/decode.md), so the decode crate uses norm
+//! weights as stored and so does this kernel.
+//!
+//! Shapes: `x` and `out` hold `rows * dim` values (`[rows][dim]`, row-major), `weight` holds
+//! `dim`. Per-head Q/K norm is [`rms_norm_inplace`] over `tokens * n_heads` rows of `head_dim`.
+//! Short rows (at most [`WARP_ROW_MAX`]) take one warp each, longer rows one block each.
+//! Nothing but `x` and `weight` is read from device memory; `rows`, `dim` and `eps` are launch
+//! arguments (model constants).
+
+use crate::error::{check_shape, Result};
+use crate::kernels::Kernels;
+use crate::source::KernelModule;
+use crate::view::{DeviceSlice, DeviceSliceMut};
+use hip_ffi::{DevicePtr, LaunchConfig, Stream};
+
+const OP: &str = "rms_norm";
+/// Longest row normalized by one warp (`rms_norm_warp`); longer rows get a block.
+pub const WARP_ROW_MAX: usize = 256;
+/// Threads per block of the one-warp-per-row kernel: a multiple of both wave sizes.
+const WARP_KERNEL_BLOCK: u32 = 256;
+/// Most rows of one launch: one block per row of up to 1024 threads must keep the grid's thread
+/// count within 2^32 (HIP's limit).
+pub const MAX_ROWS: usize = 1 << 22;
+
+/// Checks a norm's shape against the buffer lengths (in values); shared with the CPU reference.
+pub fn check(
+    x_len: usize,
+    weight_len: usize,
+    out_len: usize,
+    rows: usize,
+    dim: usize,
+    eps: f32,
+) -> Result<()> {
+    check_shape(dim > 0, OP, || "dim is 0".to_string())?;
+    check_shape(eps.is_finite() && eps >= 0.0, OP, || {
+        format!("eps = {eps} must be finite and >= 0")
+    })?;
+    let n = rows.checked_mul(dim);
+    check_shape(n.is_some_and(|n| n <= u32::MAX as usize), OP, || {
+        format!("{rows} rows of {dim} do not fit one launch (at most 2^32 - 1 values)")
+    })?;
+    check_shape(rows <= MAX_ROWS, OP, || {
+        format!("{rows} rows; one launch takes at most {MAX_ROWS}")
+    })?;
+    let n = n.unwrap_or(0);
+    check_shape(weight_len >= dim, OP, || {
+        format!("weight holds {weight_len} values, dim is {dim}")
+    })?;
+    check_shape(x_len >= n, OP, || {
+        format!("x holds {x_len} values, {rows} rows of {dim} need {n}")
+    })?;
+    check_shape(out_len >= n, OP, || {
+        format!("out holds {out_len} values, {rows} rows of {dim} need {n}")
+    })
+}
+
+/// `out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight` for `rows` rows of `dim`.
+///
+/// Reads `rows * dim` values of `x` and `dim` of `weight`, writes `rows * dim` values of `out`.
+/// `out` may be the same memory as `x` (that is [`rms_norm_inplace`]), but not a partly
+/// overlapping range. Errors (nothing queued) on a zero `dim`, a non-finite or negative `eps`,
+/// views too short for the shape, or a partial overlap.
+// The op's shape is plain arguments, as in the decode crate's backend interface.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm(
+    kernels: &Kernels,
+    stream: &Stream,
+    x: DeviceSlice<f32>,
+    weight: DeviceSlice<f32>,
+    out: &mut DeviceSliceMut<f32>,
+    rows: usize,
+    dim: usize,
+    eps: f32,
+) -> Result<()> {
+    check(x.len(), weight.len(), out.len(), rows, dim, eps)?;
+    let bytes = (rows * dim * 4) as u64;
+    let (a, b) = (x.addr(), out.addr());
+    let overlap = a < b + bytes && b < a + bytes;
+    check_shape(a == b || !overlap || bytes == 0, OP, || {
+        format!("x at {a:#x} and out at {b:#x} overlap without being the same rows")
+    })?;
+    launch(
+        kernels,
+        stream,
+        x.ptr(),
+        weight.ptr(),
+        out.ptr(),
+        rows,
+        dim,
+        eps,
+    )
+}
+
+/// [`rms_norm`] in place: `x[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight` for `rows`
+/// vectors of `dim`. Per-head Q/K norm: `rows = tokens * n_heads`, `dim = head_dim`.
+///
+/// Reads and writes `rows * dim` values of `x`, reads `dim` of `weight`.
+pub fn rms_norm_inplace(
+    kernels: &Kernels,
+    stream: &Stream,
+    x: &mut DeviceSliceMut<f32>,
+    weight: DeviceSlice<f32>,
+    rows: usize,
+    dim: usize,
+    eps: f32,
+) -> Result<()> {
+    check(x.len(), weight.len(), x.len(), rows, dim, eps)?;
+    launch(
+        kernels,
+        stream,
+        x.ptr(),
+        weight.ptr(),
+        x.ptr(),
+        rows,
+        dim,
+        eps,
+    )
+}
+
+// Internal: the checked shape and raw addresses of one launch.
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    kernels: &Kernels,
+    stream: &Stream,
+    x: DevicePtr,
+    weight: DevicePtr,
+    out: DevicePtr,
+    rows: usize,
+    dim: usize,
+    eps: f32,
+) -> Result<()> {
+    if rows == 0 {
+        return Ok(());
+    }
+    // `check` bounded rows * dim by u32::MAX, and dim >= 1.
+    let rows_u = rows as u32;
+    let dim_u = dim as u32;
+    let wave = kernels.wave_size().max(1);
+    if dim <= WARP_ROW_MAX {
+        let per_block = (WARP_KERNEL_BLOCK / wave).max(1);
+        let function = kernels.function(KernelModule::Norm, "rms_norm_warp")?;
+        let mut l = function.builder(stream);
+        l.arg(&x)
+            .arg(&weight)
+            .arg(&out)
+            .arg(&rows_u)
+            .arg(&dim_u)
+            .arg(&eps);
+        // SAFETY: the arguments match `rms_norm_warp(const float*, const float*, float*, u32,
+        // u32, float)`. `check` made x and out hold rows * dim values and weight dim; warp w
+        // of the grid normalizes vector w < rows, reading and writing only its dim values.
+        // x == out is allowed: each value is read and written by the same lane.
+        unsafe {
+            l.launch(LaunchConfig {
+                grid: [rows_u.div_ceil(per_block), 1, 1],
+                block: [WARP_KERNEL_BLOCK, 1, 1],
+                shared_bytes: 0,
+            })
+        }?;
+    } else {
+        // About four values per thread, in whole multiples of 64 (a multiple of both wave
+        // sizes), between 64 and 1024 threads.
+        let block = (dim_u.div_ceil(4).div_ceil(64) * 64).clamp(64, 1024);
+        let function = kernels.function(KernelModule::Norm, "rms_norm_rows")?;
+        let mut l = function.builder(stream);
+        l.arg(&x).arg(&weight).arg(&out).arg(&dim_u).arg(&eps);
+        // SAFETY: the arguments match `rms_norm_rows(const float*, const float*, float*, u32,
+        // float)`. Block r reads row r < rows of x and writes row r of out, which `check` made
+        // long enough, and reads dim values of weight. x == out is allowed: each value is read
+        // and written by the same thread, after the block's sum.
+        unsafe {
+            l.launch(LaunchConfig {
+                grid: [rows_u, 1, 1],
+                block: [block, 1, 1],
+                shared_bytes: 0,
+            })
+        }?;
+    }
+    Ok(())
+}

@@ -1,0 +1,294 @@
+//! Every kernel module compiles, without a GPU, for AMD gfx90a (wave64) and gfx1030 (wave32)
+//! through hiprtc and for NVIDIA sm_90 (wave32) through NVRTC, and every listed entry point is
+//! in each code object.
+//!
+//! hiprtc (ROCm 5.2) can crash the process on some architectures, so AMD compiles run in a child
+//! process (this test binary, re-run with `HIPDECODE_COMPILE_ALL_CHILD=<arch>:<wave>:<modules>`),
+//! which reports one line per module; a crash is reported with the arch and the module it was
+//! compiling, and the modules after it are compiled in a fresh child. NVRTC runs in process.
+//!
+//! A missing compiler library skips that platform with the reason; `HIPDECODE_REQUIRE_RTC=1`
+//! (CI) turns the skip into a failure. A module that compiles for one target and not another
+//! fails the test, as does any compile error.
+
+use hip_ffi::rtc::Compiler;
+use hip_ffi::PlatformKind;
+use rocm_kernels::KernelModule;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::Command;
+
+const CHILD_VAR: &str = "HIPDECODE_COMPILE_ALL_CHILD";
+const REQUIRE_VAR: &str = "HIPDECODE_REQUIRE_RTC";
+/// Prefix of the child's result lines on stdout.
+const TAG: &str = "@@compile_all";
+const CHILD_TEST: &str = "amd_compile_child_process";
+
+/// (arch, wave size) of the AMD targets.
+const AMD_TARGETS: [(&str, u32); 2] = [("gfx90a", 64), ("gfx1030", 32)];
+const NVIDIA_TARGET: (&str, u32) = ("sm_90", 32);
+
+#[derive(Clone, Debug, PartialEq)]
+enum Outcome {
+    Ok(usize),
+    Failed(String),
+    Crashed(String),
+}
+
+fn required() -> bool {
+    hip_ffi::testing::env_switch(REQUIRE_VAR).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The entry points of `module` that do not appear in `image` (kernel names are in the symbol
+/// string table of both code-object formats).
+fn missing_entry_points(module: KernelModule, image: &[u8]) -> Vec<&'static str> {
+    module
+        .entry_points()
+        .iter()
+        .copied()
+        .filter(|name| !image.windows(name.len()).any(|w| w == name.as_bytes()))
+        .collect()
+}
+
+fn compile_one(compiler: &Compiler, module: KernelModule, arch: &str, wave: u32) -> Outcome {
+    match compiler.compile(&module.source(), module.name(), arch, wave, &[]) {
+        Ok(image) => {
+            let missing = missing_entry_points(module, &image);
+            if missing.is_empty() {
+                Outcome::Ok(image.len())
+            } else {
+                Outcome::Failed(format!(
+                    "entry points listed in source.rs but not in the code object: {missing:?}"
+                ))
+            }
+        }
+        Err(e) => Outcome::Failed(e.to_string()),
+    }
+}
+
+/// Run by the parent as a child process; does nothing in a normal test run.
+#[test]
+fn amd_compile_child_process() {
+    let Ok(spec) = std::env::var(CHILD_VAR) else {
+        return;
+    };
+    let mut parts = spec.splitn(3, ':');
+    let (arch, wave, modules) = (
+        parts.next().unwrap_or(""),
+        parts
+            .next()
+            .and_then(|w| w.parse::<u32>().ok())
+            .unwrap_or(0),
+        parts.next().unwrap_or(""),
+    );
+    let mut out = std::io::stdout();
+    let compiler = match Compiler::load(PlatformKind::Amd) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = writeln!(out, "{TAG} unavailable {}", one_line(&e.to_string()));
+            return;
+        }
+    };
+    let _ = writeln!(out, "{TAG} version {}", one_line(&compiler.version()));
+    for name in modules.split(',').filter(|s| !s.is_empty()) {
+        let Some(module) = KernelModule::ALL.into_iter().find(|m| m.name() == name) else {
+            let _ = writeln!(out, "{TAG} result {name} failed no such module");
+            continue;
+        };
+        let _ = writeln!(out, "{TAG} start {name}");
+        let _ = out.flush();
+        let line = match compile_one(&compiler, module, arch, wave) {
+            Outcome::Ok(size) => format!("{TAG} result {name} ok {size}"),
+            Outcome::Failed(log) | Outcome::Crashed(log) => {
+                format!("{TAG} result {name} failed {}", one_line(&log))
+            }
+        };
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    }
+}
+
+/// Newlines escaped, so a compile log travels as one line.
+fn one_line(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+fn unescape(s: &str) -> String {
+    let mut out = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            match chars.next() {
+                Some('n') => out.push('\n'),
+                Some(other) => out.push(other),
+                None => {}
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Compiles every module for one AMD target in child processes. `Err` carries why the
+/// compiler is unavailable.
+fn amd_target(arch: &str, wave: u32) -> Result<(String, BTreeMap<&'static str, Outcome>), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the test binary: {e}"))?;
+    let mut results = BTreeMap::new();
+    let mut version = String::new();
+    let mut pending: Vec<KernelModule> = KernelModule::ALL.to_vec();
+    while !pending.is_empty() {
+        let names: Vec<&str> = pending.iter().map(|m| m.name()).collect();
+        let output = Command::new(&exe)
+            .args(["--exact", CHILD_TEST, "--nocapture", "--test-threads=1"])
+            .env(CHILD_VAR, format!("{arch}:{wave}:{}", names.join(",")))
+            .output()
+            .map_err(|e| format!("cannot run the child process: {e}"))?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let mut started: Option<&str> = None;
+        for line in stdout.lines() {
+            let Some(rest) = line.strip_prefix(TAG).map(str::trim_start) else {
+                continue;
+            };
+            let (kind, rest) = rest.split_once(' ').unwrap_or((rest, ""));
+            match kind {
+                "unavailable" => return Err(unescape(rest)),
+                "version" => version = rest.to_string(),
+                "start" => started = Some(rest),
+                "result" => {
+                    let mut f = rest.splitn(3, ' ');
+                    let name = f.next().unwrap_or("");
+                    let status = f.next().unwrap_or("");
+                    let detail = f.next().unwrap_or("");
+                    if let Some(m) = pending.iter().position(|m| m.name() == name) {
+                        let module = pending.remove(m);
+                        let outcome = match status {
+                            "ok" => Outcome::Ok(detail.parse().unwrap_or(0)),
+                            _ => Outcome::Failed(unescape(detail)),
+                        };
+                        results.insert(module.name(), outcome);
+                    }
+                    started = None;
+                }
+                _ => {}
+            }
+        }
+        if pending.is_empty() {
+            break;
+        }
+        // The child ended before reporting every module: it crashed on `started` (or before
+        // the first module).
+        let how = match output.status.code() {
+            Some(code) => format!("exit code {code}"),
+            None => {
+                #[cfg(unix)]
+                {
+                    use std::os::unix::process::ExitStatusExt;
+                    format!("signal {}", output.status.signal().unwrap_or(0))
+                }
+                #[cfg(not(unix))]
+                {
+                    "killed".to_string()
+                }
+            }
+        };
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let tail: String = stderr
+            .lines()
+            .rev()
+            .take(6)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n");
+        let crashed = match started.and_then(|s| pending.iter().position(|m| m.name() == s)) {
+            Some(i) => pending.remove(i),
+            None => pending.remove(0),
+        };
+        results.insert(
+            crashed.name(),
+            Outcome::Crashed(format!(
+                "hiprtc process died ({how}) compiling {} for {arch}; stderr tail:\n{tail}",
+                crashed.name()
+            )),
+        );
+    }
+    Ok((version, results))
+}
+
+#[test]
+fn every_module_compiles_for_gfx90a_gfx1030_and_sm_90() {
+    let require = required();
+    // target label -> module -> outcome
+    let mut table: BTreeMap<String, BTreeMap<&'static str, Outcome>> = BTreeMap::new();
+    let mut skipped = Vec::new();
+
+    match Compiler::load(PlatformKind::Nvidia) {
+        Ok(compiler) => {
+            eprintln!("NVRTC: {}", compiler.version());
+            let (arch, wave) = NVIDIA_TARGET;
+            let results = KernelModule::ALL
+                .into_iter()
+                .map(|m| (m.name(), compile_one(&compiler, m, arch, wave)))
+                .collect();
+            table.insert(format!("{arch}/wave{wave}"), results);
+        }
+        Err(e) => skipped.push(format!("NVIDIA (NVRTC): {e}")),
+    }
+    for (arch, wave) in AMD_TARGETS {
+        match amd_target(arch, wave) {
+            Ok((version, results)) => {
+                eprintln!("hiprtc for {arch}: {version}");
+                table.insert(format!("{arch}/wave{wave}"), results);
+            }
+            Err(reason) => {
+                skipped.push(format!("AMD {arch} (hiprtc): {reason}"));
+            }
+        }
+    }
+
+    let mut failures = Vec::new();
+    for (target, results) in &table {
+        for (module, outcome) in results {
+            match outcome {
+                Outcome::Ok(size) => eprintln!("ok      {target:<14} {module:<12} {size} bytes"),
+                Outcome::Failed(log) => {
+                    eprintln!("FAILED  {target:<14} {module}");
+                    failures.push(format!("{module} for {target}:\n{log}"));
+                }
+                Outcome::Crashed(why) => {
+                    eprintln!("CRASHED {target:<14} {module}");
+                    failures.push(format!("{module} for {target}: {why}"));
+                }
+            }
+        }
+    }
+    // A module must compile everywhere or nowhere is it acceptable: name the one-sided ones.
+    for module in KernelModule::ALL {
+        let ok: Vec<&String> = table
+            .iter()
+            .filter(|(_, r)| matches!(r.get(module.name()), Some(Outcome::Ok(_))))
+            .map(|(t, _)| t)
+            .collect();
+        if !ok.is_empty() && ok.len() < table.len() {
+            failures.push(format!(
+                "{} compiles for {ok:?} only, not for every target tried",
+                module.name()
+            ));
+        }
+    }
+    for s in &skipped {
+        if require {
+            failures.push(format!("{REQUIRE_VAR}=1 but a compiler is missing: {s}"));
+        } else {
+            eprintln!("SKIP compile_all {s}");
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} problem(s):\n\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
+}
