@@ -29,9 +29,8 @@ impl Rng {
 }
 
 fn churn(c: &mut Criterion) {
-    let alloc = support::sim_allocator(1 << 40);
+    let (alloc, streams) = support::sim_allocator_two_streams(1 << 40);
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    let streams = [StreamId(0), StreamId(1)];
     let mut live: Vec<Option<Allocation>> = (0..256).map(|_| None).collect();
     c.bench_function("churn/window256_512B-64MiB", |b| {
         b.iter(|| {

@@ -2,8 +2,8 @@
 //! points, limits, trimming and the out-of-memory path.
 //!
 //! Concurrency: a single `std::sync::Mutex` guards all state. The cache-hit path does one
-//! ordered-set lookup and removal, a few slab writes and counter updates, and never allocates
-//! in steady state, so the critical section is short; device calls (only on a miss, a trim or
+//! B-tree lookup and removal (plus an insertion when the block is split), a few slab writes and
+//! counter updates, so the critical section is short; device calls (only on a miss, a trim or
 //! the OOM path) are made while holding it, like PyTorch, so that no other thread can observe
 //! half-grown state.
 
@@ -16,14 +16,14 @@ use crate::block_pool::{
     BlockId, BlockPool, BlockState, GraphPoolId, PoolKey, PoolOwner, SegmentId,
 };
 use crate::config::AllocatorConfig;
-use crate::deferred::{PendingFree, PendingFrees};
+use crate::deferred::{PendingFrees, StuckFree};
 use crate::device::{DeviceError, RawDevice, StreamId};
 use crate::error::AllocError;
 use crate::graph_pool::{CaptureGuard, CaptureTarget, Captures, GraphPool};
 use crate::limits::{self, LimitSpec};
 use crate::oom::{OomCause, OomReport};
 use crate::size_class::{kind_of, round_request, segment_size};
-use crate::snapshot::{self, Snapshot};
+use crate::snapshot::{self, Snapshot, StuckBlock};
 use crate::stats::{Counters, Stats};
 use crate::tag::Tag;
 use crate::trace::{Trace, TraceEvent, TraceKind};
@@ -57,6 +57,8 @@ struct State {
     /// Blocks handed out through `raw_alloc`, by address.
     raw: AddrMap,
     pending: PendingFrees,
+    /// Event failures not yet handed to [`Allocator::take_event_failures`].
+    unreported_failures: Vec<StuckBlock>,
     captures: Captures,
     trace: Option<Trace>,
     memory_limit: Option<u64>,
@@ -137,9 +139,11 @@ impl Allocation {
     }
 
     /// Declares that `stream` uses this memory: on drop the block is not reused until the work
-    /// queued on `stream` by then has completed.
-    pub fn record_stream(&self, stream: StreamId) {
-        self.allocator.record_stream_block(self.block, stream);
+    /// queued on `stream` by then has completed. A stream the device cannot record events on
+    /// (an id it did not hand out, or the null stream on the HIP backend) is refused here, so
+    /// the block cannot end up waiting forever.
+    pub fn record_stream(&self, stream: StreamId) -> Result<(), AllocError> {
+        self.allocator.record_stream_block(self.block, stream)
     }
 
     /// Gives up RAII ownership; the address must later go to [`Allocator::raw_free`].
@@ -201,12 +205,12 @@ impl Allocator {
         let env_memory = limits::limit_from_env(limits::MEMORY_LIMIT_ENV, lookup)?;
         let env_cache = limits::limit_from_env(limits::CACHE_LIMIT_ENV, lookup)?;
         let memory_limit = match config.memory_limit.or(env_memory) {
-            Some(spec) => spec.resolve(device_total),
+            Some(spec) => spec.resolve(device_total)?,
             None => Some(limits::default_memory_limit(&info)),
         };
         let cache_spec = config.cache_limit.or(env_cache);
         let cache_limit = match cache_spec {
-            Some(spec) => spec.resolve(device_total),
+            Some(spec) => spec.resolve(device_total)?,
             None => Some(limits::default_cache_limit(config.weight_bytes)),
         };
         let state = State {
@@ -214,6 +218,7 @@ impl Allocator {
             counters: Counters::default(),
             raw: AddrMap::with_capacity_and_hasher(1024, Default::default()),
             pending: PendingFrees::default(),
+            unreported_failures: Vec::new(),
             captures: Captures::default(),
             trace: config.trace_capacity.map(Trace::new),
             memory_limit,
@@ -277,21 +282,29 @@ impl Allocator {
     pub fn raw_record_stream(&self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
         let mut st = self.lock();
         let block = *st.raw.get(&ptr).ok_or(AllocError::UnknownPointer(ptr))?;
-        Self::add_stream_use(&mut st, block, stream);
-        Ok(())
+        self.add_stream_use(&mut st, block, stream)
     }
 
-    fn record_stream_block(&self, block: BlockId, stream: StreamId) {
+    fn record_stream_block(&self, block: BlockId, stream: StreamId) -> Result<(), AllocError> {
         let mut st = self.lock();
-        Self::add_stream_use(&mut st, block, stream);
+        self.add_stream_use(&mut st, block, stream)
     }
 
-    fn add_stream_use(st: &mut State, block: BlockId, stream: StreamId) {
+    fn add_stream_use(
+        &self,
+        st: &mut State,
+        block: BlockId,
+        stream: StreamId,
+    ) -> Result<(), AllocError> {
         let seg_stream = st.pool.segment(st.pool.block(block).segment).pool.stream;
-        let b = st.pool.block_mut(block);
-        if stream != seg_stream && !b.stream_uses.contains(&stream) {
-            b.stream_uses.push(stream);
+        if stream == seg_stream || st.pool.block(block).stream_uses.contains(&stream) {
+            return Ok(());
         }
+        // Checked now, while the caller can still act on it: at free time an event that cannot
+        // be recorded would leave the block stuck.
+        self.device().check_event_stream(stream)?;
+        st.pool.block_mut(block).stream_uses.push(stream);
+        Ok(())
     }
 
     /// The allocation path shared by the RAII and raw APIs; `raw` registers the address for
@@ -309,8 +322,9 @@ impl Allocator {
         let rounded = round_request(bytes).ok_or(AllocError::TooLarge(bytes))?;
         let kind = kind_of(rounded);
         let mut st = self.lock();
-        if !st.pending.is_empty() {
-            self.collect_pending(&mut st, false)?;
+        // Polling events is illegal during capture; pending frees wait for its end.
+        if st.pending.has_pollable() && !st.captures.any_active() {
+            self.collect_pending(&mut st, false);
         }
         let key = PoolKey {
             owner: st.captures.owner_for(stream),
@@ -341,7 +355,9 @@ impl Allocator {
     }
 
     /// Obtains a free block for a request that missed the cache: trim, then a new segment;
-    /// on failure wait for pending frees, flush the cache, and try once more.
+    /// on failure wait for pending frees, flush the cache, and try once more. During a graph
+    /// capture there is no trim, no wait and no flush (all illegal then): a failed device
+    /// allocation is reported at once.
     fn grow(
         &self,
         st: &mut State,
@@ -350,19 +366,24 @@ impl Allocator {
         requested: u64,
     ) -> Result<BlockId, AllocError> {
         let seg = segment_size(rounded).ok_or(AllocError::TooLarge(requested))?;
-        if let Some(limit) = st.cache_limit {
+        // A stream gets its first segment here, so an id the device does not know is refused
+        // before any memory is tied to it; cache hits only reach pools made this way.
+        self.device().check_stream(key.stream)?;
+        let capturing = st.captures.any_active();
+        if let (Some(limit), false) = (st.cache_limit, capturing) {
             let window = st.hot_window;
-            self.trim_locked(st, limit, Some(window))?;
+            self.trim_locked(st, limit, Some(window));
         }
         match self.try_device_alloc(st, seg)? {
             Ok(addr) => return Ok(st.pool.add_segment(addr, seg, key)),
+            Err(cause) if capturing => return Err(self.oom_error(st, requested, seg, cause)),
             Err(_) => st.counters.oom_retries += 1,
         }
-        self.collect_pending(st, true)?;
+        self.collect_pending(st, true);
         if let Some(b) = st.pool.find_free(key, rounded) {
             return Ok(b);
         }
-        self.trim_locked(st, 0, None)?;
+        self.trim_locked(st, 0, None);
         match self.try_device_alloc(st, seg)? {
             Ok(addr) => Ok(st.pool.add_segment(addr, seg, key)),
             Err(cause) => Err(self.oom_error(st, requested, seg, cause)),
@@ -414,7 +435,14 @@ impl Allocator {
         let reserved = st.pool.reserved();
         let active = st.counters.active;
         let cached = reserved - active;
-        let hint = OomReport::hint_for(cause, requested, &per_tag, cached);
+        let capture_active = st.captures.any_active();
+        let hint = OomReport::hint_for(cause, requested, &per_tag, cached, capture_active);
+        // Not asked during capture: only calls known to be capture-safe are made then.
+        let device_free = if capture_active {
+            None
+        } else {
+            self.device().memory_info().ok().map(|i| i.free)
+        };
         AllocError::OutOfMemory(Box::new(OomReport {
             requested,
             segment,
@@ -423,7 +451,8 @@ impl Allocator {
             cached,
             reserved,
             limit: st.memory_limit,
-            device_free: self.device().memory_info().ok().map(|i| i.free),
+            device_free,
+            capture_active,
             per_tag,
             hint,
         }))
@@ -446,34 +475,45 @@ impl Allocator {
             t.record(TraceKind::Free, addr, size, tag, stream);
         }
         if has_uses {
-            let uses = st.pool.block(block).stream_uses.clone();
-            let mut events = Vec::with_capacity(uses.len());
-            let mut stuck = false;
-            for s in uses {
-                match self.device().record_event(s) {
-                    Ok(e) => events.push(e),
-                    Err(_) => stuck = true,
-                }
-            }
             st.pool.mark_pending(block);
-            st.pending.push(PendingFree {
-                block,
-                events,
-                stuck,
-            });
+            if st.captures.any_active() {
+                // Recording an event now could land in the capture; wait for its end.
+                st.pending.defer_until_capture_end(block);
+            } else {
+                self.record_pending(st, block);
+            }
         } else if let Some(sid) = st.pool.release(block) {
             self.on_segment_idle(st, sid);
         }
     }
 
-    /// Returns segments of released graph pools to the device as soon as they idle.
+    /// Records the events a pending block waits for; a failure leaves it stuck and reported.
+    fn record_pending(&self, st: &mut State, block: BlockId) {
+        let uses = st.pool.block(block).stream_uses.clone();
+        if let Some(stuck) = st.pending.push(self.device(), block, &uses) {
+            Self::report_stuck(st, &stuck);
+        }
+    }
+
+    /// Keeps an event failure for [`Allocator::take_event_failures`]; each is reported once.
+    fn report_stuck(st: &mut State, stuck: &StuckFree) {
+        let info = snapshot::stuck_block(&st.pool, stuck);
+        st.unreported_failures.push(info);
+    }
+
+    /// Returns segments of released graph pools to the device as soon as they idle (or, during
+    /// a capture, once it ends).
     fn on_segment_idle(&self, st: &mut State, sid: SegmentId) {
-        if st.captures.is_dead(st.pool.segment(sid).pool.owner) {
+        if !st.captures.any_active() && st.captures.is_dead(st.pool.segment(sid).pool.owner) {
             self.release_segment(st, sid);
         }
     }
 
     fn release_segment(&self, st: &mut State, sid: SegmentId) {
+        debug_assert!(
+            !st.captures.any_active(),
+            "device free during a graph capture"
+        );
         let size = st.pool.segment(sid).size;
         let addr = st.pool.remove_segment(sid);
         // SAFETY: the segment came from this device's malloc, is removed from the pool (so it
@@ -497,27 +537,28 @@ impl Allocator {
         }
     }
 
-    fn collect_pending(&self, st: &mut State, wait: bool) -> Result<(), AllocError> {
-        let done = st.pending.collect_done(self.device(), wait)?;
-        for block in done {
+    /// Polls (or with `wait`, waits for) pending frees and releases the completed blocks. An
+    /// event failure never escapes: that block becomes stuck and is reported, the others are
+    /// released as usual.
+    fn collect_pending(&self, st: &mut State, wait: bool) {
+        debug_assert!(!st.captures.any_active(), "event calls during a capture");
+        let collected = st.pending.collect_done(self.device(), wait);
+        for stuck in &collected.stuck {
+            Self::report_stuck(st, stuck);
+        }
+        for block in collected.done {
             if let Some(sid) = st.pool.release(block) {
                 self.on_segment_idle(st, sid);
             }
         }
-        Ok(())
     }
 
     /// Releases idle ordinary-pool segments, least recently used first, until at most `target`
     /// idle bytes remain. With `spare_window`, segments used within that many allocations are
     /// kept. Returns bytes released.
-    fn trim_locked(
-        &self,
-        st: &mut State,
-        target: u64,
-        spare_window: Option<u64>,
-    ) -> Result<u64, AllocError> {
+    fn trim_locked(&self, st: &mut State, target: u64, spare_window: Option<u64>) -> u64 {
         if st.pool.idle_default_bytes() <= target {
-            return Ok(0);
+            return 0;
         }
         let clock = st.pool.clock();
         let mut released = 0;
@@ -534,54 +575,81 @@ impl Allocator {
             self.release_segment(st, seg.id);
             released += seg.size;
         }
-        Ok(released)
+        released
     }
 
-    /// Polls pending cross-stream frees; returns how many remain pending.
+    /// Trims to the cache limit unless a capture is active (then the capture's end does it).
+    fn trim_to_cache_limit(&self, st: &mut State) -> u64 {
+        if st.captures.any_active() {
+            return 0;
+        }
+        let target = st.cache_limit.unwrap_or(u64::MAX);
+        self.trim_locked(st, target, None)
+    }
+
+    /// Polls pending cross-stream frees; returns how many blocks are still not reusable
+    /// (waiting, or stuck after an event failure). During a graph capture nothing is polled.
     pub fn process_pending(&self) -> Result<usize, AllocError> {
         let mut st = self.lock();
-        self.collect_pending(&mut st, false)?;
+        if !st.captures.any_active() {
+            self.collect_pending(&mut st, false);
+        }
         Ok(st.pending.len())
     }
 
     /// Releases idle ordinary-pool segments until the cache limit holds. Returns bytes released.
+    /// Refused during a graph capture.
     pub fn trim(&self) -> Result<u64, AllocError> {
         let mut st = self.lock();
-        self.collect_pending(&mut st, false)?;
-        let target = st.cache_limit.unwrap_or(u64::MAX);
-        self.trim_locked(&mut st, target, None)
+        Self::refuse_during_capture(&st, "Allocator::trim")?;
+        self.collect_pending(&mut st, false);
+        Ok(self.trim_to_cache_limit(&mut st))
     }
 
     /// Releases every idle ordinary-pool segment, waiting for pending frees first. Returns
-    /// bytes released.
+    /// bytes released. Refused during a graph capture.
     pub fn clear_cache(&self) -> Result<u64, AllocError> {
         let mut st = self.lock();
-        self.collect_pending(&mut st, true)?;
-        self.trim_locked(&mut st, 0, None)
+        Self::refuse_during_capture(&st, "Allocator::clear_cache")?;
+        self.collect_pending(&mut st, true);
+        Ok(self.trim_locked(&mut st, 0, None))
+    }
+
+    fn refuse_during_capture(st: &State, operation: &'static str) -> Result<(), AllocError> {
+        if st.captures.any_active() {
+            return Err(AllocError::CaptureActive { operation });
+        }
+        Ok(())
     }
 
     /// Sets the cache limit (`LimitSpec::FractionOfDevice` resolves against device memory) and
-    /// trims to it. Explicit: later weight reports do not change it.
+    /// trims to it (during a graph capture: when the capture ends). Explicit: later weight
+    /// reports do not change it.
     pub fn set_cache_limit(&self, spec: LimitSpec) -> Result<(), AllocError> {
+        let limit = spec.resolve(self.shared.device_total)?;
         let mut st = self.lock();
-        st.cache_limit = spec.resolve(self.shared.device_total);
+        st.cache_limit = limit;
         st.cache_limit_explicit = true;
-        let target = st.cache_limit.unwrap_or(u64::MAX);
-        self.trim_locked(&mut st, target, None)?;
+        self.trim_to_cache_limit(&mut st);
         Ok(())
     }
 
     /// Sets the memory limit. Releases idle segments if needed; refuses (keeping the old limit)
-    /// when what stays reserved is above the new limit.
+    /// when what stays reserved is above the new limit, or when releasing would be needed
+    /// during a graph capture.
     pub fn set_memory_limit(&self, spec: LimitSpec) -> Result<(), AllocError> {
+        let limit = spec.resolve(self.shared.device_total)?;
         let mut st = self.lock();
-        let limit = spec.resolve(self.shared.device_total);
         if let Some(l) = limit {
             if st.pool.reserved() > l {
-                self.collect_pending(&mut st, true)?;
+                Self::refuse_during_capture(
+                    &st,
+                    "lowering the memory limit below what is reserved",
+                )?;
+                self.collect_pending(&mut st, true);
                 let excess = st.pool.reserved() - l;
                 let target = st.pool.idle_default_bytes().saturating_sub(excess);
-                self.trim_locked(&mut st, target, None)?;
+                self.trim_locked(&mut st, target, None);
             }
             if st.pool.reserved() > l {
                 return Err(AllocError::LimitBelowReserved {
@@ -596,12 +664,14 @@ impl Allocator {
     }
 
     /// Tells the allocator how many bytes of weights the runtime holds; the default cache limit
-    /// follows unless a limit was set explicitly.
+    /// follows unless a limit was set explicitly, and the cache is trimmed to it (during a
+    /// graph capture: when the capture ends).
     pub fn set_weight_bytes(&self, bytes: u64) {
         let mut st = self.lock();
         st.weight_bytes = bytes;
         if !st.cache_limit_explicit {
             st.cache_limit = Some(limits::default_cache_limit(bytes));
+            self.trim_to_cache_limit(&mut st);
         }
     }
 
@@ -637,6 +707,7 @@ impl Allocator {
             cached_bytes: reserved - c.active,
             releasable_bytes: st.pool.idle_default_bytes(),
             pending_free_blocks: st.pending.len() as u64,
+            stuck_blocks: st.pending.stuck().len() as u64,
             device_allocs: c.device_allocs,
             device_frees: c.device_frees,
             device_free_failures: c.device_free_failures,
@@ -660,7 +731,19 @@ impl Allocator {
             device: self.shared.device_name.clone(),
             stats: Self::stats_locked(&st),
             segments: snapshot::segments(&st.pool),
+            stuck_blocks: st
+                .pending
+                .stuck()
+                .iter()
+                .map(|s| snapshot::stuck_block(&st.pool, s))
+                .collect(),
         }
+    }
+
+    /// Event failures since the last call, each reported once: the block (kept out of reuse
+    /// for good, see [`Snapshot::stuck_blocks`]) and the stream whose event call failed.
+    pub fn take_event_failures(&self) -> Vec<StuckBlock> {
+        std::mem::take(&mut self.lock().unreported_failures)
     }
 
     /// Starts recording up to `capacity` most recent events (replacing any current trace).
@@ -704,12 +787,16 @@ impl Allocator {
         GraphPool::new(id, self.clone())
     }
 
-    /// Routes allocations on `stream` to `target` until the returned guard is dropped.
+    /// Routes allocations on `stream` to `target` until the returned guard is dropped, and
+    /// keeps the allocator from every call a capture forbids meanwhile. Call it before the
+    /// driver's capture begins (`hip_ffi::Stream::begin_capture`) and drop the guard after the
+    /// driver's capture ends.
     pub fn begin_capture(
         &self,
         stream: StreamId,
         target: CaptureTarget<'_>,
     ) -> Result<CaptureGuard, AllocError> {
+        self.device().check_stream(stream)?;
         let mut st = self.lock();
         if st.captures.is_capturing(stream) {
             return Err(AllocError::AlreadyCapturing(stream));
@@ -727,12 +814,33 @@ impl Allocator {
     }
 
     pub(crate) fn end_capture(&self, stream: StreamId) {
-        self.lock().captures.end(stream);
+        let mut st = self.lock();
+        if st.captures.end(stream) {
+            self.after_last_capture(&mut st);
+        }
+    }
+
+    /// Does what the captures held back: records the events of blocks freed meanwhile,
+    /// returns idle segments of dropped graph pools, and trims to the cache limit.
+    fn after_last_capture(&self, st: &mut State) {
+        for block in st.pending.take_awaiting_capture_end() {
+            self.record_pending(st, block);
+        }
+        for seg in st.pool.idle_segments() {
+            if st.captures.is_dead(seg.owner) {
+                self.release_segment(st, seg.id);
+            }
+        }
+        self.trim_to_cache_limit(st);
     }
 
     pub(crate) fn release_graph_pool(&self, id: GraphPoolId) {
         let mut st = self.lock();
         st.captures.release_pool(id);
+        if st.captures.any_active() {
+            // Freed when the last capture ends.
+            return;
+        }
         for seg in st.pool.idle_segments() {
             if seg.owner == PoolOwner::Graph(id) {
                 self.release_segment(&mut st, seg.id);
@@ -767,7 +875,8 @@ impl Drop for Shared {
         let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
         let device = &*self.device;
         // Other streams may still read pending blocks: wait for them before freeing anything.
-        let _ = st.pending.collect_done(device, true);
+        // (No capture can be active: every CaptureGuard holds a clone of the allocator.)
+        st.pending.collect_done(device, true);
         st.pending.destroy_all(device);
         // Every Allocation and GraphPool holds a clone, so only raw allocations can still be
         // live here; their memory goes with the allocator, as documented on `raw_alloc`.

@@ -3,11 +3,11 @@
 //!
 //! Blocks live in a slab indexed by [`BlockId`]; each segment's blocks form a doubly linked list
 //! in address order so that a freed block can merge with free neighbours in O(1). Free blocks
-//! sit in one segregated free list per [`PoolKey`] (see [`crate::free_list`]): close to best
-//! fit, deterministic, and O(1) per operation.
+//! sit in one ordered free list per [`PoolKey`] (see [`crate::free_list`]): best fit,
+//! deterministic, O(log n) per operation.
 
 use crate::device::StreamId;
-use crate::free_list::{FreeList, NIL};
+use crate::free_list::FreeList;
 use crate::size_class::{should_split, SizeKind};
 use crate::tag::Tag;
 
@@ -15,6 +15,8 @@ use crate::tag::Tag;
 pub(crate) type BlockId = u32;
 /// Index of a segment in the slab.
 pub(crate) type SegmentId = u32;
+/// "No block": the end of a segment's block list.
+const NIL: BlockId = BlockId::MAX;
 
 /// Identifies a graph's private pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -61,9 +63,24 @@ pub(crate) struct Block {
     /// Streams other than the allocating one that used this block (`record_stream`).
     pub stream_uses: Vec<StreamId>,
     live: bool,
-    /// Links of the free list the block is in (when free).
-    pub(crate) free_prev: BlockId,
-    pub(crate) free_next: BlockId,
+}
+
+#[cfg(test)]
+impl Block {
+    /// A lone free block, for free-list tests.
+    pub(crate) fn for_test(addr: u64, size: u64) -> Block {
+        Block {
+            addr,
+            size,
+            segment: 0,
+            prev: NIL,
+            next: NIL,
+            state: BlockState::Free,
+            tag: Tag::Other,
+            stream_uses: Vec::new(),
+            live: true,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -139,13 +156,13 @@ impl BlockPool {
     fn list_insert(&mut self, id: BlockId) {
         let pool = self.segments[self.blocks[id as usize].segment as usize].pool;
         let i = self.list_index(pool);
-        self.free_lists[i].1.insert(&mut self.blocks, id);
+        self.free_lists[i].1.insert(&self.blocks, id);
     }
 
     fn list_remove(&mut self, id: BlockId) {
         let pool = self.segments[self.blocks[id as usize].segment as usize].pool;
         let i = self.list_index(pool);
-        self.free_lists[i].1.remove(&mut self.blocks, id);
+        self.free_lists[i].1.remove(&self.blocks, id);
     }
 
     fn new_block(&mut self, block: Block) -> BlockId {
@@ -169,7 +186,7 @@ impl BlockPool {
     /// from the free list. The block stays `Free` until [`BlockPool::take`].
     pub fn find_free(&mut self, pool: PoolKey, rounded: u64) -> Option<BlockId> {
         let i = self.free_lists.iter().position(|(k, _)| *k == pool)?;
-        self.free_lists[i].1.take(&mut self.blocks, rounded)
+        self.free_lists[i].1.take(rounded)
     }
 
     /// Registers a new segment obtained from the device and returns its single free block,
@@ -201,8 +218,6 @@ impl BlockPool {
             tag: Tag::Other,
             stream_uses: Vec::new(),
             live: true,
-            free_prev: NIL,
-            free_next: NIL,
         });
         self.segments[sid as usize].first = bid;
         self.reserved += size;
@@ -244,8 +259,6 @@ impl BlockPool {
                 tag: Tag::Other,
                 stream_uses: Vec::new(),
                 live: true,
-                free_prev: NIL,
-                free_next: NIL,
             });
             if next != NIL {
                 self.blocks[next as usize].prev = rest;
@@ -449,7 +462,7 @@ mod tests {
         let mut p = BlockPool::default();
         let k1 = key(SizeKind::Small);
         let k2 = PoolKey {
-            stream: StreamId(7),
+            stream: StreamId::fresh(),
             ..k1
         };
         let b = p.add_segment(0x1000_0000, 2 << 20, k1);

@@ -4,17 +4,34 @@
 //! Two backends exist: [`crate::backends::sim::SimDevice`] for tests and what-if studies, and
 //! [`crate::backends::hip::HipDevice`] on `hip-ffi`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use serde::Serialize;
 
-/// A stream, identified by an opaque value. `StreamId::DEFAULT` is the device's null stream;
-/// the HIP backend uses the raw stream handle as the value.
+/// A stream, as the allocator knows it. Only a backend makes these (`SimDevice::create_stream`,
+/// `HipDevice::create_stream`); [`StreamId::DEFAULT`] is the device's null stream. The value is
+/// a number unique in the process, not a driver handle, and an id the device does not
+/// know is refused with [`DeviceError::UnknownStream`] when it is used to allocate or in
+/// `record_stream`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(transparent)]
-pub struct StreamId(pub u64);
+pub struct StreamId(u64);
 
 impl StreamId {
     /// The default (null) stream.
     pub const DEFAULT: StreamId = StreamId(0);
+
+    /// A new id, unique in the process, so that an id from one device is never mistaken for a
+    /// stream of another. Made by the backends of this crate only.
+    pub(crate) fn fresh() -> StreamId {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        StreamId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The number behind the id, for logs and reports.
+    pub fn value(self) -> u64 {
+        self.0
+    }
 }
 
 /// An event recorded on a stream, identified by an opaque value chosen by the backend.
@@ -52,6 +69,19 @@ pub enum DeviceError {
         /// Size of the failed request.
         bytes: u64,
     },
+    /// A stream id this device did not hand out, or one it cannot record events on.
+    #[error(
+        "stream {stream:?} is not usable on this device for {purpose}: {reason}; use a stream id \
+         from the backend's create_stream"
+    )]
+    UnknownStream {
+        /// The refused id.
+        stream: StreamId,
+        /// What it was to be used for ("allocation", "record_stream").
+        purpose: &'static str,
+        /// Why the device refuses it.
+        reason: String,
+    },
     /// Any other driver error, with the driver's words.
     #[error("device error in {call}: {message}")]
     Driver {
@@ -77,6 +107,16 @@ pub trait RawDevice: Send + Sync + 'static {
     /// `ptr` must come from `malloc` on this device, must not have been freed already, and no
     /// queued or running device work may still access it.
     unsafe fn free(&self, ptr: u64) -> Result<(), DeviceError>;
+
+    /// Whether `stream` is a stream of this device that memory may be allocated on. Called when
+    /// a stream first needs memory from the device, and before a capture starts on it.
+    fn check_stream(&self, stream: StreamId) -> Result<(), DeviceError>;
+
+    /// Whether events can be recorded on `stream` (needed for `record_stream`). By default the
+    /// same streams as [`RawDevice::check_stream`].
+    fn check_event_stream(&self, stream: StreamId) -> Result<(), DeviceError> {
+        self.check_stream(stream)
+    }
 
     /// Records an event on `stream` that completes when all work queued there so far is done.
     fn record_event(&self, stream: StreamId) -> Result<EventId, DeviceError>;

@@ -1,7 +1,7 @@
 //! Errors returned by the allocator.
 
 use crate::device::{DeviceError, StreamId};
-use crate::limits::LimitParseError;
+use crate::limits::{InvalidLimit, LimitParseError};
 use crate::oom::{fmt_bytes, OomReport};
 
 /// Everything that can go wrong when using the allocator.
@@ -24,6 +24,19 @@ pub enum AllocError {
     /// A limit could not be parsed.
     #[error(transparent)]
     Limit(#[from] LimitParseError),
+    /// A limit given through the API is out of range.
+    #[error(transparent)]
+    InvalidLimit(#[from] InvalidLimit),
+    /// The operation would free device memory or wait on events while a graph capture is
+    /// active, which the driver forbids (it would invalidate the capture).
+    #[error(
+        "{operation} is not allowed while a graph capture is active (it would free device memory \
+         or wait on events, which invalidates the capture); end the capture first"
+    )]
+    CaptureActive {
+        /// The refused operation.
+        operation: &'static str,
+    },
     /// A new memory limit is below what is already reserved and cannot be released.
     #[error(
         "memory limit {} is below the {} already reserved ({} active); free allocations or \

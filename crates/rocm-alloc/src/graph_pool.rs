@@ -6,6 +6,13 @@
 //! graph keeps one); dropping the last handle releases its idle segments at once and the rest
 //! as their blocks are freed. [`CaptureTarget::StreamPool`] instead lets a capture use the
 //! stream's ordinary pool, for captures whose buffers are all made before capture begins.
+//!
+//! The allocator learns of captures only through [`crate::Allocator::begin_capture`], so every
+//! driver capture on the device must be bracketed by one. While any capture is active (a single
+//! flag: the list of capturing streams is not empty) the allocator makes no call a capture
+//! forbids: it does not free device memory, and it does not record, query or wait on events.
+//! Cross-stream frees made meanwhile wait for the end of the last capture, when their events
+//! are recorded and the cache is trimmed back to its limit.
 
 use std::sync::Arc;
 
@@ -63,7 +70,8 @@ impl std::fmt::Debug for GraphPool {
 }
 
 /// An active capture; allocations on its stream follow its [`CaptureTarget`] until it is
-/// ended or dropped.
+/// ended or dropped. End the driver's capture first, then this guard: the deferred work done
+/// when the last guard goes (recording events, trimming) is illegal inside a capture.
 pub struct CaptureGuard {
     pub(crate) allocator: Allocator,
     pub(crate) stream: StreamId,
@@ -112,12 +120,21 @@ impl Captures {
         self.active.iter().any(|(s, _)| *s == stream)
     }
 
+    /// Whether any stream is capturing: the one flag every capture rule checks.
+    #[inline]
+    pub fn any_active(&self) -> bool {
+        !self.active.is_empty()
+    }
+
     pub fn begin(&mut self, stream: StreamId, owner: PoolOwner) {
         self.active.push((stream, owner));
     }
 
-    pub fn end(&mut self, stream: StreamId) {
+    /// Ends the capture on `stream`; returns whether that was the last active one.
+    pub fn end(&mut self, stream: StreamId) -> bool {
+        let before = self.active.len();
         self.active.retain(|(s, _)| *s != stream);
+        before > 0 && self.active.is_empty()
     }
 
     pub fn new_pool(&mut self) -> GraphPoolId {

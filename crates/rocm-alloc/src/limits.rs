@@ -41,14 +41,46 @@ pub enum LimitSpec {
 }
 
 impl LimitSpec {
-    /// The limit in bytes (`None` = unbounded) for a device of `device_total` bytes.
-    pub fn resolve(self, device_total: u64) -> Option<u64> {
+    /// A share of device memory, checked: `share` must be above 0 and at most 1.
+    pub fn fraction(share: f64) -> Result<LimitSpec, InvalidLimit> {
+        let spec = LimitSpec::FractionOfDevice(share);
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Checks the value (the variants are public, so a spec may be built unchecked).
+    pub fn validate(self) -> Result<(), InvalidLimit> {
         match self {
+            // `!(f > 0 && f <= 1)` is also true for NaN.
+            LimitSpec::FractionOfDevice(f) if !(f > 0.0 && f <= 1.0) => {
+                Err(InvalidLimit { share: f })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The limit in bytes (`None` = unbounded) for a device of `device_total` bytes, or an
+    /// error for a share of device memory outside (0, 1].
+    pub fn resolve(self, device_total: u64) -> Result<Option<u64>, InvalidLimit> {
+        self.validate()?;
+        Ok(match self {
             LimitSpec::Unbounded => None,
             LimitSpec::Bytes(b) => Some(b),
             LimitSpec::FractionOfDevice(f) => Some((device_total as f64 * f) as u64),
-        }
+        })
     }
+}
+
+/// A [`LimitSpec::FractionOfDevice`] outside (0, 1], or NaN.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[error(
+    "LimitSpec::FractionOfDevice({share}) is not a share of device memory: it must be a number \
+     above 0 and at most 1 (0.5 = half); use LimitSpec::Bytes for an absolute limit or \
+     LimitSpec::Unbounded for none"
+)]
+pub struct InvalidLimit {
+    /// The rejected share.
+    pub share: f64,
 }
 
 /// Why a limit string was rejected. The message names the variable, the value and the forms
@@ -274,9 +306,29 @@ mod tests {
     fn percentage_resolves_against_device_total() {
         assert_eq!(
             LimitSpec::FractionOfDevice(0.25).resolve(8 << 30),
-            Some(2 << 30)
+            Ok(Some(2 << 30))
         );
-        assert_eq!(LimitSpec::Unbounded.resolve(8 << 30), None);
+        assert_eq!(
+            LimitSpec::FractionOfDevice(1.0).resolve(8 << 30),
+            Ok(Some(8 << 30))
+        );
+        assert_eq!(LimitSpec::Unbounded.resolve(8 << 30), Ok(None));
+    }
+
+    #[test]
+    fn fractions_outside_zero_one_are_rejected() {
+        for bad in [f64::NAN, 0.0, -0.5, 1.0001, f64::INFINITY, -0.0] {
+            let e = LimitSpec::fraction(bad).expect_err("out of range");
+            assert!(e.to_string().contains("above 0 and at most 1"), "{e}");
+            let e = LimitSpec::FractionOfDevice(bad)
+                .resolve(8 << 30)
+                .expect_err("resolve checks too");
+            assert!(e.share.is_nan() == bad.is_nan(), "{e}");
+        }
+        assert_eq!(
+            LimitSpec::fraction(0.5),
+            Ok(LimitSpec::FractionOfDevice(0.5))
+        );
     }
 
     #[test]

@@ -35,8 +35,11 @@ pub struct OomReport {
     pub reserved: u64,
     /// The memory limit (`None` = unbounded).
     pub limit: Option<u64>,
-    /// Free bytes the device reported, when it could be asked.
+    /// Free bytes the device reported, when it could be asked (not during a graph capture).
     pub device_free: Option<u64>,
+    /// A graph capture was active: the cache was not flushed and pending frees were not waited
+    /// on, because both are illegal during capture.
+    pub capture_active: bool,
     /// Active bytes per tag, largest first, zero entries omitted.
     pub per_tag: Vec<(Tag, u64)>,
     /// A suggestion for the user.
@@ -49,6 +52,7 @@ impl OomReport {
         requested: u64,
         per_tag: &[(Tag, u64)],
         cached: u64,
+        capture_active: bool,
     ) -> String {
         let top = per_tag
             .first()
@@ -63,6 +67,13 @@ impl OomReport {
                                  offload weights to host memory"
                 .to_string(),
         };
+        if capture_active {
+            h.push_str(
+                "; a graph capture is active, so cached memory was not returned to the device and \
+                 pending frees were not waited on (both are illegal during capture): end the \
+                 capture and retry, or allocate the graph's buffers before capturing",
+            );
+        }
         if let Some(top) = top {
             h.push_str("; ");
             h.push_str(&top);
@@ -127,7 +138,13 @@ mod tests {
 
     #[test]
     fn hint_names_the_knob_and_the_biggest_tag() {
-        let h = OomReport::hint_for(OomCause::MemoryLimit, 10, &[(Tag::KvCache, 1 << 30)], 0);
+        let h = OomReport::hint_for(
+            OomCause::MemoryLimit,
+            10,
+            &[(Tag::KvCache, 1 << 30)],
+            0,
+            false,
+        );
         assert!(h.contains("HIPDECODE_MEMORY_LIMIT"));
         assert!(h.contains("kv_cache holds the most (1.00 GiB)"));
     }

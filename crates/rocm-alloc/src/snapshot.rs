@@ -5,6 +5,7 @@
 use serde::Serialize;
 
 use crate::block_pool::{BlockPool, BlockState, GraphPoolId, PoolOwner};
+use crate::deferred::StuckFree;
 use crate::device::StreamId;
 use crate::stats::Stats;
 use crate::tag::Tag;
@@ -55,6 +56,22 @@ pub struct SegmentInfo {
     pub blocks: Vec<BlockInfo>,
 }
 
+/// A block kept out of reuse for good because an event call for it failed: the allocator can
+/// never know when the other stream is done with it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StuckBlock {
+    /// Device address of the block.
+    pub address: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Stream the block belongs to.
+    pub stream: StreamId,
+    /// The other stream whose event could not be recorded, queried or waited on.
+    pub event_stream: StreamId,
+    /// The device's error.
+    pub error: String,
+}
+
 /// Everything the allocator holds at one moment.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Snapshot {
@@ -64,12 +81,25 @@ pub struct Snapshot {
     pub stats: Stats,
     /// Segments in address order.
     pub segments: Vec<SegmentInfo>,
+    /// Blocks stuck after an event failure (they also appear in `segments` as pending frees).
+    pub stuck_blocks: Vec<StuckBlock>,
 }
 
 impl Snapshot {
     /// Pretty JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("snapshot types serialize infallibly")
+    }
+}
+
+pub(crate) fn stuck_block(pool: &BlockPool, stuck: &StuckFree) -> StuckBlock {
+    let b = pool.block(stuck.block);
+    StuckBlock {
+        address: b.addr,
+        size: b.size,
+        stream: pool.segment(b.segment).pool.stream,
+        event_stream: stuck.stream,
+        error: stuck.error.to_string(),
     }
 }
 

@@ -34,8 +34,12 @@ pub struct Stats {
     /// Bytes of ordinary-pool segments with no active block: what a trim can release, and what
     /// the cache limit bounds.
     pub releasable_bytes: u64,
-    /// Blocks freed by their user but waiting for other streams' events.
+    /// Blocks freed by their user but not reusable yet: waiting for other streams' events, for
+    /// the end of a graph capture, or stuck (below).
     pub pending_free_blocks: u64,
+    /// Blocks kept out of reuse for good because an event call for them failed (see
+    /// [`crate::Snapshot::stuck_blocks`] for which block and stream).
+    pub stuck_blocks: u64,
     /// Device allocations made.
     pub device_allocs: u64,
     /// Device frees made.

@@ -5,13 +5,14 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 use rocm_alloc::backends::sim::SimDevice;
 use rocm_alloc::size_class::round_request;
 use rocm_alloc::{
-    AllocError, Allocation, Allocator, AllocatorConfig, CaptureTarget, LimitSpec, StreamId, Tag,
+    AllocError, Allocation, Allocator, AllocatorConfig, BlockState, CaptureTarget, LimitSpec,
+    StreamId, Tag,
 };
 
-const STREAMS: [StreamId; 3] = [StreamId(0), StreamId(1), StreamId(2)];
 const DEVICE: u64 = 512 << 20;
 const MEMORY_LIMIT: u64 = 320 << 20;
 
@@ -75,12 +76,12 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// A freed range that must not be handed out again until `stream` has completed the work
-/// submitted before the free (`target`).
+/// A freed range that must not be handed out again until stream number `stream` has completed
+/// the work submitted before the free (`target`).
 struct Quarantine {
     addr: u64,
     size: u64,
-    stream: StreamId,
+    stream: usize,
     target: u64,
 }
 
@@ -95,7 +96,7 @@ struct Work {
 /// up to the work its quarantined blocks waited for.
 fn waited_all(quarantine: &mut Vec<Quarantine>, work: &mut [Work; 3]) {
     for q in quarantine.drain(..) {
-        let w = &mut work[q.stream.0 as usize];
+        let w = &mut work[q.stream];
         w.completed = w.completed.max(q.target);
     }
 }
@@ -114,17 +115,20 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         ..Default::default()
     };
     let alloc = Allocator::new(dev.clone(), config).unwrap();
-    let mut live: Vec<(Allocation, Vec<StreamId>)> = Vec::new();
+    let streams: [StreamId; 3] = [StreamId::DEFAULT, dev.create_stream(), dev.create_stream()];
+    // Each live allocation with the numbers of the streams recorded on it.
+    let mut live: Vec<(Allocation, Vec<usize>)> = Vec::new();
     let mut quarantine: Vec<Quarantine> = Vec::new();
     let mut work = [Work::default(); 3];
     let mut graph_pool: Option<rocm_alloc::GraphPool> = None;
     let mut capture: Option<rocm_alloc::CaptureGuard> = None;
+    let index_of = |s: StreamId| streams.iter().position(|&x| x == s).unwrap();
 
     for op in ops {
         match op {
             Op::Alloc { size, stream, tag } => {
                 let retries = alloc.stats().oom_retries;
-                match alloc.alloc(size, STREAMS[stream], Tag::ALL[tag]) {
+                match alloc.alloc(size, streams[stream], Tag::ALL[tag]) {
                     Ok(a) => {
                         if alloc.stats().oom_retries > retries {
                             waited_all(&mut quarantine, &mut work);
@@ -149,7 +153,10 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         live.push((a, Vec::new()));
                     }
                     Err(AllocError::OutOfMemory(r)) => {
-                        waited_all(&mut quarantine, &mut work);
+                        prop_assert_eq!(r.capture_active, capture.is_some());
+                        if capture.is_none() {
+                            waited_all(&mut quarantine, &mut work);
+                        }
                         prop_assert!(r.reserved <= MEMORY_LIMIT);
                         prop_assert_eq!(r.requested, size);
                     }
@@ -160,8 +167,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 if !live.is_empty() {
                     let (a, uses) = live.swap_remove(index % live.len());
                     for s in uses {
-                        let w = work[s.0 as usize];
-                        if w.submitted > w.completed && s != a.stream() {
+                        let w = work[s];
+                        if w.submitted > w.completed && s != index_of(a.stream()) {
                             quarantine.push(Quarantine {
                                 addr: a.ptr(),
                                 size: a.block_size(),
@@ -176,18 +183,22 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::RecordStream { index, stream } => {
                 if !live.is_empty() {
                     let i = index % live.len();
-                    live[i].0.record_stream(STREAMS[stream]);
-                    live[i].1.push(STREAMS[stream]);
+                    live[i].0.record_stream(streams[stream]).unwrap();
+                    live[i].1.push(stream);
                 }
             }
             Op::SubmitWork { stream } => {
-                dev.submit_work(STREAMS[stream]);
+                dev.submit_work(streams[stream]);
                 work[stream].submitted += 1;
             }
             Op::CompleteStream { stream } => {
-                dev.complete_stream(STREAMS[stream]);
+                dev.complete_stream(streams[stream]);
                 work[stream].completed = work[stream].submitted;
-                quarantine.retain(|q| q.stream != STREAMS[stream]);
+                quarantine.retain(|q| q.stream != stream);
+            }
+            Op::Trim if capture.is_some() => {
+                let refused = matches!(alloc.trim(), Err(AllocError::CaptureActive { .. }));
+                prop_assert!(refused, "trim is refused during capture");
             }
             Op::Trim => {
                 alloc.trim().unwrap();
@@ -201,7 +212,13 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 alloc
                     .set_cache_limit(LimitSpec::Bytes(bytes.max(1)))
                     .unwrap();
-                prop_assert!(alloc.stats().releasable_bytes <= bytes.max(1));
+                if capture.is_none() {
+                    prop_assert!(alloc.stats().releasable_bytes <= bytes.max(1));
+                }
+            }
+            Op::ClearCache if capture.is_some() => {
+                let refused = matches!(alloc.clear_cache(), Err(AllocError::CaptureActive { .. }));
+                prop_assert!(refused, "clear_cache is refused during capture");
             }
             Op::ClearCache => {
                 alloc.clear_cache().unwrap();
@@ -213,12 +230,18 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     let pool = graph_pool.get_or_insert_with(|| alloc.new_graph_pool());
                     capture = Some(
                         alloc
-                            .begin_capture(STREAMS[stream], CaptureTarget::Private(pool))
+                            .begin_capture(streams[stream], CaptureTarget::Private(pool))
                             .unwrap(),
                     );
+                    dev.begin_capture(streams[stream]);
                 }
             }
-            Op::EndCapture => capture = None,
+            Op::EndCapture => {
+                if let Some(c) = capture.take() {
+                    // The driver's capture ends first, then the allocator's.
+                    dev.end_capture(c.stream());
+                }
+            }
             Op::DropGraphPool => graph_pool = None,
             Op::ProcessPending => {
                 alloc.process_pending().unwrap();
@@ -240,9 +263,30 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         );
         let per_tag: u64 = st.per_tag.iter().map(|(_, u)| u.current).sum();
         prop_assert_eq!(per_tag, st.active_bytes);
-        prop_assert_eq!(st.cached_bytes, st.reserved_bytes - st.active_bytes);
+        // Counted from the blocks themselves, not from the counters `cached` is derived from.
+        let snap = alloc.snapshot();
+        let blocks = || snap.segments.iter().flat_map(|s| &s.blocks);
+        let held: u64 = blocks()
+            .filter(|b| b.state != BlockState::Active)
+            .map(|b| b.size)
+            .sum();
+        let in_use: u64 = blocks()
+            .filter(|b| b.state == BlockState::Active)
+            .map(|b| b.size)
+            .sum();
+        let segments: u64 = snap.segments.iter().map(|s| s.size).sum();
+        prop_assert_eq!(st.cached_bytes, held, "cached = free and pending blocks");
+        prop_assert_eq!(in_use, expected_active, "active blocks = live allocations");
+        prop_assert_eq!(segments, dev.stats().used, "segments = device memory");
+        prop_assert!(
+            dev.capture_violations().is_empty(),
+            "capture-illegal calls: {:?}",
+            dev.capture_violations()
+        );
     }
-    drop(capture);
+    if let Some(c) = capture.take() {
+        dev.end_capture(c.stream());
+    }
     drop(graph_pool);
     drop(live);
     dev.complete_all();
@@ -256,8 +300,32 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// 96 random cases after the seeds committed in `properties.proptest-regressions`, which run
+/// first; a new failure is appended there.
+fn config() -> ProptestConfig {
+    ProptestConfig {
+        cases: 96,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions",
+        ))),
+        ..ProptestConfig::default()
+    }
+}
+
+#[test]
+fn committed_regression_seeds_are_replayed() {
+    let persistence = config()
+        .failure_persistence
+        .expect("failure persistence is on, so committed seeds are replayed");
+    let seeds = persistence.load_persisted_failures2(Some(file!()));
+    assert!(
+        seeds.len() >= 2,
+        "the committed seeds are found next to this file: {seeds:?}"
+    );
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(config())]
 
     #[test]
     fn allocator_invariants(ops in proptest::collection::vec(op(), 1..160)) {

@@ -14,30 +14,29 @@ use rocm_alloc::{
     PoolName, StreamId, Tag, UmaInfo,
 };
 
-const MAIN: StreamId = StreamId(1);
-const SIDE: StreamId = StreamId(2);
-
-fn sim(capacity: u64) -> (Arc<SimDevice>, Allocator) {
+/// A simulated device, an allocator on it, and two streams of the device (main, side).
+fn sim(capacity: u64) -> (Arc<SimDevice>, Allocator, [StreamId; 2]) {
     let d = Arc::new(SimDevice::discrete(capacity));
     let a = common::allocator(d.clone());
-    (d, a)
+    let streams = [d.create_stream(), d.create_stream()];
+    (d, a, streams)
 }
 
 #[test]
 fn cross_stream_free_waits_for_events() {
-    let (dev, alloc) = sim(1 << 30);
-    let a = alloc.alloc(4096, MAIN, Tag::Activations).unwrap();
+    let (dev, alloc, [main, side]) = sim(1 << 30);
+    let a = alloc.alloc(4096, main, Tag::Activations).unwrap();
     let pa = a.ptr();
-    a.record_stream(SIDE);
-    dev.submit_work(SIDE); // a kernel on SIDE reads the buffer
+    a.record_stream(side).unwrap();
+    dev.submit_work(side); // a kernel on side reads the buffer
     drop(a);
     assert_eq!(
         alloc.stats().active_bytes,
         0,
         "the user's bytes are released at once"
     );
-    let b = alloc.alloc(4096, MAIN, Tag::Activations).unwrap();
-    assert_ne!(b.ptr(), pa, "not reused while SIDE may still read it");
+    let b = alloc.alloc(4096, main, Tag::Activations).unwrap();
+    assert_ne!(b.ptr(), pa, "not reused while side may still read it");
     let snap = alloc.snapshot();
     let pending: Vec<_> = snap
         .segments
@@ -51,11 +50,11 @@ fn cross_stream_free_waits_for_events() {
         "a stranded block is visible in the snapshot"
     );
     assert_eq!(pending[0].address, pa);
-    assert_eq!(pending[0].stream_uses, vec![SIDE]);
+    assert_eq!(pending[0].stream_uses, vec![side]);
     assert_eq!(pending[0].tag, Some(Tag::Activations));
     drop(b);
-    dev.complete_stream(SIDE);
-    let c = alloc.alloc(4096, MAIN, Tag::Activations).unwrap();
+    dev.complete_stream(side);
+    let c = alloc.alloc(4096, main, Tag::Activations).unwrap();
     assert_eq!(
         c.ptr(),
         pa,
@@ -66,15 +65,15 @@ fn cross_stream_free_waits_for_events() {
 
 #[test]
 fn oom_path_waits_on_pending_events_then_retries() {
-    let (dev, alloc) = sim(64 << 20);
-    let a = alloc.alloc(40 << 20, MAIN, Tag::KvCache).unwrap();
-    a.record_stream(SIDE);
-    dev.submit_work(SIDE);
+    let (dev, alloc, [main, side]) = sim(64 << 20);
+    let a = alloc.alloc(40 << 20, main, Tag::KvCache).unwrap();
+    a.record_stream(side).unwrap();
+    dev.submit_work(side);
     drop(a);
-    // Only 24 MiB of device memory is free; the 40 MiB block is pending on SIDE.
+    // Only 24 MiB of device memory is free; the 40 MiB block is pending on side.
     let b = alloc
-        .alloc(40 << 20, MAIN, Tag::KvCache)
-        .expect("the OOM path waits for SIDE and reuses the block");
+        .alloc(40 << 20, main, Tag::KvCache)
+        .expect("the OOM path waits for side and reuses the block");
     assert_eq!(alloc.stats().oom_retries, 1);
     assert_eq!(alloc.stats().device_allocs, 1);
     drop(b);
@@ -82,11 +81,11 @@ fn oom_path_waits_on_pending_events_then_retries() {
 
 #[test]
 fn oom_path_flushes_other_streams_cache() {
-    let (_dev, alloc) = sim(64 << 20);
-    drop(alloc.alloc(40 << 20, SIDE, Tag::Other).unwrap());
+    let (_dev, alloc, [main, side]) = sim(64 << 20);
+    drop(alloc.alloc(40 << 20, side, Tag::Other).unwrap());
     let a = alloc
-        .alloc(40 << 20, MAIN, Tag::Other)
-        .expect("idle SIDE segment released, then retried");
+        .alloc(40 << 20, main, Tag::Other)
+        .expect("idle side segment released, then retried");
     let st = alloc.stats();
     assert_eq!(
         (st.device_allocs, st.device_frees, st.oom_retries),
@@ -97,11 +96,11 @@ fn oom_path_flushes_other_streams_cache() {
 
 #[test]
 fn device_failure_reports_breakdown() {
-    let (dev, alloc) = sim(1 << 30);
-    let _w = alloc.alloc(100 << 20, MAIN, Tag::Weights).unwrap();
-    let _k = alloc.alloc(30 << 20, MAIN, Tag::KvCache).unwrap();
+    let (dev, alloc, [main, _]) = sim(1 << 30);
+    let _w = alloc.alloc(100 << 20, main, Tag::Weights).unwrap();
+    let _k = alloc.alloc(30 << 20, main, Tag::KvCache).unwrap();
     dev.fail_next_mallocs(2);
-    let err = alloc.alloc(50 << 20, MAIN, Tag::Activations).unwrap_err();
+    let err = alloc.alloc(50 << 20, main, Tag::Activations).unwrap_err();
     let AllocError::OutOfMemory(r) = err else {
         panic!("expected OOM")
     };
@@ -113,33 +112,33 @@ fn device_failure_reports_breakdown() {
     assert_eq!(r.device_free, Some((1 << 30) - (130 << 20)));
     assert!(r.hint.contains("weights holds the most"), "{}", r.hint);
     // Injection exhausted: the same request now succeeds.
-    alloc.alloc(50 << 20, MAIN, Tag::Activations).unwrap();
+    alloc.alloc(50 << 20, main, Tag::Activations).unwrap();
 }
 
 #[test]
 fn graph_capture_uses_private_pool_until_graph_dropped() {
-    let (dev, alloc) = sim(1 << 30);
-    let warm = alloc.alloc(1 << 16, MAIN, Tag::Activations).unwrap();
+    let (dev, alloc, [main, side]) = sim(1 << 30);
+    let warm = alloc.alloc(1 << 16, main, Tag::Activations).unwrap();
     let warm_addr = warm.ptr();
     drop(warm);
     let pool = alloc.new_graph_pool();
     let cap = alloc
-        .begin_capture(MAIN, CaptureTarget::Private(&pool))
+        .begin_capture(main, CaptureTarget::Private(&pool))
         .unwrap();
     assert!(matches!(
-        alloc.begin_capture(MAIN, CaptureTarget::StreamPool),
+        alloc.begin_capture(main, CaptureTarget::StreamPool),
         Err(AllocError::AlreadyCapturing(_))
     ));
-    let g = alloc.alloc(1 << 16, MAIN, Tag::Graph).unwrap();
+    let g = alloc.alloc(1 << 16, main, Tag::Graph).unwrap();
     assert_ne!(
         g.ptr(),
         warm_addr,
         "capture does not take from the stream's cache"
     );
-    let other = alloc.alloc(1 << 16, SIDE, Tag::Other).unwrap();
+    let other = alloc.alloc(1 << 16, side, Tag::Other).unwrap();
     let g_addr = g.ptr();
     drop(g);
-    let g2 = alloc.alloc(1 << 16, MAIN, Tag::Graph).unwrap();
+    let g2 = alloc.alloc(1 << 16, main, Tag::Graph).unwrap();
     assert_eq!(
         g2.ptr(),
         g_addr,
@@ -153,7 +152,7 @@ fn graph_capture_uses_private_pool_until_graph_dropped() {
         .iter()
         .any(|s| s.pool == PoolName::Graph(pool.id())));
     // After capture, ordinary allocations never get graph memory.
-    let after = alloc.alloc(1 << 16, MAIN, Tag::Activations).unwrap();
+    let after = alloc.alloc(1 << 16, main, Tag::Activations).unwrap();
     assert_eq!(after.ptr(), warm_addr);
     drop(after);
     let before = dev.stats().live;
@@ -183,12 +182,12 @@ fn graph_capture_uses_private_pool_until_graph_dropped() {
 
 #[test]
 fn graph_pool_live_block_freed_after_pool_dropped() {
-    let (dev, alloc) = sim(1 << 30);
+    let (dev, alloc, [main, _]) = sim(1 << 30);
     let pool = alloc.new_graph_pool();
     let cap = alloc
-        .begin_capture(MAIN, CaptureTarget::Private(&pool))
+        .begin_capture(main, CaptureTarget::Private(&pool))
         .unwrap();
-    let g = alloc.alloc(5 << 20, MAIN, Tag::Graph).unwrap();
+    let g = alloc.alloc(5 << 20, main, Tag::Graph).unwrap();
     drop(cap);
     drop(pool);
     assert_eq!(dev.stats().live, 1, "still in use: kept");
@@ -203,22 +202,22 @@ fn graph_pool_live_block_freed_after_pool_dropped() {
 
 #[test]
 fn capture_can_use_the_stream_pool() {
-    let (_dev, alloc) = sim(1 << 30);
-    let warm = alloc.alloc(1 << 16, MAIN, Tag::Activations).unwrap();
+    let (_dev, alloc, [main, _]) = sim(1 << 30);
+    let warm = alloc.alloc(1 << 16, main, Tag::Activations).unwrap();
     let addr = warm.ptr();
     drop(warm);
     let cap = alloc
-        .begin_capture(MAIN, CaptureTarget::StreamPool)
+        .begin_capture(main, CaptureTarget::StreamPool)
         .unwrap();
-    let g = alloc.alloc(1 << 16, MAIN, Tag::Graph).unwrap();
+    let g = alloc.alloc(1 << 16, main, Tag::Graph).unwrap();
     assert_eq!(g.ptr(), addr);
     drop(cap);
 }
 
 #[test]
 fn decode_arena_keeps_addresses_and_high_water() {
-    let (_dev, alloc) = sim(1 << 30);
-    let mut arena = alloc.new_arena(1 << 20, MAIN, Tag::Activations).unwrap();
+    let (_dev, alloc, [main, _]) = sim(1 << 30);
+    let mut arena = alloc.new_arena(1 << 20, main, Tag::Activations).unwrap();
     assert_eq!(alloc.stats().tag(Tag::Activations).current, 1 << 20);
     let step = |arena: &mut rocm_alloc::DecodeArena| -> Vec<u64> {
         [1000u64, 4096, 77, 65536]
@@ -251,10 +250,10 @@ fn decode_arena_keeps_addresses_and_high_water() {
 
 #[test]
 fn explicit_trim_enforces_cache_limit_lru_first() {
-    let (_dev, alloc) = sim(1 << 30);
+    let (_dev, alloc, [main, _]) = sim(1 << 30);
     alloc.set_cache_limit(LimitSpec::Bytes(25 << 20)).unwrap();
-    let a = alloc.alloc(20 << 20, MAIN, Tag::Other).unwrap();
-    let b = alloc.alloc(12 << 20, MAIN, Tag::Other).unwrap();
+    let a = alloc.alloc(20 << 20, main, Tag::Other).unwrap();
+    let b = alloc.alloc(12 << 20, main, Tag::Other).unwrap();
     let (pa, pb) = (a.ptr(), b.ptr());
     drop(a); // oldest
     drop(b);
@@ -263,20 +262,20 @@ fn explicit_trim_enforces_cache_limit_lru_first() {
     assert_eq!(released, 20 << 20, "least recently used first");
     let st = alloc.stats();
     assert!(st.releasable_bytes <= 25 << 20);
-    let again = alloc.alloc(12 << 20, MAIN, Tag::Other).unwrap();
+    let again = alloc.alloc(12 << 20, main, Tag::Other).unwrap();
     assert_eq!(again.ptr(), pb);
     assert_ne!(pa, pb);
 }
 
 #[test]
 fn steady_loop_does_not_churn_under_small_cache_limit() {
-    let (dev, alloc) = sim(4 << 30);
+    let (dev, alloc, [main, _]) = sim(4 << 30);
     alloc.set_cache_limit(LimitSpec::Bytes(1 << 20)).unwrap();
     // Phases that never overlap: a small-pool buffer, then a large one, then a huge one.
     let step = || {
-        drop(alloc.alloc(300 << 10, MAIN, Tag::Activations).unwrap());
-        drop(alloc.alloc(6 << 20, MAIN, Tag::Activations).unwrap());
-        drop(alloc.alloc(64 << 20, MAIN, Tag::Workspace).unwrap());
+        drop(alloc.alloc(300 << 10, main, Tag::Activations).unwrap());
+        drop(alloc.alloc(6 << 20, main, Tag::Activations).unwrap());
+        drop(alloc.alloc(64 << 20, main, Tag::Workspace).unwrap());
     };
     step();
     let warm = dev.stats().mallocs;
@@ -304,12 +303,13 @@ fn stale_spike_is_trimmed_on_a_later_miss() {
         ..Default::default()
     };
     let alloc = Allocator::new(d.clone(), config).unwrap();
-    drop(alloc.alloc(512 << 20, MAIN, Tag::Activations).unwrap()); // prefill spike
+    let (main, side) = (d.create_stream(), d.create_stream());
+    drop(alloc.alloc(512 << 20, main, Tag::Activations).unwrap()); // prefill spike
     for _ in 0..20 {
-        drop(alloc.alloc(4096, MAIN, Tag::Activations).unwrap());
+        drop(alloc.alloc(4096, main, Tag::Activations).unwrap());
     }
     // A miss (on another stream, so the spike's free block cannot serve it).
-    let _miss = alloc.alloc(30 << 20, SIDE, Tag::KvCache).unwrap();
+    let _miss = alloc.alloc(30 << 20, side, Tag::KvCache).unwrap();
     assert!(
         alloc.stats().releasable_bytes <= 8 << 20,
         "the cold spike segment was released before growing"
@@ -319,10 +319,10 @@ fn stale_spike_is_trimmed_on_a_later_miss() {
 
 #[test]
 fn memory_limit_always_holds_and_lowering_it_is_checked() {
-    let (_dev, alloc) = sim(8 << 30);
+    let (_dev, alloc, [main, _]) = sim(8 << 30);
     alloc.set_memory_limit(LimitSpec::Bytes(100 << 20)).unwrap();
-    let a = alloc.alloc(60 << 20, MAIN, Tag::Weights).unwrap();
-    let b = alloc.alloc(20 << 20, MAIN, Tag::Other).unwrap();
+    let a = alloc.alloc(60 << 20, main, Tag::Weights).unwrap();
+    let b = alloc.alloc(20 << 20, main, Tag::Other).unwrap();
     drop(b);
     alloc
         .set_memory_limit(LimitSpec::Bytes(70 << 20))
@@ -437,10 +437,10 @@ fn bad_env_value_is_an_error_naming_it() {
 
 #[test]
 fn tags_account_separately() {
-    let (_dev, alloc) = sim(1 << 30);
-    let w = alloc.alloc(3 << 20, MAIN, Tag::Weights).unwrap();
-    let k = alloc.alloc(1 << 20, MAIN, Tag::KvCache).unwrap();
-    let x = alloc.alloc(1000, SIDE, Tag::Activations).unwrap();
+    let (_dev, alloc, [main, side]) = sim(1 << 30);
+    let w = alloc.alloc(3 << 20, main, Tag::Weights).unwrap();
+    let k = alloc.alloc(1 << 20, main, Tag::KvCache).unwrap();
+    let x = alloc.alloc(1000, side, Tag::Activations).unwrap();
     let st = alloc.stats();
     assert_eq!(st.tag(Tag::Weights).current, 3 << 20);
     assert_eq!(st.tag(Tag::KvCache).current, 1 << 20);

@@ -21,6 +21,21 @@ pub fn sim_allocator(capacity: u64) -> Allocator {
     .expect("a simulated device accepts the default configuration")
 }
 
+/// Like [`sim_allocator`], with the default stream and a second stream of the device.
+pub fn sim_allocator_two_streams(capacity: u64) -> (Allocator, [StreamId; 2]) {
+    let device = Arc::new(SimDevice::discrete(capacity));
+    let side = device.create_stream();
+    let alloc = Allocator::new(
+        device,
+        AllocatorConfig {
+            read_env: false,
+            ..Default::default()
+        },
+    )
+    .expect("a simulated device accepts the default configuration");
+    (alloc, [StreamId::DEFAULT, side])
+}
+
 /// A 64 GiB simulated allocator whose free lists already hold a realistic mix: live blocks of
 /// mixed sizes around the free ones being recycled.
 pub fn warm_allocator() -> Allocator {

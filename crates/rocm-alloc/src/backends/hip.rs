@@ -2,10 +2,12 @@
 //! CUDA).
 //!
 //! Streams are identified to the allocator by [`StreamId`]s this backend hands out when a
-//! stream is created through it ([`HipDevice::create_stream`]), because recording an event
-//! needs the stream object. [`StreamId::DEFAULT`] is the null stream; recording an event on it
-//! synchronizes the device instead (the safe layer has no handle for the null stream), so use
-//! created streams for cross-stream work.
+//! stream is created through it ([`HipDevice::create_stream`]) or registered with it
+//! ([`HipDevice::register_stream`]), because recording an event needs the stream object; any
+//! other id is refused. [`StreamId::DEFAULT`] (the null stream) can be allocated on but not
+//! recorded on: hip-ffi's safe layer has no handle for it, and the old fallback (synchronizing
+//! the whole device) is illegal while any stream captures a graph. `record_stream` with the
+//! null stream is therefore an error; use a created stream for cross-stream work.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -14,13 +16,9 @@ use hip_ffi::{Device, DevicePtr, Event, HipError, Stream};
 
 use crate::device::{DeviceError, EventId, MemoryInfo, RawDevice, StreamId, UmaInfo};
 
-/// Event id meaning "already complete" (used for the null stream after a device sync).
-const DONE_EVENT: u64 = 0;
-
 #[derive(Default)]
 struct Registry {
     streams: HashMap<StreamId, Arc<Stream>>,
-    next_stream: u64,
     events: HashMap<u64, Event>,
     spare_events: Vec<Event>,
     next_event: u64,
@@ -50,7 +48,6 @@ impl HipDevice {
             device,
             name,
             registry: Mutex::new(Registry {
-                next_stream: 1,
                 next_event: 1,
                 ..Default::default()
             }),
@@ -71,19 +68,45 @@ impl HipDevice {
         self.registry.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Creates a stream the allocator can record events on, and its id.
+    /// Creates a stream the allocator can record events on, and its id. The stream is kept
+    /// alive by this device as long as it lives; launch work on the returned handle.
     pub fn create_stream(&self) -> Result<(StreamId, Arc<Stream>), DeviceError> {
         let stream = Arc::new(Stream::new(&self.device).map_err(|e| driver("hipStreamCreate", e))?);
-        let mut r = self.lock();
-        let id = StreamId(r.next_stream);
-        r.next_stream += 1;
-        r.streams.insert(id, stream.clone());
+        let id = self.register_stream(stream.clone())?;
         Ok((id, stream))
     }
 
-    /// The stream behind an id from [`HipDevice::create_stream`].
+    /// Gives the allocator an id for a stream created elsewhere (it must belong to this
+    /// device). Registering the same stream twice gives two ids for one stream, which is
+    /// harmless but splits its cache in two.
+    pub fn register_stream(&self, stream: Arc<Stream>) -> Result<StreamId, DeviceError> {
+        if stream.device().ordinal() != self.device.ordinal() {
+            return Err(DeviceError::Driver {
+                call: "register_stream",
+                message: format!(
+                    "the stream belongs to device {}, this allocator's device is {}",
+                    stream.device().ordinal(),
+                    self.device.ordinal()
+                ),
+            });
+        }
+        let id = StreamId::fresh();
+        self.lock().streams.insert(id, stream);
+        Ok(id)
+    }
+
+    /// The stream behind an id from [`HipDevice::create_stream`] or
+    /// [`HipDevice::register_stream`].
     pub fn stream(&self, id: StreamId) -> Option<Arc<Stream>> {
         self.lock().streams.get(&id).cloned()
+    }
+}
+
+fn unknown_stream(stream: StreamId, purpose: &'static str) -> DeviceError {
+    DeviceError::UnknownStream {
+        stream,
+        purpose,
+        reason: "HipDevice::create_stream or register_stream did not hand it out".into(),
     }
 }
 
@@ -115,24 +138,39 @@ impl RawDevice for HipDevice {
         unsafe { self.device.free_raw(DevicePtr(ptr)) }.map_err(|e| driver("hipFree", e))
     }
 
-    fn record_event(&self, stream: StreamId) -> Result<EventId, DeviceError> {
-        if stream == StreamId::DEFAULT {
-            self.device
-                .synchronize()
-                .map_err(|e| driver("hipDeviceSynchronize", e))?;
-            return Ok(EventId(DONE_EVENT));
+    fn check_stream(&self, stream: StreamId) -> Result<(), DeviceError> {
+        if stream == StreamId::DEFAULT || self.lock().streams.contains_key(&stream) {
+            return Ok(());
         }
+        Err(unknown_stream(stream, "allocation"))
+    }
+
+    fn check_event_stream(&self, stream: StreamId) -> Result<(), DeviceError> {
+        if stream == StreamId::DEFAULT {
+            return Err(DeviceError::UnknownStream {
+                stream,
+                purpose: "record_stream",
+                reason: "the HIP backend cannot record events on the null stream (hip-ffi has \
+                         no handle for it, and synchronizing the device instead would break \
+                         graph captures)"
+                    .into(),
+            });
+        }
+        if self.lock().streams.contains_key(&stream) {
+            return Ok(());
+        }
+        Err(unknown_stream(stream, "record_stream"))
+    }
+
+    fn record_event(&self, stream: StreamId) -> Result<EventId, DeviceError> {
+        // Never synchronizes: the null stream is refused (see `check_event_stream`).
+        self.check_event_stream(stream)?;
         let mut r = self.lock();
         let s = r
             .streams
             .get(&stream)
             .cloned()
-            .ok_or_else(|| DeviceError::Driver {
-                call: "record_event",
-                message: format!(
-                    "stream {stream:?} was not created through HipDevice::create_stream"
-                ),
-            })?;
+            .ok_or_else(|| unknown_stream(stream, "record_stream"))?;
         let event = match r.spare_events.pop() {
             Some(e) => e,
             None => {
@@ -147,9 +185,6 @@ impl RawDevice for HipDevice {
     }
 
     fn event_complete(&self, event: EventId) -> Result<bool, DeviceError> {
-        if event.0 == DONE_EVENT {
-            return Ok(true);
-        }
         let r = self.lock();
         let e = r.events.get(&event.0).ok_or_else(|| DeviceError::Driver {
             call: "hipEventQuery",
@@ -159,9 +194,6 @@ impl RawDevice for HipDevice {
     }
 
     fn event_wait(&self, event: EventId) -> Result<(), DeviceError> {
-        if event.0 == DONE_EVENT {
-            return Ok(());
-        }
         // Wait outside the registry lock: take the event out, wait, put it back.
         let e = self
             .lock()

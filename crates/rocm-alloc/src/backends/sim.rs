@@ -2,10 +2,15 @@
 //!
 //! It has a capacity (optionally a UMA layout of carve-out, GTT and host RAM), hands out
 //! non-overlapping fake addresses without backing memory, charges a configurable cost per raw
-//! allocation to a simulated clock (never sleeping), injects allocation failures on demand,
-//! and models streams whose recorded events complete only when the test says so.
+//! allocation to a simulated clock (never sleeping), injects allocation and event failures on
+//! demand, and models streams whose recorded events complete only when the test says so.
+//!
+//! It also checks graph-capture legality: between [`SimDevice::begin_capture`] and
+//! [`SimDevice::end_capture`] the calls a real driver forbids while a stream captures (freeing
+//! device memory, recording, querying or waiting on events) fail and are logged as violations
+//! ([`SimDevice::capture_violations`]), as they would break a real capture.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use crate::device::{DeviceError, EventId, MemoryInfo, RawDevice, StreamId, UmaInfo};
@@ -91,6 +96,17 @@ pub struct SimStats {
     pub live_events: u64,
 }
 
+/// Which event calls fail on a stream (fault injection).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventFaults {
+    /// `record_event` on the stream fails.
+    pub record: bool,
+    /// `event_complete` on events recorded on the stream fails.
+    pub query: bool,
+    /// `event_wait` on events recorded on the stream fails.
+    pub wait: bool,
+}
+
 #[derive(Default)]
 struct SimState {
     live: HashMap<u64, u64>,
@@ -99,9 +115,30 @@ struct SimState {
     fail_above: Option<u64>,
     /// stream -> (last submitted work id, last completed work id)
     streams: HashMap<StreamId, (u64, u64)>,
+    /// Streams handed out by `create_stream` (the default stream is always known).
+    created: HashSet<StreamId>,
     events: HashMap<u64, (StreamId, u64)>,
     next_event: u64,
+    event_faults: HashMap<StreamId, EventFaults>,
+    /// Streams marked as capturing; while non-empty, capture-illegal calls are violations.
+    capturing: Vec<StreamId>,
+    violations: Vec<String>,
     stats: SimStats,
+}
+
+impl SimState {
+    /// Logs and refuses a call that a real driver forbids during capture.
+    fn refuse_if_capturing(&mut self, call: &'static str) -> Result<(), DeviceError> {
+        if self.capturing.is_empty() {
+            return Ok(());
+        }
+        self.violations
+            .push(format!("{call} while {:?} captured", self.capturing));
+        Err(DeviceError::Driver {
+            call,
+            message: "operation not permitted when stream is capturing".into(),
+        })
+    }
 }
 
 /// The simulated device.
@@ -149,6 +186,35 @@ impl SimDevice {
     /// Makes every raw allocation above `bytes` fail (`None` turns this off).
     pub fn fail_mallocs_above(&self, bytes: Option<u64>) {
         self.lock().fail_above = bytes;
+    }
+
+    /// A new stream of this device.
+    pub fn create_stream(&self) -> StreamId {
+        let mut st = self.lock();
+        let id = StreamId::fresh();
+        st.created.insert(id);
+        st.streams.insert(id, (0, 0));
+        id
+    }
+
+    /// Makes the chosen event calls on `stream` fail until changed (all `false` turns it off).
+    pub fn set_event_faults(&self, stream: StreamId, faults: EventFaults) {
+        self.lock().event_faults.insert(stream, faults);
+    }
+
+    /// Marks `stream` as capturing a graph, as the driver would after `hipStreamBeginCapture`.
+    pub fn begin_capture(&self, stream: StreamId) {
+        self.lock().capturing.push(stream);
+    }
+
+    /// Ends the capture on `stream`.
+    pub fn end_capture(&self, stream: StreamId) {
+        self.lock().capturing.retain(|&s| s != stream);
+    }
+
+    /// Capture-illegal calls made so far (each refused with an error when it happened).
+    pub fn capture_violations(&self) -> Vec<String> {
+        self.lock().violations.clone()
     }
 
     /// Queues work on `stream` (for example a kernel reading a buffer). Events recorded after
@@ -224,6 +290,7 @@ impl RawDevice for SimDevice {
 
     unsafe fn free(&self, ptr: u64) -> Result<(), DeviceError> {
         let mut st = self.lock();
+        st.refuse_if_capturing("sim free")?;
         let Some(bytes) = st.live.remove(&ptr) else {
             return Err(DeviceError::Driver {
                 call: "sim free",
@@ -236,8 +303,29 @@ impl RawDevice for SimDevice {
         Ok(())
     }
 
+    fn check_stream(&self, stream: StreamId) -> Result<(), DeviceError> {
+        let st = self.lock();
+        if stream == StreamId::DEFAULT || st.created.contains(&stream) {
+            Ok(())
+        } else {
+            Err(DeviceError::UnknownStream {
+                stream,
+                purpose: "allocation",
+                reason: "SimDevice::create_stream did not hand it out".into(),
+            })
+        }
+    }
+
     fn record_event(&self, stream: StreamId) -> Result<EventId, DeviceError> {
+        self.check_event_stream(stream)?;
         let mut st = self.lock();
+        st.refuse_if_capturing("sim record_event")?;
+        if st.event_faults.get(&stream).is_some_and(|f| f.record) {
+            return Err(DeviceError::Driver {
+                call: "sim record_event",
+                message: format!("injected failure on {stream:?}"),
+            });
+        }
         let target = if self.config.events_complete_immediately {
             0
         } else {
@@ -250,20 +338,34 @@ impl RawDevice for SimDevice {
     }
 
     fn event_complete(&self, event: EventId) -> Result<bool, DeviceError> {
-        let st = self.lock();
+        let mut st = self.lock();
+        st.refuse_if_capturing("sim event query")?;
         let &(stream, target) = st.events.get(&event.0).ok_or_else(|| DeviceError::Driver {
             call: "sim event query",
             message: "unknown event".into(),
         })?;
+        if st.event_faults.get(&stream).is_some_and(|f| f.query) {
+            return Err(DeviceError::Driver {
+                call: "sim event query",
+                message: format!("injected failure on {stream:?}"),
+            });
+        }
         Ok(st.streams.get(&stream).map_or(0, |s| s.1) >= target)
     }
 
     fn event_wait(&self, event: EventId) -> Result<(), DeviceError> {
         let mut st = self.lock();
+        st.refuse_if_capturing("sim event wait")?;
         let &(stream, target) = st.events.get(&event.0).ok_or_else(|| DeviceError::Driver {
             call: "sim event wait",
             message: "unknown event".into(),
         })?;
+        if st.event_faults.get(&stream).is_some_and(|f| f.wait) {
+            return Err(DeviceError::Driver {
+                call: "sim event wait",
+                message: format!("injected failure on {stream:?}"),
+            });
+        }
         // Waiting lets the stream run up to the event.
         let s = st.streams.entry(stream).or_default();
         s.1 = s.1.max(target);
@@ -317,7 +419,7 @@ mod tests {
     #[test]
     fn events_follow_stream_work() {
         let d = SimDevice::discrete(1 << 30);
-        let s = StreamId(3);
+        let s = d.create_stream();
         let idle = d.record_event(s).unwrap();
         assert!(
             d.event_complete(idle).unwrap(),
@@ -332,6 +434,43 @@ mod tests {
         let w = d.record_event(s).unwrap();
         d.event_wait(w).unwrap();
         assert!(d.event_complete(w).unwrap());
+    }
+
+    #[test]
+    fn unknown_streams_are_refused() {
+        let d = SimDevice::discrete(1 << 30);
+        let other = SimDevice::discrete(1 << 30);
+        let foreign = other.create_stream();
+        let mine = d.create_stream();
+        assert!(d.check_stream(StreamId::DEFAULT).is_ok());
+        assert!(d.check_stream(mine).is_ok());
+        let e = d.check_stream(foreign).unwrap_err();
+        assert!(
+            matches!(e, DeviceError::UnknownStream { stream, .. } if stream == foreign),
+            "{e}"
+        );
+        assert!(d.record_event(foreign).is_err());
+    }
+
+    #[test]
+    fn capture_checker_refuses_and_logs_illegal_calls() {
+        let d = SimDevice::discrete(1 << 30);
+        let s = d.create_stream();
+        let a = d.malloc(1 << 20).unwrap();
+        let e = d.record_event(s).unwrap();
+        d.begin_capture(s);
+        assert!(d.malloc(1 << 20).is_ok(), "malloc is legal during capture");
+        // SAFETY: `a` came from this device's malloc; the refused free leaves it allocated.
+        assert!(unsafe { d.free(a) }.is_err());
+        assert!(d.record_event(s).is_err());
+        assert!(d.event_complete(e).is_err());
+        assert!(d.event_wait(e).is_err());
+        assert_eq!(d.capture_violations().len(), 4);
+        d.end_capture(s);
+        // SAFETY: as above; it is still allocated because the refused free did nothing.
+        assert!(unsafe { d.free(a) }.is_ok());
+        assert!(d.event_complete(e).unwrap());
+        assert_eq!(d.capture_violations().len(), 4);
     }
 
     #[test]

@@ -113,7 +113,7 @@ pub fn record_stream_eventually_frees(device: Arc<dyn RawDevice>, s: [StreamId; 
     let alloc = allocator(device);
     let a = alloc.alloc(1 << 20, s[0], Tag::KvCache).unwrap();
     let pa = a.ptr();
-    a.record_stream(s[1]);
+    a.record_stream(s[1]).unwrap();
     drop(a);
     let mut remaining = alloc.process_pending().unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -189,7 +189,7 @@ pub fn snapshot_and_trace(device: Arc<dyn RawDevice>, s: [StreamId; 2]) {
     assert_eq!(block["address"].as_u64(), Some(a.ptr()));
     assert_eq!(block["state"], "active");
     assert_eq!(block["tag"], "offload_staging");
-    assert_eq!(block["stream"].as_u64(), Some(s[1].0));
+    assert_eq!(block["stream"].as_u64(), Some(s[1].value()));
     assert_eq!(block["pool"], "stream");
     assert_eq!(json["stats"]["active_bytes"].as_u64(), Some(10_240));
     drop(a);
@@ -247,7 +247,7 @@ pub fn threads_stress(device: Arc<dyn RawDevice>, s: [StreamId; 2]) {
                         .alloc(size + rng % 512, stream, Tag::ALL[i % Tag::COUNT])
                         .unwrap();
                     if (rng >> 8) % 5 == 0 {
-                        a.record_stream(s[0]);
+                        a.record_stream(s[0]).unwrap();
                     }
                     live.push(a);
                     if live.len() > 24 {
