@@ -25,6 +25,14 @@ pub enum DecodeError {
         expected: Vec<usize>,
         found: Vec<usize>,
     },
+    #[error("metadata {key} = {value} disagrees with the tensors in the file: {tensors}; the file's metadata is wrong or it was cut or edited")]
+    Inconsistent {
+        key: String,
+        value: String,
+        tensors: String,
+    },
+    #[error("cannot allocate {what}: {reason}; pass a smaller --ctx (or batch size)")]
+    Allocation { what: String, reason: String },
     #[error("tensor '{name}' is stored as {ty}, which the CPU backend cannot read; re-quantize the model to Q4_K_M, Q8_0, F16 or F32")]
     UnsupportedTensorType { name: String, ty: String },
     #[error("the tokenizer cannot be built: {0}")]

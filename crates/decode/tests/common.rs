@@ -2,6 +2,9 @@
 
 #![allow(dead_code)]
 
+use decode::gguf_loader::synth::{write_preset, Preset};
+use decode::gguf_loader::writer::Value;
+use decode::gguf_loader::{GgufFile, GgufWriter, MetadataArray, MetadataValue};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -81,13 +84,24 @@ fn ids_arg(ids: &[u32]) -> String {
 
 /// Reference logits `[n][vocab]` at every position of `tokens`.
 pub fn reference_logits(model: &Path, tokens: &[u32], scratch: &Path) -> (Vec<f32>, usize) {
+    reference_logits_with(model, tokens, scratch, &[])
+}
+
+/// [`reference_logits`] with extra arguments for forward.py.
+pub fn reference_logits_with(
+    model: &Path,
+    tokens: &[u32],
+    scratch: &Path,
+    extra: &[&str],
+) -> (Vec<f32>, usize) {
     let stem = model
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
     let out = scratch.join(format!(
-        "ref-logits-{stem}-{}-{}.npy",
+        "ref-logits-{stem}-{}-{}-{}.npy",
         tokens.len(),
+        extra.join("_").replace('-', ""),
         std::process::id()
     ));
     run_python(
@@ -99,7 +113,10 @@ pub fn reference_logits(model: &Path, tokens: &[u32], scratch: &Path) -> (Vec<f3
             ids_arg(tokens),
             "--out".into(),
             out.display().to_string(),
-        ],
+        ]
+        .into_iter()
+        .chain(extra.iter().map(|a| a.to_string()))
+        .collect::<Vec<_>>(),
     );
     let (shape, data) = read_npy_f32(&out);
     std::fs::remove_file(&out).ok();
@@ -181,16 +198,143 @@ pub fn read_npy_f32(path: &Path) -> (Vec<usize>, Vec<f32>) {
     (shape, data)
 }
 
+/// Largest |got - want| over two slices of equal length. NaN anywhere (in either input, or
+/// from inf - inf) is an error naming the first position: `f32::max` would skip it, so a NaN
+/// logit would pass any tolerance.
+pub fn try_max_abs_diff(got: &[f32], want: &[f32]) -> Result<f32, String> {
+    if got.len() != want.len() {
+        return Err(format!("{} values compared with {}", got.len(), want.len()));
+    }
+    let mut max = 0.0f32;
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        let d = (a - b).abs();
+        if d.is_nan() {
+            return Err(format!("NaN at index {i}: got {a}, want {b}"));
+        }
+        max = max.max(d);
+    }
+    Ok(max)
+}
+
+/// [`try_max_abs_diff`], failing the test on NaN or a length mismatch.
+pub fn max_abs_diff(got: &[f32], want: &[f32]) -> f32 {
+    try_max_abs_diff(got, want).unwrap_or_else(|e| panic!("logit comparison failed: {e}"))
+}
+
 /// Largest absolute difference, and the reference's RMS, over a set of logit rows.
 pub fn compare(got: &[f32], want: &[f32]) -> (f32, f32) {
-    assert_eq!(got.len(), want.len());
-    let max = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+    let max = max_abs_diff(got, want);
     let rms = (want.iter().map(|v| v * v).sum::<f32>() / want.len() as f32).sqrt();
     (max, rms)
+}
+
+/// How [`rebuild_gguf`] changes a file.
+#[derive(Default)]
+pub struct Edits {
+    /// Metadata to set (replacing or adding) or, with `None`, remove.
+    pub metadata: Vec<(String, Option<Value>)>,
+    /// Repeat the layers' tensors cyclically up to this many layers (`blk.{i % n}` becomes
+    /// `blk.{i}`); the metadata's block_count is not changed by this.
+    pub layers: Option<usize>,
+}
+
+/// A copy of `file` with `edits` applied: a crafted model built from a synthetic one.
+pub fn rebuild_gguf(file: &GgufFile, edits: &Edits) -> GgufFile {
+    GgufFile::from_bytes(rebuild_gguf_bytes(file, edits)).expect("the rebuilt file opens")
+}
+
+/// The bytes of [`rebuild_gguf`]'s file.
+pub fn rebuild_gguf_bytes(file: &GgufFile, edits: &Edits) -> Vec<u8> {
+    let mut w = GgufWriter::new();
+    let edit = |k: &str| edits.metadata.iter().find(|(e, _)| e == k);
+    if file.get("general.alignment").is_some() {
+        w.set_alignment(file.get_u32("general.alignment").unwrap())
+            .unwrap();
+    }
+    for (k, v) in file.metadata() {
+        if k == "general.alignment" {
+            continue;
+        }
+        match edit(k) {
+            Some((_, Some(new))) => w.add(k, new.clone()).unwrap(),
+            Some((_, None)) => {}
+            None => w.add(k, owned(v)).unwrap(),
+        }
+    }
+    for (k, v) in &edits.metadata {
+        if let (None, Some(v)) = (file.get(k), v) {
+            w.add(k.as_str(), v.clone()).unwrap();
+        }
+    }
+    let layer_of = |name: &str| -> Option<(usize, String)> {
+        let rest = name.strip_prefix("blk.")?;
+        let (il, tail) = rest.split_once('.')?;
+        Some((il.parse().ok()?, tail.to_string()))
+    };
+    let src_layers = file
+        .tensors()
+        .iter()
+        .filter_map(|t| layer_of(&t.name).map(|(il, _)| il + 1))
+        .max()
+        .unwrap_or(0);
+    let copy = |w: &mut GgufWriter, name: String, t: &decode::gguf_loader::TensorInfo| {
+        w.add_tensor(name, &t.dims, t.ggml_type, file.tensor_data(t).to_vec())
+            .unwrap();
+    };
+    for t in file.tensors() {
+        if layer_of(&t.name).is_none() {
+            copy(&mut w, t.name.clone(), t);
+        }
+    }
+    for il in 0..edits.layers.unwrap_or(src_layers) {
+        for t in file.tensors() {
+            if let Some((from, tail)) = layer_of(&t.name) {
+                if from == il % src_layers {
+                    copy(&mut w, format!("blk.{il}.{tail}"), t);
+                }
+            }
+        }
+    }
+    w.to_bytes().expect("the rebuilt file serializes")
+}
+
+fn owned(v: &MetadataValue<'_>) -> Value {
+    match v {
+        MetadataValue::U8(x) => Value::U8(*x),
+        MetadataValue::I8(x) => Value::I8(*x),
+        MetadataValue::U16(x) => Value::U16(*x),
+        MetadataValue::I16(x) => Value::I16(*x),
+        MetadataValue::U32(x) => Value::U32(*x),
+        MetadataValue::I32(x) => Value::I32(*x),
+        MetadataValue::F32(x) => Value::F32(*x),
+        MetadataValue::Bool(x) => Value::Bool(*x),
+        MetadataValue::String(x) => Value::String(x.to_string()),
+        MetadataValue::U64(x) => Value::U64(*x),
+        MetadataValue::I64(x) => Value::I64(*x),
+        MetadataValue::F64(x) => Value::F64(*x),
+        MetadataValue::Array(a) => match a {
+            MetadataArray::Strings(items) => Value::strings(items.iter().copied()),
+            MetadataArray::Scalars { elem, .. } => Value::Array {
+                elem: *elem,
+                items: a.iter().map(|x| owned(&x)).collect(),
+            },
+            MetadataArray::Arrays(_) => panic!("nested arrays are not needed by these tests"),
+        },
+    }
+}
+
+/// A synthetic preset loaded into memory (written to a scratch file, which is removed).
+pub fn preset_file(preset: Preset) -> GgufFile {
+    let path = scratch_dir().join(format!(
+        "common-{}-{}-{:?}.gguf",
+        preset.name(),
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    write_preset(preset, &path, 11).expect("write the synthetic model");
+    let bytes = std::fs::read(&path).expect("read it back");
+    std::fs::remove_file(&path).ok();
+    GgufFile::from_bytes(bytes).expect("a synthetic model opens")
 }
 
 pub fn scratch_dir() -> PathBuf {

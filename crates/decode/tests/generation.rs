@@ -44,11 +44,7 @@ fn decoding_one_token_at_a_time_matches_the_batched_prefill() {
             model.forward(&[tok]).unwrap();
             model.last_logits(&mut row).unwrap();
             let want = &batched[t * vocab..(t + 1) * vocab];
-            let max = row
-                .iter()
-                .zip(want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0f32, f32::max);
+            let max = common::max_abs_diff(&row, want);
             assert!(max < 1e-4, "{} position {t}: {max}", preset.name());
         }
         assert_eq!(model.position(), tokens.len());

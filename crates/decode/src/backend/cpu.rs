@@ -107,7 +107,21 @@ impl Backend for CpuBackend {
     }
 
     fn alloc(&mut self, tag: MemoryTag, len: usize) -> Result<Vec<f32>> {
-        self.books.add(tag, (len * 4) as u64);
+        let failed = |reason: String| DecodeError::Allocation {
+            what: format!("{len} f32 values of {}", tag.name()),
+            reason,
+        };
+        let bytes = len
+            .checked_mul(4)
+            .ok_or_else(|| failed("the byte count overflows".into()))?;
+        // A fallible probe first, so an absurd size is an error and not an abort; then `vec!`,
+        // which takes zeroed pages lazily where filling the probe would touch every byte.
+        let mut probe: Vec<f32> = Vec::new();
+        probe
+            .try_reserve_exact(len)
+            .map_err(|e| failed(format!("{bytes} bytes: {e}")))?;
+        drop(probe);
+        self.books.add(tag, bytes as u64);
         Ok(vec![0.0; len])
     }
 

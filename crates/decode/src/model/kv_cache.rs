@@ -4,7 +4,7 @@
 //! smaller than the context: on Gemma 3 that is 15 of 18 layers.
 
 use crate::backend::Backend;
-use crate::error::Result;
+use crate::error::{DecodeError, Result};
 use crate::memory::MemoryTag;
 
 pub struct KvCache<B: Backend> {
@@ -29,8 +29,13 @@ impl<B: Backend> KvCache<B> {
         let mut k = Vec::with_capacity(slots.len());
         let mut v = Vec::with_capacity(slots.len());
         for &n in &slots {
-            k.push(backend.alloc(MemoryTag::KvCache, n * k_dim)?);
-            v.push(backend.alloc(MemoryTag::KvCache, n * v_dim)?);
+            for (buffers, dim, what) in [(&mut k, k_dim, "keys"), (&mut v, v_dim, "values")] {
+                let len = n.checked_mul(dim).ok_or_else(|| DecodeError::Allocation {
+                    what: format!("the KV cache {what}"),
+                    reason: format!("{n} positions of {dim} values overflow"),
+                })?;
+                buffers.push(backend.alloc(MemoryTag::KvCache, len)?);
+            }
         }
         Ok(KvCache {
             k,

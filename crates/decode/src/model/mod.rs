@@ -1,11 +1,13 @@
 //! A decoder model over a [`Backend`]: weights, KV cache, activation buffers and the forward
 //! pass shared by every architecture, with the differences taken from [`ModelSpec`].
 
+mod consistency;
 mod kv_cache;
 mod spec;
 
+pub use consistency::AttentionWidths;
 pub use kv_cache::KvCache;
-pub use spec::{LayerSpec, ModelSpec};
+pub use spec::{query_pre_attn_scalar, LayerSpec, ModelSpec, GEMMA3_27B_LAYERS};
 
 use crate::backend::{Attention, Backend, MappedTensor, WeightSource};
 use crate::error::{DecodeError, Result};
@@ -156,12 +158,7 @@ impl<B: Backend> Model<B> {
             ));
         }
         let s = &spec;
-        let (e, qd, kd, vd) = (
-            s.n_embd,
-            s.n_head * s.head_dim_k,
-            s.n_head_kv * s.head_dim_k,
-            s.n_head_kv * s.head_dim_v,
-        );
+        let (e, qd, kd, vd) = (s.n_embd, s.widths.q, s.widths.k, s.widths.v);
         let mut ld = Loader {
             file,
             backend: &mut backend,
@@ -217,7 +214,7 @@ impl<B: Backend> Model<B> {
                 wq: ld.required(&n("attn_q"), &[e, qd])?,
                 wk: ld.required(&n("attn_k"), &[e, kd])?,
                 wv: ld.required(&n("attn_v"), &[e, vd])?,
-                wo: ld.required(&n("attn_output"), &[s.n_head * s.head_dim_v, e])?,
+                wo: ld.required(&n("attn_output"), &[s.widths.o, e])?,
                 bias,
                 qk_norm,
                 attn_post_norm: post(&mut ld, "post_attention_norm")?,
@@ -231,29 +228,37 @@ impl<B: Backend> Model<B> {
             .layers
             .iter()
             .map(|l| match l.window {
-                Some(w) => context.min(w + options.max_batch - 1),
+                Some(w) => context.min(w.saturating_add(options.max_batch - 1)),
                 None => context,
             })
             .collect();
         let kv = KvCache::new(&mut backend, slots, context, kd, vd)?;
         let mb = options.max_batch;
-        let ff = s.n_ff.max(s.n_ff_expert);
+        // MoE layers have no dense FFN here, so feed_forward_length sizes nothing for them.
+        let ff = if s.is_moe() { s.n_ff_expert } else { s.n_ff };
         let logit_rows = if options.all_logits { mb } else { 1 };
-        let mut a = |tag, n| backend.alloc(tag, n);
-        use MemoryTag::Activations as A;
+        let mut a = |what: &str, rows: usize, width: usize| {
+            let n = rows
+                .checked_mul(width)
+                .ok_or_else(|| DecodeError::Allocation {
+                    what: format!("the {what} activations"),
+                    reason: format!("{rows} rows of {width} values overflow"),
+                })?;
+            backend.alloc(MemoryTag::Activations, n)
+        };
         let act = Activations {
-            x: a(A, mb * e)?,
-            xn: a(A, mb * e.max(qd))?,
-            q: a(A, mb * qd)?,
-            k: a(A, mb * kd)?,
-            v: a(A, mb * vd)?,
-            attn: a(A, mb * s.n_head * s.head_dim_v)?,
-            proj: a(A, mb * e)?,
-            gate: a(A, mb * ff)?,
-            up: a(A, mb * ff)?,
-            router: a(A, mb * s.n_expert.max(1))?,
-            expert_out: a(A, e)?,
-            logits: a(A, logit_rows * s.vocab)?,
+            x: a("residual", mb, e)?,
+            xn: a("normalized", mb, e.max(qd))?,
+            q: a("query", mb, qd)?,
+            k: a("key", mb, kd)?,
+            v: a("value", mb, vd)?,
+            attn: a("attention", mb, s.widths.o)?,
+            proj: a("projection", mb, e)?,
+            gate: a("FFN gate", mb, ff)?,
+            up: a("FFN up", mb, ff)?,
+            router: a("router", mb, s.n_expert.max(1))?,
+            expert_out: a("expert output", 1, e)?,
+            logits: a("logits", logit_rows, s.vocab)?,
         };
         let file_bytes = file.tensors().iter().map(|t| t.n_bytes).sum();
         Ok(Model {
@@ -376,7 +381,7 @@ impl<B: Backend> Model<B> {
         let be = &mut self.backend;
         let a = &mut self.act;
         let e = s.n_embd;
-        let (kd, vd) = (s.n_head_kv * s.head_dim_k, s.n_head_kv * s.head_dim_v);
+        let (kd, vd) = (s.widths.k, s.widths.v);
         be.begin_step(pos0, n);
         be.embed(&self.embed, tokens, s.embed_scale, &mut a.x)?;
         for (il, (layer, ls)) in self.layers.iter().zip(&s.layers).enumerate() {

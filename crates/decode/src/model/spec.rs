@@ -6,6 +6,7 @@
 //! norms and alternating sliding-window/global layers with their own RoPE bases, and Qwen3-MoE's
 //! routed experts.
 
+use super::consistency::{self, AttentionWidths};
 use crate::backend::{GateActivation, Rope};
 use crate::error::{DecodeError, Result};
 use gguf_loader::{Architecture, GgufFile, ModelConfig, RopeScaling};
@@ -29,6 +30,8 @@ pub struct ModelSpec {
     pub n_head_kv: usize,
     pub head_dim_k: usize,
     pub head_dim_v: usize,
+    /// Row widths of the attention projections (head counts times head sizes, checked).
+    pub widths: AttentionWidths,
     pub eps: f32,
     pub vocab: usize,
     pub context_length: usize,
@@ -57,6 +60,8 @@ impl ModelSpec {
             _ => DecodeError::UnsupportedArchitecture(arch_name.clone()),
         })?;
         let key = |k: &str| format!("{arch_name}.{k}");
+        // Before anything is sized by a count from the metadata.
+        let widths = consistency::check(file, &arch_name, &c)?;
         let gemma = c.architecture == Architecture::Gemma3;
         let n_rot = match file.get(&key("rope.dimension_count")) {
             Some(_) => file.get_u32(&key("rope.dimension_count"))? as usize,
@@ -109,11 +114,12 @@ impl ModelSpec {
             n_head_kv: c.n_head_kv,
             head_dim_k: c.head_dim_k,
             head_dim_v: c.head_dim_v,
+            widths,
             eps: c.rms_eps,
             vocab: c.vocab_size,
             context_length: c.context_length,
             embed_scale: if gemma { (c.n_embd as f32).sqrt() } else { 1.0 },
-            attn_scale: 1.0 / (c.head_dim_k as f32).sqrt(),
+            attn_scale: 1.0 / (query_pre_attn_scalar(&c) as f32).sqrt(),
             gate: if gemma {
                 GateActivation::GeluTanh
             } else {
@@ -133,5 +139,22 @@ impl ModelSpec {
 
     pub fn is_moe(&self) -> bool {
         self.n_expert > 0
+    }
+}
+
+/// Gemma 3 27B is the one Gemma 3 size whose `query_pre_attn_scalar` is not the head size: it is
+/// `n_embd / n_head` (5376 / 32 = 168, against heads of 128).
+///
+/// GGUF has no key for it, so the 27B model is recognised by its depth: 62 layers, which no
+/// other Gemma 3 size has (270M: 18, 1B: 26, 4B: 34, 12B: 48). llama.cpp decides it the same way.
+pub const GEMMA3_27B_LAYERS: usize = 62;
+
+/// The number whose inverse square root scales attention scores.
+pub fn query_pre_attn_scalar(c: &ModelConfig) -> usize {
+    if c.architecture == Architecture::Gemma3 && c.n_layers == GEMMA3_27B_LAYERS {
+        // n_head >= 1: ModelConfig refuses a zero count.
+        c.n_embd / c.n_head
+    } else {
+        c.head_dim_k
     }
 }
