@@ -10,6 +10,7 @@ CLI:
   forward.py --model M --tokens 2,1234,56 --out logits.npy   # float32 [n_tokens, vocab]
   forward.py --model M --tokens 2,1234,56 --greedy 16        # prints {"tokens": [...]}
   forward.py ... --greedy 16 --margins                         # adds "margins": top-1 minus top-2 logit per step
+  forward.py ... --query-pre-attn-scalar 128                   # attention scale 1/sqrt(128) instead of the model's
 """
 
 from __future__ import annotations
@@ -137,6 +138,19 @@ def _int_meta(m: GGUFModel, key: str, default=_MISSING) -> int:
     return int(v)
 
 
+# Gemma 3 27B is the one size whose query_pre_attn_scalar is n_embd / n_head (5376 / 32 = 168)
+# instead of the head size (128). GGUF has no key for it; the 27B model is recognised by its
+# 62 layers, the only Gemma 3 size with that depth.
+GEMMA3_27B_LAYERS = 62
+
+
+def query_pre_attn_scalar(arch: str, n_layer: int, n_embd: int, n_head: int, head_dim: int) -> int:
+    """The number whose inverse square root scales attention scores."""
+    if arch == "gemma3" and n_layer == GEMMA3_27B_LAYERS:
+        return n_embd // n_head
+    return head_dim
+
+
 def load_config(m: GGUFModel) -> Config:
     arch = m.meta("general.architecture")
     if arch not in SUPPORTED_ARCHS:
@@ -202,7 +216,7 @@ def load_config(m: GGUFModel) -> Config:
         rope_freq_scale=freq_scale,
         sliding_window=sliding_window,
         swa_layers=swa_layers,
-        attn_scale=1.0 / math.sqrt(head_dim),
+        attn_scale=1.0 / math.sqrt(query_pre_attn_scalar(arch, n_layer, n_embd, n_head, head_dim)),
         embd_scale=math.sqrt(n_embd) if is_gemma else 1.0,
         qk_norm=arch in ("qwen3", "qwen3moe", "gemma3"),
         sandwich_norm=is_gemma,
@@ -286,9 +300,11 @@ def linear(m: GGUFModel, x: np.ndarray, name: str) -> np.ndarray:
 class Transformer:
     """Causal decoder with a per-layer K/V cache (positions start at 0)."""
 
-    def __init__(self, m: GGUFModel):
+    def __init__(self, m: GGUFModel, query_pre_attn_scalar: int | None = None):
         self.m = m
         self.cfg = load_config(m)
+        if query_pre_attn_scalar is not None:
+            self.cfg.attn_scale = 1.0 / math.sqrt(query_pre_attn_scalar)
         self.reset()
 
     def reset(self):
@@ -461,14 +477,19 @@ def main(argv=None) -> int:
     ap.add_argument("--greedy", type=int, metavar="N", help="print N greedily generated ids as JSON")
     ap.add_argument("--margins", action="store_true",
                     help="with --greedy, also print each step's top-1 minus top-2 logit as \"margins\"")
+    ap.add_argument("--query-pre-attn-scalar", type=int, metavar="S",
+                    help="scale attention scores by 1/sqrt(S) instead of the model's own scale "
+                         "(tests use it to show a wrong scale is detected)")
     args = ap.parse_args(argv)
     if (args.out is None) == (args.greedy is None):
         ap.error("give exactly one of --out or --greedy")
     if args.greedy is not None and args.greedy < 1:
         ap.error("--greedy must be at least 1")
+    if args.query_pre_attn_scalar is not None and args.query_pre_attn_scalar < 1:
+        ap.error("--query-pre-attn-scalar must be at least 1")
     try:
         ids = parse_ids(args.tokens)
-        model = Transformer(GGUFModel(args.model))
+        model = Transformer(GGUFModel(args.model), args.query_pre_attn_scalar)
         if args.out is not None:
             np.save(args.out, model.logits(ids))
         else:

@@ -6,13 +6,17 @@
 //! - [`sampler`]: greedy, temperature, top-k and top-p sampling with a seed.
 //! - [`generate`]: prefill, then decode, streaming tokens.
 //! - [`device`]: `--device auto|cpu|gpu`; [`memory`]: bytes per purpose.
+//! - [`environment`]: the `HIPDECODE_*` variables, checked at start-up.
+//! - [`fuzzing`]: the hostile-input harnesses of the fuzz targets in `fuzz/`.
 //!
 //! The `hipdecode` binary (`run`, `inspect`) is in `src/bin/hipdecode.rs`; docs/decode.md
 //! describes the design, the tolerances against the reference and the measured speed.
 
 pub mod backend;
 pub mod device;
+pub mod environment;
 pub mod error;
+pub mod fuzzing;
 pub mod generate;
 pub mod memory;
 pub mod model;

@@ -116,3 +116,86 @@ fn inspect_reports_metadata_and_exports_a_tensor() {
     std::fs::remove_file(&npy).ok();
     std::fs::remove_file(&model).ok();
 }
+
+/// Lines of a Rust backtrace (as anyhow prints when an error is returned from `main`).
+fn backtrace_lines(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| {
+            let t = l.trim_start();
+            t.starts_with("Stack backtrace")
+                || t.starts_with("stack backtrace")
+                || t.starts_with("at /")
+                || t.split_once(": ")
+                    .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+        })
+        .collect()
+}
+
+#[test]
+fn a_user_error_prints_its_message_and_causes_without_a_backtrace() {
+    let model = tiny_model("backtrace");
+    let out = hipdecode()
+        .env("RUST_BACKTRACE", "1")
+        .args(["run", "-m"])
+        .arg(&model)
+        .args(["-p", "x", "--device", "gpu"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    assert!(stderr.contains("--device cpu"), "{stderr}");
+    assert_eq!(backtrace_lines(&stderr), Vec::<&str>::new(), "{stderr}");
+
+    // A chained error shows its cause on its own line.
+    let out = hipdecode()
+        .env("RUST_BACKTRACE", "1")
+        .arg("inspect")
+        .arg(&model)
+        .args([
+            "--tensor",
+            "no.such.tensor",
+            "--npy",
+            "/nonexistent/dir/x.npy",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("error: exporting 'no.such.tensor'"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("\ncaused by: "), "{stderr}");
+    assert_eq!(backtrace_lines(&stderr), Vec::<&str>::new(), "{stderr}");
+    std::fs::remove_file(&model).ok();
+}
+
+#[test]
+fn hipdecode_variables_are_checked_on_a_cpu_run_too() {
+    let model = tiny_model("env");
+    let run = |var: &str, value: &str| {
+        hipdecode()
+            .env(var, value)
+            .args(["run", "-m"])
+            .arg(&model)
+            .args(["-p", "hi", "-n", "1", "--temp", "0", "--device", "cpu"])
+            .output()
+            .unwrap()
+    };
+    let out = run("HIPDECODE_CACHE_LIMIT", "abc");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("HIPDECODE_CACHE_LIMIT"), "{stderr}");
+    assert!(stderr.contains("\"abc\""), "{stderr}");
+    assert!(stderr.contains("accepted forms"), "{stderr}");
+
+    // A misspelt name is a warning listing the known ones; the run goes on.
+    let out = run("HIPDECODE_CACHE_LIMT", "1G");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("warning: HIPDECODE_CACHE_LIMT"), "{stderr}");
+    assert!(stderr.contains("HIPDECODE_MEMORY_LIMIT"), "{stderr}");
+    std::fs::remove_file(&model).ok();
+}

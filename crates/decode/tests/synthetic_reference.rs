@@ -8,6 +8,7 @@ use common::*;
 use decode::backend::cpu::CpuBackend;
 use decode::backend::Precision;
 use decode::gguf_loader::synth::{write_preset, Preset};
+use decode::gguf_loader::writer::Value;
 use decode::model::{Model, ModelOptions};
 use decode::tokenizer::Tokenizer;
 use std::path::PathBuf;
@@ -96,4 +97,77 @@ fn tiny_qwen3moe_matches_the_reference() {
 #[test]
 fn tiny_gemma3_matches_the_reference() {
     check(Preset::TinyGemma3);
+}
+
+/// Gemma 3 27B scales attention by 1/sqrt(n_embd / n_head), not 1/sqrt(head size); GGUF has no
+/// key for it and the model is recognised by its 62 layers. Here tiny-gemma3's layers are
+/// repeated to 62, so the 27B rule applies with n_embd / n_head = 128 / 2 = 64 against heads of
+/// 128: decode and the reference agree, and the head-size scale gives clearly other logits.
+#[test]
+fn tiny_gemma3_at_27b_depth_uses_the_27b_attention_scale() {
+    let file = preset_file(Preset::TinyGemma3);
+    let edits = Edits {
+        metadata: vec![("gemma3.block_count".into(), Some(Value::U32(62)))],
+        layers: Some(62),
+    };
+    let deep = rebuild_gguf(&file, &edits);
+    let spec = decode::model::ModelSpec::from_gguf(&deep).unwrap();
+    assert_eq!(
+        (spec.n_layers, spec.n_embd / spec.n_head, spec.head_dim_k),
+        (62, 64, 128)
+    );
+    assert_eq!(spec.attn_scale, 1.0 / 8.0);
+    let shallow = decode::model::ModelSpec::from_gguf(&file).unwrap();
+    assert_eq!(shallow.attn_scale, 1.0 / (128f32).sqrt());
+
+    let Some(()) = python_ready() else { return };
+    let path = scratch_dir().join(format!("gemma3-62-layers-{}.gguf", std::process::id()));
+    std::fs::write(&path, rebuild_gguf_bytes(&file, &edits)).unwrap();
+    let tokens: Vec<u32> = vec![2, 300, 301, 302, 400, 401, 402, 450, 460, 470, 480, 500];
+    let mut model = Model::load(
+        &std::sync::Arc::new(deep),
+        CpuBackend::new(Precision::Exact),
+        ModelOptions {
+            context: 64,
+            max_batch: 16,
+            all_logits: true,
+        },
+    )
+    .unwrap();
+    let got = model.forward_all_logits(&tokens).unwrap();
+    let (want, _) = reference_logits(&path, &tokens, &scratch_dir());
+    let (max, rms) = compare(&got, &want);
+    eprintln!("62-layer gemma3: max |diff| {max:.2e}, reference rms {rms:.3}");
+    assert!(max <= EXACT_TOL * rms.max(1.0), "{max} vs rms {rms}");
+    let (old, _) = reference_logits_with(
+        &path,
+        &tokens,
+        &scratch_dir(),
+        &["--query-pre-attn-scalar", "128"],
+    );
+    let (old_diff, _) = compare(&got, &old);
+    eprintln!("with the head-size scale: max |diff| {old_diff:.2e}");
+    assert!(
+        old_diff > 100.0 * EXACT_TOL * rms.max(1.0),
+        "the head-size scale should change the logits: {old_diff}"
+    );
+    std::fs::remove_file(&path).ok();
+}
+
+#[test]
+fn a_nan_anywhere_fails_the_logit_comparison() {
+    let want = [1.0, 2.0, 3.0];
+    assert_eq!(try_max_abs_diff(&[1.0, 2.5, 3.0], &want), Ok(0.5));
+    for (i, bad) in [[f32::NAN, 2.0, 3.0], [1.0, 2.0, f32::NAN]]
+        .iter()
+        .enumerate()
+    {
+        let e = try_max_abs_diff(bad, &want).unwrap_err();
+        assert!(e.contains("NaN"), "{i}: {e}");
+    }
+    assert!(try_max_abs_diff(&want, &[1.0, f32::NAN, 3.0]).is_err());
+    // inf - inf is NaN too.
+    assert!(try_max_abs_diff(&[f32::INFINITY], &[f32::INFINITY]).is_err());
+    let panicked = std::panic::catch_unwind(|| compare(&[f32::NAN, 2.0, 3.0], &want));
+    assert!(panicked.is_err(), "compare must fail on NaN");
 }

@@ -13,6 +13,7 @@ use decode::sampler::SamplerConfig;
 use decode::tokenizer::{TextStream, Tokenizer};
 use std::io::Write;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 #[derive(Parser)]
 #[command(
@@ -91,11 +92,45 @@ struct InspectArgs {
     npy: Option<PathBuf>,
 }
 
-fn main() -> Result<()> {
-    match Cli::parse().command {
+/// Errors are printed as `error:` and `caused by:` lines with exit status 1, never returned
+/// from `main`: that would print anyhow's backtrace whenever `RUST_BACKTRACE` is set, which
+/// says nothing useful about a missing file or a bad flag.
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match check_environment().and_then(|()| match cli.command {
         Command::Run(args) => run(args),
         Command::Inspect(args) => inspect(args),
+    }) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprint!("{}", error_report(&e));
+            ExitCode::FAILURE
+        }
     }
+}
+
+/// The error and its causes, one per line. A cause whose text the line above already
+/// includes is left out.
+fn error_report(e: &anyhow::Error) -> String {
+    let mut out = format!("error: {e}\n");
+    let mut shown = e.to_string();
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if !shown.contains(&text) {
+            out.push_str(&format!("caused by: {text}\n"));
+        }
+        shown = text;
+    }
+    out
+}
+
+/// Every `HIPDECODE_*` variable is checked whatever the device, so a bad limit is not silently
+/// ignored on a CPU run; unknown names are warned about.
+fn check_environment() -> Result<()> {
+    for warning in decode::environment::check()? {
+        eprintln!("warning: {warning}");
+    }
+    Ok(())
 }
 
 fn run(args: RunArgs) -> Result<()> {

@@ -48,11 +48,31 @@ pub struct Vocabulary {
     pub merges: Vec<String>,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
-    /// End-of-turn and other ids that also stop generation.
-    pub extra_stops: Vec<u32>,
+    /// `tokenizer.ggml.eot_token_id`: end of turn.
+    pub eot: Option<u32>,
+    /// `tokenizer.ggml.eom_token_id`: end of message (Llama 3.1 tool calls).
+    pub eom: Option<u32>,
     pub add_bos: bool,
+    /// Whether a space is prepended to the text (`llama` vocabularies only). SentencePiece's
+    /// "dummy prefix": on unless `tokenizer.ggml.add_space_prefix` says otherwise.
     pub add_space_prefix: bool,
 }
+
+/// Texts of end-of-turn tokens that stop generation when the token is control-typed, as the
+/// GGUF conventions (and llama.cpp) recognise them where the metadata names no id: Gemma's
+/// `<end_of_turn>` is the one this matters for; the others are usually also named by
+/// eos/eot ids. Unlike llama.cpp, a token of one of these texts typed as normal text stays
+/// normal: it is then part of the vocabulary, not a turn marker.
+pub const END_OF_TURN_TEXTS: [&str; 8] = [
+    "<end_of_turn>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+];
 
 impl Vocabulary {
     /// Reads the `tokenizer.ggml.*` keys of a GGUF file.
@@ -104,16 +124,8 @@ impl Vocabulary {
         };
         let bos = opt_id("bos_token_id")?;
         let eos = opt_id("eos_token_id")?;
-        let mut extra_stops = Vec::new();
-        for k in ["eot_token_id", "eom_token_id"] {
-            extra_stops.extend(opt_id(k)?);
-        }
-        // Gemma's chat turns end with <end_of_turn>, which the metadata does not name.
-        if model == "llama" {
-            if let Some(i) = tokens.iter().position(|t| t == "<end_of_turn>") {
-                extra_stops.push(i as u32);
-            }
-        }
+        let eot = opt_id("eot_token_id")?;
+        let eom = opt_id("eom_token_id")?;
         let flag = |k: &str, default: bool| -> Result<bool> {
             Ok(if has(k) {
                 f.get_bool(&key(k))?
@@ -123,7 +135,8 @@ impl Vocabulary {
         };
         Ok(Vocabulary {
             add_bos: flag("add_bos_token", bos.is_some() && model == "llama")?,
-            add_space_prefix: flag("add_space_prefix", false)?,
+            // SentencePiece adds the dummy prefix by default; byte-level BPE never does.
+            add_space_prefix: flag("add_space_prefix", model == "llama")?,
             model,
             pre,
             tokens,
@@ -132,7 +145,8 @@ impl Vocabulary {
             merges,
             bos,
             eos,
-            extra_stops,
+            eot,
+            eom,
         })
     }
 }
@@ -150,6 +164,8 @@ pub struct Tokenizer {
     specials: HashMap<char, Vec<(String, u32)>>,
     /// Bytes each token decodes to.
     bytes: Vec<Vec<u8>>,
+    /// Ids that end generation: EOS, EOT, EOM and control-typed end-of-turn tokens.
+    stops: Vec<u32>,
 }
 
 impl Tokenizer {
@@ -171,7 +187,12 @@ impl Tokenizer {
                 )));
             }
         }
-        for (what, id) in [("bos", vocab.bos), ("eos", vocab.eos)] {
+        for (what, id) in [
+            ("bos", vocab.bos),
+            ("eos", vocab.eos),
+            ("eot", vocab.eot),
+            ("eom", vocab.eom),
+        ] {
             if let Some(id) = id.filter(|&id| id as usize >= n) {
                 return Err(DecodeError::Tokenizer(format!(
                     "tokenizer.ggml.{what}_token_id {id} is outside the {n}-token vocabulary"
@@ -209,11 +230,24 @@ impl Tokenizer {
                 Model::Bpe(b) => b.token_bytes(&vocab, i),
             })
             .collect();
+        let mut stops: Vec<u32> = [vocab.eos, vocab.eot, vocab.eom]
+            .into_iter()
+            .flatten()
+            .collect();
+        for (i, t) in vocab.tokens.iter().enumerate() {
+            let control = vocab.types.get(i) == Some(&token_type::CONTROL);
+            if control && END_OF_TURN_TEXTS.contains(&t.as_str()) {
+                stops.push(i as u32);
+            }
+        }
+        stops.sort_unstable();
+        stops.dedup();
         Ok(Tokenizer {
             model,
             vocab,
             specials,
             bytes,
+            stops,
         })
     }
 
@@ -292,9 +326,14 @@ impl Tokenizer {
         }
     }
 
-    /// Whether generation stops at this token (EOS, end of turn).
+    /// Whether generation stops at this token (EOS, EOT, EOM, a control end-of-turn token).
     pub fn is_stop(&self, id: u32) -> bool {
-        Some(id) == self.vocab.eos || self.vocab.extra_stops.contains(&id)
+        self.stops.binary_search(&id).is_ok()
+    }
+
+    /// Every id that stops generation, ascending.
+    pub fn stop_ids(&self) -> &[u32] {
+        &self.stops
     }
 
     /// Whether the token is a control token (not printed while streaming).

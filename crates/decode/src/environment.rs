@@ -1,0 +1,81 @@
+//! The `HIPDECODE_*` environment variables, checked once at start-up whatever the device: a
+//! malformed limit is an error even on a CPU run that never creates an allocator, and a name
+//! nothing reads (a typo) is a warning listing the names that are read.
+
+use crate::error::{DecodeError, Result};
+
+/// Every `HIPDECODE_*` variable the workspace reads. The allocator's limits are taken from
+/// rocm-alloc; the rest are read by crates decode does not link (hip-ffi's platform override
+/// and GPU-test switch, rocm-kernels' kernel cache) or by the tests, so they are listed by name.
+pub fn known_vars() -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = rocm_alloc::limits::ENV_VARS.to_vec();
+    v.extend([
+        "HIPDECODE_KERNEL_CACHE",
+        "HIPDECODE_PLATFORM",
+        "HIPDECODE_REQUIRE_GPU",
+        "HIPDECODE_REQUIRE_MODELS",
+        "HIPDECODE_MODELS_DIR",
+    ]);
+    v
+}
+
+/// Checks the process environment; returns warnings to print.
+pub fn check() -> Result<Vec<String>> {
+    let vars: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.to_string_lossy().into_owned())))
+        .collect();
+    check_vars(&vars)
+}
+
+/// Like [`check`], over the given `(name, value)` pairs.
+pub fn check_vars(vars: &[(String, String)]) -> Result<Vec<String>> {
+    let lookup = |name: &str| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    rocm_alloc::limits::check_env_with(&lookup)
+        .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
+    let known = known_vars();
+    Ok(vars
+        .iter()
+        .filter(|(k, _)| k.starts_with("HIPDECODE_") && !known.contains(&k.as_str()))
+        .map(|(k, _)| {
+            format!(
+                "{k} is set but nothing reads it (a typo?); the known variables are {}",
+                known.join(", ")
+            )
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_malformed_limit_is_an_error_naming_the_variable_value_and_forms() {
+        let e = check_vars(&vars(&[("HIPDECODE_CACHE_LIMIT", "abc")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("HIPDECODE_CACHE_LIMIT"), "{e}");
+        assert!(e.contains("\"abc\""), "{e}");
+        assert!(e.contains("accepted forms"), "{e}");
+    }
+
+    #[test]
+    fn an_unknown_name_is_a_warning_listing_the_known_ones() {
+        let w = check_vars(&vars(&[
+            ("HIPDECODE_CACHE_LIMT", "1G"),
+            ("HIPDECODE_MEMORY_LIMIT", "50%"),
+            ("PATH", "/bin"),
+        ]))
+        .unwrap();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("HIPDECODE_CACHE_LIMT"), "{}", w[0]);
+        assert!(w[0].contains("HIPDECODE_CACHE_LIMIT"), "{}", w[0]);
+    }
+}
