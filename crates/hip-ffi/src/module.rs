@@ -8,31 +8,32 @@
 use crate::backend::RawHandle;
 use crate::device::Device;
 use crate::error::{ErrorKind, HipError, Result};
-use crate::platform::PlatformKind;
+use crate::rtc::Compiler;
 use crate::stream::Stream;
 use std::ffi::c_void;
 
-/// The compiler options derived from the device: architecture and warp size.
+/// The compiler options derived from the device: architecture and warp size (see
+/// [`crate::rtc::target_options`]).
 pub fn device_compile_options(device: &Device) -> Result<Vec<String>> {
-    let mut options = Vec::new();
-    match (device.platform(), device.arch()?) {
-        (PlatformKind::Amd, Some(arch)) => options.push(format!("--offload-arch={arch}")),
-        // Without a known gfx name hiprtc targets the current device by itself.
-        (PlatformKind::Amd, None) => {}
-        (PlatformKind::Nvidia, Some(arch)) => options.push(format!("--gpu-architecture={arch}")),
-        (PlatformKind::Nvidia, None) | (PlatformKind::None, _) => {}
-    }
-    options.push(format!("-DWARP_SIZE={}", device.warp_size()?));
-    Ok(options)
+    Ok(crate::rtc::target_options(
+        device.platform(),
+        device.arch()?.as_deref(),
+        device.warp_size()?,
+    ))
 }
 
 impl Device {
     /// Compiles `source` for this device and returns the code object (HSACO on AMD, CUBIN on
-    /// NVIDIA), e.g. for a disk cache. `extra_options` follow the device-derived ones.
+    /// NVIDIA), e.g. for a disk cache. Goes through [`Compiler`] with the device's architecture
+    /// and warp size; `extra_options` follow those.
     pub fn compile(&self, source: &str, name: &str, extra_options: &[String]) -> Result<Vec<u8>> {
-        let mut options = device_compile_options(self)?;
-        options.extend(extra_options.iter().cloned());
-        self.api.compile(source, name, &options)
+        Compiler::load(self.platform())?.compile_for(
+            source,
+            name,
+            self.arch()?.as_deref(),
+            self.warp_size()?,
+            extra_options,
+        )
     }
 
     /// Loads a code object produced by [`Device::compile`] for this device.

@@ -1,15 +1,15 @@
-//! NVIDIA: the HIP-shaped API on the CUDA driver API and NVRTC, through cudarc's `sys` layer.
+//! NVIDIA: the HIP-shaped API on the CUDA driver API, through cudarc's `sys` layer (NVRTC is
+//! loaded separately, by [`super::rtc`]).
 //!
-//! cudarc is built with `dynamic-loading` and `cuda-13000` (the workspace pins it): `libcuda` and
-//! `libnvrtc` are opened at run time, and the bindings follow the CUDA 13.0 headers, which driver
-//! 580 (CUDA 13.0) serves. cudarc panics when a library or symbol is missing, so [`CudaApi::load`]
-//! first checks with libloading that both libraries open and that every symbol used here exists;
-//! after that no cudarc call can hit its panic path.
+//! cudarc is built with `dynamic-loading` and `cuda-13000` (the workspace pins it): `libcuda` is
+//! opened at run time, and the bindings follow the CUDA 13.0 headers, which driver 580 (CUDA 13.0)
+//! serves. cudarc panics when a library or symbol is missing, so [`CudaApi::load`] first checks
+//! with libloading that the library opens and that every symbol used here exists; after that no
+//! cudarc call can hit its panic path.
 
 use super::{c_string, Addr, Attr, CopyKind, GpuApi, RawHandle};
-use crate::error::{classify_cuda, Backend, ErrorKind, HipError, Result};
+use crate::error::{classify_cuda, Backend, HipError, Result};
 use cudarc::driver::sys as cu;
-use cudarc::nvrtc::sys as nvrtc;
 use std::cell::Cell;
 use std::ffi::{c_char, c_void, CStr};
 use std::path::PathBuf;
@@ -70,18 +70,6 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuGraphExecDestroy",
 ];
 
-const NVRTC_SYMBOLS: &[&str] = &[
-    "nvrtcVersion",
-    "nvrtcGetErrorString",
-    "nvrtcCreateProgram",
-    "nvrtcDestroyProgram",
-    "nvrtcCompileProgram",
-    "nvrtcGetProgramLogSize",
-    "nvrtcGetProgramLog",
-    "nvrtcGetCUBINSize",
-    "nvrtcGetCUBIN",
-];
-
 /// CUDA's "not ready" status, shared by stream and event queries.
 const NOT_READY: i32 = 600;
 
@@ -93,14 +81,13 @@ thread_local! {
 /// The NVIDIA backend. Primary contexts are retained on first use and kept for the process's
 /// lifetime (the backend itself is a process-wide singleton).
 pub(crate) struct CudaApi {
-    nvrtc_available: bool,
     driver_version: i32,
     contexts: Mutex<Vec<(i32, usize)>>,
 }
 
 /// Directories searched when a library is not on the loader path: CUDA toolkit installs
 /// (NVRTC ships with the toolkit, not the driver) and pip's `nvidia-cuda-nvrtc` wheels.
-fn extra_library_dirs() -> Vec<PathBuf> {
+pub(crate) fn extra_library_dirs() -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
         .iter()
         .filter_map(std::env::var_os)
@@ -109,8 +96,8 @@ fn extra_library_dirs() -> Vec<PathBuf> {
         .collect();
     dirs.push(PathBuf::from("/usr/local/cuda/lib64"));
     dirs.push(PathBuf::from("/usr/local/cuda/targets/x86_64-linux/lib"));
-    for lib_root in ["/usr/local/lib", "/usr/lib"] {
-        let Ok(entries) = std::fs::read_dir(lib_root) else {
+    for lib_root in python_lib_roots() {
+        let Ok(entries) = std::fs::read_dir(&lib_root) else {
             continue;
         };
         for python in entries.flatten() {
@@ -126,6 +113,25 @@ fn extra_library_dirs() -> Vec<PathBuf> {
         }
     }
     dirs
+}
+
+/// Folders that hold `python3.*/{site,dist}-packages`: system, user (`pip install --user`), an
+/// active virtual or conda environment, and pyenv installs.
+fn python_lib_roots() -> Vec<PathBuf> {
+    let mut roots = vec![PathBuf::from("/usr/local/lib"), PathBuf::from("/usr/lib")];
+    for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
+        if let Some(prefix) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+            roots.push(PathBuf::from(prefix).join("lib"));
+        }
+    }
+    if let Some(home) = std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+        let home = PathBuf::from(home);
+        roots.push(home.join(".local/lib"));
+        if let Ok(versions) = std::fs::read_dir(home.join(".pyenv/versions")) {
+            roots.extend(versions.flatten().map(|v| v.path().join("lib")));
+        }
+    }
+    roots
 }
 
 /// Opens a library by cudarc's candidate names (then in [`extra_library_dirs`]) and reports
@@ -199,30 +205,6 @@ fn check(op: &'static str, status: cu::CUresult) -> Result<()> {
     })
 }
 
-/// The single place where an `nvrtcResult` becomes a `HipError`.
-fn check_nvrtc(op: &'static str, status: nvrtc::nvrtcResult) -> Result<()> {
-    if status == nvrtc::nvrtcResult::NVRTC_SUCCESS {
-        return Ok(());
-    }
-    // SAFETY: nvrtcGetErrorString returns a static string for every status value.
-    let name = unsafe {
-        let ptr = nvrtc::nvrtcGetErrorString(status);
-        if ptr.is_null() {
-            format!("nvrtcResult({})", status as i32)
-        } else {
-            CStr::from_ptr(ptr).to_string_lossy().into_owned()
-        }
-    };
-    Err(HipError {
-        op,
-        code: status as i32,
-        name,
-        backend: Backend::Cuda,
-        kind: ErrorKind::Compile,
-        detail: None,
-    })
-}
-
 /// Maps a query status: success means done, "not ready" means still running.
 fn check_query(op: &'static str, status: cu::CUresult) -> Result<bool> {
     if status as i32 == NOT_READY {
@@ -232,11 +214,10 @@ fn check_query(op: &'static str, status: cu::CUresult) -> Result<bool> {
 }
 
 impl CudaApi {
-    /// Loads the driver (and NVRTC if present). Never panics: a missing library, a driver too
+    /// Loads the driver. Never panics: a missing library, a driver too
     /// old for the CUDA 13.0 bindings, or a failed `cuInit` is an error.
     pub(crate) fn load() -> std::result::Result<CudaApi, String> {
         probe_library("cuda", DRIVER_SYMBOLS)?;
-        let nvrtc_available = probe_library("nvrtc", NVRTC_SYMBOLS).is_ok();
         // SAFETY: the probe above proved the library and every symbol we call are present.
         check("cuInit", unsafe { cu::cuInit(0) }).map_err(|e| e.to_string())?;
         let mut driver_version = 0;
@@ -246,7 +227,6 @@ impl CudaApi {
         })
         .map_err(|e| e.to_string())?;
         Ok(CudaApi {
-            nvrtc_available,
             driver_version,
             contexts: Mutex::new(Vec::new()),
         })
@@ -321,17 +301,9 @@ impl GpuApi for CudaApi {
             self.driver_version / 1000,
             (self.driver_version % 1000) / 10,
         );
-        let nvrtc = if self.nvrtc_available {
-            let (mut maj, mut min) = (0, 0);
-            // SAFETY: NVRTC was probed at load; plain out-parameters.
-            let status = unsafe { nvrtc::nvrtcVersion(&mut maj, &mut min) };
-            if status == nvrtc::nvrtcResult::NVRTC_SUCCESS {
-                format!("NVRTC {maj}.{min}")
-            } else {
-                "NVRTC unknown".to_string()
-            }
-        } else {
-            "NVRTC not found".to_string()
+        let nvrtc = match super::rtc::library(crate::platform::PlatformKind::Nvidia) {
+            Ok(rtc) => rtc.version(),
+            Err(_) => "NVRTC not found".to_string(),
         };
         format!("CUDA driver API {major}.{minor}, {nvrtc} (cudarc bindings: cuda-13000)")
     }
@@ -667,64 +639,6 @@ impl GpuApi for CudaApi {
         Ok(ms)
     }
 
-    fn compile(&self, source: &str, name: &str, options: &[String]) -> Result<Vec<u8>> {
-        if !self.nvrtc_available {
-            return Err(HipError::host(
-                "nvrtcCompileProgram",
-                ErrorKind::NotSupported,
-                "libnvrtc was not found; install the CUDA NVRTC runtime (cuda-nvrtc-13-0) or put \
-                 its directory on LD_LIBRARY_PATH",
-            ));
-        }
-        let c_source = c_string("nvrtcCreateProgram", "kernel source", source)?;
-        let c_name = c_string("nvrtcCreateProgram", "program name", name)?;
-        let c_options = options
-            .iter()
-            .map(|o| c_string("nvrtcCompileProgram", "compile option", o))
-            .collect::<Result<Vec<_>>>()?;
-        let option_ptrs: Vec<*const c_char> = c_options.iter().map(|o| o.as_ptr()).collect();
-        let mut prog: nvrtc::nvrtcProgram = std::ptr::null_mut();
-        // SAFETY: all strings are NUL-terminated and outlive the call; no headers are passed.
-        check_nvrtc("nvrtcCreateProgram", unsafe {
-            nvrtc::nvrtcCreateProgram(
-                &mut prog,
-                c_source.as_ptr(),
-                c_name.as_ptr(),
-                0,
-                std::ptr::null(),
-                std::ptr::null(),
-            )
-        })?;
-        // SAFETY: `prog` is live until the destroy below; option pointers outlive the call.
-        let result = unsafe {
-            let compiled = check_nvrtc(
-                "nvrtcCompileProgram",
-                nvrtc::nvrtcCompileProgram(prog, option_ptrs.len() as i32, option_ptrs.as_ptr()),
-            );
-            match compiled {
-                Err(e) => Err(e.with_detail(nvrtc_log(prog))),
-                Ok(()) => {
-                    let mut size = 0usize;
-                    check_nvrtc(
-                        "nvrtcGetCUBINSize",
-                        nvrtc::nvrtcGetCUBINSize(prog, &mut size),
-                    )
-                    .and_then(|()| {
-                        let mut image = vec![0u8; size];
-                        check_nvrtc(
-                            "nvrtcGetCUBIN",
-                            nvrtc::nvrtcGetCUBIN(prog, image.as_mut_ptr().cast()),
-                        )
-                        .map(|()| image)
-                    })
-                }
-            }
-        };
-        // SAFETY: `prog` is live and not used afterwards.
-        let _ = unsafe { nvrtc::nvrtcDestroyProgram(&mut prog) };
-        result
-    }
-
     fn module_load(&self, dev: i32, image: &[u8]) -> Result<RawHandle> {
         self.bind(dev)?;
         let mut module: cu::CUmodule = std::ptr::null_mut();
@@ -837,31 +751,6 @@ impl GpuApi for CudaApi {
             cu::cuGraphExecDestroy(exec.as_ptr())
         })
     }
-}
-
-/// The NVRTC compile log, for error messages.
-///
-/// # Safety
-/// `prog` is a live program.
-unsafe fn nvrtc_log(prog: nvrtc::nvrtcProgram) -> String {
-    let mut size = 0usize;
-    // SAFETY: the caller guarantees `prog` is live.
-    if unsafe { nvrtc::nvrtcGetProgramLogSize(prog, &mut size) }
-        != nvrtc::nvrtcResult::NVRTC_SUCCESS
-    {
-        return "(no compiler log)".to_string();
-    }
-    let mut log = vec![0u8; size.max(1)];
-    // SAFETY: the buffer holds `size` bytes as NVRTC asked.
-    if unsafe { nvrtc::nvrtcGetProgramLog(prog, log.as_mut_ptr().cast()) }
-        != nvrtc::nvrtcResult::NVRTC_SUCCESS
-    {
-        return "(no compiler log)".to_string();
-    }
-    String::from_utf8_lossy(&log)
-        .trim_end_matches('\0')
-        .trim()
-        .to_string()
 }
 
 #[cfg(test)]

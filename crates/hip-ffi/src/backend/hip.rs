@@ -1,5 +1,5 @@
-//! AMD: the HIP runtime (`libamdhip64`) and hiprtc (`libhiprtc`), loaded at run time through the
-//! bindgen loader structs in [`crate::sys`].
+//! AMD: the HIP runtime (`libamdhip64`), loaded at run time through the bindgen loader struct in
+//! [`crate::sys`] (hiprtc is loaded separately, by [`super::rtc`]).
 //!
 //! Every function pointer is looked up when the library is opened; a function the installed
 //! runtime lacks becomes a clear error at the call, never a panic (bindgen's own wrappers would
@@ -7,7 +7,7 @@
 
 use super::{c_string, Addr, Attr, CopyKind, GpuApi, RawHandle};
 use crate::error::{classify_hip, Backend, ErrorKind, HipError, Result};
-use crate::sys::{rtc, runtime as hip};
+use crate::sys::runtime as hip;
 use std::cell::Cell;
 use std::ffi::{c_char, c_void, CStr};
 use std::path::PathBuf;
@@ -30,16 +30,6 @@ macro_rules! call {
     };
 }
 
-/// Same for hiprtc functions.
-macro_rules! call_rtc {
-    ($rtc:expr, $f:ident ( $($arg:expr),* $(,)? )) => {
-        match $rtc.$f.as_ref() {
-            Ok(f) => check_rtc($rtc, stringify!($f), (*f)($($arg),*) as i32),
-            Err(_) => Err(missing_symbol(stringify!($f))),
-        }
-    };
-}
-
 fn missing_symbol(name: &'static str) -> HipError {
     HipError::host(
         name,
@@ -51,17 +41,17 @@ fn missing_symbol(name: &'static str) -> HipError {
 /// The AMD backend.
 pub(crate) struct HipApi {
     rt: hip::HipRuntime,
-    rtc: Option<rtc::HipRtc>,
     runtime_path: String,
-    rtc_path: Option<String>,
 }
 
 /// Library file names tried for the HIP runtime, newest soname first, then under ROCm roots.
 pub(crate) fn runtime_candidates() -> Vec<PathBuf> {
-    candidates("libamdhip64")
+    rocm_library_candidates("libamdhip64")
 }
 
-fn candidates(stem: &str) -> Vec<PathBuf> {
+/// `<stem>.so`, `.so.7`, `.so.6`, `.so.5` by name (the loader's search), then the same under
+/// `$HIP_PATH/lib`, `$ROCM_PATH/lib` and `/opt/rocm/lib`.
+pub(crate) fn rocm_library_candidates(stem: &str) -> Vec<PathBuf> {
     let names = [
         format!("{stem}.so"),
         format!("{stem}.so.7"),
@@ -85,8 +75,7 @@ fn candidates(stem: &str) -> Vec<PathBuf> {
 }
 
 impl HipApi {
-    /// Opens `libamdhip64` (and `libhiprtc` when present; HIP 5.2 keeps hiprtc inside
-    /// `libamdhip64`) and initialises the runtime. Never panics.
+    /// Opens `libamdhip64` and initialises the runtime. Never panics.
     pub(crate) fn load() -> std::result::Result<HipApi, String> {
         let mut last_error = None;
         for candidate in runtime_candidates() {
@@ -107,27 +96,7 @@ impl HipApi {
         if rt.hipInit.is_err() || rt.hipGetDeviceCount.is_err() || rt.hipGetErrorName.is_err() {
             return Err(format!("{runtime_path} is not a usable HIP runtime"));
         }
-        let mut rtc_lib = None;
-        let mut rtc_path = None;
-        let rtc_candidates = candidates("libhiprtc")
-            .into_iter()
-            .chain(std::iter::once(PathBuf::from(&runtime_path)));
-        for candidate in rtc_candidates {
-            // SAFETY: as for the runtime; hiprtc is a plain shared library.
-            if let Ok(lib) = unsafe { rtc::HipRtc::new(&candidate) } {
-                if lib.hiprtcCompileProgram.is_ok() && lib.hiprtcGetCode.is_ok() {
-                    rtc_lib = Some(lib);
-                    rtc_path = Some(candidate.display().to_string());
-                    break;
-                }
-            }
-        }
-        let api = HipApi {
-            rt,
-            rtc: rtc_lib,
-            runtime_path,
-            rtc_path,
-        };
+        let api = HipApi { rt, runtime_path };
         // SAFETY: hipInit takes flags only.
         unsafe { call!(api, hipInit(0)) }.map_err(|e| e.to_string())?;
         Ok(api)
@@ -170,47 +139,9 @@ impl HipApi {
         Ok(())
     }
 
-    fn rtc(&self) -> Result<&rtc::HipRtc> {
-        self.rtc.as_ref().ok_or_else(|| {
-            HipError::host(
-                "hiprtcCompileProgram",
-                ErrorKind::NotSupported,
-                "libhiprtc was not found; install the ROCm package that ships it (hip-runtime-amd \
-                 or libhiprtc*) or add its directory to LD_LIBRARY_PATH",
-            )
-        })
-    }
-
     fn stream(handle: RawHandle) -> hip::hipStream_t {
         handle.as_ptr()
     }
-}
-
-/// The single place where a `hiprtcResult` becomes a `HipError`.
-fn check_rtc(lib: &rtc::HipRtc, op: &'static str, code: i32) -> Result<()> {
-    if code == rtc::HIPRTC_SUCCESS as i32 {
-        return Ok(());
-    }
-    let name = match lib.hiprtcGetErrorString.as_ref() {
-        // SAFETY: returns a static string for any code.
-        Ok(f) => unsafe {
-            let ptr = (*f)(code as rtc::hiprtcResult);
-            if ptr.is_null() {
-                format!("hiprtcResult({code})")
-            } else {
-                CStr::from_ptr(ptr).to_string_lossy().into_owned()
-            }
-        },
-        Err(_) => format!("hiprtcResult({code})"),
-    };
-    Err(HipError {
-        op,
-        code,
-        name,
-        backend: Backend::Hip,
-        kind: ErrorKind::Compile,
-        detail: None,
-    })
 }
 
 fn attribute_id(attr: Attr) -> hip::hipDeviceAttribute_t {
@@ -251,7 +182,10 @@ impl GpuApi for HipApi {
             fmt(runtime),
             fmt(driver),
             self.runtime_path,
-            self.rtc_path.as_deref().unwrap_or("not found"),
+            match super::rtc::library(crate::platform::PlatformKind::Amd) {
+                Ok(rtc) => rtc.version(),
+                Err(_) => "not found".to_string(),
+            },
             if crate::sys::GENERATED_AT_BUILD_TIME {
                 "generated from installed headers"
             } else {
@@ -576,52 +510,6 @@ impl GpuApi for HipApi {
         Ok(ms)
     }
 
-    fn compile(&self, source: &str, name: &str, options: &[String]) -> Result<Vec<u8>> {
-        let lib = self.rtc()?;
-        let c_source = c_string("hiprtcCreateProgram", "kernel source", source)?;
-        let c_name = c_string("hiprtcCreateProgram", "program name", name)?;
-        let c_options = options
-            .iter()
-            .map(|o| c_string("hiprtcCompileProgram", "compile option", o))
-            .collect::<Result<Vec<_>>>()?;
-        let mut option_ptrs: Vec<*const c_char> = c_options.iter().map(|o| o.as_ptr()).collect();
-        let mut prog: rtc::hiprtcProgram = std::ptr::null_mut();
-        // SAFETY: all strings are NUL-terminated and outlive the call; no headers are passed.
-        unsafe {
-            call_rtc!(
-                lib,
-                hiprtcCreateProgram(
-                    &mut prog,
-                    c_source.as_ptr(),
-                    c_name.as_ptr(),
-                    0,
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                )
-            )
-        }?;
-        // SAFETY: `prog` is live until the destroy below; option pointers outlive the call.
-        let result = unsafe {
-            match call_rtc!(
-                lib,
-                hiprtcCompileProgram(prog, option_ptrs.len() as i32, option_ptrs.as_mut_ptr())
-            ) {
-                Err(e) => Err(e.with_detail(rtc_log(lib, prog))),
-                Ok(()) => {
-                    let mut size = 0usize;
-                    call_rtc!(lib, hiprtcGetCodeSize(prog, &mut size)).and_then(|()| {
-                        let mut image = vec![0u8; size];
-                        call_rtc!(lib, hiprtcGetCode(prog, image.as_mut_ptr().cast()))
-                            .map(|()| image)
-                    })
-                }
-            }
-        };
-        // SAFETY: `prog` is live and not used afterwards.
-        let _ = unsafe { call_rtc!(lib, hiprtcDestroyProgram(&mut prog)) };
-        result
-    }
-
     fn module_load(&self, dev: i32, image: &[u8]) -> Result<RawHandle> {
         self.bind(dev)?;
         let mut module: hip::hipModule_t = std::ptr::null_mut();
@@ -739,25 +627,4 @@ impl GpuApi for HipApi {
         // SAFETY: the caller guarantees the exec is live and unused afterwards.
         unsafe { call!(self, hipGraphExecDestroy(exec.as_ptr())) }
     }
-}
-
-/// The hiprtc compile log, for error messages.
-///
-/// # Safety
-/// `prog` is a live program of `lib`.
-unsafe fn rtc_log(lib: &rtc::HipRtc, prog: rtc::hiprtcProgram) -> String {
-    let mut size = 0usize;
-    // SAFETY: the caller guarantees `prog` is live.
-    if unsafe { call_rtc!(lib, hiprtcGetProgramLogSize(prog, &mut size)) }.is_err() {
-        return "(no compiler log)".to_string();
-    }
-    let mut log = vec![0u8; size.max(1)];
-    // SAFETY: the buffer holds `size` bytes as hiprtc asked.
-    if unsafe { call_rtc!(lib, hiprtcGetProgramLog(prog, log.as_mut_ptr().cast())) }.is_err() {
-        return "(no compiler log)".to_string();
-    }
-    String::from_utf8_lossy(&log)
-        .trim_end_matches('\0')
-        .trim()
-        .to_string()
 }

@@ -9,6 +9,7 @@
 
 pub(crate) mod cuda;
 pub(crate) mod hip;
+pub(crate) mod rtc;
 
 use crate::error::{ErrorKind, HipError, Result};
 use std::ffi::c_void;
@@ -159,8 +160,6 @@ pub(crate) trait GpuApi: Send + Sync + 'static {
     /// Both events are live, created with timing, and recorded.
     unsafe fn event_elapsed_ms(&self, dev: i32, start: RawHandle, end: RawHandle) -> Result<f32>;
 
-    /// Compiles kernel source to a loadable code object (HSACO or CUBIN).
-    fn compile(&self, source: &str, name: &str, options: &[String]) -> Result<Vec<u8>>;
     fn module_load(&self, dev: i32, image: &[u8]) -> Result<RawHandle>;
     /// # Safety
     /// `module` is live and none of its functions are used afterwards.
