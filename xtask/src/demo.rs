@@ -53,15 +53,7 @@ pub fn run(args: Args) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(&cargo)
         .current_dir(&root)
-        .args([
-            "build",
-            "--release",
-            "--quiet",
-            "-p",
-            "decode",
-            "--bin",
-            "hipdecode",
-        ])
+        .args(["build", "--release", "-p", "decode", "--bin", "hipdecode"])
         .status()
         .context("could not start cargo")?;
     if !status.success() {

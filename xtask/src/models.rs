@@ -339,11 +339,15 @@ fn write_synth(preset: gguf_loader::synth::Preset, out: &Path, seed: u64) -> Res
     })
     .with_context(|| format!("writing preset {} to {}", preset.name(), out.display()))?;
     bar.finish_and_clear();
-    let size = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
+    let size = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0) as f64;
+    let size = if size >= 1e9 {
+        format!("{:.2} GB", size / 1e9)
+    } else {
+        format!("{:.1} MB", size / 1e6)
+    };
     eprintln!(
-        "wrote {} ({:.2} GB, preset {}, seed {seed})",
+        "wrote {} ({size}, preset {}, seed {seed})",
         out.display(),
-        size as f64 / 1e9,
         preset.name(),
     );
     Ok(())
