@@ -1,1 +1,517 @@
-//! attention: being written.
+//! Causal attention against a layer's K/V cache: grouped KV heads (GQA), an optional sliding
+//! window, ring slots, and an f16 or f32 cache.
+//!
+//! Shapes: `q` is `[n_tokens][n_head][head_dim_k]` f32, the K cache `[slots][n_head_kv]
+//! [head_dim_k]` and the V cache `[slots][n_head_kv][head_dim_v]` (see [`KvSlice`]), `out`
+//! `[n_tokens][n_head][head_dim_v]` f32. Query head h reads KV head `h / (n_head /
+//! n_head_kv)`. Query token t is at `positions[t]` (device memory) and sees the keys at
+//! positions `first..=p`, `first = p + 1 - window` (clamped at 0) with a window, 0 without;
+//! position j lives in slot `j % slots`. The cache must already hold every key a query sees
+//! (the store of the step's own rows comes first). The same semantics as the decode crate's
+//! `attention`, with positions read on the device so a captured graph replays at any position.
+//!
+//! Two entry points share one kernel that streams keys in tiles with an online softmax:
+//! * [`attention_decode`] (flash-decoding): the key range is split into at most [`MAX_SPLITS`]
+//!   parts sized for the most keys a query can ever see (`min(slots, window)`), never for the
+//!   current length; each (token, head group, split) block writes a partial max, sum and
+//!   weighted V into a workspace, and a second kernel combines them. Splits past the current
+//!   length write neutral partials. Size the workspace with [`decode_workspace_floats`].
+//! * [`attention_prefill`]: one block per (token, head group) walks all of that token's keys;
+//!   no workspace.
+//!
+//! Both take any number of tokens; decode is meant for a few, prefill for many.
+
+use crate::error::{check_shape, Result};
+use crate::kernels::Kernels;
+use crate::ops::kv_cache::{to_u32, KvElem, KvSlice};
+use crate::source::KernelModule;
+use crate::view::{DeviceSlice, DeviceSliceMut};
+use hip_ffi::{DevicePtr, LaunchConfig, Stream};
+
+const OP: &str = "attention";
+/// Threads per attention block, which is also the keys per tile (one key per thread). A
+/// multiple of both wave sizes.
+const BLOCK: u32 = 256;
+/// Query heads per block; `ATTN_MAX_HEADS` in `attention.hip`.
+const MAX_HEADS_PER_BLOCK: usize = 8;
+/// V dimensions per thread; `ATTN_MAX_ITEMS` in `attention.hip`.
+const MAX_ITEMS: usize = 2;
+/// Largest `head_dim_v` the kernel takes.
+pub const MAX_HEAD_DIM_V: usize = MAX_ITEMS * BLOCK as usize;
+/// Most splits of the key range in [`attention_decode`].
+pub const MAX_SPLITS: usize = 64;
+/// Static shared memory of the kernel: `red`, ATTN_MAX_HEADS * 32 floats.
+const STATIC_SHARED_BYTES: usize = MAX_HEADS_PER_BLOCK * 32 * 4;
+/// Dynamic shared memory the kernel may ask for: with the static part, the 48 KiB every
+/// supported device gives a block without opting in.
+const MAX_SHARED_BYTES: usize = 48 * 1024 - STATIC_SHARED_BYTES;
+/// Largest grid y/z extent accepted everywhere.
+const MAX_GRID_YZ: usize = 65_535;
+
+/// Shape of one attention call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionShape {
+    /// Query tokens.
+    pub n_tokens: usize,
+    /// Query heads per token.
+    pub n_head: usize,
+    /// KV heads; divides `n_head`.
+    pub n_head_kv: usize,
+    /// Values per query/key head.
+    pub head_dim_k: usize,
+    /// Values per value/output head (at most [`MAX_HEAD_DIM_V`]).
+    pub head_dim_v: usize,
+    /// Factor applied to every `q · k`.
+    pub scale: f32,
+    /// Sliding window: a query at position p sees keys at positions > p - window.
+    pub window: Option<usize>,
+    /// Rows of the K and V caches; position p is in slot `p % slots`.
+    pub slots: usize,
+}
+
+/// Checks `shape` against the lengths of the views (in elements); shared with the CPU reference.
+pub fn check(
+    q_len: usize,
+    k_len: usize,
+    v_len: usize,
+    positions_len: usize,
+    out_len: usize,
+    shape: &AttentionShape,
+) -> Result<()> {
+    let s = shape;
+    check_shape(s.n_head > 0 && s.n_head_kv > 0, OP, || {
+        format!(
+            "n_head = {} and n_head_kv = {} must be positive",
+            s.n_head, s.n_head_kv
+        )
+    })?;
+    check_shape(s.n_head % s.n_head_kv == 0, OP, || {
+        format!(
+            "n_head = {} is not a multiple of n_head_kv = {}",
+            s.n_head, s.n_head_kv
+        )
+    })?;
+    check_shape(s.head_dim_k > 0 && s.head_dim_v > 0, OP, || {
+        format!(
+            "head_dim_k = {} and head_dim_v = {} must be positive",
+            s.head_dim_k, s.head_dim_v
+        )
+    })?;
+    check_shape(s.head_dim_v <= MAX_HEAD_DIM_V, OP, || {
+        format!(
+            "head_dim_v = {} exceeds the kernel's {MAX_HEAD_DIM_V}",
+            s.head_dim_v
+        )
+    })?;
+    check_shape(s.slots > 0, OP, || "the cache has 0 slots".to_string())?;
+    check_shape(s.window != Some(0), OP, || {
+        "window = 0 would hide even the query's own key".to_string()
+    })?;
+    check_shape(s.scale.is_finite(), OP, || {
+        format!("scale = {} is not finite", s.scale)
+    })?;
+    let fits = |what: &str, parts: &[usize], len: usize| -> Result<()> {
+        let need = parts.iter().try_fold(1usize, |a, &b| a.checked_mul(b));
+        check_shape(need.is_some_and(|n| n <= len), OP, || {
+            let dims: Vec<String> = parts.iter().map(|p| p.to_string()).collect();
+            format!(
+                "{what} of [{}] does not fit a view of {len}",
+                dims.join("][")
+            )
+        })
+    };
+    fits("q", &[s.n_tokens, s.n_head, s.head_dim_k], q_len)?;
+    fits("out", &[s.n_tokens, s.n_head, s.head_dim_v], out_len)?;
+    fits("the K cache", &[s.slots, s.n_head_kv, s.head_dim_k], k_len)?;
+    fits("the V cache", &[s.slots, s.n_head_kv, s.head_dim_v], v_len)?;
+    check_shape(positions_len >= s.n_tokens, OP, || {
+        format!(
+            "{} tokens need {} positions, the positions view has {positions_len}",
+            s.n_tokens, s.n_tokens
+        )
+    })?;
+    Ok(())
+}
+
+/// How one call is cut into blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Plan {
+    /// Query heads per block (of one KV group).
+    heads_per_block: usize,
+    /// Blocks per KV group.
+    n_sub: usize,
+    /// Splits of the key range (1: the kernel writes the output itself).
+    n_split: usize,
+    /// Key offsets per split (a multiple of the tile; `u32::MAX` with one split).
+    keys_per_split: u32,
+    /// Dynamic shared memory per block.
+    shared_bytes: usize,
+}
+
+fn shared_bytes(heads_per_block: usize, shape: &AttentionShape) -> usize {
+    let per_head = shape.head_dim_k + shape.head_dim_v.max(BLOCK as usize);
+    heads_per_block * per_head * std::mem::size_of::<f32>()
+}
+
+fn plan(shape: &AttentionShape, split: bool) -> Result<Plan> {
+    let group = shape.n_head / shape.n_head_kv;
+    let mut n_sub = group.div_ceil(MAX_HEADS_PER_BLOCK);
+    let heads_per_block = loop {
+        let hpb = group.div_ceil(n_sub);
+        if shared_bytes(hpb, shape) <= MAX_SHARED_BYTES {
+            break hpb;
+        }
+        check_shape(hpb > 1, OP, || {
+            format!(
+                "head_dim_k = {} with head_dim_v = {} needs {} bytes of shared memory per head, \
+                 more than {MAX_SHARED_BYTES}",
+                shape.head_dim_k,
+                shape.head_dim_v,
+                shared_bytes(1, shape)
+            )
+        })?;
+        n_sub += 1;
+    };
+    let n_sub = group.div_ceil(heads_per_block);
+    check_shape(shape.n_head_kv * n_sub <= MAX_GRID_YZ, OP, || {
+        format!(
+            "{} KV heads in {n_sub} blocks each exceed the grid limit of {MAX_GRID_YZ}",
+            shape.n_head_kv
+        )
+    })?;
+    check_shape(!split || shape.n_head <= MAX_GRID_YZ, OP, || {
+        format!(
+            "{} heads exceed the combine grid limit of {MAX_GRID_YZ}",
+            shape.n_head
+        )
+    })?;
+    let (n_split, keys_per_split) = if split {
+        let max_keys = shape.window.map_or(shape.slots, |w| w.min(shape.slots));
+        let tiles = max_keys.div_ceil(BLOCK as usize);
+        let tiles_per_split = tiles.div_ceil(tiles.min(MAX_SPLITS));
+        let n_split = tiles.div_ceil(tiles_per_split);
+        let keys = to_u32(OP, "keys per split", tiles_per_split * BLOCK as usize)?;
+        if n_split > 1 {
+            (n_split, keys)
+        } else {
+            (1, u32::MAX)
+        }
+    } else {
+        (1, u32::MAX)
+    };
+    Ok(Plan {
+        heads_per_block,
+        n_sub,
+        n_split,
+        keys_per_split,
+        shared_bytes: shared_bytes(heads_per_block, shape),
+    })
+}
+
+/// Number of splits [`attention_decode`] cuts the key range into for `shape` (1 when one block
+/// per head group covers every key a query can see; then no workspace is used).
+pub fn decode_splits(shape: &AttentionShape) -> Result<usize> {
+    check_shape(shape.n_head_kv > 0 && shape.slots > 0, OP, || {
+        format!(
+            "n_head_kv = {} and slots = {} must be positive",
+            shape.n_head_kv, shape.slots
+        )
+    })?;
+    Ok(plan(shape, true)?.n_split)
+}
+
+/// f32 values of workspace [`attention_decode`] needs for `shape` (0 with one split). It does
+/// not depend on the positions, so the backend can reserve it up front.
+pub fn decode_workspace_floats(shape: &AttentionShape) -> Result<usize> {
+    let n_split = decode_splits(shape)?;
+    if n_split == 1 {
+        return Ok(0);
+    }
+    let per_split = shape.head_dim_v + 2;
+    shape
+        .n_tokens
+        .checked_mul(shape.n_head)
+        .and_then(|n| n.checked_mul(n_split))
+        .and_then(|n| n.checked_mul(per_split))
+        .ok_or_else(|| crate::error::KernelError::Shape {
+            op: OP,
+            message: format!("the workspace for {shape:?} overflows usize"),
+        })
+}
+
+/// The views of one call.
+struct Io<'a> {
+    q: &'a DeviceSlice<f32>,
+    k: &'a KvSlice,
+    v: &'a KvSlice,
+    positions: &'a DeviceSlice<i32>,
+    out: &'a DeviceSliceMut<f32>,
+}
+
+fn check_io(io: &Io<'_>, shape: &AttentionShape) -> Result<()> {
+    check(
+        io.q.len(),
+        io.k.len(),
+        io.v.len(),
+        io.positions.len(),
+        io.out.len(),
+        shape,
+    )?;
+    check_shape(io.k.elem() == io.v.elem(), OP, || {
+        format!(
+            "the K cache is {:?} but the V cache is {:?}",
+            io.k.elem(),
+            io.v.elem()
+        )
+    })
+}
+
+fn launch(
+    kernels: &Kernels,
+    stream: &Stream,
+    io: &Io<'_>,
+    workspace: Option<&DeviceSliceMut<f32>>,
+    shape: &AttentionShape,
+    plan: &Plan,
+) -> Result<()> {
+    let n_tokens = to_u32(OP, "n_tokens", shape.n_tokens)?;
+    let n_head = to_u32(OP, "n_head", shape.n_head)?;
+    let n_head_kv = to_u32(OP, "n_head_kv", shape.n_head_kv)?;
+    let dk = to_u32(OP, "head_dim_k", shape.head_dim_k)?;
+    let dv = to_u32(OP, "head_dim_v", shape.head_dim_v)?;
+    let slots = to_u32(OP, "slots", shape.slots)?;
+    // Positions are i32, so a window of 2^31 or more hides nothing: the same as none.
+    let window = match shape.window {
+        Some(w) if w <= i32::MAX as usize => w as u32,
+        _ => 0,
+    };
+    let heads_per_block = plan.heads_per_block as u32;
+    let n_split = plan.n_split as u32;
+    let (part_ms, part_acc) = match workspace {
+        Some(ws) => {
+            let ms_floats = shape.n_tokens * shape.n_head * plan.n_split * 2;
+            (ws.ptr(), ws.ptr().offset((ms_floats * 4) as u64))
+        }
+        None => (DevicePtr(0), DevicePtr(0)),
+    };
+    let entry = match io.k.elem() {
+        KvElem::F16 => "attn_f16",
+        KvElem::F32 => "attn_f32",
+    };
+    let (q_ptr, k_ptr, v_ptr) = (io.q.ptr(), io.k.ptr(), io.v.ptr());
+    let (positions_ptr, out_ptr) = (io.positions.ptr(), io.out.ptr());
+    let grid_y = to_u32(
+        OP,
+        "KV heads x blocks per group",
+        shape.n_head_kv * plan.n_sub,
+    )?;
+    let shared_bytes = to_u32(OP, "shared bytes", plan.shared_bytes)?;
+    let function = kernels.function(KernelModule::Attention, entry)?;
+    let mut l = function.builder(stream);
+    l.arg(&q_ptr)
+        .arg(&k_ptr)
+        .arg(&v_ptr)
+        .arg(&positions_ptr)
+        .arg(&out_ptr)
+        .arg(&part_ms)
+        .arg(&part_acc)
+        .arg(&n_head)
+        .arg(&n_head_kv)
+        .arg(&dk)
+        .arg(&dv)
+        .arg(&slots)
+        .arg(&window)
+        .arg(&shape.scale)
+        .arg(&heads_per_block)
+        .arg(&n_split)
+        .arg(&plan.keys_per_split);
+    let config = LaunchConfig {
+        grid: [n_tokens, grid_y, n_split],
+        block: [BLOCK, 1, 1],
+        shared_bytes,
+    };
+    // SAFETY: the arguments match `attn_f16`/`attn_f32` in order and type. `check_io` made q,
+    // out, both caches and the positions long enough for the shape; cache rows are indexed by
+    // slot = position % slots < slots. With more than one split the caller passed a workspace
+    // of `decode_workspace_floats` values, which holds the n_tokens * n_head * n_split
+    // (max, sum) pairs followed by as many rows of head_dim_v; with one split the null
+    // workspace pointers are never read. The shared memory asked for is what the kernel uses.
+    unsafe { l.launch(config) }?;
+    if n_split > 1 {
+        let combine = kernels.function(KernelModule::Attention, "attn_combine")?;
+        let wave = kernels.wave_size().max(1);
+        let block = dv.div_ceil(wave).saturating_mul(wave).min(BLOCK);
+        let mut l = combine.builder(stream);
+        l.arg(&part_ms)
+            .arg(&part_acc)
+            .arg(&out_ptr)
+            .arg(&n_head)
+            .arg(&dv)
+            .arg(&n_split);
+        // SAFETY: the arguments match `attn_combine`; it reads the partials the launch above
+        // wrote (same stream, so in order) for n_tokens x n_head rows and writes that many rows
+        // of head_dim_v into out, which `check_io` sized.
+        unsafe {
+            l.launch(LaunchConfig {
+                grid: [n_tokens, n_head, 1],
+                block: [block, 1, 1],
+                shared_bytes: 0,
+            })
+        }?;
+    }
+    Ok(())
+}
+
+/// Decode attention (flash-decoding, see the module docs) for a few query tokens. `workspace`
+/// must hold at least [`decode_workspace_floats`]`(shape)` values (none when that is 0).
+///
+/// Errors when a view is too short, the K and V caches differ in element type, `n_head` is not
+/// a multiple of `n_head_kv`, `window` is 0, `head_dim_v` exceeds [`MAX_HEAD_DIM_V`], or the
+/// heads need more shared memory than a block has.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_decode(
+    kernels: &Kernels,
+    stream: &Stream,
+    q: &DeviceSlice<f32>,
+    k_cache: &KvSlice,
+    v_cache: &KvSlice,
+    positions: &DeviceSlice<i32>,
+    out: &mut DeviceSliceMut<f32>,
+    workspace: &mut DeviceSliceMut<f32>,
+    shape: &AttentionShape,
+) -> Result<()> {
+    let io = Io {
+        q,
+        k: k_cache,
+        v: v_cache,
+        positions,
+        out,
+    };
+    check_io(&io, shape)?;
+    let need = decode_workspace_floats(shape)?;
+    check_shape(workspace.len() >= need, OP, || {
+        format!(
+            "decode needs {need} workspace values for {shape:?}, the view has {}",
+            workspace.len()
+        )
+    })?;
+    if shape.n_tokens == 0 {
+        return Ok(());
+    }
+    let plan = plan(shape, true)?;
+    let ws = (plan.n_split > 1).then_some(&*workspace);
+    launch(kernels, stream, &io, ws, shape, &plan)
+}
+
+/// Causal prefill attention (see the module docs) for any number of query tokens.
+///
+/// Errors as [`attention_decode`].
+#[allow(clippy::too_many_arguments)]
+pub fn attention_prefill(
+    kernels: &Kernels,
+    stream: &Stream,
+    q: &DeviceSlice<f32>,
+    k_cache: &KvSlice,
+    v_cache: &KvSlice,
+    positions: &DeviceSlice<i32>,
+    out: &mut DeviceSliceMut<f32>,
+    shape: &AttentionShape,
+) -> Result<()> {
+    let io = Io {
+        q,
+        k: k_cache,
+        v: v_cache,
+        positions,
+        out,
+    };
+    check_io(&io, shape)?;
+    if shape.n_tokens == 0 {
+        return Ok(());
+    }
+    let plan = plan(shape, false)?;
+    launch(kernels, stream, &io, None, shape, &plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(n_head: usize, n_head_kv: usize, dk: usize, dv: usize) -> AttentionShape {
+        AttentionShape {
+            n_tokens: 1,
+            n_head,
+            n_head_kv,
+            head_dim_k: dk,
+            head_dim_v: dv,
+            scale: 0.125,
+            window: None,
+            slots: 4096,
+        }
+    }
+
+    #[test]
+    fn plan_groups_heads_of_one_kv_head_and_splits_for_the_cache_not_the_position() {
+        let s = shape(32, 8, 128, 128);
+        let p = plan(&s, true).unwrap();
+        assert_eq!((p.heads_per_block, p.n_sub), (4, 1));
+        assert_eq!((p.n_split, p.keys_per_split), (16, 256));
+        // A group of 12 is cut into two even blocks of 6, not 8 + 4.
+        let p = plan(&shape(12, 1, 64, 64), false).unwrap();
+        assert_eq!((p.heads_per_block, p.n_sub, p.n_split), (6, 2, 1));
+        assert_eq!(p.keys_per_split, u32::MAX);
+        // Many slots: at most MAX_SPLITS splits of whole tiles that cover every slot.
+        let mut big = shape(8, 8, 64, 64);
+        big.slots = 40_000;
+        let p = plan(&big, true).unwrap();
+        assert!(p.n_split <= MAX_SPLITS);
+        assert!(p.n_split * p.keys_per_split as usize >= 40_000);
+        assert_eq!(p.keys_per_split % BLOCK, 0);
+        // A window bounds the keys: 128 fit one tile, so no split and no workspace.
+        big.window = Some(128);
+        assert_eq!(decode_splits(&big).unwrap(), 1);
+        assert_eq!(decode_workspace_floats(&big).unwrap(), 0);
+    }
+
+    #[test]
+    fn workspace_is_tokens_heads_splits_times_dv_plus_two() {
+        let mut s = shape(16, 8, 80, 80);
+        s.n_tokens = 3;
+        s.slots = 300; // two tiles of 256
+        assert_eq!(decode_splits(&s).unwrap(), 2);
+        assert_eq!(decode_workspace_floats(&s).unwrap(), 3 * 16 * 2 * 82);
+    }
+
+    #[test]
+    fn shared_memory_limits_heads_per_block_and_huge_heads_are_refused() {
+        assert_eq!(
+            plan(&shape(8, 1, 512, 512), false).unwrap().heads_per_block,
+            8
+        );
+        // 8 heads of (2048 + 512) floats need 80 KiB: two blocks of 4 heads.
+        let p = plan(&shape(8, 1, 2048, 512), false).unwrap();
+        assert!(p.shared_bytes <= MAX_SHARED_BYTES, "{p:?}");
+        assert_eq!((p.heads_per_block, p.n_sub), (4, 2), "{p:?}");
+        let err = plan(&shape(1, 1, 20_000, 64), false).unwrap_err();
+        assert!(err.to_string().contains("shared memory"), "{err}");
+    }
+
+    #[test]
+    fn bad_shapes_are_refused_with_the_numbers() {
+        let s = shape(6, 4, 64, 64);
+        let err = check(1 << 20, 1 << 30, 1 << 30, 1, 1 << 20, &s).unwrap_err();
+        assert!(err.to_string().contains("not a multiple"), "{err}");
+        let s = shape(8, 2, 64, 64);
+        let err = check(8 * 64 - 1, 1 << 30, 1 << 30, 1, 1 << 20, &s).unwrap_err();
+        assert!(err.to_string().contains("q of [1][8][64]"), "{err}");
+        let err = check(8 * 64, 4096 * 2 * 64 - 1, 1 << 30, 1, 1 << 20, &s).unwrap_err();
+        assert!(err.to_string().contains("K cache"), "{err}");
+        let err = check(8 * 64, 1 << 30, 1 << 30, 0, 1 << 20, &s).unwrap_err();
+        assert!(err.to_string().contains("positions"), "{err}");
+        let mut w = s;
+        w.window = Some(0);
+        assert!(check(1 << 20, 1 << 30, 1 << 30, 1, 1 << 20, &w).is_err());
+        let big_v = shape(8, 2, 64, MAX_HEAD_DIM_V + 2);
+        assert!(check(1 << 20, 1 << 30, 1 << 30, 1, 1 << 20, &big_v).is_err());
+        assert!(check(8 * 64, 1 << 30, 1 << 30, 1, 8 * 64, &s).is_ok());
+    }
+}

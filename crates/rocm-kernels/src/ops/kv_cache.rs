@@ -1,1 +1,313 @@
-//! kv_cache: being written.
+//! Stores of new K/V rows into a layer's cache.
+//!
+//! The cache of a layer is `[slots][dim]` with `dim = n_head_kv * head_dim`, in f16 (IEEE half,
+//! stored as `u16` bits, rounded to nearest even) or f32. The row of position p goes to slot
+//! `p % slots`: a full-length cache is never wrapped, a sliding-window layer's cache is a ring.
+//! Positions are read from device memory (the step block), so a captured step replays at new
+//! positions.
+
+use crate::error::{check_shape, KernelError, Result};
+use crate::kernels::Kernels;
+use crate::source::KernelModule;
+use crate::view::{DeviceSlice, DeviceSliceMut};
+use hip_ffi::{DevicePtr, LaunchConfig, Stream};
+
+const OP: &str = "kv_store";
+/// Threads per block of the store kernels (a multiple of both wave sizes).
+const BLOCK: u32 = 256;
+
+/// Element type of a K/V cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvElem {
+    /// IEEE half, stored as `u16` bits (round to nearest even on store).
+    F16,
+    /// f32, stored as is.
+    F32,
+}
+
+impl KvElem {
+    /// Bytes per element.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvElem::F16 => 2,
+            KvElem::F32 => 4,
+        }
+    }
+}
+
+/// Read-only view of a K or V cache in either element type.
+#[derive(Clone, Copy, Debug)]
+pub enum KvSlice {
+    /// f16 elements as `u16` bits.
+    F16(DeviceSlice<u16>),
+    /// f32 elements.
+    F32(DeviceSlice<f32>),
+}
+
+/// Writable view of a K or V cache in either element type.
+#[derive(Debug)]
+pub enum KvSliceMut {
+    /// f16 elements as `u16` bits.
+    F16(DeviceSliceMut<u16>),
+    /// f32 elements.
+    F32(DeviceSliceMut<f32>),
+}
+
+impl KvSlice {
+    /// The element type.
+    pub fn elem(&self) -> KvElem {
+        match self {
+            KvSlice::F16(_) => KvElem::F16,
+            KvSlice::F32(_) => KvElem::F32,
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            KvSlice::F16(s) => s.len(),
+            KvSlice::F32(s) => s.len(),
+        }
+    }
+
+    /// True when the view has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The address as the launch builder takes it.
+    pub fn ptr(&self) -> DevicePtr {
+        match self {
+            KvSlice::F16(s) => s.ptr(),
+            KvSlice::F32(s) => s.ptr(),
+        }
+    }
+}
+
+impl KvSliceMut {
+    /// The element type.
+    pub fn elem(&self) -> KvElem {
+        match self {
+            KvSliceMut::F16(_) => KvElem::F16,
+            KvSliceMut::F32(_) => KvElem::F32,
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            KvSliceMut::F16(s) => s.len(),
+            KvSliceMut::F32(s) => s.len(),
+        }
+    }
+
+    /// True when the view has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The address as the launch builder takes it.
+    pub fn ptr(&self) -> DevicePtr {
+        match self {
+            KvSliceMut::F16(s) => s.ptr(),
+            KvSliceMut::F32(s) => s.ptr(),
+        }
+    }
+
+    /// The same memory, read-only (for attention after a store).
+    pub fn as_const(&self) -> KvSlice {
+        match self {
+            KvSliceMut::F16(s) => KvSlice::F16(s.as_const()),
+            KvSliceMut::F32(s) => KvSlice::F32(s.as_const()),
+        }
+    }
+}
+
+/// `value` as the `u32` a kernel takes, or a shape error naming it.
+pub(crate) fn to_u32(op: &'static str, what: &str, value: usize) -> Result<u32> {
+    u32::try_from(value).map_err(|_| KernelError::Shape {
+        op,
+        message: format!("{what} = {value} does not fit the kernels' 32-bit indices"),
+    })
+}
+
+/// One tensor of a store: the new rows and the cache they go to.
+struct Store<'a> {
+    src: &'a DeviceSlice<f32>,
+    cache: &'a KvSliceMut,
+    dim: usize,
+}
+
+fn check_store(store: &Store<'_>, name: &str, rows: usize, slots: usize) -> Result<()> {
+    let src_need = rows.checked_mul(store.dim);
+    check_shape(src_need.is_some_and(|n| n <= store.src.len()), OP, || {
+        format!(
+            "{name}: {rows} rows of {} need {} values, the source view has {}",
+            store.dim,
+            rows.saturating_mul(store.dim),
+            store.src.len()
+        )
+    })?;
+    let cache_need = slots.checked_mul(store.dim);
+    check_shape(
+        cache_need.is_some_and(|n| n <= store.cache.len()),
+        OP,
+        || {
+            format!(
+                "{name}: {slots} slots of {} need {} elements, the cache view has {}",
+                store.dim,
+                slots.saturating_mul(store.dim),
+                store.cache.len()
+            )
+        },
+    )?;
+    Ok(())
+}
+
+fn launch_store(
+    kernels: &Kernels,
+    stream: &Stream,
+    first: Store<'_>,
+    second: Option<Store<'_>>,
+    positions: &DeviceSlice<i32>,
+    rows: usize,
+    slots: usize,
+) -> Result<()> {
+    check_shape(slots > 0, OP, || "the cache has 0 slots".to_string())?;
+    check_shape(rows <= slots, OP, || {
+        format!("{rows} rows do not fit a cache of {slots} slots (two rows would share a slot)")
+    })?;
+    check_shape(positions.len() >= rows, OP, || {
+        format!(
+            "{rows} rows need {rows} positions, the positions view has {}",
+            positions.len()
+        )
+    })?;
+    check_store(&first, "K", rows, slots)?;
+    if let Some(second) = &second {
+        check_store(second, "V", rows, slots)?;
+        check_shape(second.cache.elem() == first.cache.elem(), OP, || {
+            format!(
+                "the K cache is {:?} but the V cache is {:?}",
+                first.cache.elem(),
+                second.cache.elem()
+            )
+        })?;
+    }
+    let max_dim = second.as_ref().map_or(first.dim, |s| s.dim.max(first.dim));
+    if rows == 0 || max_dim == 0 {
+        return Ok(());
+    }
+    let entry = match first.cache.elem() {
+        KvElem::F16 => "kv_store_f16",
+        KvElem::F32 => "kv_store_f32",
+    };
+    let function = kernels.function(KernelModule::KvCache, entry)?;
+    let other = second.as_ref().unwrap_or(&first);
+    let (dst0, src0, dim0) = (
+        first.cache.ptr(),
+        first.src.ptr(),
+        to_u32(OP, "dim", first.dim)?,
+    );
+    let (dst1, src1, dim1) = (
+        other.cache.ptr(),
+        other.src.ptr(),
+        to_u32(OP, "dim", other.dim)?,
+    );
+    let rows_u32 = to_u32(OP, "rows", rows)?;
+    let slots_u32 = to_u32(OP, "slots", slots)?;
+    let column_blocks = to_u32(OP, "dim", max_dim.div_ceil(BLOCK as usize))?;
+    let positions_ptr = positions.ptr();
+    let config = LaunchConfig {
+        grid: [
+            rows_u32,
+            column_blocks,
+            if second.is_some() { 2 } else { 1 },
+        ],
+        block: [BLOCK, 1, 1],
+        shared_bytes: 0,
+    };
+    let mut launch = function.builder(stream);
+    launch
+        .arg(&dst0)
+        .arg(&src0)
+        .arg(&dim0)
+        .arg(&dst1)
+        .arg(&src1)
+        .arg(&dim1)
+        .arg(&positions_ptr)
+        .arg(&rows_u32)
+        .arg(&slots_u32);
+    // SAFETY: the arguments match `kv_store_{f16,f32}` in order and type (two pointer/pointer/u32
+    // triples, the positions pointer, rows, slots). The views vouch for their memory; the checks
+    // above make every source row r < rows and every cache slot (< slots, by the kernel's
+    // modulo) lie inside the views, and the kernel reads `rows` positions, which exist.
+    unsafe { launch.launch(config) }?;
+    Ok(())
+}
+
+/// Writes `rows` rows of `dim` f32 values from `src` into `cache` (`[slots][dim]`), row r at
+/// slot `positions[r] % slots`, converting to the cache's element type.
+///
+/// Errors when a view is too short for the shape, when `rows > slots` (two rows would race for
+/// one slot), or when a size exceeds the kernels' 32-bit indices.
+#[allow(clippy::too_many_arguments)]
+pub fn store_rows(
+    kernels: &Kernels,
+    stream: &Stream,
+    src: &DeviceSlice<f32>,
+    cache: &mut KvSliceMut,
+    positions: &DeviceSlice<i32>,
+    rows: usize,
+    dim: usize,
+    slots: usize,
+) -> Result<()> {
+    let store = Store { src, cache, dim };
+    launch_store(kernels, stream, store, None, positions, rows, slots)
+}
+
+/// Shape of a K and V store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvStoreShape {
+    /// New rows (tokens of the step).
+    pub rows: usize,
+    /// Values per K row: `n_head_kv * head_dim_k`.
+    pub dim_k: usize,
+    /// Values per V row: `n_head_kv * head_dim_v`.
+    pub dim_v: usize,
+    /// Rows of each cache.
+    pub slots: usize,
+}
+
+/// [`store_rows`] of K and V in one launch. Both caches must have the same element type.
+#[allow(clippy::too_many_arguments)]
+pub fn store_kv(
+    kernels: &Kernels,
+    stream: &Stream,
+    k_src: &DeviceSlice<f32>,
+    v_src: &DeviceSlice<f32>,
+    k_cache: &mut KvSliceMut,
+    v_cache: &mut KvSliceMut,
+    positions: &DeviceSlice<i32>,
+    shape: KvStoreShape,
+) -> Result<()> {
+    let k = Store {
+        src: k_src,
+        cache: k_cache,
+        dim: shape.dim_k,
+    };
+    let v = Store {
+        src: v_src,
+        cache: v_cache,
+        dim: shape.dim_v,
+    };
+    launch_store(
+        kernels,
+        stream,
+        k,
+        Some(v),
+        positions,
+        shape.rows,
+        shape.slots,
+    )
+}

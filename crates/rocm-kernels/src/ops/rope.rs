@@ -1,1 +1,174 @@
-//! rope: being written.
+//! Rotary position embedding, in place over `[rows][n_heads][head_dim]` f32 (Q and K are
+//! rotated by separate calls).
+//!
+//! Row r is at position `positions[r]`, read from device memory. Pair i (`i < n_rot / 2`) turns
+//! by `theta_i = (p / position_scale) * freq_base^(-2i / n_rot)`, divided by `freq_factors[i]`
+//! when given; the dimensions from `n_rot` on pass through. Normal rope rotates `(2i, 2i + 1)`,
+//! NeoX `(i, i + n_rot / 2)`. The same semantics as the decode crate's `rope_head`.
+//!
+//! Precision: the kernel forms the angle in f32 with the same operations as the CPU, and
+//! evaluates `freq_base^e`, `sin` and `cos` in double, rounded once. Against the f32 CPU
+//! reference the difference is therefore the CPU's own libm rounding: a one-ulp difference in
+//! a frequency turns into an angle difference of about `p * 1.2e-7`, so outputs agree to about
+//! `(1e-6 + 2.5e-7 * p / position_scale) * |x|` (the tests use twice that).
+
+use crate::error::{check_shape, Result};
+use crate::kernels::Kernels;
+use crate::ops::kv_cache::to_u32;
+use crate::source::KernelModule;
+use crate::view::{DeviceSlice, DeviceSliceMut};
+use hip_ffi::{DevicePtr, LaunchConfig, Stream};
+
+const OP: &str = "rope";
+/// Most threads per block (one block per row, threads over the pairs).
+const MAX_BLOCK: u32 = 256;
+
+/// Rotary embedding parameters of one layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    /// Rotate pairs `(i, i + n_rot / 2)` (NeoX: Qwen, Gemma) instead of `(2i, 2i + 1)` (Llama).
+    pub neox: bool,
+    /// Frequency base (10000, 1e6, ...).
+    pub freq_base: f32,
+    /// Linear position scaling (positions are divided by this); 1 for none.
+    pub position_scale: f32,
+    /// Number of leading dimensions of each head that rotate (even, at most `head_dim`).
+    pub n_rot: usize,
+}
+
+/// Shape of a rope call: `rows` tokens of `n_heads` heads of `head_dim`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RopeShape {
+    /// Tokens (one position each).
+    pub rows: usize,
+    /// Heads per token.
+    pub n_heads: usize,
+    /// Values per head.
+    pub head_dim: usize,
+}
+
+/// Checks `shape` and `params` against the views' lengths (shared with the CPU reference).
+pub fn check(
+    x_len: usize,
+    positions_len: usize,
+    freq_factors_len: Option<usize>,
+    shape: RopeShape,
+    params: &RopeParams,
+) -> Result<()> {
+    let RopeShape {
+        rows,
+        n_heads,
+        head_dim,
+    } = shape;
+    check_shape(params.n_rot % 2 == 0, OP, || {
+        format!("n_rot = {} must be even (it rotates pairs)", params.n_rot)
+    })?;
+    check_shape(params.n_rot <= head_dim, OP, || {
+        format!("n_rot = {} exceeds head_dim = {head_dim}", params.n_rot)
+    })?;
+    check_shape(
+        params.freq_base.is_finite() && params.freq_base > 0.0,
+        OP,
+        || {
+            format!(
+                "freq_base = {} must be finite and positive",
+                params.freq_base
+            )
+        },
+    )?;
+    check_shape(
+        params.position_scale.is_finite() && params.position_scale > 0.0,
+        OP,
+        || {
+            format!(
+                "position_scale = {} must be finite and positive",
+                params.position_scale
+            )
+        },
+    )?;
+    let need = rows
+        .checked_mul(n_heads)
+        .and_then(|n| n.checked_mul(head_dim));
+    check_shape(need.is_some_and(|n| n <= x_len), OP, || {
+        format!("{rows} rows of {n_heads} heads of {head_dim} do not fit a view of {x_len} values")
+    })?;
+    check_shape(positions_len >= rows, OP, || {
+        format!("{rows} rows need {rows} positions, the positions view has {positions_len}")
+    })?;
+    if let Some(len) = freq_factors_len {
+        check_shape(len >= params.n_rot / 2, OP, || {
+            format!(
+                "n_rot = {} needs {} frequency factors, the view has {len}",
+                params.n_rot,
+                params.n_rot / 2
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Rotates `x` in place; see the module docs. A no-op when there is nothing to rotate.
+///
+/// Errors when `n_rot` is odd or exceeds `head_dim`, when `freq_base` or `position_scale` is
+/// not finite and positive, or when a view is too short for the shape.
+pub fn rope(
+    kernels: &Kernels,
+    stream: &Stream,
+    x: &mut DeviceSliceMut<f32>,
+    positions: &DeviceSlice<i32>,
+    freq_factors: Option<&DeviceSlice<f32>>,
+    shape: RopeShape,
+    params: &RopeParams,
+) -> Result<()> {
+    check(
+        x.len(),
+        positions.len(),
+        freq_factors.map(|f| f.len()),
+        shape,
+        params,
+    )?;
+    if shape.rows == 0 || shape.n_heads == 0 || params.n_rot == 0 {
+        return Ok(());
+    }
+    let rows = to_u32(OP, "rows", shape.rows)?;
+    let n_heads = to_u32(OP, "n_heads", shape.n_heads)?;
+    let head_dim = to_u32(OP, "head_dim", shape.head_dim)?;
+    let n_rot = to_u32(OP, "n_rot", params.n_rot)?;
+    let wave = kernels.wave_size().max(1);
+    let block = (n_rot / 2)
+        .div_ceil(wave)
+        .max(1)
+        .saturating_mul(wave)
+        .min(MAX_BLOCK);
+    let (ff_ptr, has_ff) = match freq_factors {
+        Some(f) => (f.ptr(), 1u32),
+        None => (DevicePtr(0), 0u32),
+    };
+    let neox = u32::from(params.neox);
+    let (x_ptr, positions_ptr) = (x.ptr(), positions.ptr());
+    let function = kernels.function(KernelModule::Rope, "rope_f32")?;
+    let mut launch = function.builder(stream);
+    launch
+        .arg(&x_ptr)
+        .arg(&positions_ptr)
+        .arg(&ff_ptr)
+        .arg(&has_ff)
+        .arg(&rows)
+        .arg(&n_heads)
+        .arg(&head_dim)
+        .arg(&n_rot)
+        .arg(&params.freq_base)
+        .arg(&params.position_scale)
+        .arg(&neox);
+    // SAFETY: the arguments match `rope_f32` in order and type. The checks above keep every
+    // access inside the views: rows * n_heads * head_dim values of x, `rows` positions, and
+    // n_rot / 2 frequency factors (read only when has_freq_factors is 1).
+    unsafe {
+        launch.launch(LaunchConfig {
+            grid: [rows, 1, 1],
+            block: [block, 1, 1],
+            shared_bytes: 0,
+        })
+    }?;
+    Ok(())
+}

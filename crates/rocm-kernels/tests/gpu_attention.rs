@@ -1,0 +1,949 @@
+//! GPU tests of rope, the K/V store and attention against the CPU references.
+//!
+//! Each test gets its device through `hip_ffi::testing::device_or_skip` (a printed skip without
+//! a GPU; a failure under `HIPDECODE_REQUIRE_GPU=1`). Tolerances, relative to the RMS of the
+//! reference output:
+//! * rope: `4e-6 + 5e-7 * p / position_scale` per element (see `ops::rope`: a one-ulp
+//!   difference in a frequency between the CPU's libm and the device's turns into an angle
+//!   difference that grows with the position);
+//! * K/V store: bit-exact (f32 copy; f16 rounds to nearest even on both sides);
+//! * attention with the same cache contents on both sides (f32 or f16): max error 5e-5, RMS
+//!   error 1e-5 (only the f32 summation order differs);
+//! * attention through an f16 cache against an f32 reference of the unrounded values: max 3e-3,
+//!   RMS 1e-3 (the f16 rounding of K and V; a numpy model of the kernel gives 8e-4 and 3e-4).
+//!
+//! Every comparison also fails on a NaN or infinity in the GPU output.
+
+use hip_ffi::testing::device_or_skip;
+use hip_ffi::{DeviceBuffer, DeviceCopy, Stream};
+use rocm_kernels::cache::KernelCache;
+use rocm_kernels::ops::attention::{
+    attention_decode, attention_prefill, decode_splits, decode_workspace_floats, AttentionShape,
+};
+use rocm_kernels::ops::kv_cache::{
+    store_kv, store_rows, KvElem, KvSlice, KvSliceMut, KvStoreShape,
+};
+use rocm_kernels::ops::rope::{rope, RopeParams, RopeShape};
+use rocm_kernels::reference;
+use rocm_kernels::reference::kv_cache::{f32_to_f16_bits, HostKv};
+use rocm_kernels::{DeviceSlice, DeviceSliceMut, Kernels};
+
+// ---------------------------------------------------------------------------------------------
+// Harness
+
+struct Gpu {
+    kernels: Kernels,
+    stream: Stream,
+}
+
+fn gpu(test: &str) -> Option<Gpu> {
+    let device = device_or_skip(test)?;
+    let cache = KernelCache::from_env().expect("kernel cache from the environment");
+    let kernels = Kernels::load(&device, &cache).expect("compile and load the kernels");
+    let stream = Stream::new(&device).expect("stream");
+    Some(Gpu { kernels, stream })
+}
+
+/// A device buffer of `len` elements of `T`.
+struct Buf<T> {
+    buf: DeviceBuffer,
+    len: usize,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T: DeviceCopy> Buf<T> {
+    fn new(gpu: &Gpu, len: usize) -> Buf<T> {
+        let bytes = (len * std::mem::size_of::<T>()).max(16);
+        let buf = DeviceBuffer::alloc(gpu.kernels.device(), bytes).expect("device alloc");
+        Buf {
+            buf,
+            len,
+            _t: std::marker::PhantomData,
+        }
+    }
+
+    fn from(gpu: &Gpu, data: &[T]) -> Buf<T> {
+        let mut b = Buf::new(gpu, data.len());
+        b.write(gpu, data);
+        b
+    }
+
+    /// Copies `data` to the start of the buffer, in order with the work on the test's stream.
+    fn write(&mut self, gpu: &Gpu, data: &[T]) {
+        assert!(data.len() <= self.len);
+        // SAFETY: `data` outlives the copy: the stream is synchronised before returning.
+        unsafe { self.buf.copy_from_host_async(data, &gpu.stream) }.expect("upload");
+        gpu.stream.synchronize().expect("sync after upload");
+    }
+
+    fn read(&self, gpu: &Gpu) -> Vec<T> {
+        gpu.stream.synchronize().expect("sync before download");
+        let mut out = vec![T::default(); self.len];
+        self.buf.copy_to_host(&mut out).expect("download");
+        out
+    }
+
+    fn view(&self) -> DeviceSlice<T> {
+        // SAFETY: the buffer holds `len` elements of `T` and outlives every launch of the test
+        // (each test synchronises its stream before its buffers drop).
+        unsafe { DeviceSlice::from_raw(self.buf.ptr().0, self.len) }
+    }
+
+    fn view_mut(&mut self) -> DeviceSliceMut<T> {
+        // SAFETY: as `view`; the tests never launch two kernels on one buffer concurrently
+        // (one stream).
+        unsafe { DeviceSliceMut::from_raw(self.buf.ptr().0, self.len) }
+    }
+}
+
+/// A K or V cache on the device in either element type.
+enum Cache {
+    F16(Buf<u16>),
+    F32(Buf<f32>),
+}
+
+impl Cache {
+    fn from_f32(gpu: &Gpu, values: &[f32], elem: KvElem) -> Cache {
+        match elem {
+            KvElem::F16 => {
+                let bits: Vec<u16> = values.iter().map(|&v| f32_to_f16_bits(v)).collect();
+                Cache::F16(Buf::from(gpu, &bits))
+            }
+            KvElem::F32 => Cache::F32(Buf::from(gpu, values)),
+        }
+    }
+
+    fn view(&self) -> KvSlice {
+        match self {
+            Cache::F16(b) => KvSlice::F16(b.view()),
+            Cache::F32(b) => KvSlice::F32(b.view()),
+        }
+    }
+
+    fn view_mut(&mut self) -> KvSliceMut {
+        match self {
+            Cache::F16(b) => KvSliceMut::F16(b.view_mut()),
+            Cache::F32(b) => KvSliceMut::F32(b.view_mut()),
+        }
+    }
+}
+
+/// Host copy of a cache, in the element type of the device one.
+enum HostCache {
+    F16(Vec<u16>),
+    F32(Vec<f32>),
+}
+
+impl HostCache {
+    fn new(len: usize, elem: KvElem) -> HostCache {
+        match elem {
+            KvElem::F16 => HostCache::F16(vec![0; len]),
+            KvElem::F32 => HostCache::F32(vec![0.0; len]),
+        }
+    }
+
+    fn from_f32(values: &[f32], elem: KvElem) -> HostCache {
+        match elem {
+            KvElem::F16 => HostCache::F16(values.iter().map(|&v| f32_to_f16_bits(v)).collect()),
+            KvElem::F32 => HostCache::F32(values.to_vec()),
+        }
+    }
+
+    fn kv(&self) -> HostKv<'_> {
+        match self {
+            HostCache::F16(v) => HostKv::F16(v),
+            HostCache::F32(v) => HostKv::F32(v),
+        }
+    }
+
+    fn store(&mut self, src: &[f32], positions: &[i32], rows: usize, dim: usize, slots: usize) {
+        match self {
+            HostCache::F16(c) => {
+                reference::kv_cache::store_rows_f16(c, src, positions, rows, dim, slots)
+            }
+            HostCache::F32(c) => {
+                reference::kv_cache::store_rows_f32(c, src, positions, rows, dim, slots)
+            }
+        }
+        .expect("reference store");
+    }
+}
+
+/// Deterministic values in [-1, 1) (xorshift), so inputs are neither zeros nor a ramp.
+struct Noise(u64);
+
+impl Noise {
+    fn new(seed: u64) -> Noise {
+        Noise(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.next() * scale).collect()
+    }
+}
+
+fn rms(x: &[f32]) -> f32 {
+    (x.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / x.len().max(1) as f64).sqrt() as f32
+}
+
+/// Fails on a non-finite GPU value, or when the max error exceeds `max_rel` or the RMS error
+/// exceeds `rms_rel`, both relative to the RMS of `want`.
+fn assert_close(what: &str, got: &[f32], want: &[f32], max_rel: f32, rms_rel: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    if let Some(i) = got.iter().position(|v| !v.is_finite()) {
+        panic!("{what}: GPU value {i} is {}", got[i]);
+    }
+    let scale = rms(want).max(f32::MIN_POSITIVE);
+    let diff: Vec<f32> = got.iter().zip(want).map(|(g, w)| g - w).collect();
+    let (worst, max_err) = diff
+        .iter()
+        .enumerate()
+        .fold((0, 0.0f32), |(bi, bv), (i, d)| {
+            if d.abs() > bv {
+                (i, d.abs())
+            } else {
+                (bi, bv)
+            }
+        });
+    let rms_err = rms(&diff);
+    assert!(
+        max_err <= max_rel * scale && rms_err <= rms_rel * scale,
+        "{what}: max error {max_err:.3e} at {worst} (got {}, want {}), RMS error {rms_err:.3e}; \
+         reference RMS {scale:.3e}, allowed {max_rel:.1e} / {rms_rel:.1e} of it",
+        got[worst],
+        want[worst]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rope
+
+#[test]
+fn rope_matches_the_reference_normal_and_neox_with_factors_scale_and_partial_rotation() {
+    let Some(gpu) = gpu("rope_matches_the_reference") else {
+        return;
+    };
+    let positions = [0i32, 1, 5, 299, 4096, 32_767];
+    let mut noise = Noise::new(1);
+    // (head_dim, n_rot, n_heads)
+    for (head_dim, n_rot, n_heads) in [
+        (64, 64, 8),
+        (128, 128, 2),
+        (80, 80, 16),
+        (256, 256, 4),
+        (128, 64, 8),
+        (80, 32, 3),
+    ] {
+        for neox in [false, true] {
+            for (position_scale, with_factors) in [(1.0f32, false), (4.0, true)] {
+                let params = RopeParams {
+                    neox,
+                    freq_base: if neox { 1_000_000.0 } else { 10_000.0 },
+                    position_scale,
+                    n_rot,
+                };
+                let rows = positions.len();
+                let shape = RopeShape {
+                    rows,
+                    n_heads,
+                    head_dim,
+                };
+                let x = noise.vec(rows * n_heads * head_dim, 2.0);
+                let factors: Vec<f32> =
+                    (0..n_rot / 2).map(|i| 1.0 + (i % 7) as f32 * 0.5).collect();
+                let ff = with_factors.then_some(factors.as_slice());
+
+                let mut want = x.clone();
+                reference::rope::rope(&mut want, &positions, ff, shape, &params)
+                    .expect("reference");
+
+                let mut dx = Buf::from(&gpu, &x);
+                let dpos = Buf::from(&gpu, &positions);
+                let dff = Buf::from(&gpu, &factors);
+                let dff_view = dff.view();
+                rope(
+                    &gpu.kernels,
+                    &gpu.stream,
+                    &mut dx.view_mut(),
+                    &dpos.view(),
+                    with_factors.then_some(&dff_view),
+                    shape,
+                    &params,
+                )
+                .expect("rope launch");
+                let got = dx.read(&gpu);
+
+                let row_len = n_heads * head_dim;
+                for (r, &p) in positions.iter().enumerate() {
+                    let tol = 4e-6 + 5e-7 * p as f32 / position_scale;
+                    let what = format!(
+                        "rope head_dim {head_dim} n_rot {n_rot} neox {neox} scale {position_scale} \
+                         factors {with_factors} position {p}"
+                    );
+                    let range = r * row_len..(r + 1) * row_len;
+                    assert_close(&what, &got[range.clone()], &want[range.clone()], tol, tol);
+                    // Dimensions past n_rot are untouched, bit for bit.
+                    for h in 0..n_heads {
+                        let base = r * row_len + h * head_dim;
+                        assert_eq!(
+                            &got[base + n_rot..base + head_dim],
+                            &x[base + n_rot..base + head_dim],
+                            "{what}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// K/V store
+
+#[test]
+fn kv_store_matches_the_reference_bit_for_bit_in_f16_and_f32_with_ring_slots() {
+    let Some(gpu) = gpu("kv_store_matches_the_reference") else {
+        return;
+    };
+    let mut noise = Noise::new(2);
+    let slots = 16;
+    // Rows at positions 13..20 wrap around the 16-slot ring: slots 13, 14, 15, 0, 1, 2, 3.
+    let positions: Vec<i32> = (13..20).collect();
+    let rows = positions.len();
+    let (dim_k, dim_v) = (2 * 80, 2 * 64);
+    let mut k_src = noise.vec(rows * dim_k, 3.0);
+    let v_src = noise.vec(rows * dim_v, 3.0);
+    // Values that exercise f16 rounding: ties to even, subnormals, overflow, signed zero.
+    let special = [
+        1.0 + 2f32.powi(-11),
+        1.0 + 3.0 * 2f32.powi(-11),
+        65_504.0,
+        65_520.0,
+        1e6,
+        -1e6,
+        -0.0,
+        3e-7,
+        2f32.powi(-25),
+        2f32.powi(-25) * 1.5,
+        6.1e-5,
+        -2f32.powi(-24) * 2.5,
+    ];
+    k_src[..special.len()].copy_from_slice(&special);
+    for elem in [KvElem::F16, KvElem::F32] {
+        // A recognisable pattern in the cache shows that untouched slots stay untouched.
+        let init_k: Vec<f32> = (0..slots * dim_k).map(|i| i as f32 * 0.25).collect();
+        let init_v: Vec<f32> = (0..slots * dim_v).map(|i| -(i as f32) * 0.5).collect();
+        let mut want_k = HostCache::from_f32(&init_k, elem);
+        let mut want_v = HostCache::from_f32(&init_v, elem);
+        want_k.store(&k_src, &positions, rows, dim_k, slots);
+        want_v.store(&v_src, &positions, rows, dim_v, slots);
+
+        let mut dk = Cache::from_f32(&gpu, &init_k, elem);
+        let mut dv = Cache::from_f32(&gpu, &init_v, elem);
+        let (ks, vs, dpos) = (
+            Buf::from(&gpu, &k_src),
+            Buf::from(&gpu, &v_src),
+            Buf::from(&gpu, &positions),
+        );
+        let shape = KvStoreShape {
+            rows,
+            dim_k,
+            dim_v,
+            slots,
+        };
+        store_kv(
+            &gpu.kernels,
+            &gpu.stream,
+            &ks.view(),
+            &vs.view(),
+            &mut dk.view_mut(),
+            &mut dv.view_mut(),
+            &dpos.view(),
+            shape,
+        )
+        .expect("store_kv");
+        let check = |what: &str, got: &Cache, want: &HostCache| match (got, want) {
+            (Cache::F16(g), HostCache::F16(w)) => {
+                let g = g.read(&gpu);
+                if let Some(i) = g.iter().zip(w).position(|(a, b)| a != b) {
+                    panic!(
+                        "{what} f16 element {i}: GPU {:#06x}, reference {:#06x}",
+                        g[i], w[i]
+                    );
+                }
+            }
+            (Cache::F32(g), HostCache::F32(w)) => {
+                let g = g.read(&gpu);
+                if let Some(i) = g
+                    .iter()
+                    .zip(w)
+                    .position(|(a, b)| a.to_bits() != b.to_bits())
+                {
+                    panic!("{what} f32 element {i}: GPU {}, reference {}", g[i], w[i]);
+                }
+            }
+            _ => unreachable!(),
+        };
+        check("K", &dk, &want_k);
+        check("V", &dv, &want_v);
+
+        // The one-tensor store writes only its cache.
+        let one_pos = [35i32]; // slot 3
+        let one_row = noise.vec(dim_k, 1.0);
+        want_k.store(&one_row, &one_pos, 1, dim_k, slots);
+        let (src, pos) = (Buf::from(&gpu, &one_row), Buf::from(&gpu, &one_pos));
+        store_rows(
+            &gpu.kernels,
+            &gpu.stream,
+            &src.view(),
+            &mut dk.view_mut(),
+            &pos.view(),
+            1,
+            dim_k,
+            slots,
+        )
+        .expect("store_rows");
+        check("K after store_rows", &dk, &want_k);
+        check("V after store_rows", &dv, &want_v);
+    }
+}
+
+#[test]
+fn kv_store_refuses_short_views_and_mixed_element_types() {
+    let Some(gpu) = gpu("kv_store_refuses_short_views") else {
+        return;
+    };
+    let src = Buf::<f32>::new(&gpu, 4 * 8);
+    let pos = Buf::<i32>::new(&gpu, 4);
+    let mut cache16 = Cache::F16(Buf::new(&gpu, 16 * 8));
+    let mut cache32 = Cache::F32(Buf::new(&gpu, 16 * 8));
+    let shape = KvStoreShape {
+        rows: 4,
+        dim_k: 8,
+        dim_v: 8,
+        slots: 16,
+    };
+    let (k, v) = (src.view(), src.view());
+    let err = store_kv(
+        &gpu.kernels,
+        &gpu.stream,
+        &k,
+        &v,
+        &mut cache16.view_mut(),
+        &mut cache32.view_mut(),
+        &pos.view(),
+        shape,
+    )
+    .expect_err("mixed element types");
+    assert!(
+        err.to_string().contains("F16") && err.to_string().contains("F32"),
+        "{err}"
+    );
+    let err = store_rows(
+        &gpu.kernels,
+        &gpu.stream,
+        &k,
+        &mut cache16.view_mut(),
+        &pos.view(),
+        4,
+        8,
+        17,
+    )
+    .expect_err("too few slots in the view");
+    assert!(err.to_string().contains("17 slots"), "{err}");
+    let err = store_rows(
+        &gpu.kernels,
+        &gpu.stream,
+        &k,
+        &mut cache16.view_mut(),
+        &pos.view(),
+        5,
+        8,
+        16,
+    )
+    .expect_err("too few source rows and positions");
+    assert!(err.to_string().contains("kv_store"), "{err}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Decode,
+    Prefill,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    n_head: usize,
+    n_head_kv: usize,
+    head_dim: usize,
+    slots: usize,
+    window: Option<usize>,
+    /// Position of the first query token; tokens are consecutive.
+    pos0: usize,
+    n_tokens: usize,
+    elem: KvElem,
+    path: Kind,
+}
+
+/// Runs one case with random cache contents in every slot, against the reference reading the
+/// same (rounded) cache, and for f16 also against an f32 reference of the unrounded values.
+fn run_case(gpu: &Gpu, case: Case, seed: u64) {
+    let mut noise = Noise::new(seed);
+    let d = case.head_dim;
+    let shape = AttentionShape {
+        n_tokens: case.n_tokens,
+        n_head: case.n_head,
+        n_head_kv: case.n_head_kv,
+        head_dim_k: d,
+        head_dim_v: d,
+        scale: 1.0 / (d as f32).sqrt(),
+        window: case.window,
+        slots: case.slots,
+    };
+    // q twice as large as k so the softmax is not flat.
+    let q = noise.vec(case.n_tokens * case.n_head * d, 2.0 * 3f32.sqrt());
+    let k = noise.vec(case.slots * case.n_head_kv * d, 3f32.sqrt());
+    let v = noise.vec(case.slots * case.n_head_kv * d, 1.0);
+    let positions: Vec<i32> = (0..case.n_tokens).map(|t| (case.pos0 + t) as i32).collect();
+
+    let (hk, hv) = (
+        HostCache::from_f32(&k, case.elem),
+        HostCache::from_f32(&v, case.elem),
+    );
+    let mut want = vec![0.0; case.n_tokens * case.n_head * d];
+    reference::attention::attention(&q, hk.kv(), hv.kv(), &positions, &mut want, &shape)
+        .expect("reference attention");
+
+    let (dq, dpos) = (Buf::from(gpu, &q), Buf::from(gpu, &positions));
+    let (dk, dv) = (
+        Cache::from_f32(gpu, &k, case.elem),
+        Cache::from_f32(gpu, &v, case.elem),
+    );
+    // NaN-filled output: a value the kernel forgets to write fails the comparison.
+    let mut dout = Buf::from(gpu, &vec![f32::NAN; want.len()]);
+    match case.path {
+        Kind::Decode => {
+            let need = decode_workspace_floats(&shape).expect("workspace size");
+            let mut ws = Buf::from(gpu, &vec![f32::NAN; need]);
+            attention_decode(
+                &gpu.kernels,
+                &gpu.stream,
+                &dq.view(),
+                &dk.view(),
+                &dv.view(),
+                &dpos.view(),
+                &mut dout.view_mut(),
+                &mut ws.view_mut(),
+                &shape,
+            )
+            .expect("attention_decode");
+            gpu.stream.synchronize().expect("sync");
+        }
+        Kind::Prefill => {
+            attention_prefill(
+                &gpu.kernels,
+                &gpu.stream,
+                &dq.view(),
+                &dk.view(),
+                &dv.view(),
+                &dpos.view(),
+                &mut dout.view_mut(),
+                &shape,
+            )
+            .expect("attention_prefill");
+        }
+    }
+    let got = dout.read(gpu);
+    let splits = decode_splits(&shape).unwrap_or(0);
+    let what = format!("{case:?} (decode splits {splits})");
+    assert_close(&what, &got, &want, 5e-5, 1e-5);
+    if case.elem == KvElem::F16 {
+        let mut exact = vec![0.0; want.len()];
+        reference::attention::attention(
+            &q,
+            HostKv::F32(&k),
+            HostKv::F32(&v),
+            &positions,
+            &mut exact,
+            &shape,
+        )
+        .expect("f32 reference");
+        assert_close(
+            &format!("{what} against unrounded f32"),
+            &got,
+            &exact,
+            3e-3,
+            1e-3,
+        );
+    }
+}
+
+fn case(n_head: usize, n_head_kv: usize, head_dim: usize, slots: usize, pos0: usize) -> Case {
+    Case {
+        n_head,
+        n_head_kv,
+        head_dim,
+        slots,
+        window: None,
+        pos0,
+        n_tokens: 1,
+        elem: KvElem::F32,
+        path: Kind::Decode,
+    }
+}
+
+#[test]
+fn decode_attention_matches_the_reference_over_lengths_heads_and_head_dims() {
+    let Some(gpu) = gpu("decode_attention_matches_the_reference") else {
+        return;
+    };
+    let mut seed = 10;
+    // KV lengths 1, 5, 300, 4097 (position + 1) over head_dim 64/128/256/80 and head groupings
+    // 1/1, 8/2, 16/8, in both cache types.
+    for (n_head, n_head_kv) in [(1, 1), (8, 2), (16, 8)] {
+        for head_dim in [64, 128, 256, 80] {
+            for (slots, pos) in [(8, 0), (8, 4), (512, 299), (4100, 4096)] {
+                for elem in [KvElem::F16, KvElem::F32] {
+                    seed += 1;
+                    let mut c = case(n_head, n_head_kv, head_dim, slots, pos);
+                    c.elem = elem;
+                    run_case(&gpu, c, seed);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_attention_is_right_on_both_sides_of_tile_and_split_boundaries() {
+    let Some(gpu) = gpu("decode_attention_split_boundaries") else {
+        return;
+    };
+    // 1024 slots: four splits of one 256-key tile each. 20_000 slots: 79 tiles, more than
+    // MAX_SPLITS, so 40 splits of two tiles (512 keys). Positions on both sides of the tile and
+    // split boundaries the current length crosses.
+    for (slots, positions) in [
+        (
+            1024,
+            &[0usize, 1, 254, 255, 256, 257, 511, 512, 767, 1023][..],
+        ),
+        (
+            20_000,
+            &[0, 255, 256, 511, 512, 1024, 10_239, 10_240, 19_999][..],
+        ),
+    ] {
+        for (i, &pos) in positions.iter().enumerate() {
+            let mut c = case(8, 2, 128, slots, pos);
+            c.elem = if i % 2 == 0 { KvElem::F16 } else { KvElem::F32 };
+            run_case(&gpu, c, 100 + i as u64);
+        }
+    }
+}
+
+#[test]
+fn windowed_attention_matches_the_reference_on_full_caches_and_rings() {
+    let Some(gpu) = gpu("windowed_attention_matches_the_reference") else {
+        return;
+    };
+    let mut seed = 200;
+    for head_dim in [64, 128, 256, 80] {
+        for elem in [KvElem::F16, KvElem::F32] {
+            for (n_head, n_head_kv) in [(1, 1), (8, 2), (16, 8)] {
+                // Full-length cache, window 128: positions inside and past the window (4096 for
+                // one head_dim only, to keep the random cache small).
+                let far: &[usize] = if head_dim == 128 { &[4096] } else { &[] };
+                for &pos in [5, 127, 128, 300].iter().chain(far) {
+                    seed += 1;
+                    let mut c = case(n_head, n_head_kv, head_dim, pos + 8, pos);
+                    c.window = Some(128);
+                    c.elem = elem;
+                    run_case(&gpu, c, seed);
+                }
+                // Ring of window + batch - 1 = 131 slots for four tokens per step, positions far
+                // past the ring size.
+                for pos0 in [0, 126, 300, 4093] {
+                    seed += 1;
+                    let mut c = case(n_head, n_head_kv, head_dim, 131, pos0);
+                    c.window = Some(128);
+                    c.n_tokens = 4;
+                    c.elem = elem;
+                    run_case(&gpu, c, seed);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_few_decode_tokens_see_causal_prefixes() {
+    let Some(gpu) = gpu("a_few_decode_tokens_see_causal_prefixes") else {
+        return;
+    };
+    // Four tokens at 296..299 of a 300-slot cache (two splits), and three at 4094..4096.
+    let mut c = case(16, 8, 256, 300, 296);
+    c.n_tokens = 4;
+    run_case(&gpu, c, 300);
+    let mut c = case(8, 2, 80, 4097, 4094);
+    c.n_tokens = 3;
+    c.elem = KvElem::F16;
+    run_case(&gpu, c, 301);
+}
+
+#[test]
+fn prefill_attention_matches_the_reference_causal_windowed_and_grouped() {
+    let Some(gpu) = gpu("prefill_attention_matches_the_reference") else {
+        return;
+    };
+    let prefill = |n_head, n_head_kv, head_dim, slots, pos0, n_tokens, window, elem| Case {
+        n_head,
+        n_head_kv,
+        head_dim,
+        slots,
+        window,
+        pos0,
+        n_tokens,
+        elem,
+        path: Kind::Prefill,
+    };
+    let cases = [
+        // A whole prompt from position 0.
+        prefill(8, 2, 128, 512, 0, 300, None, KvElem::F16),
+        prefill(16, 8, 64, 64, 0, 37, None, KvElem::F32),
+        prefill(1, 1, 256, 300, 0, 300, None, KvElem::F32),
+        // A later chunk of a prompt (keys before pos0 already cached).
+        prefill(16, 8, 80, 600, 280, 20, None, KvElem::F16),
+        // Windowed, on a full cache and on a ring of window + batch - 1 slots.
+        prefill(8, 2, 64, 600, 0, 300, Some(128), KvElem::F32),
+        prefill(16, 8, 80, 191, 200, 64, Some(128), KvElem::F16),
+        prefill(8, 2, 256, 191, 4000, 64, Some(128), KvElem::F32),
+        // A prefill-sized batch through the decode path gives the same answers.
+        Case {
+            path: Kind::Decode,
+            ..prefill(8, 2, 128, 512, 0, 40, None, KvElem::F16)
+        },
+    ];
+    for (i, c) in cases.into_iter().enumerate() {
+        run_case(&gpu, c, 400 + i as u64);
+    }
+}
+
+#[test]
+fn attention_refuses_bad_shapes_and_a_short_workspace() {
+    let Some(gpu) = gpu("attention_refuses_bad_shapes") else {
+        return;
+    };
+    let shape = AttentionShape {
+        n_tokens: 1,
+        n_head: 8,
+        n_head_kv: 2,
+        head_dim_k: 64,
+        head_dim_v: 64,
+        scale: 0.125,
+        window: None,
+        slots: 1024,
+    };
+    let q = Buf::<f32>::new(&gpu, 8 * 64);
+    let pos = Buf::<i32>::new(&gpu, 1);
+    let k = Cache::F16(Buf::new(&gpu, 1024 * 2 * 64));
+    let v32 = Cache::F32(Buf::new(&gpu, 1024 * 2 * 64));
+    let v16 = Cache::F16(Buf::new(&gpu, 1024 * 2 * 64));
+    let mut out = Buf::<f32>::new(&gpu, 8 * 64);
+    let need = decode_workspace_floats(&shape).unwrap();
+    assert!(need > 0);
+    let mut ws = Buf::<f32>::new(&gpu, need - 1);
+    let err = attention_decode(
+        &gpu.kernels,
+        &gpu.stream,
+        &q.view(),
+        &k.view(),
+        &v16.view(),
+        &pos.view(),
+        &mut out.view_mut(),
+        &mut ws.view_mut(),
+        &shape,
+    )
+    .expect_err("short workspace");
+    assert!(err.to_string().contains("workspace"), "{err}");
+    let err = attention_prefill(
+        &gpu.kernels,
+        &gpu.stream,
+        &q.view(),
+        &k.view(),
+        &v32.view(),
+        &pos.view(),
+        &mut out.view_mut(),
+        &shape,
+    )
+    .expect_err("mixed cache types");
+    assert!(
+        err.to_string().contains("F16") && err.to_string().contains("F32"),
+        "{err}"
+    );
+    let mut bad = shape;
+    bad.n_head = 6;
+    assert!(attention_prefill(
+        &gpu.kernels,
+        &gpu.stream,
+        &q.view(),
+        &k.view(),
+        &v16.view(),
+        &pos.view(),
+        &mut out.view_mut(),
+        &bad
+    )
+    .is_err());
+}
+
+// ---------------------------------------------------------------------------------------------
+// A captured decode step replayed at new positions
+
+/// Captures one decode step (rope of q and k, the K/V store, decode attention) into a graph
+/// once, then replays it for every position with new inputs and positions written to the
+/// device, as the backend's step block does; each step is checked against the references.
+fn replay_decode_steps(gpu: &Gpu, elem: KvElem, window: Option<usize>, slots: usize, steps: usize) {
+    let (n_head, n_head_kv, d) = (8, 2, 64);
+    let params = RopeParams {
+        neox: true,
+        freq_base: 10_000.0,
+        position_scale: 1.0,
+        n_rot: d,
+    };
+    let shape = AttentionShape {
+        n_tokens: 1,
+        n_head,
+        n_head_kv,
+        head_dim_k: d,
+        head_dim_v: d,
+        scale: 1.0 / (d as f32).sqrt(),
+        window,
+        slots,
+    };
+    let kv_dim = n_head_kv * d;
+    let mut q = Buf::<f32>::new(gpu, n_head * d);
+    let mut k_new = Buf::<f32>::new(gpu, kv_dim);
+    let mut v_new = Buf::<f32>::new(gpu, kv_dim);
+    let mut pos = Buf::<i32>::new(gpu, 1);
+    let mut out = Buf::<f32>::new(gpu, n_head * d);
+    let mut ws = Buf::<f32>::new(gpu, decode_workspace_floats(&shape).expect("workspace"));
+    let mut k_cache = Cache::from_f32(gpu, &vec![0.0; slots * kv_dim], elem);
+    let mut v_cache = Cache::from_f32(gpu, &vec![0.0; slots * kv_dim], elem);
+
+    let rope_q = RopeShape {
+        rows: 1,
+        n_heads: n_head,
+        head_dim: d,
+    };
+    let rope_k = RopeShape {
+        n_heads: n_head_kv,
+        ..rope_q
+    };
+    let store = KvStoreShape {
+        rows: 1,
+        dim_k: kv_dim,
+        dim_v: kv_dim,
+        slots,
+    };
+    gpu.stream.begin_capture().expect("begin capture");
+    rope(
+        &gpu.kernels,
+        &gpu.stream,
+        &mut q.view_mut(),
+        &pos.view(),
+        None,
+        rope_q,
+        &params,
+    )
+    .expect("rope q");
+    rope(
+        &gpu.kernels,
+        &gpu.stream,
+        &mut k_new.view_mut(),
+        &pos.view(),
+        None,
+        rope_k,
+        &params,
+    )
+    .expect("rope k");
+    store_kv(
+        &gpu.kernels,
+        &gpu.stream,
+        &k_new.view(),
+        &v_new.view(),
+        &mut k_cache.view_mut(),
+        &mut v_cache.view_mut(),
+        &pos.view(),
+        store,
+    )
+    .expect("store");
+    attention_decode(
+        &gpu.kernels,
+        &gpu.stream,
+        &q.view(),
+        &k_cache.view(),
+        &v_cache.view(),
+        &pos.view(),
+        &mut out.view_mut(),
+        &mut ws.view_mut(),
+        &shape,
+    )
+    .expect("attention");
+    let graph = gpu.stream.end_capture().expect("end capture");
+    let exec = graph.instantiate().expect("instantiate");
+
+    let mut noise = Noise::new(500 + slots as u64);
+    let mut hk = HostCache::new(slots * kv_dim, elem);
+    let mut hv = HostCache::new(slots * kv_dim, elem);
+    for p in 0..steps {
+        let positions = [p as i32];
+        let (mut hq, mut hkn, hvn) = (
+            noise.vec(n_head * d, 2.0),
+            noise.vec(kv_dim, 2.0),
+            noise.vec(kv_dim, 1.0),
+        );
+        q.write(gpu, &hq);
+        k_new.write(gpu, &hkn);
+        v_new.write(gpu, &hvn);
+        pos.write(gpu, &positions);
+        exec.launch(&gpu.stream).expect("replay");
+        let got = out.read(gpu);
+
+        reference::rope::rope(&mut hq, &positions, None, rope_q, &params).expect("rope q");
+        reference::rope::rope(&mut hkn, &positions, None, rope_k, &params).expect("rope k");
+        hk.store(&hkn, &positions, 1, kv_dim, slots);
+        hv.store(&hvn, &positions, 1, kv_dim, slots);
+        let mut want = vec![0.0; n_head * d];
+        reference::attention::attention(&hq, hk.kv(), hv.kv(), &positions, &mut want, &shape)
+            .expect("reference");
+        // GPU and CPU rope give q and k that differ in the last bits (more at larger positions),
+        // and in an f16 cache such a difference can move a stored value by one f16 ulp, so the
+        // comparison allows for that on top of the attention error.
+        let (max_rel, rms_rel) = match elem {
+            KvElem::F16 => (2e-3, 5e-4),
+            KvElem::F32 => (5e-5 + 1e-6 * p as f32, 1e-5 + 1e-6 * p as f32),
+        };
+        let what =
+            format!("replayed step at position {p} ({elem:?}, window {window:?}, {slots} slots)");
+        assert_close(&what, &got, &want, max_rel, rms_rel);
+    }
+}
+
+#[test]
+fn a_captured_decode_step_replays_at_new_positions() {
+    let Some(gpu) = gpu("a_captured_decode_step_replays_at_new_positions") else {
+        return;
+    };
+    // A full cache of 600 slots (three splits, crossed at 256 and 512) and a 32-slot ring with
+    // window 32 that wraps many times.
+    replay_decode_steps(&gpu, KvElem::F16, None, 600, 600);
+    replay_decode_steps(&gpu, KvElem::F32, Some(32), 32, 200);
+}
