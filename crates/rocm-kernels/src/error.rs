@@ -15,7 +15,7 @@ pub enum KernelError {
         message: String,
     },
     /// A weight format this op has no kernel for.
-    #[error("{op}: no kernel for weight format {format:?}; supported: {supported}")]
+    #[error("{op}: no kernel for weight format {}; supported: {supported}", .format.name())]
     UnsupportedFormat {
         /// The op that refused.
         op: &'static str,

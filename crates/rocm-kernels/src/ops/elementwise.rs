@@ -117,7 +117,7 @@ pub fn add_bias(
 ) -> Result<()> {
     const OP: &str = "add_bias";
     check_shape(dim > 0 || rows == 0, OP, || "dim is 0".to_string())?;
-    let len = rows.checked_mul(dim).unwrap_or(usize::MAX);
+    let len = rows.saturating_mul(dim);
     let n = count(OP, len)?;
     fits(OP, "bias", bias.len(), dim)?;
     fits(OP, "x", x.len(), len)?;
@@ -230,10 +230,10 @@ pub fn copy_rows(
     dim: usize,
 ) -> Result<()> {
     const OP: &str = "copy_rows";
-    let len = rows.checked_mul(dim).unwrap_or(usize::MAX);
+    let len = rows.saturating_mul(dim);
     let n = count(OP, len)?;
-    let s0 = src_row.checked_mul(dim).unwrap_or(usize::MAX);
-    let d0 = dst_row.checked_mul(dim).unwrap_or(usize::MAX);
+    let s0 = src_row.saturating_mul(dim);
+    let d0 = dst_row.saturating_mul(dim);
     let src = src
         .slice(s0, len)
         .ok_or_else(|| short(OP, "src", src.len(), s0, len))?;
