@@ -7,11 +7,11 @@ mod common;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use rocm_alloc::backends::sim::{SimConfig, SimDevice};
+use rocm_alloc::backends::sim::{EventFaults, SimConfig, SimDevice};
 use rocm_alloc::limits::{self, CACHE_FLOOR};
 use rocm_alloc::{
-    AllocError, Allocator, AllocatorConfig, BlockState, CaptureTarget, LimitSpec, OomCause,
-    PoolName, StreamId, Tag, UmaInfo,
+    AllocError, Allocator, AllocatorConfig, BlockState, CaptureTarget, DeviceError, LimitSpec,
+    OomCause, PoolName, StreamId, Tag, UmaInfo,
 };
 
 /// A simulated device, an allocator on it, and two streams of the device (main, side).
@@ -456,4 +456,339 @@ fn allocator_and_handles_are_send_sync() {
     check::<Allocator>();
     check::<rocm_alloc::Allocation>();
     check::<rocm_alloc::GraphPool>();
+}
+
+fn allocator_with(dev: &Arc<SimDevice>, config: AllocatorConfig) -> Allocator {
+    Allocator::new(
+        dev.clone(),
+        AllocatorConfig {
+            read_env: false,
+            ..config
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn failed_event_query_loses_no_block_and_is_reported_once() {
+    let (dev, alloc, [main, side]) = sim(1 << 30);
+    let bad = dev.create_stream();
+    let a = alloc.alloc(4096, main, Tag::Activations).unwrap();
+    let b = alloc.alloc(4096, main, Tag::Activations).unwrap();
+    let (pa, pb) = (a.ptr(), b.ptr());
+    a.record_stream(side).unwrap();
+    b.record_stream(bad).unwrap();
+    dev.submit_work(side);
+    dev.submit_work(bad);
+    drop(a); // pending on `side`, polled first
+    drop(b); // pending on `bad`, whose event queries fail
+    dev.complete_stream(side);
+    dev.set_event_faults(
+        bad,
+        EventFaults {
+            query: true,
+            ..Default::default()
+        },
+    );
+    let c = alloc
+        .alloc(4096, main, Tag::Activations)
+        .expect("a failed event query does not fail allocations");
+    assert_eq!(c.ptr(), pa, "the block whose event completed was released");
+    let failures = alloc.take_event_failures();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(
+        (
+            failures[0].address,
+            failures[0].stream,
+            failures[0].event_stream
+        ),
+        (pb, main, bad),
+        "the report names the block and both streams"
+    );
+    assert!(failures[0].error.contains("injected"), "{failures:?}");
+    for _ in 0..3 {
+        let d = alloc.alloc(4096, main, Tag::Activations).unwrap();
+        assert_ne!(d.ptr(), pb, "a stuck block is never reused");
+    }
+    assert!(alloc.take_event_failures().is_empty(), "reported once");
+    let snap = alloc.snapshot();
+    assert_eq!(snap.stats.stuck_blocks, 1);
+    assert_eq!(snap.stuck_blocks.len(), 1);
+    assert_eq!(snap.stuck_blocks[0].address, pb);
+    assert_eq!(alloc.process_pending().unwrap(), 1, "only the stuck block");
+    assert_eq!(
+        dev.stats().live_events,
+        0,
+        "the failed entry's events are destroyed"
+    );
+}
+
+#[test]
+fn failed_event_wait_on_the_oom_path_gives_an_oom_report() {
+    let (dev, alloc, [main, _]) = sim(64 << 20);
+    let bad = dev.create_stream();
+    let a = alloc.alloc(40 << 20, main, Tag::KvCache).unwrap();
+    a.record_stream(bad).unwrap();
+    dev.submit_work(bad);
+    drop(a);
+    dev.set_event_faults(
+        bad,
+        EventFaults {
+            query: false,
+            wait: true,
+            record: false,
+        },
+    );
+    // Polling says "not done"; the OOM path then waits, and the wait fails.
+    let err = alloc.alloc(40 << 20, main, Tag::KvCache).unwrap_err();
+    assert!(matches!(err, AllocError::OutOfMemory(_)), "{err}");
+    let failures = alloc.take_event_failures();
+    assert_eq!(failures.len(), 1);
+    assert_eq!(failures[0].event_stream, bad);
+    // The allocator stays usable for what fits.
+    alloc.alloc(1 << 20, main, Tag::KvCache).unwrap();
+}
+
+#[test]
+fn failed_event_record_at_free_is_reported_and_the_block_kept() {
+    let (dev, alloc, [main, side]) = sim(1 << 30);
+    let a = alloc.alloc(4096, main, Tag::Activations).unwrap();
+    let pa = a.ptr();
+    a.record_stream(side).unwrap();
+    dev.set_event_faults(
+        side,
+        EventFaults {
+            record: true,
+            ..Default::default()
+        },
+    );
+    drop(a);
+    let failures = alloc.take_event_failures();
+    assert_eq!(failures.len(), 1);
+    assert_eq!((failures[0].address, failures[0].event_stream), (pa, side));
+    let b = alloc.alloc(4096, main, Tag::Activations).unwrap();
+    assert_ne!(b.ptr(), pa);
+}
+
+#[test]
+fn capture_makes_no_illegal_call_and_defers_frees_to_its_end() {
+    let dev = Arc::new(SimDevice::discrete(1 << 30));
+    let alloc = allocator_with(
+        &dev,
+        AllocatorConfig {
+            cache_limit: Some(LimitSpec::Bytes(1 << 20)),
+            memory_limit: Some(LimitSpec::Bytes(64 << 20)),
+            trim_hot_window: 0,
+            ..Default::default()
+        },
+    );
+    let (main, side) = (dev.create_stream(), dev.create_stream());
+    // Before the capture: a block of `side` also used by `main`, still live; one already
+    // freed and pending on `main`'s unfinished work; an idle 12 MiB segment (over the cache
+    // limit); and a graph pool with an idle segment whose graph is about to go.
+    let shared = alloc.alloc(4096, side, Tag::Activations).unwrap();
+    shared.record_stream(main).unwrap();
+    let pending = alloc.alloc(8192, side, Tag::Activations).unwrap();
+    pending.record_stream(main).unwrap();
+    dev.submit_work(main);
+    drop(pending);
+    let old_pool = alloc.new_graph_pool();
+    {
+        let _g = alloc
+            .begin_capture(side, CaptureTarget::Private(&old_pool))
+            .unwrap();
+        drop(alloc.alloc(4096, side, Tag::Graph).unwrap());
+    }
+    // (On `main`'s ordinary pool, which serves nothing while `main` captures.)
+    drop(alloc.alloc(12 << 20, main, Tag::Workspace).unwrap());
+    let frees_before = dev.stats().frees;
+    let reserved_before = alloc.stats().reserved_bytes;
+
+    let pool = alloc.new_graph_pool();
+    let guard = alloc
+        .begin_capture(main, CaptureTarget::Private(&pool))
+        .unwrap();
+    dev.begin_capture(main);
+
+    let g = alloc.alloc(1 << 16, main, Tag::Graph).unwrap();
+    drop(shared); // freed across streams during the capture
+    let t = alloc.alloc(4096, main, Tag::Graph).unwrap();
+    t.record_stream(side).unwrap();
+    drop(t);
+    // A miss on another stream with the cache over its limit: no trim now.
+    let grown = alloc.alloc(3 << 20, side, Tag::Workspace).unwrap();
+    assert_eq!(dev.capture_violations(), Vec::<String>::new());
+    // Out of memory under capture: reported at once, without flushing or waiting.
+    let err = alloc.alloc(60 << 20, side, Tag::Workspace).unwrap_err();
+    let AllocError::OutOfMemory(report) = &err else {
+        panic!("expected OOM, got {err}")
+    };
+    assert!(report.capture_active);
+    assert_eq!(report.cause, OomCause::MemoryLimit);
+    assert!(err.to_string().contains("graph capture is active"), "{err}");
+    drop(old_pool); // its idle segment must wait for the capture's end
+    assert!(matches!(
+        alloc.trim(),
+        Err(AllocError::CaptureActive { .. })
+    ));
+    assert!(matches!(
+        alloc.clear_cache(),
+        Err(AllocError::CaptureActive { .. })
+    ));
+    alloc.set_cache_limit(LimitSpec::Bytes(1 << 20)).unwrap();
+    assert_eq!(
+        alloc.process_pending().unwrap(),
+        3,
+        "nothing polled, all held"
+    );
+
+    assert_eq!(dev.capture_violations(), Vec::<String>::new());
+    assert_eq!(
+        dev.stats().frees,
+        frees_before,
+        "no device free during capture"
+    );
+    assert!(alloc.stats().reserved_bytes > reserved_before);
+
+    dev.end_capture(main);
+    drop(guard);
+    assert_eq!(dev.capture_violations(), Vec::<String>::new());
+    // The deferred frees now wait on real events; the idle segments above the cache limit
+    // (the 12 MiB one, the dead graph pool's) are gone.
+    let st = alloc.stats();
+    assert!(st.releasable_bytes <= 1 << 20, "{st:?}");
+    assert!(dev.stats().frees >= frees_before + 2);
+    assert_eq!(
+        dev.stats().live_events,
+        3,
+        "events for `pending`, `shared` and `t`"
+    );
+    assert_eq!(
+        alloc.process_pending().unwrap(),
+        2,
+        "`t` waited on idle `side`; the two blocks used by `main` wait for its work"
+    );
+    dev.complete_all();
+    assert_eq!(alloc.process_pending().unwrap(), 0);
+    drop((g, grown, pool));
+    alloc.clear_cache().unwrap();
+    assert_eq!(dev.stats().live, 0);
+    assert_eq!(dev.capture_violations(), Vec::<String>::new());
+}
+
+#[test]
+fn best_fit_finds_a_block_behind_many_smaller_ones() {
+    // Memory for exactly one small segment: a missed fit cannot be hidden by growing.
+    let dev = Arc::new(SimDevice::discrete(1 << 30));
+    let alloc = allocator_with(
+        &dev,
+        AllocatorConfig {
+            memory_limit: Some(LimitSpec::Bytes(2 << 20)),
+            ..Default::default()
+        },
+    );
+    let s = dev.create_stream();
+    let fit = 71 * 512; // same size class as the 64-unit blocks below
+    let mut free_later = vec![alloc.alloc(fit, s, Tag::Other).unwrap()];
+    let mut keep = vec![alloc.alloc(512, s, Tag::Other).unwrap()];
+    for _ in 0..17 {
+        free_later.push(alloc.alloc(64 * 512, s, Tag::Other).unwrap());
+        keep.push(alloc.alloc(512, s, Tag::Other).unwrap());
+    }
+    // Use up the rest of the segment so that no larger free block exists.
+    let used: u64 = free_later.iter().chain(&keep).map(|a| a.block_size()).sum();
+    keep.push(alloc.alloc(1 << 20, s, Tag::Other).unwrap());
+    keep.push(
+        alloc
+            .alloc((2 << 20) - used - (1 << 20), s, Tag::Other)
+            .unwrap(),
+    );
+    assert_eq!(dev.stats().mallocs, 1);
+    let fit_addr = free_later[0].ptr();
+    // The fitting block is freed first, then 17 smaller ones of its class.
+    for a in free_later {
+        drop(a);
+    }
+    let again = alloc
+        .alloc(fit, s, Tag::Other)
+        .expect("the fitting free block is found: no out-of-memory while it exists");
+    assert_eq!(again.ptr(), fit_addr);
+    assert_eq!(dev.stats().mallocs, 1, "served from the cache");
+    assert_eq!(alloc.stats().oom_retries, 0);
+}
+
+#[test]
+fn unknown_streams_are_errors_not_leaks() {
+    let (_dev, alloc, [main, _]) = sim(1 << 30);
+    let foreign = SimDevice::discrete(1 << 30).create_stream();
+    let err = alloc.alloc(4096, foreign, Tag::Other).unwrap_err();
+    assert!(
+        matches!(err, AllocError::Device(DeviceError::UnknownStream { stream, .. }) if stream == foreign),
+        "{err}"
+    );
+    assert!(err.to_string().contains("create_stream"), "{err}");
+    assert!(alloc
+        .begin_capture(foreign, CaptureTarget::StreamPool)
+        .is_err());
+    let a = alloc.alloc(4096, main, Tag::Other).unwrap();
+    let pa = a.ptr();
+    assert!(matches!(
+        a.record_stream(foreign),
+        Err(AllocError::Device(DeviceError::UnknownStream { .. }))
+    ));
+    drop(a);
+    let st = alloc.stats();
+    assert_eq!(
+        st.pending_free_blocks, 0,
+        "the refused use does not hold the block"
+    );
+    assert_eq!(alloc.alloc(4096, main, Tag::Other).unwrap().ptr(), pa);
+}
+
+#[test]
+fn fraction_limits_are_range_checked() {
+    let (_dev, alloc, _) = sim(1 << 30);
+    let before = alloc.cache_limit();
+    for bad in [f64::NAN, 0.0, -1.0, 1.5] {
+        let e = alloc
+            .set_cache_limit(LimitSpec::FractionOfDevice(bad))
+            .unwrap_err();
+        assert!(matches!(e, AllocError::InvalidLimit(_)), "{e}");
+        assert!(e.to_string().contains("at most 1"), "{e}");
+        assert!(alloc
+            .set_memory_limit(LimitSpec::FractionOfDevice(bad))
+            .is_err());
+    }
+    assert_eq!(
+        alloc.cache_limit(),
+        before,
+        "a refused limit changes nothing"
+    );
+    let dev = Arc::new(SimDevice::discrete(1 << 30));
+    let err = Allocator::new(
+        dev,
+        AllocatorConfig {
+            read_env: false,
+            memory_limit: Some(LimitSpec::FractionOfDevice(f64::NAN)),
+            ..Default::default()
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(err, AllocError::InvalidLimit(_)), "{err}");
+    alloc
+        .set_cache_limit(LimitSpec::FractionOfDevice(0.5))
+        .unwrap();
+    assert_eq!(alloc.cache_limit(), Some(512 << 20));
+}
+
+#[test]
+fn lowering_the_weight_bytes_trims_the_cache() {
+    let (dev, alloc, [main, _]) = sim(4 << 30);
+    alloc.set_weight_bytes(8 << 30); // default cache limit: 256 MiB + 1 GiB
+    drop(alloc.alloc(1 << 30, main, Tag::Activations).unwrap());
+    assert_eq!(alloc.stats().releasable_bytes, 1 << 30);
+    alloc.set_weight_bytes(0); // back to 256 MiB
+    assert_eq!(alloc.cache_limit(), Some(CACHE_FLOOR));
+    assert!(alloc.stats().releasable_bytes <= CACHE_FLOOR);
+    assert_eq!(dev.stats().frees, 1);
 }
