@@ -69,7 +69,8 @@ pub fn gated(
     }
     let function = kernels.function(KernelModule::Elementwise, act.entry_point())?;
     let mut l = function.builder(stream);
-    l.arg(&gate.ptr()).arg(&up.ptr()).arg(&n);
+    let (gate_p, up_p) = (gate.ptr(), up.ptr());
+    l.arg(&gate_p).arg(&up_p).arg(&n);
     // SAFETY: the arguments match `gated_silu` / `gated_gelu_tanh(float*, const float*, u32)`;
     // both views hold `len` values and do not overlap (the kernel's `__restrict__`).
     unsafe { l.launch(config(n)) }?;
@@ -96,7 +97,8 @@ pub fn add(
     }
     let function = kernels.function(KernelModule::Elementwise, "add_inplace")?;
     let mut l = function.builder(stream);
-    l.arg(&x.ptr()).arg(&y.ptr()).arg(&n);
+    let (x_p, y_p) = (x.ptr(), y.ptr());
+    l.arg(&x_p).arg(&y_p).arg(&n);
     // SAFETY: the arguments match `add_inplace(float*, const float*, u32)`; both views hold
     // `len` values and do not overlap.
     unsafe { l.launch(config(n)) }?;
@@ -135,7 +137,8 @@ pub fn add_bias(
     let dim_u = dim as u32;
     let function = kernels.function(KernelModule::Elementwise, "add_bias_rows")?;
     let mut l = function.builder(stream);
-    l.arg(&x.ptr()).arg(&bias.ptr()).arg(&n).arg(&dim_u);
+    let (x_p, bias_p) = (x.ptr(), bias.ptr());
+    l.arg(&x_p).arg(&bias_p).arg(&n).arg(&dim_u);
     // SAFETY: the arguments match `add_bias_rows(float*, const float*, u32 n, u32 dim)`; x holds
     // n = rows * dim values, bias dim (indexed i % dim), and they do not overlap.
     unsafe { l.launch(config(n)) }?;
@@ -182,7 +185,8 @@ pub fn add_scaled_row(
     })?;
     let function = kernels.function(KernelModule::Elementwise, "add_scaled")?;
     let mut l = function.builder(stream);
-    l.arg(&row.ptr()).arg(&y.ptr()).arg(&alpha.ptr()).arg(&n);
+    let (row_p, y_p, alpha_p) = (row.ptr(), y.ptr(), alpha.ptr());
+    l.arg(&row_p).arg(&y_p).arg(&alpha_p).arg(&n);
     // SAFETY: the arguments match `add_scaled(float*, const float*, const float*, u32)`; the
     // row holds dim values inside x, y holds dim, alpha at least one, and none overlaps the row.
     unsafe { l.launch(config(n)) }?;
@@ -207,7 +211,8 @@ pub fn scale(
     }
     let function = kernels.function(KernelModule::Elementwise, "scale_inplace")?;
     let mut l = function.builder(stream);
-    l.arg(&x.ptr()).arg(&factor).arg(&n);
+    let x_p = x.ptr();
+    l.arg(&x_p).arg(&factor).arg(&n);
     // SAFETY: the arguments match `scale_inplace(float*, float, u32)`; x holds `len` values.
     unsafe { l.launch(config(n)) }?;
     Ok(())
@@ -247,7 +252,8 @@ pub fn copy_rows(
     disjoint(OP, ("src", src.addr()), ("dst", dst.addr()), len)?;
     let function = kernels.function(KernelModule::Elementwise, "copy_f32")?;
     let mut l = function.builder(stream);
-    l.arg(&src.ptr()).arg(&dst.ptr()).arg(&n);
+    let (src_p, dst_p) = (src.ptr(), dst.ptr());
+    l.arg(&src_p).arg(&dst_p).arg(&n);
     // SAFETY: the arguments match `copy_f32(const float*, float*, u32)`; both sub-views hold
     // n values inside the caller's views and do not overlap.
     unsafe { l.launch(config(n)) }?;
@@ -269,7 +275,8 @@ pub fn zero(
     }
     let function = kernels.function(KernelModule::Elementwise, "zero_f32")?;
     let mut l = function.builder(stream);
-    l.arg(&x.ptr()).arg(&n);
+    let x_p = x.ptr();
+    l.arg(&x_p).arg(&n);
     // SAFETY: the arguments match `zero_f32(float*, u32)`; x holds `len` values.
     unsafe { l.launch(config(n)) }?;
     Ok(())

@@ -107,13 +107,14 @@ pub fn argmax(
     })?;
     check_views(logits.len(), n, workspace.len(), out.len())?;
     let n_u = n as u32;
+    let (logits_p, workspace_p, out_p) = (logits.ptr(), workspace.ptr(), out.ptr());
     let blocks = n_u
         .div_ceil(ARGMAX_BLOCK * ARGMAX_PER_THREAD)
         .min(ARGMAX_WORKSPACE as u32);
     if blocks > 0 {
         let partial = kernels.function(KernelModule::Sampling, "argmax_partial")?;
         let mut l = partial.builder(stream);
-        l.arg(&logits.ptr()).arg(&n_u).arg(&workspace.ptr());
+        l.arg(&logits_p).arg(&n_u).arg(&workspace_p);
         // SAFETY: the arguments match `argmax_partial(const float*, u32, u64*)`; the grid-stride
         // loop reads indices < n of logits, which holds n values, and block b writes
         // workspace[b], b < blocks <= ARGMAX_WORKSPACE <= workspace.len().
@@ -127,7 +128,7 @@ pub fn argmax(
     }
     let last = kernels.function(KernelModule::Sampling, "argmax_final")?;
     let mut l = last.builder(stream);
-    l.arg(&workspace.ptr()).arg(&blocks).arg(&out.ptr());
+    l.arg(&workspace_p).arg(&blocks).arg(&out_p);
     // SAFETY: the arguments match `argmax_final(const u64*, u32, i32*)`; it reads the `blocks`
     // partial keys the launch above wrote (same stream, so in order) and writes out[0].
     unsafe {
@@ -174,13 +175,14 @@ pub fn sample(
     let inv_t = 1.0f32 / params.temperature;
     let function = kernels.function(KernelModule::Sampling, "sample_logits")?;
     let mut l = function.builder(stream);
-    l.arg(&logits.ptr())
+    let (logits_p, draw_p, out_p) = (logits.ptr(), draw.ptr(), out.ptr());
+    l.arg(&logits_p)
         .arg(&n_u)
         .arg(&top_k)
         .arg(&params.top_p)
         .arg(&inv_t)
-        .arg(&draw.ptr())
-        .arg(&out.ptr());
+        .arg(&draw_p)
+        .arg(&out_p);
     // SAFETY: the arguments match `sample_logits(const float*, u32, u32, float, float, const
     // float*, i32*)`; the kernel reads indices < n of logits (which holds n), draw[0] and
     // writes out[0]; the block of 1024 threads fits its __launch_bounds__.
