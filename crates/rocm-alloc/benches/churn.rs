@@ -7,7 +7,7 @@ mod support;
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use rocm_alloc::{Allocation, StreamId, Tag};
+use rocm_alloc::{Allocation, Tag};
 
 /// xorshift64*: deterministic and dependency-free.
 struct Rng(u64);

@@ -8,12 +8,9 @@
 
 mod common;
 
-use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use hip_ffi::memory::DeviceBuffer;
-use hip_ffi::module::{kernel_arg, Function, LaunchConfig};
-use hip_ffi::stream::Stream;
+use hip_ffi::{DeviceBuffer, DevicePtr, LaunchConfig};
 use rocm_alloc::backends::hip::HipDevice;
 use rocm_alloc::{
     AllocError, Allocator, AllocatorConfig, CaptureTarget, DeviceError, LimitSpec, RawDevice,
@@ -29,17 +26,6 @@ fn gpu_lock() -> MutexGuard<'static, ()> {
 
 fn device_or_skip(test: &str) -> Option<Arc<HipDevice>> {
     hip_ffi::testing::device_or_skip(test).map(|d| Arc::new(HipDevice::new(d)))
-}
-
-/// Queues `f` on `stream` with one launch argument per entry of `args`.
-///
-/// # Safety
-/// Each argument must point to a value of exactly the kernel parameter's type, and device
-/// pointers among them must stay valid until the kernel has run.
-unsafe fn launch(f: &Function<'_>, stream: &Stream, threads: u32, args: &mut [*mut c_void]) {
-    let config = LaunchConfig::for_elements(threads, 256);
-    // SAFETY: forwarded from the caller.
-    unsafe { f.launch(&config, stream, args) }.expect("kernel launch");
 }
 
 /// Kernels in the subset HIP and CUDA share (`clock64` exists in both).
@@ -150,18 +136,16 @@ fn record_stream_holds_a_block_while_the_side_stream_runs() {
 
     let a = alloc.alloc(1 << 20, main, Tag::Activations).unwrap();
     let pa = a.ptr();
-    let cycles = SPIN_CYCLES;
-    // SAFETY: `pa` (a u64 device address, the size of `unsigned int*`) and `cycles` (i64 for
-    // `long long`) match the parameters; the block stays reserved until the kernel is done,
-    // which is what this test checks.
+    let (flag, cycles) = (DevicePtr(pa), SPIN_CYCLES);
+    // SAFETY: (unsigned int*, long long) matches `spin`; one thread writes the first word of
+    // the 1 MiB block, which stays reserved until the kernel is done (what this test checks).
     unsafe {
-        launch(
-            &spin,
-            &side_stream,
-            1,
-            &mut [kernel_arg(&pa), kernel_arg(&cycles)],
-        )
-    };
+        spin.builder(&side_stream)
+            .arg(&flag)
+            .arg(&cycles)
+            .launch(LaunchConfig::for_elements(1, 1))
+    }
+    .unwrap();
     a.record_stream(side).unwrap();
     drop(a); // freed from the main stream while `side` still uses it
 
@@ -228,26 +212,24 @@ fn allocation_inside_a_real_graph_capture() {
     cap_stream.begin_capture().unwrap();
 
     let out = alloc.alloc(N as u64 * 4, cap, Tag::Graph).unwrap();
-    let (out_ptr, result_ptr, n, base) = (out.ptr(), result.ptr().0, N, BASE);
-    // SAFETY: u64 device addresses for the pointer parameters, u32 for `unsigned int`; `out`
-    // and `result` outlive every replay below.
+    let (out_ptr, result_ptr, n, base) = (DevicePtr(out.ptr()), result.ptr(), N, BASE);
+    let grid = LaunchConfig::for_elements(N, 256);
+    // SAFETY: the arguments match (unsigned int*, unsigned int, unsigned int) and
+    // (const unsigned int*, unsigned int*, unsigned int); both buffers hold N words and
+    // outlive every replay below.
     unsafe {
-        launch(
-            &fill,
-            &cap_stream,
-            N,
-            &mut [kernel_arg(&out_ptr), kernel_arg(&n), kernel_arg(&base)],
-        );
-        launch(
-            &copy,
-            &cap_stream,
-            N,
-            &mut [
-                kernel_arg(&out_ptr),
-                kernel_arg(&result_ptr),
-                kernel_arg(&n),
-            ],
-        );
+        fill.builder(&cap_stream)
+            .arg(&out_ptr)
+            .arg(&n)
+            .arg(&base)
+            .launch(grid)
+            .unwrap();
+        copy.builder(&cap_stream)
+            .arg(&out_ptr)
+            .arg(&result_ptr)
+            .arg(&n)
+            .launch(grid)
+            .unwrap();
     }
     drop(shared); // a cross-stream free during capture: its event must wait
     let t = alloc.alloc(4096, cap, Tag::Graph).unwrap();
@@ -262,8 +244,9 @@ fn allocation_inside_a_real_graph_capture() {
         "{err}"
     );
 
-    // hip-ffi has no capture-status query; ending the capture succeeds only if nothing above
-    // invalidated it.
+    // Still capturing; `is_capturing` is also true for an invalidated capture, so ending it
+    // without an error is the real check that nothing above broke it.
+    assert!(cap_stream.is_capturing().unwrap());
     let graph = cap_stream
         .end_capture()
         .expect("the capture survived the allocator's calls");
@@ -274,7 +257,8 @@ fn allocation_inside_a_real_graph_capture() {
     );
 
     let exec = graph.instantiate().unwrap();
-    exec.launch(&cap_stream).unwrap();
+    // SAFETY: `out` and `result`, the only buffers the graph touches, are still allocated.
+    unsafe { exec.launch(&cap_stream) }.unwrap();
     cap_stream.synchronize().unwrap();
     let got: Vec<u32> = result.to_host_vec().unwrap();
     let want: Vec<u32> = (0..N).map(|i| BASE + i).collect();
