@@ -215,3 +215,40 @@ fn a_context_whose_cache_size_overflows_is_an_allocation_error() {
     assert!(msg.contains("KV cache"), "{msg}");
     assert!(msg.contains("--ctx"), "{msg}");
 }
+
+/// The fuzz targets' harnesses on their seeds (every tiny preset loads and tokenizes) and on
+/// damaged copies (cut short, bytes flipped across the header), which must not panic.
+#[test]
+fn the_fuzz_harnesses_take_the_seeds_and_survive_damaged_copies() {
+    for preset in [
+        Preset::TinyGemma3,
+        Preset::TinyQwen3,
+        Preset::TinyQwen3Moe,
+        Preset::TinyLlama,
+    ] {
+        let path = common::scratch_dir().join(format!(
+            "fuzz-seed-{}-{}.gguf",
+            preset.name(),
+            std::process::id()
+        ));
+        decode::gguf_loader::synth::write_preset(preset, &path, 2).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).ok();
+        assert!(decode::fuzzing::load_model(&bytes), "{}", preset.name());
+        assert!(
+            decode::fuzzing::build_tokenizer(&bytes),
+            "{}",
+            preset.name()
+        );
+        for cut in [8, 100, 4096, bytes.len() / 2, bytes.len() - 1] {
+            decode::fuzzing::load_model(&bytes[..cut]);
+            decode::fuzzing::build_tokenizer(&bytes[..cut]);
+        }
+        let mut flipped = bytes.clone();
+        for at in (24..flipped.len().min(40_000)).step_by(997) {
+            flipped[at] ^= 0xff;
+            decode::fuzzing::load_model(&flipped);
+            decode::fuzzing::build_tokenizer(&flipped);
+        }
+    }
+}
