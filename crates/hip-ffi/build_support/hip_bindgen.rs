@@ -55,6 +55,7 @@ pub const RUNTIME_FUNCTIONS: &[&str] = &[
     "hipModuleLaunchKernel",
     "hipStreamBeginCapture",
     "hipStreamEndCapture",
+    "hipStreamIsCapturing",
     "hipGraphDestroy",
     "hipGraphInstantiate",
     "hipGraphLaunch",
@@ -81,6 +82,7 @@ const RUNTIME_VARS: &[&str] = &[
     "hipDeviceAttribute.*",
     "hipMemcpy(HostToHost|HostToDevice|DeviceToHost|DeviceToDevice|Default)",
     "hipStreamCaptureMode.*",
+    "hipStreamCaptureStatus.*",
     "hipStreamNonBlocking",
     "hipEventDefault",
     "hipEventDisableTiming",
@@ -173,6 +175,7 @@ pub fn generate(include_dir: &Path, library: Library) -> Result<String, String> 
         .allowlist_type("hipDeviceAttribute_t")
         .allowlist_type("hipMemcpyKind")
         .allowlist_type("hipStreamCaptureMode")
+        .allowlist_type("hipStreamCaptureStatus")
         .allowlist_type("hiprtcResult");
     let bindings = builder
         .generate()

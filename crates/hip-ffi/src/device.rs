@@ -7,8 +7,10 @@ use crate::sysfs::{self, GttInfo, PciLocation};
 use std::fmt;
 use std::path::Path;
 
-/// A device address (`hipDeviceptr_t` / `CUdeviceptr`), as an integer.
+/// A device address (`hipDeviceptr_t` / `CUdeviceptr`), as an integer. Transparent over `u64`,
+/// so a kernel parameter of any pointer type can be passed one (see [`crate::KernelArg`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[repr(transparent)]
 pub struct DevicePtr(pub u64);
 
 impl DevicePtr {

@@ -40,7 +40,9 @@ pub use device::{Device, DeviceAttributes, DevicePtr, MemInfo};
 pub use error::{Backend, ErrorKind, HipError, Result};
 pub use graph::{Graph, GraphExec};
 pub use memory::{DeviceBuffer, DeviceCopy, HostRegistration, ManagedBuffer, PinnedHostBuffer};
-pub use module::{device_compile_options, kernel_arg, Function, LaunchConfig, Module};
+pub use module::{
+    device_compile_options, Function, KernelArg, LaunchBuilder, LaunchConfig, Module,
+};
 pub use platform::{Platform, PlatformKind, Visibility};
 pub use rtc::Compiler;
 pub use stream::{Event, Stream};

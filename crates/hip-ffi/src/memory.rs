@@ -1,6 +1,6 @@
 //! Device, pinned-host and managed memory with RAII ownership.
 
-use crate::backend::{Addr, CopyKind};
+use crate::backend::{Addr, CopyKind, RawHandle};
 use crate::device::{Device, DevicePtr};
 use crate::error::{ErrorKind, HipError, Result};
 use crate::stream::Stream;
@@ -32,6 +32,18 @@ fn size_mismatch(op: &'static str, wanted: usize, have: usize) -> HipError {
         ErrorKind::InvalidArgument,
         format!("copy of {wanted} bytes does not fit a buffer of {have} bytes"),
     )
+}
+
+/// Runs one memset or copy to completion: queued on the device's internal stream, then that
+/// stream is waited for. The runtimes' own "synchronous" calls are not enough: `cuMemsetD8` and
+/// device-to-device copies return before the device has done them, and work on a non-blocking
+/// stream queued right after would race with them. Cost: one stream synchronisation per call
+/// (a few microseconds on top of the operation), the same as a blocking call.
+fn run_to_completion(device: &Device, queue: impl FnOnce(RawHandle) -> Result<()>) -> Result<()> {
+    let stream = crate::stream::blocking_ops_stream(device)?;
+    queue(stream)?;
+    // SAFETY: the internal stream lives for the process's lifetime.
+    unsafe { device.api.stream_synchronize(device.ordinal, stream) }
 }
 
 /// Owned device memory. Dropping it frees synchronously (`hipFree`, which also accepts
@@ -91,14 +103,17 @@ impl DeviceBuffer {
         &self.device
     }
 
-    /// Sets every byte to `value` (synchronous with respect to the host).
+    /// Sets every byte to `value`; done on the device when this returns (so work queued on
+    /// any stream afterwards sees it). Not ordered after work already queued on other streams.
     pub fn memset(&mut self, value: u8) -> Result<()> {
-        // SAFETY: the whole range is owned device memory.
-        unsafe {
-            self.device
-                .api
-                .memset(self.device.ordinal, self.ptr.0, value, self.bytes, None)
-        }
+        run_to_completion(&self.device, |stream| {
+            // SAFETY: the whole range is owned device memory; the stream is live.
+            unsafe {
+                self.device
+                    .api
+                    .memset(self.device.ordinal, self.ptr.0, value, self.bytes, stream)
+            }
+        })
     }
 
     /// Queues a memset on `stream`.
@@ -111,47 +126,55 @@ impl DeviceBuffer {
                 self.ptr.0,
                 value,
                 self.bytes,
-                Some(stream.raw()),
+                stream.raw(),
             )
         }
     }
 
-    /// Copies `src` to the start of the buffer and waits for the copy.
+    /// Copies `src` to the start of the buffer; done on the device when this returns. Not
+    /// ordered after work already queued on other streams.
     pub fn copy_from_host<T: DeviceCopy>(&mut self, src: &[T]) -> Result<()> {
         let n = byte_len(src);
         if n > self.bytes {
             return Err(size_mismatch("hipMemcpyHtoD", n, self.bytes));
         }
-        // SAFETY: `src` is valid for `n` bytes; the buffer holds at least `n`.
-        unsafe {
-            self.device.api.memcpy(
-                self.device.ordinal,
-                self.ptr.0,
-                src.as_ptr() as Addr,
-                n,
-                CopyKind::HostToDevice,
-                None,
-            )
-        }
+        run_to_completion(&self.device, |stream| {
+            // SAFETY: `src` is valid for `n` bytes and borrowed until the copy has completed
+            // (waited for before returning); the buffer holds at least `n`.
+            unsafe {
+                self.device.api.memcpy(
+                    self.device.ordinal,
+                    self.ptr.0,
+                    src.as_ptr() as Addr,
+                    n,
+                    CopyKind::HostToDevice,
+                    stream,
+                )
+            }
+        })
     }
 
-    /// Copies the start of the buffer into `dst` and waits for the copy.
+    /// Copies the start of the buffer into `dst`; complete when this returns. Not ordered
+    /// after work already queued on other streams: synchronise them first.
     pub fn copy_to_host<T: DeviceCopy>(&self, dst: &mut [T]) -> Result<()> {
         let n = byte_len(dst);
         if n > self.bytes {
             return Err(size_mismatch("hipMemcpyDtoH", n, self.bytes));
         }
-        // SAFETY: `dst` is valid for `n` bytes and any bit pattern is a valid `T`.
-        unsafe {
-            self.device.api.memcpy(
-                self.device.ordinal,
-                dst.as_mut_ptr() as Addr,
-                self.ptr.0,
-                n,
-                CopyKind::DeviceToHost,
-                None,
-            )
-        }
+        run_to_completion(&self.device, |stream| {
+            // SAFETY: `dst` is valid for `n` bytes, borrowed until the copy has completed
+            // (waited for before returning), and any bit pattern is a valid `T`.
+            unsafe {
+                self.device.api.memcpy(
+                    self.device.ordinal,
+                    dst.as_mut_ptr() as Addr,
+                    self.ptr.0,
+                    n,
+                    CopyKind::DeviceToHost,
+                    stream,
+                )
+            }
+        })
     }
 
     /// Reads the whole buffer as `T`s (length = bytes / size of `T`).
@@ -161,22 +184,26 @@ impl DeviceBuffer {
         Ok(out)
     }
 
-    /// Copies all of `src` to the start of this buffer (device to device) and waits.
+    /// Copies all of `src` to the start of this buffer (device to device); done on the device
+    /// when this returns. Not ordered after work already queued on other streams.
     pub fn copy_from_device(&mut self, src: &DeviceBuffer) -> Result<()> {
         if src.bytes > self.bytes {
             return Err(size_mismatch("hipMemcpyDtoD", src.bytes, self.bytes));
         }
-        // SAFETY: both ranges are owned device memory of at least `src.bytes`.
-        unsafe {
-            self.device.api.memcpy(
-                self.device.ordinal,
-                self.ptr.0,
-                src.ptr.0,
-                src.bytes,
-                CopyKind::DeviceToDevice,
-                None,
-            )
-        }
+        run_to_completion(&self.device, |stream| {
+            // SAFETY: both ranges are owned device memory of at least `src.bytes`, borrowed
+            // until the copy has completed.
+            unsafe {
+                self.device.api.memcpy(
+                    self.device.ordinal,
+                    self.ptr.0,
+                    src.ptr.0,
+                    src.bytes,
+                    CopyKind::DeviceToDevice,
+                    stream,
+                )
+            }
+        })
     }
 
     /// Queues a device-to-device copy of all of `src` on `stream`.
@@ -193,7 +220,7 @@ impl DeviceBuffer {
                 src.ptr.0,
                 src.bytes,
                 CopyKind::DeviceToDevice,
-                Some(stream.raw()),
+                stream.raw(),
             )
         }
     }
@@ -220,7 +247,7 @@ impl DeviceBuffer {
                 src.as_ptr() as Addr,
                 n,
                 CopyKind::HostToDevice,
-                Some(stream.raw()),
+                stream.raw(),
             )
         }
     }
@@ -247,7 +274,7 @@ impl DeviceBuffer {
                 self.ptr.0,
                 n,
                 CopyKind::DeviceToHost,
-                Some(stream.raw()),
+                stream.raw(),
             )
         }
     }
@@ -454,13 +481,14 @@ impl ManagedBuffer {
             ptr: DevicePtr(ptr),
             bytes,
         };
-        // SAFETY: the whole range was just allocated.
-        unsafe {
-            device
-                .api
-                .memset(device.ordinal, buffer.ptr.0, 0, bytes, None)?;
-        }
-        device.synchronize()?;
+        run_to_completion(device, |stream| {
+            // SAFETY: the whole range was just allocated; the stream is live.
+            unsafe {
+                device
+                    .api
+                    .memset(device.ordinal, buffer.ptr.0, 0, bytes, stream)
+            }
+        })?;
         Ok(buffer)
     }
 

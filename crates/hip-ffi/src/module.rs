@@ -1,16 +1,28 @@
-//! Run-time kernel compilation (hiprtc on AMD, NVRTC on NVIDIA), modules and launches.
+//! Loaded code objects ([`Module`]), their kernels ([`Function`]) and typed launches
+//! ([`LaunchBuilder`]).
 //!
 //! Kernel sources are written in the subset HIP and CUDA share: `extern "C" __global__`
 //! functions, `blockIdx`/`threadIdx`/`blockDim`, `__shared__`, `__syncthreads()`. The compiler
 //! gets the device's architecture (`--offload-arch=gfx…` / `--gpu-architecture=sm_XY`) and
 //! `-DWARP_SIZE=<n>` from the device attribute, so sources never hard-code 32 or 64.
+//!
+//! Lifetimes: a loaded module is shared by its [`Module`] handle and every [`Function`] taken
+//! from it (reference counted), and a stream that is capturing keeps the modules of the kernels
+//! launched on it, handing them to the graph. The module is unloaded when the last of those goes;
+//! the unload first waits for the whole device (one `hipDeviceSynchronize`), because kernels of
+//! the module may still be queued or running on any stream. Modules normally live until
+//! teardown, so this costs one device synchronisation per module at shutdown. Do not drop the
+//! last handle of a module while a stream of this thread is capturing: synchronising the device
+//! is not allowed then, the unload is logged as failed and the capture is invalidated.
 
 use crate::backend::RawHandle;
-use crate::device::Device;
+use crate::device::{Device, DevicePtr};
 use crate::error::{ErrorKind, HipError, Result};
 use crate::rtc::Compiler;
 use crate::stream::Stream;
 use std::ffi::c_void;
+use std::marker::PhantomData;
+use std::sync::Arc;
 
 /// The compiler options derived from the device: architecture and warp size (see
 /// [`crate::rtc::target_options`]).
@@ -47,8 +59,10 @@ impl Device {
         }
         let handle = self.api.module_load(self.ordinal, image)?;
         Ok(Module {
-            device: *self,
-            handle,
+            inner: Arc::new(LoadedModule {
+                device: *self,
+                handle,
+            }),
         })
     }
 
@@ -64,33 +78,23 @@ impl Device {
     }
 }
 
-/// A loaded code object; unloaded on drop (its functions borrow it).
+/// The loaded code object itself, shared by its [`Module`], its [`Function`]s, capturing
+/// streams and graphs; unloaded when the last of them lets go.
 #[derive(Debug)]
-pub struct Module {
+pub(crate) struct LoadedModule {
     device: Device,
     handle: RawHandle,
 }
 
-impl Module {
-    /// Looks up an `extern "C"` kernel by name.
-    pub fn function(&self, name: &str) -> Result<Function<'_>> {
-        // SAFETY: the module is live while `self` is.
-        let handle = unsafe {
-            self.device
-                .api
-                .module_function(self.device.ordinal, self.handle, name)
-        }?;
-        Ok(Function {
-            module: self,
-            handle,
-            name: name.to_string(),
-        })
-    }
-}
-
-impl Drop for Module {
+impl Drop for LoadedModule {
     fn drop(&mut self) {
-        // SAFETY: the module is live and unloaded once; functions borrow it, so none remain.
+        // Kernels of this module may still be queued or running on any stream; unloading under
+        // them is undefined behaviour, so wait for the whole device first.
+        if let Err(e) = self.device.synchronize() {
+            tracing::warn!("synchronising before a module unload failed: {e}");
+        }
+        // SAFETY: no handle to the module remains (this is the last owner) and, after the
+        // device synchronisation, no kernel of it is queued or running.
         let result = unsafe {
             self.device
                 .api
@@ -99,6 +103,37 @@ impl Drop for Module {
         if let Err(e) = result {
             tracing::warn!("unloading a module failed: {e}");
         }
+    }
+}
+
+/// A loaded code object. Cheap to clone (the clones share it); it stays loaded while this
+/// handle, a [`Function`] from it, or a graph that captured one of its kernels exists.
+#[derive(Clone, Debug)]
+pub struct Module {
+    inner: Arc<LoadedModule>,
+}
+
+impl Module {
+    /// Looks up an `extern "C"` kernel by name.
+    pub fn function(&self, name: &str) -> Result<Function> {
+        // SAFETY: the module is live while `self.inner` is.
+        let handle = unsafe {
+            self.inner.device.api.module_function(
+                self.inner.device.ordinal,
+                self.inner.handle,
+                name,
+            )
+        }?;
+        Ok(Function {
+            module: Arc::clone(&self.inner),
+            handle,
+            name: Arc::from(name),
+        })
+    }
+
+    /// The device the module is loaded on.
+    pub fn device(&self) -> &Device {
+        &self.inner.device
     }
 }
 
@@ -125,61 +160,131 @@ impl LaunchConfig {
     }
 }
 
-/// A kernel in a loaded module.
-#[derive(Debug)]
-pub struct Function<'m> {
-    module: &'m Module,
+/// A kernel in a loaded module. Holds its module loaded; cheap to clone; usable from any thread.
+#[derive(Clone, Debug)]
+pub struct Function {
+    module: Arc<LoadedModule>,
     handle: RawHandle,
-    name: String,
+    name: Arc<str>,
 }
 
-/// The pointer a launch wants for one argument: the address of the value.
-pub fn kernel_arg<T>(value: &T) -> *mut c_void {
-    value as *const T as *mut c_void
+mod sealed {
+    pub trait Sealed {}
 }
 
-impl Function<'_> {
-    /// The kernel's name.
-    pub fn name(&self) -> &str {
-        &self.name
+/// A value that can be passed to a kernel parameter of the same C type: the primitive integers
+/// and floats (`unsigned int` is `u32`, `float` is `f32`, …) and [`DevicePtr`] for any `T*`.
+/// Sealed: only plain-old-data types whose layout is the C type's.
+pub trait KernelArg: sealed::Sealed {}
+
+macro_rules! kernel_arg {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl KernelArg for $t {}
+    )*};
+}
+kernel_arg!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64, DevicePtr);
+
+/// The arguments of one kernel launch, collected in order; see [`Function::builder`].
+///
+/// Each argument is borrowed for `'a`, so the values a launch reads stay alive and unchanged
+/// until the launch has been queued (the runtime copies them then).
+#[derive(Debug)]
+pub struct LaunchBuilder<'a> {
+    function: &'a Function,
+    stream: &'a Stream,
+    args: Vec<*mut c_void>,
+    _borrows: PhantomData<&'a ()>,
+}
+
+impl<'a> LaunchBuilder<'a> {
+    /// Appends the next kernel argument.
+    pub fn arg<T: KernelArg>(&mut self, value: &'a T) -> &mut Self {
+        // The runtime reads `size_of::<T>()` bytes through this pointer and never writes.
+        self.args.push(value as *const T as *mut c_void);
+        self
     }
 
-    /// Queues the kernel on `stream` (`hipModuleLaunchKernel`).
+    /// Queues the kernel on the stream (`hipModuleLaunchKernel` / `cuLaunchKernel`) with the
+    /// arguments given so far. A grid or block with a zero dimension is refused. The builder
+    /// can launch again (same arguments) or be dropped.
     ///
     /// # Safety
-    /// `args` holds one pointer per kernel parameter (see [`kernel_arg`]), in order, each
-    /// pointing to a live value of exactly the parameter's type; device pointers passed in
-    /// must stay valid until the kernel has run; the kernel must not access memory out of the
-    /// bounds of what it was given.
-    pub unsafe fn launch(
-        &self,
-        config: &LaunchConfig,
-        stream: &Stream,
-        args: &mut [*mut c_void],
-    ) -> Result<()> {
+    /// * The arguments match the kernel's parameter list exactly: same count, same order, and
+    ///   each of the parameter's C type (`unsigned int` ↔ `u32`, `float` ↔ `f32`, `T*` ↔
+    ///   [`DevicePtr`]).
+    /// * Every device pointer passed is valid for everything the kernel reads and writes
+    ///   through it, and stays allocated (not freed or reused) until the kernel has finished.
+    /// * `config` gives the kernel what it assumes (shared memory size, block shape), and the
+    ///   kernel stays in bounds for the sizes it is given.
+    pub unsafe fn launch(&mut self, config: LaunchConfig) -> Result<()> {
+        let function = self.function;
         if config.grid.contains(&0) || config.block.contains(&0) {
             return Err(HipError::host(
                 "hipModuleLaunchKernel",
                 ErrorKind::InvalidArgument,
                 format!(
                     "kernel `{}`: grid {:?} and block {:?} must have no zero dimension",
-                    self.name, config.grid, config.block
+                    function.name, config.grid, config.block
                 ),
             ));
         }
-        let device = &self.module.device;
-        // SAFETY: function and stream are live; the caller guarantees the arguments.
+        let device = &function.module.device;
+        // SAFETY: the function is live (its module is held by `function.module`), the stream is
+        // live while borrowed, each argument pointer points to a live value borrowed for `'a`,
+        // and the caller guarantees they match the kernel's parameters.
         unsafe {
             device.api.launch(
                 device.ordinal,
-                self.handle,
+                function.handle,
                 config.grid,
                 config.block,
                 config.shared_bytes,
-                stream.raw(),
-                args.as_mut_ptr(),
+                self.stream.raw(),
+                self.args.as_mut_ptr(),
             )
         }
-        .map_err(|e| e.with_detail(format!("kernel `{}`", self.name)))
+        .map_err(|e| e.with_detail(format!("kernel `{}`", function.name)))?;
+        self.stream.keep_alive_if_capturing(&function.module);
+        Ok(())
+    }
+}
+
+impl Function {
+    /// The kernel's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Starts a launch of this kernel on `stream`: add arguments with [`LaunchBuilder::arg`],
+    /// then [`LaunchBuilder::launch`].
+    ///
+    /// ```no_run
+    /// # use hip_ffi::{DeviceBuffer, LaunchConfig, Platform, Stream};
+    /// # let device = Platform::detect().device(0)?;
+    /// # let module = device.compile_module("extern \"C\" __global__ void k(float*, unsigned int) {}", "k.cu", &[])?;
+    /// let kernel = module.function("k")?;
+    /// let stream = Stream::new(&device)?;
+    /// let buffer = DeviceBuffer::alloc(&device, 1024 * 4)?;
+    /// let (ptr, n) = (buffer.ptr(), 1024u32);
+    /// let mut launch = kernel.builder(&stream);
+    /// launch.arg(&ptr).arg(&n);
+    /// // SAFETY: (float*, unsigned int) matches `k`; the buffer outlives the synchronize.
+    /// unsafe { launch.launch(LaunchConfig::for_elements(n, 256)) }?;
+    /// stream.synchronize()?;
+    /// # Ok::<(), hip_ffi::HipError>(())
+    /// ```
+    pub fn builder<'a>(&'a self, stream: &'a Stream) -> LaunchBuilder<'a> {
+        LaunchBuilder {
+            function: self,
+            stream,
+            args: Vec::new(),
+            _borrows: PhantomData,
+        }
+    }
+
+    /// The shared module state, for graphs that must keep it loaded.
+    pub(crate) fn loaded_module(&self) -> &Arc<LoadedModule> {
+        &self.module
     }
 }

@@ -3,14 +3,23 @@
 use crate::backend::RawHandle;
 use crate::device::{Device, DevicePtr};
 use crate::error::Result;
+use crate::module::LoadedModule;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// An asynchronous work queue on one device, created non-blocking (it does not synchronise with
-/// the legacy default stream, so the synchronous copies in [`crate::memory`] are not ordered
-/// after work queued here: synchronise the stream first). Destroyed on drop.
+/// the legacy default stream). The synchronous memsets and copies in [`crate::memory`] have
+/// finished when they return, so work queued here afterwards sees them; they are not ordered
+/// after work already queued here, so synchronise the stream before reading or overwriting
+/// what that work uses. Destroyed on drop.
 #[derive(Debug)]
 pub struct Stream {
     device: Device,
     handle: RawHandle,
+    /// Set between a successful `begin_capture` and `end_capture` through this handle.
+    capturing: AtomicBool,
+    /// Modules of kernels launched while capturing; handed to the graph so they stay loaded.
+    captured_modules: Mutex<Vec<Arc<LoadedModule>>>,
 }
 
 impl Stream {
@@ -20,7 +29,50 @@ impl Stream {
         Ok(Stream {
             device: *device,
             handle,
+            capturing: AtomicBool::new(false),
+            captured_modules: Mutex::new(Vec::new()),
         })
+    }
+
+    /// `true` while the stream is capturing into a graph (also when the capture was
+    /// invalidated by an illegal call and only `end_capture` remains), whoever began it
+    /// (`hipStreamIsCapturing` / `cuStreamIsCapturing`).
+    pub fn is_capturing(&self) -> Result<bool> {
+        // SAFETY: the handle is live while `self` is.
+        unsafe {
+            self.device
+                .api
+                .stream_is_capturing(self.device.ordinal, self.handle)
+        }
+    }
+
+    pub(crate) fn set_capturing(&self, capturing: bool) {
+        self.capturing.store(capturing, Ordering::Release);
+    }
+
+    /// Records that a kernel of `module` was launched; kept only while capturing (one relaxed
+    /// load per launch otherwise).
+    pub(crate) fn keep_alive_if_capturing(&self, module: &Arc<LoadedModule>) {
+        if !self.capturing.load(Ordering::Acquire) {
+            return;
+        }
+        let mut kept = self
+            .captured_modules
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if !kept.iter().any(|m| Arc::ptr_eq(m, module)) {
+            kept.push(Arc::clone(module));
+        }
+    }
+
+    /// The modules recorded during the capture that just ended.
+    pub(crate) fn take_captured_modules(&self) -> Vec<Arc<LoadedModule>> {
+        std::mem::take(
+            &mut *self
+                .captured_modules
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        )
     }
 
     /// The device this stream belongs to.
@@ -95,6 +147,22 @@ impl Stream {
                 .free_async(self.device.ordinal, ptr.0, self.handle)
         }
     }
+}
+
+/// The stream of each device that the synchronous memsets and copies run on (each one queued
+/// there, then waited for). Created on first use, kept for the process's lifetime.
+pub(crate) fn blocking_ops_stream(device: &Device) -> Result<RawHandle> {
+    static STREAMS: Mutex<Vec<(i32, RawHandle)>> = Mutex::new(Vec::new());
+    let mut streams = STREAMS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, handle)) = streams
+        .iter()
+        .find(|(ordinal, _)| *ordinal == device.ordinal)
+    {
+        return Ok(handle);
+    }
+    let handle = device.api.stream_create(device.ordinal)?;
+    streams.push((device.ordinal, handle));
+    Ok(handle)
 }
 
 impl Drop for Stream {

@@ -251,6 +251,11 @@ fn handles_can_move_between_threads() {
     send_sync::<hip_ffi::PinnedHostBuffer>();
     send_sync::<hip_ffi::ManagedBuffer>();
     send_sync::<hip_ffi::Module>();
+    send_sync::<hip_ffi::Function>();
+    send_sync::<hip_ffi::Compiler>();
+    fn clone_static<T: Clone + 'static>() {}
+    // A function holds its module itself: no lifetime ties it to the `Module` handle.
+    clone_static::<hip_ffi::Function>();
     send_sync::<hip_ffi::GraphExec>();
     send_sync::<HipError>();
 }

@@ -34,11 +34,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemAllocAsync",
     "cuMemFreeAsync",
     "cuMemAllocManaged",
-    "cuMemsetD8_v2",
     "cuMemsetD8Async",
-    "cuMemcpyHtoD_v2",
-    "cuMemcpyDtoH_v2",
-    "cuMemcpyDtoD_v2",
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoHAsync_v2",
     "cuMemcpyDtoDAsync_v2",
@@ -64,6 +60,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuLaunchKernel",
     "cuStreamBeginCapture_v2",
     "cuStreamEndCapture",
+    "cuStreamIsCapturing",
     "cuGraphInstantiateWithFlags",
     "cuGraphLaunch",
     "cuGraphDestroy",
@@ -424,19 +421,13 @@ impl GpuApi for CudaApi {
         ptr: Addr,
         value: u8,
         bytes: usize,
-        stream: Option<RawHandle>,
+        stream: RawHandle,
     ) -> Result<()> {
         self.bind(dev)?;
         // SAFETY: the caller guarantees the range is device memory and the stream is live.
-        unsafe {
-            match stream {
-                None => check("cuMemsetD8", cu::cuMemsetD8_v2(ptr, value, bytes)),
-                Some(s) => check(
-                    "cuMemsetD8Async",
-                    cu::cuMemsetD8Async(ptr, value, bytes, Self::stream(s)),
-                ),
-            }
-        }
+        check("cuMemsetD8Async", unsafe {
+            cu::cuMemsetD8Async(ptr, value, bytes, Self::stream(stream))
+        })
     }
 
     unsafe fn memcpy(
@@ -446,35 +437,27 @@ impl GpuApi for CudaApi {
         src: Addr,
         bytes: usize,
         kind: CopyKind,
-        stream: Option<RawHandle>,
+        stream: RawHandle,
     ) -> Result<()> {
         self.bind(dev)?;
+        let s = Self::stream(stream);
         let host_dst = dst as usize as *mut c_void;
         let host_src = src as usize as *const c_void;
         // SAFETY: the caller guarantees both ranges are valid on the sides `kind` names and
         // stay valid until an async copy has run.
         unsafe {
-            match (kind, stream) {
-                (CopyKind::HostToDevice, None) => {
-                    check("cuMemcpyHtoD", cu::cuMemcpyHtoD_v2(dst, host_src, bytes))
-                }
-                (CopyKind::DeviceToHost, None) => {
-                    check("cuMemcpyDtoH", cu::cuMemcpyDtoH_v2(host_dst, src, bytes))
-                }
-                (CopyKind::DeviceToDevice, None) => {
-                    check("cuMemcpyDtoD", cu::cuMemcpyDtoD_v2(dst, src, bytes))
-                }
-                (CopyKind::HostToDevice, Some(s)) => check(
+            match kind {
+                CopyKind::HostToDevice => check(
                     "cuMemcpyHtoDAsync",
-                    cu::cuMemcpyHtoDAsync_v2(dst, host_src, bytes, Self::stream(s)),
+                    cu::cuMemcpyHtoDAsync_v2(dst, host_src, bytes, s),
                 ),
-                (CopyKind::DeviceToHost, Some(s)) => check(
+                CopyKind::DeviceToHost => check(
                     "cuMemcpyDtoHAsync",
-                    cu::cuMemcpyDtoHAsync_v2(host_dst, src, bytes, Self::stream(s)),
+                    cu::cuMemcpyDtoHAsync_v2(host_dst, src, bytes, s),
                 ),
-                (CopyKind::DeviceToDevice, Some(s)) => check(
+                CopyKind::DeviceToDevice => check(
                     "cuMemcpyDtoDAsync",
-                    cu::cuMemcpyDtoDAsync_v2(dst, src, bytes, Self::stream(s)),
+                    cu::cuMemcpyDtoDAsync_v2(dst, src, bytes, s),
                 ),
             }
         }
@@ -706,6 +689,23 @@ impl GpuApi for CudaApi {
         check("cuStreamBeginCapture", unsafe {
             cu::cuStreamBeginCapture_v2(Self::stream(stream), mode)
         })
+    }
+
+    unsafe fn stream_is_capturing(&self, dev: i32, stream: RawHandle) -> Result<bool> {
+        self.bind(dev)?;
+        // Read as a plain integer: cudarc declares the status as a Rust enum, and a value the
+        // bindings do not list must not become an invalid enum (0 = none, 1 = active,
+        // 2 = invalidated).
+        let mut status: u32 = 0;
+        // SAFETY: the caller guarantees the stream is live; the out-parameter is a C enum,
+        // 4 bytes, which `status` provides.
+        check("cuStreamIsCapturing", unsafe {
+            cu::cuStreamIsCapturing(
+                Self::stream(stream),
+                (&mut status as *mut u32).cast::<cu::CUstreamCaptureStatus>(),
+            )
+        })?;
+        Ok(status != 0)
     }
 
     unsafe fn end_capture(&self, dev: i32, stream: RawHandle) -> Result<RawHandle> {

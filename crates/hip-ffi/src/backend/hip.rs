@@ -317,18 +317,15 @@ impl GpuApi for HipApi {
         addr: Addr,
         value: u8,
         bytes: usize,
-        stream: Option<RawHandle>,
+        stream: RawHandle,
     ) -> Result<()> {
         self.bind(dev)?;
         // SAFETY: the caller guarantees the range is device memory and the stream is live.
         unsafe {
-            match stream {
-                None => call!(self, hipMemset(ptr(addr), i32::from(value), bytes)),
-                Some(s) => call!(
-                    self,
-                    hipMemsetAsync(ptr(addr), i32::from(value), bytes, Self::stream(s))
-                ),
-            }
+            call!(
+                self,
+                hipMemsetAsync(ptr(addr), i32::from(value), bytes, Self::stream(stream))
+            )
         }
     }
 
@@ -339,7 +336,7 @@ impl GpuApi for HipApi {
         src: Addr,
         bytes: usize,
         kind: CopyKind,
-        stream: Option<RawHandle>,
+        stream: RawHandle,
     ) -> Result<()> {
         self.bind(dev)?;
         let kind = match kind {
@@ -349,13 +346,10 @@ impl GpuApi for HipApi {
         };
         // SAFETY: the caller guarantees both ranges are valid and outlive an async copy.
         unsafe {
-            match stream {
-                None => call!(self, hipMemcpy(ptr(dst), ptr(src), bytes, kind)),
-                Some(s) => call!(
-                    self,
-                    hipMemcpyAsync(ptr(dst), ptr(src), bytes, kind, Self::stream(s))
-                ),
-            }
+            call!(
+                self,
+                hipMemcpyAsync(ptr(dst), ptr(src), bytes, kind, Self::stream(stream))
+            )
         }
     }
 
@@ -581,6 +575,20 @@ impl GpuApi for HipApi {
                 hipStreamBeginCapture(Self::stream(stream), hip::hipStreamCaptureModeThreadLocal)
             )
         }
+    }
+
+    unsafe fn stream_is_capturing(&self, dev: i32, stream: RawHandle) -> Result<bool> {
+        self.bind(dev)?;
+        let mut status: hip::hipStreamCaptureStatus = hip::hipStreamCaptureStatusNone;
+        // SAFETY: the caller guarantees the stream is live; plain out-parameter (an integer,
+        // since the bindings turn enums into integer constants).
+        unsafe {
+            call!(
+                self,
+                hipStreamIsCapturing(Self::stream(stream), &mut status)
+            )
+        }?;
+        Ok(status != hip::hipStreamCaptureStatusNone)
     }
 
     unsafe fn end_capture(&self, dev: i32, stream: RawHandle) -> Result<RawHandle> {

@@ -92,19 +92,23 @@ pub(crate) trait GpuApi: Send + Sync + 'static {
     /// uses `ptr` without ordering.
     unsafe fn free_async(&self, dev: i32, ptr: Addr, stream: RawHandle) -> Result<()>;
     fn malloc_managed(&self, dev: i32, bytes: usize) -> Result<Addr>;
+    /// Queues a memset on `stream` (stream-ordered; the runtimes' unordered variants are not
+    /// offered, see `memory::run_to_completion`).
     /// # Safety
-    /// `[ptr, ptr + bytes)` is device memory of `dev`; `stream`, if given, is live.
+    /// `[ptr, ptr + bytes)` is device memory of `dev` that stays allocated until the stream
+    /// reaches the memset; `stream` is live.
     unsafe fn memset(
         &self,
         dev: i32,
         ptr: Addr,
         value: u8,
         bytes: usize,
-        stream: Option<RawHandle>,
+        stream: RawHandle,
     ) -> Result<()>;
+    /// Queues a copy on `stream`.
     /// # Safety
-    /// `dst` and `src` are valid for `bytes` on the sides `kind` names; for async copies
-    /// (`stream` given) both stay valid until the stream reaches the copy.
+    /// `dst` and `src` are valid for `bytes` on the sides `kind` names and stay valid until the
+    /// stream reaches the copy; `stream` is live.
     unsafe fn memcpy(
         &self,
         dev: i32,
@@ -112,7 +116,7 @@ pub(crate) trait GpuApi: Send + Sync + 'static {
         src: Addr,
         bytes: usize,
         kind: CopyKind,
-        stream: Option<RawHandle>,
+        stream: RawHandle,
     ) -> Result<()>;
     /// Page-locked host memory mapped into the device: `(host pointer, device pointer)`.
     fn host_alloc_mapped(&self, dev: i32, bytes: usize) -> Result<(*mut u8, Addr)>;
@@ -185,6 +189,10 @@ pub(crate) trait GpuApi: Send + Sync + 'static {
     /// # Safety
     /// `stream` is live and not capturing.
     unsafe fn begin_capture(&self, dev: i32, stream: RawHandle) -> Result<()>;
+    /// `true` while the stream is capturing (actively or invalidated, awaiting `end_capture`).
+    /// # Safety
+    /// `stream` is live.
+    unsafe fn stream_is_capturing(&self, dev: i32, stream: RawHandle) -> Result<bool>;
     /// # Safety
     /// `stream` is live and capturing.
     unsafe fn end_capture(&self, dev: i32, stream: RawHandle) -> Result<RawHandle>;
