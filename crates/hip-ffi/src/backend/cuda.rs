@@ -2,10 +2,13 @@
 //! loaded separately, by [`super::rtc`]).
 //!
 //! cudarc is built with `dynamic-loading` and `cuda-13000` (the workspace pins it): `libcuda` is
-//! opened at run time, and the bindings follow the CUDA 13.0 headers, which driver 580 (CUDA 13.0)
-//! serves. cudarc panics when a library or symbol is missing, so [`CudaApi::load`] first checks
-//! with libloading that the library opens and that every symbol used here exists; after that no
-//! cudarc call can hit its panic path.
+//! opened at run time and each symbol is looked up by name on first use. Every entry point used
+//! here exists with the same signature in CUDA 12 drivers, except `cuEventElapsedTime_v2` (new in
+//! CUDA 12.8), for which the older `cuEventElapsedTime` (same signature) is used when absent; so
+//! the minimum is a CUDA 12.0 driver (the 525 series), checked with `cuDriverGetVersion`.
+//! cudarc panics when a library or symbol is missing, so [`CudaApi::load`] first checks with
+//! libloading that the library opens, that the driver is new enough and that every symbol used
+//! here exists; after that no cudarc call can hit its panic path.
 
 use super::{c_string, Addr, Attr, CopyKind, GpuApi, RawHandle};
 use crate::error::{classify_cuda, Backend, HipError, Result};
@@ -53,7 +56,6 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuEventRecord",
     "cuEventQuery",
     "cuEventSynchronize",
-    "cuEventElapsedTime_v2",
     "cuModuleLoadData",
     "cuModuleUnload",
     "cuModuleGetFunction",
@@ -67,6 +69,17 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuGraphExecDestroy",
 ];
 
+/// The oldest driver supported, as `cuDriverGetVersion` reports it (1000 * major + 10 * minor).
+const MIN_DRIVER_VERSION: i32 = 12_000;
+
+/// `cuEventElapsedTime_v2` (CUDA 12.8 and later) or `cuEventElapsedTime`; same signature.
+type ElapsedTimeFn = unsafe extern "C" fn(*mut f32, cu::CUevent, cu::CUevent) -> cu::CUresult;
+
+/// A driver version as people write it: 12040 -> "12.4".
+fn cuda_version_text(version: i32) -> String {
+    format!("{}.{}", version / 1000, (version % 1000) / 10)
+}
+
 /// CUDA's "not ready" status, shared by stream and event queries.
 const NOT_READY: i32 = 600;
 
@@ -78,6 +91,7 @@ thread_local! {
 /// The NVIDIA backend. Primary contexts are retained on first use and kept for the process's
 /// lifetime (the backend itself is a process-wide singleton).
 pub(crate) struct CudaApi {
+    elapsed_time: ElapsedTimeFn,
     driver_version: i32,
     contexts: Mutex<Vec<(i32, usize)>>,
 }
@@ -131,9 +145,11 @@ fn python_lib_roots() -> Vec<PathBuf> {
     roots
 }
 
-/// Opens a library by cudarc's candidate names (then in [`extra_library_dirs`]) and reports
-/// the symbols it lacks. A library found only by full path is kept loaded, so cudarc's own
-/// later `dlopen` by soname (`libnvrtc.so.13`) finds the same, already loaded object.
+/// Opens a library by cudarc's candidate names (then in [`extra_library_dirs`]), checks the
+/// driver version it reports (when it exports `cuDriverGetVersion`) against
+/// [`MIN_DRIVER_VERSION`], and reports the symbols it lacks, naming the version found and the
+/// minimum. A library found only by full path is kept loaded, so cudarc's own later `dlopen` by
+/// soname (`libcuda.so.1`) finds the same, already loaded object.
 fn probe_library(lib_name: &str, symbols: &[&str]) -> std::result::Result<(), String> {
     let names = cudarc::get_lib_name_candidates(lib_name);
     let by_name = names.iter().map(|n| (PathBuf::from(n), false));
@@ -142,12 +158,40 @@ fn probe_library(lib_name: &str, symbols: &[&str]) -> std::result::Result<(), St
         .flat_map(|dir| names.iter().map(move |n| (dir.join(n), true)))
         .filter(|(path, _)| path.is_file())
         .collect::<Vec<_>>();
+    let minimum = format!(
+        "hipdecode needs a driver for CUDA {} or newer (the 525 series or later)",
+        cuda_version_text(MIN_DRIVER_VERSION)
+    );
     for (candidate, found_by_path) in by_name.chain(by_path) {
-        // SAFETY: opening a system library runs its initialisers; libcuda and libnvrtc are
-        // designed to be loaded this way (it is what cudarc itself does next).
+        // SAFETY: opening a system library runs its initialisers; libcuda is designed to be
+        // loaded this way (it is what cudarc itself does next).
         let Ok(lib) = (unsafe { libloading::Library::new(&candidate) }) else {
             continue;
         };
+        type VersionFn = unsafe extern "C" fn(*mut i32) -> cu::CUresult;
+        // SAFETY: `cuDriverGetVersion(int*)` has this signature in every CUDA release; it needs
+        // no cuInit and writes one int.
+        let version = unsafe { lib.get::<VersionFn>(b"cuDriverGetVersion\0") }
+            .ok()
+            .and_then(|get| {
+                let mut version = 0;
+                // SAFETY: plain out-parameter.
+                let status = unsafe { get(&mut version) };
+                (status == cu::CUresult::CUDA_SUCCESS).then_some(version)
+            });
+        let found = match version {
+            Some(v) => format!(
+                "the driver in {} supports CUDA {}",
+                candidate.display(),
+                cuda_version_text(v)
+            ),
+            None => format!("{} does not report its version", candidate.display()),
+        };
+        if let Some(v) = version {
+            if v < MIN_DRIVER_VERSION {
+                return Err(format!("{found}; {minimum}"));
+            }
+        }
         let missing: Vec<&str> = symbols
             .iter()
             .copied()
@@ -157,11 +201,7 @@ fn probe_library(lib_name: &str, symbols: &[&str]) -> std::result::Result<(), St
             })
             .collect();
         if !missing.is_empty() {
-            return Err(format!(
-                "{} lacks {missing:?}; the CUDA 13.0 bindings need a driver of the 580 series \
-                 or newer",
-                candidate.display()
-            ));
+            return Err(format!("{found} but lacks {missing:?}; {minimum}"));
         }
         if found_by_path {
             // Kept for the process's lifetime on purpose (see above).
@@ -170,9 +210,25 @@ fn probe_library(lib_name: &str, symbols: &[&str]) -> std::result::Result<(), St
         return Ok(());
     }
     Err(format!(
-        "lib{lib_name} not found (tried {} names)",
+        "lib{lib_name} not found (tried {} names and the CUDA folders); install the NVIDIA driver",
         names.len()
     ))
+}
+
+/// `cuEventElapsedTime_v2` where the driver has it, else `cuEventElapsedTime`.
+fn elapsed_time_fn() -> std::result::Result<ElapsedTimeFn, String> {
+    // SAFETY: the probe proved the driver library loads by cudarc's names.
+    let lib = unsafe { cu::culib() };
+    // SAFETY: both symbols have the `ElapsedTimeFn` signature in the CUDA headers; the library
+    // stays loaded for the process's lifetime (cudarc keeps it in a static).
+    unsafe {
+        lib.get::<ElapsedTimeFn>(b"cuEventElapsedTime_v2\0")
+            .or_else(|_| lib.get::<ElapsedTimeFn>(b"cuEventElapsedTime\0"))
+            .map(|f| *f)
+    }
+    .map_err(|_| {
+        "the CUDA driver exports neither cuEventElapsedTime_v2 nor cuEventElapsedTime".into()
+    })
 }
 
 /// The single place where a `CUresult` becomes a `HipError`.
@@ -211,10 +267,11 @@ fn check_query(op: &'static str, status: cu::CUresult) -> Result<bool> {
 }
 
 impl CudaApi {
-    /// Loads the driver. Never panics: a missing library, a driver too
-    /// old for the CUDA 13.0 bindings, or a failed `cuInit` is an error.
+    /// Loads the driver. Never panics: a missing library, a driver older than CUDA 12.0 or
+    /// lacking a symbol, or a failed `cuInit` is an error naming what was found.
     pub(crate) fn load() -> std::result::Result<CudaApi, String> {
         probe_library("cuda", DRIVER_SYMBOLS)?;
+        let elapsed_time = elapsed_time_fn()?;
         // SAFETY: the probe above proved the library and every symbol we call are present.
         check("cuInit", unsafe { cu::cuInit(0) }).map_err(|e| e.to_string())?;
         let mut driver_version = 0;
@@ -224,6 +281,7 @@ impl CudaApi {
         })
         .map_err(|e| e.to_string())?;
         Ok(CudaApi {
+            elapsed_time,
             driver_version,
             contexts: Mutex::new(Vec::new()),
         })
@@ -294,15 +352,12 @@ fn attribute_id(attr: Attr) -> cu::CUdevice_attribute {
 
 impl GpuApi for CudaApi {
     fn version_string(&self) -> String {
-        let (major, minor) = (
-            self.driver_version / 1000,
-            (self.driver_version % 1000) / 10,
-        );
+        let driver = cuda_version_text(self.driver_version);
         let nvrtc = match super::rtc::library(crate::platform::PlatformKind::Nvidia) {
             Ok(rtc) => rtc.version(),
             Err(_) => "NVRTC not found".to_string(),
         };
-        format!("CUDA driver API {major}.{minor}, {nvrtc} (cudarc bindings: cuda-13000)")
+        format!("CUDA driver API {driver}, {nvrtc} (cudarc bindings: cuda-13000)")
     }
 
     fn device_count(&self) -> Result<i32> {
@@ -617,7 +672,7 @@ impl GpuApi for CudaApi {
         let mut ms = 0f32;
         // SAFETY: the caller guarantees both events are live timing events.
         check("cuEventElapsedTime", unsafe {
-            cu::cuEventElapsedTime_v2(&mut ms, start.as_ptr(), end.as_ptr())
+            (self.elapsed_time)(&mut ms, start.as_ptr(), end.as_ptr())
         })?;
         Ok(ms)
     }
@@ -761,5 +816,12 @@ mod tests {
     fn a_missing_library_is_an_error_not_a_panic() {
         let err = probe_library("hipdecode_no_such_library", &["cuInit"]).expect_err("absent");
         assert!(err.contains("not found"), "{err}");
+    }
+
+    #[test]
+    fn driver_versions_read_as_cuda_releases() {
+        assert_eq!(cuda_version_text(12_040), "12.4");
+        assert_eq!(cuda_version_text(13_000), "13.0");
+        assert_eq!(cuda_version_text(MIN_DRIVER_VERSION), "12.0");
     }
 }
