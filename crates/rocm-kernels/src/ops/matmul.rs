@@ -1,1 +1,97 @@
-//! matmul: being written.
+//! Matrix-matrix products over quantized weights, for prefill (many tokens).
+//!
+//! `out[t][r] = sum_c W[r][c] * x[t][c]`, the same op as [`matvec`](super::matvec::matvec),
+//! with `x` `[n_tokens][cols]` and `out` `[n_tokens][rows]` in f32.
+//!
+//! The kernel (`kernels/matmul.hip`) is tiled: a block of 256 threads computes 64 tokens x 64
+//! rows, dequantizing a 64 x 32 weight tile into shared memory per step (the weights stay
+//! quantized in device memory) and accumulating in f32. Partial tiles are bounds-checked, so
+//! any token count, row count and (for dense formats) column count works. Nothing depends on
+//! the wave size. [`linear`] picks matvec for up to [`MAX_TOKENS`] tokens and matmul above.
+
+use super::matvec::{self, check_io, format_entry, shape_error, QuantMatrix, MAX_TOKENS};
+use crate::error::Result;
+use crate::kernels::Kernels;
+use crate::source::KernelModule;
+use crate::view::{DeviceSlice, DeviceSliceMut};
+use hip_ffi::{LaunchConfig, Stream};
+
+const OP: &str = "matmul";
+/// Threads per block, fixed by the kernel's tiling (`MATMUL_THREADS`).
+const THREADS: u32 = 256;
+/// Tokens per tile (`MATMUL_BT`).
+const TILE_TOKENS: u32 = 64;
+/// Rows per tile (`MATMUL_BR`).
+const TILE_ROWS: u32 = 64;
+/// Largest grid y dimension every device takes.
+const MAX_GRID_Y: u32 = 65_535;
+
+/// `out[t][r] = sum_c w[r][c] * x[t][c]` for `t < n_tokens`, with the tiled kernel.
+///
+/// Reads `n_tokens * cols` values of `x`, writes `n_tokens * rows` values of `out` (which must
+/// not overlap `x`). `n_tokens == 0` queues nothing. Errors (nothing queued) when a view is too
+/// short or `n_tokens` needs more than 65535 token tiles (over 4 million tokens).
+pub fn matmul(
+    kernels: &Kernels,
+    stream: &Stream,
+    w: &QuantMatrix,
+    x: DeviceSlice<f32>,
+    out: &mut DeviceSliceMut<f32>,
+    n_tokens: usize,
+) -> Result<()> {
+    check_io(OP, w, x.len(), out.len(), n_tokens)?;
+    if n_tokens == 0 {
+        return Ok(());
+    }
+    let token_tiles = u32::try_from(n_tokens.div_ceil(TILE_TOKENS as usize))
+        .ok()
+        .filter(|&t| t <= MAX_GRID_Y)
+        .ok_or_else(|| {
+            shape_error(
+                OP,
+                format!("{n_tokens} tokens are more than one launch takes; split the batch"),
+            )
+        })?;
+    let entry = format_entry(KernelModule::Matmul, 0, OP, w.format())?;
+    let function = kernels.function(KernelModule::Matmul, entry)?;
+    let rows = w.rows() as u32;
+    let cols = w.cols() as u32;
+    let nt = n_tokens as u32;
+    let mut l = function.builder(stream);
+    l.arg(&w.data().ptr())
+        .arg(&x.ptr())
+        .arg(&out.ptr())
+        .arg(&rows)
+        .arg(&cols)
+        .arg(&nt);
+    // SAFETY: the arguments match `matmul_<format>(const u8*, const float*, float*, u32, u32,
+    // u32)`. Every read of w is of a row < rows (QuantMatrix::new checked the bytes), of x at
+    // token < n_tokens and column < cols, and every write of out at [t][r] with t < n_tokens,
+    // r < rows; check_io checked both views hold that much. The block is the 256 threads the
+    // kernel's tiling assumes.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid: [rows.div_ceil(TILE_ROWS), token_tiles, 1],
+            block: [THREADS, 1, 1],
+            shared_bytes: 0,
+        })
+    }?;
+    Ok(())
+}
+
+/// The projection of `n_tokens` rows of `x` through `w`: [`matvec`](matvec::matvec) for up to
+/// [`MAX_TOKENS`] tokens (decode), [`matmul`] above (prefill). Same views and errors.
+pub fn linear(
+    kernels: &Kernels,
+    stream: &Stream,
+    w: &QuantMatrix,
+    x: DeviceSlice<f32>,
+    out: &mut DeviceSliceMut<f32>,
+    n_tokens: usize,
+) -> Result<()> {
+    if n_tokens <= MAX_TOKENS {
+        matvec::matvec(kernels, stream, w, x, out, n_tokens)
+    } else {
+        matmul(kernels, stream, w, x, out, n_tokens)
+    }
+}

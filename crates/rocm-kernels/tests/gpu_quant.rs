@@ -1,0 +1,641 @@
+//! GPU tests of the quantized-weight ops (matvec, matmul, embed, MoE routing, expert products
+//! and weighted sum) against the CPU reference, for every weight format the kernels read, at
+//! odd shapes and partial tiles. Each skips with a printed reason without a GPU (fails under
+//! `HIPDECODE_REQUIRE_GPU=1`).
+//!
+//! Test weights are random valid blocks: random bytes with the f16 scale fields set to small
+//! finite values (every other bit pattern of these formats is a valid weight), dense formats
+//! uniform in [-1, 1]. The reference dequantizes with gguf-loader (bit-exact with gguf-py) and
+//! accumulates in f64.
+//!
+//! Tolerance of the products: every |gpu - cpu| <= 1e-4 x RMS of the reference output. The
+//! GPU sums in f32 in another order (and may fuse the dequantization's multiply-add), which
+//! costs about 1e-6 of the RMS at these sizes; an indexing mistake costs about 1. NaN fails.
+
+use gguf_loader::GgmlType;
+use half::{bf16, f16};
+use hip_ffi::{DeviceBuffer, DeviceCopy, Stream};
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
+use rocm_kernels::cache::KernelCache;
+use rocm_kernels::ops::embed;
+use rocm_kernels::ops::matmul;
+use rocm_kernels::ops::matvec::{self, QuantMatrix, MAX_TOKENS, WEIGHT_FORMATS};
+use rocm_kernels::ops::moe::{self, Accumulate, ExpertInput, QuantExperts};
+use rocm_kernels::reference;
+use rocm_kernels::reference::matvec::HostMatrix;
+use rocm_kernels::{DeviceSlice, DeviceSliceMut, KernelError, Kernels};
+use std::sync::OnceLock;
+
+/// The kernels, compiled once for the whole test binary (through the cache the environment
+/// names, so `HIPDECODE_KERNEL_CACHE=off` tests the compile path).
+static KERNELS: OnceLock<Result<Kernels, String>> = OnceLock::new();
+
+fn setup(test: &str) -> Option<(&'static Kernels, Stream)> {
+    let device = hip_ffi::testing::device_or_skip(test)?;
+    let loaded = KERNELS.get_or_init(|| {
+        let cache = KernelCache::from_env().map_err(|e| e.to_string())?;
+        Kernels::load(&device, &cache).map_err(|e| e.to_string())
+    });
+    let kernels = loaded
+        .as_ref()
+        .unwrap_or_else(|e| panic!("{test}: loading the kernels failed: {e}"));
+    let stream = Stream::new(kernels.device()).expect("stream");
+    Some((kernels, stream))
+}
+
+/// A device copy of `data` (at least 4 bytes, so an empty slice still has an address).
+fn upload<T: DeviceCopy>(k: &Kernels, data: &[T]) -> DeviceBuffer {
+    let bytes = std::mem::size_of_val(data).max(4);
+    let mut buf = DeviceBuffer::alloc(k.device(), bytes).expect("alloc");
+    if !data.is_empty() {
+        buf.copy_from_host(data).expect("upload");
+    }
+    buf
+}
+
+fn view<T>(buf: &DeviceBuffer, len: usize) -> DeviceSlice<T> {
+    assert!(len * std::mem::size_of::<T>() <= buf.len_bytes());
+    // SAFETY: the buffer holds `len` values of T (asserted), outlives every use in the test, and
+    // each test synchronizes its stream before the buffer is dropped or read.
+    unsafe { DeviceSlice::from_raw(buf.ptr().0, len) }
+}
+
+fn view_mut<T>(buf: &DeviceBuffer, len: usize) -> DeviceSliceMut<T> {
+    assert!(len * std::mem::size_of::<T>() <= buf.len_bytes());
+    // SAFETY: as `view`; no other view of the buffer is written by concurrent work.
+    unsafe { DeviceSliceMut::from_raw(buf.ptr().0, len) }
+}
+
+fn download<T: DeviceCopy>(stream: &Stream, buf: &DeviceBuffer, len: usize) -> Vec<T> {
+    stream.synchronize().expect("sync");
+    let mut all: Vec<T> = buf.to_host_vec().expect("download");
+    all.truncate(len);
+    all
+}
+
+fn random(rng: &mut StdRng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(lo..hi)).collect()
+}
+
+/// Byte offsets and ranges of the f16 scale fields of one block, keeping weights near +-0.1.
+fn scale_fields(format: GgmlType) -> &'static [(usize, f32, f32)] {
+    match format {
+        GgmlType::Q4_0 => &[(0, 4e-3, 8e-3)],
+        GgmlType::Q4_1 | GgmlType::Q5_1 => &[(0, 2e-3, 4e-3), (2, -0.03, -0.02)],
+        GgmlType::Q5_0 => &[(0, 2e-3, 4e-3)],
+        GgmlType::Q8_0 => &[(0, 2e-4, 4e-4)],
+        GgmlType::Q4K | GgmlType::Q5K => &[(0, 1e-4, 2e-4), (2, 1e-4, 2e-4)],
+        GgmlType::Q6K => &[(208, 6.2e-5, 1e-4)],
+        _ => &[],
+    }
+}
+
+/// Random valid GGUF data for a `rows` x `cols` matrix of `format`.
+fn random_weights(rng: &mut StdRng, format: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let n = rows * cols;
+    match format {
+        GgmlType::F32 => random(rng, n, -1.0, 1.0)
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        GgmlType::F16 => random(rng, n, -1.0, 1.0)
+            .iter()
+            .flat_map(|&v| f16::from_f32(v).to_bits().to_le_bytes())
+            .collect(),
+        GgmlType::Bf16 => random(rng, n, -1.0, 1.0)
+            .iter()
+            .flat_map(|&v| bf16::from_f32(v).to_bits().to_le_bytes())
+            .collect(),
+        _ => {
+            let block = format.type_size();
+            let mut bytes = vec![0u8; matvec::matrix_bytes(format, rows, cols).unwrap()];
+            rng.fill_bytes(&mut bytes);
+            for b in bytes.chunks_exact_mut(block) {
+                for &(at, lo, hi) in scale_fields(format) {
+                    let d = f16::from_f32(rng.random_range(lo..hi));
+                    b[at..at + 2].copy_from_slice(&d.to_bits().to_le_bytes());
+                }
+            }
+            bytes
+        }
+    }
+}
+
+/// Column counts for a format: one block and several blocks (dense: also a count that is not
+/// a multiple of 8 or 32).
+fn col_counts(format: GgmlType) -> Vec<usize> {
+    match format.block_size() {
+        1 => vec![32, 96, 37],
+        b => vec![b, 3 * b],
+    }
+}
+
+const RMS_TOL: f64 = 1e-4;
+
+/// Fails unless every |got - want| <= tol x RMS(want) (false for NaN, so NaN fails).
+fn assert_close_rms(got: &[f32], want: &[f32], tol: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let rms = (want
+        .iter()
+        .map(|&v| f64::from(v) * f64::from(v))
+        .sum::<f64>()
+        / want.len() as f64)
+        .sqrt();
+    let bound = tol * rms.max(1e-30);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (f64::from(g) - f64::from(w)).abs();
+        assert!(
+            err <= bound,
+            "{what}: [{i}] gpu {g} vs cpu {w}: |err| {err:.3e} > {bound:.3e} ({tol} x RMS {rms:.3e})"
+        );
+    }
+}
+
+/// Uploads a random `rows` x `cols` matrix of `format`; returns the buffer and host bytes.
+fn weights_on_device(
+    k: &Kernels,
+    rng: &mut StdRng,
+    format: GgmlType,
+    rows: usize,
+    cols: usize,
+) -> (DeviceBuffer, Vec<u8>) {
+    let bytes = random_weights(rng, format, rows, cols);
+    (upload(k, &bytes), bytes)
+}
+
+fn quant_matrix(
+    buf: &DeviceBuffer,
+    bytes: &[u8],
+    format: GgmlType,
+    rows: usize,
+    cols: usize,
+) -> QuantMatrix {
+    QuantMatrix::new(view(buf, bytes.len()), format, rows, cols).expect("matrix")
+}
+
+type ProductOp = fn(
+    &Kernels,
+    &Stream,
+    &QuantMatrix,
+    DeviceSlice<f32>,
+    &mut DeviceSliceMut<f32>,
+    usize,
+) -> rocm_kernels::Result<()>;
+
+/// Runs `op` for every format, the given row counts, column counts and token counts, against
+/// the reference.
+fn check_products(test: &str, op: ProductOp, tokens: &[usize], seed: u64) {
+    let Some((k, s)) = setup(test) else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(seed);
+    for format in WEIGHT_FORMATS {
+        for rows in [1, 7, 67] {
+            for cols in col_counts(format) {
+                let (wb, bytes) = weights_on_device(k, &mut rng, format, rows, cols);
+                let w = quant_matrix(&wb, &bytes, format, rows, cols);
+                let host = HostMatrix::new(&bytes, format, rows, cols).unwrap();
+                for &nt in tokens {
+                    let x = random(&mut rng, nt * cols, -1.0, 1.0);
+                    let want = reference::matmul::matmul(&host, &x, nt).unwrap();
+                    let xb = upload(k, &x);
+                    let ob = upload(k, &vec![f32::NAN; nt * rows]);
+                    op(
+                        k,
+                        &s,
+                        &w,
+                        view(&xb, x.len()),
+                        &mut view_mut(&ob, nt * rows),
+                        nt,
+                    )
+                    .unwrap();
+                    let what = format!("{test}: {format} {rows} x {cols}, {nt} tokens");
+                    assert_close_rms(&download(&s, &ob, nt * rows), &want, RMS_TOL, &what);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matvec_matches_the_reference_for_every_format() {
+    // 17 tokens take three launches of at most MAX_TOKENS.
+    check_products(
+        "matvec_matches_the_reference_for_every_format",
+        matvec::matvec,
+        &[1, 3, MAX_TOKENS, 17],
+        1,
+    );
+}
+
+#[test]
+fn matmul_matches_the_reference_for_every_format() {
+    // 67 rows and 100 tokens leave partial 64-wide tiles in both directions.
+    check_products(
+        "matmul_matches_the_reference_for_every_format",
+        matmul::matmul,
+        &[1, 3, 17, 100],
+        2,
+    );
+}
+
+#[test]
+fn linear_matches_the_reference_on_both_sides_of_the_switch() {
+    check_products(
+        "linear_matches_the_reference_on_both_sides_of_the_switch",
+        matmul::linear,
+        &[MAX_TOKENS, MAX_TOKENS + 1],
+        3,
+    );
+}
+
+#[test]
+fn matmul_covers_several_tiles_of_a_real_shape() {
+    let test = "matmul_covers_several_tiles_of_a_real_shape";
+    let Some((k, s)) = setup(test) else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(4);
+    // A Q4_K projection of 2 x 1024 into 200 rows for 130 tokens: 4 x 3 tiles, 32 K steps.
+    let (format, rows, cols, nt) = (GgmlType::Q4K, 200, 1024, 130);
+    let (wb, bytes) = weights_on_device(k, &mut rng, format, rows, cols);
+    let w = quant_matrix(&wb, &bytes, format, rows, cols);
+    let host = HostMatrix::new(&bytes, format, rows, cols).unwrap();
+    let x = random(&mut rng, nt * cols, -1.0, 1.0);
+    let want = reference::matmul::matmul(&host, &x, nt).unwrap();
+    let xb = upload(k, &x);
+    let ob = upload(k, &vec![f32::NAN; nt * rows]);
+    matmul::matmul(
+        k,
+        &s,
+        &w,
+        view(&xb, x.len()),
+        &mut view_mut(&ob, nt * rows),
+        nt,
+    )
+    .unwrap();
+    assert_close_rms(&download(&s, &ob, nt * rows), &want, RMS_TOL, test);
+}
+
+#[test]
+fn products_refuse_short_views_without_launching() {
+    let test = "products_refuse_short_views_without_launching";
+    let Some((k, s)) = setup(test) else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(5);
+    let (wb, bytes) = weights_on_device(k, &mut rng, GgmlType::Q8_0, 4, 64);
+    let w = quant_matrix(&wb, &bytes, GgmlType::Q8_0, 4, 64);
+    let xb = upload(k, &[0.0f32; 128]);
+    let ob = upload(k, &[0.0f32; 8]);
+    for op in [matvec::matvec as ProductOp, matmul::matmul] {
+        let err = op(k, &s, &w, view(&xb, 127), &mut view_mut(&ob, 8), 2).unwrap_err();
+        assert!(matches!(err, KernelError::Shape { .. }), "{err}");
+        let err = op(k, &s, &w, view(&xb, 128), &mut view_mut(&ob, 7), 2).unwrap_err();
+        assert!(matches!(err, KernelError::Shape { .. }), "{err}");
+        op(k, &s, &w, view(&xb, 0), &mut view_mut(&ob, 0), 0).unwrap();
+    }
+    s.synchronize().unwrap();
+}
+
+#[test]
+fn embed_gathers_every_format_and_zeroes_out_of_range_ids() {
+    let test = "embed_gathers_every_format_and_zeroes_out_of_range_ids";
+    let Some((k, s)) = setup(test) else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(6);
+    let vocab = 5;
+    for format in WEIGHT_FORMATS {
+        let dim = match format.block_size() {
+            1 => 37,
+            b => 2 * b,
+        };
+        let (tb, bytes) = weights_on_device(k, &mut rng, format, vocab, dim);
+        let table = quant_matrix(&tb, &bytes, format, vocab, dim);
+        let host = HostMatrix::new(&bytes, format, vocab, dim).unwrap();
+        for (ids, scale) in [(vec![3, 0, -1, 4, 5, 2], 0.5f32), (vec![4, 4, 1], 25.3)] {
+            let (want, bad) = reference::embed::embed(&host, &ids, scale).unwrap();
+            let idb = upload(k, &ids);
+            let ob = upload(k, &vec![f32::NAN; ids.len() * dim]);
+            let fb = upload(k, &[0i32]);
+            embed::embed(
+                k,
+                &s,
+                &table,
+                view(&idb, ids.len()),
+                ids.len(),
+                scale,
+                &mut view_mut(&ob, ids.len() * dim),
+                Some(&mut view_mut(&fb, 1)),
+            )
+            .unwrap();
+            let got = download::<f32>(&s, &ob, ids.len() * dim);
+            let what = format!("embed {format} ids {ids:?}");
+            // One product per value: only a fused multiply-add in the dequantization differs.
+            assert_close_rms(&got, &want, 1e-6, &what);
+            for (t, &id) in ids.iter().enumerate() {
+                if id < 0 || id >= vocab as i32 {
+                    assert!(
+                        got[t * dim..(t + 1) * dim].iter().all(|&v| v == 0.0),
+                        "{what}"
+                    );
+                }
+            }
+            assert_eq!(
+                download::<i32>(&s, &fb, 1)[0],
+                i32::from(bad),
+                "{what}: flag"
+            );
+        }
+    }
+    // Without a flag, a bad id still reads nothing and writes zeros.
+    let (tb, bytes) = weights_on_device(k, &mut rng, GgmlType::Q6K, vocab, 256);
+    let table = quant_matrix(&tb, &bytes, GgmlType::Q6K, vocab, 256);
+    let idb = upload(k, &[i32::MAX, i32::MIN]);
+    let ob = upload(k, &vec![f32::NAN; 512]);
+    embed::embed(
+        k,
+        &s,
+        &table,
+        view(&idb, 2),
+        2,
+        1.0,
+        &mut view_mut(&ob, 512),
+        None,
+    )
+    .unwrap();
+    assert!(download::<f32>(&s, &ob, 512).iter().all(|&v| v == 0.0));
+}
+
+/// Router logits with ties: row 0 all equal, row 1 every third expert tied at the top and
+/// -0.0 / +0.0 next to each other, the rest random.
+fn router_logits(rng: &mut StdRng, rows: usize, n_expert: usize) -> Vec<f32> {
+    let mut logits = random(rng, rows * n_expert, -4.0, 4.0);
+    logits[..n_expert].fill(1.0);
+    if rows > 1 {
+        let row = &mut logits[n_expert..2 * n_expert];
+        for v in row.iter_mut().step_by(3) {
+            *v = 2.5;
+        }
+        row[1] = -0.0;
+        row[2] = 0.0;
+    }
+    if rows > 2 {
+        // Quantized-looking logits: many exact ties at every level.
+        for v in &mut logits[2 * n_expert..3 * n_expert] {
+            *v = (*v * 2.0).round() / 2.0;
+        }
+    }
+    logits
+}
+
+#[test]
+fn routing_matches_the_cpu_rule_with_ties() {
+    let test = "routing_matches_the_cpu_rule_with_ties";
+    let Some((k, s)) = setup(test) else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(7);
+    for (rows, n_expert, top) in [(5, 8, 2), (3, 128, 8), (4, 200, 7), (3, 64, 64), (1, 1, 1)] {
+        let logits = router_logits(&mut rng, rows, n_expert);
+        let (want_ids, want_w) = reference::moe::route_top_k(&logits, rows, n_expert, top).unwrap();
+        let lb = upload(k, &logits);
+        let ib = upload(k, &vec![-7i32; rows * top]);
+        let wb = upload(k, &vec![f32::NAN; rows * top]);
+        moe::route_top_k(
+            k,
+            &s,
+            view(&lb, logits.len()),
+            rows,
+            n_expert,
+            top,
+            &mut view_mut(&ib, rows * top),
+            &mut view_mut(&wb, rows * top),
+        )
+        .unwrap();
+        let what = format!("route {rows} x {n_expert}, top {top}");
+        assert_eq!(
+            download::<i32>(&s, &ib, rows * top),
+            want_ids,
+            "{what}: ids"
+        );
+        let got_w = download::<f32>(&s, &wb, rows * top);
+        for (i, (&g, &w)) in got_w.iter().zip(&want_w).enumerate() {
+            // Weights are in [0, 1]; the device's expf may differ from the CPU's by an ulp or two.
+            assert!(
+                (g - w).abs() <= 1e-6,
+                "{what}: weight [{i}] gpu {g} vs cpu {w}"
+            );
+        }
+    }
+    // More experts than one warp's lanes hold, and k out of range, are errors.
+    let too_many = 64 * k.wave_size() as usize + 1;
+    let lb = upload(k, &vec![0.0f32; too_many]);
+    let ib = upload(k, &[0i32; 2]);
+    let wb = upload(k, &[0.0f32; 2]);
+    for (n_expert, top) in [(too_many, 2), (4, 5), (4, 0)] {
+        let err = moe::route_top_k(
+            k,
+            &s,
+            view(&lb, too_many),
+            1,
+            n_expert,
+            top,
+            &mut view_mut(&ib, 2),
+            &mut view_mut(&wb, 2),
+        )
+        .unwrap_err();
+        assert!(matches!(err, KernelError::Shape { .. }), "{err}");
+    }
+}
+
+#[test]
+fn expert_products_match_the_reference_for_every_format() {
+    let test = "expert_products_match_the_reference_for_every_format";
+    let Some((k, s)) = setup(test) else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(8);
+    let (n_expert, rows, nt, top) = (5, 9, 3, 2);
+    // Pair 4 names expert 9 of 5: a zero row, and no read outside the stack.
+    let ids = [4i32, 0, 2, 2, 9, 1];
+    for format in WEIGHT_FORMATS {
+        let cols = match format.block_size() {
+            1 => 40,
+            b => 2 * b,
+        };
+        let (eb, bytes) = weights_on_device(k, &mut rng, format, n_expert * rows, cols);
+        let experts =
+            QuantExperts::new(view(&eb, bytes.len()), format, n_expert, rows, cols).unwrap();
+        let host = HostMatrix::new(&bytes, format, n_expert * rows, cols).unwrap();
+        let idb = upload(k, &ids);
+        for input in [ExpertInput::PerToken, ExpertInput::PerSlot] {
+            let x_rows = if input == ExpertInput::PerSlot {
+                nt * top
+            } else {
+                nt
+            };
+            let x = random(&mut rng, x_rows * cols, -1.0, 1.0);
+            let want =
+                reference::moe::matvec_id(&host, n_expert, &ids, nt, top, &x, input).unwrap();
+            let xb = upload(k, &x);
+            let ob = upload(k, &vec![f32::NAN; nt * top * rows]);
+            moe::matvec_id(
+                k,
+                &s,
+                &experts,
+                view(&idb, ids.len()),
+                nt,
+                top,
+                view(&xb, x.len()),
+                input,
+                &mut view_mut(&ob, nt * top * rows),
+            )
+            .unwrap();
+            let what = format!("matvec_id {format} {input:?}");
+            assert_close_rms(&download(&s, &ob, nt * top * rows), &want, RMS_TOL, &what);
+        }
+    }
+}
+
+#[test]
+fn weighted_sum_stores_and_adds() {
+    let test = "weighted_sum_stores_and_adds";
+    let Some((k, s)) = setup(test) else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(9);
+    for (nt, top, dim) in [(1, 1, 1), (3, 4, 300), (17, 8, 640)] {
+        let y = random(&mut rng, nt * top * dim, -2.0, 2.0);
+        let w = random(&mut rng, nt * top, 0.0, 1.0);
+        let base = random(&mut rng, nt * dim, -1.0, 1.0);
+        for mode in [Accumulate::Store, Accumulate::Add] {
+            let mut want = base.clone();
+            reference::moe::weighted_sum(&y, &w, nt, top, dim, &mut want, mode).unwrap();
+            let (yb, wb, ob) = (upload(k, &y), upload(k, &w), upload(k, &base));
+            moe::weighted_sum(
+                k,
+                &s,
+                view(&yb, y.len()),
+                view(&wb, w.len()),
+                nt,
+                top,
+                dim,
+                &mut view_mut(&ob, base.len()),
+                mode,
+            )
+            .unwrap();
+            // At most 9 f32 terms, same order; only fused multiply-adds differ.
+            let what = format!("weighted_sum {nt} x {top} x {dim} {mode:?}");
+            assert_close_rms(&download(&s, &ob, base.len()), &want, 1e-6, &what);
+        }
+    }
+}
+
+/// Routing, expert products and the weighted sum queued back to back with no host read in
+/// between, as a decode step runs them; the result matches the reference chain.
+#[test]
+fn moe_chain_runs_without_host_sync() {
+    let test = "moe_chain_runs_without_host_sync";
+    let Some((k, s)) = setup(test) else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(10);
+    let (nt, n_expert, top, dim, ff) = (3, 8, 2, 256, 256);
+    let format = GgmlType::Q4K;
+    let logits = random(&mut rng, nt * n_expert, -3.0, 3.0);
+    let x = random(&mut rng, nt * dim, -1.0, 1.0);
+    let residual = random(&mut rng, nt * dim, -1.0, 1.0);
+    let (up_b, up_bytes) = weights_on_device(k, &mut rng, format, n_expert * ff, dim);
+    let (down_b, down_bytes) = weights_on_device(k, &mut rng, format, n_expert * dim, ff);
+    let up = QuantExperts::new(view(&up_b, up_bytes.len()), format, n_expert, ff, dim).unwrap();
+    let down =
+        QuantExperts::new(view(&down_b, down_bytes.len()), format, n_expert, dim, ff).unwrap();
+
+    // Reference chain.
+    let (ids, w) = reference::moe::route_top_k(&logits, nt, n_expert, top).unwrap();
+    let up_h = HostMatrix::new(&up_bytes, format, n_expert * ff, dim).unwrap();
+    let down_h = HostMatrix::new(&down_bytes, format, n_expert * dim, ff).unwrap();
+    let hidden =
+        reference::moe::matvec_id(&up_h, n_expert, &ids, nt, top, &x, ExpertInput::PerToken)
+            .unwrap();
+    let y = reference::moe::matvec_id(
+        &down_h,
+        n_expert,
+        &ids,
+        nt,
+        top,
+        &hidden,
+        ExpertInput::PerSlot,
+    )
+    .unwrap();
+    let mut want = residual.clone();
+    reference::moe::weighted_sum(&y, &w, nt, top, dim, &mut want, Accumulate::Add).unwrap();
+
+    // Device chain.
+    let lb = upload(k, &logits);
+    let xb = upload(k, &x);
+    let ib = upload(k, &vec![0i32; nt * top]);
+    let wb = upload(k, &vec![0.0f32; nt * top]);
+    let hb = upload(k, &vec![f32::NAN; nt * top * ff]);
+    let yb = upload(k, &vec![f32::NAN; nt * top * dim]);
+    let ob = upload(k, &residual);
+    let (mut ids_v, mut w_v) = (
+        view_mut::<i32>(&ib, nt * top),
+        view_mut::<f32>(&wb, nt * top),
+    );
+    moe::route_top_k(
+        k,
+        &s,
+        view(&lb, logits.len()),
+        nt,
+        n_expert,
+        top,
+        &mut ids_v,
+        &mut w_v,
+    )
+    .unwrap();
+    let mut hidden_v = view_mut::<f32>(&hb, nt * top * ff);
+    moe::matvec_id(
+        k,
+        &s,
+        &up,
+        ids_v.as_const(),
+        nt,
+        top,
+        view(&xb, x.len()),
+        ExpertInput::PerToken,
+        &mut hidden_v,
+    )
+    .unwrap();
+    let mut y_v = view_mut::<f32>(&yb, nt * top * dim);
+    moe::matvec_id(
+        k,
+        &s,
+        &down,
+        ids_v.as_const(),
+        nt,
+        top,
+        hidden_v.as_const(),
+        ExpertInput::PerSlot,
+        &mut y_v,
+    )
+    .unwrap();
+    moe::weighted_sum(
+        k,
+        &s,
+        y_v.as_const(),
+        w_v.as_const(),
+        nt,
+        top,
+        dim,
+        &mut view_mut(&ob, nt * dim),
+        Accumulate::Add,
+    )
+    .unwrap();
+    assert_eq!(download::<i32>(&s, &ib, nt * top), ids, "{test}: ids");
+    // Two chained products: the intermediate's f32 error carries into the second, so 2e-4.
+    assert_close_rms(&download(&s, &ob, nt * dim), &want, 2e-4, test);
+}
