@@ -147,9 +147,11 @@ fn amd_target(arch: &str, wave: u32) -> Result<(String, BTreeMap<&'static str, O
         let stdout = String::from_utf8_lossy(&output.stdout);
         let mut started: Option<&str> = None;
         for line in stdout.lines() {
-            let Some(rest) = line.strip_prefix(TAG).map(str::trim_start) else {
+            // libtest may print "test <name> ... " on the same line before the first tag.
+            let Some(at) = line.find(TAG) else {
                 continue;
             };
+            let rest = line[at + TAG.len()..].trim_start();
             let (kind, rest) = rest.split_once(' ').unwrap_or((rest, ""));
             match kind {
                 "unavailable" => return Err(unescape(rest)),
