@@ -1,19 +1,28 @@
-//! Generates the HIP bindings from installed headers when possible.
+//! Chooses the HIP bindings.
 //!
-//! When HIP headers are found (`HIP_PATH`, `ROCM_PATH`, `/opt/rocm`, `/usr/include/hip`) and
-//! libclang loads, bindgen writes fresh bindings into `OUT_DIR` and the crate is compiled with
-//! `cfg(hip_bindgen)`. Otherwise the committed bindings in `src/sys/` (made by
-//! `cargo xtask bindgen` from Debian's HIP 5.2 headers) are used. Setting
-//! `HIP_FFI_USE_COMMITTED_BINDINGS=1` forces the committed ones.
+//! By default the committed bindings in `src/sys/` (made by `cargo xtask bindgen` from Debian's
+//! HIP 5.2 headers) are used and bindgen is not even compiled. With the `generate-bindings`
+//! feature, bindgen writes fresh bindings from the installed headers (`HIP_PATH`, `ROCM_PATH`,
+//! `/opt/rocm`, `/usr/include/hip`) into `OUT_DIR` and the crate is compiled with
+//! `cfg(hip_bindgen)`; when no headers are found or libclang does not load, a build warning says
+//! so and the committed bindings are used. `HIP_FFI_USE_COMMITTED_BINDINGS=1` forces the
+//! committed ones even with the feature.
 
+#[cfg(feature = "generate-bindings")]
 #[path = "build_support/hip_bindgen.rs"]
 mod hip_bindgen;
-
-use std::path::PathBuf;
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(hip_bindgen)");
     println!("cargo::rerun-if-changed=build.rs");
+    #[cfg(feature = "generate-bindings")]
+    generate();
+}
+
+#[cfg(feature = "generate-bindings")]
+fn generate() {
+    use std::path::PathBuf;
+
     println!("cargo::rerun-if-changed=build_support/hip_bindgen.rs");
     for var in [
         "HIP_PATH",
@@ -32,6 +41,10 @@ fn main() {
         std::env::var("ROCM_PATH").ok().as_deref(),
     );
     let Some(include_dir) = hip_bindgen::find_include_dir(&candidates) else {
+        println!(
+            "cargo::warning=hip-ffi: generate-bindings is on but no hip/hip_runtime_api.h was \
+             found in {candidates:?}; using the committed HIP bindings"
+        );
         return;
     };
     let Some(out_dir) = std::env::var_os("OUT_DIR").map(PathBuf::from) else {

@@ -5,8 +5,8 @@
 //! through the CUDA driver API and NVRTC (via cudarc, `cuda-13000` bindings), which is how the
 //! project is tested. Layers:
 //!
-//! * [`sys`]: raw bindgen output (generated at build time from installed HIP headers, or the
-//!   committed HIP 5.2 bindings).
+//! * [`sys`]: raw bindgen output (the committed HIP 5.2 bindings, or with the
+//!   `generate-bindings` feature, generated at build time from installed HIP headers).
 //! * `backend` (private): the only module with foreign calls; one `check` per runtime turns
 //!   status codes into [`HipError`].
 //! * the safe layer: [`Platform`], [`Device`], [`Stream`], [`Event`], [`DeviceBuffer`],

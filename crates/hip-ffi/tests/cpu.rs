@@ -324,3 +324,13 @@ fn device_or_skip_skips_with_reason_or_fails_when_a_gpu_is_required() {
     assert!(!passed, "an unknown value must fail:\n{output}");
     assert!(output.contains("use 1"), "names accepted values:\n{output}");
 }
+
+/// Without `generate-bindings` the build must not run bindgen, even where HIP headers exist.
+#[cfg(not(feature = "generate-bindings"))]
+#[test]
+fn default_build_uses_the_committed_bindings() {
+    assert!(
+        !hip_ffi::sys::GENERATED_AT_BUILD_TIME,
+        "bindings were generated although the generate-bindings feature is off"
+    );
+}
