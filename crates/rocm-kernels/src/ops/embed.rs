@@ -67,10 +67,11 @@ pub fn embed(
     let function = kernels.function(KernelModule::Embed, entry)?;
     let vocab = table.rows() as u32;
     let dim_u = dim as u32;
+    let (table_p, tokens_p, out_p) = (table.data().ptr(), tokens.ptr(), out.ptr());
     let mut l = function.builder(stream);
-    l.arg(&table.data().ptr())
-        .arg(&tokens.ptr())
-        .arg(&out.ptr())
+    l.arg(&table_p)
+        .arg(&tokens_p)
+        .arg(&out_p)
         .arg(&flag)
         .arg(&vocab)
         .arg(&dim_u)

@@ -57,10 +57,11 @@ pub fn matmul(
     let rows = w.rows() as u32;
     let cols = w.cols() as u32;
     let nt = n_tokens as u32;
+    let (w_p, x_p, out_p) = (w.data().ptr(), x.ptr(), out.ptr());
     let mut l = function.builder(stream);
-    l.arg(&w.data().ptr())
-        .arg(&x.ptr())
-        .arg(&out.ptr())
+    l.arg(&w_p)
+        .arg(&x_p)
+        .arg(&out_p)
         .arg(&rows)
         .arg(&cols)
         .arg(&nt);

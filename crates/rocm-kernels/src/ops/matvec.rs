@@ -239,10 +239,11 @@ pub fn matvec(
             .slice_mut(t0 * w.rows, nt * w.rows)
             .ok_or_else(|| shape_error(OP, "out is too short".into()))?;
         let nt_u = nt as u32;
+        let (w_p, x_p, out_p) = (w.data.ptr(), xs.ptr(), os.ptr());
         let mut l = function.builder(stream);
-        l.arg(&w.data.ptr())
-            .arg(&xs.ptr())
-            .arg(&os.ptr())
+        l.arg(&w_p)
+            .arg(&x_p)
+            .arg(&out_p)
             .arg(&rows)
             .arg(&cols)
             .arg(&nt_u);

@@ -182,10 +182,11 @@ pub fn route_top_k(
     let function = kernels.function(KernelModule::Moe, "moe_route_top_k")?;
     let rows_per_block = ROW_BLOCK_THREADS / wave;
     let (rows_u, n_expert_u, k_u) = (rows as u32, n_expert as u32, k as u32);
+    let (logits_p, ids_p, weights_p) = (logits.ptr(), ids.ptr(), weights.ptr());
     let mut l = function.builder(stream);
-    l.arg(&logits.ptr())
-        .arg(&ids.ptr())
-        .arg(&weights.ptr())
+    l.arg(&logits_p)
+        .arg(&ids_p)
+        .arg(&weights_p)
         .arg(&rows_u)
         .arg(&n_expert_u)
         .arg(&k_u);
@@ -258,11 +259,12 @@ pub fn matvec_id(
     let cols = experts.cols as u32;
     let k_u = k as u32;
     let per_slot = u32::from(input == ExpertInput::PerSlot);
+    let (w_p, ids_p, x_p, out_p) = (experts.data.ptr(), ids.ptr(), x.ptr(), out.ptr());
     let mut l = function.builder(stream);
-    l.arg(&experts.data.ptr())
-        .arg(&ids.ptr())
-        .arg(&x.ptr())
-        .arg(&out.ptr())
+    l.arg(&w_p)
+        .arg(&ids_p)
+        .arg(&x_p)
+        .arg(&out_p)
         .arg(&n_expert)
         .arg(&rows)
         .arg(&cols)
@@ -377,10 +379,11 @@ pub fn weighted_sum(
     );
     let acc = u32::from(mode == Accumulate::Add);
     let function = kernels.function(KernelModule::Moe, "moe_weighted_sum")?;
+    let (y_p, weights_p, out_p) = (y.ptr(), weights.ptr(), out.ptr());
     let mut l = function.builder(stream);
-    l.arg(&y.ptr())
-        .arg(&weights.ptr())
-        .arg(&out.ptr())
+    l.arg(&y_p)
+        .arg(&weights_p)
+        .arg(&out_p)
         .arg(&nt)
         .arg(&k_u)
         .arg(&dim_u)
