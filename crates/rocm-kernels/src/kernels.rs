@@ -2,12 +2,14 @@
 //!
 //! The signatures below are the contract the op wrappers in `crate::ops` are written against.
 
-use crate::cache::{CacheKey, KernelCache};
+use crate::cache::{CacheKey, KernelCache, Lookup};
 use crate::error::{KernelError, Result};
 use crate::source::KernelModule;
 use hip_ffi::rtc::Compiler;
-use hip_ffi::{device_compile_options, Device, Function};
+use hip_ffi::{device_compile_options, Device, Function, PlatformKind};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 /// Options every module is compiled with, after the device-derived ones (architecture and
 /// `-DWARP_SIZE`). Part of the cache key, as the device-derived ones are.
@@ -38,6 +40,7 @@ impl Kernels {
     /// version and every compile option (the wave size included). A cached code object the
     /// runtime refuses to load is dropped from the cache and compiled afresh.
     pub fn load(device: &Device, cache: &KernelCache) -> Result<Kernels> {
+        let started = std::time::Instant::now();
         let wave_size = device.warp_size()?;
         let compiler = Compiler::load(device.platform())?;
         let compiler_version = compiler.version();
@@ -49,35 +52,71 @@ impl Kernels {
         let extra: Vec<String> = EXTRA_OPTIONS.iter().map(|s| s.to_string()).collect();
         let mut flags = device_compile_options(device)?;
         flags.extend(extra.iter().cloned());
+        let compile = |module: KernelModule, source: &str| -> Result<Vec<u8>> {
+            let t = std::time::Instant::now();
+            let image = device.compile(source, module.name(), &extra)?;
+            tracing::debug!(
+                "compiled kernel module {} for {arch} in {:.2?}",
+                module.name(),
+                t.elapsed()
+            );
+            Ok(image)
+        };
+
+        // Cached code objects first; what is missing (or refused) is compiled below.
+        let jobs: Vec<(KernelModule, String, CacheKey)> = KernelModule::ALL
+            .into_iter()
+            .map(|module| {
+                let source = module.source();
+                let key = CacheKey::new(&source, &arch, &compiler_version, &flags);
+                (module, source, key)
+            })
+            .collect();
+        let mut images: Vec<Option<Vec<u8>>> = jobs
+            .iter()
+            .map(|(module, _, key)| match cache.lookup(module.name(), key) {
+                Lookup::Hit(image) => Some(image),
+                Lookup::Miss => None,
+                Lookup::Invalid(why) => {
+                    tracing::warn!(
+                        "kernel cache entry of {} is not used ({why}); recompiling",
+                        module.name()
+                    );
+                    None
+                }
+            })
+            .collect();
+        let missing: Vec<usize> = (0..jobs.len()).filter(|&i| images[i].is_none()).collect();
+        let compiled = compile_all(device, &missing, &|i| compile(jobs[i].0, &jobs[i].1))?;
+        for (i, image) in missing.iter().zip(compiled) {
+            let (module, _, key) = &jobs[*i];
+            if let Err(e) = cache.store(module.name(), key, &image) {
+                tracing::warn!("{e}");
+            }
+            images[*i] = Some(image);
+        }
+
         let mut functions = HashMap::new();
-        for module in KernelModule::ALL {
-            let source = module.source();
-            let name = module.name();
-            let key = CacheKey::new(&source, &arch, &compiler_version, &flags);
-            let compile = || -> Result<Vec<u8>> {
-                let started = std::time::Instant::now();
-                let image = device.compile(&source, name, &extra)?;
-                tracing::debug!(
-                    "compiled kernel module {name} for {arch} in {:.2?}",
-                    started.elapsed()
-                );
-                Ok(image)
-            };
-            let image = cache.get_or_compile(name, &key, compile)?;
+        for (i, ((module, source, key), image)) in jobs.iter().zip(images).enumerate() {
+            let (module, name) = (*module, module.name());
+            let from_cache = !missing.contains(&i);
+            let image = image.unwrap_or_default();
             let loaded = match device.load_module(&image) {
                 Ok(loaded) => loaded,
-                Err(first) => {
-                    tracing::warn!(
-                        "cached kernel module {name} did not load ({first}); recompiling"
-                    );
-                    cache.invalidate(name, &key);
-                    let image = compile()?;
+                // A cached code object the runtime refuses (one the checksum cannot catch,
+                // e.g. from a driver that reports the same versions but differs): drop it
+                // and compile afresh.
+                Err(first) if from_cache => {
+                    tracing::warn!("kernel module {name} did not load ({first}); recompiling");
+                    cache.invalidate(name, key);
+                    let image = compile(module, source)?;
                     let loaded = device.load_module(&image)?;
-                    if let Err(e) = cache.store(name, &key, &image) {
+                    if let Err(e) = cache.store(name, key, &image) {
                         tracing::warn!("{e}");
                     }
                     loaded
                 }
+                Err(e) => return Err(e.into()),
             };
             for &entry in module.entry_points() {
                 let function = loaded.function(entry).map_err(|e| {
@@ -90,6 +129,12 @@ impl Kernels {
                 functions.insert((module, entry), function);
             }
         }
+        tracing::debug!(
+            "kernels ready in {:.2?} ({} of {} modules compiled)",
+            started.elapsed(),
+            missing.len(),
+            jobs.len()
+        );
         Ok(Kernels {
             device: *device,
             wave_size,
@@ -116,4 +161,48 @@ impl Kernels {
                 name,
             })
     }
+}
+
+/// Runs `compile(i)` for every `i` of `which`, in order of `which`. NVRTC compiles concurrently
+/// (it is documented thread-safe), on up to one thread per core; hiprtc one module at a time,
+/// since older comgr releases are not safe to enter from several threads.
+fn compile_all(
+    device: &Device,
+    which: &[usize],
+    compile: &(dyn Fn(usize) -> Result<Vec<u8>> + Sync),
+) -> Result<Vec<Vec<u8>>> {
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(which.len());
+    if device.platform() != PlatformKind::Nvidia || workers <= 1 {
+        return which.iter().map(|&i| compile(i)).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let results: Vec<Mutex<Option<Result<Vec<u8>>>>> =
+        which.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let slot = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&i) = which.get(slot) else {
+                    break;
+                };
+                let result = compile(i);
+                *results[slot].lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|r| {
+            r.into_inner()
+                .unwrap_or_else(|p| p.into_inner())
+                .unwrap_or_else(|| {
+                    Err(KernelError::Cache {
+                        path: String::new(),
+                        message: "a compile worker stopped without a result".to_string(),
+                    })
+                })
+        })
+        .collect()
 }
