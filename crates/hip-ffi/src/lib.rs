@@ -1,17 +1,20 @@
 //! HIP runtime API for hipdecode: bindings loaded at run time, a checked result layer and safe
 //! RAII types.
 //!
-//! On AMD it loads `libamdhip64` and `libhiprtc`; on NVIDIA it serves the same HIP-shaped API
-//! through the CUDA driver API and NVRTC (via cudarc, `cuda-13000` bindings), which is how the
-//! project is tested. Layers:
+//! On AMD it loads `libamdhip64` and hiprtc; on NVIDIA it serves the same HIP-shaped API
+//! through the CUDA driver API (via cudarc's `cuda-13000` bindings; CUDA 12.0 drivers and newer)
+//! and NVRTC, which is how the project is tested. Layers:
 //!
 //! * [`sys`]: raw bindgen output (the committed HIP 5.2 bindings, or with the
 //!   `generate-bindings` feature, generated at build time from installed HIP headers).
-//! * `backend` (private): the only module with foreign calls; one `check` per runtime turns
-//!   status codes into [`HipError`].
+//! * `backend` (private): the only module with foreign calls; one `check` per runtime and per
+//!   compiler turns status codes into [`HipError`].
 //! * the safe layer: [`Platform`], [`Device`], [`Stream`], [`Event`], [`DeviceBuffer`],
-//!   [`PinnedHostBuffer`], [`HostRegistration`], [`ManagedBuffer`], [`Module`], [`Function`],
-//!   [`Graph`], [`GraphExec`].
+//!   [`PinnedHostBuffer`], [`HostRegistration`], [`ManagedBuffer`], [`Module`], [`Function`]
+//!   with [`LaunchBuilder`], [`Graph`], [`GraphExec`], and [`rtc::Compiler`], which compiles
+//!   kernels without a GPU.
+//! * [`testing`]: `device_or_skip` for GPU tests (`HIPDECODE_REQUIRE_GPU=1` turns skips into
+//!   failures).
 //!
 //! ```no_run
 //! use hip_ffi::{DeviceBuffer, Platform};
