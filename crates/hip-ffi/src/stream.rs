@@ -1,8 +1,9 @@
 //! Streams and events.
 
-use crate::backend::RawHandle;
+use crate::backend::{Addr, CopyKind, RawHandle};
 use crate::device::{Device, DevicePtr};
 use crate::error::Result;
+use crate::memory::DeviceCopy;
 use crate::module::LoadedModule;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -145,6 +146,57 @@ impl Stream {
             self.device
                 .api
                 .free_async(self.device.ordinal, ptr.0, self.handle)
+        }
+    }
+}
+
+impl Stream {
+    /// Queues a copy of `src` to the device address `dst` (`hipMemcpyHtoDAsync`), for memory
+    /// this crate did not allocate (a caching allocator's blocks).
+    ///
+    /// # Safety
+    /// `[dst, dst + size_of_val(src))` is device memory of this stream's device that stays
+    /// allocated until the stream reaches the copy, and `src` stays alive and unchanged until
+    /// then (synchronize the stream, or an event recorded after the copy, before reusing it).
+    pub unsafe fn copy_from_host_raw<T: DeviceCopy>(
+        &self,
+        dst: DevicePtr,
+        src: &[T],
+    ) -> Result<()> {
+        // SAFETY: forwarded contract; the handle is live.
+        unsafe {
+            self.device.api.memcpy(
+                self.device.ordinal,
+                dst.0,
+                src.as_ptr() as Addr,
+                std::mem::size_of_val(src),
+                CopyKind::HostToDevice,
+                self.handle,
+            )
+        }
+    }
+
+    /// Queues a copy from the device address `src` into `dst` (`hipMemcpyDtoHAsync`).
+    ///
+    /// # Safety
+    /// `[src, src + size_of_val(dst))` is device memory of this stream's device that stays
+    /// allocated until the stream reaches the copy, and `dst` stays alive and is neither read
+    /// nor written until the stream has passed the copy.
+    pub unsafe fn copy_to_host_raw<T: DeviceCopy>(
+        &self,
+        dst: &mut [T],
+        src: DevicePtr,
+    ) -> Result<()> {
+        // SAFETY: forwarded contract; the handle is live.
+        unsafe {
+            self.device.api.memcpy(
+                self.device.ordinal,
+                dst.as_mut_ptr() as Addr,
+                src.0,
+                std::mem::size_of_val(dst),
+                CopyKind::DeviceToHost,
+                self.handle,
+            )
         }
     }
 }

@@ -609,3 +609,42 @@ fn managed_memory_works_or_reports_unsupported() {
     let expected: Vec<i32> = input.iter().map(|x| x + 1).collect();
     assert_eq!(host, expected.as_slice());
 }
+
+#[test]
+#[serial]
+fn raw_copies_are_ordered_on_their_stream() {
+    let Some(device) = gpu_or_skip("raw_copies_are_ordered_on_their_stream") else {
+        return;
+    };
+    let module = device
+        .compile_module(KERNELS, "raw_copies.cu", &[])
+        .expect("compile");
+    let add_one = module.function("add_one").expect("add_one");
+    let stream = Stream::new(&device).expect("stream");
+    let n = 1usize << 20;
+    let buffer = DeviceBuffer::alloc(&device, n * 4).expect("alloc");
+    let input = noise(n, 7);
+    let n_u32 = n as u32;
+    let dst = buffer.ptr();
+    // Copy in, add one on the same stream, copy out: each step sees the previous one only if
+    // the raw copies are ordered on the stream like the kernel.
+    let mut output = vec![0i32; n];
+    // SAFETY: `buffer` holds n i32 and outlives the stream's work (synchronized below);
+    // `input` and `output` stay untouched until then.
+    unsafe {
+        stream.copy_from_host_raw(dst, &input).expect("copy in");
+        let mut launch = add_one.builder(&stream);
+        launch.arg(&dst).arg(&n_u32);
+        launch
+            .launch(LaunchConfig::for_elements(n_u32, 256))
+            .expect("launch");
+        stream.copy_to_host_raw(&mut output, dst).expect("copy out");
+    }
+    stream.synchronize().expect("sync");
+    let wrong = input
+        .iter()
+        .zip(&output)
+        .filter(|(a, b)| **a + 1 != **b)
+        .count();
+    assert_eq!(wrong, 0, "{wrong} of {n} values were not input + 1");
+}
