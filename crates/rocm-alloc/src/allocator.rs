@@ -2,8 +2,8 @@
 //! points, limits, trimming and the out-of-memory path.
 //!
 //! Concurrency: a single `std::sync::Mutex` guards all state. The cache-hit path does one
-//! B-tree lookup and removal (plus an insertion when the block is split), a few slab writes and
-//! counter updates, so the critical section is short; device calls (only on a miss, a trim or
+//! binary search and removal in a size class (plus an insertion when the block is split), a few
+//! slab writes and counter updates, so the critical section is short; device calls (only on a miss, a trim or
 //! the OOM path) are made while holding it, like PyTorch, so that no other thread can observe
 //! half-grown state.
 

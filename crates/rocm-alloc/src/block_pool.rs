@@ -3,8 +3,8 @@
 //!
 //! Blocks live in a slab indexed by [`BlockId`]; each segment's blocks form a doubly linked list
 //! in address order so that a freed block can merge with free neighbours in O(1). Free blocks
-//! sit in one ordered free list per [`PoolKey`] (see [`crate::free_list`]): best fit,
-//! deterministic, O(log n) per operation.
+//! sit in one free list per [`PoolKey`] (see [`crate::free_list`]): exact best fit,
+//! deterministic, one binary search per lookup.
 
 use crate::device::StreamId;
 use crate::free_list::FreeList;
