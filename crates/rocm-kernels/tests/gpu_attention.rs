@@ -27,20 +27,29 @@ use rocm_kernels::ops::rope::{rope, RopeParams, RopeShape};
 use rocm_kernels::reference;
 use rocm_kernels::reference::kv_cache::{f32_to_f16_bits, HostKv};
 use rocm_kernels::{DeviceSlice, DeviceSliceMut, Kernels};
+use std::sync::OnceLock;
 
 // ---------------------------------------------------------------------------------------------
 // Harness
 
 struct Gpu {
-    kernels: Kernels,
+    kernels: &'static Kernels,
     stream: Stream,
 }
 
+/// The kernels, compiled once for the test binary (through the cache the environment names).
+static KERNELS: OnceLock<Result<Kernels, String>> = OnceLock::new();
+
 fn gpu(test: &str) -> Option<Gpu> {
     let device = device_or_skip(test)?;
-    let cache = KernelCache::from_env().expect("kernel cache from the environment");
-    let kernels = Kernels::load(&device, &cache).expect("compile and load the kernels");
-    let stream = Stream::new(&device).expect("stream");
+    let loaded = KERNELS.get_or_init(|| {
+        let cache = KernelCache::from_env().map_err(|e| e.to_string())?;
+        Kernels::load(&device, &cache).map_err(|e| e.to_string())
+    });
+    let kernels = loaded
+        .as_ref()
+        .unwrap_or_else(|e| panic!("{test}: loading the kernels failed: {e}"));
+    let stream = Stream::new(kernels.device()).expect("stream");
     Some(Gpu { kernels, stream })
 }
 
@@ -269,7 +278,7 @@ fn rope_matches_the_reference_normal_and_neox_with_factors_scale_and_partial_rot
                 let dff = Buf::from(&gpu, &factors);
                 let dff_view = dff.view();
                 rope(
-                    &gpu.kernels,
+                    gpu.kernels,
                     &gpu.stream,
                     &mut dx.view_mut(),
                     &dpos.view(),
@@ -359,7 +368,7 @@ fn kv_store_matches_the_reference_bit_for_bit_in_f16_and_f32_with_ring_slots() {
             slots,
         };
         store_kv(
-            &gpu.kernels,
+            gpu.kernels,
             &gpu.stream,
             &ks.view(),
             &vs.view(),
@@ -400,7 +409,7 @@ fn kv_store_matches_the_reference_bit_for_bit_in_f16_and_f32_with_ring_slots() {
         want_k.store(&one_row, &one_pos, 1, dim_k, slots);
         let (src, pos) = (Buf::from(&gpu, &one_row), Buf::from(&gpu, &one_pos));
         store_rows(
-            &gpu.kernels,
+            gpu.kernels,
             &gpu.stream,
             &src.view(),
             &mut dk.view_mut(),
@@ -432,7 +441,7 @@ fn kv_store_refuses_short_views_and_mixed_element_types() {
     };
     let (k, v) = (src.view(), src.view());
     let err = store_kv(
-        &gpu.kernels,
+        gpu.kernels,
         &gpu.stream,
         &k,
         &v,
@@ -447,7 +456,7 @@ fn kv_store_refuses_short_views_and_mixed_element_types() {
         "{err}"
     );
     let err = store_rows(
-        &gpu.kernels,
+        gpu.kernels,
         &gpu.stream,
         &k,
         &mut cache16.view_mut(),
@@ -459,7 +468,7 @@ fn kv_store_refuses_short_views_and_mixed_element_types() {
     .expect_err("too few slots in the view");
     assert!(err.to_string().contains("17 slots"), "{err}");
     let err = store_rows(
-        &gpu.kernels,
+        gpu.kernels,
         &gpu.stream,
         &k,
         &mut cache16.view_mut(),
@@ -536,7 +545,7 @@ fn run_case(gpu: &Gpu, case: Case, seed: u64) {
             let need = decode_workspace_floats(&shape).expect("workspace size");
             let mut ws = Buf::from(gpu, &vec![f32::NAN; need]);
             attention_decode(
-                &gpu.kernels,
+                gpu.kernels,
                 &gpu.stream,
                 &dq.view(),
                 &dk.view(),
@@ -551,7 +560,7 @@ fn run_case(gpu: &Gpu, case: Case, seed: u64) {
         }
         Kind::Prefill => {
             attention_prefill(
-                &gpu.kernels,
+                gpu.kernels,
                 &gpu.stream,
                 &dq.view(),
                 &dk.view(),
@@ -762,7 +771,7 @@ fn attention_refuses_bad_shapes_and_a_short_workspace() {
     assert!(need > 0);
     let mut ws = Buf::<f32>::new(&gpu, need - 1);
     let err = attention_decode(
-        &gpu.kernels,
+        gpu.kernels,
         &gpu.stream,
         &q.view(),
         &k.view(),
@@ -775,7 +784,7 @@ fn attention_refuses_bad_shapes_and_a_short_workspace() {
     .expect_err("short workspace");
     assert!(err.to_string().contains("workspace"), "{err}");
     let err = attention_prefill(
-        &gpu.kernels,
+        gpu.kernels,
         &gpu.stream,
         &q.view(),
         &k.view(),
@@ -792,7 +801,7 @@ fn attention_refuses_bad_shapes_and_a_short_workspace() {
     let mut bad = shape;
     bad.n_head = 6;
     assert!(attention_prefill(
-        &gpu.kernels,
+        gpu.kernels,
         &gpu.stream,
         &q.view(),
         &k.view(),
@@ -855,7 +864,7 @@ fn replay_decode_steps(gpu: &Gpu, elem: KvElem, window: Option<usize>, slots: us
     };
     gpu.stream.begin_capture().expect("begin capture");
     rope(
-        &gpu.kernels,
+        gpu.kernels,
         &gpu.stream,
         &mut q.view_mut(),
         &pos.view(),
@@ -865,7 +874,7 @@ fn replay_decode_steps(gpu: &Gpu, elem: KvElem, window: Option<usize>, slots: us
     )
     .expect("rope q");
     rope(
-        &gpu.kernels,
+        gpu.kernels,
         &gpu.stream,
         &mut k_new.view_mut(),
         &pos.view(),
@@ -875,7 +884,7 @@ fn replay_decode_steps(gpu: &Gpu, elem: KvElem, window: Option<usize>, slots: us
     )
     .expect("rope k");
     store_kv(
-        &gpu.kernels,
+        gpu.kernels,
         &gpu.stream,
         &k_new.view(),
         &v_new.view(),
@@ -886,7 +895,7 @@ fn replay_decode_steps(gpu: &Gpu, elem: KvElem, window: Option<usize>, slots: us
     )
     .expect("store");
     attention_decode(
-        &gpu.kernels,
+        gpu.kernels,
         &gpu.stream,
         &q.view(),
         &k_cache.view(),
@@ -914,7 +923,10 @@ fn replay_decode_steps(gpu: &Gpu, elem: KvElem, window: Option<usize>, slots: us
         k_new.write(gpu, &hkn);
         v_new.write(gpu, &hvn);
         pos.write(gpu, &positions);
-        exec.launch(&gpu.stream).expect("replay");
+        // SAFETY: every buffer the captured work uses (q, k_new, v_new, pos, out, ws and both
+        // caches) is alive and unmoved until the end of this function, and the stream is
+        // synchronised (by `read`) before the host touches any of them again.
+        unsafe { exec.launch(&gpu.stream) }.expect("replay");
         let got = out.read(gpu);
 
         reference::rope::rope(&mut hq, &positions, None, rope_q, &params).expect("rope q");
