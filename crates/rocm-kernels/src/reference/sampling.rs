@@ -32,7 +32,8 @@ pub struct Sampled {
     /// (`u * total`) and the edges of the chosen token's interval, or (for `top_p < 1`) between
     /// `top_p` and the running probability on either side of the top-p cut; 0 when the top-k
     /// cut falls inside a run of equal logits (the CPU sampler keeps an unspecified part of
-    /// such a run). Infinite for greedy.
+    /// such a run), and when the weights are NaN (a +inf logit, a -inf maximum, or `1 /
+    /// temperature` overflowing). Infinite for greedy.
     pub margin: f64,
 }
 
@@ -79,6 +80,11 @@ pub fn sample(logits: &[f32], params: &SamplingParams, u: f64) -> Result<Sampled
     for (_, v) in c.iter_mut() {
         *v = ((*v - max) * inv_t).exp();
         sum += *v as f64;
+    }
+    if sum.is_nan() {
+        // A +inf logit, a -inf maximum or an overflowing 1 / temperature: the CPU's weights
+        // are NaN and its walk ends on the last candidate, which no rule of sampling asks for.
+        margin = 0.0;
     }
     let top_p = params.top_p as f64;
     let mut keep = c.len();
@@ -179,5 +185,7 @@ mod tests {
         let tied = sample(&[2.0, 1.0, 1.0], &params(1.0, 2, 1.0), 0.1).unwrap();
         assert_eq!(tied.token, 0);
         assert_eq!(tied.margin, 0.0);
+        let nan_weights = sample(&[f32::NEG_INFINITY; 2], &params(1.0, 0, 1.0), 0.1).unwrap();
+        assert_eq!((nan_weights.token, nan_weights.margin), (1, 0.0));
     }
 }
