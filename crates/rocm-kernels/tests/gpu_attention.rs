@@ -27,7 +27,7 @@ use rocm_kernels::ops::rope::{rope, RopeParams, RopeShape};
 use rocm_kernels::reference;
 use rocm_kernels::reference::kv_cache::{f32_to_f16_bits, HostKv};
 use rocm_kernels::{DeviceSlice, DeviceSliceMut, Kernels};
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 // ---------------------------------------------------------------------------------------------
 // Harness
@@ -35,13 +35,22 @@ use std::sync::OnceLock;
 struct Gpu {
     kernels: &'static Kernels,
     stream: Stream,
+    // Tests of this binary run one at a time: one of them captures a graph, and the others'
+    // allocations and copies then cannot interleave with the capture on any runtime.
+    _serial: MutexGuard<'static, ()>,
 }
+
+static SERIAL: Mutex<()> = Mutex::new(());
 
 /// The kernels, compiled once for the test binary (through the cache the environment names).
 static KERNELS: OnceLock<Result<Kernels, String>> = OnceLock::new();
 
 fn gpu(test: &str) -> Option<Gpu> {
     let device = device_or_skip(test)?;
+    // A test that failed while holding the lock leaves nothing shared behind.
+    let serial = SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let loaded = KERNELS.get_or_init(|| {
         let cache = KernelCache::from_env().map_err(|e| e.to_string())?;
         Kernels::load(&device, &cache).map_err(|e| e.to_string())
@@ -50,7 +59,11 @@ fn gpu(test: &str) -> Option<Gpu> {
         .as_ref()
         .unwrap_or_else(|e| panic!("{test}: loading the kernels failed: {e}"));
     let stream = Stream::new(kernels.device()).expect("stream");
-    Some(Gpu { kernels, stream })
+    Some(Gpu {
+        kernels,
+        stream,
+        _serial: serial,
+    })
 }
 
 /// A device buffer of `len` elements of `T`.
