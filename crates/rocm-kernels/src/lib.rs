@@ -4,7 +4,8 @@
 //! * [`source`]: the table of kernel modules: each module's source file and entry points. Every
 //!   source starts with `kernels/portability.h`, the only place where HIP and CUDA differ.
 //! * [`cache`]: compiled code objects on disk, keyed by source hash, architecture, compiler
-//!   version and flags.
+//!   version and flags; the folder is `$HIPDECODE_KERNEL_CACHE` (`off` disables it), else the
+//!   user's cache folder.
 //! * [`Kernels`]: every module compiled and loaded for one device.
 //! * [`view`]: typed views of device memory that the launch wrappers take.
 //! * [`ops`]: one safe launch wrapper per op; shapes are checked against the views.
