@@ -1,5 +1,8 @@
-//! Choosing where a model runs.
+//! Choosing where a model runs: one enum for the CLI, bench-decode and the tests.
 
+use crate::backend::cpu::CpuBackend;
+use crate::backend::gpu::{GpuBackend, DEFAULT_MAX_BATCH};
+use crate::backend::{Backend, Precision};
 use crate::error::{DecodeError, Result};
 use std::path::Path;
 
@@ -27,9 +30,20 @@ impl std::str::FromStr for DeviceRequest {
     }
 }
 
+/// The backend a run will use, with what it needs to be built.
+#[derive(Clone, Debug)]
+pub enum BackendChoice {
+    /// The CPU reference backend.
+    Cpu,
+    /// The GPU backend on this device.
+    Gpu(hip_ffi::Device),
+}
+
 /// Where the model will run, and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct DeviceChoice {
+    pub backend: BackendChoice,
+    /// Something the user should know about the choice (a GPU passed over, and why).
     pub note: Option<String>,
 }
 
@@ -38,22 +52,92 @@ pub fn gpu_present() -> bool {
     Path::new("/dev/kfd").exists() || Path::new("/dev/nvidiactl").exists()
 }
 
-/// Resolves a request to the CPU backend, the only one that exists so far. Asking for the GPU
-/// is an error that says so; `auto` falls back to the CPU and notes a GPU it had to pass over.
+/// The first usable GPU, or what was probed and why it cannot be used.
+pub fn probe_gpu() -> std::result::Result<hip_ffi::Device, String> {
+    hip_ffi::Platform::default_device()
+}
+
+/// Resolves a request: `gpu` is an error naming what was probed when no GPU is usable; `auto`
+/// takes a usable GPU, else the CPU (with a note when a GPU was present but unusable).
 pub fn choose(request: DeviceRequest) -> Result<DeviceChoice> {
+    choose_with(request, probe_gpu)
+}
+
+fn choose_with(
+    request: DeviceRequest,
+    probe: impl FnOnce() -> std::result::Result<hip_ffi::Device, String>,
+) -> Result<DeviceChoice> {
     match request {
-        DeviceRequest::Cpu => Ok(DeviceChoice { note: None }),
-        DeviceRequest::Gpu => Err(DecodeError::GpuUnavailable(if gpu_present() {
-            "a GPU is present, but hipdecode's GPU decode backend has not been written yet".into()
-        } else {
-            "no GPU was found, and hipdecode's GPU decode backend has not been written yet".into()
-        })),
-        DeviceRequest::Auto => Ok(DeviceChoice {
-            note: gpu_present().then(|| {
-                "a GPU is present but the GPU decode backend does not exist yet; running on the CPU"
-                    .to_string()
-            }),
+        DeviceRequest::Cpu => Ok(DeviceChoice {
+            backend: BackendChoice::Cpu,
+            note: None,
         }),
+        DeviceRequest::Gpu => match probe() {
+            Ok(device) => Ok(DeviceChoice {
+                backend: BackendChoice::Gpu(device),
+                note: None,
+            }),
+            Err(reason) => Err(DecodeError::GpuUnavailable(reason)),
+        },
+        DeviceRequest::Auto => Ok(match probe() {
+            Ok(device) => DeviceChoice {
+                backend: BackendChoice::Gpu(device),
+                note: None,
+            },
+            Err(reason) => DeviceChoice {
+                backend: BackendChoice::Cpu,
+                note: gpu_present().then(|| {
+                    format!("a GPU is present but unusable ({reason}); running on the CPU")
+                }),
+            },
+        }),
+    }
+}
+
+/// Work that runs on whichever backend was chosen (the backends have different buffer types,
+/// so the work is generic rather than the backend boxed).
+pub trait WithBackend {
+    /// What the work returns.
+    type Output;
+    /// Runs the work on `backend`.
+    fn run<B: Backend>(self, backend: B) -> Self::Output;
+}
+
+/// Settings that only one backend has.
+#[derive(Clone, Copy, Debug)]
+pub struct BackendSettings {
+    /// CPU: quantized 16-bit activations (fast) or f32 (exact).
+    pub cpu_precision: Precision,
+    /// GPU: the most tokens one step may carry (prefill runs in chunks of this).
+    pub gpu_max_batch: usize,
+}
+
+impl Default for BackendSettings {
+    fn default() -> Self {
+        BackendSettings {
+            cpu_precision: Precision::Fast,
+            gpu_max_batch: DEFAULT_MAX_BATCH,
+        }
+    }
+}
+
+impl BackendChoice {
+    /// A short name for reports: `cpu` or `gpu`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            BackendChoice::Cpu => "cpu",
+            BackendChoice::Gpu(_) => "gpu",
+        }
+    }
+
+    /// Builds the chosen backend and runs `work` on it.
+    pub fn run<W: WithBackend>(&self, settings: BackendSettings, work: W) -> Result<W::Output> {
+        Ok(match self {
+            BackendChoice::Cpu => work.run(CpuBackend::new(settings.cpu_precision)),
+            BackendChoice::Gpu(device) => {
+                work.run(GpuBackend::new(*device, settings.gpu_max_batch)?)
+            }
+        })
     }
 }
 
@@ -62,10 +146,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn gpu_request_is_a_clear_error_and_auto_falls_back() {
-        let e = choose(DeviceRequest::Gpu).unwrap_err().to_string();
+    fn gpu_request_names_the_probe_and_auto_falls_back() {
+        let e = choose_with(DeviceRequest::Gpu, || {
+            Err("no libamdhip64, no libcuda".into())
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("no libamdhip64, no libcuda"), "{e}");
         assert!(e.contains("--device cpu"), "{e}");
-        assert!(choose(DeviceRequest::Auto).is_ok());
+        let auto = choose_with(DeviceRequest::Auto, || Err("none".into())).unwrap();
+        assert!(matches!(auto.backend, BackendChoice::Cpu));
+        let cpu = choose_with(DeviceRequest::Cpu, || panic!("cpu must not probe")).unwrap();
+        assert!(matches!(cpu.backend, BackendChoice::Cpu));
         assert!("tpu".parse::<DeviceRequest>().is_err());
     }
 }

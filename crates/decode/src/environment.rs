@@ -4,15 +4,16 @@
 
 use crate::error::{DecodeError, Result};
 
-/// Every `HIPDECODE_*` variable the workspace reads. The allocator's limits are taken from
-/// rocm-alloc; the rest are read by crates decode does not link (hip-ffi's platform override
-/// and GPU-test switch, rocm-kernels' kernel cache) or by the tests, so they are listed by name.
+/// Every `HIPDECODE_*` variable the workspace reads, each taken from the crate that reads it;
+/// the test-only switches are listed by name.
 pub fn known_vars() -> Vec<&'static str> {
     let mut v: Vec<&'static str> = rocm_alloc::limits::ENV_VARS.to_vec();
     v.extend([
-        "HIPDECODE_KERNEL_CACHE",
-        "HIPDECODE_PLATFORM",
-        "HIPDECODE_REQUIRE_GPU",
+        rocm_kernels::cache::CACHE_VAR,
+        hip_ffi::platform::PLATFORM_OVERRIDE_VAR,
+        hip_ffi::testing::REQUIRE_GPU_VAR,
+        hip_ffi::rtc::NVRTC_PATH_VAR,
+        "HIPDECODE_REQUIRE_RTC",
         "HIPDECODE_REQUIRE_MODELS",
         "HIPDECODE_MODELS_DIR",
     ]);

@@ -43,8 +43,11 @@ pub enum DecodeError {
     ContextFull { needed: usize, capacity: usize },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
-    #[error("the GPU backend is not available yet: {0}. Run with --device cpu")]
+    #[error("no usable GPU: {0}. Run with --device cpu, or see docs/install.md")]
     GpuUnavailable(String),
+    /// A failure of the GPU runtime, a kernel launch or the device allocator.
+    #[error("GPU: {0}")]
+    Gpu(String),
 }
 
 /// Result alias for this crate.

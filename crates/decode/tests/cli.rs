@@ -42,19 +42,34 @@ fn run_streams_a_continuation_and_reports_speed_and_memory() {
     std::fs::remove_file(&model).ok();
 }
 
+/// With a usable GPU, `--device gpu` decodes there; without one it is an error that names what
+/// was probed and points at `--device cpu`.
 #[test]
-fn asking_for_the_gpu_is_a_clear_error() {
+fn asking_for_the_gpu_runs_there_or_says_what_was_probed() {
     let model = tiny_model("gpu");
     let out = hipdecode()
         .args(["run", "-m"])
         .arg(&model)
-        .args(["-p", "x", "--device", "gpu"])
+        .args(["-p", "x", "-n", "4", "--device", "gpu"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(stderr.contains("GPU backend is not available"), "{stderr}");
-    assert!(stderr.contains("--device cpu"), "{stderr}");
+    match hip_ffi::Platform::default_device() {
+        Ok(_) => {
+            assert!(out.status.success(), "{stderr}");
+            assert!(stderr.contains("on gpu ("), "{stderr}");
+            assert!(stderr.contains("outside the allocator"), "{stderr}");
+        }
+        Err(reason) => {
+            assert!(!out.status.success());
+            assert!(stderr.contains("no usable GPU"), "{stderr}");
+            assert!(
+                stderr.contains(&reason),
+                "the probe's reason is missing: {stderr}"
+            );
+            assert!(stderr.contains("--device cpu"), "{stderr}");
+        }
+    }
     std::fs::remove_file(&model).ok();
 }
 

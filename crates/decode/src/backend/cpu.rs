@@ -3,7 +3,7 @@
 //! memory-mapped file in their stored format by the fused kernels in [`super::kernels`].
 
 use super::kernels::{self, MatrixRef, Precision};
-use super::{ops, Attention, Backend, ExpertChoice, GateActivation, Rope, WeightSource};
+use super::{ops, Attention, Backend, ExpertChoice, GateActivation, MoeShape, Rope, WeightSource};
 use crate::error::{DecodeError, Result};
 use crate::memory::{MemoryReport, MemoryTag};
 use crate::quant::{self, Q16Row, WeightFormat};
@@ -273,31 +273,32 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn matmul_expert(
+    fn moe(
         &mut self,
-        w: &CpuWeight,
-        expert: usize,
         x: &Vec<f32>,
-        x_row: usize,
+        router_logits: &Vec<f32>,
+        gate: &CpuWeight,
+        up: &CpuWeight,
+        down: &CpuWeight,
         out: &mut Vec<f32>,
+        shape: &MoeShape,
     ) -> Result<()> {
-        if expert >= w.dims[2] {
-            return Err(DecodeError::InvalidArgument(format!(
-                "expert {expert} of '{}' which has {}",
-                w.name, w.dims[2]
-            )));
+        let routes = self.route_top_k(router_logits, shape.rows, shape.n_expert, shape.k)?;
+        let e = shape.n_embd;
+        check_len("moe output", out.len(), shape.rows * e)?;
+        out[..shape.rows * e].fill(0.0);
+        let mut g = vec![0.0; shape.n_ff];
+        let mut u = vec![0.0; shape.n_ff];
+        let mut y = vec![0.0; e];
+        for (t, choices) in routes.iter().enumerate() {
+            for c in choices {
+                self.matmul_expert(gate, c.expert, x, t, &mut g)?;
+                self.matmul_expert(up, c.expert, x, t, &mut u)?;
+                ops::gated(&mut g, &u, shape.act);
+                self.matmul_expert(down, c.expert, &g, 0, &mut y)?;
+                self.add_scaled_row(out, t, &y, e, c.weight)?;
+            }
         }
-        let m = w.matrix(expert);
-        check_len("expert input", x.len(), (x_row + 1) * m.cols)?;
-        check_len("expert output", out.len(), m.rows)?;
-        kernels::matmul(
-            m,
-            &x[x_row * m.cols..(x_row + 1) * m.cols],
-            1,
-            &mut out[..m.rows],
-            self.precision,
-            &mut self.act_q,
-        );
         Ok(())
     }
 
@@ -433,22 +434,6 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn add_scaled_row(
-        &mut self,
-        x: &mut Vec<f32>,
-        x_row: usize,
-        y: &Vec<f32>,
-        dim: usize,
-        alpha: f32,
-    ) -> Result<()> {
-        check_len("add_scaled_row", x.len(), (x_row + 1) * dim)?;
-        check_len("add_scaled_row source", y.len(), dim)?;
-        for (a, &b) in x[x_row * dim..(x_row + 1) * dim].iter_mut().zip(&y[..dim]) {
-            *a += alpha * b;
-        }
-        Ok(())
-    }
-
     fn copy_row(
         &mut self,
         src: &Vec<f32>,
@@ -470,9 +455,61 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn argmax(&mut self, x: &Vec<f32>, row: usize, n: usize) -> Result<u32> {
+        check_len("argmax", x.len(), (row + 1) * n)?;
+        Ok(ops::argmax(&x[row * n..(row + 1) * n]) as u32)
+    }
+}
+
+/// The CPU's MoE pieces: routing to the host, then one expert matrix at a time.
+impl CpuBackend {
+    fn matmul_expert(
+        &mut self,
+        w: &CpuWeight,
+        expert: usize,
+        x: &[f32],
+        x_row: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
+        if expert >= w.dims[2] {
+            return Err(DecodeError::InvalidArgument(format!(
+                "expert {expert} of '{}' which has {}",
+                w.name, w.dims[2]
+            )));
+        }
+        let m = w.matrix(expert);
+        check_len("expert input", x.len(), (x_row + 1) * m.cols)?;
+        check_len("expert output", out.len(), m.rows)?;
+        kernels::matmul(
+            m,
+            &x[x_row * m.cols..(x_row + 1) * m.cols],
+            1,
+            &mut out[..m.rows],
+            self.precision,
+            &mut self.act_q,
+        );
+        Ok(())
+    }
+
+    fn add_scaled_row(
+        &mut self,
+        x: &mut [f32],
+        x_row: usize,
+        y: &[f32],
+        dim: usize,
+        alpha: f32,
+    ) -> Result<()> {
+        check_len("add_scaled_row", x.len(), (x_row + 1) * dim)?;
+        check_len("add_scaled_row source", y.len(), dim)?;
+        for (a, &b) in x[x_row * dim..(x_row + 1) * dim].iter_mut().zip(&y[..dim]) {
+            *a += alpha * b;
+        }
+        Ok(())
+    }
+
     fn route_top_k(
         &mut self,
-        logits: &Vec<f32>,
+        logits: &[f32],
         rows: usize,
         n_expert: usize,
         k: usize,
@@ -499,10 +536,5 @@ impl Backend for CpuBackend {
                     .collect()
             })
             .collect())
-    }
-
-    fn argmax(&mut self, x: &Vec<f32>, row: usize, n: usize) -> Result<u32> {
-        check_len("argmax", x.len(), (row + 1) * n)?;
-        Ok(ops::argmax(&x[row * n..(row + 1) * n]) as u32)
     }
 }

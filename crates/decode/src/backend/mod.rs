@@ -13,6 +13,7 @@
 //! sized for the largest batch.
 
 pub mod cpu;
+pub mod gpu;
 pub mod kernels;
 mod ops;
 
@@ -88,6 +89,19 @@ pub struct ExpertChoice {
     pub weight: f32,
 }
 
+/// Shape of one [`Backend::moe`] call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeShape {
+    pub rows: usize,
+    pub n_embd: usize,
+    /// Hidden size of one expert.
+    pub n_ff: usize,
+    pub n_expert: usize,
+    /// Experts used per token.
+    pub k: usize,
+    pub act: GateActivation,
+}
+
 /// The compute interface. Every op takes its shapes explicitly and works on the leading rows
 /// of its buffers.
 pub trait Backend: Send {
@@ -104,9 +118,17 @@ pub trait Backend: Send {
     fn load_weight(&mut self, src: &WeightSource<'_>) -> Result<Self::Weight>;
     /// Bytes in use per tag.
     fn memory(&self) -> MemoryReport;
+    /// A device-side memory report (allocator reserved, cached, peaks, bytes outside the
+    /// allocator), for backends that have a device.
+    fn device_report(&self) -> Option<Result<String>> {
+        None
+    }
 
-    /// Called before each step with the step's scalars (see the module docs).
-    fn begin_step(&mut self, _pos0: usize, _n_tokens: usize) {}
+    /// Called before each step with the step's scalars (see the module docs). A GPU backend
+    /// writes them into its device-side step block, which can fail.
+    fn begin_step(&mut self, _pos0: usize, _n_tokens: usize) -> Result<()> {
+        Ok(())
+    }
     /// Copies `dst.len()` values from the start of `src` to the host.
     fn read(&mut self, src: &Self::Buffer, offset: usize, dst: &mut [f32]) -> Result<()>;
 
@@ -145,14 +167,23 @@ pub trait Backend: Send {
         out: &mut Self::Buffer,
         rows: usize,
     ) -> Result<()>;
-    /// `out[0] = W[expert] · x[x_row]` for one matrix of a stacked expert tensor.
-    fn matmul_expert(
+    /// Mixture-of-experts feed-forward over `rows` rows of `x` (`[rows][n_embd]`): each row goes
+    /// to the `k` experts with the largest `router_logits` (`[rows][n_expert]`; ties to the lower
+    /// index), weighted by a softmax over those `k` logits; each expert computes
+    /// `down · (act(gate · x) * (up · x))`; `out` (`[rows][n_embd]`) receives the weighted sum.
+    /// The routing stays on the backend: a GPU backend keeps expert ids and weights in device
+    /// memory and runs the selected experts without a host round trip (like ggml's
+    /// `mul_mat_id`), so the launch sequence does not depend on the data.
+    #[allow(clippy::too_many_arguments)]
+    fn moe(
         &mut self,
-        w: &Self::Weight,
-        expert: usize,
         x: &Self::Buffer,
-        x_row: usize,
+        router_logits: &Self::Buffer,
+        gate: &Self::Weight,
+        up: &Self::Weight,
+        down: &Self::Weight,
         out: &mut Self::Buffer,
+        shape: &MoeShape,
     ) -> Result<()>;
     /// `x[r] += bias` for `rows` rows.
     fn add_bias(&mut self, x: &mut Self::Buffer, bias: &Self::Weight, rows: usize) -> Result<()>;
@@ -201,15 +232,6 @@ pub trait Backend: Send {
     ) -> Result<()>;
     /// `x += y` over `len` values (the residual add).
     fn add(&mut self, x: &mut Self::Buffer, y: &Self::Buffer, len: usize) -> Result<()>;
-    /// `x[x_row] += alpha * y[0]` over rows of `dim` (MoE accumulation).
-    fn add_scaled_row(
-        &mut self,
-        x: &mut Self::Buffer,
-        x_row: usize,
-        y: &Self::Buffer,
-        dim: usize,
-        alpha: f32,
-    ) -> Result<()>;
     /// Copies row `src_row` of `src` to row `dst_row` of `dst`.
     fn copy_row(
         &mut self,
@@ -221,16 +243,6 @@ pub trait Backend: Send {
     ) -> Result<()>;
     /// Zeroes the first `len` values.
     fn zero(&mut self, x: &mut Self::Buffer, len: usize) -> Result<()>;
-    /// MoE routing: for each of `rows` rows of `n_expert` router logits, the `k` most likely
-    /// experts with their probabilities renormalized over those `k` (a softmax over the top k).
-    /// The result comes back to the host: it decides which expert matrices run.
-    fn route_top_k(
-        &mut self,
-        logits: &Self::Buffer,
-        rows: usize,
-        n_expert: usize,
-        k: usize,
-    ) -> Result<Vec<Vec<ExpertChoice>>>;
     /// Index of the largest of `n` values in row `row` (greedy decoding without a copy of the
     /// logits to the host).
     fn argmax(&mut self, x: &Self::Buffer, row: usize, n: usize) -> Result<u32>;

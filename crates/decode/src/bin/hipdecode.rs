@@ -2,9 +2,8 @@
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use decode::backend::cpu::CpuBackend;
 use decode::backend::{Backend, Precision};
-use decode::device::{self, DeviceRequest};
+use decode::device::{self, BackendSettings, DeviceRequest, WithBackend};
 use decode::generate::{generate, StopReason};
 use decode::gguf_loader;
 use decode::memory::human_bytes;
@@ -57,7 +56,7 @@ struct RunArgs {
     /// Random seed for sampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// auto, cpu or gpu. auto picks a GPU when one is present and usable.
+    /// auto, cpu or gpu. auto picks the GPU when one is usable, else the CPU.
     #[arg(long, default_value = "auto")]
     device: DeviceRequest,
     /// KV cache size in positions (clamped to the model's context length).
@@ -153,71 +152,107 @@ fn run(args: RunArgs) -> Result<()> {
     sampler.validate()?;
     let file = decode::open_model(&args.model)?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
-    let precision = if args.exact {
-        Precision::Exact
-    } else {
-        Precision::Fast
-    };
-    let options = ModelOptions {
-        context: args.ctx,
-        ..Default::default()
-    };
-    let mut model = Model::load(&file, CpuBackend::new(precision), options)?;
-    let prompt = tokenizer.encode(&args.prompt, !args.no_bos && tokenizer.vocab().add_bos);
-    eprintln!(
-        "{} on {}: {} prompt tokens, context {}",
-        model.spec().arch_name,
-        model.backend().describe(),
-        prompt.len(),
-        model.options().context
-    );
-    print!("{}", args.prompt);
-    std::io::stdout().flush().ok();
-    let mut stream = TextStream::new(&tokenizer);
-    let report = generate(
-        &mut model,
-        &prompt,
-        args.n_predict,
-        sampler,
-        &|id| tokenizer.is_stop(id),
-        &mut |id| {
-            print!("{}", stream.push(id));
-            std::io::stdout().flush().ok();
+    let settings = BackendSettings {
+        cpu_precision: if args.exact {
+            Precision::Exact
+        } else {
+            Precision::Fast
         },
-    )?;
-    println!("{}", stream.finish());
-    let stop = match report.stop {
-        StopReason::EndOfSequence => "end of sequence",
-        StopReason::TokenLimit => "token limit",
-        StopReason::ContextFull => "context full",
+        ..BackendSettings::default()
     };
-    let mem = model.memory();
-    eprintln!(
-        "prompt {} tokens at {:.1} tok/s; generated {} tokens, decode at {:.1} tok/s; stopped at {stop}",
-        report.prompt_tokens,
-        report.prefill_tok_s(),
-        report.tokens.len(),
-        report.decode_tok_s()
-    );
-    eprintln!("{mem}");
-    if args.json_stats {
-        let stats = serde_json::json!({
-            "prompt_tokens": report.prompt_tokens,
-            "generated_tokens": report.tokens.len(),
-            "prefill_tok_s": report.prefill_tok_s(),
-            "decode_tok_s": report.decode_tok_s(),
-            "memory": {
-                "weights": mem.get(decode::MemoryTag::Weights),
-                "kv_cache": mem.get(decode::MemoryTag::KvCache),
-                "activations": mem.get(decode::MemoryTag::Activations),
-                "workspace": mem.get(decode::MemoryTag::Workspace),
-                "total": mem.total(),
-                "total_human": human_bytes(mem.total()),
+    choice.backend.run(
+        settings,
+        Generation {
+            args: &args,
+            file: &file,
+            tokenizer: &tokenizer,
+            sampler,
+        },
+    )?
+}
+
+/// One `hipdecode run` on whichever backend was chosen.
+struct Generation<'a> {
+    args: &'a RunArgs,
+    file: &'a std::sync::Arc<gguf_loader::GgufFile>,
+    tokenizer: &'a Tokenizer,
+    sampler: SamplerConfig,
+}
+
+impl WithBackend for Generation<'_> {
+    type Output = Result<()>;
+
+    fn run<B: Backend>(self, backend: B) -> Result<()> {
+        let Generation {
+            args,
+            file,
+            tokenizer,
+            sampler,
+        } = self;
+        let options = ModelOptions {
+            context: args.ctx,
+            ..Default::default()
+        };
+        let mut model = Model::load(file, backend, options)?;
+        let prompt = tokenizer.encode(&args.prompt, !args.no_bos && tokenizer.vocab().add_bos);
+        eprintln!(
+            "{} on {}: {} prompt tokens, context {}",
+            model.spec().arch_name,
+            model.backend().describe(),
+            prompt.len(),
+            model.options().context
+        );
+        print!("{}", args.prompt);
+        std::io::stdout().flush().ok();
+        let mut stream = TextStream::new(tokenizer);
+        let report = generate(
+            &mut model,
+            &prompt,
+            args.n_predict,
+            sampler,
+            &|id| tokenizer.is_stop(id),
+            &mut |id| {
+                print!("{}", stream.push(id));
+                std::io::stdout().flush().ok();
             },
-        });
-        eprintln!("{stats}");
+        )?;
+        println!("{}", stream.finish());
+        let stop = match report.stop {
+            StopReason::EndOfSequence => "end of sequence",
+            StopReason::TokenLimit => "token limit",
+            StopReason::ContextFull => "context full",
+        };
+        let mem = model.memory();
+        eprintln!(
+            "prompt {} tokens at {:.1} tok/s; generated {} tokens, decode at {:.1} tok/s; stopped at {stop}",
+            report.prompt_tokens,
+            report.prefill_tok_s(),
+            report.tokens.len(),
+            report.decode_tok_s()
+        );
+        eprintln!("{mem}");
+        if let Some(device) = model.backend().device_report() {
+            eprint!("{}", device?);
+        }
+        if args.json_stats {
+            let stats = serde_json::json!({
+                "prompt_tokens": report.prompt_tokens,
+                "generated_tokens": report.tokens.len(),
+                "prefill_tok_s": report.prefill_tok_s(),
+                "decode_tok_s": report.decode_tok_s(),
+                "memory": {
+                    "weights": mem.get(decode::MemoryTag::Weights),
+                    "kv_cache": mem.get(decode::MemoryTag::KvCache),
+                    "activations": mem.get(decode::MemoryTag::Activations),
+                    "workspace": mem.get(decode::MemoryTag::Workspace),
+                    "total": mem.total(),
+                    "total_human": human_bytes(mem.total()),
+                },
+            });
+            eprintln!("{stats}");
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 fn inspect(args: InspectArgs) -> Result<()> {

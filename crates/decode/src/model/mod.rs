@@ -9,7 +9,7 @@ pub use consistency::AttentionWidths;
 pub use kv_cache::KvCache;
 pub use spec::{query_pre_attn_scalar, LayerSpec, ModelSpec, GEMMA3_27B_LAYERS};
 
-use crate::backend::{Attention, Backend, MappedTensor, WeightSource};
+use crate::backend::{Attention, Backend, MappedTensor, MoeShape, WeightSource};
 use crate::error::{DecodeError, Result};
 use crate::memory::{MemoryReport, MemoryTag};
 use crate::quant::WeightFormat;
@@ -69,7 +69,6 @@ struct Activations<B: Backend> {
     gate: B::Buffer,
     up: B::Buffer,
     router: B::Buffer,
-    expert_out: B::Buffer,
     logits: B::Buffer,
 }
 
@@ -257,7 +256,6 @@ impl<B: Backend> Model<B> {
             gate: a("FFN gate", mb, ff)?,
             up: a("FFN up", mb, ff)?,
             router: a("router", mb, s.n_expert.max(1))?,
-            expert_out: a("expert output", 1, e)?,
             logits: a("logits", logit_rows, s.vocab)?,
         };
         let file_bytes = file.tensors().iter().map(|t| t.n_bytes).sum();
@@ -382,7 +380,7 @@ impl<B: Backend> Model<B> {
         let a = &mut self.act;
         let e = s.n_embd;
         let (kd, vd) = (s.widths.k, s.widths.v);
-        be.begin_step(pos0, n);
+        be.begin_step(pos0, n)?;
         be.embed(&self.embed, tokens, s.embed_scale, &mut a.x)?;
         for (il, (layer, ls)) in self.layers.iter().zip(&s.layers).enumerate() {
             // Attention block.
@@ -440,17 +438,15 @@ impl<B: Backend> Model<B> {
                     down,
                 } => {
                     be.matmul(router, &a.xn, &mut a.router, n)?;
-                    let routes = be.route_top_k(&a.router, n, s.n_expert, s.n_expert_used)?;
-                    be.zero(&mut a.proj, n * e)?;
-                    for (t, choices) in routes.iter().enumerate() {
-                        for c in choices {
-                            be.matmul_expert(gate, c.expert, &a.xn, t, &mut a.gate)?;
-                            be.matmul_expert(up, c.expert, &a.xn, t, &mut a.up)?;
-                            be.gated(&mut a.gate, &a.up, s.n_ff_expert, s.gate)?;
-                            be.matmul_expert(down, c.expert, &a.gate, 0, &mut a.expert_out)?;
-                            be.add_scaled_row(&mut a.proj, t, &a.expert_out, e, c.weight)?;
-                        }
-                    }
+                    let shape = MoeShape {
+                        rows: n,
+                        n_embd: e,
+                        n_ff: s.n_ff_expert,
+                        n_expert: s.n_expert,
+                        k: s.n_expert_used,
+                        act: s.gate,
+                    };
+                    be.moe(&a.xn, &a.router, gate, up, down, &mut a.proj, &shape)?;
                 }
             }
             if let Some(w) = &layer.ffn_post_norm {

@@ -1,0 +1,210 @@
+//! The GPU backend against the CPU backend's exact path, on the tiny synthetic models of every
+//! architecture and on real Gemma 3 270M: logits at every position of a chunked prefill and of
+//! decode steps, greedy continuations, and no device allocation in a warm decode step.
+//!
+//! Tolerance: max |GPU - CPU| <= GPU_TOL x max(1, RMS of the CPU logits). Both run f32
+//! activations over the same quantized weights; the difference is summation order (and the
+//! GPU's f32 KV cache equals the CPU's), so the bound is tight.
+
+mod common;
+
+use common::*;
+use decode::backend::cpu::CpuBackend;
+use decode::backend::gpu::GpuBackend;
+use decode::backend::{Backend, Precision};
+use decode::gguf_loader::synth::Preset;
+use decode::gguf_loader::GgufFile;
+use decode::model::{Model, ModelOptions};
+use decode::sampler::SamplerConfig;
+use decode::tokenizer::Tokenizer;
+use std::sync::Arc;
+
+const GPU_TOL: f32 = 1e-3;
+
+fn gpu_backend(test: &str) -> Option<GpuBackend> {
+    let device = hip_ffi::testing::device_or_skip(test)?;
+    Some(GpuBackend::new(device, 64).expect("the GPU backend starts"))
+}
+
+fn options(max_batch: usize) -> ModelOptions {
+    ModelOptions {
+        context: 128,
+        max_batch,
+        all_logits: true,
+    }
+}
+
+fn logits_of<B: Backend>(file: &Arc<GgufFile>, backend: B, tokens: &[u32]) -> Vec<f32> {
+    let mut model = Model::load(file, backend, options(10)).expect("load");
+    let mut all = model.forward_all_logits(tokens).expect("prefill");
+    // Three decode steps after the prefill: the one-token path (split-KV attention, matvec).
+    for &t in &tokens[..3] {
+        all.extend(model.forward_all_logits(&[t]).expect("decode step"));
+    }
+    all
+}
+
+fn greedy<B: Backend>(file: &Arc<GgufFile>, backend: B, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut model = Model::load(
+        file,
+        backend,
+        ModelOptions {
+            context: 256,
+            ..ModelOptions::default()
+        },
+    )
+    .expect("load");
+    decode::generate::generate(
+        &mut model,
+        prompt,
+        n,
+        SamplerConfig::default(),
+        &|_| false,
+        &mut |_| {},
+    )
+    .expect("generate")
+    .tokens
+}
+
+fn check_preset(preset: Preset) {
+    let test = format!("gpu_{}", preset.name());
+    let Some(gpu) = gpu_backend(&test) else {
+        return;
+    };
+    let file = Arc::new(preset_file(preset));
+    let tok = Tokenizer::from_gguf(&file).unwrap();
+    let mut tokens = tok.encode(
+        "hello world, the quick brown fox jumps over 12 lazy dogs",
+        tok.vocab().bos.is_some(),
+    );
+    tokens.truncate(24);
+
+    let want = logits_of(&file, CpuBackend::new(Precision::Exact), &tokens);
+    let got = logits_of(&file, gpu, &tokens);
+    let (max, rms) = compare(&got, &want);
+    eprintln!("{test}: max |gpu - cpu| {max:.3e}, cpu rms {rms:.3}");
+    assert!(
+        max <= GPU_TOL * rms.max(1.0),
+        "{test}: max diff {max} > {GPU_TOL} x max(rms {rms}, 1)"
+    );
+
+    let n = 32;
+    let cpu_tokens = greedy(&file, CpuBackend::new(Precision::Exact), &tokens[..4], n);
+    let gpu_tokens = greedy(&file, gpu_backend(&test).unwrap(), &tokens[..4], n);
+    assert_eq!(
+        gpu_tokens, cpu_tokens,
+        "{test}: greedy continuations differ"
+    );
+}
+
+#[test]
+fn tiny_llama_on_the_gpu_matches_the_cpu() {
+    check_preset(Preset::TinyLlama);
+}
+
+#[test]
+fn tiny_qwen3_on_the_gpu_matches_the_cpu() {
+    check_preset(Preset::TinyQwen3);
+}
+
+#[test]
+fn tiny_qwen3moe_on_the_gpu_matches_the_cpu() {
+    check_preset(Preset::TinyQwen3Moe);
+}
+
+#[test]
+fn tiny_gemma3_on_the_gpu_matches_the_cpu() {
+    check_preset(Preset::TinyGemma3);
+}
+
+#[test]
+fn a_warm_decode_step_allocates_nothing_on_the_device() {
+    let Some(gpu) = gpu_backend("a_warm_decode_step_allocates_nothing_on_the_device") else {
+        return;
+    };
+    let alloc = Arc::clone(gpu.allocator());
+    let file = Arc::new(preset_file(Preset::TinyQwen3Moe));
+    let mut model = Model::load(
+        &file,
+        gpu,
+        ModelOptions {
+            context: 64,
+            ..ModelOptions::default()
+        },
+    )
+    .unwrap();
+    model.forward(&[1, 2, 3, 4]).unwrap();
+    let mut next = model.last_argmax().unwrap();
+    // Warm-up: the first decode step sizes the per-step scratch.
+    model.forward(&[next]).unwrap();
+    next = model.last_argmax().unwrap();
+    let before = alloc.stats();
+    for _ in 0..8 {
+        model.forward(&[next]).unwrap();
+        next = model.last_argmax().unwrap();
+    }
+    let after = alloc.stats();
+    assert_eq!(
+        (after.device_allocs, after.device_frees),
+        (before.device_allocs, before.device_frees),
+        "warm decode steps called the device allocator"
+    );
+    assert_eq!(
+        after.active_bytes, before.active_bytes,
+        "warm decode steps changed the allocator's active bytes"
+    );
+}
+
+/// Real Gemma 3 270M: logits on three prompts within tolerance, and a 64-token greedy
+/// continuation equal to the CPU's (or, where they part, a near-tie on the CPU's side).
+#[test]
+fn real_gemma_on_the_gpu_matches_the_cpu() {
+    let Some(path) = gemma_path() else { return };
+    let Some(_) = hip_ffi::testing::device_or_skip("real_gemma_on_the_gpu_matches_the_cpu") else {
+        return;
+    };
+    let file = decode::open_model(&path).unwrap();
+    let tok = Tokenizer::from_gguf(&file).unwrap();
+    for prompt in [
+        "The capital of France is",
+        "def fibonacci(n):",
+        "Memory on a GPU is explained when",
+    ] {
+        let tokens = tok.encode(prompt, true);
+        let want = logits_of(&file, CpuBackend::new(Precision::Exact), &tokens);
+        let got = logits_of(&file, gpu_backend("real_gemma").unwrap(), &tokens);
+        let (max, rms) = compare(&got, &want);
+        eprintln!("gemma {prompt:?}: max |gpu - cpu| {max:.3e}, cpu rms {rms:.3}");
+        assert!(
+            max <= GPU_TOL * rms.max(1.0),
+            "gemma {prompt:?}: max diff {max} > {GPU_TOL} x max(rms {rms}, 1)"
+        );
+    }
+    let prompt = tok.encode("The history of computing began", true);
+    let n = 64;
+    let cpu = greedy(&file, CpuBackend::new(Precision::Exact), &prompt, n);
+    let gpu = greedy(&file, gpu_backend("real_gemma").unwrap(), &prompt, n);
+    if let Some(first) = cpu.iter().zip(&gpu).position(|(a, b)| a != b) {
+        // Where they part, the CPU's top two logits must be a near-tie.
+        let mut model = Model::load(
+            &file,
+            CpuBackend::new(Precision::Exact),
+            ModelOptions::default(),
+        )
+        .unwrap();
+        let mut context = prompt.clone();
+        context.extend(&cpu[..first]);
+        model.forward(&context).unwrap();
+        let mut logits = Vec::new();
+        model.last_logits(&mut logits).unwrap();
+        let mut sorted = logits.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        let margin = sorted[0] - sorted[1];
+        let rms = (logits.iter().map(|v| v * v).sum::<f32>() / logits.len() as f32).sqrt();
+        eprintln!("gemma greedy parts at token {first}: CPU top-2 margin {margin:.3e}");
+        assert!(
+            margin <= GPU_TOL * rms.max(1.0),
+            "greedy continuations part at token {first} without a near-tie (margin {margin})"
+        );
+    }
+}
