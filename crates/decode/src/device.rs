@@ -110,6 +110,8 @@ pub struct BackendSettings {
     pub cpu_precision: Precision,
     /// GPU: the most tokens one step may carry (prefill runs in chunks of this).
     pub gpu_max_batch: usize,
+    /// GPU: capture decode steps into graphs and replay them (`--no-graph` turns it off).
+    pub gpu_graphs: bool,
 }
 
 impl Default for BackendSettings {
@@ -117,6 +119,7 @@ impl Default for BackendSettings {
         BackendSettings {
             cpu_precision: Precision::Fast,
             gpu_max_batch: DEFAULT_MAX_BATCH,
+            gpu_graphs: true,
         }
     }
 }
@@ -134,9 +137,11 @@ impl BackendChoice {
     pub fn run<W: WithBackend>(&self, settings: BackendSettings, work: W) -> Result<W::Output> {
         Ok(match self {
             BackendChoice::Cpu => work.run(CpuBackend::new(settings.cpu_precision)),
-            BackendChoice::Gpu(device) => {
-                work.run(GpuBackend::new(*device, settings.gpu_max_batch)?)
-            }
+            BackendChoice::Gpu(device) => work.run(GpuBackend::new(
+                *device,
+                settings.gpu_max_batch,
+                settings.gpu_graphs,
+            )?),
         })
     }
 }

@@ -22,8 +22,12 @@ use std::sync::Arc;
 const GPU_TOL: f32 = 1e-3;
 
 fn gpu_backend(test: &str) -> Option<GpuBackend> {
+    gpu_backend_with(test, true)
+}
+
+fn gpu_backend_with(test: &str, graphs: bool) -> Option<GpuBackend> {
     let device = hip_ffi::testing::device_or_skip(test)?;
-    Some(GpuBackend::new(device, 64).expect("the GPU backend starts"))
+    Some(GpuBackend::new(device, 64, graphs).expect("the GPU backend starts"))
 }
 
 fn options(max_batch: usize) -> ModelOptions {
@@ -37,8 +41,9 @@ fn options(max_batch: usize) -> ModelOptions {
 fn logits_of<B: Backend>(file: &Arc<GgufFile>, backend: B, tokens: &[u32]) -> Vec<f32> {
     let mut model = Model::load(file, backend, options(10)).expect("load");
     let mut all = model.forward_all_logits(tokens).expect("prefill");
-    // Three decode steps after the prefill: the one-token path (split-KV attention, matvec).
-    for &t in &tokens[..3] {
+    // Decode steps after the prefill: the one-token path (split-KV attention, matvec). On the
+    // GPU the first runs eagerly, the second is captured, the rest replay the graph.
+    for &t in &tokens[..4] {
         all.extend(model.forward_all_logits(&[t]).expect("decode step"));
     }
     all

@@ -62,6 +62,9 @@ impl CpuWeight {
 pub struct CpuBackend {
     precision: Precision,
     books: MemoryReport,
+    /// The current step's first position and tokens (from `begin_step`).
+    step_pos0: usize,
+    step_tokens: Vec<u32>,
     act_q: Vec<Q16Row>,
     row: Vec<f32>,
 }
@@ -77,6 +80,8 @@ impl CpuBackend {
             },
             act_q: Vec::new(),
             row: Vec::new(),
+            step_pos0: 0,
+            step_tokens: Vec::new(),
         }
     }
 
@@ -187,14 +192,23 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn begin_step(&mut self, pos0: usize, tokens: &[u32]) -> Result<()> {
+        self.step_pos0 = pos0;
+        self.step_tokens.clear();
+        self.step_tokens.extend_from_slice(tokens);
+        Ok(())
+    }
+
     fn embed(
         &mut self,
         table: &CpuWeight,
-        tokens: &[u32],
+        n_tokens: usize,
         scale: f32,
         out: &mut Vec<f32>,
     ) -> Result<()> {
         let m = table.matrix(0);
+        check_len("embed tokens", self.step_tokens.len(), n_tokens)?;
+        let tokens = &self.step_tokens[..n_tokens];
         check_len("embed", out.len(), tokens.len() * m.cols)?;
         let rb = m.format.row_bytes(m.cols).unwrap_or(0);
         for (t, &id) in tokens.iter().enumerate() {
@@ -313,14 +327,12 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn rope(
         &mut self,
         x: &mut Vec<f32>,
         rows: usize,
         n_heads: usize,
         head_dim: usize,
-        pos0: usize,
         rope: &Rope,
         freq_factors: Option<&CpuWeight>,
     ) -> Result<()> {
@@ -335,7 +347,7 @@ impl Backend for CpuBackend {
             .enumerate()
         {
             for head in xr.chunks_exact_mut(head_dim) {
-                ops::rope_head(head, pos0 + r, rope, factors);
+                ops::rope_head(head, self.step_pos0 + r, rope, factors);
             }
         }
         Ok(())
@@ -345,11 +357,11 @@ impl Backend for CpuBackend {
         &mut self,
         src: &Vec<f32>,
         cache: &mut Vec<f32>,
-        pos0: usize,
         rows: usize,
         dim: usize,
         slots: usize,
     ) -> Result<()> {
+        let pos0 = self.step_pos0;
         check_len("store_rows source", src.len(), rows * dim)?;
         check_len("store_rows cache", cache.len(), slots * dim)?;
         if rows > slots {
@@ -379,10 +391,11 @@ impl Backend for CpuBackend {
                 a.n_head, a.n_head_kv
             )));
         }
-        let end = a.pos0 + a.n_tokens;
+        let pos0 = self.step_pos0;
+        let end = pos0 + a.n_tokens;
         // The oldest key any query of this call reads must still be in the ring.
         let oldest = match a.window {
-            Some(w) => (a.pos0 + 1).saturating_sub(w),
+            Some(w) => (pos0 + 1).saturating_sub(w),
             None => 0,
         };
         if a.kv_slots == 0 || end - oldest > a.kv_slots {
@@ -409,7 +422,7 @@ impl Backend for CpuBackend {
             out.len(),
             a.n_tokens * a.n_head * a.head_dim_v,
         )?;
-        ops::attention(q, k_cache, v_cache, out, a);
+        ops::attention(q, k_cache, v_cache, out, a, pos0);
         Ok(())
     }
 

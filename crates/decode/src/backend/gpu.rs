@@ -4,27 +4,33 @@
 //! Per-step values (positions, token ids, the next token) live in a device-side step
 //! block that the kernels read, so the sequence of launches of a decode step is the same at
 //! every position and can be captured into a graph and replayed. The host writes the step block
-//! through a small pinned staging buffer with one stream-ordered copy per step.
+//! through a small pinned staging buffer with one stream-ordered copy per step. A decode step is
+//! captured into a graph on its second run (the first sizes every scratch buffer) and replayed
+//! from then on; the capture goes through rocm-alloc's graph pool, so a step that did allocate
+//! would do so in a pool of its own.
 //!
 //! Memory: weights, KV cache, activations and workspace are rocm-alloc allocations on the
 //! backend's stream, tagged like the CPU backend's books. [`Backend::device_report`] adds
 //! what the allocator reserved and cached and what the process holds outside it (context,
 //! module code), from `mem_get_info` before load and now.
 
-use super::{Attention, Backend, GateActivation, MoeShape, Rope, WeightSource};
+use super::{Attention, Backend, GateActivation, MoeShape, Rope, StepKey, WeightSource};
 use crate::error::{DecodeError, Result};
 use crate::memory::{MemoryReport, MemoryTag};
 use crate::quant::WeightFormat;
 use gguf_loader::GgmlType;
-use hip_ffi::{Device, DevicePtr, Event, MemInfo, PinnedHostBuffer, Stream};
+use hip_ffi::{Device, DevicePtr, Event, GraphExec, MemInfo, PinnedHostBuffer, Stream};
 use rocm_alloc::backends::hip::HipDevice;
-use rocm_alloc::{fmt_bytes, Allocation, Allocator, AllocatorConfig, StreamId, Tag};
+use rocm_alloc::{
+    fmt_bytes, Allocation, Allocator, AllocatorConfig, CaptureTarget, GraphPool, StreamId, Tag,
+};
 use rocm_kernels::cache::KernelCache;
 use rocm_kernels::ops::{
     attention as attn, elementwise, embed, kv_cache, matmul, matvec::QuantMatrix, moe, norm, rope,
     sampling,
 };
 use rocm_kernels::{DeviceSlice, DeviceSliceMut, Kernels};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Tokens per step the step block and the per-step scratch are sized for (prefill runs in
@@ -158,8 +164,14 @@ pub struct GpuBackend {
     scratch: Scratch,
     /// Device memory as the runtime reported it before anything of ours was allocated.
     mem_before: MemInfo,
-    /// Tokens of the current step and the first position (set by `begin_step`).
-    n_tokens: usize,
+    /// Replay captured decode steps (`--no-graph` turns this off).
+    use_graphs: bool,
+    /// Captured steps by key, and how many eager runs each key has had (a step is captured
+    /// on its second run, once the first has sized every scratch buffer).
+    graphs: HashMap<StepKey, GraphExec>,
+    eager_runs: HashMap<StepKey, usize>,
+    /// The private pool a capture allocates from (empty when a warm step allocates nothing).
+    graph_pool: GraphPool,
 }
 
 fn gpu_err(what: &str, e: impl std::fmt::Display) -> DecodeError {
@@ -194,7 +206,7 @@ fn ggml_type(format: WeightFormat) -> GgmlType {
 impl GpuBackend {
     /// Opens `device`, creates the allocator (limits from the environment, as documented in
     /// docs/memory.md), compiles or loads the kernels, and reserves the step block.
-    pub fn new(device: Device, max_batch: usize) -> Result<GpuBackend> {
+    pub fn new(device: Device, max_batch: usize, use_graphs: bool) -> Result<GpuBackend> {
         let mem_before = device
             .mem_get_info()
             .map_err(|e| gpu_err("reading device memory", e))?;
@@ -212,12 +224,13 @@ impl GpuBackend {
         let ints = alloc
             .alloc(((2 * max_batch + 2) * 4) as u64, stream_id, Tag::Workspace)
             .map_err(|e| gpu_err("step block", e))?;
-        let staging = PinnedHostBuffer::alloc(&device, (max_batch * 4).max(64))
+        let staging = PinnedHostBuffer::alloc(&device, 2 * max_batch * 4)
             .map_err(|e| gpu_err("pinned staging for the step block", e))?;
         let copied = Event::new_without_timing(&device).map_err(|e| gpu_err("event", e))?;
         copied
             .record(&stream)
             .map_err(|e| gpu_err("recording an event", e))?;
+        let graph_pool = alloc.new_graph_pool();
         let step = StepBlock {
             ints,
             staging,
@@ -233,7 +246,10 @@ impl GpuBackend {
             step,
             scratch: Scratch::default(),
             mem_before,
-            n_tokens: 0,
+            use_graphs,
+            graphs: HashMap::new(),
+            eager_runs: HashMap::new(),
+            graph_pool,
         };
         // A clean error flag, and no stale ints a kernel could read before the first step.
         let mut ints = backend.step_ints_mut(2 * max_batch + 2);
@@ -284,13 +300,19 @@ impl GpuBackend {
             .map_err(|e| gpu_err("copying to the device", e))
     }
 
-    /// Writes `values` into the step block at i32 offset `at`, ordered on the stream.
-    fn write_step_ints(&mut self, at: usize, values: &[i32]) -> Result<()> {
-        if values.len() > self.step.max_batch {
+    /// Writes the step's positions and token ids into the step block with one copy, ordered on
+    /// the stream.
+    fn write_step(&mut self, pos0: usize, tokens: &[u32]) -> Result<()> {
+        let (n, max) = (tokens.len(), self.step.max_batch);
+        if n > max {
             return Err(DecodeError::InvalidArgument(format!(
-                "a step of {} tokens is more than the {} the GPU backend was sized for",
-                values.len(),
-                self.step.max_batch
+                "a step of {n} tokens is more than the {max} the GPU backend was sized for"
+            )));
+        }
+        let last = pos0 + n;
+        if i32::try_from(last).is_err() {
+            return Err(DecodeError::InvalidArgument(format!(
+                "position {last} does not fit the step block's i32"
             )));
         }
         // The previous copy out of the staging buffer must be done before it is overwritten.
@@ -298,13 +320,20 @@ impl GpuBackend {
             .copied
             .synchronize()
             .map_err(|e| gpu_err("waiting for the step copy", e))?;
-        self.step.staging.as_mut_slice::<i32>()[..values.len()].copy_from_slice(values);
-        let src = &self.step.staging.as_slice::<i32>()[..values.len()];
-        // SAFETY: the destination lies inside the step block (at + len <= 2 * max_batch); the
-        // staging buffer is pinned and not written again before `copied` completes.
+        let staging = self.step.staging.as_mut_slice::<i32>();
+        for (i, slot) in staging[..n].iter_mut().enumerate() {
+            *slot = (pos0 + i) as i32;
+        }
+        for (slot, &t) in staging[max..max + n].iter_mut().zip(tokens) {
+            *slot = t as i32;
+        }
+        let src = &self.step.staging.as_slice::<i32>()[..max + n];
+        // SAFETY: the copy covers the positions and tokens of the step block (2 * max_batch
+        // i32, of which max + n are written); the staging buffer is pinned and not written
+        // again before `copied` completes.
         unsafe {
             self.stream
-                .copy_from_host_raw(DevicePtr(self.step.ints.ptr() + 4 * at as u64), src)
+                .copy_from_host_raw(DevicePtr(self.step.ints.ptr()), src)
         }
         .and_then(|()| self.step.copied.record(&self.stream))
         .map_err(|e| gpu_err("writing the step block", e))
@@ -489,16 +518,54 @@ impl Backend for GpuBackend {
         report
     }
 
-    fn begin_step(&mut self, pos0: usize, n_tokens: usize) -> Result<()> {
-        let positions: Vec<i32> = (pos0..pos0 + n_tokens)
-            .map(|p| {
-                i32::try_from(p).map_err(|_| {
-                    DecodeError::InvalidArgument(format!("position {p} does not fit an i32"))
-                })
-            })
-            .collect::<Result<_>>()?;
-        self.write_step_ints(0, &positions)?;
-        self.n_tokens = n_tokens;
+    fn begin_step(&mut self, pos0: usize, tokens: &[u32]) -> Result<()> {
+        self.write_step(pos0, tokens)
+    }
+
+    fn run_step(
+        &mut self,
+        key: StepKey,
+        ops: &mut dyn FnMut(&mut Self) -> Result<()>,
+    ) -> Result<()> {
+        // Only decode steps are captured: prefill chunks vary in length and run once each.
+        if !self.use_graphs || key.n_tokens != 1 {
+            return ops(self);
+        }
+        if let Some(exec) = self.graphs.get(&key) {
+            // SAFETY: the graph was captured from this backend's stream over buffers that the
+            // model and this backend own for their whole lives (weights, KV cache, activations,
+            // the step block, scratch kept in `self.scratch`); none has been freed or moved,
+            // and the step block holds this step's values (written by `begin_step` before).
+            return unsafe { exec.launch(&self.stream) }
+                .map_err(|e| gpu_err("replaying the step", e));
+        }
+        let runs = self.eager_runs.entry(key).or_insert(0);
+        if *runs == 0 {
+            // The first run sizes every scratch buffer, so the captured run allocates nothing.
+            *runs += 1;
+            return ops(self);
+        }
+        let guard = self
+            .alloc
+            .begin_capture(self.stream_id, CaptureTarget::Private(&self.graph_pool))
+            .map_err(|e| gpu_err("starting a capture in the allocator", e))?;
+        self.stream
+            .begin_capture()
+            .map_err(|e| gpu_err("starting a stream capture", e))?;
+        let recorded = ops(self);
+        // The capture must end whatever the ops did, or the stream stays unusable.
+        let graph = self.stream.end_capture();
+        drop(guard);
+        recorded?;
+        let graph = graph.map_err(|e| gpu_err("ending the stream capture", e))?;
+        let exec = graph
+            .instantiate()
+            .map_err(|e| gpu_err("instantiating the captured step", e))?;
+        // SAFETY: as for the replay above; the capture recorded this step's work without
+        // running it, so it runs now.
+        unsafe { exec.launch(&self.stream) }
+            .map_err(|e| gpu_err("running the captured step", e))?;
+        self.graphs.insert(key, exec);
         Ok(())
     }
 
@@ -526,32 +593,18 @@ impl Backend for GpuBackend {
     fn embed(
         &mut self,
         table: &GpuWeight,
-        tokens: &[u32],
+        n_tokens: usize,
         scale: f32,
         out: &mut GpuBuffer,
     ) -> Result<()> {
         let (m, _) = table.matrix("embed")?;
-        let ids: Vec<i32> = tokens
-            .iter()
-            .map(|&t| {
-                if (t as usize) < m.rows() {
-                    Ok(t as i32)
-                } else {
-                    Err(DecodeError::TokenOutOfRange {
-                        id: t,
-                        vocab: m.rows(),
-                    })
-                }
-            })
-            .collect::<Result<_>>()?;
-        self.write_step_ints(self.step.max_batch, &ids)?;
         let mut flag = self.step.embed_error();
         embed::embed(
             &self.kernels,
             &self.stream,
             &m,
             self.step.tokens(),
-            ids.len(),
+            n_tokens,
             scale,
             &mut out.view_mut(),
             Some(&mut flag),
@@ -763,7 +816,6 @@ impl Backend for GpuBackend {
         rows: usize,
         n_heads: usize,
         head_dim: usize,
-        _pos0: usize,
         rope_params: &Rope,
         freq_factors: Option<&GpuWeight>,
     ) -> Result<()> {
@@ -794,7 +846,6 @@ impl Backend for GpuBackend {
         &mut self,
         src: &GpuBuffer,
         cache: &mut GpuBuffer,
-        _pos0: usize,
         rows: usize,
         dim: usize,
         slots: usize,

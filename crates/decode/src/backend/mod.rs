@@ -61,8 +61,6 @@ pub struct Rope {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Attention {
     pub n_tokens: usize,
-    /// Position of the first of `n_tokens`; the cache already holds `0..pos0 + n_tokens`.
-    pub pos0: usize,
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim_k: usize,
@@ -87,6 +85,14 @@ pub enum GateActivation {
 pub struct ExpertChoice {
     pub expert: usize,
     pub weight: f32,
+}
+
+/// What makes two steps' op sequences the same: a captured step replays only for its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StepKey {
+    pub n_tokens: usize,
+    /// Logits for every token of the step, or only the last.
+    pub all_logits: bool,
 }
 
 /// Shape of one [`Backend::moe`] call.
@@ -124,19 +130,32 @@ pub trait Backend: Send {
         None
     }
 
-    /// Called before each step with the step's scalars (see the module docs). A GPU backend
-    /// writes them into its device-side step block, which can fail.
-    fn begin_step(&mut self, _pos0: usize, _n_tokens: usize) -> Result<()> {
-        Ok(())
+    /// Called before each step with its first position and its tokens (see the module docs).
+    /// Ops read both from here (a GPU backend writes them into its device-side step block), so
+    /// none of them takes a position or token ids.
+    fn begin_step(&mut self, pos0: usize, tokens: &[u32]) -> Result<()>;
+    /// Runs one step's ops. The default runs them at once. A GPU backend may capture them into
+    /// a graph the first time a warm step of this `key` runs and replay the graph afterwards,
+    /// so the ops must depend on nothing but the key, the buffers' contents and the step
+    /// block: the same calls with the same shapes at every position.
+    fn run_step(
+        &mut self,
+        _key: StepKey,
+        ops: &mut dyn FnMut(&mut Self) -> Result<()>,
+    ) -> Result<()>
+    where
+        Self: Sized,
+    {
+        ops(self)
     }
     /// Copies `dst.len()` values from the start of `src` to the host.
     fn read(&mut self, src: &Self::Buffer, offset: usize, dst: &mut [f32]) -> Result<()>;
 
-    /// `out[t] = table[tokens[t]] * scale`.
+    /// `out[t] = table[tokens[t]] * scale` for the step's `n_tokens` tokens.
     fn embed(
         &mut self,
         table: &Self::Weight,
-        tokens: &[u32],
+        n_tokens: usize,
         scale: f32,
         out: &mut Self::Buffer,
     ) -> Result<()>;
@@ -187,27 +206,25 @@ pub trait Backend: Send {
     ) -> Result<()>;
     /// `x[r] += bias` for `rows` rows.
     fn add_bias(&mut self, x: &mut Self::Buffer, bias: &Self::Weight, rows: usize) -> Result<()>;
-    /// Rotates `rows` rows of `n_heads` heads of `head_dim`, row r at position `pos0 + r`.
-    // Shapes stay plain arguments like every other op's, rather than a one-off struct.
-    #[allow(clippy::too_many_arguments)]
+    /// Rotates `rows` rows of `n_heads` heads of `head_dim`, row r at the step's position
+    /// `pos0 + r`.
     fn rope(
         &mut self,
         x: &mut Self::Buffer,
         rows: usize,
         n_heads: usize,
         head_dim: usize,
-        pos0: usize,
         rope: &Rope,
         freq_factors: Option<&Self::Weight>,
     ) -> Result<()>;
-    /// Writes `rows` rows of `dim` from `src` into `cache` for positions `pos0..pos0 + rows`.
+    /// Writes `rows` rows of `dim` from `src` into `cache` for the step's positions
+    /// `pos0..pos0 + rows`.
     /// The cache has `slots` rows and position p goes to slot `p % slots`: a full-length cache
     /// is never wrapped, a sliding-window layer's cache is a ring.
     fn store_rows(
         &mut self,
         src: &Self::Buffer,
         cache: &mut Self::Buffer,
-        pos0: usize,
         rows: usize,
         dim: usize,
         slots: usize,

@@ -35,7 +35,8 @@ pub fn rope_head(x: &mut [f32], pos: usize, rope: &Rope, freq_factors: Option<&[
 }
 
 /// Causal (optionally windowed) attention with grouped KV heads, parallel over query heads.
-pub fn attention(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], a: &Attention) {
+/// Query row t is at position `pos0 + t`.
+pub fn attention(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], a: &Attention, pos0: usize) {
     let q_stride = a.n_head * a.head_dim_k;
     let kv_stride_k = a.n_head_kv * a.head_dim_k;
     let kv_stride_v = a.n_head_kv * a.head_dim_v;
@@ -46,7 +47,7 @@ pub fn attention(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], a: &Attention
         .for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {
             let (t, h) = (idx / a.n_head, idx % a.n_head);
             let kvh = h / group;
-            let pos = a.pos0 + t;
+            let pos = pos0 + t;
             let first = match a.window {
                 Some(w) => (pos + 1).saturating_sub(w),
                 None => 0,
@@ -153,9 +154,9 @@ mod tests {
         let k = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0];
         let v = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
         let q = [0.3, -0.2];
+        let mut pos0 = 0;
         let mut shape = Attention {
             n_tokens: 1,
-            pos0: 0,
             n_head: 1,
             n_head_kv: 1,
             head_dim_k: 2,
@@ -165,15 +166,15 @@ mod tests {
             kv_slots: 3,
         };
         let mut out = [0.0; 2];
-        attention(&q, &k, &v, &mut out, &shape);
+        attention(&q, &k, &v, &mut out, &shape, pos0);
         assert_eq!(out, [1.0, 2.0]);
-        shape.pos0 = 2;
+        pos0 = 2;
         shape.window = Some(1);
-        attention(&q, &k, &v, &mut out, &shape);
+        attention(&q, &k, &v, &mut out, &shape, pos0);
         assert_eq!(out, [5.0, 6.0]);
         // Full causal at position 2: softmax-weighted mean of all three values.
         shape.window = None;
-        attention(&q, &k, &v, &mut out, &shape);
+        attention(&q, &k, &v, &mut out, &shape, pos0);
         let s = [0.3f32, -0.2, 0.1];
         let e: Vec<f32> = s.iter().map(|x| x.exp()).collect();
         let z: f32 = e.iter().sum();
@@ -185,7 +186,7 @@ mod tests {
         shape.window = Some(2);
         let k2 = [1.0, 1.0, 0.0, 1.0];
         let v2 = [5.0, 6.0, 3.0, 4.0];
-        attention(&q, &k2, &v2, &mut out, &shape);
+        attention(&q, &k2, &v2, &mut out, &shape, pos0);
         let (e1, e2) = ((-0.2f32).exp(), 0.1f32.exp());
         let want = (e1 * 3.0 + e2 * 5.0) / (e1 + e2);
         assert!((out[0] - want).abs() < 1e-5, "{} vs {want}", out[0]);

@@ -68,6 +68,10 @@ struct RunArgs {
     /// Multiply by f32 activations instead of 16-bit integer ones (slower; the reference path).
     #[arg(long)]
     exact: bool,
+    /// GPU: run every decode step's kernels one by one instead of replaying a captured graph
+    /// (the same tokens, slower; for debugging and comparison).
+    #[arg(long)]
+    no_graph: bool,
     /// Do not prepend the BOS token.
     #[arg(long)]
     no_bos: bool,
@@ -158,6 +162,7 @@ fn run(args: RunArgs) -> Result<()> {
         } else {
             Precision::Fast
         },
+        gpu_graphs: !args.no_graph,
         ..BackendSettings::default()
     };
     choice.backend.run(

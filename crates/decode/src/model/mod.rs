@@ -9,7 +9,7 @@ pub use consistency::AttentionWidths;
 pub use kv_cache::KvCache;
 pub use spec::{query_pre_attn_scalar, LayerSpec, ModelSpec, GEMMA3_27B_LAYERS};
 
-use crate::backend::{Attention, Backend, MappedTensor, MoeShape, WeightSource};
+use crate::backend::{Attention, Backend, MappedTensor, MoeShape, StepKey, WeightSource};
 use crate::error::{DecodeError, Result};
 use crate::memory::{MemoryReport, MemoryTag};
 use crate::quant::WeightFormat;
@@ -375,96 +375,118 @@ impl<B: Backend> Model<B> {
     fn step(&mut self, tokens: &[u32]) -> Result<()> {
         let n = tokens.len();
         let pos0 = self.kv.len();
-        let s = &self.spec;
-        let be = &mut self.backend;
-        let a = &mut self.act;
-        let e = s.n_embd;
-        let (kd, vd) = (s.widths.k, s.widths.v);
-        be.begin_step(pos0, n)?;
-        be.embed(&self.embed, tokens, s.embed_scale, &mut a.x)?;
-        for (il, (layer, ls)) in self.layers.iter().zip(&s.layers).enumerate() {
-            // Attention block.
-            be.rms_norm(&a.x, &layer.attn_norm, &mut a.xn, n, e, s.eps)?;
-            be.matmul(&layer.wq, &a.xn, &mut a.q, n)?;
-            be.matmul(&layer.wk, &a.xn, &mut a.k, n)?;
-            be.matmul(&layer.wv, &a.xn, &mut a.v, n)?;
-            if let Some([bq, bk, bv]) = &layer.bias {
-                be.add_bias(&mut a.q, bq, n)?;
-                be.add_bias(&mut a.k, bk, n)?;
-                be.add_bias(&mut a.v, bv, n)?;
-            }
-            if let Some([qn, kn]) = &layer.qk_norm {
-                be.rms_norm_inplace(&mut a.q, qn, n * s.n_head, s.head_dim_k, s.eps)?;
-                be.rms_norm_inplace(&mut a.k, kn, n * s.n_head_kv, s.head_dim_k, s.eps)?;
-            }
-            let rf = self.rope_factors.as_ref();
-            be.rope(&mut a.q, n, s.n_head, s.head_dim_k, pos0, &ls.rope, rf)?;
-            be.rope(&mut a.k, n, s.n_head_kv, s.head_dim_k, pos0, &ls.rope, rf)?;
-            let slots = self.kv.slots[il];
-            be.store_rows(&a.k, &mut self.kv.k[il], pos0, n, kd, slots)?;
-            be.store_rows(&a.v, &mut self.kv.v[il], pos0, n, vd, slots)?;
-            let shape = Attention {
-                n_tokens: n,
-                pos0,
-                n_head: s.n_head,
-                n_head_kv: s.n_head_kv,
-                head_dim_k: s.head_dim_k,
-                head_dim_v: s.head_dim_v,
-                scale: s.attn_scale,
-                window: ls.window,
-                kv_slots: slots,
-            };
-            be.attention(&a.q, &self.kv.k[il], &self.kv.v[il], &mut a.attn, &shape)?;
-            be.matmul(&layer.wo, &a.attn, &mut a.proj, n)?;
-            if let Some(w) = &layer.attn_post_norm {
-                be.rms_norm(&a.proj, w, &mut a.xn, n, e, s.eps)?;
-                be.add(&mut a.x, &a.xn, n * e)?;
-            } else {
-                be.add(&mut a.x, &a.proj, n * e)?;
-            }
-            // Feed-forward block.
-            be.rms_norm(&a.x, &layer.ffn_norm, &mut a.xn, n, e, s.eps)?;
-            match &layer.ffn {
-                Ffn::Dense { gate, up, down } => {
-                    be.matmul(gate, &a.xn, &mut a.gate, n)?;
-                    be.matmul(up, &a.xn, &mut a.up, n)?;
-                    be.gated(&mut a.gate, &a.up, n * s.n_ff, s.gate)?;
-                    be.matmul(down, &a.gate, &mut a.proj, n)?;
-                }
-                Ffn::Moe {
-                    router,
-                    gate,
-                    up,
-                    down,
-                } => {
-                    be.matmul(router, &a.xn, &mut a.router, n)?;
-                    let shape = MoeShape {
-                        rows: n,
-                        n_embd: e,
-                        n_ff: s.n_ff_expert,
-                        n_expert: s.n_expert,
-                        k: s.n_expert_used,
-                        act: s.gate,
-                    };
-                    be.moe(&a.xn, &a.router, gate, up, down, &mut a.proj, &shape)?;
-                }
-            }
-            if let Some(w) = &layer.ffn_post_norm {
-                be.rms_norm(&a.proj, w, &mut a.xn, n, e, s.eps)?;
-                be.add(&mut a.x, &a.xn, n * e)?;
-            } else {
-                be.add(&mut a.x, &a.proj, n * e)?;
-            }
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.spec.vocab) {
+            return Err(DecodeError::TokenOutOfRange {
+                id,
+                vocab: self.spec.vocab,
+            });
         }
-        let out_w = self.output.as_ref().unwrap_or(&self.embed);
-        if self.options.all_logits {
-            be.rms_norm(&a.x, &self.output_norm, &mut a.xn, n, e, s.eps)?;
-            be.matmul(out_w, &a.xn, &mut a.logits, n)?;
-        } else {
-            be.copy_row(&a.x, n - 1, &mut a.proj, 0, e)?;
-            be.rms_norm(&a.proj, &self.output_norm, &mut a.xn, 1, e, s.eps)?;
-            be.matmul(out_w, &a.xn, &mut a.logits, 1)?;
-        }
+        let Model {
+            spec: s,
+            backend,
+            embed,
+            output_norm,
+            output,
+            rope_factors,
+            layers,
+            kv,
+            act: a,
+            options,
+            ..
+        } = self;
+        let key = StepKey {
+            n_tokens: n,
+            all_logits: options.all_logits,
+        };
+        backend.begin_step(pos0, tokens)?;
+        backend.run_step(key, &mut |be: &mut B| {
+            let e = s.n_embd;
+            let (kd, vd) = (s.widths.k, s.widths.v);
+            be.embed(embed, n, s.embed_scale, &mut a.x)?;
+            for (il, (layer, ls)) in layers.iter().zip(&s.layers).enumerate() {
+                // Attention block.
+                be.rms_norm(&a.x, &layer.attn_norm, &mut a.xn, n, e, s.eps)?;
+                be.matmul(&layer.wq, &a.xn, &mut a.q, n)?;
+                be.matmul(&layer.wk, &a.xn, &mut a.k, n)?;
+                be.matmul(&layer.wv, &a.xn, &mut a.v, n)?;
+                if let Some([bq, bk, bv]) = &layer.bias {
+                    be.add_bias(&mut a.q, bq, n)?;
+                    be.add_bias(&mut a.k, bk, n)?;
+                    be.add_bias(&mut a.v, bv, n)?;
+                }
+                if let Some([qn, kn]) = &layer.qk_norm {
+                    be.rms_norm_inplace(&mut a.q, qn, n * s.n_head, s.head_dim_k, s.eps)?;
+                    be.rms_norm_inplace(&mut a.k, kn, n * s.n_head_kv, s.head_dim_k, s.eps)?;
+                }
+                let rf = rope_factors.as_ref();
+                be.rope(&mut a.q, n, s.n_head, s.head_dim_k, &ls.rope, rf)?;
+                be.rope(&mut a.k, n, s.n_head_kv, s.head_dim_k, &ls.rope, rf)?;
+                let slots = kv.slots[il];
+                be.store_rows(&a.k, &mut kv.k[il], n, kd, slots)?;
+                be.store_rows(&a.v, &mut kv.v[il], n, vd, slots)?;
+                let shape = Attention {
+                    n_tokens: n,
+                    n_head: s.n_head,
+                    n_head_kv: s.n_head_kv,
+                    head_dim_k: s.head_dim_k,
+                    head_dim_v: s.head_dim_v,
+                    scale: s.attn_scale,
+                    window: ls.window,
+                    kv_slots: slots,
+                };
+                be.attention(&a.q, &kv.k[il], &kv.v[il], &mut a.attn, &shape)?;
+                be.matmul(&layer.wo, &a.attn, &mut a.proj, n)?;
+                if let Some(w) = &layer.attn_post_norm {
+                    be.rms_norm(&a.proj, w, &mut a.xn, n, e, s.eps)?;
+                    be.add(&mut a.x, &a.xn, n * e)?;
+                } else {
+                    be.add(&mut a.x, &a.proj, n * e)?;
+                }
+                // Feed-forward block.
+                be.rms_norm(&a.x, &layer.ffn_norm, &mut a.xn, n, e, s.eps)?;
+                match &layer.ffn {
+                    Ffn::Dense { gate, up, down } => {
+                        be.matmul(gate, &a.xn, &mut a.gate, n)?;
+                        be.matmul(up, &a.xn, &mut a.up, n)?;
+                        be.gated(&mut a.gate, &a.up, n * s.n_ff, s.gate)?;
+                        be.matmul(down, &a.gate, &mut a.proj, n)?;
+                    }
+                    Ffn::Moe {
+                        router,
+                        gate,
+                        up,
+                        down,
+                    } => {
+                        be.matmul(router, &a.xn, &mut a.router, n)?;
+                        let shape = MoeShape {
+                            rows: n,
+                            n_embd: e,
+                            n_ff: s.n_ff_expert,
+                            n_expert: s.n_expert,
+                            k: s.n_expert_used,
+                            act: s.gate,
+                        };
+                        be.moe(&a.xn, &a.router, gate, up, down, &mut a.proj, &shape)?;
+                    }
+                }
+                if let Some(w) = &layer.ffn_post_norm {
+                    be.rms_norm(&a.proj, w, &mut a.xn, n, e, s.eps)?;
+                    be.add(&mut a.x, &a.xn, n * e)?;
+                } else {
+                    be.add(&mut a.x, &a.proj, n * e)?;
+                }
+            }
+            let out_w = output.as_ref().unwrap_or(embed);
+            if options.all_logits {
+                be.rms_norm(&a.x, output_norm, &mut a.xn, n, e, s.eps)?;
+                be.matmul(out_w, &a.xn, &mut a.logits, n)?;
+            } else {
+                be.copy_row(&a.x, n - 1, &mut a.proj, 0, e)?;
+                be.rms_norm(&a.proj, output_norm, &mut a.xn, 1, e, s.eps)?;
+                be.matmul(out_w, &a.xn, &mut a.logits, 1)?;
+            }
+            Ok(())
+        })?;
         self.kv.set_len(pos0 + n);
         self.last_n = n;
         Ok(())
