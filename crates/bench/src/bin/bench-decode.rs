@@ -4,8 +4,8 @@
 use anyhow::{bail, Result};
 use bench::{median, process_memory};
 use clap::Parser;
-use decode::backend::cpu::CpuBackend;
 use decode::backend::{Backend, Precision};
+use decode::device::{self, BackendSettings, DeviceRequest, WithBackend};
 use decode::memory::{human_bytes, MemoryTag};
 use decode::model::{Model, ModelOptions};
 use std::path::PathBuf;
@@ -41,6 +41,12 @@ struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// auto, cpu or gpu (auto picks the GPU when one is usable).
+    #[arg(long, default_value = "auto")]
+    device: DeviceRequest,
+    /// GPU: run decode steps eagerly instead of replaying a captured graph.
+    #[arg(long)]
+    no_graph: bool,
 }
 
 fn main() -> Result<()> {
@@ -59,12 +65,50 @@ fn main() -> Result<()> {
     } else {
         Precision::Fast
     };
+    let choice = device::choose(args.device)?;
+    if let Some(note) = &choice.note {
+        eprintln!("note: {note}");
+    }
+    let settings = BackendSettings {
+        cpu_precision: precision,
+        gpu_graphs: !args.no_graph,
+        ..BackendSettings::default()
+    };
+    choice.backend.run(
+        settings,
+        Bench {
+            args: &args,
+            file: &file,
+        },
+    )?
+}
+
+/// The measurement, on whichever backend was chosen.
+struct Bench<'a> {
+    args: &'a Args,
+    file: &'a std::sync::Arc<decode::GgufFile>,
+}
+
+impl WithBackend for Bench<'_> {
+    type Output = Result<()>;
+
+    fn run<B: Backend>(self, backend: B) -> Result<()> {
+        let Bench { args, file } = self;
+        bench(args, file, backend)
+    }
+}
+
+fn bench<B: Backend>(
+    args: &Args,
+    file: &std::sync::Arc<decode::GgufFile>,
+    backend: B,
+) -> Result<()> {
     let options = ModelOptions {
         context: args.pp + args.tg + 1,
-        max_batch: args.pp.clamp(1, 64),
+        max_batch: args.pp.clamp(1, BackendSettings::default().gpu_max_batch),
         all_logits: false,
     };
-    let mut model = Model::load(&file, CpuBackend::new(precision), options)?;
+    let mut model = Model::load(file, backend, options)?;
     let vocab = model.spec().vocab as u32;
     // A fixed, varied token sequence; the speed does not depend on which ids they are.
     let prompt: Vec<u32> = (0..args.pp as u32)
@@ -129,6 +173,9 @@ fn main() -> Result<()> {
             human_bytes(rss),
             human_bytes(peak)
         );
+        if let Some(device) = model.backend().device_report() {
+            print!("{}", device?);
+        }
     }
     Ok(())
 }
