@@ -21,6 +21,14 @@ use std::sync::Arc;
 
 const GPU_TOL: f32 = 1e-3;
 
+/// One GPU test at a time: a test that ends unloads its kernel modules, which synchronizes the
+/// whole device, and that is illegal while another thread's stream is capturing a graph.
+static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn gpu_lock() -> std::sync::MutexGuard<'static, ()> {
+    GPU.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn gpu_backend(test: &str) -> Option<GpuBackend> {
     gpu_backend_with(test, true)
 }
@@ -73,6 +81,7 @@ fn greedy<B: Backend>(file: &Arc<GgufFile>, backend: B, prompt: &[u32], n: usize
 
 fn check_preset(preset: Preset) {
     let test = format!("gpu_{}", preset.name());
+    let _one_at_a_time = gpu_lock();
     let Some(gpu) = gpu_backend(&test) else {
         return;
     };
@@ -124,6 +133,7 @@ fn tiny_gemma3_on_the_gpu_matches_the_cpu() {
 
 #[test]
 fn a_warm_decode_step_allocates_nothing_on_the_device() {
+    let _one_at_a_time = gpu_lock();
     let Some(gpu) = gpu_backend("a_warm_decode_step_allocates_nothing_on_the_device") else {
         return;
     };
@@ -164,6 +174,7 @@ fn a_warm_decode_step_allocates_nothing_on_the_device() {
 /// continuation equal to the CPU's (or, where they part, a near-tie on the CPU's side).
 #[test]
 fn real_gemma_on_the_gpu_matches_the_cpu() {
+    let _one_at_a_time = gpu_lock();
     let Some(path) = gemma_path() else { return };
     let Some(_) = hip_ffi::testing::device_or_skip("real_gemma_on_the_gpu_matches_the_cpu") else {
         return;

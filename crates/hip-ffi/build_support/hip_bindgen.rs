@@ -56,6 +56,7 @@ pub const RUNTIME_FUNCTIONS: &[&str] = &[
     "hipStreamBeginCapture",
     "hipStreamEndCapture",
     "hipStreamIsCapturing",
+    "hipThreadExchangeStreamCaptureMode",
     "hipGraphDestroy",
     "hipGraphInstantiate",
     "hipGraphLaunch",

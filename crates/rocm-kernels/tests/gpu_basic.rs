@@ -504,10 +504,11 @@ fn sampling_picks_the_cpu_samplers_token_for_the_same_draw() {
         }
     }
     eprintln!("sampling: {compared} draws compared, {ties} float ties skipped");
+    // The rows include deliberate ties (equal logits, a -inf row, draws at 0): what matters is
+    // that enough draws were compared, and every compared one agreed (asserted above).
     assert!(
-        ties * 5 < compared,
-        "too many ties ({ties} of {}) to mean anything",
-        compared + ties
+        compared >= 500,
+        "only {compared} draws compared ({ties} ties skipped): too few to mean anything"
     );
 }
 

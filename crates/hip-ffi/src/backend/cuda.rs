@@ -63,6 +63,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuStreamBeginCapture_v2",
     "cuStreamEndCapture",
     "cuStreamIsCapturing",
+    "cuThreadExchangeStreamCaptureMode",
     "cuGraphInstantiateWithFlags",
     "cuGraphLaunch",
     "cuGraphDestroy",
@@ -427,9 +428,23 @@ impl GpuApi for CudaApi {
     fn malloc(&self, dev: i32, bytes: usize) -> Result<Addr> {
         self.bind(dev)?;
         let mut ptr: cu::CUdeviceptr = 0;
+        // cuMemAlloc is not stream-ordered, so it cannot corrupt a capture, but the thread's
+        // capture mode forbids it while this thread captures; relaxed mode for this one call
+        // lets a caching allocator grow a capture's private pool (PyTorch's allocator does the
+        // same).
+        let mut mode = cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: plain in/out parameter.
+        check("cuThreadExchangeStreamCaptureMode", unsafe {
+            cu::cuThreadExchangeStreamCaptureMode(&mut mode)
+        })?;
         // SAFETY: plain out-parameter; the context is current.
-        check("cuMemAlloc", unsafe { cu::cuMemAlloc_v2(&mut ptr, bytes) })
-            .map_err(|e| e.with_detail(format!("asked for {bytes} bytes")))?;
+        let result = check("cuMemAlloc", unsafe { cu::cuMemAlloc_v2(&mut ptr, bytes) })
+            .map_err(|e| e.with_detail(format!("asked for {bytes} bytes")));
+        // SAFETY: restores the mode exchanged above.
+        check("cuThreadExchangeStreamCaptureMode", unsafe {
+            cu::cuThreadExchangeStreamCaptureMode(&mut mode)
+        })?;
+        result?;
         Ok(ptr)
     }
 

@@ -270,9 +270,18 @@ impl GpuApi for HipApi {
     fn malloc(&self, dev: i32, bytes: usize) -> Result<Addr> {
         self.bind(dev)?;
         let mut p: *mut c_void = std::ptr::null_mut();
+        // hipMalloc is not stream-ordered; relaxed capture mode for this one call lets a
+        // caching allocator grow a capture's private pool while this thread captures (as on
+        // CUDA, see the CUDA backend).
+        let mut mode: hip::hipStreamCaptureMode = hip::hipStreamCaptureModeRelaxed;
+        // SAFETY: plain in/out parameter.
+        unsafe { call!(self, hipThreadExchangeStreamCaptureMode(&mut mode)) }?;
         // SAFETY: plain out-parameter.
-        unsafe { call!(self, hipMalloc(&mut p, bytes)) }
-            .map_err(|e| e.with_detail(format!("asked for {bytes} bytes")))?;
+        let result = unsafe { call!(self, hipMalloc(&mut p, bytes)) }
+            .map_err(|e| e.with_detail(format!("asked for {bytes} bytes")));
+        // SAFETY: restores the mode exchanged above.
+        unsafe { call!(self, hipThreadExchangeStreamCaptureMode(&mut mode)) }?;
+        result?;
         Ok(p as usize as Addr)
     }
 

@@ -535,6 +535,10 @@ pub struct HipRuntime {
         ) -> hipError_t,
         ::libloading::Error,
     >,
+    pub hipThreadExchangeStreamCaptureMode: Result<
+        unsafe extern "C" fn(mode: *mut hipStreamCaptureMode) -> hipError_t,
+        ::libloading::Error,
+    >,
     pub hipGraphDestroy: Result<
         unsafe extern "C" fn(graph: hipGraph_t) -> hipError_t,
         ::libloading::Error,
@@ -648,6 +652,9 @@ impl HipRuntime {
         let hipStreamIsCapturing = __library
             .get(b"hipStreamIsCapturing\0")
             .map(|sym| *sym);
+        let hipThreadExchangeStreamCaptureMode = __library
+            .get(b"hipThreadExchangeStreamCaptureMode\0")
+            .map(|sym| *sym);
         let hipGraphDestroy = __library.get(b"hipGraphDestroy\0").map(|sym| *sym);
         let hipGraphInstantiate = __library
             .get(b"hipGraphInstantiate\0")
@@ -702,6 +709,7 @@ impl HipRuntime {
             hipStreamBeginCapture,
             hipStreamEndCapture,
             hipStreamIsCapturing,
+            hipThreadExchangeStreamCaptureMode,
             hipGraphDestroy,
             hipGraphInstantiate,
             hipGraphLaunch,
@@ -1098,6 +1106,15 @@ impl HipRuntime {
             .hipStreamIsCapturing
             .as_ref()
             .expect("Expected function, got error."))(stream, pCaptureStatus)
+    }
+    pub unsafe fn hipThreadExchangeStreamCaptureMode(
+        &self,
+        mode: *mut hipStreamCaptureMode,
+    ) -> hipError_t {
+        (self
+            .hipThreadExchangeStreamCaptureMode
+            .as_ref()
+            .expect("Expected function, got error."))(mode)
     }
     pub unsafe fn hipGraphDestroy(&self, graph: hipGraph_t) -> hipError_t {
         (self.hipGraphDestroy.as_ref().expect("Expected function, got error."))(graph)
