@@ -16,6 +16,7 @@ pub fn known_vars() -> Vec<&'static str> {
         "HIPDECODE_REQUIRE_RTC",
         "HIPDECODE_REQUIRE_MODELS",
         "HIPDECODE_MODELS_DIR",
+        "HIPDECODE_SYNTH_MODELS",
     ]);
     v
 }

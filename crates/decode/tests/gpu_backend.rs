@@ -224,3 +224,56 @@ fn real_gemma_on_the_gpu_matches_the_cpu() {
         );
     }
 }
+
+/// Real-shape synthetic models (`cargo xtask synth-model llama3-8b-q4_k_m`, `qwen3-30b-a3b-q4_k_m`;
+/// several GB, so made where the GPU is and named in `HIPDECODE_SYNTH_MODELS`, colon-separated):
+/// logits at the first 2 positions within tolerance of the CPU's exact path, then 64 decode
+/// steps with every logit finite.
+#[test]
+fn real_shape_synthetic_models_on_the_gpu() {
+    let Some(list) = std::env::var_os("HIPDECODE_SYNTH_MODELS") else {
+        eprintln!(
+            "skipping: HIPDECODE_SYNTH_MODELS names no real-shape synthetic models (they are \
+             several GB; make them with `cargo xtask synth-model llama3-8b-q4_k_m`)"
+        );
+        return;
+    };
+    let _one_at_a_time = gpu_lock();
+    if hip_ffi::testing::device_or_skip("real_shape_synthetic_models_on_the_gpu").is_none() {
+        return;
+    }
+    for path in std::env::split_paths(&list) {
+        let file = decode::open_model(&path).unwrap();
+        let label = path.display().to_string();
+        let prompt = [1u32, 1000];
+        let options = ModelOptions {
+            context: 128,
+            max_batch: 2,
+            all_logits: true,
+        };
+        let mut cpu = Model::load(&file, CpuBackend::new(Precision::Exact), options).unwrap();
+        let want = cpu.forward_all_logits(&prompt).unwrap();
+        drop(cpu);
+        let mut gpu = Model::load(&file, gpu_backend(&label).unwrap(), options).unwrap();
+        let got = gpu.forward_all_logits(&prompt).unwrap();
+        let (max, rms) = compare(&got, &want);
+        eprintln!("{label}: first 2 positions, max |gpu - cpu| {max:.3e}, cpu rms {rms:.3}");
+        assert!(
+            max <= GPU_TOL * rms.max(1.0),
+            "{label}: max diff {max} > {GPU_TOL} x max(rms {rms}, 1)"
+        );
+        let mut next = argmax_last(&got, gpu.spec().vocab);
+        for step in 0..64 {
+            let logits = gpu.forward_all_logits(&[next]).unwrap();
+            if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
+                panic!("{label}: decode step {step}: logit {i} is {}", logits[i]);
+            }
+            next = argmax_last(&logits, gpu.spec().vocab);
+        }
+        eprintln!("{label}: 64 decode steps, every logit finite");
+    }
+}
+
+fn argmax_last(logits: &[f32], vocab: usize) -> u32 {
+    decode::backend::argmax_host(&logits[logits.len() - vocab..])
+}
