@@ -15,9 +15,10 @@
 //!
 //! Every comparison also fails on a NaN or infinity in the GPU output.
 
+mod common;
+
 use hip_ffi::testing::device_or_skip;
 use hip_ffi::{DeviceBuffer, DeviceCopy, Stream};
-use rocm_kernels::cache::KernelCache;
 use rocm_kernels::ops::attention::{
     attention_decode, attention_prefill, decode_splits, decode_workspace_floats, AttentionShape,
 };
@@ -28,7 +29,7 @@ use rocm_kernels::ops::rope::{rope, RopeParams, RopeShape};
 use rocm_kernels::reference;
 use rocm_kernels::reference::kv_cache::{f32_to_f16_bits, HostKv};
 use rocm_kernels::{DeviceSlice, DeviceSliceMut, Kernels};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard};
 
 // ---------------------------------------------------------------------------------------------
 // Harness
@@ -43,22 +44,13 @@ struct Gpu {
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// The kernels, compiled once for the test binary (through the cache the environment names).
-static KERNELS: OnceLock<Result<Kernels, String>> = OnceLock::new();
-
 fn gpu(test: &str) -> Option<Gpu> {
     let device = device_or_skip(test)?;
     // A test that failed while holding the lock leaves nothing shared behind.
     let serial = SERIAL
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let loaded = KERNELS.get_or_init(|| {
-        let cache = KernelCache::from_env().map_err(|e| e.to_string())?;
-        Kernels::load(&device, &cache).map_err(|e| e.to_string())
-    });
-    let kernels = loaded
-        .as_ref()
-        .unwrap_or_else(|e| panic!("{test}: loading the kernels failed: {e}"));
+    let kernels = common::kernels(test, &device);
     let stream = Stream::new(kernels.device()).expect("stream");
     Some(Gpu {
         kernels,
