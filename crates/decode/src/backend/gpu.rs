@@ -460,25 +460,8 @@ impl Backend for GpuBackend {
     }
 
     fn load_weight(&mut self, src: &WeightSource<'_>) -> Result<GpuWeight> {
+        src.check_bytes()?;
         let [cols, rows, mats] = src.dims;
-        let expected = src
-            .format
-            .row_bytes(cols)
-            .and_then(|rb| rb.checked_mul(rows)?.checked_mul(mats))
-            .ok_or_else(|| DecodeError::TensorShape {
-                name: src.name.to_string(),
-                expected: vec![cols.next_multiple_of(src.format.block_len()), rows, mats],
-                found: vec![cols, rows, mats],
-            })?;
-        if src.bytes.len() != expected {
-            return Err(DecodeError::InvalidArgument(format!(
-                "tensor '{}' holds {} bytes but {} {:?} needs {expected}",
-                src.name,
-                src.bytes.len(),
-                src.format.name(),
-                src.dims
-            )));
-        }
         if rows == 1 && mats == 1 {
             let mut v = vec![0.0f32; cols];
             crate::quant::row_to_f32(src.format, src.bytes, &mut v);

@@ -17,7 +17,7 @@ pub mod gpu;
 pub mod kernels;
 mod ops;
 
-use crate::error::Result;
+use crate::error::{DecodeError, Result};
 use crate::memory::{MemoryReport, MemoryTag};
 use crate::quant::WeightFormat;
 use gguf_loader::{GgufFile, TensorInfo};
@@ -36,6 +36,33 @@ pub struct WeightSource<'a> {
     /// The file the bytes live in, for a backend that can read weights in place (the CPU
     /// backend keeps a reference instead of a copy). `None` for bytes from elsewhere.
     pub mapped: Option<MappedTensor<'a>>,
+}
+
+impl WeightSource<'_> {
+    /// Checks that the bytes are exactly what the format and dims need (checked products), so
+    /// every backend refuses a short or long tensor the same way.
+    pub fn check_bytes(&self) -> Result<()> {
+        let [cols, rows, mats] = self.dims;
+        let expected = self
+            .format
+            .row_bytes(cols)
+            .and_then(|rb| rb.checked_mul(rows)?.checked_mul(mats))
+            .ok_or_else(|| DecodeError::TensorShape {
+                name: self.name.to_string(),
+                expected: vec![cols.next_multiple_of(self.format.block_len()), rows, mats],
+                found: vec![cols, rows, mats],
+            })?;
+        if self.bytes.len() != expected {
+            return Err(DecodeError::InvalidArgument(format!(
+                "tensor '{}' holds {} bytes but {} {:?} needs {expected}",
+                self.name,
+                self.bytes.len(),
+                self.format.name(),
+                self.dims
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// A tensor inside a memory-mapped GGUF file that stays open as long as the `Arc` lives.
