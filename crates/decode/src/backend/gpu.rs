@@ -359,20 +359,18 @@ impl GpuBackend {
         len: usize,
         what: &str,
     ) -> Result<DeviceSliceMut<f32>> {
-        if slot.as_ref().is_none_or(|b| b.len < len) {
-            *slot = None;
-            let mem = alloc
-                .alloc((len.max(1) * 4) as u64, stream, Tag::Workspace)
-                .map_err(|e| DecodeError::Allocation {
-                    what: what.to_string(),
-                    reason: e.to_string(),
-                })?;
-            *slot = Some(GpuBuffer { mem, len });
+        if let Some(buffer) = slot.as_mut().filter(|b| b.len >= len) {
+            return Ok(buffer.view_mut());
         }
-        Ok(slot
-            .as_mut()
-            .map(|b| b.view_mut())
-            .unwrap_or_else(|| unreachable!()))
+        // The old buffer goes back to the allocator before the larger one is taken.
+        *slot = None;
+        let mem = alloc
+            .alloc((len.max(1) * 4) as u64, stream, Tag::Workspace)
+            .map_err(|e| DecodeError::Allocation {
+                what: what.to_string(),
+                reason: e.to_string(),
+            })?;
+        Ok(slot.insert(GpuBuffer { mem, len }).view_mut())
     }
 
     /// The memory report a user reads: per tag the bytes held, then the allocator's reserved,
@@ -407,7 +405,7 @@ impl GpuBackend {
             fmt_bytes(stats.cached_bytes),
         ));
         out.push_str(&format!(
-            "  process device usage {} (free {} before load, {} now)\n  outside the allocator {} (context, kernel modules, runtime)\n",
+            "  process device usage {} (free {} before load, {} now)\n  outside the allocator {} (kernel modules, graphs, runtime; the context predates the first reading)\n",
             fmt_bytes(used_by_process),
             fmt_bytes(self.mem_before.free),
             fmt_bytes(now.free),
