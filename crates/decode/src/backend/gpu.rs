@@ -178,15 +178,6 @@ fn gpu_err(what: &str, e: impl std::fmt::Display) -> DecodeError {
     DecodeError::Gpu(format!("{what}: {e}"))
 }
 
-fn tag_of(tag: MemoryTag) -> Tag {
-    match tag {
-        MemoryTag::Weights => Tag::Weights,
-        MemoryTag::KvCache => Tag::KvCache,
-        MemoryTag::Activations => Tag::Activations,
-        MemoryTag::Workspace => Tag::Workspace,
-    }
-}
-
 fn ggml_type(format: WeightFormat) -> GgmlType {
     match format {
         WeightFormat::F32 => GgmlType::F32,
@@ -450,7 +441,11 @@ impl Backend for GpuBackend {
             what: format!("{len} f32 values of {}", tag.name()),
             reason: "the byte count overflows".into(),
         })?;
-        let mem = self.device_alloc(tag_of(tag), bytes, &format!("{len} f32 of {}", tag.name()))?;
+        let mem = self.device_alloc(
+            Tag::from(tag),
+            bytes,
+            &format!("{len} f32 of {}", tag.name()),
+        )?;
         let mut buffer = GpuBuffer { mem, len };
         elementwise::zero(&self.kernels, &self.stream, &mut buffer.view_mut(), len)
             .map_err(kerr("zeroing a new buffer"))?;
@@ -488,7 +483,7 @@ impl Backend for GpuBackend {
             ..MemoryReport::default()
         };
         for tag in MemoryTag::ALL {
-            let t = tag_of(tag);
+            let t = Tag::from(tag);
             let current = stats
                 .per_tag
                 .iter()
