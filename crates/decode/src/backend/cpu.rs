@@ -175,6 +175,12 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn write(&mut self, dst: &mut Vec<f32>, offset: usize, src: &[f32]) -> Result<()> {
+        check_len("write", dst.len(), offset.saturating_add(src.len()))?;
+        dst[offset..offset + src.len()].copy_from_slice(src);
+        Ok(())
+    }
+
     fn begin_step(&mut self, pos0: usize, tokens: &[u32]) -> Result<()> {
         self.step_pos0 = pos0;
         self.step_tokens.clear();

@@ -566,6 +566,28 @@ impl Backend for GpuBackend {
         .map_err(|e| gpu_err("reading from the device", e))
     }
 
+    fn write(&mut self, dst: &mut GpuBuffer, offset: usize, src: &[f32]) -> Result<()> {
+        if offset
+            .checked_add(src.len())
+            .is_none_or(|end| end > dst.len)
+        {
+            return Err(DecodeError::InvalidArgument(format!(
+                "write of {} values at {offset} into a buffer of {}",
+                src.len(),
+                dst.len
+            )));
+        }
+        // SAFETY: the range lies inside the buffer (checked above); the copy is ordered on the
+        // backend's stream after the work already queued, and the stream is synchronized before
+        // returning, so `src` outlives the copy.
+        unsafe {
+            self.stream
+                .copy_from_host_raw(DevicePtr(dst.mem.ptr() + 4 * offset as u64), src)
+        }
+        .and_then(|()| self.stream.synchronize())
+        .map_err(|e| gpu_err("writing to the device", e))
+    }
+
     fn embed(
         &mut self,
         table: &GpuWeight,

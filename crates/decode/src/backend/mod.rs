@@ -177,6 +177,9 @@ pub trait Backend: Send {
     }
     /// Copies `dst.len()` values from the start of `src` to the host.
     fn read(&mut self, src: &Self::Buffer, offset: usize, dst: &mut [f32]) -> Result<()>;
+    /// Copies `src` into `dst` starting at value `offset` (test inputs, host-computed rows).
+    /// A range past the end of `dst` is an `InvalidArgument` error and writes nothing.
+    fn write(&mut self, dst: &mut Self::Buffer, offset: usize, src: &[f32]) -> Result<()>;
 
     /// `out[t] = table[tokens[t]] * scale` for the step's `n_tokens` tokens.
     fn embed(

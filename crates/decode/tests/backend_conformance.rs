@@ -1,0 +1,660 @@
+//! Backend conformance: every op on every backend against the CPU exact path, at several shapes.
+//!
+//! `test_device!(op)` expands the generic body `op<B: Backend>(make: impl Fn() -> B)` into one
+//! test per backend: `op::cpu_fast` (the CPU backend's fast path) and `op::gpu` (the GPU
+//! backend, which prints SKIP without a GPU). Each body computes the same op with
+//! `CpuBackend::new(Precision::Exact)` and with the backend under test, on deterministic
+//! pseudo-random inputs, and compares the results with a NaN-failing max |diff| bounded by
+//! a tolerance times max(1, RMS of the reference).
+
+mod common;
+
+use common::{compare, max_abs_diff, preset_file};
+use decode::backend::cpu::CpuBackend;
+use decode::backend::gpu::GpuBackend;
+use decode::backend::{
+    argmax_host, Attention, Backend, GateActivation, Precision, Rope, WeightSource,
+};
+use decode::gguf_loader::synth::Preset;
+use decode::memory::MemoryTag;
+use decode::quant::WeightFormat;
+use std::any::Any;
+
+/// Ops whose result is f32 arithmetic on both sides (norms, element-wise ops, rope, attention):
+/// the backends differ only in summation order and transcendental implementations.
+const F32_TOL: f32 = 1e-5;
+/// Matmul with f32 activations (the GPU): quantized weights dequantized exactly on both sides,
+/// so only the summation order over up to ~1000 products differs.
+const MATMUL_F32_TOL: f32 = 1e-4;
+/// Matmul on `cpu_fast`: activations are quantized to 16-bit integers per group, a relative
+/// error of about 2^-15 per value that grows with the row length.
+const MATMUL_FAST_TOL: f32 = 2e-3;
+
+/// One GPU test at a time: a test that ends unloads its kernel modules, which synchronizes the
+/// whole device.
+static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+macro_rules! test_device {
+    ($op:ident) => {
+        mod $op {
+            #[test]
+            fn cpu_fast() {
+                super::$op(|| super::CpuBackend::new(super::Precision::Fast));
+            }
+
+            #[test]
+            fn gpu() {
+                let _lock = super::GPU.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(device) = hip_ffi::testing::device_or_skip(concat!(
+                    "backend_conformance::",
+                    stringify!($op),
+                    "::gpu"
+                )) else {
+                    return;
+                };
+                super::$op(move || {
+                    super::GpuBackend::new(device, 64, false).expect("the GPU backend starts")
+                });
+            }
+        }
+    };
+}
+
+/// Whether `be` quantizes matmul activations (the CPU backend's fast path).
+fn quantizes_activations<B: Backend + 'static>(be: &B) -> bool {
+    (be as &dyn Any)
+        .downcast_ref::<CpuBackend>()
+        .is_some_and(|c| c.precision() == Precision::Fast)
+}
+
+fn exact() -> CpuBackend {
+    CpuBackend::new(Precision::Exact)
+}
+
+/// xorshift32: deterministic inputs without a dependency.
+struct Rng(u32);
+
+impl Rng {
+    fn new(seed: u32) -> Rng {
+        Rng(seed.wrapping_mul(2654435761).max(1))
+    }
+
+    fn next(&mut self) -> u32 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        self.0 = x;
+        x
+    }
+
+    /// Uniform in [-scale, scale).
+    fn f32(&mut self, scale: f32) -> f32 {
+        ((self.next() >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0) * scale
+    }
+
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f32(scale)).collect()
+    }
+}
+
+fn upload<B: Backend>(be: &mut B, data: &[f32]) -> B::Buffer {
+    let mut buf = be.alloc(MemoryTag::Activations, data.len()).expect("alloc");
+    be.write(&mut buf, 0, data).expect("write");
+    buf
+}
+
+fn download<B: Backend>(be: &mut B, buf: &B::Buffer, n: usize) -> Vec<f32> {
+    let mut out = vec![0.0; n];
+    be.read(buf, 0, &mut out).expect("read");
+    out
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// An F32 vector weight (norm weights, biases, rope factors).
+fn load_vector<B: Backend>(be: &mut B, name: &str, v: &[f32]) -> B::Weight {
+    let bytes = f32_bytes(v);
+    be.load_weight(&WeightSource {
+        name,
+        format: WeightFormat::F32,
+        dims: [v.len(), 1, 1],
+        bytes: &bytes,
+        mapped: None,
+    })
+    .expect("load a vector")
+}
+
+/// Fails unless max |got - want| <= tol * max(1, RMS of want) (and neither holds NaN).
+fn check(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    let (diff, rms) = compare(got, want);
+    let bound = tol * rms.max(1.0);
+    assert!(
+        diff <= bound,
+        "{what}: max |diff| {diff:e} > {bound:e} (tol {tol:e}, reference RMS {rms})"
+    );
+}
+
+/// A matrix in its stored format, owned.
+struct Matrix {
+    name: String,
+    format: WeightFormat,
+    dims: [usize; 3],
+    bytes: Vec<u8>,
+}
+
+impl Matrix {
+    fn source(&self) -> WeightSource<'_> {
+        WeightSource {
+            name: &self.name,
+            format: self.format,
+            dims: self.dims,
+            bytes: &self.bytes,
+            mapped: None,
+        }
+    }
+
+    /// The first `rows` rows (whole rows of bytes).
+    fn rows(&self, rows: usize) -> Matrix {
+        let row_bytes = self.bytes.len() / self.dims[1];
+        Matrix {
+            name: format!("{}[..{rows}]", self.name),
+            format: self.format,
+            dims: [self.dims[0], rows, 1],
+            bytes: self.bytes[..rows * row_bytes].to_vec(),
+        }
+    }
+}
+
+/// One 2-D tensor of each of `formats` from the tiny synthetic models.
+fn matrices(formats: &[WeightFormat]) -> Vec<Matrix> {
+    let mut found: Vec<Matrix> = Vec::new();
+    for preset in [
+        Preset::TinyLlama,
+        Preset::TinyQwen3,
+        Preset::TinyGemma3,
+        Preset::TinyQwen3Moe,
+    ] {
+        let file = preset_file(preset);
+        for t in file.tensors() {
+            let Some(format) = WeightFormat::from_ggml_name(t.ggml_type.name()) else {
+                continue;
+            };
+            let dims: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
+            let is_matrix = dims.len() >= 2 && dims[1] >= 8 && dims[2..].iter().all(|&d| d == 1);
+            if !is_matrix || !formats.contains(&format) || found.iter().any(|m| m.format == format)
+            {
+                continue;
+            }
+            found.push(Matrix {
+                name: t.name.clone(),
+                format,
+                dims: [dims[0], dims[1], 1],
+                bytes: file.tensor_data(t).to_vec(),
+            });
+        }
+    }
+    for f in formats {
+        assert!(
+            found.iter().any(|m| m.format == *f),
+            "no {} matrix in the tiny models",
+            f.name()
+        );
+    }
+    found
+}
+
+const ROWS: [usize; 3] = [1, 3, 17];
+const DIMS: [usize; 3] = [7, 64, 1152];
+/// Row lengths of ops with a vector weight: `WeightFormat::F32` is stored in blocks of 32, so
+/// `load_weight` refuses a vector of 7 (odd sizes come from the row counts instead).
+const WEIGHT_DIMS: [usize; 3] = [32, 96, 1152];
+
+test_device!(rms_norm);
+fn rms_norm<B: Backend + 'static>(make: impl Fn() -> B) {
+    fn go<C: Backend>(be: &mut C, x: &[f32], w: &[f32], rows: usize, dim: usize) -> Vec<f32> {
+        let weight = load_vector(be, "norm", w);
+        let xb = upload(be, x);
+        let mut out = be.alloc(MemoryTag::Activations, x.len()).unwrap();
+        be.rms_norm(&xb, &weight, &mut out, rows, dim, 1e-6)
+            .expect("rms_norm");
+        download(be, &out, rows * dim)
+    }
+    let mut rng = Rng::new(1);
+    for rows in ROWS {
+        for dim in WEIGHT_DIMS {
+            let x = rng.vec(rows * dim, 3.0);
+            let w = rng.vec(dim, 1.5);
+            let want = go(&mut exact(), &x, &w, rows, dim);
+            let got = go(&mut make(), &x, &w, rows, dim);
+            check(&format!("rms_norm {rows}x{dim}"), &got, &want, F32_TOL);
+        }
+    }
+}
+
+test_device!(rms_norm_inplace);
+fn rms_norm_inplace<B: Backend + 'static>(make: impl Fn() -> B) {
+    fn go<C: Backend>(be: &mut C, x: &[f32], w: &[f32], rows: usize, dim: usize) -> Vec<f32> {
+        let weight = load_vector(be, "head_norm", w);
+        let mut xb = upload(be, x);
+        be.rms_norm_inplace(&mut xb, &weight, rows, dim, 1e-6)
+            .expect("rms_norm_inplace");
+        download(be, &xb, x.len())
+    }
+    let mut rng = Rng::new(2);
+    // Per-head norms: rows = tokens x heads.
+    for (tokens, heads) in [(1, 4), (3, 2), (17, 4)] {
+        for dim in [32, 64, 128, 256] {
+            let rows = tokens * heads;
+            // One row more than normed, which must stay untouched.
+            let x = rng.vec((rows + 1) * dim, 2.0);
+            let w = rng.vec(dim, 1.5);
+            let want = go(&mut exact(), &x, &w, rows, dim);
+            let got = go(&mut make(), &x, &w, rows, dim);
+            check(
+                &format!("rms_norm_inplace {tokens} tokens x {heads} heads x {dim}"),
+                &got,
+                &want,
+                F32_TOL,
+            );
+        }
+    }
+}
+
+test_device!(matmul);
+fn matmul<B: Backend + 'static>(make: impl Fn() -> B) {
+    fn go<C: Backend>(be: &mut C, m: &Matrix, x: &[f32], rows: usize) -> Vec<f32> {
+        let w = be.load_weight(&m.source()).expect("load the matrix");
+        let xb = upload(be, x);
+        let n_out = m.dims[1];
+        let mut out = be.alloc(MemoryTag::Activations, rows * n_out).unwrap();
+        be.matmul(&w, &xb, &mut out, rows).expect("matmul");
+        download(be, &out, rows * n_out)
+    }
+    let tol = if quantizes_activations(&make()) {
+        MATMUL_FAST_TOL
+    } else {
+        MATMUL_F32_TOL
+    };
+    let formats = [
+        WeightFormat::F32,
+        WeightFormat::Q4K,
+        WeightFormat::Q5_0,
+        WeightFormat::Q6K,
+        WeightFormat::Q8_0,
+    ];
+    let mut rng = Rng::new(3);
+    for full in matrices(&formats) {
+        for m in [full.rows(7), full] {
+            // 17 rows > 8 exercises the GPU's tiled path.
+            for rows in ROWS {
+                let x = rng.vec(rows * m.dims[0], 1.0);
+                let want = go(&mut exact(), &m, &x, rows);
+                let got = go(&mut make(), &m, &x, rows);
+                check(
+                    &format!(
+                        "matmul {} {} {:?} x {rows} rows",
+                        m.name,
+                        m.format.name(),
+                        m.dims
+                    ),
+                    &got,
+                    &want,
+                    tol,
+                );
+            }
+        }
+    }
+}
+
+test_device!(add_bias);
+fn add_bias<B: Backend + 'static>(make: impl Fn() -> B) {
+    fn go<C: Backend>(be: &mut C, x: &[f32], b: &[f32], rows: usize) -> Vec<f32> {
+        let bias = load_vector(be, "bias", b);
+        let mut xb = upload(be, x);
+        be.add_bias(&mut xb, &bias, rows).expect("add_bias");
+        download(be, &xb, x.len())
+    }
+    let mut rng = Rng::new(4);
+    for rows in ROWS {
+        for dim in WEIGHT_DIMS {
+            let x = rng.vec((rows + 1) * dim, 2.0);
+            let b = rng.vec(dim, 2.0);
+            let want = go(&mut exact(), &x, &b, rows);
+            let got = go(&mut make(), &x, &b, rows);
+            check(&format!("add_bias {rows}x{dim}"), &got, &want, F32_TOL);
+        }
+    }
+}
+
+test_device!(gated);
+fn gated<B: Backend + 'static>(make: impl Fn() -> B) {
+    fn go<C: Backend>(
+        be: &mut C,
+        g: &[f32],
+        u: &[f32],
+        len: usize,
+        act: GateActivation,
+    ) -> Vec<f32> {
+        let mut gb = upload(be, g);
+        let ub = upload(be, u);
+        be.gated(&mut gb, &ub, len, act).expect("gated");
+        download(be, &gb, g.len())
+    }
+    let mut rng = Rng::new(5);
+    for act in [GateActivation::Silu, GateActivation::GeluTanh] {
+        for len in [1, 7, 64 * 3, 1152 * 17] {
+            let g = rng.vec(len + 5, 6.0);
+            let u = rng.vec(len + 5, 2.0);
+            let want = go(&mut exact(), &g, &u, len, act);
+            let got = go(&mut make(), &g, &u, len, act);
+            check(&format!("gated {act:?} {len}"), &got, &want, F32_TOL);
+        }
+    }
+}
+
+test_device!(add);
+fn add<B: Backend + 'static>(make: impl Fn() -> B) {
+    fn go<C: Backend>(be: &mut C, x: &[f32], y: &[f32], len: usize) -> Vec<f32> {
+        let mut xb = upload(be, x);
+        let yb = upload(be, y);
+        be.add(&mut xb, &yb, len).expect("add");
+        download(be, &xb, x.len())
+    }
+    let mut rng = Rng::new(6);
+    for len in [1, 7, 1000, 1152 * 17] {
+        let x = rng.vec(len + 3, 4.0);
+        let y = rng.vec(len + 3, 4.0);
+        let want = go(&mut exact(), &x, &y, len);
+        let got = go(&mut make(), &x, &y, len);
+        check(&format!("add {len}"), &got, &want, F32_TOL);
+    }
+}
+
+test_device!(copy_row);
+fn copy_row<B: Backend + 'static>(make: impl Fn() -> B) {
+    fn go<C: Backend>(
+        be: &mut C,
+        src: &[f32],
+        dst: &[f32],
+        rows: (usize, usize),
+        dim: usize,
+    ) -> Vec<f32> {
+        let sb = upload(be, src);
+        let mut db = upload(be, dst);
+        be.copy_row(&sb, rows.0, &mut db, rows.1, dim)
+            .expect("copy_row");
+        download(be, &db, dst.len())
+    }
+    let mut rng = Rng::new(7);
+    for dim in DIMS {
+        for rows in [(0, 0), (3, 1), (4, 3)] {
+            let src = rng.vec(5 * dim, 3.0);
+            let dst = rng.vec(4 * dim, 3.0);
+            let want = go(&mut exact(), &src, &dst, rows, dim);
+            assert_eq!(&want[rows.1 * dim..][..dim], &src[rows.0 * dim..][..dim]);
+            let got = go(&mut make(), &src, &dst, rows, dim);
+            assert_eq!(max_abs_diff(&got, &want), 0.0, "copy_row {rows:?} of {dim}");
+        }
+    }
+}
+
+test_device!(zero);
+fn zero<B: Backend + 'static>(make: impl Fn() -> B) {
+    fn go<C: Backend>(be: &mut C, x: &[f32], len: usize) -> Vec<f32> {
+        let mut xb = upload(be, x);
+        be.zero(&mut xb, len).expect("zero");
+        download(be, &xb, x.len())
+    }
+    let mut rng = Rng::new(8);
+    for len in [1, 7, 1000, 1152 * 17] {
+        let x = rng.vec(len + 9, 3.0);
+        let want = go(&mut exact(), &x, len);
+        assert!(want[..len].iter().all(|&v| v == 0.0));
+        assert_eq!(want[len..], x[len..]);
+        let got = go(&mut make(), &x, len);
+        assert_eq!(max_abs_diff(&got, &want), 0.0, "zero {len}");
+    }
+}
+
+test_device!(argmax);
+fn argmax<B: Backend + 'static>(make: impl Fn() -> B) {
+    fn go<C: Backend>(be: &mut C, x: &[f32], row: usize, n: usize) -> u32 {
+        let xb = upload(be, x);
+        be.argmax(&xb, row, n).expect("argmax")
+    }
+    let mut rng = Rng::new(9);
+    let mut cases: Vec<(Vec<f32>, usize, usize, String)> = Vec::new();
+    for n in [1, 7, 1000, 32_000, 151_936] {
+        let rows = 3;
+        let mut x = rng.vec(rows * n, 5.0);
+        cases.push((x.clone(), 1, n, format!("random n={n}")));
+        // Ties: the first index wins, even across the GPU's reduction blocks.
+        if n > 1 {
+            let (a, b) = (n / 3 + 1, n - 1);
+            x[2 * n + a] = 9.0;
+            x[2 * n + b] = 9.0;
+            cases.push((x.clone(), 2, n, format!("tie {a}/{b} of {n}")));
+            x[2 * n] = 9.0;
+            cases.push((x.clone(), 2, n, format!("tie 0/{a}/{b} of {n}")));
+        }
+        // All negative, all equal.
+        let neg: Vec<f32> = x.iter().map(|v| -v.abs() - 1.0).collect();
+        cases.push((neg, 0, n, format!("negative n={n}")));
+        cases.push((vec![-2.5; n], 0, n, format!("all equal n={n}")));
+    }
+    for (x, row, n, what) in cases {
+        let want = argmax_host(&x[row * n..][..n]);
+        assert_eq!(go(&mut exact(), &x, row, n), want, "cpu exact: {what}");
+        assert_eq!(go(&mut make(), &x, row, n), want, "argmax {what}");
+    }
+}
+
+test_device!(embed);
+fn embed<B: Backend + 'static>(make: impl Fn() -> B) {
+    fn go<C: Backend>(be: &mut C, m: &Matrix, tokens: &[u32], scale: f32) -> Vec<f32> {
+        let table = be.load_weight(&m.source()).expect("load the table");
+        let n = tokens.len();
+        let mut out = be.alloc(MemoryTag::Activations, n * m.dims[0]).unwrap();
+        be.begin_step(5, tokens).expect("begin_step");
+        be.embed(&table, n, scale, &mut out).expect("embed");
+        download(be, &out, n * m.dims[0])
+    }
+    let mut rng = Rng::new(10);
+    let (cols, vocab) = (96, 51);
+    let mut tables = vec![Matrix {
+        name: "random f32 table".into(),
+        format: WeightFormat::F32,
+        dims: [cols, vocab, 1],
+        bytes: f32_bytes(&rng.vec(cols * vocab, 1.0)),
+    }];
+    let file = preset_file(Preset::TinyLlama);
+    let t = file
+        .tensors()
+        .iter()
+        .find(|t| t.name == "token_embd.weight")
+        .expect("token_embd");
+    tables.push(Matrix {
+        name: t.name.clone(),
+        format: WeightFormat::from_ggml_name(t.ggml_type.name()).expect("a known format"),
+        dims: [t.dims[0] as usize, t.dims[1] as usize, 1],
+        bytes: file.tensor_data(t).to_vec(),
+    });
+    for m in &tables {
+        let vocab = m.dims[1] as u32;
+        for n in ROWS {
+            let tokens: Vec<u32> = (0..n)
+                .map(|i| match i {
+                    0 => vocab - 1,
+                    1 => 0,
+                    _ => rng.next() % vocab,
+                })
+                .collect();
+            for scale in [1.0, (m.dims[0] as f32).sqrt()] {
+                let want = go(&mut exact(), m, &tokens, scale);
+                let got = go(&mut make(), m, &tokens, scale);
+                check(
+                    &format!("embed {} {} x{scale}", m.name, n),
+                    &got,
+                    &want,
+                    F32_TOL,
+                );
+            }
+        }
+    }
+}
+
+test_device!(rope);
+fn rope<B: Backend + 'static>(make: impl Fn() -> B) {
+    struct Case {
+        pos0: usize,
+        rows: usize,
+        n_heads: usize,
+        head_dim: usize,
+        rope: Rope,
+        factors: Option<Vec<f32>>,
+    }
+    fn go<C: Backend>(be: &mut C, x: &[f32], c: &Case) -> Vec<f32> {
+        let factors = c.factors.as_ref().map(|f| load_vector(be, "rope_freqs", f));
+        let mut xb = upload(be, x);
+        be.begin_step(c.pos0, &vec![0; c.rows]).expect("begin_step");
+        be.rope(
+            &mut xb,
+            c.rows,
+            c.n_heads,
+            c.head_dim,
+            &c.rope,
+            factors.as_ref(),
+        )
+        .expect("rope");
+        download(be, &xb, x.len())
+    }
+    let mut rng = Rng::new(11);
+    let mut cases = Vec::new();
+    for neox in [false, true] {
+        for (head_dim, n_rot) in [(64, 64), (64, 32), (128, 128), (256, 64)] {
+            for (pos0, rows) in [(0, 1), (7, 3), (1000, 17)] {
+                cases.push(Case {
+                    pos0,
+                    rows,
+                    n_heads: 3,
+                    head_dim,
+                    rope: Rope {
+                        neox,
+                        freq_base: if neox { 1e6 } else { 10_000.0 },
+                        position_scale: if head_dim == 128 { 8.0 } else { 1.0 },
+                        n_rot,
+                    },
+                    factors: (head_dim == 128).then(|| {
+                        (0..n_rot / 2)
+                            .map(|_| 1.0 + rng.f32(1.0).abs() * 7.0)
+                            .collect()
+                    }),
+                });
+            }
+        }
+    }
+    for c in &cases {
+        let x = rng.vec((c.rows + 1) * c.n_heads * c.head_dim, 2.0);
+        let want = go(&mut exact(), &x, c);
+        let got = go(&mut make(), &x, c);
+        check(
+            &format!(
+                "rope {:?} pos {} x{} heads {} x {}",
+                c.rope, c.pos0, c.rows, c.n_heads, c.head_dim
+            ),
+            &got,
+            &want,
+            F32_TOL,
+        );
+    }
+}
+
+test_device!(attention);
+/// `store_rows` into the K and V caches over several steps (ring caches smaller than the
+/// positions for sliding windows), then `attention` of the last step's queries; both caches and
+/// the output are compared.
+fn attention<B: Backend + 'static>(make: impl Fn() -> B) {
+    const N_HEAD: usize = 4;
+    const N_HEAD_KV: usize = 2;
+    const HEAD_DIM: usize = 64;
+    const KD: usize = N_HEAD_KV * HEAD_DIM;
+    const QD: usize = N_HEAD * HEAD_DIM;
+    /// The keys, values and queries of every position (a step's rows are contiguous).
+    struct Inputs {
+        k: Vec<f32>,
+        v: Vec<f32>,
+        q: Vec<f32>,
+    }
+    fn go<C: Backend>(be: &mut C, inp: &Inputs, shape: &Attention, pos0: usize) -> Vec<f32> {
+        let n = shape.n_tokens;
+        let slots = shape.kv_slots;
+        let mut k_cache = be.alloc(MemoryTag::KvCache, slots * KD).unwrap();
+        let mut v_cache = be.alloc(MemoryTag::KvCache, slots * KD).unwrap();
+        let mut kb = be.alloc(MemoryTag::Activations, n * KD).unwrap();
+        let mut vb = be.alloc(MemoryTag::Activations, n * KD).unwrap();
+        let mut qb = be.alloc(MemoryTag::Activations, n * QD).unwrap();
+        let mut out = be.alloc(MemoryTag::Activations, n * QD).unwrap();
+        // Earlier steps in chunks of at most n rows, then the step under test.
+        let mut p = 0;
+        while p <= pos0 {
+            let rows = if p == pos0 { n } else { n.min(pos0 - p) };
+            be.begin_step(p, &vec![0; rows]).expect("begin_step");
+            be.write(&mut kb, 0, &inp.k[p * KD..][..rows * KD]).unwrap();
+            be.write(&mut vb, 0, &inp.v[p * KD..][..rows * KD]).unwrap();
+            be.store_rows(&kb, &mut k_cache, rows, KD, slots)
+                .expect("store k");
+            be.store_rows(&vb, &mut v_cache, rows, KD, slots)
+                .expect("store v");
+            if p == pos0 {
+                break;
+            }
+            p += rows;
+        }
+        be.write(&mut qb, 0, &inp.q[pos0 * QD..][..n * QD]).unwrap();
+        be.attention(&qb, &k_cache, &v_cache, &mut out, shape)
+            .expect("attention");
+        let mut all = download(be, &out, n * QD);
+        all.extend(download(be, &k_cache, slots * KD));
+        all.extend(download(be, &v_cache, slots * KD));
+        all
+    }
+    let mut rng = Rng::new(12);
+    let max_pos = 64;
+    let inp = Inputs {
+        k: rng.vec(max_pos * KD, 2.0),
+        v: rng.vec(max_pos * KD, 2.0),
+        q: rng.vec(max_pos * QD, 2.0),
+    };
+    for window in [None, Some(8), Some(5)] {
+        for n in ROWS {
+            for pos0 in [0, 11, 40] {
+                let kv_slots = match window {
+                    // A ring cache: position p in slot p % slots, far fewer slots than positions.
+                    Some(w) => w + n - 1,
+                    None => max_pos,
+                };
+                let shape = Attention {
+                    n_tokens: n,
+                    n_head: N_HEAD,
+                    n_head_kv: N_HEAD_KV,
+                    head_dim_k: HEAD_DIM,
+                    head_dim_v: HEAD_DIM,
+                    scale: 1.0 / (HEAD_DIM as f32).sqrt(),
+                    window,
+                    kv_slots,
+                };
+                let want = go(&mut exact(), &inp, &shape, pos0);
+                let got = go(&mut make(), &inp, &shape, pos0);
+                check(
+                    &format!("attention window {window:?} {n} tokens at {pos0}, {kv_slots} slots"),
+                    &got,
+                    &want,
+                    F32_TOL,
+                );
+            }
+        }
+    }
+}
