@@ -1,7 +1,7 @@
 //! A GPU device: its attributes and memory figures, and the entry point for allocations.
 
-use crate::backend::{Attr, GpuApi};
 use crate::error::{ErrorKind, HipError, Result};
+use crate::ffi::{Attr, GpuApi};
 use crate::platform::PlatformKind;
 use crate::sysfs::{self, GttInfo, PciLocation};
 use std::fmt;

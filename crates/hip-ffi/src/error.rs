@@ -4,7 +4,7 @@ use std::fmt;
 
 /// Which runtime produced a status code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Backend {
+pub enum Api {
     /// AMD HIP runtime (`hipError_t`) or hiprtc (`hiprtcResult`).
     Hip,
     /// CUDA driver API (`CUresult`) or NVRTC (`nvrtcResult`).
@@ -45,7 +45,7 @@ pub struct HipError {
     /// The runtime's name for the code, e.g. `hipErrorOutOfMemory`.
     pub name: String,
     /// Which runtime the code belongs to.
-    pub backend: Backend,
+    pub api: Api,
     /// Portable classification of `code`.
     pub kind: ErrorKind,
     /// Extra context: a compiler log, the argument that was wrong, what to do about it.
@@ -62,7 +62,7 @@ impl HipError {
             op,
             code: 0,
             name: host_kind_name(kind).to_string(),
-            backend: Backend::Host,
+            api: Api::Host,
             kind,
             detail: Some(detail.into()),
         }
@@ -104,9 +104,9 @@ fn host_kind_name(kind: ErrorKind) -> &'static str {
 
 impl fmt::Display for HipError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.backend {
-            Backend::Host => write!(f, "{} failed: {}", self.op, self.name)?,
-            Backend::Hip | Backend::Cuda => {
+        match self.api {
+            Api::Host => write!(f, "{} failed: {}", self.op, self.name)?,
+            Api::Hip | Api::Cuda => {
                 write!(f, "{} failed with {} ({})", self.op, self.name, self.code)?
             }
         }
@@ -155,7 +155,7 @@ mod tests {
             op: "hipMalloc",
             code: 2,
             name: "hipErrorOutOfMemory".into(),
-            backend: Backend::Hip,
+            api: Api::Hip,
             kind: classify_hip(2),
             detail: None,
         }

@@ -8,9 +8,9 @@
 //! device memory: buffers are owned elsewhere (by the caller or an allocator), which is why
 //! [`GraphExec::launch`] is `unsafe`.
 
-use crate::backend::RawHandle;
 use crate::device::Device;
 use crate::error::Result;
+use crate::ffi::RawHandle;
 use crate::module::{Function, LoadedModule};
 use crate::stream::Stream;
 use std::sync::Arc;

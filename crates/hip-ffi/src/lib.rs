@@ -7,7 +7,7 @@
 //!
 //! * [`sys`]: raw bindgen output (the committed HIP 5.2 bindings, or with the
 //!   `generate-bindings` feature, generated at build time from installed HIP headers).
-//! * `backend` (private): the only module with foreign calls; one `check` per runtime and per
+//! * `ffi` (private): the only module with foreign calls; one `check` per runtime and per
 //!   compiler turns status codes into [`HipError`].
 //! * the safe layer: [`Platform`], [`Device`], [`Stream`], [`Event`], [`DeviceBuffer`],
 //!   [`PinnedHostBuffer`], [`HostRegistration`], [`ManagedBuffer`], [`Module`], [`Function`]
@@ -25,9 +25,9 @@
 //! # Ok::<(), hip_ffi::HipError>(())
 //! ```
 
-mod backend;
 pub mod device;
 pub mod error;
+mod ffi;
 pub mod graph;
 pub mod memory;
 pub mod module;
@@ -38,9 +38,9 @@ pub mod sys;
 pub mod sysfs;
 pub mod testing;
 
-pub use backend::RawHandle;
 pub use device::{Device, DeviceAttributes, DevicePtr, MemInfo};
-pub use error::{Backend, ErrorKind, HipError, Result};
+pub use error::{Api, ErrorKind, HipError, Result};
+pub use ffi::RawHandle;
 pub use graph::{Graph, GraphExec};
 pub use memory::{DeviceBuffer, DeviceCopy, HostRegistration, ManagedBuffer, PinnedHostBuffer};
 pub use module::{

@@ -1,8 +1,8 @@
 //! Device, pinned-host and managed memory with RAII ownership.
 
-use crate::backend::{Addr, CopyKind, RawHandle};
 use crate::device::{Device, DevicePtr};
 use crate::error::{ErrorKind, HipError, Result};
+use crate::ffi::{Addr, CopyKind, RawHandle};
 use crate::stream::Stream;
 
 mod sealed {

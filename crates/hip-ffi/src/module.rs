@@ -15,9 +15,9 @@
 //! last handle of a module while a stream of this thread is capturing: synchronising the device
 //! is not allowed then, the unload is logged as failed and the capture is invalidated.
 
-use crate::backend::RawHandle;
 use crate::device::{Device, DevicePtr};
 use crate::error::{ErrorKind, HipError, Result};
+use crate::ffi::RawHandle;
 use crate::rtc::Compiler;
 use crate::stream::Stream;
 use std::ffi::c_void;

@@ -1,8 +1,8 @@
 //! Which GPU platform this process can use: AMD (HIP), NVIDIA (CUDA) or none.
 
-use crate::backend::{cuda::CudaApi, hip::HipApi, GpuApi};
 use crate::device::Device;
 use crate::error::{ErrorKind, HipError, Result};
+use crate::ffi::{cuda::CudaApi, hip::HipApi, GpuApi};
 use std::fmt;
 use std::sync::OnceLock;
 

@@ -21,8 +21,8 @@
 //! that compile for such targets with an old hiprtc (e.g. CI compile checks) must do it in a
 //! child process and treat its abnormal exit as "this compiler cannot target that arch".
 
-use crate::backend::rtc::{self as raw, RtcLibrary};
 use crate::error::{ErrorKind, HipError, Result};
+use crate::ffi::rtc::{self as raw, RtcLibrary};
 use crate::platform::PlatformKind;
 
 /// Environment variable naming the NVRTC library file, or a folder that holds it.

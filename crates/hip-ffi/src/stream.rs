@@ -1,8 +1,8 @@
 //! Streams and events.
 
-use crate::backend::{Addr, CopyKind, RawHandle};
 use crate::device::{Device, DevicePtr};
 use crate::error::Result;
+use crate::ffi::{Addr, CopyKind, RawHandle};
 use crate::memory::DeviceCopy;
 use crate::module::LoadedModule;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,9 +1,7 @@
 //! Tests that need no GPU: detection, environment parsing, errors, sysfs parsing.
 
 use hip_ffi::sysfs::{gfx_arch_for_pci, gfx_name_from_target_version, gtt_info};
-use hip_ffi::{
-    Backend, ErrorKind, GttInfo, HipError, PciLocation, Platform, PlatformKind, Visibility,
-};
+use hip_ffi::{Api, ErrorKind, GttInfo, HipError, PciLocation, Platform, PlatformKind, Visibility};
 use std::path::{Path, PathBuf};
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -115,7 +113,7 @@ fn host_errors_name_operation_and_fix() {
         ErrorKind::InvalidArgument,
         "zero-byte allocation",
     );
-    assert_eq!(err.backend, Backend::Host);
+    assert_eq!(err.api, Api::Host);
     assert_eq!(err.code, 0);
     assert_eq!(
         err.to_string(),

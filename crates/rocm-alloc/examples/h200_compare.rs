@@ -8,7 +8,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Instant;
 
-use rocm_alloc::backends::hip::HipDevice;
+use rocm_alloc::devices::hip::HipDevice;
 use rocm_alloc::{Allocator, AllocatorConfig, LimitSpec, RawDevice, StreamId, Tag};
 
 /// xorshift64*, identical to the C++ harness's generator.

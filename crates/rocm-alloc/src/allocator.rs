@@ -140,7 +140,7 @@ impl Allocation {
 
     /// Declares that `stream` uses this memory: on drop the block is not reused until the work
     /// queued on `stream` by then has completed. A stream the device cannot record events on
-    /// (an id it did not hand out, or the null stream on the HIP backend) is refused here, so
+    /// (an id it did not hand out, or the null stream on the HIP device) is refused here, so
     /// the block cannot end up waiting forever.
     pub fn record_stream(&self, stream: StreamId) -> Result<(), AllocError> {
         self.allocator.record_stream_block(self.block, stream)

@@ -1,8 +1,8 @@
 //! The raw-memory trait the allocator is generic over, and the small value types it uses.
 //!
 //! A backend only moves raw device memory and events; every caching decision lives above it.
-//! Two backends exist: [`crate::backends::sim::SimDevice`] for tests and what-if studies, and
-//! [`crate::backends::hip::HipDevice`] on `hip-ffi`.
+//! Two implementations exist (module `devices`): [`crate::devices::sim::SimDevice`] for tests and what-if studies, and
+//! [`crate::devices::hip::HipDevice`] on `hip-ffi`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -22,7 +22,7 @@ impl StreamId {
     pub const DEFAULT: StreamId = StreamId(0);
 
     /// A new id, unique in the process, so that an id from one device is never mistaken for a
-    /// stream of another. Made by the backends of this crate only.
+    /// stream of another. Made by this crate's devices only.
     pub(crate) fn fresh() -> StreamId {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         StreamId(NEXT.fetch_add(1, Ordering::Relaxed))

@@ -1,7 +1,7 @@
 //! A stream-aware caching allocator for GPU memory whose every byte is bounded and explained.
 //!
 //! [`Allocator`] sits on a [`RawDevice`] (HIP through `hip-ffi`, or the simulated
-//! [`backends::sim::SimDevice`]) and caches device memory in per-stream small and large pools,
+//! [`devices::sim::SimDevice`]) and caches device memory in per-stream small and large pools,
 //! splitting and merging blocks like PyTorch's CUDA caching allocator. On top of that it adds a
 //! bounded cache, a memory limit with environment overrides, tagged accounting, snapshots, an
 //! optional trace, graph-capture pools and a decode arena. `docs/memory.md` describes the model
@@ -10,7 +10,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use rocm_alloc::{Allocator, AllocatorConfig, StreamId, Tag};
-//! use rocm_alloc::backends::sim::SimDevice;
+//! use rocm_alloc::devices::sim::SimDevice;
 //!
 //! let device = Arc::new(SimDevice::discrete(1 << 30));
 //! let config = AllocatorConfig { read_env: false, ..Default::default() };
@@ -23,11 +23,11 @@
 
 mod allocator;
 mod arena;
-pub mod backends;
 mod block_pool;
 mod config;
 mod deferred;
 mod device;
+pub mod devices;
 mod error;
 mod free_list;
 mod graph_pool;

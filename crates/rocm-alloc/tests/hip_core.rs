@@ -11,7 +11,7 @@ mod common;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use hip_ffi::{DeviceBuffer, DevicePtr, LaunchConfig};
-use rocm_alloc::backends::hip::HipDevice;
+use rocm_alloc::devices::hip::HipDevice;
 use rocm_alloc::{
     AllocError, Allocator, AllocatorConfig, CaptureTarget, DeviceError, LimitSpec, RawDevice,
     StreamId, Tag,
@@ -111,7 +111,7 @@ fn hip_refuses_streams_it_cannot_record_on() {
         matches!(err, AllocError::Device(DeviceError::UnknownStream { .. })),
         "{err}"
     );
-    let foreign = rocm_alloc::backends::sim::SimDevice::discrete(1 << 20).create_stream();
+    let foreign = rocm_alloc::devices::sim::SimDevice::discrete(1 << 20).create_stream();
     assert!(a.record_stream(foreign).is_err());
     assert!(alloc.alloc(4096, foreign, Tag::Other).is_err());
     drop(a);

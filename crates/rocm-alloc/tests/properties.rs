@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
-use rocm_alloc::backends::sim::SimDevice;
+use rocm_alloc::devices::sim::SimDevice;
 use rocm_alloc::size_class::round_request;
 use rocm_alloc::{
     AllocError, Allocation, Allocator, AllocatorConfig, BlockState, CaptureTarget, LimitSpec,

@@ -7,7 +7,7 @@ mod common;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use rocm_alloc::backends::sim::{EventFaults, SimConfig, SimDevice};
+use rocm_alloc::devices::sim::{EventFaults, SimConfig, SimDevice};
 use rocm_alloc::limits::{self, CACHE_FLOOR};
 use rocm_alloc::{
     AllocError, Allocator, AllocatorConfig, BlockState, CaptureTarget, DeviceError, LimitSpec,

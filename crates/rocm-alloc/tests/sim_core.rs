@@ -4,7 +4,7 @@ mod common;
 
 use std::sync::Arc;
 
-use rocm_alloc::backends::sim::SimDevice;
+use rocm_alloc::devices::sim::SimDevice;
 use rocm_alloc::{RawDevice, StreamId};
 
 /// A simulated device and two of its streams.

@@ -20,7 +20,7 @@ use crate::memory::{MemoryReport, MemoryTag};
 use crate::quant::WeightFormat;
 use gguf_loader::GgmlType;
 use hip_ffi::{Device, DevicePtr, Event, GraphExec, MemInfo, PinnedHostBuffer, Stream};
-use rocm_alloc::backends::hip::HipDevice;
+use rocm_alloc::devices::hip::HipDevice;
 use rocm_alloc::{
     fmt_bytes, Allocation, Allocator, AllocatorConfig, CaptureTarget, GraphPool, StreamId, Tag,
 };

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use rocm_alloc::backends::sim::SimDevice;
+use rocm_alloc::devices::sim::SimDevice;
 use rocm_alloc::{Allocator, AllocatorConfig, StreamId, Tag};
 
 /// An allocator on a simulated discrete device of `capacity` bytes, ignoring the environment.

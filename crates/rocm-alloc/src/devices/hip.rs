@@ -1,4 +1,4 @@
-//! The HIP backend, on `hip-ffi` (on NVIDIA machines `hip-ffi` serves the same calls through
+//! The HIP device, on `hip-ffi` (on NVIDIA machines `hip-ffi` serves the same calls through
 //! CUDA).
 //!
 //! Streams are identified to the allocator by [`StreamId`]s this backend hands out when a

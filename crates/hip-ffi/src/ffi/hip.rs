@@ -6,7 +6,7 @@
 //! panic, so they are not used: [`call!`] reads the looked-up pointer itself).
 
 use super::{c_string, Addr, Attr, CopyKind, GpuApi, RawHandle};
-use crate::error::{classify_hip, Backend, ErrorKind, HipError, Result};
+use crate::error::{classify_hip, Api, ErrorKind, HipError, Result};
 use crate::sys::runtime as hip;
 use std::cell::Cell;
 use std::ffi::{c_char, c_void, CStr};
@@ -123,7 +123,7 @@ impl HipApi {
             op,
             code,
             name,
-            backend: Backend::Hip,
+            api: Api::Hip,
             kind: classify_hip(code),
             detail: None,
         })

@@ -17,7 +17,7 @@
 
 use super::hip::rocm_library_candidates;
 use super::{c_string, cuda::extra_library_dirs};
-use crate::error::{Backend, ErrorKind, HipError, Result};
+use crate::error::{Api, ErrorKind, HipError, Result};
 use crate::platform::PlatformKind;
 use crate::sys::rtc as hiprtc;
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -241,7 +241,7 @@ impl Nvrtc {
             op,
             code: status,
             name,
-            backend: Backend::Cuda,
+            api: Api::Cuda,
             kind: ErrorKind::Compile,
             detail: None,
         })
@@ -349,7 +349,7 @@ fn check_hiprtc(lib: &hiprtc::HipRtc, op: &'static str, code: i32) -> Result<()>
         op,
         code,
         name,
-        backend: Backend::Hip,
+        api: Api::Hip,
         kind: ErrorKind::Compile,
         detail: None,
     })

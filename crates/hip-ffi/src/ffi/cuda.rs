@@ -11,7 +11,7 @@
 //! here exists; after that no cudarc call can hit its panic path.
 
 use super::{c_string, Addr, Attr, CopyKind, GpuApi, RawHandle};
-use crate::error::{classify_cuda, Backend, HipError, Result};
+use crate::error::{classify_cuda, Api, HipError, Result};
 use cudarc::driver::sys as cu;
 use std::cell::Cell;
 use std::ffi::{c_char, c_void, CStr};
@@ -253,7 +253,7 @@ fn check(op: &'static str, status: cu::CUresult) -> Result<()> {
         op,
         code,
         name,
-        backend: Backend::Cuda,
+        api: Api::Cuda,
         kind: classify_cuda(code),
         detail: None,
     })
