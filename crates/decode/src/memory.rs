@@ -1,39 +1,20 @@
-//! Memory accounting by purpose. Every buffer a backend hands out carries a [`MemoryTag`]; the
-//! GPU backend's tags map onto rocm-alloc's, and the CPU backend keeps the same books so the
-//! report reads the same on either.
+//! Memory accounting by purpose. Every buffer a backend hands out carries a [`MemoryTag`], which
+//! is rocm-alloc's own [`rocm_alloc::Tag`]: the GPU backend passes it to the allocator as it is,
+//! and the CPU backend keeps the same books so the report reads the same on either.
 
 use std::fmt;
 
-/// What a buffer is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum MemoryTag {
-    /// Model weights, resident for the model's lifetime.
-    Weights,
-    /// Keys and values of past positions, sized from the requested context.
-    KvCache,
-    /// Per-step activations, allocated once for the largest batch and reused.
-    Activations,
-    /// Scratch for kernels (quantized activations, partial results).
-    Workspace,
-}
+/// What a buffer is for: rocm-alloc's tag, so decode and the allocator share one definition.
+pub use rocm_alloc::Tag as MemoryTag;
 
-impl MemoryTag {
-    pub const ALL: [MemoryTag; 4] = [
-        MemoryTag::Weights,
-        MemoryTag::KvCache,
-        MemoryTag::Activations,
-        MemoryTag::Workspace,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            MemoryTag::Weights => "weights",
-            MemoryTag::KvCache => "kv_cache",
-            MemoryTag::Activations => "activations",
-            MemoryTag::Workspace => "workspace",
-        }
-    }
-}
+/// The tags a report always shows; the others (graph pools, offload staging, other) only when
+/// they hold bytes.
+const ALWAYS_SHOWN: [MemoryTag; 4] = [
+    MemoryTag::Weights,
+    MemoryTag::KvCache,
+    MemoryTag::Activations,
+    MemoryTag::Workspace,
+];
 
 /// Bytes in use per tag, and where they live.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -41,16 +22,16 @@ pub struct MemoryReport {
     /// "host" or a device name.
     pub location: String,
     /// Bytes per tag, in [`MemoryTag::ALL`] order.
-    pub bytes: [u64; 4],
+    pub bytes: [u64; MemoryTag::COUNT],
 }
 
 impl MemoryReport {
     pub fn get(&self, tag: MemoryTag) -> u64 {
-        self.bytes[tag as usize]
+        self.bytes[tag.index()]
     }
 
     pub fn add(&mut self, tag: MemoryTag, bytes: u64) {
-        self.bytes[tag as usize] += bytes;
+        self.bytes[tag.index()] += bytes;
     }
 
     pub fn total(&self) -> u64 {
@@ -82,25 +63,16 @@ impl fmt::Display for MemoryReport {
             self.location,
             human_bytes(self.total())
         )?;
-        for (i, tag) in MemoryTag::ALL.iter().enumerate() {
+        let shown = MemoryTag::ALL
+            .into_iter()
+            .filter(|t| ALWAYS_SHOWN.contains(t) || self.get(*t) > 0);
+        for (i, tag) in shown.enumerate() {
             if i > 0 {
                 write!(f, ", ")?;
             }
-            write!(f, "{} {}", tag.name(), human_bytes(self.get(*tag)))?;
+            write!(f, "{} {}", tag.name(), human_bytes(self.get(tag)))?;
         }
         write!(f, ")")
-    }
-}
-
-/// The allocator tag a GPU backend requests each kind of buffer under.
-impl From<MemoryTag> for rocm_alloc::Tag {
-    fn from(t: MemoryTag) -> rocm_alloc::Tag {
-        match t {
-            MemoryTag::Weights => rocm_alloc::Tag::Weights,
-            MemoryTag::KvCache => rocm_alloc::Tag::KvCache,
-            MemoryTag::Activations => rocm_alloc::Tag::Activations,
-            MemoryTag::Workspace => rocm_alloc::Tag::Workspace,
-        }
     }
 }
 

@@ -441,11 +441,7 @@ impl Backend for GpuBackend {
             what: format!("{len} f32 values of {}", tag.name()),
             reason: "the byte count overflows".into(),
         })?;
-        let mem = self.device_alloc(
-            Tag::from(tag),
-            bytes,
-            &format!("{len} f32 of {}", tag.name()),
-        )?;
+        let mem = self.device_alloc(tag, bytes, &format!("{len} f32 of {}", tag.name()))?;
         let mut buffer = GpuBuffer { mem, len };
         elementwise::zero(&self.kernels, &self.stream, &mut buffer.view_mut(), len)
             .map_err(kerr("zeroing a new buffer"))?;
@@ -482,14 +478,8 @@ impl Backend for GpuBackend {
             location: self.alloc.device_name().to_string(),
             ..MemoryReport::default()
         };
-        for tag in MemoryTag::ALL {
-            let t = Tag::from(tag);
-            let current = stats
-                .per_tag
-                .iter()
-                .find(|(x, _)| *x == t)
-                .map_or(0, |(_, u)| u.current);
-            report.add(tag, current);
+        for (tag, usage) in &stats.per_tag {
+            report.add(*tag, usage.current);
         }
         report
     }
