@@ -108,7 +108,7 @@ impl GpuWeight {
 
 /// The device-side step block and its pinned staging.
 struct StepBlock {
-    /// `positions[max_batch]`, `tokens[max_batch]`, `next_token`, `embed_error`: i32.
+    /// `positions[max_batch]`, `tokens[max_batch]`, `next_token`: i32 ([`StepBlock::ints_len`]).
     ints: Allocation,
     staging: PinnedHostBuffer,
     /// Recorded after the copy out of `staging`; waited on before `staging` is written again.
@@ -118,7 +118,7 @@ struct StepBlock {
 
 impl StepBlock {
     fn positions(&self) -> DeviceSlice<i32> {
-        // SAFETY: `ints` holds 2 * max_batch + 2 i32 and lives as long as the backend.
+        // SAFETY: `ints` holds `ints_len(max_batch)` i32 and lives as long as the backend.
         unsafe { DeviceSlice::from_raw(self.ints.ptr(), self.max_batch) }
     }
     fn tokens(&self) -> DeviceSlice<i32> {
@@ -131,9 +131,10 @@ impl StepBlock {
         // SAFETY: as above; one i32 after the tokens.
         unsafe { DeviceSliceMut::from_raw(self.ints.ptr() + 8 * self.max_batch as u64, 1) }
     }
-    fn embed_error(&self) -> DeviceSliceMut<i32> {
-        // SAFETY: as above; the last i32.
-        unsafe { DeviceSliceMut::from_raw(self.ints.ptr() + 8 * self.max_batch as u64 + 4, 1) }
+
+    /// i32 values in the block for steps of up to `max_batch` tokens.
+    fn ints_len(max_batch: usize) -> usize {
+        2 * max_batch + 1
     }
 }
 
@@ -213,7 +214,11 @@ impl GpuBackend {
         let kernels = Kernels::load(&device, &cache).map_err(|e| gpu_err("loading kernels", e))?;
         let max_batch = max_batch.max(1);
         let ints = alloc
-            .alloc(((2 * max_batch + 2) * 4) as u64, stream_id, Tag::Workspace)
+            .alloc(
+                (StepBlock::ints_len(max_batch) * 4) as u64,
+                stream_id,
+                Tag::Workspace,
+            )
             .map_err(|e| gpu_err("step block", e))?;
         let staging = PinnedHostBuffer::alloc(&device, 2 * max_batch * 4)
             .map_err(|e| gpu_err("pinned staging for the step block", e))?;
@@ -242,14 +247,14 @@ impl GpuBackend {
             eager_runs: HashMap::new(),
             graph_pool,
         };
-        // A clean error flag, and no stale ints a kernel could read before the first step.
-        let mut ints = backend.step_ints_mut(2 * max_batch + 2);
+        // No stale ints a kernel could read before the first step.
+        let mut ints = backend.step_ints_mut(StepBlock::ints_len(max_batch));
         elementwise_zero_i32(&mut backend, &mut ints)?;
         Ok(backend)
     }
 
     fn step_ints_mut(&self, len: usize) -> DeviceSliceMut<i32> {
-        // SAFETY: the step block holds 2 * max_batch + 2 i32 and lives as long as `self`.
+        // SAFETY: the step block holds `ints_len(max_batch)` i32 and lives as long as `self`.
         unsafe { DeviceSliceMut::from_raw(self.step.ints.ptr(), len) }
     }
 
@@ -586,7 +591,7 @@ impl Backend for GpuBackend {
         out: &mut GpuBuffer,
     ) -> Result<()> {
         let (m, _) = table.matrix("embed")?;
-        let mut flag = self.step.embed_error();
+        // No device error flag: `Model::step` refuses out-of-range ids before the step starts.
         embed::embed(
             &self.kernels,
             &self.stream,
@@ -595,7 +600,7 @@ impl Backend for GpuBackend {
             n_tokens,
             scale,
             &mut out.view_mut(),
-            Some(&mut flag),
+            None,
         )
         .map_err(kerr("embed"))
     }
