@@ -39,6 +39,19 @@ impl MemoryReport {
     }
 }
 
+/// Device memory in numbers, for tools that compare phases (`bench-decode`): the allocator's
+/// counters and what the runtime says the process holds on the device.
+#[derive(Clone, Debug)]
+pub struct DeviceMemory {
+    /// The allocator's counters (per-tag current and peak, reserved, cached).
+    pub stats: rocm_alloc::Stats,
+    /// Device bytes the process took since the backend was created (free memory then minus
+    /// free memory now, from the runtime's `mem_get_info`).
+    pub process_used: u64,
+    /// `process_used` minus the allocator's reserved bytes: kernel modules, graphs, runtime.
+    pub outside_allocator: u64,
+}
+
 /// Formats bytes with a binary unit, e.g. `241.3 MiB`.
 pub fn human_bytes(b: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

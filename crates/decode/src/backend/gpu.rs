@@ -16,7 +16,7 @@
 
 use super::{Attention, Backend, GateActivation, MoeShape, Rope, StepKey, WeightSource};
 use crate::error::{DecodeError, Result};
-use crate::memory::{MemoryReport, MemoryTag};
+use crate::memory::{DeviceMemory, MemoryReport, MemoryTag};
 use crate::quant::WeightFormat;
 use gguf_loader::GgmlType;
 use hip_ffi::{Device, DevicePtr, Event, GraphExec, MemInfo, PinnedHostBuffer, Stream};
@@ -369,6 +369,20 @@ impl GpuBackend {
         Ok(slot.insert(GpuBuffer { mem, len }).view_mut())
     }
 
+    fn device_memory_now(&self) -> Result<DeviceMemory> {
+        let stats = self.alloc.stats();
+        let now = self
+            .device()
+            .mem_get_info()
+            .map_err(|e| gpu_err("reading device memory", e))?;
+        let process_used = self.mem_before.free.saturating_sub(now.free);
+        Ok(DeviceMemory {
+            outside_allocator: process_used.saturating_sub(stats.reserved_bytes),
+            process_used,
+            stats,
+        })
+    }
+
     /// The memory report a user reads: per tag the bytes held, then the allocator's reserved,
     /// cached and peaks, and the device memory the process holds outside the allocator.
     fn device_report_text(&self) -> Result<String> {
@@ -475,6 +489,14 @@ impl Backend for GpuBackend {
 
     fn device_report(&self) -> Option<Result<String>> {
         Some(self.device_report_text())
+    }
+
+    fn device_memory(&self) -> Option<Result<DeviceMemory>> {
+        Some(self.device_memory_now())
+    }
+
+    fn reset_device_peaks(&mut self) {
+        self.alloc.reset_peak();
     }
 
     fn memory(&self) -> MemoryReport {

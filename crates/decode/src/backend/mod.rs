@@ -18,7 +18,7 @@ pub mod kernels;
 mod ops;
 
 use crate::error::{DecodeError, Result};
-use crate::memory::{MemoryReport, MemoryTag};
+use crate::memory::{DeviceMemory, MemoryReport, MemoryTag};
 use crate::quant::WeightFormat;
 use gguf_loader::{GgufFile, TensorInfo};
 use std::sync::Arc;
@@ -156,6 +156,12 @@ pub trait Backend: Send {
     fn device_report(&self) -> Option<Result<String>> {
         None
     }
+    /// The same in numbers, for tools that compare phases.
+    fn device_memory(&self) -> Option<Result<DeviceMemory>> {
+        None
+    }
+    /// Starts a new window for every peak counter (a benchmark phase).
+    fn reset_device_peaks(&mut self) {}
 
     /// Called before each step with its first position and its tokens (see the module docs).
     /// Ops read both from here (a GPU backend writes them into its device-side step block), so
