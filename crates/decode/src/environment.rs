@@ -13,6 +13,7 @@ pub fn known_vars() -> Vec<&'static str> {
         hip_ffi::platform::PLATFORM_OVERRIDE_VAR,
         hip_ffi::testing::REQUIRE_GPU_VAR,
         hip_ffi::rtc::NVRTC_PATH_VAR,
+        crate::backend::gpu::MATVEC_VAR,
         "HIPDECODE_REQUIRE_RTC",
         "HIPDECODE_REQUIRE_MODELS",
         "HIPDECODE_MODELS_DIR",
@@ -34,6 +35,9 @@ pub fn check_vars(vars: &[(String, String)]) -> Result<Vec<String>> {
     let lookup = |name: &str| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
     rocm_alloc::limits::check_env_with(&lookup)
         .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
+    if let Some(v) = lookup(crate::backend::gpu::MATVEC_VAR) {
+        crate::backend::gpu::MatvecPath::parse(&v)?;
+    }
     let known = known_vars();
     Ok(vars
         .iter()
@@ -66,6 +70,19 @@ mod tests {
         assert!(e.contains("HIPDECODE_CACHE_LIMIT"), "{e}");
         assert!(e.contains("\"abc\""), "{e}");
         assert!(e.contains("accepted forms"), "{e}");
+    }
+
+    #[test]
+    fn the_matvec_path_is_checked_strictly() {
+        assert!(check_vars(&vars(&[("HIPDECODE_GPU_MATVEC", "int8")])).is_ok());
+        assert!(check_vars(&vars(&[("HIPDECODE_GPU_MATVEC", "exact")])).is_ok());
+        let e = check_vars(&vars(&[("HIPDECODE_GPU_MATVEC", "fast")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("HIPDECODE_GPU_MATVEC") && e.contains("'int8'"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -135,6 +135,30 @@ DEVICE u64 block_max_u64(u64 v, u64* scratch) {
     return warp_max_u64(v);
 }
 
+// Four signed 8-bit products summed into c: sum_i a.i8[i] * b.i8[i] + c (dp4a on NVIDIA, sdot4 on
+// CDNA and RDNA2, sudot4 with both operands signed on RDNA3/4). Other targets take the
+// portable byte loop, which gives the same result.
+DEVICE int dot4_i8(int a, int b, int c) {
+#if defined(__CUDACC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
+    return __dp4a(a, b, c);
+#elif defined(__gfx906__) || defined(__gfx908__) || defined(__gfx90a__) || defined(__gfx940__) || \
+    defined(__gfx941__) || defined(__gfx942__) || defined(__gfx950__) || defined(__gfx1030__) ||   \
+    defined(__gfx1031__) || defined(__gfx1032__) || defined(__gfx1033__) ||                       \
+    defined(__gfx1034__) || defined(__gfx1035__) || defined(__gfx1036__)
+    return __builtin_amdgcn_sdot4(a, b, c, false);
+#elif defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__) ||                   \
+    defined(__gfx1103__) || defined(__gfx1150__) || defined(__gfx1151__) ||                       \
+    defined(__gfx1152__) || defined(__gfx1200__) || defined(__gfx1201__)
+    return __builtin_amdgcn_sudot4(true, a, true, b, c, false);
+#else
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        c += (int)(i8)(a >> (8 * i)) * (int)(i8)(b >> (8 * i));
+    }
+    return c;
+#endif
+}
+
 // A float's bits mapped to an unsigned integer with the same order as Rust's `f32::total_cmp`
 // (-NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN).
 DEVICE u32 float_order_key(float v) {

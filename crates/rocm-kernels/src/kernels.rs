@@ -19,6 +19,7 @@ const EXTRA_OPTIONS: &[&str] = &[];
 pub struct Kernels {
     device: Device,
     wave_size: u32,
+    multiprocessors: u32,
     functions: HashMap<(KernelModule, &'static str), Function>,
 }
 
@@ -42,6 +43,7 @@ impl Kernels {
     pub fn load(device: &Device, cache: &KernelCache) -> Result<Kernels> {
         let started = std::time::Instant::now();
         let wave_size = device.warp_size()?;
+        let multiprocessors = device.multiprocessor_count()?;
         let compiler = Compiler::load(device.platform())?;
         let compiler_version = compiler.version();
         let arch = match device.arch()? {
@@ -138,6 +140,7 @@ impl Kernels {
         Ok(Kernels {
             device: *device,
             wave_size,
+            multiprocessors,
             functions,
         })
     }
@@ -150,6 +153,11 @@ impl Kernels {
     /// The device's wave (warp) size the kernels were compiled for: 32 or 64.
     pub fn wave_size(&self) -> u32 {
         self.wave_size
+    }
+
+    /// The device's multiprocessor (compute unit) count, for launch shapes that fill it.
+    pub fn multiprocessors(&self) -> u32 {
+        self.multiprocessors
     }
 
     /// The entry point `name` of `module`; an error naming both when it does not exist.

@@ -30,6 +30,8 @@ pub enum KernelModule {
     Sampling,
     /// Matrix-vector products over quantized weights.
     Matvec,
+    /// Matrix-vector products against 8-bit activations (integer dot products), for decode.
+    MatvecQ8,
     /// Matrix-matrix products over quantized weights (prefill).
     Matmul,
     /// MoE routing, expert dispatch and weighted sum.
@@ -41,7 +43,7 @@ const QUANT_H: &str = include_str!("../kernels/quant.h");
 
 impl KernelModule {
     /// Every module, in a fixed order.
-    pub const ALL: [KernelModule; 10] = [
+    pub const ALL: [KernelModule; 11] = [
         KernelModule::Embed,
         KernelModule::Norm,
         KernelModule::Rope,
@@ -50,6 +52,7 @@ impl KernelModule {
         KernelModule::Attention,
         KernelModule::Sampling,
         KernelModule::Matvec,
+        KernelModule::MatvecQ8,
         KernelModule::Matmul,
         KernelModule::Moe,
     ];
@@ -65,6 +68,7 @@ impl KernelModule {
             KernelModule::Attention => "attention",
             KernelModule::Sampling => "sampling",
             KernelModule::Matvec => "matvec",
+            KernelModule::MatvecQ8 => "matvec_q8",
             KernelModule::Matmul => "matmul",
             KernelModule::Moe => "moe",
         }
@@ -80,6 +84,7 @@ impl KernelModule {
             KernelModule::Attention => include_str!("../kernels/attention.hip"),
             KernelModule::Sampling => include_str!("../kernels/sampling.hip"),
             KernelModule::Matvec => include_str!("../kernels/matvec.hip"),
+            KernelModule::MatvecQ8 => include_str!("../kernels/matvec_q8.hip"),
             KernelModule::Matmul => include_str!("../kernels/matmul.hip"),
             KernelModule::Moe => include_str!("../kernels/moe.hip"),
         }
@@ -131,6 +136,27 @@ impl KernelModule {
                 "matvec_q5_k",
                 "matvec_q6_k",
             ],
+            // quantize_q8, then per format of Q8_FORMATS (ops::matvec_q8) the entry for up to
+            // eight tokens and the one for a single token.
+            KernelModule::MatvecQ8 => &[
+                "quantize_q8",
+                "matvec_q8_q4_0",
+                "matvec_q8_one_q4_0",
+                "matvec_q8_q4_1",
+                "matvec_q8_one_q4_1",
+                "matvec_q8_q5_0",
+                "matvec_q8_one_q5_0",
+                "matvec_q8_q5_1",
+                "matvec_q8_one_q5_1",
+                "matvec_q8_q8_0",
+                "matvec_q8_one_q8_0",
+                "matvec_q8_q4_k",
+                "matvec_q8_one_q4_k",
+                "matvec_q8_q5_k",
+                "matvec_q8_one_q5_k",
+                "matvec_q8_q6_k",
+                "matvec_q8_one_q6_k",
+            ],
             KernelModule::Matmul => &[
                 "matmul_f32",
                 "matmul_f16",
@@ -166,7 +192,11 @@ impl KernelModule {
     fn reads_quantized(self) -> bool {
         matches!(
             self,
-            KernelModule::Embed | KernelModule::Matvec | KernelModule::Matmul | KernelModule::Moe
+            KernelModule::Embed
+                | KernelModule::Matvec
+                | KernelModule::MatvecQ8
+                | KernelModule::Matmul
+                | KernelModule::Moe
         )
     }
 

@@ -23,9 +23,11 @@ use rand::{Rng, RngCore, SeedableRng};
 use rocm_kernels::ops::embed;
 use rocm_kernels::ops::matmul;
 use rocm_kernels::ops::matvec::{self, QuantMatrix, MAX_TOKENS, WEIGHT_FORMATS};
+use rocm_kernels::ops::matvec_q8::{self, Q8Activations, Q8ActivationsMut};
 use rocm_kernels::ops::moe::{self, Accumulate, ExpertInput, QuantExperts};
 use rocm_kernels::reference;
 use rocm_kernels::reference::matvec::HostMatrix;
+use rocm_kernels::reference::matvec_q8::HostQ8;
 use rocm_kernels::{DeviceSlice, DeviceSliceMut, KernelError, Kernels};
 
 /// Byte offsets and ranges of the f16 scale fields of one block, keeping weights near +-0.1.
@@ -588,4 +590,117 @@ fn moe_chain_runs_without_host_sync() {
     assert_eq!(download::<i32>(&s, &ib, nt * top), ids, "{test}: ids");
     // Two chained products: the intermediate's f32 error carries into the second, so 2e-4.
     assert_close_rms(&download(&s, &ob, nt * dim), &want, 2e-4, test);
+}
+
+/// Quantizes `x` (`nt` rows of `cols`) on the device; returns the device buffers and their
+/// contents.
+fn quantize_on_device(
+    k: &Kernels,
+    s: &Stream,
+    x: &[f32],
+    nt: usize,
+    cols: usize,
+) -> (DeviceBuffer, DeviceBuffer, HostQ8) {
+    let n = nt * cols;
+    let xb = upload(k, x);
+    let vb = upload(k, &vec![0x7fi8; n]);
+    let sb = upload(k, &vec![f32::NAN; n / matvec_q8::GROUP]);
+    let mut q = Q8ActivationsMut {
+        values: view_mut(&vb, n),
+        scales: view_mut(&sb, n / matvec_q8::GROUP),
+    };
+    matvec_q8::quantize(k, s, view(&xb, n), nt, cols, &mut q).unwrap();
+    let host = HostQ8 {
+        values: download(s, &vb, n),
+        scales: download(s, &sb, n / matvec_q8::GROUP),
+    };
+    (vb, sb, host)
+}
+
+#[test]
+fn activation_quantization_matches_the_reference() {
+    let test = "activation_quantization_matches_the_reference";
+    let Some((k, s)) = setup(test) else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(7);
+    for (nt, cols) in [(1, 32), (3, 640), (8, 4096)] {
+        let mut x = random(&mut rng, nt * cols, -3.0, 3.0);
+        // An all-zero group and a group with one large value.
+        x[..32].fill(0.0);
+        if x.len() >= 64 {
+            x[40] = 1e4;
+        }
+        let (_vb, _sb, got) = quantize_on_device(k, &s, &x, nt, cols);
+        let want = reference::matvec_q8::quantize(&x).unwrap();
+        for (i, (g, w)) in got.scales.iter().zip(&want.scales).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-6 * w.abs(),
+                "{nt} x {cols}: scale {i}: gpu {g} vs cpu {w}"
+            );
+        }
+        for (i, (&g, &w)) in got.values.iter().zip(&want.values).enumerate() {
+            assert!(
+                (i32::from(g) - i32::from(w)).abs() <= 1,
+                "{nt} x {cols}: value {i}: gpu {g} vs cpu {w}"
+            );
+        }
+        let exact = got.values.iter().zip(&want.values).filter(|(a, b)| a == b);
+        assert!(exact.count() * 1000 >= got.values.len() * 999);
+    }
+}
+
+#[test]
+fn matvec_q8_matches_the_reference_for_every_format() {
+    let test = "matvec_q8_matches_the_reference_for_every_format";
+    let Some((k, s)) = setup(test) else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(8);
+    for format in matvec_q8::Q8_FORMATS {
+        // 4096 columns make several warps share a row (two for the k-quants, four for the
+        // 32-value blocks), the smaller counts one warp with idle lanes.
+        for cols in [format.block_size(), 3 * format.block_size(), 4096] {
+            for rows in [1, 7, 67] {
+                let (wb, bytes) = weights_on_device(k, &mut rng, format, rows, cols);
+                let w = quant_matrix(&wb, &bytes, format, rows, cols);
+                let host = HostMatrix::new(&bytes, format, rows, cols).unwrap();
+                for nt in [1, 3, MAX_TOKENS, 11] {
+                    let x = random(&mut rng, nt * cols, -1.0, 1.0);
+                    let (vb, sb, q) = quantize_on_device(k, &s, &x, nt, cols);
+                    let want = reference::matvec_q8::matvec(&host, &q, nt).unwrap();
+                    let ob = upload(k, &vec![f32::NAN; nt * rows]);
+                    let act = Q8Activations {
+                        values: view(&vb, nt * cols),
+                        scales: view(&sb, nt * cols / matvec_q8::GROUP),
+                    };
+                    matvec_q8::matvec(k, &s, &w, act, &mut view_mut(&ob, nt * rows), nt).unwrap();
+                    let what = format!("{test}: {format} {rows} x {cols}, {nt} tokens");
+                    assert_close_rms(&download(&s, &ob, nt * rows), &want, RMS_TOL, &what);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matvec_q8_refuses_formats_without_a_kernel() {
+    let test = "matvec_q8_refuses_formats_without_a_kernel";
+    let Some((k, s)) = setup(test) else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(9);
+    let (wb, bytes) = weights_on_device(k, &mut rng, GgmlType::F16, 2, 64);
+    let w = quant_matrix(&wb, &bytes, GgmlType::F16, 2, 64);
+    let (vb, sb, _) = quantize_on_device(k, &s, &random(&mut rng, 64, -1.0, 1.0), 1, 64);
+    let act = Q8Activations {
+        values: view(&vb, 64),
+        scales: view(&sb, 2),
+    };
+    let ob = upload(k, &[0.0f32; 2]);
+    let err = matvec_q8::matvec(k, &s, &w, act, &mut view_mut(&ob, 2), 1).unwrap_err();
+    assert!(
+        matches!(err, KernelError::UnsupportedFormat { .. }),
+        "{err}"
+    );
 }

@@ -26,10 +26,13 @@ use rocm_alloc::{
 };
 use rocm_kernels::cache::KernelCache;
 use rocm_kernels::ops::{
-    attention as attn, elementwise, embed, kv_cache, matmul, matvec::QuantMatrix, moe, norm, rope,
-    sampling,
+    attention as attn, elementwise, embed, kv_cache, matmul,
+    matvec::{QuantMatrix, MAX_TOKENS},
+    matvec_q8::{self, Q8ActivationsMut},
+    moe, norm, rope, sampling,
 };
 use rocm_kernels::{DeviceSlice, DeviceSliceMut, Kernels};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -41,9 +44,23 @@ pub const DEFAULT_MAX_BATCH: usize = 512;
 pub struct GpuBuffer {
     mem: Allocation,
     len: usize,
+    /// Bumped by every mutable view, so a copy derived from the contents knows when it is
+    /// stale.
+    version: u64,
+    /// The 8-bit copy the integer matrix-vector kernels read (see [`Q8Shadow`]).
+    q8: RefCell<Option<Q8Shadow>>,
 }
 
 impl GpuBuffer {
+    fn new(mem: Allocation, len: usize) -> GpuBuffer {
+        GpuBuffer {
+            mem,
+            len,
+            version: 0,
+            q8: RefCell::new(None),
+        }
+    }
+
     fn view(&self) -> DeviceSlice<f32> {
         // SAFETY: the allocation holds `len` f32 and lives as long as `self`; kernels using the
         // view are queued on the backend's one stream, and the allocation returns to the
@@ -52,9 +69,90 @@ impl GpuBuffer {
     }
 
     fn view_mut(&mut self) -> DeviceSliceMut<f32> {
+        self.version += 1;
         // SAFETY: as in `view`; `&mut self` guarantees no other host-side view of this buffer
         // is handed to the same launch.
         unsafe { DeviceSliceMut::from_raw(self.mem.ptr(), self.len) }
+    }
+}
+
+/// A buffer's leading rows quantized to 8 bits (`matvec_q8::quantize`), made when a matrix-vector
+/// product first reads the buffer after it changed and shared by every product that reads the
+/// same contents (Q, K and V; gate and up). Host-side bookkeeping decides whether it is fresh;
+/// a step's ops run in the same order at every position, so a captured step re-quantizes
+/// exactly where the eager step did.
+struct Q8Shadow {
+    mem: Allocation,
+    /// Values it has room for (the scales follow them, 16-byte aligned).
+    capacity: usize,
+    /// The buffer version, token count and row width it was made from.
+    made_from: Option<(u64, usize, usize)>,
+}
+
+impl Q8Shadow {
+    fn scales_offset(capacity: usize) -> usize {
+        capacity.next_multiple_of(16)
+    }
+
+    fn bytes_for(capacity: usize) -> usize {
+        Self::scales_offset(capacity) + capacity / matvec_q8::GROUP * 4
+    }
+
+    /// Views of the first `values` values and their scales.
+    fn views(&self, values: usize) -> Q8ActivationsMut {
+        debug_assert!(values <= self.capacity);
+        let base = self.mem.ptr();
+        // SAFETY: the allocation holds `capacity` bytes of values and then, from the 16-byte
+        // aligned `scales_offset`, `capacity / 32` f32 scales (`bytes_for`); both views stay
+        // inside it, and it lives as long as the buffer that owns the shadow.
+        unsafe {
+            Q8ActivationsMut {
+                values: DeviceSliceMut::from_raw(base, values),
+                scales: DeviceSliceMut::from_raw(
+                    base + Self::scales_offset(self.capacity) as u64,
+                    values / matvec_q8::GROUP,
+                ),
+            }
+        }
+    }
+}
+
+/// How decode's matrix-vector products treat activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatvecPath {
+    /// Quantize activations to 8 bits once per group of 32 and use integer dot products
+    /// (the default: several times faster; about 0.4 % rounding per activation).
+    Int8,
+    /// f32 activations against weights dequantized in registers (the reference path).
+    Exact,
+}
+
+/// Most rows (tokens) a product takes on the int8 path; larger batches (prefill) use the
+/// tiled f32 kernels.
+pub const INT8_MAX_ROWS: usize = MAX_TOKENS;
+
+/// Chooses the matrix-vector path: `int8` (default) or `exact`.
+pub const MATVEC_VAR: &str = "HIPDECODE_GPU_MATVEC";
+
+impl MatvecPath {
+    /// Parses a value of [`MATVEC_VAR`].
+    pub fn parse(value: &str) -> Result<MatvecPath> {
+        match value.trim() {
+            "int8" => Ok(MatvecPath::Int8),
+            "exact" => Ok(MatvecPath::Exact),
+            other => Err(DecodeError::InvalidArgument(format!(
+                "{MATVEC_VAR}={other:?} is not a matrix-vector path; use 'int8' (default) or 'exact'"
+            ))),
+        }
+    }
+
+    /// The path [`MATVEC_VAR`] asks for, or the default when it is unset.
+    pub fn from_env() -> Result<MatvecPath> {
+        match std::env::var(MATVEC_VAR) {
+            Ok(v) => MatvecPath::parse(&v),
+            Err(std::env::VarError::NotPresent) => Ok(MatvecPath::Int8),
+            Err(e) => Err(DecodeError::InvalidArgument(format!("{MATVEC_VAR}: {e}"))),
+        }
     }
 }
 
@@ -167,6 +265,8 @@ pub struct GpuBackend {
     mem_before: MemInfo,
     /// Replay captured decode steps (`--no-graph` turns this off).
     use_graphs: bool,
+    /// How matrix-vector products read activations.
+    matvec_path: MatvecPath,
     /// Captured steps by key, and how many eager runs each key has had (a step is captured
     /// on its second run, once the first has sized every scratch buffer).
     graphs: HashMap<StepKey, GraphExec>,
@@ -243,6 +343,7 @@ impl GpuBackend {
             scratch: Scratch::default(),
             mem_before,
             use_graphs,
+            matvec_path: MatvecPath::from_env()?,
             graphs: HashMap::new(),
             eager_runs: HashMap::new(),
             graph_pool,
@@ -251,6 +352,17 @@ impl GpuBackend {
         let mut ints = backend.step_ints_mut(StepBlock::ints_len(max_batch));
         elementwise_zero_i32(&mut backend, &mut ints)?;
         Ok(backend)
+    }
+
+    /// Switches how matrix-vector products read activations (tests run both paths; users set
+    /// [`MATVEC_VAR`]).
+    pub fn set_matvec_path(&mut self, path: MatvecPath) {
+        self.matvec_path = path;
+    }
+
+    /// The matrix-vector path in use.
+    pub fn matvec_path(&self) -> MatvecPath {
+        self.matvec_path
     }
 
     fn step_ints_mut(&self, len: usize) -> DeviceSliceMut<i32> {
@@ -366,7 +478,55 @@ impl GpuBackend {
                 what: what.to_string(),
                 reason: e.to_string(),
             })?;
-        Ok(slot.insert(GpuBuffer { mem, len }).view_mut())
+        Ok(slot.insert(GpuBuffer::new(mem, len)).view_mut())
+    }
+
+    /// `x`'s first `n_tokens` rows of `cols` quantized to 8 bits: the buffer's shadow, made
+    /// (or re-made) only when `x` changed since, or was quantized for another shape.
+    fn q8_activations(
+        &self,
+        x: &GpuBuffer,
+        n_tokens: usize,
+        cols: usize,
+    ) -> Result<Q8ActivationsMut> {
+        let values = n_tokens * cols;
+        if values > x.len || cols % matvec_q8::GROUP != 0 {
+            return Err(DecodeError::InvalidArgument(format!(
+                "matmul: {n_tokens} rows of {cols} from a buffer of {} values",
+                x.len
+            )));
+        }
+        let mut slot = x.q8.borrow_mut();
+        if slot.as_ref().is_none_or(|s| s.capacity < values) {
+            // Room for the most tokens a product takes, so a warm step never grows it.
+            let capacity = (MAX_TOKENS * cols).min(x.len / cols * cols).max(values);
+            let mem = self.device_alloc(
+                Tag::Activations,
+                Q8Shadow::bytes_for(capacity),
+                "8-bit activations",
+            )?;
+            *slot = Some(Q8Shadow {
+                mem,
+                capacity,
+                made_from: None,
+            });
+        }
+        let shadow = slot.as_mut().expect("set above");
+        let mut q = shadow.views(values);
+        let wanted = Some((x.version, n_tokens, cols));
+        if shadow.made_from != wanted {
+            matvec_q8::quantize(
+                &self.kernels,
+                &self.stream,
+                x.view(),
+                n_tokens,
+                cols,
+                &mut q,
+            )
+            .map_err(kerr("quantizing activations"))?;
+            shadow.made_from = wanted;
+        }
+        Ok(q)
     }
 
     fn device_memory_now(&self) -> Result<DeviceMemory> {
@@ -449,9 +609,13 @@ impl Backend for GpuBackend {
 
     fn describe(&self) -> String {
         format!(
-            "gpu ({}, wave {}, f32 activations)",
+            "gpu ({}, wave {}, {} matvec)",
             self.alloc.device_name(),
-            self.kernels.wave_size()
+            self.kernels.wave_size(),
+            match self.matvec_path {
+                MatvecPath::Int8 => "int8",
+                MatvecPath::Exact => "exact f32",
+            }
         )
     }
 
@@ -461,7 +625,7 @@ impl Backend for GpuBackend {
             reason: "the byte count overflows".into(),
         })?;
         let mem = self.device_alloc(tag, bytes, &format!("{len} f32 of {}", tag.name()))?;
-        let mut buffer = GpuBuffer { mem, len };
+        let mut buffer = GpuBuffer::new(mem, len);
         elementwise::zero(&self.kernels, &self.stream, &mut buffer.view_mut(), len)
             .map_err(kerr("zeroing a new buffer"))?;
         Ok(buffer)
@@ -599,7 +763,7 @@ impl Backend for GpuBackend {
         // returning, so `src` outlives the copy.
         unsafe {
             self.stream
-                .copy_from_host_raw(DevicePtr(dst.mem.ptr() + 4 * offset as u64), src)
+                .copy_from_host_raw(DevicePtr(dst.view_mut().addr() + 4 * offset as u64), src)
         }
         .and_then(|()| self.stream.synchronize())
         .map_err(|e| gpu_err("writing to the device", e))
@@ -679,6 +843,21 @@ impl Backend for GpuBackend {
         rows: usize,
     ) -> Result<()> {
         let (m, _) = w.matrix("matmul")?;
+        if self.matvec_path == MatvecPath::Int8
+            && rows <= INT8_MAX_ROWS
+            && matvec_q8::supports(m.format())
+        {
+            let q = self.q8_activations(x, rows, m.cols())?;
+            return matvec_q8::matvec(
+                &self.kernels,
+                &self.stream,
+                &m,
+                q.as_const(),
+                &mut out.view_mut(),
+                rows,
+            )
+            .map_err(kerr("matmul (int8)"));
+        }
         matmul::linear(
             &self.kernels,
             &self.stream,

@@ -9,6 +9,7 @@ pub mod embed;
 pub mod kv_cache;
 pub mod matmul;
 pub mod matvec;
+pub mod matvec_q8;
 pub mod moe;
 pub mod norm;
 pub mod rope;

@@ -1,0 +1,408 @@
+// Matrix-vector products with 8-bit activations, for decode: the fast path.
+//
+// Activations are quantized once per launch group by quantize_q8: for every 32 values of a
+// token's row, one f32 scale d = max|x| / 127 and 32 signed bytes q = round(x / d). The product
+// then runs on packed integers: four weight values against four activation bytes per dot4_i8
+// (dp4a / sdot4), with the weight block's scales and the activation scale applied once per
+// group. Weights stay in their GGUF blocks; nothing is dequantized to memory.
+//
+// Work split: a row's blocks are cut into PARTS pieces each (a piece is 16 or 32 weight values,
+// read with the widest loads the format's alignment allows); the lanes of `warps_per_row`
+// warps take pieces lane-strided, so neighbouring lanes read neighbouring bytes. A block of
+// threads holds (blockDim.x / WARP_SIZE) / warps_per_row rows. Several warps per row keep
+// enough loads in flight when a matrix has few rows; their sums meet in shared memory.
+//
+// Layout of the quantized activations: xq is [n_tokens][cols] bytes, xd [n_tokens][cols / 32]
+// f32; cols is a multiple of 32 for every quantized format (of 256 for the k-quants).
+// Entry points: quantize_q8; per format matvec_q8_<fmt> (up to MATVEC_Q8_MAX_TOKENS tokens)
+// and matvec_q8_one_<fmt> (one token): matvec_q8_q4_0, matvec_q8_one_q4_0, matvec_q8_q4_1,
+// matvec_q8_one_q4_1, matvec_q8_q5_0, matvec_q8_one_q5_0, matvec_q8_q5_1, matvec_q8_one_q5_1,
+// matvec_q8_q8_0, matvec_q8_one_q8_0, matvec_q8_q4_k, matvec_q8_one_q4_k, matvec_q8_q5_k,
+// matvec_q8_one_q5_k, matvec_q8_q6_k, matvec_q8_one_q6_k.
+#include "portability.h"
+#include "quant.h"
+
+#define MATVEC_Q8_MAX_TOKENS 8
+
+// ---- Activation quantization: one thread per group of 32 values.
+KERNEL void quantize_q8(const float* __restrict__ x, i8* __restrict__ xq, float* __restrict__ xd,
+                        u32 n_groups) {
+    const u32 g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= n_groups) return;
+    const float4* src = (const float4*)(x + (u64)g * 32);
+    float v[32];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const float4 f = src[i];
+        v[4 * i] = f.x;
+        v[4 * i + 1] = f.y;
+        v[4 * i + 2] = f.z;
+        v[4 * i + 3] = f.w;
+    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    const float d = amax / 127.0f;
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    int packed[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        u32 word = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int q = __float2int_rn(v[4 * i + k] * id);
+            word |= ((u32)q & 0xFFu) << (8 * k);
+        }
+        packed[i] = (int)word;
+    }
+    int4* dst = (int4*)(xq + (u64)g * 32);
+    dst[0] = make_int4(packed[0], packed[1], packed[2], packed[3]);
+    dst[1] = make_int4(packed[4], packed[5], packed[6], packed[7]);
+    xd[g] = d;
+}
+
+// ---- Loads. Blocks of 18, 22, 34 and 210 bytes are only 2-byte aligned, so their 32-bit words
+// are put together from 16-bit loads; 20- and 24-byte blocks allow 32-bit loads, and the
+// 144- and 176-byte k-quant blocks 128-bit loads.
+DEVICE u32 load_u32_from_u16(const u8* p) {
+    const u16* h = (const u16*)p;
+    return (u32)h[0] | ((u32)h[1] << 16);
+}
+DEVICE u32 load_u32_aligned(const u8* p) { return *(const u32*)p; }
+
+// Sum of the four activation bytes of each word: the offset terms (q - 8, the minimums) need it.
+#define ONES 0x01010101
+
+// Bits b0..b3 of `bits` to bit 4 of bytes 0..3 (the fifth bit of Q5 values).
+DEVICE int bits_to_bit4(u32 bits) {
+    return (int)(((bits & 1u) << 4) | ((bits & 2u) << 11) | ((bits & 4u) << 18) |
+                 ((bits & 8u) << 25));
+}
+
+// Every format's piece: Q8Piece<FMT>::PARTS pieces per block; dot<MAXT> adds the piece's
+// contribution for each token t < nt to acc[t]. `xq` and `xd` point at token 0's activations
+// of this block's first value; token t is at xq + t * xq_stride, xd + t * xd_stride.
+template <int FMT> struct Q8Piece;
+
+// Q4_0: piece p (of 2) covers values 8p..8p+7 (low nibbles of qs[8p..8p+7]) and 16+8p..16+8p+7
+// (their high nibbles); w = d * (q - 8).
+template <> struct Q8Piece<FMT_Q4_0> {
+    enum { PARTS = 2 };
+    template <int MAXT>
+    static DEVICE void dot(const u8* b, int p, const i8* xq, const float* xd, u32 xq_stride,
+                           u32 xd_stride, int nt, float* acc) {
+        const float d = load_half(b);
+        const u32 v0 = load_u32_from_u16(b + 2 + 8 * p);
+        const u32 v1 = load_u32_from_u16(b + 6 + 8 * p);
+        const int w0 = (int)(v0 & 0x0F0F0F0Fu), w1 = (int)(v1 & 0x0F0F0F0Fu);
+        const int w2 = (int)((v0 >> 4) & 0x0F0F0F0Fu), w3 = (int)((v1 >> 4) & 0x0F0F0F0Fu);
+#pragma unroll
+        for (int t = 0; t < MAXT; ++t) {
+            if (t >= nt) break;
+            const int* x = (const int*)(xq + (u64)t * xq_stride);
+            const int x0 = x[2 * p], x1 = x[2 * p + 1], x2 = x[4 + 2 * p], x3 = x[5 + 2 * p];
+            const int s = dot4_i8(w3, x3, dot4_i8(w2, x2, dot4_i8(w1, x1, dot4_i8(w0, x0, 0))));
+            const int sx =
+                dot4_i8(ONES, x3, dot4_i8(ONES, x2, dot4_i8(ONES, x1, dot4_i8(ONES, x0, 0))));
+            acc[t] += d * xd[(u64)t * xd_stride] * (float)(s - 8 * sx);
+        }
+    }
+};
+
+// Q4_1: as Q4_0 with w = d * q + m.
+template <> struct Q8Piece<FMT_Q4_1> {
+    enum { PARTS = 2 };
+    template <int MAXT>
+    static DEVICE void dot(const u8* b, int p, const i8* xq, const float* xd, u32 xq_stride,
+                           u32 xd_stride, int nt, float* acc) {
+        const float d = load_half(b);
+        const float m = load_half(b + 2);
+        const u32 v0 = load_u32_aligned(b + 4 + 8 * p);
+        const u32 v1 = load_u32_aligned(b + 8 + 8 * p);
+        const int w0 = (int)(v0 & 0x0F0F0F0Fu), w1 = (int)(v1 & 0x0F0F0F0Fu);
+        const int w2 = (int)((v0 >> 4) & 0x0F0F0F0Fu), w3 = (int)((v1 >> 4) & 0x0F0F0F0Fu);
+#pragma unroll
+        for (int t = 0; t < MAXT; ++t) {
+            if (t >= nt) break;
+            const int* x = (const int*)(xq + (u64)t * xq_stride);
+            const int x0 = x[2 * p], x1 = x[2 * p + 1], x2 = x[4 + 2 * p], x3 = x[5 + 2 * p];
+            const int s = dot4_i8(w3, x3, dot4_i8(w2, x2, dot4_i8(w1, x1, dot4_i8(w0, x0, 0))));
+            const int sx =
+                dot4_i8(ONES, x3, dot4_i8(ONES, x2, dot4_i8(ONES, x1, dot4_i8(ONES, x0, 0))));
+            acc[t] += xd[(u64)t * xd_stride] * (d * (float)s + m * (float)sx);
+        }
+    }
+};
+
+// Q5_0: as Q4_0 plus bit 4 of value j from bit j of qh; w = d * (q - 16).
+template <> struct Q8Piece<FMT_Q5_0> {
+    enum { PARTS = 2 };
+    template <int MAXT>
+    static DEVICE void dot(const u8* b, int p, const i8* xq, const float* xd, u32 xq_stride,
+                           u32 xd_stride, int nt, float* acc) {
+        const float d = load_half(b);
+        const u32 qh = load_u32_from_u16(b + 2);
+        const u32 v0 = load_u32_from_u16(b + 6 + 8 * p);
+        const u32 v1 = load_u32_from_u16(b + 10 + 8 * p);
+        const int w0 = (int)(v0 & 0x0F0F0F0Fu) | bits_to_bit4(qh >> (8 * p));
+        const int w1 = (int)(v1 & 0x0F0F0F0Fu) | bits_to_bit4(qh >> (8 * p + 4));
+        const int w2 = (int)((v0 >> 4) & 0x0F0F0F0Fu) | bits_to_bit4(qh >> (16 + 8 * p));
+        const int w3 = (int)((v1 >> 4) & 0x0F0F0F0Fu) | bits_to_bit4(qh >> (20 + 8 * p));
+#pragma unroll
+        for (int t = 0; t < MAXT; ++t) {
+            if (t >= nt) break;
+            const int* x = (const int*)(xq + (u64)t * xq_stride);
+            const int x0 = x[2 * p], x1 = x[2 * p + 1], x2 = x[4 + 2 * p], x3 = x[5 + 2 * p];
+            const int s = dot4_i8(w3, x3, dot4_i8(w2, x2, dot4_i8(w1, x1, dot4_i8(w0, x0, 0))));
+            const int sx =
+                dot4_i8(ONES, x3, dot4_i8(ONES, x2, dot4_i8(ONES, x1, dot4_i8(ONES, x0, 0))));
+            acc[t] += d * xd[(u64)t * xd_stride] * (float)(s - 16 * sx);
+        }
+    }
+};
+
+// Q5_1: as Q5_0 with w = d * q + m.
+template <> struct Q8Piece<FMT_Q5_1> {
+    enum { PARTS = 2 };
+    template <int MAXT>
+    static DEVICE void dot(const u8* b, int p, const i8* xq, const float* xd, u32 xq_stride,
+                           u32 xd_stride, int nt, float* acc) {
+        const float d = load_half(b);
+        const float m = load_half(b + 2);
+        const u32 qh = load_u32_aligned(b + 4);
+        const u32 v0 = load_u32_aligned(b + 8 + 8 * p);
+        const u32 v1 = load_u32_aligned(b + 12 + 8 * p);
+        const int w0 = (int)(v0 & 0x0F0F0F0Fu) | bits_to_bit4(qh >> (8 * p));
+        const int w1 = (int)(v1 & 0x0F0F0F0Fu) | bits_to_bit4(qh >> (8 * p + 4));
+        const int w2 = (int)((v0 >> 4) & 0x0F0F0F0Fu) | bits_to_bit4(qh >> (16 + 8 * p));
+        const int w3 = (int)((v1 >> 4) & 0x0F0F0F0Fu) | bits_to_bit4(qh >> (20 + 8 * p));
+#pragma unroll
+        for (int t = 0; t < MAXT; ++t) {
+            if (t >= nt) break;
+            const int* x = (const int*)(xq + (u64)t * xq_stride);
+            const int x0 = x[2 * p], x1 = x[2 * p + 1], x2 = x[4 + 2 * p], x3 = x[5 + 2 * p];
+            const int s = dot4_i8(w3, x3, dot4_i8(w2, x2, dot4_i8(w1, x1, dot4_i8(w0, x0, 0))));
+            const int sx =
+                dot4_i8(ONES, x3, dot4_i8(ONES, x2, dot4_i8(ONES, x1, dot4_i8(ONES, x0, 0))));
+            acc[t] += xd[(u64)t * xd_stride] * (d * (float)s + m * (float)sx);
+        }
+    }
+};
+
+// Q8_0: piece p (of 2) covers values 16p..16p+15; w = d * q.
+template <> struct Q8Piece<FMT_Q8_0> {
+    enum { PARTS = 2 };
+    template <int MAXT>
+    static DEVICE void dot(const u8* b, int p, const i8* xq, const float* xd, u32 xq_stride,
+                           u32 xd_stride, int nt, float* acc) {
+        const float d = load_half(b);
+        int w[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w[i] = (int)load_u32_from_u16(b + 2 + 16 * p + 4 * i);
+#pragma unroll
+        for (int t = 0; t < MAXT; ++t) {
+            if (t >= nt) break;
+            const int* x = (const int*)(xq + (u64)t * xq_stride) + 4 * p;
+            int s = 0;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) s = dot4_i8(w[i], x[i], s);
+            acc[t] += d * xd[(u64)t * xd_stride] * (float)s;
+        }
+    }
+};
+
+// Q4_K / Q5_K: piece p (of 8) is j = p / 2, h = p % 2: the 16 quant bytes at 32j + 16h hold
+// values 64j + 16h + [0, 16) of group 2j (low nibbles) and 64j + 32 + 16h + [0, 16) of group
+// 2j + 1 (high nibbles); Q5_K's fifth bits come from qh[16h + k], bit g.
+// w = (d * sc) * q - (dmin * m), so the piece's sum is d*sc*sum(q x) - dmin*m*sum(x) per group.
+template <int FMT, int MAXT>
+DEVICE void k4_piece(const u8* b, int p, const i8* xq, const float* xd, u32 xq_stride,
+                     u32 xd_stride, int nt, float* acc) {
+    const int j = p >> 1, h = p & 1;
+    const int g0 = 2 * j, g1 = 2 * j + 1;
+    const float d = load_half(b);
+    const float dmin = load_half(b + 2);
+    int sc0, m0, sc1, m1;
+    k4_scale_min(b + 4, g0, &sc0, &m0);
+    k4_scale_min(b + 4, g1, &sc1, &m1);
+    const int qs_off = (FMT == FMT_Q5_K ? 48 : 16) + 32 * j + 16 * h;
+    const uint4 v = *(const uint4*)(b + qs_off);
+    const u32 vw[4] = {v.x, v.y, v.z, v.w};
+    int lo[4], hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        lo[i] = (int)(vw[i] & 0x0F0F0F0Fu);
+        hi[i] = (int)((vw[i] >> 4) & 0x0F0F0F0Fu);
+    }
+    if (FMT == FMT_Q5_K) {
+        const uint4 qh = *(const uint4*)(b + 16 + 16 * h);
+        const u32 hw[4] = {qh.x, qh.y, qh.z, qh.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            lo[i] |= (int)(((hw[i] >> g0) & 0x01010101u) << 4);
+            hi[i] |= (int)(((hw[i] >> g1) & 0x01010101u) << 4);
+        }
+    }
+    const float dl0 = d * (float)sc0, ml0 = dmin * (float)m0;
+    const float dl1 = d * (float)sc1, ml1 = dmin * (float)m1;
+#pragma unroll
+    for (int t = 0; t < MAXT; ++t) {
+        if (t >= nt) break;
+        const i8* xt = xq + (u64)t * xq_stride;
+        const int4 xa = *(const int4*)(xt + 64 * j + 16 * h);
+        const int4 xb = *(const int4*)(xt + 64 * j + 32 + 16 * h);
+        const int s0 = dot4_i8(lo[3], xa.w, dot4_i8(lo[2], xa.z, dot4_i8(lo[1], xa.y,
+                       dot4_i8(lo[0], xa.x, 0))));
+        const int s1 = dot4_i8(hi[3], xb.w, dot4_i8(hi[2], xb.z, dot4_i8(hi[1], xb.y,
+                       dot4_i8(hi[0], xb.x, 0))));
+        const int sx0 = dot4_i8(ONES, xa.w, dot4_i8(ONES, xa.z, dot4_i8(ONES, xa.y,
+                        dot4_i8(ONES, xa.x, 0))));
+        const int sx1 = dot4_i8(ONES, xb.w, dot4_i8(ONES, xb.z, dot4_i8(ONES, xb.y,
+                        dot4_i8(ONES, xb.x, 0))));
+        const float* dt = xd + (u64)t * xd_stride;
+        acc[t] += dt[g0] * (dl0 * (float)s0 - ml0 * (float)sx0) +
+                  dt[g1] * (dl1 * (float)s1 - ml1 * (float)sx1);
+    }
+}
+
+template <> struct Q8Piece<FMT_Q4_K> {
+    enum { PARTS = 8 };
+    template <int MAXT>
+    static DEVICE void dot(const u8* b, int p, const i8* xq, const float* xd, u32 xq_stride,
+                           u32 xd_stride, int nt, float* acc) {
+        k4_piece<FMT_Q4_K, MAXT>(b, p, xq, xd, xq_stride, xd_stride, nt, acc);
+    }
+};
+
+template <> struct Q8Piece<FMT_Q5_K> {
+    enum { PARTS = 8 };
+    template <int MAXT>
+    static DEVICE void dot(const u8* b, int p, const i8* xq, const float* xd, u32 xq_stride,
+                           u32 xd_stride, int nt, float* acc) {
+        k4_piece<FMT_Q5_K, MAXT>(b, p, xq, xd, xq_stride, xd_stride, nt, acc);
+    }
+};
+
+// Q6_K: piece p (of 8) is half h = p / 4 and s = p % 4; it covers values
+// h*128 + 32k + 8s + [0, 8) for k < 4: low nibbles of ql[h*64 + 8s ..] (k = 0) and
+// ql[h*64 + 32 + 8s ..] (k = 1), high nibbles of the same (k = 2, 3), two high bits from
+// qh[h*32 + 8s ..] >> 2k; scale index h*8 + 2k + s/2; w = d * sc * (q - 32).
+template <> struct Q8Piece<FMT_Q6_K> {
+    enum { PARTS = 8 };
+    template <int MAXT>
+    static DEVICE void dot(const u8* b, int p, const i8* xq, const float* xd, u32 xq_stride,
+                           u32 xd_stride, int nt, float* acc) {
+        const int h = p >> 2, s = p & 3;
+        const float d = load_half(b + 208);
+        const u8* ql = b + h * 64 + 8 * s;
+        const u8* qh = b + 128 + h * 32 + 8 * s;
+        const u32 a[2] = {load_u32_from_u16(ql), load_u32_from_u16(ql + 4)};
+        const u32 c[2] = {load_u32_from_u16(ql + 32), load_u32_from_u16(ql + 36)};
+        const u32 e[2] = {load_u32_from_u16(qh), load_u32_from_u16(qh + 4)};
+        int w[4][2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const u32 low[4] = {a[i] & 0x0F0F0F0Fu, c[i] & 0x0F0F0F0Fu, (a[i] >> 4) & 0x0F0F0F0Fu,
+                                (c[i] >> 4) & 0x0F0F0F0Fu};
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const u32 q = low[k] | (((e[i] >> (2 * k)) & 0x03030303u) << 4);
+                // q - 32 in every byte without borrows between bytes (q < 64).
+                w[k][i] = (int)(((q | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
+            }
+        }
+        float sc[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) sc[k] = d * (float)(i8)b[192 + h * 8 + 2 * k + (s >> 1)];
+#pragma unroll
+        for (int t = 0; t < MAXT; ++t) {
+            if (t >= nt) break;
+            const i8* xt = xq + (u64)t * xq_stride + h * 128 + 8 * s;
+            const float* dt = xd + (u64)t * xd_stride + h * 4;
+            float sum = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int* x = (const int*)(xt + 32 * k);
+                const int si = dot4_i8(w[k][1], x[1], dot4_i8(w[k][0], x[0], 0));
+                sum += sc[k] * dt[k] * (float)si;
+            }
+            acc[t] += sum;
+        }
+    }
+};
+
+template <int FMT, int MAXT>
+DEVICE void matvec_q8_impl(const u8* __restrict__ w, const i8* __restrict__ xq,
+                           const float* __restrict__ xd, float* __restrict__ out, u32 rows,
+                           u32 cols, u32 n_tokens, u32 warps_per_row) {
+    __shared__ float partial[32][MAXT];
+    const u32 lane = threadIdx.x % WARP_SIZE;
+    const u32 warp = threadIdx.x / WARP_SIZE;
+    const u32 rows_per_block = (blockDim.x / WARP_SIZE) / warps_per_row;
+    const u32 r = blockIdx.x * rows_per_block + warp / warps_per_row;
+    const u32 sub = warp % warps_per_row;
+    const int nt = (int)n_tokens;
+    float acc[MAXT];
+#pragma unroll
+    for (int t = 0; t < MAXT; ++t) acc[t] = 0.0f;
+    if (r < rows) {
+        enum { ELEMS = FormatInfo<FMT>::elems, BYTES = FormatInfo<FMT>::bytes };
+        enum { PARTS = Q8Piece<FMT>::PARTS };
+        const u8* row = w + (u64)r * row_bytes<FMT>(cols);
+        const u32 pieces = (cols / ELEMS) * PARTS;
+        const u32 step = warps_per_row * WARP_SIZE;
+#pragma unroll 2
+        for (u32 i = sub * WARP_SIZE + lane; i < pieces; i += step) {
+            const u32 blk = i / PARTS;
+            const int part = (int)(i % PARTS);
+            Q8Piece<FMT>::template dot<MAXT>(row + (u64)blk * BYTES, part, xq + (u64)blk * ELEMS,
+                                             xd + (u64)blk * (ELEMS / 32), cols, cols / 32, nt,
+                                             acc);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MAXT; ++t) acc[t] = warp_sum(acc[t]);
+    if (warps_per_row == 1) {
+        if (lane == 0 && r < rows) {
+#pragma unroll
+            for (int t = 0; t < MAXT; ++t) {
+                if (t < nt) out[(u64)t * rows + r] = acc[t];
+            }
+        }
+        return;  // warps_per_row is the same for the whole block: no thread waits below
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int t = 0; t < MAXT; ++t) partial[warp][t] = acc[t];
+    }
+    __syncthreads();
+    if (sub == 0 && lane == 0 && r < rows) {
+#pragma unroll
+        for (int t = 0; t < MAXT; ++t) {
+            if (t >= nt) break;
+            float s = 0.0f;
+            for (u32 k = 0; k < warps_per_row; ++k) s += partial[warp + k][t];
+            out[(u64)t * rows + r] = s;
+        }
+    }
+}
+
+#define MATVEC_Q8_ENTRY(suffix, FMT)                                                            \
+    KERNEL void matvec_q8_##suffix(const u8* w, const i8* xq, const float* xd, float* out,      \
+                                   u32 rows, u32 cols, u32 n_tokens, u32 warps_per_row) {       \
+        matvec_q8_impl<FMT, MATVEC_Q8_MAX_TOKENS>(w, xq, xd, out, rows, cols, n_tokens,         \
+                                                  warps_per_row);                               \
+    }                                                                                           \
+    KERNEL void matvec_q8_one_##suffix(const u8* w, const i8* xq, const float* xd, float* out,  \
+                                       u32 rows, u32 cols, u32 n_tokens, u32 warps_per_row) {   \
+        matvec_q8_impl<FMT, 1>(w, xq, xd, out, rows, cols, 1, warps_per_row);                   \
+    }
+
+MATVEC_Q8_ENTRY(q4_0, FMT_Q4_0)
+MATVEC_Q8_ENTRY(q4_1, FMT_Q4_1)
+MATVEC_Q8_ENTRY(q5_0, FMT_Q5_0)
+MATVEC_Q8_ENTRY(q5_1, FMT_Q5_1)
+MATVEC_Q8_ENTRY(q8_0, FMT_Q8_0)
+MATVEC_Q8_ENTRY(q4_k, FMT_Q4_K)
+MATVEC_Q8_ENTRY(q5_k, FMT_Q5_K)
+MATVEC_Q8_ENTRY(q6_k, FMT_Q6_K)

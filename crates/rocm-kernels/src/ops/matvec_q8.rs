@@ -1,0 +1,285 @@
+//! Matrix-vector products against 8-bit activations: the decode fast path.
+//!
+//! [`quantize`] turns f32 activations `[n_tokens][cols]` into [`Q8Activations`]: per group of
+//! [`GROUP`] values one f32 scale `d = max|x| / 127` and 32 signed bytes `round(x / d)`. Then
+//! [`matvec`] multiplies a [`QuantMatrix`] of a [`Q8_FORMATS`] format by them with integer dot
+//! products (dp4a / sdot4, four values per instruction) and applies the scales once per group,
+//! so the weights are read once at close to the memory bandwidth and the arithmetic stays off
+//! the critical path. One quantization serves every matrix that reads the same activations
+//! (Q, K and V; gate and up).
+//!
+//! The cost is the activation rounding: a relative error of about 0.4 % per value that
+//! averages out over a row. [`crate::reference::matvec_q8`] reproduces the quantization on the
+//! CPU, so the kernels are checked against the exact product of the same 8-bit activations.
+
+use crate::error::{check_shape, KernelError, Result};
+use crate::kernels::Kernels;
+use crate::ops::matvec::{check_io, shape_error, QuantMatrix, MAX_TOKENS};
+use crate::source::KernelModule;
+use crate::view::{DeviceSlice, DeviceSliceMut};
+use gguf_loader::GgmlType;
+use hip_ffi::{LaunchConfig, Stream};
+
+const OP: &str = "matvec_q8";
+
+/// Values per activation scale.
+pub const GROUP: usize = 32;
+
+/// The weight formats with an 8-bit-activation kernel, in the order of the module's entry
+/// points (`kernels/matvec_q8.hip`).
+pub const Q8_FORMATS: [GgmlType; 8] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
+/// Whether [`matvec`] reads `format`.
+pub fn supports(format: GgmlType) -> bool {
+    Q8_FORMATS.contains(&format)
+}
+
+/// Bytes of quantized activations for `n_tokens` rows of `cols` (values, then scales), as a
+/// caller sizes its buffer: `cols` values of one byte and `cols / 32` f32 scales per token.
+pub fn bytes_needed(n_tokens: usize, cols: usize) -> Option<usize> {
+    let values = n_tokens.checked_mul(cols)?;
+    values.checked_add(values / GROUP * 4)
+}
+
+/// Quantized activations in device memory: `values` is `[n_tokens][cols]` signed bytes,
+/// `scales` `[n_tokens][cols / 32]` f32.
+#[derive(Clone, Copy, Debug)]
+pub struct Q8Activations {
+    pub values: DeviceSlice<i8>,
+    pub scales: DeviceSlice<f32>,
+}
+
+/// The same, to be written by [`quantize`].
+#[derive(Debug)]
+pub struct Q8ActivationsMut {
+    pub values: DeviceSliceMut<i8>,
+    pub scales: DeviceSliceMut<f32>,
+}
+
+impl Q8ActivationsMut {
+    /// Read-only views of the same memory.
+    pub fn as_const(&self) -> Q8Activations {
+        Q8Activations {
+            values: self.values.as_const(),
+            scales: self.scales.as_const(),
+        }
+    }
+}
+
+fn check_cols(cols: usize) -> Result<()> {
+    check_shape(cols > 0 && cols % GROUP == 0, OP, || {
+        format!("{cols} columns are not a whole number of groups of {GROUP}")
+    })
+}
+
+/// Quantizes `n_tokens` rows of `cols` values of `x` into `q` (see the module docs).
+///
+/// `cols` must be a multiple of 32, `x` 16-byte aligned (device allocations are) and `q`'s
+/// views at least `n_tokens * cols` bytes and `n_tokens * cols / 32` scales, their values
+/// 16-byte aligned.
+pub fn quantize(
+    kernels: &Kernels,
+    stream: &Stream,
+    x: DeviceSlice<f32>,
+    n_tokens: usize,
+    cols: usize,
+    q: &mut Q8ActivationsMut,
+) -> Result<()> {
+    check_cols(cols)?;
+    let n = n_tokens
+        .checked_mul(cols)
+        .ok_or_else(|| shape_error(OP, format!("{n_tokens} x {cols} overflows")))?;
+    check_shape(x.len() >= n, OP, || {
+        format!("x holds {} values, {n} are quantized", x.len())
+    })?;
+    check_shape(
+        q.values.len() >= n && q.scales.len() >= n / GROUP,
+        OP,
+        || {
+            format!(
+                "the quantized buffers hold {} values and {} scales; {n} and {} are needed",
+                q.values.len(),
+                q.scales.len(),
+                n / GROUP
+            )
+        },
+    )?;
+    check_shape(x.addr() % 16 == 0 && q.values.addr() % 16 == 0, OP, || {
+        "x and the quantized values must be 16-byte aligned".into()
+    })?;
+    if n == 0 {
+        return Ok(());
+    }
+    let groups = u32::try_from(n / GROUP)
+        .map_err(|_| shape_error(OP, format!("{n} values are too many for one launch")))?;
+    let function = kernels.function(KernelModule::MatvecQ8, "quantize_q8")?;
+    let (x_p, v_p, s_p) = (x.ptr(), q.values.ptr(), q.scales.ptr());
+    let mut l = function.builder(stream);
+    l.arg(&x_p).arg(&v_p).arg(&s_p).arg(&groups);
+    const THREADS: u32 = 128;
+    // SAFETY: `quantize_q8(const float*, i8*, float*, u32)`: thread g < groups reads x[32g ..
+    // 32g + 32] and writes values[32g .. 32g + 32] and scales[g], all inside the views checked
+    // above (n = 32 * groups values); both value pointers are 16-byte aligned for the vector
+    // loads and stores.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid: [groups.div_ceil(THREADS), 1, 1],
+            block: [THREADS, 1, 1],
+            shared_bytes: 0,
+        })
+    }?;
+    Ok(())
+}
+
+/// Threads per block of the product (a multiple of both wave sizes).
+const BLOCK_THREADS: u32 = 128;
+
+/// How many warps share one row: enough warps in the grid to keep every multiprocessor's loads
+/// in flight (about 32 per multiprocessor), but never more than the row has pieces for.
+fn warps_per_row(rows: usize, pieces_per_row: usize, wave: u32, multiprocessors: u32) -> u32 {
+    let warps_per_block = BLOCK_THREADS / wave;
+    let wanted = (multiprocessors.max(1) as usize) * 32;
+    let mut wpr = 1u32;
+    while wpr < warps_per_block
+        && rows * (wpr as usize) < wanted
+        && pieces_per_row >= (2 * wpr * wave) as usize
+    {
+        wpr *= 2;
+    }
+    wpr
+}
+
+/// `out[t][r] = sum_c w[r][c] * x[t][c]` for `t < n_tokens` with `x` given quantized, as
+/// [`quantize`] left it for `w.cols()` columns. One launch per [`MAX_TOKENS`] tokens.
+///
+/// Errors (nothing queued) when the format has no kernel here, or a view is too short.
+pub fn matvec(
+    kernels: &Kernels,
+    stream: &Stream,
+    w: &QuantMatrix,
+    x: Q8Activations,
+    out: &mut DeviceSliceMut<f32>,
+    n_tokens: usize,
+) -> Result<()> {
+    let format = w.format();
+    let index =
+        Q8_FORMATS
+            .iter()
+            .position(|&f| f == format)
+            .ok_or(KernelError::UnsupportedFormat {
+                op: OP,
+                format,
+                supported: "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K",
+            })?;
+    let cols = w.cols();
+    check_cols(cols)?;
+    check_io(OP, w, x.values.len(), out.len(), n_tokens)?;
+    check_shape(x.scales.len() >= n_tokens * cols / GROUP, OP, || {
+        format!(
+            "{} activation scales; {n_tokens} tokens of {cols} need {}",
+            x.scales.len(),
+            n_tokens * cols / GROUP
+        )
+    })?;
+    check_shape(x.values.addr() % 16 == 0, OP, || {
+        "the quantized values must be 16-byte aligned".into()
+    })?;
+    let entries = &KernelModule::MatvecQ8.entry_points()[1..];
+    let many = kernels.function(KernelModule::MatvecQ8, entries[2 * index])?;
+    let one = kernels.function(KernelModule::MatvecQ8, entries[2 * index + 1])?;
+    let pieces = cols / format.block_size() * if format.block_size() == 256 { 8 } else { 2 };
+    let wave = kernels.wave_size();
+    let wpr = warps_per_row(w.rows(), pieces, wave, kernels.multiprocessors());
+    let rows_per_block = BLOCK_THREADS / wave / wpr;
+    let (rows, cols_u) = (w.rows() as u32, cols as u32);
+    let mut t0 = 0;
+    while t0 < n_tokens {
+        let nt = (n_tokens - t0).min(MAX_TOKENS);
+        let values = x
+            .values
+            .slice(t0 * cols, nt * cols)
+            .ok_or_else(|| shape_error(OP, "x is too short".into()))?;
+        let scales = x
+            .scales
+            .slice(t0 * cols / GROUP, nt * cols / GROUP)
+            .ok_or_else(|| shape_error(OP, "the scales are too short".into()))?;
+        let os = out
+            .slice_mut(t0 * w.rows(), nt * w.rows())
+            .ok_or_else(|| shape_error(OP, "out is too short".into()))?;
+        let function = if nt == 1 { one } else { many };
+        let nt_u = nt as u32;
+        let (w_p, v_p, s_p, o_p) = (w.data().ptr(), values.ptr(), scales.ptr(), os.ptr());
+        let mut l = function.builder(stream);
+        l.arg(&w_p)
+            .arg(&v_p)
+            .arg(&s_p)
+            .arg(&o_p)
+            .arg(&rows)
+            .arg(&cols_u)
+            .arg(&nt_u)
+            .arg(&wpr);
+        // SAFETY: the arguments match `matvec_q8[_one]_<fmt>(const u8*, const i8*, const
+        // float*, float*, u32, u32, u32, u32)`. Row r < rows of the grid reads row r of w
+        // (QuantMatrix::new checked the bytes), nt * cols values and nt * cols / 32 scales of
+        // the activation slices, and writes out[t * rows + r], t < nt, inside `os`;
+        // warps_per_row divides the block's warps (both powers of two).
+        unsafe {
+            l.launch(LaunchConfig {
+                grid: [rows.div_ceil(rows_per_block), 1, 1],
+                block: [BLOCK_THREADS, 1, 1],
+                shared_bytes: 0,
+            })
+        }?;
+        t0 += nt;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_points_follow_the_format_list() {
+        let entries = KernelModule::MatvecQ8.entry_points();
+        assert_eq!(entries[0], "quantize_q8");
+        assert_eq!(entries.len(), 1 + 2 * Q8_FORMATS.len());
+        for (i, format) in Q8_FORMATS.iter().enumerate() {
+            let suffix = format.name().to_ascii_lowercase();
+            assert_eq!(entries[1 + 2 * i], format!("matvec_q8_{suffix}"));
+            assert_eq!(entries[2 + 2 * i], format!("matvec_q8_one_{suffix}"));
+        }
+    }
+
+    #[test]
+    fn warps_per_row_fill_the_device_but_not_past_the_row() {
+        // 132 multiprocessors want about 4224 warps.
+        assert_eq!(warps_per_row(14336, 448, 32, 132), 1);
+        assert_eq!(warps_per_row(1024, 128, 32, 132), 4);
+        // A short row (Gemma's 640 columns of Q8_0: 40 pieces) keeps one warp.
+        assert_eq!(warps_per_row(256, 40, 32, 132), 1);
+        // Wave64 blocks hold two warps: at most two per row.
+        assert_eq!(warps_per_row(1024, 128, 64, 304), 2);
+        for wpr in [
+            warps_per_row(1, 1 << 20, 32, 132),
+            warps_per_row(1, 1 << 20, 64, 132),
+        ] {
+            assert!(wpr.is_power_of_two() && wpr <= BLOCK_THREADS / 32);
+        }
+    }
+
+    #[test]
+    fn byte_count_of_quantized_activations() {
+        assert_eq!(bytes_needed(2, 64), Some(128 + 4 * 4));
+        assert_eq!(bytes_needed(usize::MAX, 2), None);
+    }
+}
