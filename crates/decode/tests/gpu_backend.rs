@@ -194,6 +194,56 @@ fn tiny_gemma3_on_the_gpu_matches_the_cpu() {
     check_preset(Preset::TinyGemma3);
 }
 
+/// The per-op profile of decode steps names the step's ops with positive times, and the
+/// profiled steps give the same tokens as unprofiled ones.
+#[test]
+fn profiling_times_every_op_of_a_decode_step() {
+    let test = "profiling_times_every_op_of_a_decode_step";
+    let _one_at_a_time = gpu_lock();
+    let Some(mut gpu) = gpu_backend(test) else {
+        return;
+    };
+    assert!(gpu.enable_profiling());
+    let file = Arc::new(preset_file(Preset::TinyQwen3Moe));
+    let prompt = [1u32, 2, 3, 4];
+    let profiled = greedy(&file, gpu, &prompt, 6);
+    let plain = greedy(&file, gpu_backend(test).unwrap(), &prompt, 6);
+    assert_eq!(profiled, plain, "profiling changed the tokens");
+
+    let mut gpu = gpu_backend(test).unwrap();
+    gpu.enable_profiling();
+    let mut model = Model::load(&file, gpu, options(8)).unwrap();
+    model.forward(&prompt).unwrap();
+    let mut next = model.last_argmax().unwrap();
+    for _ in 0..3 {
+        model.forward(&[next]).unwrap();
+        next = model.last_argmax().unwrap();
+    }
+    let report = model.backend_mut().profile_report().unwrap().unwrap();
+    eprintln!("{report}");
+    for op in [
+        "rms_norm",
+        "matvec int8",
+        "attention decode",
+        "moe",
+        "argmax",
+    ] {
+        assert!(
+            report.contains(op),
+            "{op} missing from the profile:\n{report}"
+        );
+    }
+    let rows: Vec<&str> = report
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| op"))
+        .collect();
+    assert!(rows.len() >= 8, "{report}");
+    for row in rows {
+        let us: f64 = row.split('|').nth(3).unwrap().trim().parse().unwrap();
+        assert!(us > 0.0, "an op without time: {row}");
+    }
+}
+
 #[test]
 fn a_warm_decode_step_allocates_nothing_on_the_device() {
     let _one_at_a_time = gpu_lock();

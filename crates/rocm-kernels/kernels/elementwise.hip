@@ -55,6 +55,15 @@ KERNEL void copy_f32(const float* __restrict__ src, float* __restrict__ dst, u32
     GRID_STRIDE_LOOP(i, n) dst[i] = src[i];
 }
 
+// Busy-waits about `cycles` clock ticks (one thread). A profiler queues it first so the host has
+// enqueued a whole step before the device reaches it, and events then time kernels, not the
+// host's enqueue rate.
+KERNEL void spin_cycles(u64 cycles) {
+    const u64 start = (u64)clock64();
+    while ((u64)clock64() - start < cycles) {
+    }
+}
+
 // x = 0.
 KERNEL void zero_f32(float* __restrict__ x, u32 n) {
     GRID_STRIDE_LOOP(i, n) x[i] = 0.0f;

@@ -104,6 +104,7 @@ impl KernelModule {
                 "scale_inplace",
                 "copy_f32",
                 "zero_f32",
+                "spin_cycles",
             ],
             KernelModule::Sampling => &["argmax_partial", "argmax_final", "sample_logits"],
             // Owners of these modules: list your entry points here.

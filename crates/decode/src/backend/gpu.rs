@@ -14,6 +14,7 @@
 //! what the allocator reserved and cached and what the process holds outside it (context,
 //! module code), from `mem_get_info` before load and now.
 
+use super::profile::{self, OpProfile};
 use super::{Attention, Backend, GateActivation, MoeShape, Rope, StepKey, WeightSource};
 use crate::error::{DecodeError, Result};
 use crate::memory::{DeviceMemory, MemoryReport, MemoryTag};
@@ -267,6 +268,10 @@ pub struct GpuBackend {
     use_graphs: bool,
     /// How matrix-vector products read activations.
     matvec_path: MatvecPath,
+    /// The current step's first position (for the profile's byte counts).
+    step_pos0: usize,
+    /// Per-op timing, when profiling (steps then run eagerly).
+    profile: Option<OpProfile>,
     /// Captured steps by key, and how many eager runs each key has had (a step is captured
     /// on its second run, once the first has sized every scratch buffer).
     graphs: HashMap<StepKey, GraphExec>,
@@ -344,6 +349,8 @@ impl GpuBackend {
             mem_before,
             use_graphs,
             matvec_path: MatvecPath::from_env()?,
+            step_pos0: 0,
+            profile: None,
             graphs: HashMap::new(),
             eager_runs: HashMap::new(),
             graph_pool,
@@ -363,6 +370,16 @@ impl GpuBackend {
     /// The matrix-vector path in use.
     pub fn matvec_path(&self) -> MatvecPath {
         self.matvec_path
+    }
+
+    /// Marks the end of an op for the profile (nothing when not profiling).
+    fn op_done(&mut self, label: impl FnOnce() -> String, bytes: u64) -> Result<()> {
+        let Some(p) = &mut self.profile else {
+            return Ok(());
+        };
+        let device = *self.kernels.device();
+        p.op_done(&device, &self.stream, label(), bytes)
+            .map_err(|e| gpu_err("profiling", e))
     }
 
     fn step_ints_mut(&self, len: usize) -> DeviceSliceMut<i32> {
@@ -484,7 +501,7 @@ impl GpuBackend {
     /// `x`'s first `n_tokens` rows of `cols` quantized to 8 bits: the buffer's shadow, made
     /// (or re-made) only when `x` changed since, or was quantized for another shape.
     fn q8_activations(
-        &self,
+        &mut self,
         x: &GpuBuffer,
         n_tokens: usize,
         cols: usize,
@@ -514,7 +531,8 @@ impl GpuBackend {
         let shadow = slot.as_mut().expect("set above");
         let mut q = shadow.views(values);
         let wanted = Some((x.version, n_tokens, cols));
-        if shadow.made_from != wanted {
+        let stale = shadow.made_from != wanted;
+        if stale {
             matvec_q8::quantize(
                 &self.kernels,
                 &self.stream,
@@ -525,6 +543,10 @@ impl GpuBackend {
             )
             .map_err(kerr("quantizing activations"))?;
             shadow.made_from = wanted;
+        }
+        drop(slot);
+        if stale {
+            self.op_done(|| "quantize_q8".into(), (values * 5) as u64)?;
         }
         Ok(q)
     }
@@ -676,7 +698,31 @@ impl Backend for GpuBackend {
     }
 
     fn begin_step(&mut self, pos0: usize, tokens: &[u32]) -> Result<()> {
-        self.write_step(pos0, tokens)
+        if let Some(p) = &mut self.profile {
+            // The previous step's events are read before its staging is reused.
+            p.finish_step().map_err(|e| gpu_err("profiling", e))?;
+        }
+        self.write_step(pos0, tokens)?;
+        self.step_pos0 = pos0;
+        if let Some(p) = &mut self.profile {
+            elementwise::spin(&self.kernels, &self.stream, profile::HEAD_START_CYCLES)
+                .map_err(kerr("profiling head start"))?;
+            let device = *self.kernels.device();
+            p.begin_step(&device, &self.stream)
+                .map_err(|e| gpu_err("profiling", e))?;
+        }
+        Ok(())
+    }
+
+    fn enable_profiling(&mut self) -> bool {
+        self.use_graphs = false;
+        self.profile = Some(OpProfile::default());
+        true
+    }
+
+    fn profile_report(&mut self) -> Option<Result<String>> {
+        let p = self.profile.as_mut()?;
+        Some(p.report().map_err(|e| gpu_err("profiling", e)))
     }
 
     fn run_step(
@@ -788,7 +834,8 @@ impl Backend for GpuBackend {
             &mut out.view_mut(),
             None,
         )
-        .map_err(kerr("embed"))
+        .map_err(kerr("embed"))?;
+        self.op_done(|| "embed".into(), (n_tokens * m.cols() * 8) as u64)
     }
 
     fn rms_norm(
@@ -811,7 +858,8 @@ impl Backend for GpuBackend {
             dim,
             eps,
         )
-        .map_err(kerr("rms_norm"))
+        .map_err(kerr("rms_norm"))?;
+        self.op_done(|| "rms_norm".into(), (2 * rows * dim * 4) as u64)
     }
 
     fn rms_norm_inplace(
@@ -832,7 +880,8 @@ impl Backend for GpuBackend {
             dim,
             eps,
         )
-        .map_err(kerr("rms_norm_inplace"))
+        .map_err(kerr("rms_norm_inplace"))?;
+        self.op_done(|| "rms_norm_inplace".into(), (2 * rows * dim * 4) as u64)
     }
 
     fn matmul(
@@ -884,6 +933,10 @@ impl Backend for GpuBackend {
             moe::QuantExperts::new(m.data(), m.format(), dims[2], dims[1], dims[0])
                 .map_err(kerr("moe"))
         };
+        let expert_bytes = [gate, up, down]
+            .iter()
+            .map(|w| w.matrix("moe").map(|(m, d)| m.data().len() / d[2].max(1)))
+            .sum::<Result<usize>>()?;
         let (gate, up, down) = (
             experts(gate, "moe gate")?,
             experts(up, "moe up")?,
@@ -994,14 +1047,21 @@ impl Backend for GpuBackend {
             &mut out.view_mut(),
             moe::Accumulate::Store,
         )
-        .map_err(kerr("moe weighted sum"))
+        .map_err(kerr("moe weighted sum"))?;
+        // Weights read: the selected experts' rows (at most rows * k distinct experts).
+        let selected = (rows * k).min(n_expert);
+        self.op_done(
+            || format!("moe ({} experts of {n_expert}, {k} per token)", selected),
+            (selected * expert_bytes) as u64,
+        )
     }
 
     fn add_bias(&mut self, x: &mut GpuBuffer, bias: &GpuWeight, rows: usize) -> Result<()> {
         let b = bias.vector("add_bias")?;
         let dim = b.len();
         elementwise::add_bias(&self.kernels, &self.stream, &mut x.view_mut(), b, rows, dim)
-            .map_err(kerr("add_bias"))
+            .map_err(kerr("add_bias"))?;
+        self.op_done(|| "add_bias".into(), (2 * rows * dim * 4) as u64)
     }
 
     fn rope(
@@ -1033,7 +1093,8 @@ impl Backend for GpuBackend {
                 n_rot: rope_params.n_rot,
             },
         )
-        .map_err(kerr("rope"))
+        .map_err(kerr("rope"))?;
+        self.op_done(|| "rope".into(), (2 * rows * n_heads * head_dim * 4) as u64)
     }
 
     fn store_rows(
@@ -1055,10 +1116,99 @@ impl Backend for GpuBackend {
             dim,
             slots,
         )
-        .map_err(kerr("kv store"))
+        .map_err(kerr("kv store"))?;
+        self.op_done(|| "kv store".into(), (2 * rows * dim * 4) as u64)
     }
 
     fn attention(
+        &mut self,
+        q: &GpuBuffer,
+        k_cache: &GpuBuffer,
+        v_cache: &GpuBuffer,
+        out: &mut GpuBuffer,
+        shape: &Attention,
+    ) -> Result<()> {
+        self.attention_queued(q, k_cache, v_cache, out, shape)?;
+        // Keys and values read: every cached position the step's last token sees.
+        let seen = (self.step_pos0 + shape.n_tokens)
+            .min(shape.kv_slots)
+            .min(shape.window.unwrap_or(usize::MAX));
+        let kv_bytes = seen * shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v) * 4;
+        let kind = if shape.n_tokens == 1 {
+            "decode"
+        } else {
+            "prefill"
+        };
+        self.op_done(|| format!("attention {kind}"), kv_bytes as u64)
+    }
+
+    fn gated(
+        &mut self,
+        gate: &mut GpuBuffer,
+        up: &GpuBuffer,
+        len: usize,
+        act: GateActivation,
+    ) -> Result<()> {
+        elementwise::gated(
+            &self.kernels,
+            &self.stream,
+            &mut gate.view_mut(),
+            up.view(),
+            len,
+            gate_activation(act),
+        )
+        .map_err(kerr("gated"))?;
+        self.op_done(|| "gated".into(), (3 * len * 4) as u64)
+    }
+
+    fn add(&mut self, x: &mut GpuBuffer, y: &GpuBuffer, len: usize) -> Result<()> {
+        elementwise::add(
+            &self.kernels,
+            &self.stream,
+            &mut x.view_mut(),
+            y.view(),
+            len,
+        )
+        .map_err(kerr("add"))?;
+        self.op_done(|| "add".into(), (3 * len * 4) as u64)
+    }
+
+    fn copy_row(
+        &mut self,
+        src: &GpuBuffer,
+        src_row: usize,
+        dst: &mut GpuBuffer,
+        dst_row: usize,
+        dim: usize,
+    ) -> Result<()> {
+        elementwise::copy_rows(
+            &self.kernels,
+            &self.stream,
+            src.view(),
+            src_row,
+            &mut dst.view_mut(),
+            dst_row,
+            1,
+            dim,
+        )
+        .map_err(kerr("copy_row"))?;
+        self.op_done(|| "copy_row".into(), (2 * dim * 4) as u64)
+    }
+
+    fn zero(&mut self, x: &mut GpuBuffer, len: usize) -> Result<()> {
+        elementwise::zero(&self.kernels, &self.stream, &mut x.view_mut(), len)
+            .map_err(kerr("zero"))?;
+        self.op_done(|| "zero".into(), (len * 4) as u64)
+    }
+
+    fn argmax(&mut self, x: &GpuBuffer, row: usize, n: usize) -> Result<u32> {
+        self.argmax_to_step(x, row, n)?;
+        self.read_next_token()
+    }
+}
+
+impl GpuBackend {
+    fn attention_queued(
         &mut self,
         q: &GpuBuffer,
         k_cache: &GpuBuffer,
@@ -1116,67 +1266,6 @@ impl Backend for GpuBackend {
         }
     }
 
-    fn gated(
-        &mut self,
-        gate: &mut GpuBuffer,
-        up: &GpuBuffer,
-        len: usize,
-        act: GateActivation,
-    ) -> Result<()> {
-        elementwise::gated(
-            &self.kernels,
-            &self.stream,
-            &mut gate.view_mut(),
-            up.view(),
-            len,
-            gate_activation(act),
-        )
-        .map_err(kerr("gated"))
-    }
-
-    fn add(&mut self, x: &mut GpuBuffer, y: &GpuBuffer, len: usize) -> Result<()> {
-        elementwise::add(
-            &self.kernels,
-            &self.stream,
-            &mut x.view_mut(),
-            y.view(),
-            len,
-        )
-        .map_err(kerr("add"))
-    }
-
-    fn copy_row(
-        &mut self,
-        src: &GpuBuffer,
-        src_row: usize,
-        dst: &mut GpuBuffer,
-        dst_row: usize,
-        dim: usize,
-    ) -> Result<()> {
-        elementwise::copy_rows(
-            &self.kernels,
-            &self.stream,
-            src.view(),
-            src_row,
-            &mut dst.view_mut(),
-            dst_row,
-            1,
-            dim,
-        )
-        .map_err(kerr("copy_row"))
-    }
-
-    fn zero(&mut self, x: &mut GpuBuffer, len: usize) -> Result<()> {
-        elementwise::zero(&self.kernels, &self.stream, &mut x.view_mut(), len).map_err(kerr("zero"))
-    }
-
-    fn argmax(&mut self, x: &GpuBuffer, row: usize, n: usize) -> Result<u32> {
-        self.argmax_to_step(x, row, n)?;
-        self.read_next_token()
-    }
-}
-
-impl GpuBackend {
     /// Writes the index of the largest of `n` values of row `row` into the step block's
     /// next-token slot, on the device.
     pub fn argmax_to_step(&mut self, x: &GpuBuffer, row: usize, n: usize) -> Result<()> {
@@ -1200,7 +1289,8 @@ impl GpuBackend {
         let mut ws = unsafe { DeviceSliceMut::<u64>::from_raw(ws_ptr, sampling::ARGMAX_WORKSPACE) };
         let mut out = self.step.next_token();
         sampling::argmax(&self.kernels, &self.stream, logits, n, &mut ws, &mut out)
-            .map_err(kerr("argmax"))
+            .map_err(kerr("argmax"))?;
+        self.op_done(|| "argmax".into(), (n * 4) as u64)
     }
 }
 

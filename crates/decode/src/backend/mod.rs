@@ -16,6 +16,7 @@ pub mod cpu;
 pub mod gpu;
 pub mod kernels;
 mod ops;
+pub mod profile;
 
 use crate::error::{DecodeError, Result};
 use crate::memory::{DeviceMemory, MemoryReport, MemoryTag};
@@ -162,6 +163,15 @@ pub trait Backend: Send {
     }
     /// Starts a new window for every peak counter (a benchmark phase).
     fn reset_device_peaks(&mut self) {}
+    /// Times every op of the following steps (eagerly: a GPU backend stops replaying graphs).
+    /// `false` where the backend cannot.
+    fn enable_profiling(&mut self) -> bool {
+        false
+    }
+    /// The per-op table of the profiled steps so far.
+    fn profile_report(&mut self) -> Option<Result<String>> {
+        None
+    }
 
     /// Called before each step with its first position and its tokens (see the module docs).
     /// Ops read both from here (a GPU backend writes them into its device-side step block), so

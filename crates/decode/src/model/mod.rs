@@ -287,6 +287,12 @@ impl<B: Backend> Model<B> {
         &self.backend
     }
 
+    /// The backend, for switches that do not change the model's buffers (profiling, peak
+    /// counters).
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
     /// Positions already in the KV cache.
     pub fn position(&self) -> usize {
         self.kv.len()

@@ -282,6 +282,23 @@ pub fn zero(
     Ok(())
 }
 
+/// Queues a one-thread kernel that busy-waits about `cycles` device clock ticks (profiling: the
+/// host queues the rest of a step while the device waits, so events time kernels alone).
+pub fn spin(kernels: &Kernels, stream: &Stream, cycles: u64) -> Result<()> {
+    let function = kernels.function(KernelModule::Elementwise, "spin_cycles")?;
+    let mut l = function.builder(stream);
+    l.arg(&cycles);
+    // SAFETY: the argument matches `spin_cycles(u64)`; the kernel touches no memory.
+    unsafe {
+        l.launch(hip_ffi::LaunchConfig {
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shared_bytes: 0,
+        })
+    }?;
+    Ok(())
+}
+
 /// `len` as the kernels' u32 count, or an error naming the op.
 fn count(op: &'static str, len: usize) -> Result<u32> {
     u32::try_from(len).map_err(|_| crate::error::KernelError::Shape {
