@@ -31,6 +31,24 @@ enum Command {
     Run(RunArgs),
     /// Print a GGUF file's metadata and tensors, or export one tensor as .npy.
     Inspect(InspectArgs),
+    /// Time every op of decode steps on the GPU: a per-kernel table with bytes moved.
+    Profile(ProfileArgs),
+}
+
+#[derive(clap::Args)]
+struct ProfileArgs {
+    /// The GGUF model file.
+    #[arg(short, long)]
+    model: PathBuf,
+    /// Prompt tokens processed before the profiled steps (their KV is what attention reads).
+    #[arg(short = 'p', long, default_value_t = 64)]
+    prompt_tokens: usize,
+    /// Decode steps profiled.
+    #[arg(short = 'n', long, default_value_t = 32)]
+    steps: usize,
+    /// auto or gpu (the CPU backend has no per-op profile).
+    #[arg(long, default_value = "gpu")]
+    device: DeviceRequest,
 }
 
 #[derive(clap::Args)]
@@ -103,6 +121,7 @@ fn main() -> ExitCode {
     match check_environment().and_then(|()| match cli.command {
         Command::Run(args) => run(args),
         Command::Inspect(args) => inspect(args),
+        Command::Profile(args) => profile(args),
     }) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -174,6 +193,68 @@ fn run(args: RunArgs) -> Result<()> {
             sampler,
         },
     )?
+}
+
+fn profile(args: ProfileArgs) -> Result<()> {
+    anyhow::ensure!(args.steps > 0, "--steps must be at least 1");
+    let choice = device::choose(args.device)?;
+    let file = decode::open_model(&args.model)?;
+    choice.backend.run(
+        BackendSettings::default(),
+        Profiling {
+            args: &args,
+            file: &file,
+        },
+    )?
+}
+
+/// One `hipdecode profile`.
+struct Profiling<'a> {
+    args: &'a ProfileArgs,
+    file: &'a std::sync::Arc<gguf_loader::GgufFile>,
+}
+
+impl WithBackend for Profiling<'_> {
+    type Output = Result<()>;
+
+    fn run<B: Backend>(self, mut backend: B) -> Result<()> {
+        let Profiling { args, file } = self;
+        anyhow::ensure!(
+            backend.enable_profiling(),
+            "the {} backend has no per-op profile; use --device gpu",
+            backend.describe()
+        );
+        let options = ModelOptions {
+            context: args.prompt_tokens + args.steps + 1,
+            ..Default::default()
+        };
+        let mut model = Model::load(file, backend, options)?;
+        let vocab = model.spec().vocab as u32;
+        let prompt: Vec<u32> = (0..args.prompt_tokens.max(1) as u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % vocab)
+            .collect();
+        model.forward(&prompt)?;
+        // Only decode steps go into the table: the prefill's ops are dropped with this report.
+        let _ = model.backend_mut().profile_report();
+        model.backend_mut().enable_profiling();
+        let mut next = model.last_argmax()?;
+        for _ in 0..args.steps {
+            model.forward(&[next])?;
+            next = model.last_argmax()?;
+        }
+        println!(
+            "model    {} ({} layers)\nbackend  {}\ncontext  {} prompt tokens, then {} decode steps",
+            args.model.display(),
+            model.spec().n_layers,
+            model.backend().describe(),
+            prompt.len(),
+            args.steps
+        );
+        if let Some(report) = model.backend_mut().profile_report() {
+            print!("{}", report?);
+        }
+        Ok(())
+    }
 }
 
 /// One `hipdecode run` on whichever backend was chosen.
