@@ -1,6 +1,31 @@
 //! Benchmarks for hipdecode: `bench-decode` and the criterion suites.
 //!
-//! The measuring helpers live here so the binary stays a thin argument parser.
+//! The measuring helpers live here so the binary stays a thin argument parser, one module per
+//! idea:
+//!
+//! - [`cli`]: the command line (llama-bench's flags, and the old ones as aliases).
+//! - [`measure`]: pp and tg tests on a loaded model, memory per phase.
+//! - [`stats`]: mean, sample standard deviation, median, MAD of the repetitions.
+//! - [`model_info`]: the model, size and params columns.
+//! - [`phase_memory`]: bytes per tag, allocator and process memory per phase.
+//! - [`report`]: the md, json and csv output; [`table`]: Markdown tables and CSV lines.
+//! - [`arms`], [`ab`], [`verdict`]: `--ab`, its child processes and its noise rule.
+//! - [`timeline`], [`svg`]: `--svg`, the memory timeline.
+//!
+//! docs/bench-decode.md describes the tool.
+
+pub mod ab;
+pub mod arms;
+pub mod cli;
+pub mod measure;
+pub mod model_info;
+pub mod phase_memory;
+pub mod report;
+pub mod stats;
+pub mod svg;
+pub mod table;
+pub mod timeline;
+pub mod verdict;
 
 use std::time::Duration;
 
@@ -32,6 +57,13 @@ pub fn process_memory() -> Option<(u64, u64)> {
     Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
+/// Starts a new window for the process's peak RSS (`VmHWM`) by writing 5 to
+/// `/proc/self/clear_refs` (Linux 4.0 on). Returns whether it worked; where it did not, the
+/// peak RSS covers the whole process.
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -44,6 +76,25 @@ mod tests {
             median(&[ms(4), ms(1), ms(3), ms(2)]),
             Duration::from_micros(2500)
         );
+    }
+
+    #[test]
+    fn peak_rss_resets_to_about_the_current_rss() {
+        // Touch 64 MiB so the peak is well above what stays resident afterwards.
+        let big = vec![1u8; 64 << 20];
+        assert_eq!(big.iter().map(|&b| b as usize).sum::<usize>(), 64 << 20);
+        drop(big);
+        let Some((_, before)) = process_memory() else {
+            eprintln!("skipping: /proc/self/status is not available on this platform");
+            return;
+        };
+        if !reset_peak_rss() {
+            eprintln!("skipping: /proc/self/clear_refs is not writable here");
+            return;
+        }
+        let (rss, after) = process_memory().unwrap();
+        assert!(after < before, "peak {after} not below {before}");
+        assert!(after >= rss);
     }
 
     #[test]

@@ -1,0 +1,282 @@
+//! The command line of `bench-decode`, shaped like llama-bench's.
+
+use clap::{Parser, ValueEnum};
+use decode::device::DeviceRequest;
+use std::path::PathBuf;
+
+/// How results are printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// Markdown tables (speed, then memory).
+    Md,
+    /// One JSON array of test objects.
+    Json,
+    /// One header line, then a line per test.
+    Csv,
+}
+
+fn at_least(min: usize, what: &str, s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a whole number"))?;
+    if n < min {
+        Err(format!("{what} must be at least {min}, got {n}"))
+    } else {
+        Ok(n)
+    }
+}
+
+fn repetitions(s: &str) -> Result<usize, String> {
+    at_least(1, "the repetition count", s)
+}
+
+fn threads(s: &str) -> Result<usize, String> {
+    at_least(1, "the thread count", s)
+}
+
+fn rounds(s: &str) -> Result<usize, String> {
+    // One round has no spread, so the noise rule would have nothing to stand on.
+    at_least(2, "--rounds (a spread needs two samples per arm)", s)
+}
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "bench-decode",
+    about = "Prompt-processing and token-generation speed of GGUF models, with memory per phase",
+    // Later occurrences replace earlier ones, so an --ab arm can override a measurement flag
+    // the driver passes on (e.g. `--threads 4` in one arm).
+    args_override_self = true
+)]
+pub struct Args {
+    /// A GGUF model file (repeat for several models).
+    #[arg(short = 'm', long = "model", value_name = "FILE", required = true)]
+    pub models: Vec<PathBuf>,
+    /// Prompt tokens of the pp test (0 skips it).
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        visible_alias = "pp",
+        value_name = "N",
+        default_value_t = 512
+    )]
+    pub n_prompt: usize,
+    /// Generated tokens of the tg test (0 skips it).
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        visible_alias = "tg",
+        value_name = "N",
+        default_value_t = 128
+    )]
+    pub n_gen: usize,
+    /// Measured repetitions of each test.
+    #[arg(short = 'r', long = "repetitions", visible_alias = "runs", value_name = "N", default_value_t = 5, value_parser = repetitions)]
+    pub repetitions: usize,
+    /// Unmeasured runs of each test first.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub warmup: usize,
+    /// auto, cpu or gpu (auto picks the GPU when one is usable).
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceRequest,
+    /// GPU: run decode steps eagerly instead of replaying a captured graph.
+    #[arg(long)]
+    pub no_graph: bool,
+    /// CPU threads (default: one per core).
+    #[arg(long, value_name = "N", value_parser = threads)]
+    pub threads: Option<usize>,
+    /// CPU: f32 activations (the reference path) instead of 16-bit integer ones.
+    #[arg(long)]
+    pub exact: bool,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Md)]
+    pub output: Format,
+    /// The same as `-o json` (kept for older scripts).
+    #[arg(long, hide = true)]
+    pub json: bool,
+    /// Compare two arms, each a string of KEY=VALUE environment assignments and --flags
+    /// ('' is the baseline), in alternating child processes.
+    #[arg(long, num_args = 2, value_names = ["ARM_A", "ARM_B"], allow_hyphen_values = true)]
+    pub ab: Option<Vec<String>>,
+    /// Rounds of an --ab comparison (each runs both arms once).
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = rounds, requires = "ab")]
+    pub rounds: usize,
+    /// Write a memory timeline (bytes per tag over time) to this SVG file.
+    #[arg(long, value_name = "FILE", conflicts_with = "ab")]
+    pub svg: Option<PathBuf>,
+}
+
+impl Args {
+    /// Checks what clap cannot express; the message is for the user.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.n_prompt == 0 && self.n_gen == 0 {
+            return Err("-p 0 and -n 0 leave nothing to measure".into());
+        }
+        Ok(())
+    }
+
+    /// The output format, with the old `--json` folded in.
+    pub fn format(&self) -> Format {
+        if self.json {
+            Format::Json
+        } else {
+            self.output
+        }
+    }
+
+    /// The arguments an --ab child gets besides its arm's own: the models and every
+    /// measurement flag of this run, then one repetition in JSON.
+    pub fn child_args(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        for m in &self.models {
+            a.push("-m".to_string());
+            a.push(m.display().to_string());
+        }
+        a.extend([
+            "-p".to_string(),
+            self.n_prompt.to_string(),
+            "-n".to_string(),
+            self.n_gen.to_string(),
+            "--warmup".to_string(),
+            self.warmup.to_string(),
+            "--device".to_string(),
+            device_name(self.device).to_string(),
+        ]);
+        if let Some(t) = self.threads {
+            a.push("--threads".to_string());
+            a.push(t.to_string());
+        }
+        if self.exact {
+            a.push("--exact".to_string());
+        }
+        if self.no_graph {
+            a.push("--no-graph".to_string());
+        }
+        a.extend(["-o", "json", "-r", "1"].map(String::from));
+        a
+    }
+}
+
+/// The command-line spelling of a device request.
+pub fn device_name(d: DeviceRequest) -> &'static str {
+    match d {
+        DeviceRequest::Auto => "auto",
+        DeviceRequest::Cpu => "cpu",
+        DeviceRequest::Gpu => "gpu",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, String> {
+        let a = Args::try_parse_from(std::iter::once("bench-decode").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        a.validate()?;
+        Ok(a)
+    }
+
+    #[test]
+    fn defaults_are_llama_bench_s() {
+        let a = parse(&["-m", "x.gguf"]).unwrap();
+        assert_eq!(
+            (a.n_prompt, a.n_gen, a.repetitions, a.warmup),
+            (512, 128, 5, 1)
+        );
+        assert_eq!(a.format(), Format::Md);
+        assert_eq!(a.device, DeviceRequest::Auto);
+        assert!(a.ab.is_none() && a.svg.is_none());
+    }
+
+    #[test]
+    fn several_models_and_the_old_spellings() {
+        let a = parse(&[
+            "-m", "a.gguf", "--model", "b.gguf", "--pp", "64", "--tg", "32", "--runs", "3",
+            "--json",
+        ])
+        .unwrap();
+        assert_eq!(a.models, [PathBuf::from("a.gguf"), PathBuf::from("b.gguf")]);
+        assert_eq!((a.n_prompt, a.n_gen, a.repetitions), (64, 32, 3));
+        assert_eq!(a.format(), Format::Json);
+    }
+
+    #[test]
+    fn a_later_flag_overrides_an_earlier_one() {
+        let a = parse(&["-m", "a", "--threads", "2", "-r", "1", "--threads", "4"]).unwrap();
+        assert_eq!(a.threads, Some(4));
+        assert_eq!(a.models.len(), 1);
+    }
+
+    #[test]
+    fn bad_values_give_clear_messages() {
+        let e = parse(&["-m", "a", "-r", "0"]).unwrap_err();
+        assert!(e.contains("at least 1"), "{e}");
+        let e = parse(&["-m", "a", "-o", "xml"]).unwrap_err();
+        assert!(e.contains("xml") && e.contains("md, json, csv"), "{e}");
+        let e = parse(&["-m", "a", "-p", "0", "-n", "0"]).unwrap_err();
+        assert!(e.contains("nothing to measure"), "{e}");
+        let e = parse(&["-m", "a", "--device", "tpu"]).unwrap_err();
+        assert!(e.contains("tpu"), "{e}");
+        let e = parse(&["-m", "a", "--threads", "0"]).unwrap_err();
+        assert!(e.contains("at least 1"), "{e}");
+        let e = parse(&["-m", "a", "-p", "-3"]).unwrap_err();
+        assert!(e.contains("-3"), "{e}");
+        assert!(parse(&["-p", "8"]).unwrap_err().contains("--model"));
+    }
+
+    #[test]
+    fn ab_takes_two_arms_including_empty_and_dashed_ones() {
+        let a = parse(&[
+            "-m",
+            "a",
+            "--ab",
+            "",
+            "--no-graph --threads 2",
+            "--rounds",
+            "3",
+        ])
+        .unwrap();
+        assert_eq!(
+            a.ab.as_deref(),
+            Some(&["".to_string(), "--no-graph --threads 2".to_string()][..])
+        );
+        assert_eq!(a.rounds, 3);
+        let e = parse(&["-m", "a", "--ab", "", "X=1", "--rounds", "1"]).unwrap_err();
+        assert!(e.contains("two samples"), "{e}");
+        let e = parse(&["-m", "a", "--ab", "only-one"]).unwrap_err();
+        assert!(e.contains("ARM_B") || e.contains("2 values"), "{e}");
+        assert!(parse(&["-m", "a", "--rounds", "3"]).is_err());
+        assert!(parse(&["-m", "a", "--ab", "", "", "--svg", "x.svg"]).is_err());
+    }
+
+    #[test]
+    fn child_args_carry_the_measurement_flags_and_one_json_repetition() {
+        let a = parse(&[
+            "-m",
+            "a.gguf",
+            "-p",
+            "8",
+            "-n",
+            "4",
+            "--device",
+            "cpu",
+            "--threads",
+            "2",
+            "--exact",
+            "-r",
+            "7",
+        ])
+        .unwrap();
+        let c = a.child_args().join(" ");
+        assert_eq!(
+            c,
+            "-m a.gguf -p 8 -n 4 --warmup 1 --device cpu --threads 2 --exact -o json -r 1"
+        );
+        // The child's command line parses, and an arm's flag appended after it wins.
+        let mut child = a.child_args();
+        child.extend(["--threads", "3"].map(String::from));
+        let parsed = parse(&child.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+        assert_eq!((parsed.threads, parsed.repetitions), (Some(3), 1));
+        assert_eq!(parsed.format(), Format::Json);
+    }
+}

@@ -1,0 +1,321 @@
+//! The measurement, as llama-bench does it: a pp test is one prompt from an empty context, a
+//! tg test is single-token steps from an empty context, each repeated after unmeasured
+//! warm-up runs, one tokens-per-second figure per repetition. Memory is read at the end of
+//! each phase (load, prefill, decode).
+
+use crate::model_info::ModelInfo;
+use crate::phase_memory::{Phase, PhaseMemory, Window};
+use crate::stats::{summarize, Summary};
+use crate::timeline::Timeline;
+use crate::{process_memory, reset_peak_rss};
+use anyhow::{bail, Context, Result};
+use decode::backend::Backend;
+use decode::memory::{MemoryReport, MemoryTag};
+use decode::model::{Model, ModelOptions};
+use decode::GgufFile;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What to run.
+#[derive(Clone, Copy, Debug)]
+pub struct Plan {
+    /// Prompt tokens of the pp test (0: no pp test).
+    pub n_prompt: usize,
+    /// Generated tokens of the tg test (0: no tg test).
+    pub n_gen: usize,
+    pub repetitions: usize,
+    pub warmup: usize,
+    /// The most tokens one GPU step carries (the model's prefill chunk).
+    pub max_batch: usize,
+}
+
+/// Which test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TestKind {
+    Pp,
+    Tg,
+}
+
+/// One test's results.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TestResult {
+    pub kind: TestKind,
+    /// Tokens per repetition (prompt or generated).
+    pub tokens: usize,
+    /// Tokens per second of each measured repetition, in run order.
+    pub samples: Vec<f64>,
+    pub summary: Summary,
+}
+
+impl TestResult {
+    /// `pp512`, `tg128`.
+    pub fn name(&self) -> String {
+        let prefix = match self.kind {
+            TestKind::Pp => "pp",
+            TestKind::Tg => "tg",
+        };
+        format!("{prefix}{}", self.tokens)
+    }
+
+    /// The phase whose memory goes with this test.
+    pub fn phase(&self) -> Phase {
+        match self.kind {
+            TestKind::Pp => Phase::Prefill,
+            TestKind::Tg => Phase::Decode,
+        }
+    }
+}
+
+/// Everything measured on one model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelReport {
+    pub info: ModelInfo,
+    pub backend: String,
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    pub warmup: usize,
+    pub tests: Vec<TestResult>,
+    /// Load first, then prefill and decode for the tests that ran.
+    pub memory: Vec<PhaseMemory>,
+}
+
+impl ModelReport {
+    pub fn phase(&self, phase: Phase) -> Option<&PhaseMemory> {
+        self.memory.iter().find(|m| m.phase == phase)
+    }
+}
+
+/// A fixed, varied token sequence; the speed does not depend on which ids they are.
+pub fn prompt_tokens(n: usize, vocab: usize) -> Vec<u32> {
+    let vocab = vocab.max(1) as u64;
+    (0..n as u64)
+        .map(|i| ((i.wrapping_mul(2_654_435_761) >> 7) % vocab) as u32)
+        .collect()
+}
+
+/// Tokens per second; an error rather than infinity for a zero duration.
+fn rate(tokens: usize, seconds: f64) -> Result<f64> {
+    if seconds > 0.0 {
+        Ok(tokens as f64 / seconds)
+    } else {
+        bail!("a run of {tokens} tokens took no measurable time")
+    }
+}
+
+/// The per-phase bookkeeping: the timeline, and on the host the most each tag held at the
+/// moments looked at.
+struct Recorder<'a> {
+    timeline: Option<&'a mut Timeline>,
+    model_name: String,
+    seen_max: [u64; MemoryTag::COUNT],
+}
+
+impl Recorder<'_> {
+    /// Starts a phase: a new window for the RSS peak and the host tag maxima, a marker.
+    fn begin(&mut self, phase: Phase, now: &MemoryReport) -> Window {
+        self.seen_max = [0; MemoryTag::COUNT];
+        let rss_window = if reset_peak_rss() {
+            Window::Phase
+        } else {
+            Window::Process
+        };
+        if let Some(tl) = self.timeline.as_deref_mut() {
+            tl.mark(format!("{} {}", self.model_name, phase.name()));
+        }
+        self.observe(now);
+        rss_window
+    }
+
+    /// A look at the per-tag bytes: a timeline sample and the host maxima.
+    fn observe(&mut self, now: &MemoryReport) {
+        for (m, &b) in self.seen_max.iter_mut().zip(&now.bytes) {
+            *m = (*m).max(b);
+        }
+        if let Some(tl) = self.timeline.as_deref_mut() {
+            tl.sample(now);
+        }
+    }
+
+    /// Whether to look after every forward call (only for a timeline: it is the one reader).
+    fn per_call(&self) -> bool {
+        self.timeline.is_some()
+    }
+
+    /// Ends a phase: the memory report, from the device counters where the backend has them.
+    fn end<B: Backend>(
+        &mut self,
+        model: &Model<B>,
+        phase: Phase,
+        device_window: Window,
+        rss_window: Window,
+    ) -> Result<PhaseMemory> {
+        let now = model.memory();
+        self.observe(&now);
+        let mut m = match model.backend().device_memory() {
+            Some(d) => {
+                let d =
+                    d.with_context(|| format!("reading device memory after {}", phase.name()))?;
+                PhaseMemory::from_device(phase, &now.location, device_window, &d)
+            }
+            None => PhaseMemory::from_host(phase, &now, &self.seen_max),
+        };
+        if let Some((rss, peak)) = process_memory() {
+            m.rss = Some(rss);
+            m.peak_rss = Some(peak);
+            m.rss_window = rss_window;
+        }
+        Ok(m)
+    }
+}
+
+/// Loads the model onto `backend` and runs the plan's tests on it.
+pub fn run_model<B: Backend>(
+    path: &Path,
+    file: &Arc<GgufFile>,
+    mut backend: B,
+    plan: &Plan,
+    timeline: Option<&mut Timeline>,
+) -> Result<ModelReport> {
+    let info = ModelInfo::from_file(path, file);
+    let mut rec = Recorder {
+        timeline,
+        model_name: info.name.clone(),
+        seen_max: [0; MemoryTag::COUNT],
+    };
+
+    // Load. The bench still owns the backend here, so its peaks can start a window.
+    backend.reset_device_peaks();
+    let rss_window = rec.begin(Phase::Load, &backend.memory());
+    let options = ModelOptions {
+        // One position spare, as llama-bench sizes its context.
+        context: plan.n_prompt + plan.n_gen + 1,
+        max_batch: plan.n_prompt.clamp(1, plan.max_batch.max(1)),
+        all_logits: false,
+    };
+    let mut model = Model::load(file, backend, options)
+        .with_context(|| format!("loading {}", path.display()))?;
+    let mut memory = vec![rec.end(&model, Phase::Load, Window::Phase, rss_window)?];
+    let backend_name = model.backend().describe();
+    let vocab = model.spec().vocab;
+    if vocab == 0 {
+        bail!("{} has an empty vocabulary", path.display());
+    }
+    let needed = plan.n_prompt + plan.n_gen + 1;
+    if model.options().context < needed {
+        bail!(
+            "{} holds {} positions, but -p {} -n {} needs {needed}",
+            path.display(),
+            model.options().context,
+            plan.n_prompt,
+            plan.n_gen
+        );
+    }
+    let prompt = prompt_tokens(plan.n_prompt, vocab);
+    let first = prompt_tokens(1, vocab)[0];
+    let runs = plan.warmup + plan.repetitions;
+    let mut tests = Vec::new();
+
+    // Later phases: `Model` lends its backend by `&` only, so the device peaks cannot be
+    // reset here and cover everything since the load began (Window::SinceLoad).
+    if plan.n_prompt > 0 {
+        let rss_window = rec.begin(Phase::Prefill, &model.memory());
+        let mut samples = Vec::with_capacity(plan.repetitions);
+        for run in 0..runs {
+            model.reset();
+            let t = Instant::now();
+            model.forward(&prompt)?;
+            // The argmax reads a result back, so the prompt's work has finished.
+            model.last_argmax()?;
+            let secs = t.elapsed().as_secs_f64();
+            if rec.per_call() {
+                rec.observe(&model.memory());
+            }
+            if run >= plan.warmup {
+                samples.push(rate(plan.n_prompt, secs)?);
+            }
+        }
+        memory.push(rec.end(&model, Phase::Prefill, Window::SinceLoad, rss_window)?);
+        tests.push(result(TestKind::Pp, plan.n_prompt, samples)?);
+    }
+    if plan.n_gen > 0 {
+        let rss_window = rec.begin(Phase::Decode, &model.memory());
+        let mut samples = Vec::with_capacity(plan.repetitions);
+        for run in 0..runs {
+            model.reset();
+            let mut next = first;
+            let t = Instant::now();
+            for _ in 0..plan.n_gen {
+                model.forward(&[next])?;
+                next = model.last_argmax()?;
+                if rec.per_call() {
+                    // Only with --svg: a counter read per token, inside the timed loop.
+                    rec.observe(&model.memory());
+                }
+            }
+            let secs = t.elapsed().as_secs_f64();
+            if run >= plan.warmup {
+                samples.push(rate(plan.n_gen, secs)?);
+            }
+        }
+        memory.push(rec.end(&model, Phase::Decode, Window::SinceLoad, rss_window)?);
+        tests.push(result(TestKind::Tg, plan.n_gen, samples)?);
+    }
+    Ok(ModelReport {
+        info,
+        backend: backend_name,
+        n_prompt: plan.n_prompt,
+        n_gen: plan.n_gen,
+        warmup: plan.warmup,
+        tests,
+        memory,
+    })
+}
+
+fn result(kind: TestKind, tokens: usize, samples: Vec<f64>) -> Result<TestResult> {
+    let summary = summarize(&samples).context("summarizing the repetitions")?;
+    Ok(TestResult {
+        kind,
+        tokens,
+        samples,
+        summary,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_tokens_stay_in_the_vocabulary_and_vary() {
+        let p = prompt_tokens(64, 100);
+        assert_eq!(p.len(), 64);
+        assert!(p.iter().all(|&t| t < 100));
+        assert!(p.windows(2).any(|w| w[0] != w[1]));
+        assert!(prompt_tokens(3, 0).iter().all(|&t| t == 0));
+    }
+
+    #[test]
+    fn rate_refuses_zero_time() {
+        assert_eq!(rate(10, 0.5).unwrap(), 20.0);
+        assert!(rate(10, 0.0).is_err());
+    }
+
+    #[test]
+    fn test_names_and_phases() {
+        let s = summarize(&[1.0]).unwrap();
+        let t = TestResult {
+            kind: TestKind::Pp,
+            tokens: 512,
+            samples: vec![1.0],
+            summary: s,
+        };
+        assert_eq!((t.name(), t.phase()), ("pp512".to_string(), Phase::Prefill));
+        let t = TestResult {
+            kind: TestKind::Tg,
+            tokens: 128,
+            ..t
+        };
+        assert_eq!((t.name(), t.phase()), ("tg128".to_string(), Phase::Decode));
+    }
+}
