@@ -216,9 +216,9 @@ pub fn run_model<B: Backend>(
     let runs = plan.warmup + plan.repetitions;
     let mut tests = Vec::new();
 
-    // Later phases: `Model` lends its backend by `&` only, so the device peaks cannot be
-    // reset here and cover everything since the load began (Window::SinceLoad).
+    // Each later phase starts its own peak window too.
     if plan.n_prompt > 0 {
+        model.backend_mut().reset_device_peaks();
         let rss_window = rec.begin(Phase::Prefill, &model.memory());
         let mut samples = Vec::with_capacity(plan.repetitions);
         for run in 0..runs {
@@ -235,10 +235,11 @@ pub fn run_model<B: Backend>(
                 samples.push(rate(plan.n_prompt, secs)?);
             }
         }
-        memory.push(rec.end(&model, Phase::Prefill, Window::SinceLoad, rss_window)?);
+        memory.push(rec.end(&model, Phase::Prefill, Window::Phase, rss_window)?);
         tests.push(result(TestKind::Pp, plan.n_prompt, samples)?);
     }
     if plan.n_gen > 0 {
+        model.backend_mut().reset_device_peaks();
         let rss_window = rec.begin(Phase::Decode, &model.memory());
         let mut samples = Vec::with_capacity(plan.repetitions);
         for run in 0..runs {
@@ -258,7 +259,7 @@ pub fn run_model<B: Backend>(
                 samples.push(rate(plan.n_gen, secs)?);
             }
         }
-        memory.push(rec.end(&model, Phase::Decode, Window::SinceLoad, rss_window)?);
+        memory.push(rec.end(&model, Phase::Decode, Window::Phase, rss_window)?);
         tests.push(result(TestKind::Tg, plan.n_gen, samples)?);
     }
     Ok(ModelReport {

@@ -32,10 +32,6 @@ impl Phase {
 pub enum Window {
     /// The phase alone: the counter was reset when it began.
     Phase,
-    /// From the start of the load phase on. The allocator's peaks are reset before the load,
-    /// while the bench still owns the backend; `Model` lends its backend only by shared
-    /// reference, so they cannot be reset between the later phases.
-    SinceLoad,
     /// The process's lifetime (the peak RSS where `/proc/self/clear_refs` cannot reset it).
     Process,
 }
@@ -44,7 +40,6 @@ impl Window {
     pub fn name(self) -> &'static str {
         match self {
             Window::Phase => "phase",
-            Window::SinceLoad => "since load",
             Window::Process => "process",
         }
     }
@@ -360,17 +355,17 @@ mod tests {
             process_used: 5 << 30,
             outside_allocator: 3 << 30,
         });
-        m.peak_window = Window::SinceLoad;
+        m.peak_window = Window::Process;
         m.tags[MemoryTag::Graph.index()].peak = 4096;
         let t = memory_table(&[("m".into(), m.clone())]);
         assert!(t.contains("peak reserved") && t.contains("3.0 GiB"), "{t}");
         assert!(t.contains("graph") && t.contains("4.0 KiB"), "{t}");
-        assert!(t.contains("since load (rss: phase)"), "{t}");
+        assert!(t.contains("process (rss: phase)"), "{t}");
         let j = m.to_json();
         assert_eq!(j["device"]["outside_allocator"], 3u64 << 30);
         assert_eq!(j["tags"]["weights"]["peak"], 1u64 << 30);
         assert_eq!(j["tags"].as_object().unwrap().len(), MemoryTag::COUNT);
-        assert_eq!(j["peak_window"], "since load");
+        assert_eq!(j["peak_window"], "process");
         assert_eq!(PhaseMemory::csv_headers("x_").len(), m.csv_cells().len());
     }
 }
