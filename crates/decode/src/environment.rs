@@ -14,6 +14,7 @@ pub fn known_vars() -> Vec<&'static str> {
         hip_ffi::testing::REQUIRE_GPU_VAR,
         hip_ffi::rtc::NVRTC_PATH_VAR,
         crate::backend::gpu::MATVEC_VAR,
+        crate::backend::gpu::KV_TYPE_VAR,
         "HIPDECODE_REQUIRE_RTC",
         "HIPDECODE_REQUIRE_MODELS",
         "HIPDECODE_MODELS_DIR",
@@ -37,6 +38,9 @@ pub fn check_vars(vars: &[(String, String)]) -> Result<Vec<String>> {
         .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
     if let Some(v) = lookup(crate::backend::gpu::MATVEC_VAR) {
         crate::backend::gpu::MatvecPath::parse(&v)?;
+    }
+    if let Some(v) = lookup(crate::backend::gpu::KV_TYPE_VAR) {
+        crate::backend::gpu::KvType::parse(&v)?;
     }
     let known = known_vars();
     Ok(vars

@@ -7,15 +7,16 @@
 //! - `exact` (f32 activations over the same quantized weights): the difference is summation
 //!   order (and the GPU's f32 KV cache equals the CPU's), so the bound is tight, GPU_TOL, and
 //!   greedy continuations are equal.
-//! - `int8` (activations rounded to 8 bits per group of 32 before each decode product, the
-//!   default): about 0.4 % per activation, compounded over the layers, INT8_TOL. Greedy
-//!   continuations may part, but only at a near-tie of the CPU's top two logits.
+//! - `int8` with an f16 KV cache (the defaults: activations rounded to 8 bits per group of 32
+//!   before each decode product, about 0.4 % per activation, and keys and values to 11
+//!   significant bits), compounded over the layers: INT8_TOL. Greedy continuations may part,
+//!   but only at a near-tie of the CPU's top two logits.
 
 mod common;
 
 use common::*;
 use decode::backend::cpu::CpuBackend;
-use decode::backend::gpu::{GpuBackend, MatvecPath};
+use decode::backend::gpu::{GpuBackend, KvType, MatvecPath};
 use decode::backend::{Backend, Precision};
 use decode::gguf_loader::synth::Preset;
 use decode::gguf_loader::GgufFile;
@@ -46,9 +47,15 @@ fn gpu_backend_with(test: &str, graphs: bool) -> Option<GpuBackend> {
     Some(GpuBackend::new(device, 64, graphs).expect("the GPU backend starts"))
 }
 
+/// The backend on `path`; the exact path also keeps an f32 KV cache like the CPU's, the int8
+/// path the default f16 one.
 fn gpu_backend_on(test: &str, path: MatvecPath) -> Option<GpuBackend> {
     let mut be = gpu_backend(test)?;
     be.set_matvec_path(path);
+    be.set_kv_type(match path {
+        MatvecPath::Exact => KvType::F32,
+        MatvecPath::Int8 => KvType::F16,
+    });
     Some(be)
 }
 

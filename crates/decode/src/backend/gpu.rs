@@ -41,10 +41,12 @@ use std::sync::Arc;
 /// chunks of at most this many tokens).
 pub const DEFAULT_MAX_BATCH: usize = 512;
 
-/// An f32 device array drawn from the allocator.
+/// A device array drawn from the allocator: f32, or f16 for a KV cache that stores half
+/// precision (see [`KvType`]).
 pub struct GpuBuffer {
     mem: Allocation,
     len: usize,
+    elem: Elem,
     /// Bumped by every mutable view, so a copy derived from the contents knows when it is
     /// stale.
     version: u64,
@@ -54,15 +56,22 @@ pub struct GpuBuffer {
 
 impl GpuBuffer {
     fn new(mem: Allocation, len: usize) -> GpuBuffer {
+        GpuBuffer::with_elem(mem, len, Elem::F32)
+    }
+
+    fn with_elem(mem: Allocation, len: usize, elem: Elem) -> GpuBuffer {
         GpuBuffer {
             mem,
             len,
+            elem,
             version: 0,
             q8: RefCell::new(None),
         }
     }
 
     fn view(&self) -> DeviceSlice<f32> {
+        // Only KV caches are f16, and only the KV ops take them (through `kv_view`).
+        assert_eq!(self.elem, Elem::F32, "an f16 KV buffer used as f32");
         // SAFETY: the allocation holds `len` f32 and lives as long as `self`; kernels using the
         // view are queued on the backend's one stream, and the allocation returns to the
         // allocator on that same stream, so its memory is not reused before they run.
@@ -70,10 +79,83 @@ impl GpuBuffer {
     }
 
     fn view_mut(&mut self) -> DeviceSliceMut<f32> {
+        assert_eq!(self.elem, Elem::F32, "an f16 KV buffer used as f32");
         self.version += 1;
         // SAFETY: as in `view`; `&mut self` guarantees no other host-side view of this buffer
         // is handed to the same launch.
         unsafe { DeviceSliceMut::from_raw(self.mem.ptr(), self.len) }
+    }
+}
+
+impl GpuBuffer {
+    fn kv_view(&self) -> kv_cache::KvSlice {
+        // SAFETY: the allocation holds `len` elements of `elem` (see `view`).
+        unsafe {
+            match self.elem {
+                Elem::F32 => {
+                    kv_cache::KvSlice::F32(DeviceSlice::from_raw(self.mem.ptr(), self.len))
+                }
+                Elem::F16 => {
+                    kv_cache::KvSlice::F16(DeviceSlice::from_raw(self.mem.ptr(), self.len))
+                }
+            }
+        }
+    }
+
+    fn kv_view_mut(&mut self) -> kv_cache::KvSliceMut {
+        self.version += 1;
+        // SAFETY: as in `kv_view`, with `&mut self` as in `view_mut`.
+        unsafe {
+            match self.elem {
+                Elem::F32 => {
+                    kv_cache::KvSliceMut::F32(DeviceSliceMut::from_raw(self.mem.ptr(), self.len))
+                }
+                Elem::F16 => {
+                    kv_cache::KvSliceMut::F16(DeviceSliceMut::from_raw(self.mem.ptr(), self.len))
+                }
+            }
+        }
+    }
+}
+
+/// Element type of a [`GpuBuffer`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Elem {
+    F32,
+    F16,
+}
+
+/// How the KV cache stores keys and values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvType {
+    /// Half precision (the default): half the bytes, a relative rounding of 2^-11.
+    F16,
+    /// Single precision, as the CPU backend stores it (the exact comparisons).
+    F32,
+}
+
+/// Chooses the KV cache's element type: `f16` (default) or `f32`.
+pub const KV_TYPE_VAR: &str = "HIPDECODE_KV_TYPE";
+
+impl KvType {
+    /// Parses a value of [`KV_TYPE_VAR`].
+    pub fn parse(value: &str) -> Result<KvType> {
+        match value.trim() {
+            "f16" => Ok(KvType::F16),
+            "f32" => Ok(KvType::F32),
+            other => Err(DecodeError::InvalidArgument(format!(
+                "{KV_TYPE_VAR}={other:?} is not a KV cache type; use 'f16' (default) or 'f32'"
+            ))),
+        }
+    }
+
+    /// The type [`KV_TYPE_VAR`] asks for, or the default when it is unset.
+    pub fn from_env() -> Result<KvType> {
+        match std::env::var(KV_TYPE_VAR) {
+            Ok(v) => KvType::parse(&v),
+            Err(std::env::VarError::NotPresent) => Ok(KvType::F16),
+            Err(e) => Err(DecodeError::InvalidArgument(format!("{KV_TYPE_VAR}: {e}"))),
+        }
     }
 }
 
@@ -268,6 +350,8 @@ pub struct GpuBackend {
     use_graphs: bool,
     /// How matrix-vector products read activations.
     matvec_path: MatvecPath,
+    /// Element type of KV cache buffers allocated from now on.
+    kv_type: KvType,
     /// The current step's first position (for the profile's byte counts).
     step_pos0: usize,
     /// Per-op timing, when profiling (steps then run eagerly).
@@ -349,6 +433,7 @@ impl GpuBackend {
             mem_before,
             use_graphs,
             matvec_path: MatvecPath::from_env()?,
+            kv_type: KvType::from_env()?,
             step_pos0: 0,
             profile: None,
             graphs: HashMap::new(),
@@ -370,6 +455,16 @@ impl GpuBackend {
     /// The matrix-vector path in use.
     pub fn matvec_path(&self) -> MatvecPath {
         self.matvec_path
+    }
+
+    /// Sets the element type of KV caches allocated from now on (before a model is loaded).
+    pub fn set_kv_type(&mut self, kv: KvType) {
+        self.kv_type = kv;
+    }
+
+    /// The KV cache element type for new caches.
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
     }
 
     /// Marks the end of an op for the profile (nothing when not profiling).
@@ -642,15 +737,27 @@ impl Backend for GpuBackend {
     }
 
     fn alloc(&mut self, tag: MemoryTag, len: usize) -> Result<GpuBuffer> {
-        let bytes = len.checked_mul(4).ok_or_else(|| DecodeError::Allocation {
-            what: format!("{len} f32 values of {}", tag.name()),
-            reason: "the byte count overflows".into(),
-        })?;
-        let mem = self.device_alloc(tag, bytes, &format!("{len} f32 of {}", tag.name()))?;
-        let mut buffer = GpuBuffer::new(mem, len);
-        elementwise::zero(&self.kernels, &self.stream, &mut buffer.view_mut(), len)
+        let elem = if tag == MemoryTag::KvCache && self.kv_type == KvType::F16 {
+            Elem::F16
+        } else {
+            Elem::F32
+        };
+        let size = if elem == Elem::F16 { 2 } else { 4 };
+        // Whole f32 words, so the zeroing kernel covers an odd count of f16 values too.
+        let bytes = len
+            .checked_mul(size)
+            .map(|b| b.next_multiple_of(4))
+            .ok_or_else(|| DecodeError::Allocation {
+                what: format!("{len} values of {}", tag.name()),
+                reason: "the byte count overflows".into(),
+            })?;
+        let mem = self.device_alloc(tag, bytes, &format!("{len} values of {}", tag.name()))?;
+        // SAFETY: the allocation holds `bytes / 4` f32 words and lives until the buffer made
+        // from it below is dropped; zeroing queues on the backend's stream before any use.
+        let mut words = unsafe { DeviceSliceMut::<f32>::from_raw(mem.ptr(), bytes / 4) };
+        elementwise::zero(&self.kernels, &self.stream, &mut words, bytes / 4)
             .map_err(kerr("zeroing a new buffer"))?;
-        Ok(buffer)
+        Ok(GpuBuffer::with_elem(mem, len, elem))
     }
 
     fn load_weight(&mut self, src: &WeightSource<'_>) -> Result<GpuWeight> {
@@ -783,6 +890,20 @@ impl Backend for GpuBackend {
         self.stream
             .synchronize()
             .map_err(|e| gpu_err("waiting for the stream", e))?;
+        if src.elem == Elem::F16 {
+            let mut halves = vec![0u16; dst.len()];
+            // SAFETY: as below, for `dst.len()` f16 values at `offset`.
+            unsafe {
+                self.stream
+                    .copy_to_host_raw(&mut halves, DevicePtr(src.mem.ptr() + 2 * offset as u64))
+            }
+            .and_then(|()| self.stream.synchronize())
+            .map_err(|e| gpu_err("reading from the device", e))?;
+            for (d, h) in dst.iter_mut().zip(halves) {
+                *d = half::f16::from_bits(h).to_f32();
+            }
+            return Ok(());
+        }
         // SAFETY: the range lies inside the buffer (checked above); the stream is idle and the
         // copy is synchronized before `dst` is used.
         unsafe {
@@ -1110,7 +1231,7 @@ impl Backend for GpuBackend {
             &self.kernels,
             &self.stream,
             &src.view(),
-            &mut kv_cache::KvSliceMut::F32(cache.view_mut()),
+            &mut cache.kv_view_mut(),
             &positions,
             rows,
             dim,
@@ -1133,7 +1254,8 @@ impl Backend for GpuBackend {
         let seen = (self.step_pos0 + shape.n_tokens)
             .min(shape.kv_slots)
             .min(shape.window.unwrap_or(usize::MAX));
-        let kv_bytes = seen * shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v) * 4;
+        let elem_bytes = if k_cache.elem == Elem::F16 { 2 } else { 4 };
+        let kv_bytes = seen * shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v) * elem_bytes;
         let kind = if shape.n_tokens == 1 {
             "decode"
         } else {
@@ -1227,8 +1349,8 @@ impl GpuBackend {
             slots: shape.kv_slots,
         };
         let positions = self.step.positions();
-        let k = kv_cache::KvSlice::F32(k_cache.view());
-        let v = kv_cache::KvSlice::F32(v_cache.view());
+        let k = k_cache.kv_view();
+        let v = v_cache.kv_view();
         if shape.n_tokens == 1 {
             let need = attn::decode_workspace_floats(&s).map_err(kerr("attention"))?;
             let (a, st) = (&*self.alloc, self.stream_id);
