@@ -286,6 +286,73 @@ fn rms_norm<B: Backend + 'static>(make: impl Fn() -> B) {
     }
 }
 
+test_device!(add_rms_norm);
+/// The residual add and the next norm, with and without the add; then a product that reads
+/// the normed rows, which on `gpu_int8` takes the 8-bit copy the fused kernel left.
+fn add_rms_norm<B: Backend + 'static>(make: impl Fn() -> B) {
+    struct Out {
+        x: Vec<f32>,
+        normed: Vec<f32>,
+        product: Vec<f32>,
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn go<C: Backend>(
+        be: &mut C,
+        x: &[f32],
+        y: Option<&[f32]>,
+        w: &[f32],
+        m: &Matrix,
+        rows: usize,
+        dim: usize,
+    ) -> Out {
+        let weight = load_vector(be, "norm", w);
+        let mut xb = upload(be, x);
+        let yb = y.map(|y| upload(be, y));
+        let mut out = be.alloc(MemoryTag::Activations, x.len()).unwrap();
+        be.add_rms_norm(&mut xb, yb.as_ref(), &weight, &mut out, rows, dim, 1e-6)
+            .expect("add_rms_norm");
+        let mw = be.load_weight(&m.source()).expect("load the matrix");
+        let n_out = m.dims[1];
+        let mut prod = be.alloc(MemoryTag::Activations, rows * n_out).unwrap();
+        be.matmul(&mw, &out, &mut prod, rows).expect("matmul");
+        Out {
+            x: download(be, &xb, rows * dim),
+            normed: download(be, &out, rows * dim),
+            product: download(be, &prod, rows * n_out),
+        }
+    }
+    let probe = make();
+    let mut rng = Rng::new(21);
+    for m in matrices(&[WeightFormat::Q4K, WeightFormat::Q8_0]) {
+        let dim = m.dims[0];
+        for rows in ROWS {
+            for with_y in [false, true] {
+                let x = rng.vec(rows * dim, 3.0);
+                let y = rng.vec(rows * dim, 3.0);
+                let w = rng.vec(dim, 1.5);
+                let y = with_y.then_some(&y[..]);
+                let want = go(&mut exact(), &x, y, &w, &m, rows, dim);
+                let got = go(&mut make(), &x, y, &w, &m, rows, dim);
+                let what = format!("add_rms_norm {rows}x{dim} add {with_y} then {}", m.name);
+                check(&format!("{what}: x"), &got.x, &want.x, F32_TOL);
+                check(
+                    &format!("{what}: normed"),
+                    &got.normed,
+                    &want.normed,
+                    F32_TOL,
+                );
+                let tol = matmul_tolerance(&probe, rows);
+                check(
+                    &format!("{what}: product"),
+                    &got.product,
+                    &want.product,
+                    tol,
+                );
+            }
+        }
+    }
+}
+
 test_device!(rms_norm_inplace);
 fn rms_norm_inplace<B: Backend + 'static>(make: impl Fn() -> B) {
     fn go<C: Backend>(be: &mut C, x: &[f32], w: &[f32], rows: usize, dim: usize) -> Vec<f32> {

@@ -280,3 +280,184 @@ KERNEL void attn_combine(const float* part_ms, const float* part_acc, float* out
         out[row * dv + d] = l > 0.0f ? a / l : 0.0f;
     }
 }
+
+// ---- Decode attention, one warp per key: the fast path for head sizes that split evenly
+// over a warp (dk == dv, a multiple of 64, at most 256).
+//
+// A block of ATTN_DEC_WARPS warps takes one query token (grid x), at most ATTN_DEC_HEADS query
+// heads of one KV head (grid y) and one split of the key range (grid z), as attn_core does.
+// Its warps take the split's keys in turn; each lane holds DPL = dk / WARP_SIZE consecutive
+// dimensions, so a key row is read with one coalesced load per lane and its scores are
+// warp sums. Each warp keeps an online softmax per head; the warps meet in shared memory at
+// the end and write the split's partial (or, with one split, the output), in attn_core's
+// layout, so attn_combine merges them.
+#define ATTN_DEC_WARPS 4
+#define ATTN_DEC_HEADS 4
+
+template <typename T, int DPL>
+DEVICE void kv_row_part(const T* row, u32 lane, float* out) {
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) out[i] = kv_load(row, (u64)lane * DPL + i);
+}
+
+template <typename T, int DPL>
+DEVICE void attn_decode_core(const float* q, const T* k_cache, const T* v_cache,
+                             const i32* positions, float* out, float* part_ms, float* part_acc,
+                             u32 n_head, u32 n_head_kv, u32 d, u32 slots, u32 window,
+                             float scale, u32 heads_per_block, u32 n_split,
+                             u32 keys_per_split, float* sm_acc, float* sm_ml) {
+    const u32 lane = threadIdx.x % WARP_SIZE;
+    const u32 warp = threadIdx.x / WARP_SIZE;
+    const u32 n_warps = blockDim.x / WARP_SIZE;
+    const u32 t = blockIdx.x;
+    const u32 split = blockIdx.z;
+    const u32 group = n_head / n_head_kv;
+    const u32 n_sub = (group + heads_per_block - 1) / heads_per_block;
+    const u32 kvh = blockIdx.y / n_sub;
+    const u32 h0 = kvh * group + (blockIdx.y % n_sub) * heads_per_block;
+    const u32 group_end = kvh * group + group;
+    const u32 nh = heads_per_block < group_end - h0 ? heads_per_block : group_end - h0;
+
+    const i64 pos = (i64)positions[t];
+    i64 first = 0;
+    if (window > 0 && pos - (i64)window + 1 > 0) first = pos - (i64)window + 1;
+    const i64 n_keys = pos - first + 1;
+    const i64 k_begin = (i64)split * (i64)keys_per_split;
+    i64 k_end = k_begin + (i64)keys_per_split;
+    if (k_end > n_keys) k_end = n_keys;
+    const u64 row_q = (u64)t * n_head + h0;
+    if (k_begin >= k_end) {
+        if (n_split > 1) {
+            if (threadIdx.x < nh) {
+                float* ms = part_ms + ((row_q + threadIdx.x) * n_split + split) * 2;
+                ms[0] = attn_neg_inf();
+                ms[1] = 0.0f;
+            }
+        } else {
+            for (u32 i = threadIdx.x; i < nh * d; i += blockDim.x) out[row_q * d + i] = 0.0f;
+        }
+        return;
+    }
+
+    float qv[ATTN_DEC_HEADS][DPL];
+#pragma unroll
+    for (u32 g = 0; g < ATTN_DEC_HEADS; ++g) {
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+            qv[g][i] = g < nh ? q[(row_q + g) * d + (u64)lane * DPL + i] * scale : 0.0f;
+        }
+    }
+    float m[ATTN_DEC_HEADS], l[ATTN_DEC_HEADS], acc[ATTN_DEC_HEADS][DPL];
+#pragma unroll
+    for (u32 g = 0; g < ATTN_DEC_HEADS; ++g) {
+        m[g] = attn_neg_inf();
+        l[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) acc[g][i] = 0.0f;
+    }
+    const u64 row = (u64)n_head_kv * d;
+    const T* k_head = k_cache + (u64)kvh * d;
+    const T* v_head = v_cache + (u64)kvh * d;
+    for (i64 j = k_begin + warp; j < k_end; j += n_warps) {
+        const u64 slot = (u64)((first + j) % (i64)slots);
+        float kr[DPL], vr[DPL];
+        kv_row_part<T, DPL>(k_head + slot * row, lane, kr);
+        kv_row_part<T, DPL>(v_head + slot * row, lane, vr);
+#pragma unroll
+        for (u32 g = 0; g < ATTN_DEC_HEADS; ++g) {
+            if (g >= nh) break;
+            float s = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DPL; ++i) s += qv[g][i] * kr[i];
+            s = warp_sum(s);
+            const float m_new = fmaxf(m[g], s);
+            const float alpha = m[g] > attn_neg_inf() ? expf(m[g] - m_new) : 0.0f;
+            const float p = expf(s - m_new);
+            l[g] = l[g] * alpha + p;
+#pragma unroll
+            for (int i = 0; i < DPL; ++i) acc[g][i] = acc[g][i] * alpha + p * vr[i];
+            m[g] = m_new;
+        }
+    }
+    // The warps' partials meet in shared memory.
+#pragma unroll
+    for (u32 g = 0; g < ATTN_DEC_HEADS; ++g) {
+        if (g >= nh) break;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+            sm_acc[(warp * ATTN_DEC_HEADS + g) * (8 * WARP_SIZE) + lane * DPL + i] = acc[g][i];
+        }
+        if (lane == 0) {
+            sm_ml[(warp * ATTN_DEC_HEADS + g) * 2] = m[g];
+            sm_ml[(warp * ATTN_DEC_HEADS + g) * 2 + 1] = l[g];
+        }
+    }
+    __syncthreads();
+    for (u32 i = threadIdx.x; i < nh * d; i += blockDim.x) {
+        const u32 g = i / d;
+        const u32 dd = i % d;
+        float mx = attn_neg_inf();
+        for (u32 w = 0; w < n_warps; ++w) mx = fmaxf(mx, sm_ml[(w * ATTN_DEC_HEADS + g) * 2]);
+        float a = 0.0f, ls = 0.0f;
+        for (u32 w = 0; w < n_warps; ++w) {
+            const float mw = sm_ml[(w * ATTN_DEC_HEADS + g) * 2];
+            if (mw > attn_neg_inf()) {
+                const float f = expf(mw - mx);
+                a += sm_acc[(w * ATTN_DEC_HEADS + g) * (8 * WARP_SIZE) + dd] * f;
+                ls += sm_ml[(w * ATTN_DEC_HEADS + g) * 2 + 1] * f;
+            }
+        }
+        if (n_split > 1) {
+            part_acc[((row_q + g) * n_split + split) * d + dd] = a;
+            if (dd == 0) {
+                float* ms = part_ms + ((row_q + g) * n_split + split) * 2;
+                ms[0] = mx;
+                ms[1] = ls;
+            }
+        } else {
+            out[(row_q + g) * d + dd] = ls > 0.0f ? a / ls : 0.0f;
+        }
+    }
+}
+
+#define ATTN_DECODE_ENTRY(name, T)                                                             \
+    KERNEL void name(const float* q, const T* k_cache, const T* v_cache, const i32* positions, \
+                     float* out, float* part_ms, float* part_acc, u32 n_head, u32 n_head_kv,   \
+                     u32 d, u32 slots, u32 window, float scale, u32 heads_per_block,           \
+                     u32 n_split, u32 keys_per_split) {                                        \
+        /* Declared here once: per instantiation below they would add up. */                  \
+        __shared__ float sm_acc[ATTN_DEC_WARPS * ATTN_DEC_HEADS * 8 * WARP_SIZE];              \
+        __shared__ float sm_ml[ATTN_DEC_WARPS * ATTN_DEC_HEADS * 2];                           \
+        switch (d / WARP_SIZE) {                                                               \
+            case 1:                                                                            \
+                attn_decode_core<T, 1>(q, k_cache, v_cache, positions, out, part_ms, part_acc, \
+                                       n_head, n_head_kv, d, slots, window, scale,             \
+                                       heads_per_block, n_split, keys_per_split, sm_acc,       \
+                                       sm_ml);                                                 \
+                break;                                                                         \
+            case 2:                                                                            \
+                attn_decode_core<T, 2>(q, k_cache, v_cache, positions, out, part_ms, part_acc, \
+                                       n_head, n_head_kv, d, slots, window, scale,             \
+                                       heads_per_block, n_split, keys_per_split, sm_acc,       \
+                                       sm_ml);                                                 \
+                break;                                                                         \
+            case 4:                                                                            \
+                attn_decode_core<T, 4>(q, k_cache, v_cache, positions, out, part_ms, part_acc, \
+                                       n_head, n_head_kv, d, slots, window, scale,             \
+                                       heads_per_block, n_split, keys_per_split, sm_acc,       \
+                                       sm_ml);                                                 \
+                break;                                                                         \
+            case 8:                                                                            \
+                attn_decode_core<T, 8>(q, k_cache, v_cache, positions, out, part_ms, part_acc, \
+                                       n_head, n_head_kv, d, slots, window, scale,             \
+                                       heads_per_block, n_split, keys_per_split, sm_acc,       \
+                                       sm_ml);                                                 \
+                break;                                                                         \
+            default:                                                                           \
+                break;                                                                         \
+        }                                                                                      \
+    }
+
+// Entry points attn_decode_f16 and attn_decode_f32.
+ATTN_DECODE_ENTRY(attn_decode_f16, u16)
+ATTN_DECODE_ENTRY(attn_decode_f32, float)

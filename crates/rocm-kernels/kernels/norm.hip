@@ -49,3 +49,41 @@ KERNEL void rms_norm_warp(const float* x, const float* w, float* out, u32 n_vect
     const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
     for (u32 i = lane; i < dim; i += WARP_SIZE) ov[i] = xv[i] * inv * w[i];
 }
+
+// The residual add, the norm and the activation quantization of decode in one launch:
+// if y: x[r] += y[r] (written back); out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w; if xq:
+// out[r] quantized as quantize_q8 does (per group of 32: d = max|v| / 127, q = round(v / d)),
+// into xq[r * dim ..] and xd[r * dim / 32 ..] (dim a multiple of 32 then).
+// One block per row; blockDim.x a multiple of WARP_SIZE up to 1024. Grid: (rows, 1, 1).
+KERNEL void add_rms_norm_q8(float* x, const float* y, const float* w, float* out, i8* xq,
+                            float* xd, u32 dim, float eps) {
+    __shared__ float scratch[32];
+    const u64 base = (u64)blockIdx.x * dim;
+    float* xr = x + base;
+    float* orow = out + base;
+    float ss = 0.0f;
+    for (u32 i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = xr[i];
+        if (y) {
+            v += y[base + i];
+            xr[i] = v;
+        }
+        ss += v * v;
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (u32 i = threadIdx.x; i < dim; i += blockDim.x) orow[i] = xr[i] * inv * w[i];
+    if (!xq) return;
+    // Every thread's writes of `out` are visible to the block after the barrier.
+    __syncthreads();
+    for (u32 g = threadIdx.x; g < dim / 32; g += blockDim.x) {
+        const float* v = orow + g * 32;
+        float amax = 0.0f;
+        for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
+        const float d = amax / 127.0f;
+        const float id = d > 0.0f ? 1.0f / d : 0.0f;
+        i8* q = xq + base + g * 32;
+        for (int i = 0; i < 32; ++i) q[i] = (i8)__float2int_rn(v[i] * id);
+        xd[base / 32 + g] = d;
+    }
+}

@@ -94,7 +94,7 @@ impl KernelModule {
     /// Each module's owner keeps its arm in step with its source file (see the module docs).
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
-            KernelModule::Norm => &["rms_norm_rows", "rms_norm_warp"],
+            KernelModule::Norm => &["rms_norm_rows", "rms_norm_warp", "add_rms_norm_q8"],
             KernelModule::Elementwise => &[
                 "gated_silu",
                 "gated_gelu_tanh",
@@ -123,7 +123,13 @@ impl KernelModule {
             ],
             KernelModule::Rope => &["rope_f32"],
             KernelModule::KvCache => &["kv_store_f16", "kv_store_f32"],
-            KernelModule::Attention => &["attn_f16", "attn_f32", "attn_combine"],
+            KernelModule::Attention => &[
+                "attn_f16",
+                "attn_f32",
+                "attn_combine",
+                "attn_decode_f16",
+                "attn_decode_f32",
+            ],
             KernelModule::Matvec => &[
                 "matvec_f32",
                 "matvec_f16",

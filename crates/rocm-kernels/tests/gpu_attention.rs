@@ -623,9 +623,10 @@ fn decode_attention_matches_the_reference_over_lengths_heads_and_head_dims() {
         return;
     };
     let mut seed = 10;
-    // KV lengths 1, 5, 300, 4097 (position + 1) over head_dim 64/128/256/80 and head groupings
-    // 1/1, 8/2, 16/8, in both cache types.
-    for (n_head, n_head_kv) in [(1, 1), (8, 2), (16, 8)] {
+    // KV lengths 1, 5, 300, 4097 (position + 1) over head_dim 64/128/256 (the one-warp-per-key
+    // kernel) and 80 (the one-thread-per-key kernel), and head groupings 1/1, 8/2, 16/8 and
+    // 12/1 (three blocks of four heads on the first), in both cache types.
+    for (n_head, n_head_kv) in [(1, 1), (8, 2), (16, 8), (12, 1)] {
         for head_dim in [64, 128, 256, 80] {
             for (slots, pos) in [(8, 0), (8, 4), (512, 299), (4100, 4096)] {
                 for elem in [KvElem::F16, KvElem::F32] {

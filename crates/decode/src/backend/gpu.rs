@@ -168,8 +168,8 @@ struct Q8Shadow {
     mem: Allocation,
     /// Values it has room for (the scales follow them, 16-byte aligned).
     capacity: usize,
-    /// The buffer version, token count and row width it was made from.
-    made_from: Option<(u64, usize, usize)>,
+    /// The buffer version and the count of leading values it was made from.
+    made_from: Option<(u64, usize)>,
 }
 
 impl Q8Shadow {
@@ -593,8 +593,32 @@ impl GpuBackend {
         Ok(slot.insert(GpuBuffer::new(mem, len)).view_mut())
     }
 
+    /// The views of `buf`'s 8-bit shadow for its first `values` values, made (or grown) first
+    /// where needed; the shadow is not marked as made from anything.
+    fn q8_shadow(&self, buf: &GpuBuffer, values: usize) -> Result<Q8ActivationsMut> {
+        let mut slot = buf.q8.borrow_mut();
+        if slot.as_ref().is_none_or(|s| s.capacity < values) {
+            // Room for the most tokens a product takes, so a warm step never grows it.
+            let capacity = (MAX_TOKENS * values).min(buf.len).max(values);
+            let capacity = capacity - capacity % matvec_q8::GROUP;
+            let mem = self.device_alloc(
+                Tag::Activations,
+                Q8Shadow::bytes_for(capacity),
+                "8-bit activations",
+            )?;
+            *slot = Some(Q8Shadow {
+                mem,
+                capacity,
+                made_from: None,
+            });
+        }
+        Ok(slot.as_ref().expect("set above").views(values))
+    }
+
     /// `x`'s first `n_tokens` rows of `cols` quantized to 8 bits: the buffer's shadow, made
-    /// (or re-made) only when `x` changed since, or was quantized for another shape.
+    /// (or re-made) only when `x` changed since, or was quantized for fewer values. Groups of
+    /// 32 never straddle rows (`cols` is a multiple of 32), so the shadow of `n * cols` values
+    /// is the same whatever the split into rows.
     fn q8_activations(
         &mut self,
         x: &GpuBuffer,
@@ -608,26 +632,13 @@ impl GpuBackend {
                 x.len
             )));
         }
-        let mut slot = x.q8.borrow_mut();
-        if slot.as_ref().is_none_or(|s| s.capacity < values) {
-            // Room for the most tokens a product takes, so a warm step never grows it.
-            let capacity = (MAX_TOKENS * cols).min(x.len / cols * cols).max(values);
-            let mem = self.device_alloc(
-                Tag::Activations,
-                Q8Shadow::bytes_for(capacity),
-                "8-bit activations",
-            )?;
-            *slot = Some(Q8Shadow {
-                mem,
-                capacity,
-                made_from: None,
-            });
-        }
-        let shadow = slot.as_mut().expect("set above");
-        let mut q = shadow.views(values);
-        let wanted = Some((x.version, n_tokens, cols));
-        let stale = shadow.made_from != wanted;
-        if stale {
+        let mut q = self.q8_shadow(x, values)?;
+        let fresh =
+            x.q8.borrow()
+                .as_ref()
+                .and_then(|s| s.made_from)
+                .is_some_and(|(version, made)| version == x.version && made >= values);
+        if !fresh {
             matvec_q8::quantize(
                 &self.kernels,
                 &self.stream,
@@ -637,10 +648,9 @@ impl GpuBackend {
                 &mut q,
             )
             .map_err(kerr("quantizing activations"))?;
-            shadow.made_from = wanted;
-        }
-        drop(slot);
-        if stale {
+            if let Some(s) = x.q8.borrow_mut().as_mut() {
+                s.made_from = Some((x.version, values));
+            }
             self.op_done(|| "quantize_q8".into(), (values * 5) as u64)?;
         }
         Ok(q)
@@ -983,6 +993,59 @@ impl Backend for GpuBackend {
         self.op_done(|| "rms_norm".into(), (2 * rows * dim * 4) as u64)
     }
 
+    fn add_rms_norm(
+        &mut self,
+        x: &mut GpuBuffer,
+        y: Option<&GpuBuffer>,
+        weight: &GpuWeight,
+        out: &mut GpuBuffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let w = weight.vector("add_rms_norm")?;
+        let values = rows * dim;
+        // Leave `out` quantized when the int8 products will read it.
+        let quantize = self.matvec_path == MatvecPath::Int8
+            && rows <= INT8_MAX_ROWS
+            && dim % matvec_q8::GROUP == 0
+            && values <= out.len;
+        let mut q8 = if quantize {
+            Some(self.q8_shadow(out, values)?)
+        } else {
+            None
+        };
+        norm::add_rms_norm(
+            &self.kernels,
+            &self.stream,
+            &mut x.view_mut(),
+            y.map(|y| y.view()),
+            w,
+            &mut out.view_mut(),
+            q8.as_mut(),
+            rows,
+            dim,
+            eps,
+        )
+        .map_err(kerr("add_rms_norm"))?;
+        if quantize {
+            if let Some(s) = out.q8.borrow_mut().as_mut() {
+                s.made_from = Some((out.version, values));
+            }
+        }
+        let moved = if y.is_some() { 5 } else { 3 };
+        self.op_done(
+            || {
+                if quantize {
+                    "add_rms_norm + int8".into()
+                } else {
+                    "add_rms_norm".into()
+                }
+            },
+            (moved * values * 4) as u64,
+        )
+    }
+
     fn rms_norm_inplace(
         &mut self,
         x: &mut GpuBuffer,
@@ -1013,12 +1076,12 @@ impl Backend for GpuBackend {
         rows: usize,
     ) -> Result<()> {
         let (m, _) = w.matrix("matmul")?;
-        if self.matvec_path == MatvecPath::Int8
+        let int8 = self.matvec_path == MatvecPath::Int8
             && rows <= INT8_MAX_ROWS
-            && matvec_q8::supports(m.format())
-        {
+            && matvec_q8::supports(m.format());
+        if int8 {
             let q = self.q8_activations(x, rows, m.cols())?;
-            return matvec_q8::matvec(
+            matvec_q8::matvec(
                 &self.kernels,
                 &self.stream,
                 &m,
@@ -1026,17 +1089,27 @@ impl Backend for GpuBackend {
                 &mut out.view_mut(),
                 rows,
             )
-            .map_err(kerr("matmul (int8)"));
+            .map_err(kerr("matmul (int8)"))?;
+        } else {
+            matmul::linear(
+                &self.kernels,
+                &self.stream,
+                &m,
+                x.view(),
+                &mut out.view_mut(),
+                rows,
+            )
+            .map_err(kerr("matmul"))?;
         }
-        matmul::linear(
-            &self.kernels,
-            &self.stream,
-            &m,
-            x.view(),
-            &mut out.view_mut(),
-            rows,
+        let kind = match (int8, rows <= MAX_TOKENS) {
+            (true, _) => "matvec int8",
+            (false, true) => "matvec f32",
+            (false, false) => "matmul f32",
+        };
+        self.op_done(
+            || format!("{kind} {} {}x{}", m.format().name(), m.rows(), m.cols()),
+            (m.data().len() + rows * (m.rows() + m.cols()) * 4) as u64,
         )
-        .map_err(kerr("matmul"))
     }
 
     fn moe(

@@ -215,6 +215,26 @@ pub trait Backend: Send {
         dim: usize,
         eps: f32,
     ) -> Result<()>;
+    /// `x += y` when `y` is given, then `out = rms_norm(x) * weight` over `rows` rows of
+    /// `dim`: a block's residual add and the next norm. The default runs the two ops; a GPU
+    /// backend runs one kernel, which also leaves `out` quantized for the products that read
+    /// it next.
+    #[allow(clippy::too_many_arguments)]
+    fn add_rms_norm(
+        &mut self,
+        x: &mut Self::Buffer,
+        y: Option<&Self::Buffer>,
+        weight: &Self::Weight,
+        out: &mut Self::Buffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        if let Some(y) = y {
+            self.add(x, y, rows * dim)?;
+        }
+        self.rms_norm(x, weight, out, rows, dim, eps)
+    }
     /// In-place RMSNorm of `rows` consecutive vectors of `dim` (per-head Q/K norm).
     fn rms_norm_inplace(
         &mut self,

@@ -11,9 +11,10 @@ use hip_ffi::{Device, Event, Stream};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-/// Busy-wait at the head of a profiled step, in device clock ticks (about 5 ms at 2 GHz:
-/// longer than the host needs to queue a step of a few hundred launches).
-pub const HEAD_START_CYCLES: u64 = 10_000_000;
+/// Busy-wait at the head of a profiled step, in device clock ticks (about 50 ms at 2 GHz: the
+/// host queues a launch and an event per op, some 10 us each in eager mode, so a step of a
+/// thousand ops needs about 10 ms; the first measurements showed 5 ms was too short).
+pub const HEAD_START_CYCLES: u64 = 100_000_000;
 
 #[derive(Clone, Debug, Default)]
 struct OpTotal {
@@ -33,6 +34,9 @@ pub struct OpProfile {
     ops: Vec<(String, u64)>,
     totals: BTreeMap<String, OpTotal>,
     steps: u64,
+    /// Steps whose head start ran out before the host had queued them: their op times include
+    /// gaps where the device waited for the host.
+    host_bound_steps: u64,
 }
 
 impl OpProfile {
@@ -72,6 +76,11 @@ impl OpProfile {
         if self.recorded == 0 {
             return Ok(());
         }
+        // The host has queued the whole step by now; if the device is already past the head
+        // start, it may have waited for the host between ops.
+        if self.events[0].query()? {
+            self.host_bound_steps += 1;
+        }
         self.events[self.recorded - 1].synchronize()?;
         for (i, (label, bytes)) in self.ops.drain(..).enumerate() {
             let ms = self.events[i + 1].elapsed_ms_since(&self.events[i])?;
@@ -99,6 +108,14 @@ impl OpProfile {
             self.steps,
             total_ms * 1e3 / steps
         );
+        if self.host_bound_steps > 0 {
+            let _ = writeln!(
+                out,
+                "warning: in {} of {} steps the device caught up with the host; those op times \
+                 include waits for the host",
+                self.host_bound_steps, self.steps
+            );
+        }
         let _ = writeln!(
             out,
             "| op | calls/step | us/step | share | GB/s |\n| --- | ---: | ---: | ---: | ---: |"

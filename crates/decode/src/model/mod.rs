@@ -409,9 +409,13 @@ impl<B: Backend> Model<B> {
             let e = s.n_embd;
             let (kd, vd) = (s.widths.k, s.widths.v);
             be.embed(embed, n, s.embed_scale, &mut a.x)?;
+            // Each block's output waits in `a.proj` and is added to the residual stream by the
+            // next norm (`add_rms_norm`: one kernel on the GPU).
+            let mut residual_pending = false;
             for (il, (layer, ls)) in layers.iter().zip(&s.layers).enumerate() {
                 // Attention block.
-                be.rms_norm(&a.x, &layer.attn_norm, &mut a.xn, n, e, s.eps)?;
+                let pending = residual_pending.then_some(&a.proj);
+                be.add_rms_norm(&mut a.x, pending, &layer.attn_norm, &mut a.xn, n, e, s.eps)?;
                 be.matmul(&layer.wq, &a.xn, &mut a.q, n)?;
                 be.matmul(&layer.wk, &a.xn, &mut a.k, n)?;
                 be.matmul(&layer.wv, &a.xn, &mut a.v, n)?;
@@ -443,13 +447,18 @@ impl<B: Backend> Model<B> {
                 be.attention(&a.q, &kv.k[il], &kv.v[il], &mut a.attn, &shape)?;
                 be.matmul(&layer.wo, &a.attn, &mut a.proj, n)?;
                 if let Some(w) = &layer.attn_post_norm {
-                    be.rms_norm(&a.proj, w, &mut a.xn, n, e, s.eps)?;
-                    be.add(&mut a.x, &a.xn, n * e)?;
-                } else {
-                    be.add(&mut a.x, &a.proj, n * e)?;
+                    be.rms_norm_inplace(&mut a.proj, w, n, e, s.eps)?;
                 }
                 // Feed-forward block.
-                be.rms_norm(&a.x, &layer.ffn_norm, &mut a.xn, n, e, s.eps)?;
+                be.add_rms_norm(
+                    &mut a.x,
+                    Some(&a.proj),
+                    &layer.ffn_norm,
+                    &mut a.xn,
+                    n,
+                    e,
+                    s.eps,
+                )?;
                 match &layer.ffn {
                     Ffn::Dense { gate, up, down } => {
                         be.matmul(gate, &a.xn, &mut a.gate, n)?;
@@ -476,17 +485,20 @@ impl<B: Backend> Model<B> {
                     }
                 }
                 if let Some(w) = &layer.ffn_post_norm {
-                    be.rms_norm(&a.proj, w, &mut a.xn, n, e, s.eps)?;
-                    be.add(&mut a.x, &a.xn, n * e)?;
-                } else {
-                    be.add(&mut a.x, &a.proj, n * e)?;
+                    be.rms_norm_inplace(&mut a.proj, w, n, e, s.eps)?;
                 }
+                residual_pending = true;
             }
             let out_w = output.as_ref().unwrap_or(embed);
-            if options.all_logits {
-                be.rms_norm(&a.x, output_norm, &mut a.xn, n, e, s.eps)?;
+            let pending = residual_pending.then_some(&a.proj);
+            if options.all_logits || n == 1 {
+                be.add_rms_norm(&mut a.x, pending, output_norm, &mut a.xn, n, e, s.eps)?;
                 be.matmul(out_w, &a.xn, &mut a.logits, n)?;
             } else {
+                // Only the last row's logits: the whole residual, then one row's norm.
+                if let Some(proj) = pending {
+                    be.add(&mut a.x, proj, n * e)?;
+                }
                 be.copy_row(&a.x, n - 1, &mut a.proj, 0, e)?;
                 be.rms_norm(&a.proj, output_norm, &mut a.xn, 1, e, s.eps)?;
                 be.matmul(out_w, &a.xn, &mut a.logits, 1)?;

@@ -146,6 +146,63 @@ struct Plan {
     keys_per_split: u32,
     /// Dynamic shared memory per block.
     shared_bytes: usize,
+    /// Which kernel: `attn_decode_*` (one warp per key) or `attn_*` (one thread per key).
+    warp_per_key: bool,
+}
+
+/// Warps per block of the one-warp-per-key decode kernel (`ATTN_DEC_WARPS`).
+const DECODE_WARPS: u32 = 4;
+/// Query heads per block of that kernel (`ATTN_DEC_HEADS`).
+const DECODE_HEADS: usize = 4;
+/// Keys per split unit of that kernel: eight per warp, so the key range spreads over many
+/// blocks even at short lengths (a decode step's attention is latency-bound, not bandwidth-
+/// bound, until the cache is long).
+const DECODE_TILE: usize = 32;
+
+/// Whether the one-warp-per-key decode kernel takes `shape`: equal K and V head sizes that a
+/// warp of 32 or 64 lanes splits into at most eight values per lane.
+fn warp_per_key_applies(shape: &AttentionShape) -> bool {
+    shape.head_dim_k == shape.head_dim_v && shape.head_dim_k % 64 == 0 && shape.head_dim_k <= 256
+}
+
+/// The decode plan: the one-warp-per-key kernel where it applies, else [`plan`].
+fn decode_plan(shape: &AttentionShape) -> Result<Plan> {
+    if !warp_per_key_applies(shape) {
+        return plan(shape, true);
+    }
+    let group = shape.n_head / shape.n_head_kv;
+    let n_sub = group.div_ceil(DECODE_HEADS);
+    let heads_per_block = group.div_ceil(n_sub);
+    check_shape(shape.n_head_kv * n_sub <= MAX_GRID_YZ, OP, || {
+        format!(
+            "{} KV heads in {n_sub} blocks each exceed the grid limit of {MAX_GRID_YZ}",
+            shape.n_head_kv
+        )
+    })?;
+    check_shape(shape.n_head <= MAX_GRID_YZ, OP, || {
+        format!(
+            "{} heads exceed the combine grid limit of {MAX_GRID_YZ}",
+            shape.n_head
+        )
+    })?;
+    let max_keys = shape.window.map_or(shape.slots, |w| w.min(shape.slots));
+    let tiles = max_keys.div_ceil(DECODE_TILE);
+    let tiles_per_split = tiles.div_ceil(tiles.min(MAX_SPLITS));
+    let n_split = tiles.div_ceil(tiles_per_split);
+    let (n_split, keys_per_split) = if n_split > 1 {
+        let keys = to_u32(OP, "keys per split", tiles_per_split * DECODE_TILE)?;
+        (n_split, keys)
+    } else {
+        (1, u32::MAX)
+    };
+    Ok(Plan {
+        heads_per_block,
+        n_sub,
+        n_split,
+        keys_per_split,
+        shared_bytes: 0,
+        warp_per_key: true,
+    })
 }
 
 fn shared_bytes(heads_per_block: usize, shape: &AttentionShape) -> usize {
@@ -205,6 +262,7 @@ fn plan(shape: &AttentionShape, split: bool) -> Result<Plan> {
         n_split,
         keys_per_split,
         shared_bytes: shared_bytes(heads_per_block, shape),
+        warp_per_key: false,
     })
 }
 
@@ -217,7 +275,7 @@ pub fn decode_splits(shape: &AttentionShape) -> Result<usize> {
             shape.n_head_kv, shape.slots
         )
     })?;
-    Ok(plan(shape, true)?.n_split)
+    Ok(decode_plan(shape)?.n_split)
 }
 
 /// f32 values of workspace [`attention_decode`] needs for `shape` (0 with one split). It does
@@ -294,9 +352,16 @@ fn launch(
         }
         None => (DevicePtr(0), DevicePtr(0)),
     };
-    let entry = match io.k.elem() {
-        KvElem::F16 => "attn_f16",
-        KvElem::F32 => "attn_f32",
+    let entry = match (io.k.elem(), plan.warp_per_key) {
+        (KvElem::F16, false) => "attn_f16",
+        (KvElem::F32, false) => "attn_f32",
+        (KvElem::F16, true) => "attn_decode_f16",
+        (KvElem::F32, true) => "attn_decode_f32",
+    };
+    let threads = if plan.warp_per_key {
+        DECODE_WARPS * kernels.wave_size().max(1)
+    } else {
+        BLOCK
     };
     let (q_ptr, k_ptr, v_ptr) = (io.q.ptr(), io.k.ptr(), io.v.ptr());
     let (positions_ptr, out_ptr) = (io.positions.ptr(), io.out.ptr());
@@ -317,9 +382,12 @@ fn launch(
         .arg(&part_acc)
         .arg(&n_head)
         .arg(&n_head_kv)
-        .arg(&dk)
-        .arg(&dv)
-        .arg(&slots)
+        .arg(&dk);
+    if !plan.warp_per_key {
+        // attn_decode_* takes one head size (dk == dv).
+        l.arg(&dv);
+    }
+    l.arg(&slots)
         .arg(&window)
         .arg(&shape.scale)
         .arg(&heads_per_block)
@@ -327,10 +395,12 @@ fn launch(
         .arg(&plan.keys_per_split);
     let config = LaunchConfig {
         grid: [n_tokens, grid_y, n_split],
-        block: [BLOCK, 1, 1],
+        block: [threads, 1, 1],
         shared_bytes,
     };
-    // SAFETY: the arguments match `attn_f16`/`attn_f32` in order and type. `check_io` made q,
+    // SAFETY: the arguments match `attn_f16`/`attn_f32` (or, with one head size, the
+    // `attn_decode_*` kernels, which take d = dk = dv and static shared memory only; their
+    // plan keeps at most DECODE_HEADS heads per block and dk / wave <= 8) in order and type. `check_io` made q,
     // out, both caches and the positions long enough for the shape; cache rows are indexed by
     // slot = position % slots < slots. With more than one split the caller passed a workspace
     // of `decode_workspace_floats` values, which holds the n_tokens * n_head * n_split
@@ -398,7 +468,7 @@ pub fn attention_decode(
     if shape.n_tokens == 0 {
         return Ok(());
     }
-    let plan = plan(shape, true)?;
+    let plan = decode_plan(shape)?;
     let ws = (plan.n_split > 1).then_some(&*workspace);
     launch(kernels, stream, &io, ws, shape, &plan)
 }
@@ -466,10 +536,33 @@ mod tests {
         assert!(p.n_split <= MAX_SPLITS);
         assert!(p.n_split * p.keys_per_split as usize >= 40_000);
         assert_eq!(p.keys_per_split % BLOCK, 0);
-        // A window bounds the keys: 128 fit one tile, so no split and no workspace.
+        // A window bounds the keys: 128 fit one tile of the one-thread-per-key kernel (head
+        // size 80), so no split and no workspace; the one-warp-per-key kernel (64) cuts them
+        // into four splits of 32.
+        let mut odd = big;
+        odd.head_dim_k = 80;
+        odd.head_dim_v = 80;
+        odd.window = Some(128);
+        assert_eq!(decode_splits(&odd).unwrap(), 1);
+        assert_eq!(decode_workspace_floats(&odd).unwrap(), 0);
         big.window = Some(128);
-        assert_eq!(decode_splits(&big).unwrap(), 1);
-        assert_eq!(decode_workspace_floats(&big).unwrap(), 0);
+        assert_eq!(decode_splits(&big).unwrap(), 4);
+        let p = decode_plan(&big).unwrap();
+        assert!(p.warp_per_key && !decode_plan(&odd).unwrap().warp_per_key);
+        assert_eq!(p.keys_per_split, 32);
+    }
+
+    #[test]
+    fn the_warp_per_key_plan_keeps_four_heads_per_block_and_bounded_splits() {
+        let mut s = shape(12, 1, 256, 256);
+        s.slots = 100_000;
+        let p = decode_plan(&s).unwrap();
+        assert_eq!((p.heads_per_block, p.n_sub), (4, 3));
+        assert!(p.n_split <= MAX_SPLITS);
+        assert!(p.n_split * p.keys_per_split as usize >= 100_000);
+        assert_eq!(p.keys_per_split as usize % DECODE_TILE, 0);
+        let p = decode_plan(&shape(6, 1, 128, 128)).unwrap();
+        assert_eq!((p.heads_per_block, p.n_sub), (3, 2));
     }
 
     #[test]

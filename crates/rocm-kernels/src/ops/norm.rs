@@ -120,6 +120,87 @@ pub fn rms_norm_inplace(
     )
 }
 
+/// Decode's residual add, norm and activation quantization in one launch: when `y` is given,
+/// `x[r] += y[r]`; then `out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight`; when `q8` is
+/// given, `out` quantized into it exactly as [`crate::ops::matvec_q8::quantize`] would (so
+/// the next matrix-vector products read it without a launch of their own).
+///
+/// `x`, `y` and `out` hold `rows * dim` values and must not overlap; with `q8`, `dim` is a
+/// multiple of 32 and its views hold `rows * dim` values and `rows * dim / 32` scales.
+#[allow(clippy::too_many_arguments)]
+pub fn add_rms_norm(
+    kernels: &Kernels,
+    stream: &Stream,
+    x: &mut DeviceSliceMut<f32>,
+    y: Option<DeviceSlice<f32>>,
+    weight: DeviceSlice<f32>,
+    out: &mut DeviceSliceMut<f32>,
+    q8: Option<&mut crate::ops::matvec_q8::Q8ActivationsMut>,
+    rows: usize,
+    dim: usize,
+    eps: f32,
+) -> Result<()> {
+    check(x.len(), weight.len(), out.len(), rows, dim, eps)?;
+    let n = rows * dim;
+    let bytes = (n * 4) as u64;
+    let disjoint = |a: u64, b: u64| a + bytes <= b || b + bytes <= a;
+    check_shape(disjoint(x.addr(), out.addr()), OP, || {
+        "x and out overlap".to_string()
+    })?;
+    if let Some(y) = &y {
+        check_shape(y.len() >= n, OP, || {
+            format!("y holds {} values, {rows} rows of {dim} need {n}", y.len())
+        })?;
+        check_shape(
+            disjoint(y.addr(), x.addr()) && disjoint(y.addr(), out.addr()),
+            OP,
+            || "y overlaps x or out".to_string(),
+        )?;
+    }
+    let (q_p, d_p) = match &q8 {
+        Some(q) => {
+            check_shape(dim % 32 == 0, OP, || {
+                format!("{dim} values per row are not whole groups of 32 to quantize")
+            })?;
+            check_shape(q.values.len() >= n && q.scales.len() >= n / 32, OP, || {
+                format!("the quantized views are too short for {n} values")
+            })?;
+            (q.values.ptr(), q.scales.ptr())
+        }
+        None => (DevicePtr(0), DevicePtr(0)),
+    };
+    if rows == 0 {
+        return Ok(());
+    }
+    let y_p = y.map_or(DevicePtr(0), |y| y.ptr());
+    let (x_p, w_p, o_p) = (x.ptr(), weight.ptr(), out.ptr());
+    let dim_u = dim as u32;
+    let block = (dim_u.div_ceil(4).div_ceil(64) * 64).clamp(64, 1024);
+    let function = kernels.function(KernelModule::Norm, "add_rms_norm_q8")?;
+    let mut l = function.builder(stream);
+    l.arg(&x_p)
+        .arg(&y_p)
+        .arg(&w_p)
+        .arg(&o_p)
+        .arg(&q_p)
+        .arg(&d_p)
+        .arg(&dim_u)
+        .arg(&eps);
+    // SAFETY: the arguments match `add_rms_norm_q8(float*, const float*, const float*, float*,
+    // i8*, float*, u32, float)`. Block r reads and writes row r < rows of x, reads row r of y
+    // (when not null), writes row r of out and, when not null, the row's dim quantized values
+    // and dim / 32 scales; `check` and the checks above made every view long enough, and x,
+    // y and out do not overlap.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid: [rows as u32, 1, 1],
+            block: [block, 1, 1],
+            shared_bytes: 0,
+        })
+    }?;
+    Ok(())
+}
+
 // Internal: the checked shape and raw addresses of one launch.
 #[allow(clippy::too_many_arguments)]
 fn launch(
