@@ -471,6 +471,46 @@ fn gated<B: Backend + 'static>(make: impl Fn() -> B) {
     }
 }
 
+test_device!(gated_then_product);
+/// A decode step's gated activation and the down projection that reads it (on `gpu_int8` from
+/// the 8-bit copy the fused kernel left).
+fn gated_then_product<B: Backend + 'static>(make: impl Fn() -> B) {
+    fn go<C: Backend>(be: &mut C, g: &[f32], u: &[f32], m: &Matrix, rows: usize) -> Vec<f32> {
+        let len = rows * m.dims[0];
+        be.begin_step(0, &vec![0; rows]).expect("begin_step");
+        let mut gb = upload(be, g);
+        let ub = upload(be, u);
+        be.gated(&mut gb, &ub, len, GateActivation::Silu)
+            .expect("gated");
+        let mw = be.load_weight(&m.source()).expect("load the matrix");
+        let mut prod = be.alloc(MemoryTag::Activations, rows * m.dims[1]).unwrap();
+        be.matmul(&mw, &gb, &mut prod, rows).expect("matmul");
+        let mut all = download(be, &gb, len);
+        all.extend(download(be, &prod, rows * m.dims[1]));
+        all
+    }
+    let probe = make();
+    let mut rng = Rng::new(22);
+    for m in matrices(&[WeightFormat::Q6K, WeightFormat::Q5_0]) {
+        for rows in [1, 3] {
+            let len = rows * m.dims[0];
+            let g = rng.vec(len, 3.0);
+            let u = rng.vec(len, 2.0);
+            let want = go(&mut exact(), &g, &u, &m, rows);
+            let got = go(&mut make(), &g, &u, &m, rows);
+            let what = format!("gated then {} x {rows} rows", m.name);
+            check(
+                &format!("{what}: gated"),
+                &got[..len],
+                &want[..len],
+                F32_TOL,
+            );
+            let tol = matmul_tolerance(&probe, rows);
+            check(&format!("{what}: product"), &got[len..], &want[len..], tol);
+        }
+    }
+}
+
 test_device!(add);
 fn add<B: Backend + 'static>(make: impl Fn() -> B) {
     fn go<C: Backend>(be: &mut C, x: &[f32], y: &[f32], len: usize) -> Vec<f32> {

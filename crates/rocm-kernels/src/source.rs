@@ -105,6 +105,7 @@ impl KernelModule {
                 "copy_f32",
                 "zero_f32",
                 "spin_cycles",
+                "gated_q8",
             ],
             KernelModule::Sampling => &["argmax_partial", "argmax_final", "sample_logits"],
             // Owners of these modules: list your entry points here.

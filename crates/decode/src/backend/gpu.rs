@@ -352,8 +352,9 @@ pub struct GpuBackend {
     matvec_path: MatvecPath,
     /// Element type of KV cache buffers allocated from now on.
     kv_type: KvType,
-    /// The current step's first position (for the profile's byte counts).
+    /// The current step's first position (for the profile's byte counts) and token count.
     step_pos0: usize,
+    step_tokens: usize,
     /// Per-op timing, when profiling (steps then run eagerly).
     profile: Option<OpProfile>,
     /// Captured steps by key, and how many eager runs each key has had (a step is captured
@@ -435,6 +436,7 @@ impl GpuBackend {
             matvec_path: MatvecPath::from_env()?,
             kv_type: KvType::from_env()?,
             step_pos0: 0,
+            step_tokens: 0,
             profile: None,
             graphs: HashMap::new(),
             eager_runs: HashMap::new(),
@@ -821,6 +823,7 @@ impl Backend for GpuBackend {
         }
         self.write_step(pos0, tokens)?;
         self.step_pos0 = pos0;
+        self.step_tokens = tokens.len();
         if let Some(p) = &mut self.profile {
             elementwise::spin(&self.kernels, &self.stream, profile::HEAD_START_CYCLES)
                 .map_err(kerr("profiling head start"))?;
@@ -1344,6 +1347,28 @@ impl Backend for GpuBackend {
         len: usize,
         act: GateActivation,
     ) -> Result<()> {
+        // Decode: leave the result quantized for the down projection.
+        if self.matvec_path == MatvecPath::Int8
+            && len % matvec_q8::GROUP == 0
+            && self.step_tokens <= INT8_MAX_ROWS
+            && len <= gate.len
+        {
+            let mut q8 = self.q8_shadow(gate, len)?;
+            elementwise::gated_q8(
+                &self.kernels,
+                &self.stream,
+                &mut gate.view_mut(),
+                up.view(),
+                len,
+                gate_activation(act),
+                &mut q8,
+            )
+            .map_err(kerr("gated (int8)"))?;
+            if let Some(s) = gate.q8.borrow_mut().as_mut() {
+                s.made_from = Some((gate.version, len));
+            }
+            return self.op_done(|| "gated + int8".into(), (4 * len * 4) as u64);
+        }
         elementwise::gated(
             &self.kernels,
             &self.stream,

@@ -77,6 +77,59 @@ pub fn gated(
     Ok(())
 }
 
+/// [`gated`] that also quantizes the result for the next matrix-vector product, exactly as
+/// [`crate::ops::matvec_q8::quantize`] would: one launch instead of two. `len` is a multiple
+/// of 32 and `q8` holds `len` values and `len / 32` scales.
+pub fn gated_q8(
+    kernels: &Kernels,
+    stream: &Stream,
+    gate: &mut DeviceSliceMut<f32>,
+    up: DeviceSlice<f32>,
+    len: usize,
+    act: GateActivation,
+    q8: &mut crate::ops::matvec_q8::Q8ActivationsMut,
+) -> Result<()> {
+    const OP: &str = "gated_q8";
+    let n = count(OP, len)?;
+    fits(OP, "gate", gate.len(), len)?;
+    fits(OP, "up", up.len(), len)?;
+    disjoint(OP, ("gate", gate.addr()), ("up", up.addr()), len)?;
+    check_shape(len % 32 == 0, OP, || {
+        format!("{len} values are not whole groups of 32")
+    })?;
+    fits(OP, "the quantized values", q8.values.len(), len)?;
+    fits(OP, "the quantized scales", q8.scales.len(), len / 32)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let groups = n / 32;
+    let act_code: u32 = match act {
+        GateActivation::Silu => 0,
+        GateActivation::GeluTanh => 1,
+    };
+    let function = kernels.function(KernelModule::Elementwise, "gated_q8")?;
+    let mut l = function.builder(stream);
+    let (gate_p, up_p, q_p, d_p) = (gate.ptr(), up.ptr(), q8.values.ptr(), q8.scales.ptr());
+    l.arg(&gate_p)
+        .arg(&up_p)
+        .arg(&q_p)
+        .arg(&d_p)
+        .arg(&groups)
+        .arg(&act_code);
+    const THREADS: u32 = 128;
+    // SAFETY: the arguments match `gated_q8(float*, const float*, i8*, float*, u32, u32)`;
+    // thread g < groups touches values [32g, 32g + 32) of gate, up and the quantized values
+    // and scale g, all inside the views checked above; gate and up do not overlap.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid: [groups.div_ceil(THREADS), 1, 1],
+            block: [THREADS, 1, 1],
+            shared_bytes: 0,
+        })
+    }?;
+    Ok(())
+}
+
 /// The residual add `x += y` over `len` values.
 ///
 /// Reads `len` values of `x` and `y`, writes `len` of `x`; the two must not overlap.
