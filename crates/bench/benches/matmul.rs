@@ -4,7 +4,6 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use decode::backend::kernels::{matmul, MatrixRef, Precision};
-use decode::quant::WeightFormat;
 use std::path::PathBuf;
 
 fn model_path() -> PathBuf {
@@ -35,7 +34,8 @@ fn kernels(c: &mut Criterion) {
     group.sample_size(10);
     for name in tensors {
         let info = file.tensor(name).expect("tensor in the Gemma file");
-        let format = WeightFormat::from_ggml_name(info.ggml_type.name()).expect("supported");
+        let format = info.ggml_type;
+        assert!(decode::quant::is_supported(format), "{name} is {format}");
         let (cols, rows) = (info.dims[0] as usize, info.dims[1] as usize);
         let w = MatrixRef {
             format,

@@ -1,17 +1,27 @@
 //! Quantized weight formats as the CPU kernels see them, and the 16-bit activation format the
 //! fused dot products use.
 //!
-//! Every ggml block format the decoder supports is described by one [`WeightFormat`]. A block
-//! unpacks into small integers `q` plus, for every group of 16 elements, a scale and an offset,
-//! so that element `i` is `scale[i / 16] * q[i] + offset[i / 16]`. That one description serves
-//! both kernel flavours: the exact one multiplies by f32 activations, the fast one takes an
-//! integer dot product against activations quantized once per row to 16 bits ([`Q16Row`]). The
-//! weight bytes are never expanded to a whole f32 row; a block at a time is unpacked into
-//! registers and stack arrays.
+//! Weight formats are gguf-loader's [`GgmlType`]: its block geometry (`block_size`, `type_size`,
+//! `bytes_for`) is the one definition, and this module adds what the CPU kernels need for the
+//! subset they read ([`SUPPORTED`]). The dense types (F32, F16, BF16) are blocks of one element,
+//! so a dense row or vector may have any length. A quantized block unpacks into small integers
+//! `q` plus, for every group of 16 elements, a scale and an offset, so that element `i` is
+//! `scale[i / 16] * q[i] + offset[i / 16]`. That one description serves both kernel flavours:
+//! the exact one multiplies by f32 activations, the fast one takes an integer dot product
+//! against activations quantized once per row to 16 bits ([`Q16Row`]). The weight bytes are
+//! never expanded to a whole f32 row; a block at a time is unpacked into registers and stack
+//! arrays.
+//!
+//! The functions here that take a type expect one of [`SUPPORTED`]; [`check_supported`] (called
+//! by `WeightSource::check_bytes`, so by every backend's `load_weight`) refuses the others with
+//! an error before any kernel sees them.
 
+use crate::error::{DecodeError, Result};
+use gguf_loader::GgmlType;
 use half::bf16;
 
-/// Largest block any supported format uses (the k-quant super-block).
+/// Largest block any supported format uses (the k-quant super-block), and the most elements a
+/// dense row is converted at a time.
 pub const MAX_BLOCK: usize = 256;
 /// Granularity of scales and offsets after unpacking.
 pub const GROUP: usize = 16;
@@ -19,110 +29,72 @@ pub const GROUP: usize = 16;
 pub const ACT_BLOCK: usize = 32;
 const I16_MAX: f32 = 32767.0;
 
-/// A weight storage format the CPU kernels read directly.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WeightFormat {
-    F32,
-    F16,
-    Bf16,
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q5_1,
-    Q8_0,
-    Q4K,
-    Q5K,
-    Q6K,
+/// Every weight type the CPU kernels read, in ggml id order (the GPU kernels read the same set).
+pub const SUPPORTED: [GgmlType; 11] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::Bf16,
+];
+
+/// Whether the CPU kernels read `ty`.
+pub fn is_supported(ty: GgmlType) -> bool {
+    SUPPORTED.contains(&ty)
 }
 
-impl WeightFormat {
-    /// Elements per block.
-    pub const fn block_len(self) -> usize {
-        match self {
-            WeightFormat::F32 | WeightFormat::F16 | WeightFormat::Bf16 => 32,
-            WeightFormat::Q4_0
-            | WeightFormat::Q4_1
-            | WeightFormat::Q5_0
-            | WeightFormat::Q5_1
-            | WeightFormat::Q8_0 => 32,
-            WeightFormat::Q4K | WeightFormat::Q5K | WeightFormat::Q6K => 256,
-        }
+/// The supported types' names, for messages: "F32, F16, Q4_0, …".
+pub fn supported_names() -> String {
+    SUPPORTED.map(GgmlType::name).join(", ")
+}
+
+/// Refuses a tensor `name` stored as a type the kernels cannot read, naming the type and the
+/// supported ones.
+pub fn check_supported(name: &str, ty: GgmlType) -> Result<()> {
+    if is_supported(ty) {
+        return Ok(());
     }
+    Err(DecodeError::UnsupportedTensorType {
+        name: name.to_string(),
+        ty: ty.name().to_string(),
+    })
+}
 
-    /// Bytes per block.
-    pub const fn block_bytes(self) -> usize {
-        match self {
-            WeightFormat::F32 => 128,
-            WeightFormat::F16 | WeightFormat::Bf16 => 64,
-            WeightFormat::Q4_0 => 18,
-            WeightFormat::Q4_1 => 20,
-            WeightFormat::Q5_0 => 22,
-            WeightFormat::Q5_1 => 24,
-            WeightFormat::Q8_0 => 34,
-            WeightFormat::Q4K => 144,
-            WeightFormat::Q5K => 176,
-            WeightFormat::Q6K => 210,
-        }
-    }
+/// Whether `ty` stores every element as its own float (F32, F16, BF16) rather than blocks of
+/// small integers: such rows have no integer dot product and may have any length.
+pub const fn is_float(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16)
+}
 
-    /// Bytes one row of `n` elements takes, or `None` when `n` is not a whole number of blocks.
-    pub fn row_bytes(self, n: usize) -> Option<usize> {
-        (n % self.block_len() == 0).then(|| n / self.block_len() * self.block_bytes())
-    }
+/// Whether unpacked blocks of `ty` carry a nonzero offset (a stored minimum).
+pub const fn has_offset(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K
+    )
+}
 
-    /// Whether unpacked blocks carry a nonzero offset (a stored minimum).
-    pub const fn has_offset(self) -> bool {
-        matches!(
-            self,
-            WeightFormat::Q4_1 | WeightFormat::Q5_1 | WeightFormat::Q4K | WeightFormat::Q5K
-        )
-    }
+/// Bytes one row of `n` elements of `ty` takes, or `None` when `n` is not a whole number of
+/// blocks (never for the dense types) or the size does not fit in memory.
+pub fn row_bytes(ty: GgmlType, n: usize) -> Option<usize> {
+    ty.bytes_for(n as u64).and_then(|b| usize::try_from(b).ok())
+}
 
-    /// Whether the format holds floats rather than small integers (no integer dot product).
-    pub const fn is_float(self) -> bool {
-        matches!(
-            self,
-            WeightFormat::F32 | WeightFormat::F16 | WeightFormat::Bf16
-        )
-    }
-
-    /// The ggml name, for messages.
-    pub const fn name(self) -> &'static str {
-        match self {
-            WeightFormat::F32 => "F32",
-            WeightFormat::F16 => "F16",
-            WeightFormat::Bf16 => "BF16",
-            WeightFormat::Q4_0 => "Q4_0",
-            WeightFormat::Q4_1 => "Q4_1",
-            WeightFormat::Q5_0 => "Q5_0",
-            WeightFormat::Q5_1 => "Q5_1",
-            WeightFormat::Q8_0 => "Q8_0",
-            WeightFormat::Q4K => "Q4_K",
-            WeightFormat::Q5K => "Q5_K",
-            WeightFormat::Q6K => "Q6_K",
-        }
-    }
-
-    /// Every format the CPU kernels read.
-    pub const ALL: [WeightFormat; 11] = [
-        WeightFormat::F32,
-        WeightFormat::F16,
-        WeightFormat::Bf16,
-        WeightFormat::Q4_0,
-        WeightFormat::Q4_1,
-        WeightFormat::Q5_0,
-        WeightFormat::Q5_1,
-        WeightFormat::Q8_0,
-        WeightFormat::Q4K,
-        WeightFormat::Q5K,
-        WeightFormat::Q6K,
-    ];
-
-    /// Maps a ggml type name (as `GgmlType::name` spells it) to a supported format.
-    pub fn from_ggml_name(name: &str) -> Option<WeightFormat> {
-        Self::ALL
-            .into_iter()
-            .find(|f| f.name().eq_ignore_ascii_case(name))
+/// Elements [`block_to_f32`] converts per call: one block of a quantized type, up to
+/// [`MAX_BLOCK`] elements of a dense one (whose one-element blocks would make a call per
+/// element). Kernels walk rows in steps of this many elements; a dense row's last step may be
+/// shorter.
+pub fn step_len(ty: GgmlType) -> usize {
+    if is_float(ty) {
+        MAX_BLOCK
+    } else {
+        ty.block_size()
     }
 }
 
@@ -163,14 +135,17 @@ impl Default for Unpacked {
     }
 }
 
-/// Unpacks one block of an integer format. `src` is exactly one block.
+/// Unpacks one block of a supported integer format. `src` is exactly one block.
 /// Float formats are not unpacked this way (see [`block_to_f32`]).
+///
+/// # Panics
+/// On a float or unsupported type: callers pass only types that passed [`check_supported`].
 // Indexed loops on purpose: the indices are the ggml block layout, element j pairs with j + 16.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-pub fn unpack_block(format: WeightFormat, src: &[u8], out: &mut Unpacked) {
+pub fn unpack_block(format: GgmlType, src: &[u8], out: &mut Unpacked) {
     match format {
-        WeightFormat::Q8_0 => {
+        GgmlType::Q8_0 => {
             let d = f16_at(src, 0);
             for (q, &b) in out.q[..32].iter_mut().zip(&src[2..34]) {
                 *q = b as i8;
@@ -178,9 +153,9 @@ pub fn unpack_block(format: WeightFormat, src: &[u8], out: &mut Unpacked) {
             out.scale[..2].fill(d);
             out.offset[..2].fill(0.0);
         }
-        WeightFormat::Q4_0 | WeightFormat::Q4_1 => {
+        GgmlType::Q4_0 | GgmlType::Q4_1 => {
             let d = f16_at(src, 0);
-            let (qs, bias, offset) = if format == WeightFormat::Q4_0 {
+            let (qs, bias, offset) = if format == GgmlType::Q4_0 {
                 (&src[2..18], 8i8, 0.0)
             } else {
                 (&src[4..20], 0i8, f16_at(src, 2))
@@ -192,9 +167,9 @@ pub fn unpack_block(format: WeightFormat, src: &[u8], out: &mut Unpacked) {
             out.scale[..2].fill(d);
             out.offset[..2].fill(offset);
         }
-        WeightFormat::Q5_0 | WeightFormat::Q5_1 => {
+        GgmlType::Q5_0 | GgmlType::Q5_1 => {
             let d = f16_at(src, 0);
-            let (base, bias, offset) = if format == WeightFormat::Q5_0 {
+            let (base, bias, offset) = if format == GgmlType::Q5_0 {
                 (2, 16i8, 0.0)
             } else {
                 (4, 0i8, f16_at(src, 2))
@@ -210,11 +185,11 @@ pub fn unpack_block(format: WeightFormat, src: &[u8], out: &mut Unpacked) {
             out.scale[..2].fill(d);
             out.offset[..2].fill(offset);
         }
-        WeightFormat::Q4K | WeightFormat::Q5K => {
+        GgmlType::Q4K | GgmlType::Q5K => {
             let d = f16_at(src, 0);
             let dmin = f16_at(src, 2);
             let scales = &src[4..16];
-            let (qh, qs): (&[u8], &[u8]) = if format == WeightFormat::Q4K {
+            let (qh, qs): (&[u8], &[u8]) = if format == GgmlType::Q4K {
                 (&[], &src[16..144])
             } else {
                 (&src[16..48], &src[48..176])
@@ -242,7 +217,7 @@ pub fn unpack_block(format: WeightFormat, src: &[u8], out: &mut Unpacked) {
                 out.offset[2 * sub + 1] = o;
             }
         }
-        WeightFormat::Q6K => {
+        GgmlType::Q6K => {
             let ql_all = &src[0..128];
             let qh_all = &src[128..192];
             let sc_all = &src[192..208];
@@ -267,9 +242,10 @@ pub fn unpack_block(format: WeightFormat, src: &[u8], out: &mut Unpacked) {
             }
             out.offset = [0.0; 16];
         }
-        WeightFormat::F32 | WeightFormat::F16 | WeightFormat::Bf16 => {
-            unreachable!("float formats are read by block_to_f32")
-        }
+        other => unreachable!(
+            "{other} blocks are not unpacked (floats are read by block_to_f32; \
+             check_supported refuses the rest)"
+        ),
     }
 }
 
@@ -286,21 +262,22 @@ fn k_scale_min(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
-/// Dequantizes one block of any format into `dst` (`dst.len() == format.block_len()`).
+/// Dequantizes one step of a supported format into `dst`: one block of a quantized type
+/// (`dst.len() == format.block_size()`), or `dst.len()` elements of a dense one (any count).
 #[inline(always)]
-pub fn block_to_f32(format: WeightFormat, src: &[u8], dst: &mut [f32], scratch: &mut Unpacked) {
+pub fn block_to_f32(format: GgmlType, src: &[u8], dst: &mut [f32], scratch: &mut Unpacked) {
     match format {
-        WeightFormat::F32 => {
+        GgmlType::F32 => {
             for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
                 *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
         }
-        WeightFormat::F16 => {
+        GgmlType::F16 => {
             for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
                 *d = f16_bits_to_f32(u16::from_le_bytes([c[0], c[1]]));
             }
         }
-        WeightFormat::Bf16 => {
+        GgmlType::Bf16 => {
             for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
                 *d = bf16::from_le_bytes([c[0], c[1]]).to_f32();
             }
@@ -317,12 +294,18 @@ pub fn block_to_f32(format: WeightFormat, src: &[u8], dst: &mut [f32], scratch: 
     }
 }
 
-/// Dequantizes a whole row (a whole number of blocks) into `dst`.
-pub fn row_to_f32(format: WeightFormat, src: &[u8], dst: &mut [f32]) {
+/// Dequantizes a whole row of a supported format into `dst` (`src` is
+/// `row_bytes(format, dst.len())` bytes).
+pub fn row_to_f32(format: GgmlType, src: &[u8], dst: &mut [f32]) {
     let mut scratch = Unpacked::default();
-    let bl = format.block_len();
+    if is_float(format) {
+        // Any length, in one call: there is no block structure to walk.
+        block_to_f32(format, src, dst, &mut scratch);
+        return;
+    }
+    let bl = format.block_size();
     for (blk, out) in src
-        .chunks_exact(format.block_bytes())
+        .chunks_exact(format.type_size())
         .zip(dst.chunks_exact_mut(bl))
     {
         block_to_f32(format, blk, out, &mut scratch);
@@ -375,7 +358,7 @@ impl Q16Row {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use half::f16;
+    use half::{bf16, f16};
 
     #[test]
     fn q16_row_reconstructs_within_half_a_step() {
@@ -409,10 +392,78 @@ mod tests {
     }
 
     #[test]
-    fn row_bytes_rejects_partial_blocks() {
-        assert_eq!(WeightFormat::Q4K.row_bytes(640), None);
-        assert_eq!(WeightFormat::Q8_0.row_bytes(640), Some(20 * 34));
-        assert_eq!(WeightFormat::Q6K.row_bytes(512), Some(420));
+    fn row_bytes_rejects_partial_blocks_of_quantized_types_only() {
+        assert_eq!(row_bytes(GgmlType::Q4K, 640), None);
+        assert_eq!(row_bytes(GgmlType::Q8_0, 640), Some(20 * 34));
+        assert_eq!(row_bytes(GgmlType::Q6K, 512), Some(420));
+        assert_eq!(row_bytes(GgmlType::Q8_0, 7), None);
+        // Dense types are blocks of one element: any length is whole.
+        assert_eq!(row_bytes(GgmlType::F32, 7), Some(28));
+        assert_eq!(row_bytes(GgmlType::F16, 7), Some(14));
+        assert_eq!(row_bytes(GgmlType::Bf16, 301), Some(602));
+    }
+
+    #[test]
+    fn dense_rows_of_any_length_convert_exactly() {
+        // Longer than one step (MAX_BLOCK) and not a multiple of anything.
+        let x: Vec<f32> = (0..301).map(|i| (i as f32 - 150.0) * 0.25).collect();
+        let encodings: [(GgmlType, Vec<u8>); 3] = [
+            (
+                GgmlType::F32,
+                x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            ),
+            (
+                GgmlType::F16,
+                x.iter()
+                    .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+                    .collect(),
+            ),
+            (
+                GgmlType::Bf16,
+                x.iter()
+                    .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+                    .collect(),
+            ),
+        ];
+        for (ty, bytes) in encodings {
+            for n in [1, 7, 301] {
+                let src = &bytes[..row_bytes(ty, n).unwrap()];
+                let mut got = vec![f32::NAN; n];
+                row_to_f32(ty, src, &mut got);
+                // Every value is a multiple of 1/4 below 40: exact in all three types.
+                assert_eq!(got, x[..n], "{ty} length {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn unsupported_types_are_refused_by_name_with_the_supported_list() {
+        for ty in [
+            GgmlType::Q2K,
+            GgmlType::Q8K,
+            GgmlType::Iq4Nl,
+            GgmlType::Mxfp4,
+        ] {
+            assert!(!is_supported(ty));
+            let e = check_supported("blk.0.attn_q.weight", ty).unwrap_err();
+            let msg = e.to_string();
+            assert!(
+                matches!(e, DecodeError::UnsupportedTensorType { .. }),
+                "{msg}"
+            );
+            assert!(
+                msg.contains("blk.0.attn_q.weight") && msg.contains(ty.name()),
+                "{msg}"
+            );
+            assert!(msg.contains(&supported_names()), "{msg}");
+        }
+        for ty in SUPPORTED {
+            check_supported("t", ty).unwrap();
+        }
+        assert_eq!(
+            supported_names(),
+            "F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16"
+        );
     }
 
     #[test]
@@ -424,7 +475,7 @@ mod tests {
             blk[2 + j] = (j as u8) | ((15 - j as u8) << 4);
         }
         let mut out = [0f32; 32];
-        block_to_f32(WeightFormat::Q4_0, &blk, &mut out, &mut Unpacked::default());
+        block_to_f32(GgmlType::Q4_0, &blk, &mut out, &mut Unpacked::default());
         for j in 0..16 {
             assert_eq!(out[j], j as f32 - 8.0);
             assert_eq!(out[j + 16], (15 - j) as f32 - 8.0);

@@ -16,8 +16,8 @@ use decode::backend::{
     argmax_host, Attention, Backend, GateActivation, Precision, Rope, WeightSource,
 };
 use decode::gguf_loader::synth::Preset;
+use decode::gguf_loader::GgmlType;
 use decode::memory::MemoryTag;
-use decode::quant::WeightFormat;
 use std::any::Any;
 
 /// Ops whose result is f32 arithmetic on both sides (norms, element-wise ops, rope, attention):
@@ -171,7 +171,7 @@ fn load_vector<B: Backend>(be: &mut B, name: &str, v: &[f32]) -> B::Weight {
     let bytes = f32_bytes(v);
     be.load_weight(&WeightSource {
         name,
-        format: WeightFormat::F32,
+        format: GgmlType::F32,
         dims: [v.len(), 1, 1],
         bytes: &bytes,
         mapped: None,
@@ -192,7 +192,7 @@ fn check(what: &str, got: &[f32], want: &[f32], tol: f32) {
 /// A matrix in its stored format, owned.
 struct Matrix {
     name: String,
-    format: WeightFormat,
+    format: GgmlType,
     dims: [usize; 3],
     bytes: Vec<u8>,
 }
@@ -221,7 +221,7 @@ impl Matrix {
 }
 
 /// One 2-D tensor of each of `formats` from the tiny synthetic models.
-fn matrices(formats: &[WeightFormat]) -> Vec<Matrix> {
+fn matrices(formats: &[GgmlType]) -> Vec<Matrix> {
     let mut found: Vec<Matrix> = Vec::new();
     for preset in [
         Preset::TinyLlama,
@@ -231,9 +231,7 @@ fn matrices(formats: &[WeightFormat]) -> Vec<Matrix> {
     ] {
         let file = preset_file(preset);
         for t in file.tensors() {
-            let Some(format) = WeightFormat::from_ggml_name(t.ggml_type.name()) else {
-                continue;
-            };
+            let format = t.ggml_type;
             let dims: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
             let is_matrix = dims.len() >= 2 && dims[1] >= 8 && dims[2..].iter().all(|&d| d == 1);
             if !is_matrix || !formats.contains(&format) || found.iter().any(|m| m.format == format)
@@ -251,8 +249,7 @@ fn matrices(formats: &[WeightFormat]) -> Vec<Matrix> {
     for f in formats {
         assert!(
             found.iter().any(|m| m.format == *f),
-            "no {} matrix in the tiny models",
-            f.name()
+            "no {f} matrix in the tiny models"
         );
     }
     found
@@ -260,9 +257,8 @@ fn matrices(formats: &[WeightFormat]) -> Vec<Matrix> {
 
 const ROWS: [usize; 3] = [1, 3, 17];
 const DIMS: [usize; 3] = [7, 64, 1152];
-/// Row lengths of ops with a vector weight: `WeightFormat::F32` is stored in blocks of 32, so
-/// `load_weight` refuses a vector of 7 (odd sizes come from the row counts instead).
-const WEIGHT_DIMS: [usize; 3] = [32, 96, 1152];
+/// Row lengths of ops with a vector weight (an F32 vector may have any length).
+const WEIGHT_DIMS: [usize; 4] = [7, 32, 96, 1152];
 
 test_device!(rms_norm);
 fn rms_norm<B: Backend + 'static>(make: impl Fn() -> B) {
@@ -394,11 +390,11 @@ fn matmul<B: Backend + 'static>(make: impl Fn() -> B) {
     }
     let probe = make();
     let formats = [
-        WeightFormat::F32,
-        WeightFormat::Q4K,
-        WeightFormat::Q5_0,
-        WeightFormat::Q6K,
-        WeightFormat::Q8_0,
+        GgmlType::F32,
+        GgmlType::Q4K,
+        GgmlType::Q5_0,
+        GgmlType::Q6K,
+        GgmlType::Q8_0,
     ];
     let mut rng = Rng::new(3);
     for full in matrices(&formats) {
@@ -421,6 +417,68 @@ fn matmul<B: Backend + 'static>(make: impl Fn() -> B) {
                     tol,
                 );
             }
+        }
+    }
+}
+
+test_device!(dense_rows_of_any_length);
+/// F16 and BF16 matrices whose rows are not whole blocks of 32 (a dense type's block is one
+/// element): loaded, multiplied and embedded like any other, against an f64 reference computed
+/// from the stored values.
+fn dense_rows_of_any_length<B: Backend + 'static>(make: impl Fn() -> B) {
+    let mut rng = Rng::new(12);
+    let (n_out, rows) = (5, 3);
+    for format in [GgmlType::F16, GgmlType::Bf16] {
+        for cols in [7, 301] {
+            let values = rng.vec(n_out * cols, 1.0);
+            // Each value's stored bytes and the value they hold.
+            let encode = |v: f32| -> ([u8; 2], f32) {
+                if format == GgmlType::F16 {
+                    let h = half::f16::from_f32(v);
+                    (h.to_le_bytes(), h.to_f32())
+                } else {
+                    let h = half::bf16::from_f32(v);
+                    (h.to_le_bytes(), h.to_f32())
+                }
+            };
+            let (bytes, stored): (Vec<[u8; 2]>, Vec<f32>) =
+                values.iter().map(|&v| encode(v)).unzip();
+            let bytes = bytes.concat();
+            let what = format!("{format} {n_out} x {cols}");
+            let m = Matrix {
+                name: what.clone(),
+                format,
+                dims: [cols, n_out, 1],
+                bytes,
+            };
+            let mut be = make();
+            let w = be.load_weight(&m.source()).expect("load a dense matrix");
+
+            let x = rng.vec(rows * cols, 1.0);
+            let xb = upload(&mut be, &x);
+            let mut out = be.alloc(MemoryTag::Activations, rows * n_out).unwrap();
+            be.matmul(&w, &xb, &mut out, rows).expect("matmul");
+            let want: Vec<f32> = (0..rows * n_out)
+                .map(|i| {
+                    let (t, r) = (i / n_out, i % n_out);
+                    let dot: f64 = (0..cols)
+                        .map(|c| stored[r * cols + c] as f64 * x[t * cols + c] as f64)
+                        .sum();
+                    dot as f32
+                })
+                .collect();
+            let got = download(&mut be, &out, rows * n_out);
+            check(&format!("matmul {what}"), &got, &want, MATMUL_F32_TOL);
+
+            let tokens = [4u32, 0, 2];
+            let mut emb = be.alloc(MemoryTag::Activations, 3 * cols).unwrap();
+            be.begin_step(0, &tokens).expect("begin_step");
+            be.embed(&w, 3, 1.0, &mut emb).expect("embed");
+            let want: Vec<f32> = tokens
+                .iter()
+                .flat_map(|&t| stored[t as usize * cols..(t as usize + 1) * cols].to_vec())
+                .collect();
+            assert_eq!(download(&mut be, &emb, 3 * cols), want, "embed {what}");
         }
     }
 }
@@ -622,7 +680,7 @@ fn embed<B: Backend + 'static>(make: impl Fn() -> B) {
     let (cols, vocab) = (96, 51);
     let mut tables = vec![Matrix {
         name: "random f32 table".into(),
-        format: WeightFormat::F32,
+        format: GgmlType::F32,
         dims: [cols, vocab, 1],
         bytes: f32_bytes(&rng.vec(cols * vocab, 1.0)),
     }];
@@ -634,7 +692,7 @@ fn embed<B: Backend + 'static>(make: impl Fn() -> B) {
         .expect("token_embd");
     tables.push(Matrix {
         name: t.name.clone(),
-        format: WeightFormat::from_ggml_name(t.ggml_type.name()).expect("a known format"),
+        format: t.ggml_type,
         dims: [t.dims[0] as usize, t.dims[1] as usize, 1],
         bytes: file.tensor_data(t).to_vec(),
     });

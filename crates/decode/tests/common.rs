@@ -4,7 +4,7 @@
 
 use decode::gguf_loader::synth::{write_preset, Preset};
 use decode::gguf_loader::writer::Value;
-use decode::gguf_loader::{GgufFile, GgufWriter, MetadataArray, MetadataValue};
+use decode::gguf_loader::{GgmlType, GgufFile, GgufWriter, MetadataArray, MetadataValue};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -236,6 +236,8 @@ pub struct Edits {
     /// Repeat the layers' tensors cyclically up to this many layers (`blk.{i % n}` becomes
     /// `blk.{i}`); the metadata's block_count is not changed by this.
     pub layers: Option<usize>,
+    /// Tensors (by their name in the new file) stored as another type instead, zero-filled.
+    pub retype: Vec<(String, GgmlType)>,
 }
 
 /// A copy of `file` with `edits` applied: a crafted model built from a synthetic one.
@@ -278,8 +280,15 @@ pub fn rebuild_gguf_bytes(file: &GgufFile, edits: &Edits) -> Vec<u8> {
         .max()
         .unwrap_or(0);
     let copy = |w: &mut GgufWriter, name: String, t: &decode::gguf_loader::TensorInfo| {
-        w.add_tensor(name, &t.dims, t.ggml_type, file.tensor_data(t).to_vec())
-            .unwrap();
+        let (ty, bytes) = match edits.retype.iter().find(|(n, _)| *n == name) {
+            Some(&(_, ty)) => {
+                let n = t.dims.iter().product();
+                let len = ty.bytes_for(n).expect("whole blocks of the new type");
+                (ty, vec![0u8; len as usize])
+            }
+            None => (t.ggml_type, file.tensor_data(t).to_vec()),
+        };
+        w.add_tensor(name, &t.dims, ty, bytes).unwrap();
     };
     for t in file.tensors() {
         if layer_of(&t.name).is_none() {

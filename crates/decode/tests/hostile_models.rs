@@ -1,6 +1,7 @@
 //! Crafted GGUF files: tiny synthetic models with one metadata count changed. Each must load to
 //! a clear error naming the key, its value and what the tensors say, never a panic or an
-//! allocation abort (which would kill this test binary).
+//! allocation abort (which would kill this test binary). Likewise a tensor stored as a type
+//! decode cannot read.
 
 mod common;
 
@@ -9,6 +10,7 @@ use decode::backend::cpu::CpuBackend;
 use decode::backend::Precision;
 use decode::gguf_loader::synth::Preset;
 use decode::gguf_loader::writer::Value;
+use decode::gguf_loader::GgmlType;
 use decode::model::{Model, ModelOptions};
 use decode::DecodeError;
 use std::sync::Arc;
@@ -21,7 +23,7 @@ fn load(preset: Preset, edits: &[(&str, Value)], options: ModelOptions) -> Resul
                 .iter()
                 .map(|(k, v)| (k.to_string(), Some(v.clone())))
                 .collect(),
-            layers: None,
+            ..Default::default()
         },
     );
     Model::load(&Arc::new(file), CpuBackend::new(Precision::Fast), options).map(drop)
@@ -61,6 +63,33 @@ fn the_unedited_models_load() {
         Preset::TinyLlama,
     ] {
         load(preset, &[], small()).unwrap();
+    }
+}
+
+#[test]
+fn a_tensor_of_a_type_decode_cannot_read_is_refused_naming_the_type_and_the_supported_ones() {
+    // A vector (tiny-llama's n_embd of 256 is one Q2_K super-block) and a matrix.
+    for (tensor, ty) in [
+        ("output_norm.weight", GgmlType::Q2K),
+        ("blk.1.ffn_down.weight", GgmlType::Iq4Nl),
+    ] {
+        let file = rebuild_gguf(
+            &preset_file(Preset::TinyLlama),
+            &Edits {
+                retype: vec![(tensor.to_string(), ty)],
+                ..Default::default()
+            },
+        );
+        let e = Model::load(&Arc::new(file), CpuBackend::new(Precision::Fast), small())
+            .map(drop)
+            .expect_err("the model must be refused");
+        let msg = e.to_string();
+        assert!(
+            matches!(e, DecodeError::UnsupportedTensorType { .. }),
+            "{msg}"
+        );
+        assert!(msg.contains(tensor) && msg.contains(ty.name()), "{msg}");
+        assert!(msg.contains(&decode::quant::supported_names()), "{msg}");
     }
 }
 

@@ -109,6 +109,7 @@ fn tiny_gemma3_at_27b_depth_uses_the_27b_attention_scale() {
     let edits = Edits {
         metadata: vec![("gemma3.block_count".into(), Some(Value::U32(62)))],
         layers: Some(62),
+        ..Default::default()
     };
     let deep = rebuild_gguf(&file, &edits);
     let spec = decode::model::ModelSpec::from_gguf(&deep).unwrap();

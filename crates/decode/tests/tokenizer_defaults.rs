@@ -14,7 +14,7 @@ fn edited(edits: Vec<(&str, Option<Value>)>) -> GgufFile {
         &preset_file(Preset::TinyGemma3),
         &Edits {
             metadata: edits.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
-            layers: None,
+            ..Default::default()
         },
     )
 }
@@ -46,7 +46,7 @@ fn without_the_add_space_prefix_key_a_sentencepiece_vocabulary_prepends_a_space(
         &preset_file(Preset::TinyGemma3),
         &Edits {
             metadata: vec![("tokenizer.ggml.add_space_prefix".into(), None)],
-            layers: None,
+            ..Default::default()
         },
     );
     std::fs::write(&path, bytes).unwrap();

@@ -34,6 +34,15 @@ impl Architecture {
         })
     }
 
+    /// Whether the architecture has sliding-window attention layers. Of the families here only
+    /// Gemma 3 does: llama.cpp builds llama, qwen2, qwen3 and qwen3moe with full attention on
+    /// every layer and never reads their `attention.sliding_window`, so a file of those
+    /// architectures that carries the key (copied from a training config, say) still attends
+    /// globally everywhere, in llama.cpp, in the Python reference and here.
+    pub fn has_sliding_window_layers(self) -> bool {
+        self == Architecture::Gemma3
+    }
+
     /// The prefix of this architecture's metadata keys (`general.architecture`'s value).
     pub fn name(self) -> &'static str {
         match self {
@@ -85,9 +94,11 @@ pub struct ModelConfig {
     pub rope_freq_base_local: Option<f32>,
     pub rope_scaling: Option<RopeScaling>,
     pub rms_eps: f32,
+    /// The window of the sliding-window layers; `None` for architectures without them (see
+    /// [`Architecture::has_sliding_window_layers`]), whatever keys the file holds.
     pub sliding_window: Option<usize>,
     /// Every `pattern`-th layer (layer `i` with `i % pattern == pattern - 1`) is global; the
-    /// others use the sliding window.
+    /// others use the sliding window. [`ModelConfig::is_sliding_layer`] is the one reading of it.
     pub sliding_window_pattern: Option<usize>,
     pub n_expert: usize,
     pub n_expert_used: usize,
@@ -185,22 +196,25 @@ impl ModelConfig {
             });
         }
 
-        let is_gemma3 = architecture == Architecture::Gemma3;
-        let sliding_window = if is_gemma3 {
-            Some(k.usize("attention.sliding_window")?)
-        } else {
-            k.opt_usize("attention.sliding_window")?
-        };
-        let sliding_window_pattern = match k.opt_usize("attention.sliding_window_pattern")? {
-            Some(p) => Some(p),
-            None if is_gemma3 => Some(GEMMA3_SLIDING_WINDOW_PATTERN),
-            None => None,
-        };
-        let rope_freq_base_local = match k.opt_f32("rope.freq_base_swa")? {
-            Some(v) => Some(v),
-            None if is_gemma3 => Some(GEMMA3_ROPE_FREQ_BASE_LOCAL),
-            None => None,
-        };
+        // Sliding windows belong to the architecture (see `has_sliding_window_layers`): the
+        // keys are read only where the architecture has such layers, and there the window is
+        // required while the pattern and local RoPE base default to Gemma 3's fixed values.
+        let (sliding_window, sliding_window_pattern, rope_freq_base_local) =
+            if architecture.has_sliding_window_layers() {
+                (
+                    Some(k.usize("attention.sliding_window")?),
+                    Some(
+                        k.opt_usize("attention.sliding_window_pattern")?
+                            .unwrap_or(GEMMA3_SLIDING_WINDOW_PATTERN),
+                    ),
+                    Some(
+                        k.opt_f32("rope.freq_base_swa")?
+                            .unwrap_or(GEMMA3_ROPE_FREQ_BASE_LOCAL),
+                    ),
+                )
+            } else {
+                (None, None, None)
+            };
 
         let is_moe = architecture == Architecture::Qwen3Moe;
         let (n_expert, n_expert_used, n_ff_expert) = if is_moe {
@@ -248,15 +262,26 @@ impl ModelConfig {
     }
 
     /// Whether layer `layer` attends through the sliding window (as opposed to globally).
+    ///
+    /// llama.cpp's rule (`llama_hparams::set_swa_pattern`): without a window no layer slides;
+    /// with a window and a pattern `p`, layer `i` is global when `i % p == p - 1` (so `p = 1`
+    /// makes every layer global) and slides otherwise; with a window and a pattern of 0 or none,
+    /// every layer slides. [`ModelConfig::from_gguf`] always sets a pattern with a window.
     pub fn is_sliding_layer(&self, layer: usize) -> bool {
         match (self.sliding_window, self.sliding_window_pattern) {
+            (None, _) => false,
             (Some(_), Some(p)) if p > 0 => layer % p != p - 1,
-            (Some(_), None) => true,
-            _ => false,
+            (Some(_), _) => true,
         }
     }
 
-    /// The RoPE base for layer `layer`.
+    /// The window layer `layer` attends through, or `None` when it attends globally.
+    pub fn window_for_layer(&self, layer: usize) -> Option<usize> {
+        self.sliding_window.filter(|_| self.is_sliding_layer(layer))
+    }
+
+    /// The RoPE base for layer `layer`: the local base on sliding-window layers where the model
+    /// has one, the global base everywhere else.
     pub fn rope_base_for_layer(&self, layer: usize) -> f32 {
         match self.rope_freq_base_local {
             Some(local) if self.is_sliding_layer(layer) => local,
@@ -307,5 +332,75 @@ fn vocab_size(f: &GgufFile, k: &Keys<'_>) -> Result<usize, GgufError> {
         None => Err(GgufError::MissingKey {
             key: format!("{} (or tokenizer.ggml.tokens)", k.key("vocab_size")),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Gemma-3-like description with the given window and pattern.
+    fn config(window: Option<usize>, pattern: Option<usize>) -> ModelConfig {
+        ModelConfig {
+            architecture: Architecture::Gemma3,
+            n_layers: 18,
+            n_embd: 640,
+            n_ff: 2048,
+            n_head: 4,
+            n_head_kv: 1,
+            head_dim_k: 256,
+            head_dim_v: 256,
+            rope_freq_base: 1_000_000.0,
+            rope_freq_base_local: Some(GEMMA3_ROPE_FREQ_BASE_LOCAL),
+            rope_scaling: None,
+            rms_eps: 1e-6,
+            sliding_window: window,
+            sliding_window_pattern: pattern,
+            n_expert: 0,
+            n_expert_used: 0,
+            n_ff_expert: None,
+            vocab_size: 262_144,
+            context_length: 32_768,
+        }
+    }
+
+    fn global_layers(c: &ModelConfig) -> Vec<usize> {
+        (0..c.n_layers)
+            .filter(|&i| !c.is_sliding_layer(i))
+            .collect()
+    }
+
+    #[test]
+    fn sliding_layers_follow_llama_cpps_pattern_rule() {
+        let all: Vec<usize> = (0..18).collect();
+        // Pattern 6 (Gemma 3): every sixth layer is global.
+        assert_eq!(global_layers(&config(Some(512), Some(6))), [5, 11, 17]);
+        assert_eq!(global_layers(&config(Some(512), Some(4))), [3, 7, 11, 15]);
+        // Pattern 1: every layer is global; pattern 0 or none: every layer slides.
+        assert_eq!(global_layers(&config(Some(512), Some(1))), all);
+        assert_eq!(global_layers(&config(Some(512), Some(0))), [0usize; 0]);
+        assert_eq!(global_layers(&config(Some(512), None)), [0usize; 0]);
+        // No window: a pattern alone makes nothing slide.
+        assert_eq!(global_layers(&config(None, Some(6))), all);
+    }
+
+    #[test]
+    fn window_and_rope_base_follow_the_sliding_layers() {
+        let c = config(Some(512), Some(6));
+        for layer in 0..c.n_layers {
+            let sliding = layer % 6 != 5;
+            assert_eq!(c.is_sliding_layer(layer), sliding, "layer {layer}");
+            assert_eq!(
+                c.window_for_layer(layer),
+                sliding.then_some(512),
+                "layer {layer}"
+            );
+            let base = if sliding { 10_000.0 } else { 1_000_000.0 };
+            assert_eq!(c.rope_base_for_layer(layer), base, "layer {layer}");
+        }
+        // Without a window, a local base is never used.
+        let c = config(None, Some(6));
+        assert!((0..18)
+            .all(|l| c.window_for_layer(l).is_none() && c.rope_base_for_layer(l) == 1_000_000.0));
     }
 }

@@ -185,3 +185,73 @@ fn gemma3_window_pattern_and_local_base_can_be_stated_by_the_file() {
     assert_eq!(c.rope_base_for_layer(0), 5000.0);
     assert_eq!(c.rope_base_for_layer(3), 10000.0);
 }
+
+#[test]
+fn gemma3_without_a_pattern_key_has_every_sixth_layer_global() {
+    // The real Gemma 3 270M's depth; its file states the window but not the pattern.
+    let f = file(
+        "gemma3",
+        &[
+            ("block_count", Value::U32(18)),
+            ("rope.freq_base", Value::F32(1_000_000.0)),
+            ("attention.sliding_window", Value::U32(512)),
+        ],
+        &["block_count", "rope.freq_base"],
+    );
+    let c = ModelConfig::from_gguf(&f).unwrap();
+    assert_eq!(c.sliding_window_pattern, Some(6));
+    let global: Vec<usize> = (0..c.n_layers)
+        .filter(|&l| !c.is_sliding_layer(l))
+        .collect();
+    assert_eq!(global, [5, 11, 17]);
+    for layer in 0..c.n_layers {
+        let sliding = !global.contains(&layer);
+        assert_eq!(c.window_for_layer(layer), sliding.then_some(512));
+        // Local layers take Gemma 3's fixed 10 000, global ones the file's base.
+        let base = if sliding { 10_000.0 } else { 1_000_000.0 };
+        assert_eq!(c.rope_base_for_layer(layer), base, "layer {layer}");
+    }
+}
+
+#[test]
+fn a_window_key_changes_nothing_for_architectures_without_sliding_layers() {
+    let window = [
+        ("attention.sliding_window", Value::U32(16)),
+        ("attention.sliding_window_pattern", Value::U32(2)),
+        ("rope.freq_base_swa", Value::F32(5000.0)),
+    ];
+    let experts = [
+        ("expert_count", Value::U32(4)),
+        ("expert_used_count", Value::U32(2)),
+        ("expert_feed_forward_length", Value::U32(256)),
+    ];
+    for arch in ["llama", "qwen2", "qwen3", "qwen3moe"] {
+        // The window alone, and with a pattern and a local base.
+        for keys in [&window[..1], &window[..]] {
+            let mut extra = keys.to_vec();
+            if arch == "qwen3moe" {
+                extra.extend(experts.iter().cloned());
+            }
+            let c = ModelConfig::from_gguf(&file(arch, &extra, &[])).unwrap();
+            assert!(!c.architecture.has_sliding_window_layers());
+            assert_eq!(
+                (
+                    c.sliding_window,
+                    c.sliding_window_pattern,
+                    c.rope_freq_base_local
+                ),
+                (None, None, None),
+                "{arch}"
+            );
+            for layer in 0..c.n_layers {
+                assert!(!c.is_sliding_layer(layer), "{arch} layer {layer}");
+                assert_eq!(c.window_for_layer(layer), None, "{arch} layer {layer}");
+                assert_eq!(
+                    c.rope_base_for_layer(layer),
+                    10000.0,
+                    "{arch} layer {layer}"
+                );
+            }
+        }
+    }
+}

@@ -6,14 +6,14 @@ use super::kernels::{self, MatrixRef, Precision};
 use super::{ops, Attention, Backend, ExpertChoice, GateActivation, MoeShape, Rope, WeightSource};
 use crate::error::{DecodeError, Result};
 use crate::memory::{MemoryReport, MemoryTag};
-use crate::quant::{self, Q16Row, WeightFormat};
-use gguf_loader::{GgufFile, TensorInfo};
+use crate::quant::{self, Q16Row};
+use gguf_loader::{GgmlType, GgufFile, TensorInfo};
 use std::sync::Arc;
 
 /// A weight tensor held in host memory in its stored format.
 pub struct CpuWeight {
     name: String,
-    format: WeightFormat,
+    format: GgmlType,
     dims: [usize; 3],
     data: Bytes,
     /// One-dimensional tensors (norms, biases, rope factors) dequantized once.
@@ -38,7 +38,8 @@ impl Bytes {
 impl CpuWeight {
     fn matrix(&self, index: usize) -> MatrixRef<'_> {
         let (cols, rows) = (self.dims[0], self.dims[1]);
-        let bytes = rows * cols / self.format.block_len() * self.format.block_bytes();
+        // Checked when loaded: whole blocks, and the product fits.
+        let bytes = rows * quant::row_bytes(self.format, cols).unwrap_or(0);
         MatrixRef {
             format: self.format,
             data: &self.data.as_slice()[index * bytes..(index + 1) * bytes],
@@ -199,7 +200,7 @@ impl Backend for CpuBackend {
         check_len("embed tokens", self.step_tokens.len(), n_tokens)?;
         let tokens = &self.step_tokens[..n_tokens];
         check_len("embed", out.len(), tokens.len() * m.cols)?;
-        let rb = m.format.row_bytes(m.cols).unwrap_or(0);
+        let rb = quant::row_bytes(m.format, m.cols).unwrap_or(0);
         for (t, &id) in tokens.iter().enumerate() {
             if id as usize >= m.rows {
                 return Err(DecodeError::TokenOutOfRange { id, vocab: m.rows });

@@ -18,7 +18,6 @@ use super::profile::{self, OpProfile};
 use super::{Attention, Backend, GateActivation, MoeShape, Rope, StepKey, WeightSource};
 use crate::error::{DecodeError, Result};
 use crate::memory::{DeviceMemory, MemoryReport, MemoryTag};
-use crate::quant::WeightFormat;
 use gguf_loader::GgmlType;
 use hip_ffi::{Device, DevicePtr, Event, GraphExec, MemInfo, PinnedHostBuffer, Stream};
 use rocm_alloc::devices::hip::HipDevice;
@@ -367,22 +366,6 @@ pub struct GpuBackend {
 
 fn gpu_err(what: &str, e: impl std::fmt::Display) -> DecodeError {
     DecodeError::Gpu(format!("{what}: {e}"))
-}
-
-fn ggml_type(format: WeightFormat) -> GgmlType {
-    match format {
-        WeightFormat::F32 => GgmlType::F32,
-        WeightFormat::F16 => GgmlType::F16,
-        WeightFormat::Bf16 => GgmlType::Bf16,
-        WeightFormat::Q4_0 => GgmlType::Q4_0,
-        WeightFormat::Q4_1 => GgmlType::Q4_1,
-        WeightFormat::Q5_0 => GgmlType::Q5_0,
-        WeightFormat::Q5_1 => GgmlType::Q5_1,
-        WeightFormat::Q8_0 => GgmlType::Q8_0,
-        WeightFormat::Q4K => GgmlType::Q4K,
-        WeightFormat::Q5K => GgmlType::Q5K,
-        WeightFormat::Q6K => GgmlType::Q6K,
-    }
 }
 
 impl GpuBackend {
@@ -786,7 +769,7 @@ impl Backend for GpuBackend {
         self.upload(mem.ptr(), src.bytes)?;
         Ok(GpuWeight::Matrix {
             mem,
-            format: ggml_type(src.format),
+            format: src.format,
             dims: src.dims,
             name: src.name.to_string(),
         })

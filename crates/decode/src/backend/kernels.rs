@@ -13,7 +13,8 @@
 //! less per token than decode. The loops are written over fixed-size arrays so LLVM vectorizes
 //! them; on x86-64 the same code is also compiled for AVX2 and chosen at run time.
 
-use crate::quant::{self, Q16Row, Unpacked, WeightFormat, ACT_BLOCK, GROUP, MAX_BLOCK};
+use crate::quant::{self, Q16Row, Unpacked, ACT_BLOCK, GROUP, MAX_BLOCK};
+use gguf_loader::GgmlType;
 use rayon::prelude::*;
 
 /// How activations enter the weight products.
@@ -29,10 +30,11 @@ pub enum Precision {
 /// Tokens walked together per weight block.
 const TILE: usize = 4;
 
-/// A weight matrix as the kernels see it: `rows` rows of `cols` elements in `format`.
+/// A weight matrix as the kernels see it: `rows` rows of `cols` elements in `format`, one of
+/// [`quant::SUPPORTED`] (backends check it when loading the weight).
 #[derive(Clone, Copy)]
 pub struct MatrixRef<'a> {
-    pub format: WeightFormat,
+    pub format: GgmlType,
     pub data: &'a [u8],
     pub rows: usize,
     pub cols: usize,
@@ -40,7 +42,7 @@ pub struct MatrixRef<'a> {
 
 impl MatrixRef<'_> {
     fn row_bytes(&self) -> usize {
-        self.cols / self.format.block_len() * self.format.block_bytes()
+        self.cols / self.format.block_size() * self.format.type_size()
     }
 }
 
@@ -58,7 +60,7 @@ pub fn matmul(
     debug_assert_eq!(x.len(), n_tok * w.cols);
     debug_assert_eq!(out.len(), n_tok * w.rows);
     debug_assert_eq!(w.data.len(), w.rows * w.row_bytes());
-    let use_int = precision == Precision::Fast && !w.format.is_float();
+    let use_int = precision == Precision::Fast && !quant::is_float(w.format);
     if use_int {
         act_q.resize_with(n_tok, Q16Row::default);
         for (row, xr) in act_q.iter_mut().zip(x.chunks_exact(w.cols)) {
@@ -216,7 +218,7 @@ fn rows_generic<D: IntDot>(
         let mut acc = [0f32; TILE];
         if !acts.act_q.is_empty() {
             let a = &acts.act_q[t0..t0 + nt];
-            if w.format == WeightFormat::Q8_0 {
+            if w.format == GgmlType::Q8_0 {
                 dot_q8_0::<D>(row, a, &mut acc);
             } else {
                 dot_unpacked::<D>(w.format, row, a, &mut acc, &mut scratch);
@@ -270,20 +272,20 @@ fn dot_q8_0<D: IntDot>(row: &[u8], acts: &[Q16Row], acc: &mut [f32; TILE]) {
 
 #[inline(always)]
 fn dot_unpacked<D: IntDot>(
-    format: WeightFormat,
+    format: GgmlType,
     row: &[u8],
     acts: &[Q16Row],
     acc: &mut [f32; TILE],
     u: &mut Unpacked,
 ) {
-    let bl = format.block_len();
+    let bl = format.block_size();
     let groups = bl / GROUP;
     // Only Q6_K changes scale every 16 elements; the others can take 32 at a time.
-    let by32 = format != WeightFormat::Q6K;
-    let has_offset = format.has_offset();
+    let by32 = format != GgmlType::Q6K;
+    let has_offset = quant::has_offset(format);
     let mut vacc = [D::zero(); TILE];
     let mut offsets = [0f32; TILE];
-    for (b, blk) in row.chunks_exact(format.block_bytes()).enumerate() {
+    for (b, blk) in row.chunks_exact(format.type_size()).enumerate() {
         quant::unpack_block(format, blk, u);
         let base = b * bl;
         for (t, a) in acts.iter().enumerate() {
@@ -399,7 +401,7 @@ mod avx2 {
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn dot_f32(
-    format: WeightFormat,
+    format: GgmlType,
     row: &[u8],
     acts: &Acts<'_>,
     t0: usize,
@@ -408,12 +410,15 @@ fn dot_f32(
     u: &mut Unpacked,
     fbuf: &mut [f32; MAX_BLOCK],
 ) {
-    let bl = format.block_len();
-    for (b, blk) in row.chunks_exact(format.block_bytes()).enumerate() {
-        quant::block_to_f32(format, blk, &mut fbuf[..bl], u);
+    // Steps of whole blocks; a dense row of any length ends in a shorter step.
+    let step = quant::step_len(format);
+    let step_bytes = step / format.block_size() * format.type_size();
+    for (b, blk) in row.chunks(step_bytes).enumerate() {
+        let n = blk.len() / format.type_size() * format.block_size();
+        quant::block_to_f32(format, blk, &mut fbuf[..n], u);
         for (t, a) in acc.iter_mut().enumerate().take(nt) {
-            let x = &acts.x[(t0 + t) * acts.cols + b * bl..(t0 + t) * acts.cols + (b + 1) * bl];
-            *a += dot_f32_slice(&fbuf[..bl], x);
+            let x0 = (t0 + t) * acts.cols + b * step;
+            *a += dot_f32_slice(&fbuf[..n], &acts.x[x0..x0 + n]);
         }
     }
 }
@@ -457,39 +462,39 @@ pub(crate) mod tests {
         }
     }
 
-    /// Random but valid blocks: random integer fields, small finite scales.
-    pub(crate) fn random_row(format: WeightFormat, cols: usize, rng: &mut Rng) -> Vec<u8> {
-        let bb = format.block_bytes();
+    /// A random but valid row: random dense values in [-1, 1), or blocks with random integer
+    /// fields and small finite scales.
+    pub(crate) fn random_row(format: GgmlType, cols: usize, rng: &mut Rng) -> Vec<u8> {
+        match format {
+            GgmlType::F32 => return (0..cols).flat_map(|_| rng.f32().to_le_bytes()).collect(),
+            GgmlType::F16 => {
+                return (0..cols)
+                    .flat_map(|_| f16::from_f32(rng.f32()).to_le_bytes())
+                    .collect()
+            }
+            GgmlType::Bf16 => {
+                return (0..cols)
+                    .flat_map(|_| bf16::from_f32(rng.f32()).to_le_bytes())
+                    .collect()
+            }
+            _ => {}
+        }
+        let bb = format.type_size();
         let mut out = Vec::new();
-        for _ in 0..cols / format.block_len() {
+        for _ in 0..cols / format.block_size() {
             let mut b: Vec<u8> = (0..bb).map(|_| rng.next_u64() as u8).collect();
             let mut put =
                 |at: usize, v: f32| b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
             match format {
-                WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q5_0 => {
+                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
                     put(0, 0.01 + 0.02 * rng.f32().abs())
                 }
-                WeightFormat::Q4_1 | WeightFormat::Q5_1 | WeightFormat::Q4K | WeightFormat::Q5K => {
+                GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => {
                     put(0, 0.01 + 0.02 * rng.f32().abs());
                     put(2, 0.01 * rng.f32());
                 }
-                WeightFormat::Q6K => put(208, 0.001 + 0.002 * rng.f32().abs()),
-                WeightFormat::F16 => {
-                    for i in 0..32 {
-                        put(2 * i, rng.f32());
-                    }
-                }
-                WeightFormat::Bf16 => {
-                    for i in 0..32 {
-                        let v = bf16::from_f32(rng.f32()).to_le_bytes();
-                        b[2 * i..2 * i + 2].copy_from_slice(&v);
-                    }
-                }
-                WeightFormat::F32 => {
-                    for i in 0..32 {
-                        b[4 * i..4 * i + 4].copy_from_slice(&rng.f32().to_le_bytes());
-                    }
-                }
+                GgmlType::Q6K => put(208, 0.001 + 0.002 * rng.f32().abs()),
+                other => panic!("no random blocks for {other}"),
             }
             out.extend_from_slice(&b);
         }
@@ -508,7 +513,7 @@ pub(crate) mod tests {
         for (r, xr) in rows.iter_mut().zip(x.chunks_exact(w.cols)) {
             r.quantize_from(xr);
         }
-        let use_int = precision == Precision::Fast && !w.format.is_float();
+        let use_int = precision == Precision::Fast && !quant::is_float(w.format);
         let acts = Acts {
             x,
             act_q: if use_int { &rows } else { &[] },
@@ -529,55 +534,72 @@ pub(crate) mod tests {
         out
     }
 
+    /// Both precisions, single-token and batched, AVX2 and portable, against dequantizing
+    /// the rows then an f64 dot product.
+    fn check_against_dequantized(format: GgmlType, rows: usize, cols: usize, rng: &mut Rng) {
+        let n_tok = 6;
+        let data: Vec<u8> = (0..rows)
+            .flat_map(|_| random_row(format, cols, rng))
+            .collect();
+        let x: Vec<f32> = (0..n_tok * cols).map(|_| rng.f32()).collect();
+        let w = MatrixRef {
+            format,
+            data: &data,
+            rows,
+            cols,
+        };
+        let rb = quant::row_bytes(format, cols).unwrap();
+        assert_eq!(data.len(), rows * rb, "{format} x {cols}");
+        let mut deq = vec![0f32; cols];
+        let mut want = vec![0f64; n_tok * rows];
+        for r in 0..rows {
+            quant::row_to_f32(format, &data[r * rb..(r + 1) * rb], &mut deq);
+            for t in 0..n_tok {
+                want[t * rows + r] = deq
+                    .iter()
+                    .zip(&x[t * cols..(t + 1) * cols])
+                    .map(|(&a, &b)| a as f64 * b as f64)
+                    .sum();
+            }
+        }
+        let scale = (want.iter().map(|v| v * v).sum::<f64>() / want.len() as f64).sqrt();
+        for (precision, tol) in [(Precision::Exact, 1e-5), (Precision::Fast, 1e-4)] {
+            // Single token and batched paths.
+            let portable = matmul_portable(w, &x, n_tok, precision);
+            for nt in [1, n_tok, usize::MAX] {
+                let out = if nt == usize::MAX {
+                    portable.clone()
+                } else {
+                    let mut out = vec![0f32; nt * rows];
+                    matmul(w, &x[..nt * cols], nt, &mut out, precision, &mut Vec::new());
+                    out
+                };
+                for (i, (&got, &exp)) in out.iter().zip(&want).enumerate() {
+                    let err = (got as f64 - exp).abs() / scale;
+                    assert!(
+                        err < tol,
+                        "{format} x {cols} {precision:?} n_tok {nt} element {i}: {got} vs {exp}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn both_precisions_match_dequantize_then_dot_for_every_format() {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-        let (rows, cols, n_tok) = (37, 512, 6);
-        for format in WeightFormat::ALL {
-            let data: Vec<u8> = (0..rows)
-                .flat_map(|_| random_row(format, cols, &mut rng))
-                .collect();
-            let x: Vec<f32> = (0..n_tok * cols).map(|_| rng.f32()).collect();
-            let w = MatrixRef {
-                format,
-                data: &data,
-                rows,
-                cols,
-            };
-            let rb = format.row_bytes(cols).unwrap();
-            let mut deq = vec![0f32; cols];
-            let mut want = vec![0f64; n_tok * rows];
-            for r in 0..rows {
-                quant::row_to_f32(format, &data[r * rb..(r + 1) * rb], &mut deq);
-                for t in 0..n_tok {
-                    want[t * rows + r] = deq
-                        .iter()
-                        .zip(&x[t * cols..(t + 1) * cols])
-                        .map(|(&a, &b)| a as f64 * b as f64)
-                        .sum();
-                }
-            }
-            let scale = (want.iter().map(|v| v * v).sum::<f64>() / want.len() as f64).sqrt();
-            for (precision, tol) in [(Precision::Exact, 1e-5), (Precision::Fast, 1e-4)] {
-                // Single token and batched paths.
-                let portable = matmul_portable(w, &x, n_tok, precision);
-                for nt in [1, n_tok, usize::MAX] {
-                    let out = if nt == usize::MAX {
-                        portable.clone()
-                    } else {
-                        let mut out = vec![0f32; nt * rows];
-                        matmul(w, &x[..nt * cols], nt, &mut out, precision, &mut Vec::new());
-                        out
-                    };
-                    for (i, (&got, &exp)) in out.iter().zip(&want).enumerate() {
-                        let err = (got as f64 - exp).abs() / scale;
-                        assert!(
-                            err < tol,
-                            "{} {precision:?} n_tok {nt} element {i}: {got} vs {exp}",
-                            format.name()
-                        );
-                    }
-                }
+        for format in quant::SUPPORTED {
+            check_against_dequantized(format, 37, 512, &mut rng);
+        }
+    }
+
+    #[test]
+    fn dense_rows_of_any_length_multiply() {
+        let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+        for format in [GgmlType::F32, GgmlType::F16, GgmlType::Bf16] {
+            // Shorter than a step, and a step and a bit (MAX_BLOCK is 256).
+            for cols in [1, 7, 301] {
+                check_against_dequantized(format, 5, cols, &mut rng);
             }
         }
     }

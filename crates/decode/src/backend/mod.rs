@@ -20,8 +20,8 @@ pub mod profile;
 
 use crate::error::{DecodeError, Result};
 use crate::memory::{DeviceMemory, MemoryReport, MemoryTag};
-use crate::quant::WeightFormat;
-use gguf_loader::{GgufFile, TensorInfo};
+use crate::quant;
+use gguf_loader::{GgmlType, GgufFile, TensorInfo};
 use std::sync::Arc;
 
 pub use kernels::Precision;
@@ -29,7 +29,8 @@ pub use kernels::Precision;
 /// A tensor from the model file, as handed to [`Backend::load_weight`].
 pub struct WeightSource<'a> {
     pub name: &'a str,
-    pub format: WeightFormat,
+    /// The stored type; backends read the types of [`quant::SUPPORTED`].
+    pub format: GgmlType,
     /// GGML order: `dims[0]` is the row length, `dims[1]` the number of rows, `dims[2]` the
     /// number of matrices (experts); missing trailing dims are 1.
     pub dims: [usize; 3],
@@ -40,17 +41,17 @@ pub struct WeightSource<'a> {
 }
 
 impl WeightSource<'_> {
-    /// Checks that the bytes are exactly what the format and dims need (checked products), so
-    /// every backend refuses a short or long tensor the same way.
+    /// Checks that the format is one the backends read and that the bytes are exactly what it
+    /// and the dims need (checked products), so every backend refuses an unsupported type or a
+    /// short or long tensor the same way, before any kernel sees it.
     pub fn check_bytes(&self) -> Result<()> {
+        quant::check_supported(self.name, self.format)?;
         let [cols, rows, mats] = self.dims;
-        let expected = self
-            .format
-            .row_bytes(cols)
+        let expected = quant::row_bytes(self.format, cols)
             .and_then(|rb| rb.checked_mul(rows)?.checked_mul(mats))
             .ok_or_else(|| DecodeError::TensorShape {
                 name: self.name.to_string(),
-                expected: vec![cols.next_multiple_of(self.format.block_len()), rows, mats],
+                expected: vec![cols.next_multiple_of(self.format.block_size()), rows, mats],
                 found: vec![cols, rows, mats],
             })?;
         if self.bytes.len() != expected {

@@ -12,7 +12,6 @@ pub use spec::{query_pre_attn_scalar, LayerSpec, ModelSpec, GEMMA3_27B_LAYERS};
 use crate::backend::{Attention, Backend, MappedTensor, MoeShape, StepKey, WeightSource};
 use crate::error::{DecodeError, Result};
 use crate::memory::{MemoryReport, MemoryTag};
-use crate::quant::WeightFormat;
 use gguf_loader::GgufFile;
 use std::sync::Arc;
 
@@ -116,19 +115,14 @@ impl<B: Backend> Loader<'_, B> {
                 found,
             });
         }
-        let ty = info.ggml_type.name();
-        let format =
-            WeightFormat::from_ggml_name(ty).ok_or_else(|| DecodeError::UnsupportedTensorType {
-                name: name.to_string(),
-                ty: ty.to_string(),
-            })?;
         let mut dims = [1usize; 3];
         for (d, &v) in dims.iter_mut().zip(&found) {
             *d = v;
         }
+        // `load_weight` refuses a type the backends cannot read (`WeightSource::check_bytes`).
         let w = self.backend.load_weight(&WeightSource {
             name,
-            format,
+            format: info.ggml_type,
             dims,
             bytes: self.file.tensor_data(info),
             mapped: Some(MappedTensor {

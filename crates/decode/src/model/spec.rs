@@ -84,24 +84,22 @@ impl ModelSpec {
                 )))
             }
         };
-        let pattern = c.sliding_window_pattern.unwrap_or(6).max(1);
+        // Which layers slide, their window and every layer's RoPE base are ModelConfig's to
+        // decide (one rule for every architecture); the spec only copies its answers.
         let layers = (0..c.n_layers)
-            .map(|il| {
-                let local = gemma && c.sliding_window.is_some() && il % pattern < pattern - 1;
-                LayerSpec {
-                    rope: Rope {
-                        neox: c.architecture != Architecture::Llama,
-                        freq_base: if local {
-                            c.rope_freq_base_local.unwrap_or(10_000.0)
-                        } else {
-                            c.rope_freq_base
-                        },
-                        // Gemma 3 scales positions on its global layers only.
-                        position_scale: if gemma && local { 1.0 } else { position_scale },
-                        n_rot,
+            .map(|il| LayerSpec {
+                rope: Rope {
+                    neox: c.architecture != Architecture::Llama,
+                    freq_base: c.rope_base_for_layer(il),
+                    // Gemma 3 scales positions on its global layers only.
+                    position_scale: if gemma && c.is_sliding_layer(il) {
+                        1.0
+                    } else {
+                        position_scale
                     },
-                    window: if local { c.sliding_window } else { None },
-                }
+                    n_rot,
+                },
+                window: c.window_for_layer(il),
             })
             .collect();
         Ok(ModelSpec {
