@@ -319,7 +319,7 @@ fn add_rms_norm<B: Backend + 'static>(make: impl Fn() -> B) {
     }
     let probe = make();
     let mut rng = Rng::new(21);
-    for m in matrices(&[WeightFormat::Q4K, WeightFormat::Q8_0]) {
+    for m in matrices(&[GgmlType::Q4K, GgmlType::Q8_0]) {
         let dim = m.dims[0];
         for rows in ROWS {
             for with_y in [false, true] {
@@ -549,7 +549,7 @@ fn gated_then_product<B: Backend + 'static>(make: impl Fn() -> B) {
     }
     let probe = make();
     let mut rng = Rng::new(22);
-    for m in matrices(&[WeightFormat::Q6K, WeightFormat::Q5_0]) {
+    for m in matrices(&[GgmlType::Q6K, GgmlType::Q5_0]) {
         for rows in [1, 3] {
             let len = rows * m.dims[0];
             let g = rng.vec(len, 3.0);
