@@ -13,7 +13,7 @@ use common::{compare, max_abs_diff, preset_file};
 use decode::backend::cpu::CpuBackend;
 use decode::backend::gpu::{GpuBackend, KvType, MatvecPath};
 use decode::backend::{
-    argmax_host, Attention, Backend, GateActivation, Precision, Rope, WeightSource,
+    argmax_host, Attention, Backend, GateActivation, MoeShape, Precision, Rope, WeightSource,
 };
 use decode::gguf_loader::synth::Preset;
 use decode::gguf_loader::GgmlType;
@@ -566,6 +566,65 @@ fn gated_then_product<B: Backend + 'static>(make: impl Fn() -> B) {
             let tol = matmul_tolerance(&probe, rows);
             check(&format!("{what}: product"), &got[len..], &want[len..], tol);
         }
+    }
+}
+
+test_device!(moe);
+/// The whole mixture-of-experts FFN over the tiny Qwen3-MoE model's first layer experts, for a
+/// decode step and a short prefill: routing, the selected experts and the weighted sum.
+fn moe<B: Backend + 'static>(make: impl Fn() -> B) {
+    let file = preset_file(Preset::TinyQwen3Moe);
+    let stack = |suffix: &str| -> Matrix {
+        let name = format!("blk.0.ffn_{suffix}_exps.weight");
+        let t = file
+            .tensors()
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("the tiny MoE model has no {name}"));
+        let d: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
+        Matrix {
+            name,
+            format: t.ggml_type,
+            dims: [d[0], d[1], d[2]],
+            bytes: file.tensor_data(t).to_vec(),
+        }
+    };
+    let (gate, up, down) = (stack("gate"), stack("up"), stack("down"));
+    let [n_embd, n_ff, n_expert] = gate.dims;
+    fn go<C: Backend>(
+        be: &mut C,
+        w: [&Matrix; 3],
+        x: &[f32],
+        logits: &[f32],
+        shape: &MoeShape,
+    ) -> Vec<f32> {
+        let [g, u, d] = w.map(|m| be.load_weight(&m.source()).expect("load experts"));
+        be.begin_step(0, &vec![0; shape.rows]).expect("begin_step");
+        let xb = upload(be, x);
+        let lb = upload(be, logits);
+        let mut out = be
+            .alloc(MemoryTag::Activations, shape.rows * shape.n_embd)
+            .unwrap();
+        be.moe(&xb, &lb, &g, &u, &d, &mut out, shape).expect("moe");
+        download(be, &out, shape.rows * shape.n_embd)
+    }
+    let probe = make();
+    let mut rng = Rng::new(23);
+    for rows in [1, 3] {
+        let shape = MoeShape {
+            rows,
+            n_embd,
+            n_ff,
+            n_expert,
+            k: 4.min(n_expert),
+            act: GateActivation::Silu,
+        };
+        let x = rng.vec(rows * n_embd, 2.0);
+        let logits = rng.vec(rows * n_expert, 3.0);
+        let want = go(&mut exact(), [&gate, &up, &down], &x, &logits, &shape);
+        let got = go(&mut make(), [&gate, &up, &down], &x, &logits, &shape);
+        let what = format!("moe {} x {rows} rows", gate.format.name());
+        check(&what, &got, &want, matmul_tolerance(&probe, rows));
     }
 }
 

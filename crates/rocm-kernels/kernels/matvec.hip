@@ -1,9 +1,10 @@
 // Matrix-vector products over quantized weights, for a few tokens (decode).
 //
 // out[t * rows + r] = sum_c W[r][c] * x[t * cols + c], for t < n_tokens <= MATVEC_MAX_TOKENS.
-// One warp per output row; a block holds blockDim.x / WARP_SIZE warps, so row
-// r = blockIdx.x * (blockDim.x / WARP_SIZE) + warp. The weight rows are read once for all
-// tokens of the launch.
+// `warps_per_row` warps share each output row (a power of two dividing the block's warps; more
+// than one where a matrix has too few rows to fill the device), their sums meeting in shared
+// memory: row r = blockIdx.x * (warps / warps_per_row) + warp / warps_per_row. The weight rows
+// are read once for all tokens of the launch.
 // Entry points, one per format (FOR_EACH_WEIGHT_FORMAT in quant.h): matvec_f32, matvec_f16,
 // matvec_bf16, matvec_q4_0, matvec_q4_1, matvec_q5_0, matvec_q5_1, matvec_q8_0, matvec_q4_k,
 // matvec_q5_k, matvec_q6_k.
@@ -14,24 +15,52 @@
 
 template <int FMT>
 DEVICE void matvec_impl(const u8* __restrict__ w, const float* __restrict__ x,
-                        float* __restrict__ out, u32 rows, u32 cols, u32 n_tokens) {
-    const u32 warps = blockDim.x / WARP_SIZE;
-    const u32 r = blockIdx.x * warps + threadIdx.x / WARP_SIZE;
-    if (r >= rows) return;  // the whole warp leaves together
-    const u8* row = w + (u64)r * row_bytes<FMT>(cols);
+                        float* __restrict__ out, u32 rows, u32 cols, u32 n_tokens,
+                        u32 warps_per_row) {
+    __shared__ float partial[32][MATVEC_MAX_TOKENS];
+    const u32 warp = threadIdx.x / WARP_SIZE;
+    const u32 lane = threadIdx.x % WARP_SIZE;
+    const u32 rows_per_block = (blockDim.x / WARP_SIZE) / warps_per_row;
+    const u32 r = blockIdx.x * rows_per_block + warp / warps_per_row;
+    const u32 sub = warp % warps_per_row;
     float acc[MATVEC_MAX_TOKENS];
-    warp_row_dot<FMT, MATVEC_MAX_TOKENS>(row, x, cols, (int)n_tokens, cols, acc);
-    if (threadIdx.x % WARP_SIZE == 0) {
+    if (r < rows) {
+        const u8* row = w + (u64)r * row_bytes<FMT>(cols);
+        warp_row_dot_strided<FMT, MATVEC_MAX_TOKENS>(row, x, cols, (int)n_tokens, cols, acc,
+                                                     sub * WARP_SIZE + lane,
+                                                     warps_per_row * WARP_SIZE);
+    } else {
+#pragma unroll
+        for (int t = 0; t < MATVEC_MAX_TOKENS; ++t) acc[t] = 0.0f;
+    }
+    if (warps_per_row == 1) {
+        if (lane == 0 && r < rows) {
+#pragma unroll
+            for (int t = 0; t < MATVEC_MAX_TOKENS; ++t) {
+                if ((u32)t < n_tokens) out[(u64)t * rows + r] = acc[t];
+            }
+        }
+        return;  // the same for the whole block: no thread waits below
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int t = 0; t < MATVEC_MAX_TOKENS; ++t) partial[warp][t] = acc[t];
+    }
+    __syncthreads();
+    if (sub == 0 && lane == 0 && r < rows) {
 #pragma unroll
         for (int t = 0; t < MATVEC_MAX_TOKENS; ++t) {
-            if ((u32)t < n_tokens) out[(u64)t * rows + r] = acc[t];
+            if ((u32)t >= n_tokens) break;
+            float s = 0.0f;
+            for (u32 k = 0; k < warps_per_row; ++k) s += partial[warp + k][t];
+            out[(u64)t * rows + r] = s;
         }
     }
 }
 
 #define MATVEC_ENTRY(suffix, FMT)                                                        \
     KERNEL void matvec_##suffix(const u8* w, const float* x, float* out, u32 rows, u32 cols, \
-                                u32 n_tokens) {                                          \
-        matvec_impl<FMT>(w, x, out, rows, cols, n_tokens);                               \
+                                u32 n_tokens, u32 warps_per_row) {                       \
+        matvec_impl<FMT>(w, x, out, rows, cols, n_tokens, warps_per_row);                \
     }
 FOR_EACH_WEIGHT_FORMAT(MATVEC_ENTRY)

@@ -87,7 +87,7 @@ template <int FMT> struct Q8Piece;
 // Q4_0: piece p (of 2) covers values 8p..8p+7 (low nibbles of qs[8p..8p+7]) and 16+8p..16+8p+7
 // (their high nibbles); w = d * (q - 8).
 template <> struct Q8Piece<FMT_Q4_0> {
-    enum { PARTS = 2 };
+    enum { PARTS = 2, SPLIT = 0 };
     template <int MAXT>
     static DEVICE void dot(const u8* b, int p, const i8* xq, const float* xd, u32 xq_stride,
                            u32 xd_stride, int nt, float* acc) {
@@ -111,7 +111,7 @@ template <> struct Q8Piece<FMT_Q4_0> {
 
 // Q4_1: as Q4_0 with w = d * q + m.
 template <> struct Q8Piece<FMT_Q4_1> {
-    enum { PARTS = 2 };
+    enum { PARTS = 2, SPLIT = 0 };
     template <int MAXT>
     static DEVICE void dot(const u8* b, int p, const i8* xq, const float* xd, u32 xq_stride,
                            u32 xd_stride, int nt, float* acc) {
@@ -136,7 +136,7 @@ template <> struct Q8Piece<FMT_Q4_1> {
 
 // Q5_0: as Q4_0 plus bit 4 of value j from bit j of qh; w = d * (q - 16).
 template <> struct Q8Piece<FMT_Q5_0> {
-    enum { PARTS = 2 };
+    enum { PARTS = 2, SPLIT = 0 };
     template <int MAXT>
     static DEVICE void dot(const u8* b, int p, const i8* xq, const float* xd, u32 xq_stride,
                            u32 xd_stride, int nt, float* acc) {
@@ -163,7 +163,7 @@ template <> struct Q8Piece<FMT_Q5_0> {
 
 // Q5_1: as Q5_0 with w = d * q + m.
 template <> struct Q8Piece<FMT_Q5_1> {
-    enum { PARTS = 2 };
+    enum { PARTS = 2, SPLIT = 0 };
     template <int MAXT>
     static DEVICE void dot(const u8* b, int p, const i8* xq, const float* xd, u32 xq_stride,
                            u32 xd_stride, int nt, float* acc) {
@@ -191,7 +191,7 @@ template <> struct Q8Piece<FMT_Q5_1> {
 
 // Q8_0: piece p (of 2) covers values 16p..16p+15; w = d * q.
 template <> struct Q8Piece<FMT_Q8_0> {
-    enum { PARTS = 2 };
+    enum { PARTS = 2, SPLIT = 0 };
     template <int MAXT>
     static DEVICE void dot(const u8* b, int p, const i8* xq, const float* xd, u32 xq_stride,
                            u32 xd_stride, int nt, float* acc) {
@@ -211,23 +211,56 @@ template <> struct Q8Piece<FMT_Q8_0> {
     }
 };
 
+// Pieces in two phases. A format with a `Raw` type loads a piece's weight bytes into registers
+// (`load`) and multiplies them later (`dot_raw`), so the main loop issues the loads of two
+// pieces before it computes either: twice the bytes in flight per lane. The formats without
+// one (the 32-value blocks, read by small kernels) call `dot` directly.
+
+// Byte i of the 12 packed scale bytes held as three words.
+DEVICE int k4_scale_byte(const u32* w, int i) { return (int)((w[i >> 2] >> (8 * (i & 3))) & 0xFFu); }
+
+// The 6-bit scale and minimum of group g from the packed bytes in registers (as k4_scale_min).
+DEVICE void k4_scale_min_regs(const u32* w, int g, int* sc, int* mn) {
+    if (g < 4) {
+        *sc = k4_scale_byte(w, g) & 0x3F;
+        *mn = k4_scale_byte(w, g + 4) & 0x3F;
+    } else {
+        *sc = (k4_scale_byte(w, g + 4) & 0x0F) | ((k4_scale_byte(w, g - 4) >> 6) << 4);
+        *mn = (k4_scale_byte(w, g + 4) >> 4) | ((k4_scale_byte(w, g) >> 6) << 4);
+    }
+}
+
 // Q4_K / Q5_K: piece p (of 8) is j = p / 2, h = p % 2: the 16 quant bytes at 32j + 16h hold
 // values 64j + 16h + [0, 16) of group 2j (low nibbles) and 64j + 32 + 16h + [0, 16) of group
 // 2j + 1 (high nibbles); Q5_K's fifth bits come from qh[16h + k], bit g.
 // w = (d * sc) * q - (dmin * m), so the piece's sum is d*sc*sum(q x) - dmin*m*sum(x) per group.
+// The 16-byte header (d, dmin, 12 scale bytes) and the quant bytes are 128-bit loads.
+struct K4Raw {
+    uint4 head;
+    uint4 qs;
+    uint4 qh;
+};
+
+template <int FMT>
+DEVICE void k4_load(const u8* b, int p, K4Raw& r) {
+    const int j = p >> 1, h = p & 1;
+    r.head = *(const uint4*)b;
+    r.qs = *(const uint4*)(b + (FMT == FMT_Q5_K ? 48 : 16) + 32 * j + 16 * h);
+    if (FMT == FMT_Q5_K) r.qh = *(const uint4*)(b + 16 + 16 * h);
+}
+
 template <int FMT, int MAXT>
-DEVICE void k4_piece(const u8* b, int p, const i8* xq, const float* xd, u32 xq_stride,
-                     u32 xd_stride, int nt, float* acc) {
+DEVICE void k4_dot(const K4Raw& r, int p, const i8* xq, const float* xd, u32 xq_stride,
+                   u32 xd_stride, int nt, float* acc) {
     const int j = p >> 1, h = p & 1;
     const int g0 = 2 * j, g1 = 2 * j + 1;
-    const float d = load_half(b);
-    const float dmin = load_half(b + 2);
+    const float d = f16_to_f32((u16)(r.head.x & 0xFFFFu));
+    const float dmin = f16_to_f32((u16)(r.head.x >> 16));
+    const u32 packed[3] = {r.head.y, r.head.z, r.head.w};
     int sc0, m0, sc1, m1;
-    k4_scale_min(b + 4, g0, &sc0, &m0);
-    k4_scale_min(b + 4, g1, &sc1, &m1);
-    const int qs_off = (FMT == FMT_Q5_K ? 48 : 16) + 32 * j + 16 * h;
-    const uint4 v = *(const uint4*)(b + qs_off);
-    const u32 vw[4] = {v.x, v.y, v.z, v.w};
+    k4_scale_min_regs(packed, g0, &sc0, &m0);
+    k4_scale_min_regs(packed, g1, &sc1, &m1);
+    const u32 vw[4] = {r.qs.x, r.qs.y, r.qs.z, r.qs.w};
     int lo[4], hi[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -235,8 +268,7 @@ DEVICE void k4_piece(const u8* b, int p, const i8* xq, const float* xd, u32 xq_s
         hi[i] = (int)((vw[i] >> 4) & 0x0F0F0F0Fu);
     }
     if (FMT == FMT_Q5_K) {
-        const uint4 qh = *(const uint4*)(b + 16 + 16 * h);
-        const u32 hw[4] = {qh.x, qh.y, qh.z, qh.w};
+        const u32 hw[4] = {r.qh.x, r.qh.y, r.qh.z, r.qh.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             lo[i] |= (int)(((hw[i] >> g0) & 0x01010101u) << 4);
@@ -266,54 +298,81 @@ DEVICE void k4_piece(const u8* b, int p, const i8* xq, const float* xd, u32 xq_s
 }
 
 template <> struct Q8Piece<FMT_Q4_K> {
-    enum { PARTS = 8 };
+    enum { PARTS = 8, SPLIT = 1 };
+    typedef K4Raw Raw;
+    static DEVICE void load(const u8* b, int p, Raw& r) { k4_load<FMT_Q4_K>(b, p, r); }
     template <int MAXT>
-    static DEVICE void dot(const u8* b, int p, const i8* xq, const float* xd, u32 xq_stride,
-                           u32 xd_stride, int nt, float* acc) {
-        k4_piece<FMT_Q4_K, MAXT>(b, p, xq, xd, xq_stride, xd_stride, nt, acc);
+    static DEVICE void dot_raw(const Raw& r, int p, const i8* xq, const float* xd, u32 xq_stride,
+                               u32 xd_stride, int nt, float* acc) {
+        k4_dot<FMT_Q4_K, MAXT>(r, p, xq, xd, xq_stride, xd_stride, nt, acc);
     }
 };
 
 template <> struct Q8Piece<FMT_Q5_K> {
-    enum { PARTS = 8 };
+    enum { PARTS = 8, SPLIT = 1 };
+    typedef K4Raw Raw;
+    static DEVICE void load(const u8* b, int p, Raw& r) { k4_load<FMT_Q5_K>(b, p, r); }
     template <int MAXT>
-    static DEVICE void dot(const u8* b, int p, const i8* xq, const float* xd, u32 xq_stride,
-                           u32 xd_stride, int nt, float* acc) {
-        k4_piece<FMT_Q5_K, MAXT>(b, p, xq, xd, xq_stride, xd_stride, nt, acc);
+    static DEVICE void dot_raw(const Raw& r, int p, const i8* xq, const float* xd, u32 xq_stride,
+                               u32 xd_stride, int nt, float* acc) {
+        k4_dot<FMT_Q5_K, MAXT>(r, p, xq, xd, xq_stride, xd_stride, nt, acc);
     }
 };
 
 // Q6_K: piece p (of 8) is half h = p / 4 and s = p % 4; it covers values
 // h*128 + 32k + 8s + [0, 8) for k < 4: low nibbles of ql[h*64 + 8s ..] (k = 0) and
 // ql[h*64 + 32 + 8s ..] (k = 1), high nibbles of the same (k = 2, 3), two high bits from
-// qh[h*32 + 8s ..] >> 2k; scale index h*8 + 2k + s/2; w = d * sc * (q - 32).
+// qh[h*32 + 8s ..] >> 2k; scale index h*8 + 2k + s/2; w = d * sc * (q - 32). The 210-byte
+// blocks are only 2-byte aligned: 16-bit loads.
+struct Q6Raw {
+    u32 a[2], c[2], e[2];
+    u32 sc;  // the four scale bytes this piece uses, one per byte
+    u16 d;
+};
+
 template <> struct Q8Piece<FMT_Q6_K> {
-    enum { PARTS = 8 };
-    template <int MAXT>
-    static DEVICE void dot(const u8* b, int p, const i8* xq, const float* xd, u32 xq_stride,
-                           u32 xd_stride, int nt, float* acc) {
+    enum { PARTS = 8, SPLIT = 1 };
+    typedef Q6Raw Raw;
+    static DEVICE void load(const u8* b, int p, Raw& r) {
         const int h = p >> 2, s = p & 3;
-        const float d = load_half(b + 208);
         const u8* ql = b + h * 64 + 8 * s;
         const u8* qh = b + 128 + h * 32 + 8 * s;
-        const u32 a[2] = {load_u32_from_u16(ql), load_u32_from_u16(ql + 4)};
-        const u32 c[2] = {load_u32_from_u16(ql + 32), load_u32_from_u16(ql + 36)};
-        const u32 e[2] = {load_u32_from_u16(qh), load_u32_from_u16(qh + 4)};
+        r.a[0] = load_u32_from_u16(ql);
+        r.a[1] = load_u32_from_u16(ql + 4);
+        r.c[0] = load_u32_from_u16(ql + 32);
+        r.c[1] = load_u32_from_u16(ql + 36);
+        r.e[0] = load_u32_from_u16(qh);
+        r.e[1] = load_u32_from_u16(qh + 4);
+        // Scales h*8 + (s >> 1) + 2k for k < 4: bytes at an even offset (s >> 1 is 0 or 1
+        // beside an even base), read as 16-bit words and picked apart in dot_raw.
+        const u8* sp = b + 192 + h * 8;
+        const u32 lo = load_u32_from_u16(sp);
+        const u32 hi = load_u32_from_u16(sp + 4);
+        const int o = s >> 1;
+        r.sc = ((lo >> (8 * o)) & 0xFFu) | (((lo >> (16 + 8 * o)) & 0xFFu) << 8) |
+               (((hi >> (8 * o)) & 0xFFu) << 16) | (((hi >> (16 + 8 * o)) & 0xFFu) << 24);
+        r.d = *(const u16*)(b + 208);
+    }
+    template <int MAXT>
+    static DEVICE void dot_raw(const Raw& r, int p, const i8* xq, const float* xd, u32 xq_stride,
+                               u32 xd_stride, int nt, float* acc) {
+        const int h = p >> 2, s = p & 3;
+        const float d = f16_to_f32(r.d);
         int w[4][2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            const u32 low[4] = {a[i] & 0x0F0F0F0Fu, c[i] & 0x0F0F0F0Fu, (a[i] >> 4) & 0x0F0F0F0Fu,
-                                (c[i] >> 4) & 0x0F0F0F0Fu};
+            const u32 low[4] = {r.a[i] & 0x0F0F0F0Fu, r.c[i] & 0x0F0F0F0Fu,
+                                (r.a[i] >> 4) & 0x0F0F0F0Fu, (r.c[i] >> 4) & 0x0F0F0F0Fu};
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
-                const u32 q = low[k] | (((e[i] >> (2 * k)) & 0x03030303u) << 4);
+                const u32 q = low[k] | (((r.e[i] >> (2 * k)) & 0x03030303u) << 4);
                 // q - 32 in every byte without borrows between bytes (q < 64).
                 w[k][i] = (int)(((q | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
             }
         }
         float sc[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) sc[k] = d * (float)(i8)b[192 + h * 8 + 2 * k + (s >> 1)];
+        for (int k = 0; k < 4; ++k) sc[k] = d * (float)(i8)((r.sc >> (8 * k)) & 0xFFu);
 #pragma unroll
         for (int t = 0; t < MAXT; ++t) {
             if (t >= nt) break;
@@ -327,6 +386,52 @@ template <> struct Q8Piece<FMT_Q6_K> {
                 sum += sc[k] * dt[k] * (float)si;
             }
             acc[t] += sum;
+        }
+    }
+};
+
+// The main loop over a row's pieces, by kind of piece.
+template <int FMT, int MAXT, int SPLIT>
+struct Q8RowLoop;
+
+template <int FMT, int MAXT>
+struct Q8RowLoop<FMT, MAXT, 0> {
+    static DEVICE void run(const u8* row, const i8* xq, const float* xd, u32 cols, int nt,
+                           u32 first, u32 step, u32 pieces, float* acc) {
+        enum { ELEMS = FormatInfo<FMT>::elems, BYTES = FormatInfo<FMT>::bytes };
+        enum { PARTS = Q8Piece<FMT>::PARTS };
+#pragma unroll 2
+        for (u32 i = first; i < pieces; i += step) {
+            const u32 blk = i / PARTS;
+            const int part = (int)(i % PARTS);
+            Q8Piece<FMT>::template dot<MAXT>(row + (u64)blk * BYTES, part, xq + (u64)blk * ELEMS,
+                                             xd + (u64)blk * (ELEMS / 32), cols, cols / 32, nt,
+                                             acc);
+        }
+    }
+};
+
+template <int FMT, int MAXT>
+struct Q8RowLoop<FMT, MAXT, 1> {
+    static DEVICE void run(const u8* row, const i8* xq, const float* xd, u32 cols, int nt,
+                           u32 first, u32 step, u32 pieces, float* acc) {
+        enum { ELEMS = FormatInfo<FMT>::elems, BYTES = FormatInfo<FMT>::bytes };
+        enum { PARTS = Q8Piece<FMT>::PARTS };
+        typedef typename Q8Piece<FMT>::Raw Raw;
+        for (u32 i = first; i < pieces; i += 2 * step) {
+            const u32 i2 = i + step;
+            const bool two = i2 < pieces;
+            Raw r1, r2;
+            Q8Piece<FMT>::load(row + (u64)(i / PARTS) * BYTES, (int)(i % PARTS), r1);
+            if (two) Q8Piece<FMT>::load(row + (u64)(i2 / PARTS) * BYTES, (int)(i2 % PARTS), r2);
+            Q8Piece<FMT>::template dot_raw<MAXT>(r1, (int)(i % PARTS), xq + (u64)(i / PARTS) * ELEMS,
+                                                 xd + (u64)(i / PARTS) * (ELEMS / 32), cols,
+                                                 cols / 32, nt, acc);
+            if (two) {
+                Q8Piece<FMT>::template dot_raw<MAXT>(
+                    r2, (int)(i2 % PARTS), xq + (u64)(i2 / PARTS) * ELEMS,
+                    xd + (u64)(i2 / PARTS) * (ELEMS / 32), cols, cols / 32, nt, acc);
+            }
         }
     }
 };
@@ -350,15 +455,9 @@ DEVICE void matvec_q8_impl(const u8* __restrict__ w, const i8* __restrict__ xq,
         enum { PARTS = Q8Piece<FMT>::PARTS };
         const u8* row = w + (u64)r * row_bytes<FMT>(cols);
         const u32 pieces = (cols / ELEMS) * PARTS;
-        const u32 step = warps_per_row * WARP_SIZE;
-#pragma unroll 2
-        for (u32 i = sub * WARP_SIZE + lane; i < pieces; i += step) {
-            const u32 blk = i / PARTS;
-            const int part = (int)(i % PARTS);
-            Q8Piece<FMT>::template dot<MAXT>(row + (u64)blk * BYTES, part, xq + (u64)blk * ELEMS,
-                                             xd + (u64)blk * (ELEMS / 32), cols, cols / 32, nt,
-                                             acc);
-        }
+        Q8RowLoop<FMT, MAXT, Q8Piece<FMT>::SPLIT>::run(row, xq, xd, cols, nt,
+                                                       sub * WARP_SIZE + lane,
+                                                       warps_per_row * WARP_SIZE, pieces, acc);
     }
 #pragma unroll
     for (int t = 0; t < MAXT; ++t) acc[t] = warp_sum(acc[t]);
@@ -397,6 +496,55 @@ DEVICE void matvec_q8_impl(const u8* __restrict__ w, const i8* __restrict__ xq,
                                        u32 rows, u32 cols, u32 n_tokens, u32 warps_per_row) {   \
         matvec_q8_impl<FMT, 1>(w, xq, xd, out, rows, cols, 1, warps_per_row);                   \
     }
+
+// The same product for routed experts (moe.hip's matvec_id, on 8-bit activations): for pair
+// p = t * k + s (grid.x), out[p * rows + r] = W[ids[p]][r] . x[xrow], xrow = p when each slot
+// has its own input (x_per_slot) and t otherwise; one warp per row (grid.y * warps + warp);
+// an id outside [0, n_expert) reads no weights and gives zeros. The ids stay on the device.
+template <int FMT>
+DEVICE void matvec_id_q8_impl(const u8* __restrict__ w, const i32* __restrict__ ids,
+                              const i8* __restrict__ xq, const float* __restrict__ xd,
+                              float* __restrict__ out, u32 n_expert, u32 rows, u32 cols, u32 k,
+                              u32 x_per_slot) {
+    const u32 pair = blockIdx.x;
+    const u32 warps = blockDim.x / WARP_SIZE;
+    const u32 r = blockIdx.y * warps + threadIdx.x / WARP_SIZE;
+    if (r >= rows) return;  // the whole warp leaves together
+    const u32 lane = threadIdx.x % WARP_SIZE;
+    float* dst = out + (u64)pair * rows + r;
+    const i32 e = ids[pair];
+    if (e < 0 || (u32)e >= n_expert) {
+        if (lane == 0) *dst = 0.0f;
+        return;
+    }
+    enum { ELEMS = FormatInfo<FMT>::elems, PARTS = Q8Piece<FMT>::PARTS };
+    const u8* row = w + ((u64)e * rows + r) * row_bytes<FMT>(cols);
+    const u32 xrow = x_per_slot ? pair : pair / k;
+    float acc[1] = {0.0f};
+    Q8RowLoop<FMT, 1, Q8Piece<FMT>::SPLIT>::run(row, xq + (u64)xrow * cols,
+                                                xd + (u64)xrow * (cols / 32), cols, 1, lane,
+                                                WARP_SIZE, (cols / ELEMS) * PARTS, acc);
+    acc[0] = warp_sum(acc[0]);
+    if (lane == 0) *dst = acc[0];
+}
+
+#define MATVEC_ID_Q8_ENTRY(suffix, FMT)                                                        \
+    KERNEL void matvec_id_q8_##suffix(const u8* w, const i32* ids, const i8* xq, const float* xd, \
+                                      float* out, u32 n_expert, u32 rows, u32 cols, u32 k,     \
+                                      u32 x_per_slot) {                                        \
+        matvec_id_q8_impl<FMT>(w, ids, xq, xd, out, n_expert, rows, cols, k, x_per_slot);      \
+    }
+
+// matvec_id_q8_q4_0, matvec_id_q8_q4_1, matvec_id_q8_q5_0, matvec_id_q8_q5_1, matvec_id_q8_q8_0,
+// matvec_id_q8_q4_k, matvec_id_q8_q5_k, matvec_id_q8_q6_k.
+MATVEC_ID_Q8_ENTRY(q4_0, FMT_Q4_0)
+MATVEC_ID_Q8_ENTRY(q4_1, FMT_Q4_1)
+MATVEC_ID_Q8_ENTRY(q5_0, FMT_Q5_0)
+MATVEC_ID_Q8_ENTRY(q5_1, FMT_Q5_1)
+MATVEC_ID_Q8_ENTRY(q8_0, FMT_Q8_0)
+MATVEC_ID_Q8_ENTRY(q4_k, FMT_Q4_K)
+MATVEC_ID_Q8_ENTRY(q5_k, FMT_Q5_K)
+MATVEC_ID_Q8_ENTRY(q6_k, FMT_Q6_K)
 
 MATVEC_Q8_ENTRY(q4_0, FMT_Q4_0)
 MATVEC_Q8_ENTRY(q4_1, FMT_Q4_1)

@@ -284,14 +284,15 @@ template <int FMT> DEVICE void dequant_run8(const u8* row, u32 u, float* v) {
 // MAXT). Quantized rows: each lane takes runs of eight columns, lane-strided, so neighbouring
 // lanes read neighbouring weight bytes and activations. Dense rows: lane-strided columns.
 // Every lane of the warp must call it (it ends in warp_sum); every lane gets the sums.
+// The strided form: this lane starts at column (or run) `first` and steps by `step`, so
+// several warps can share one row (matvec); the sum covers this warp's share only.
 template <int FMT, int MAXT>
-DEVICE void warp_row_dot(const u8* row, const float* x, u64 x_stride, int n_tokens, u32 cols,
-                         float* acc) {
-    const u32 lane = threadIdx.x % WARP_SIZE;
+DEVICE void warp_row_dot_strided(const u8* row, const float* x, u64 x_stride, int n_tokens,
+                                 u32 cols, float* acc, u32 first, u32 step) {
 #pragma unroll
     for (int t = 0; t < MAXT; ++t) acc[t] = 0.0f;
     if (FormatInfo<FMT>::dense) {
-        for (u32 c = lane; c < cols; c += WARP_SIZE) {
+        for (u32 c = first; c < cols; c += step) {
             const float w = dequant_one<FMT>(row, c);
 #pragma unroll
             for (int t = 0; t < MAXT; ++t) {
@@ -300,7 +301,7 @@ DEVICE void warp_row_dot(const u8* row, const float* x, u64 x_stride, int n_toke
         }
     } else {
         const u32 runs = cols / 8;
-        for (u32 u = lane; u < runs; u += WARP_SIZE) {
+        for (u32 u = first; u < runs; u += step) {
             float v[8];
             dequant_run8<FMT>(row, u, v);
 #pragma unroll
@@ -317,6 +318,13 @@ DEVICE void warp_row_dot(const u8* row, const float* x, u64 x_stride, int n_toke
     }
 #pragma unroll
     for (int t = 0; t < MAXT; ++t) acc[t] = warp_sum(acc[t]);
+}
+
+template <int FMT, int MAXT>
+DEVICE void warp_row_dot(const u8* row, const float* x, u64 x_stride, int n_tokens, u32 cols,
+                         float* acc) {
+    warp_row_dot_strided<FMT, MAXT>(row, x, x_stride, n_tokens, cols, acc,
+                                    threadIdx.x % WARP_SIZE, WARP_SIZE);
 }
 
 // Instantiates `MACRO(suffix, FMT)` once per supported format: the entry point names of the

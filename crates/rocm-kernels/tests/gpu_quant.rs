@@ -182,6 +182,41 @@ fn matvec_matches_the_reference_for_every_format() {
 }
 
 #[test]
+fn matvec_splits_long_rows_over_several_warps() {
+    let test = "matvec_splits_long_rows_over_several_warps";
+    let Some((k, s)) = setup(test) else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(11);
+    // 4096 columns in few rows: several warps share each row (up to eight).
+    for format in [GgmlType::F32, GgmlType::F16, GgmlType::Q4K, GgmlType::Q8_0] {
+        for rows in [1, 67] {
+            let cols = 4096;
+            let (wb, bytes) = weights_on_device(k, &mut rng, format, rows, cols);
+            let w = quant_matrix(&wb, &bytes, format, rows, cols);
+            let host = HostMatrix::new(&bytes, format, rows, cols).unwrap();
+            for nt in [1, 3] {
+                let x = random(&mut rng, nt * cols, -1.0, 1.0);
+                let want = reference::matvec::matvec(&host, &x, nt).unwrap();
+                let xb = upload(k, &x);
+                let ob = upload(k, &vec![f32::NAN; nt * rows]);
+                matvec::matvec(
+                    k,
+                    &s,
+                    &w,
+                    view(&xb, x.len()),
+                    &mut view_mut(&ob, nt * rows),
+                    nt,
+                )
+                .unwrap();
+                let what = format!("{test}: {format} {rows} x {cols}, {nt} tokens");
+                assert_close_rms(&download(&s, &ob, nt * rows), &want, RMS_TOL, &what);
+            }
+        }
+    }
+}
+
+#[test]
 fn matmul_matches_the_reference_for_every_format() {
     // 67 rows and 100 tokens leave partial 64-wide tiles in both directions.
     check_products(
@@ -703,4 +738,55 @@ fn matvec_q8_refuses_formats_without_a_kernel() {
         matches!(err, KernelError::UnsupportedFormat { .. }),
         "{err}"
     );
+}
+
+#[test]
+fn int8_expert_products_match_the_reference_of_the_same_activations() {
+    let test = "int8_expert_products_match_the_reference_of_the_same_activations";
+    let Some((k, s)) = setup(test) else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(10);
+    let (n_expert, rows, nt, top) = (5, 9, 3, 2);
+    // Pair 4 names expert 9 of 5: a zero row, and no read outside the stack.
+    let ids = [4i32, 0, 2, 2, 9, 1];
+    for format in matvec_q8::Q8_FORMATS {
+        let cols = 2 * format.block_size();
+        let (eb, bytes) = weights_on_device(k, &mut rng, format, n_expert * rows, cols);
+        let experts =
+            QuantExperts::new(view(&eb, bytes.len()), format, n_expert, rows, cols).unwrap();
+        let host = HostMatrix::new(&bytes, format, n_expert * rows, cols).unwrap();
+        let idb = upload(k, &ids);
+        for input in [ExpertInput::PerToken, ExpertInput::PerSlot] {
+            let x_rows = if input == ExpertInput::PerSlot {
+                nt * top
+            } else {
+                nt
+            };
+            let x = random(&mut rng, x_rows * cols, -1.0, 1.0);
+            let (vb, sb, q) = quantize_on_device(k, &s, &x, x_rows, cols);
+            let want =
+                reference::moe::matvec_id(&host, n_expert, &ids, nt, top, &q.dequantized(), input)
+                    .unwrap();
+            let ob = upload(k, &vec![f32::NAN; nt * top * rows]);
+            let act = Q8Activations {
+                values: view(&vb, x.len()),
+                scales: view(&sb, x.len() / matvec_q8::GROUP),
+            };
+            matvec_q8::matvec_id(
+                k,
+                &s,
+                &experts,
+                view(&idb, ids.len()),
+                nt,
+                top,
+                act,
+                input,
+                &mut view_mut(&ob, nt * top * rows),
+            )
+            .unwrap();
+            let what = format!("matvec_id_q8 {format} {input:?}");
+            assert_close_rms(&download(&s, &ob, nt * top * rows), &want, RMS_TOL, &what);
+        }
+    }
 }

@@ -332,6 +332,8 @@ struct Scratch {
     moe_gate: Option<GpuBuffer>,
     moe_up: Option<GpuBuffer>,
     moe_out: Option<GpuBuffer>,
+    /// MoE on the int8 path: the gated activations quantized for the down projection.
+    moe_q8: Option<Allocation>,
 }
 
 /// The GPU backend.
@@ -1158,6 +1160,105 @@ impl Backend for GpuBackend {
         let mut u = Self::scratch_buffer(&mut self.scratch.moe_up, a, s, pairs * n_ff, "moe up")?;
         let mut y =
             Self::scratch_buffer(&mut self.scratch.moe_out, a, s, pairs * n_embd, "moe out")?;
+        // Decode on the int8 path: the token rows come quantized (the norm before left them
+        // so), and the gated activations are quantized for the down projection by the kernel
+        // that computes them.
+        let int8 = self.matvec_path == MatvecPath::Int8
+            && rows <= INT8_MAX_ROWS
+            && [gate.format(), up.format(), down.format()]
+                .iter()
+                .all(|&f| matvec_q8::supports(f))
+            && n_embd % matvec_q8::GROUP == 0
+            && n_ff % matvec_q8::GROUP == 0;
+        if int8 {
+            let xq = self.q8_activations(x, rows, n_embd)?;
+            let need = Q8Shadow::bytes_for(pairs * n_ff);
+            if self
+                .scratch
+                .moe_q8
+                .as_ref()
+                .is_none_or(|a| (a.size() as usize) < need)
+            {
+                self.scratch.moe_q8 = None;
+                self.scratch.moe_q8 =
+                    Some(self.device_alloc(Tag::Workspace, need, "moe int8 activations")?);
+            }
+            let base = self
+                .scratch
+                .moe_q8
+                .as_ref()
+                .map(|a| a.ptr())
+                .unwrap_or_default();
+            // SAFETY: the scratch holds `bytes_for(pairs * n_ff)` bytes: pairs * n_ff values,
+            // then from the 16-byte aligned offset their pairs * n_ff / 32 scales; it lives as
+            // long as `self` and is only used on the backend's stream.
+            let mut gq = unsafe {
+                Q8ActivationsMut {
+                    values: DeviceSliceMut::from_raw(base, pairs * n_ff),
+                    scales: DeviceSliceMut::from_raw(
+                        base + Q8Shadow::scales_offset(pairs * n_ff) as u64,
+                        pairs * n_ff / matvec_q8::GROUP,
+                    ),
+                }
+            };
+            let (kn, st) = (&self.kernels, &*self.stream);
+            moe::route_top_k(
+                kn,
+                st,
+                router_logits.view(),
+                rows,
+                n_expert,
+                k,
+                &mut ids,
+                &mut weights,
+            )
+            .map_err(kerr("moe routing"))?;
+            let ids = ids.as_const();
+            let xq = xq.as_const();
+            for (w, dst, what) in [(&gate, &mut g, "moe gate"), (&up, &mut u, "moe up")] {
+                matvec_q8::matvec_id(kn, st, w, ids, rows, k, xq, moe::ExpertInput::PerToken, dst)
+                    .map_err(kerr(what))?;
+            }
+            elementwise::gated_q8(
+                kn,
+                st,
+                &mut g,
+                u.as_const(),
+                pairs * n_ff,
+                gate_activation(act),
+                &mut gq,
+            )
+            .map_err(kerr("moe activation"))?;
+            matvec_q8::matvec_id(
+                kn,
+                st,
+                &down,
+                ids,
+                rows,
+                k,
+                gq.as_const(),
+                moe::ExpertInput::PerSlot,
+                &mut y,
+            )
+            .map_err(kerr("moe down"))?;
+            moe::weighted_sum(
+                kn,
+                st,
+                y.as_const(),
+                weights.as_const(),
+                rows,
+                k,
+                n_embd,
+                &mut out.view_mut(),
+                moe::Accumulate::Store,
+            )
+            .map_err(kerr("moe weighted sum"))?;
+            let selected = (rows * k).min(n_expert);
+            return self.op_done(
+                || format!("moe int8 ({selected} experts of {n_expert}, {k} per token)"),
+                (selected * expert_bytes) as u64,
+            );
+        }
         let (kn, st) = (&self.kernels, &*self.stream);
         moe::route_top_k(
             kn,

@@ -37,6 +37,8 @@ pub struct OpProfile {
     /// Steps whose head start ran out before the host had queued them: their op times include
     /// gaps where the device waited for the host.
     host_bound_steps: u64,
+    /// The current step's head start has run out while ops were still being queued.
+    caught_up: bool,
 }
 
 impl OpProfile {
@@ -66,6 +68,11 @@ impl OpProfile {
         if self.recorded == 0 {
             return Ok(()); // an op outside a step (loading, tests)
         }
+        // If the device is already past the head start while the host still queues ops, it
+        // may wait for the host between them.
+        if !self.caught_up && self.events[0].query()? {
+            self.caught_up = true;
+        }
         self.record(device, stream)?;
         self.ops.push((label, bytes));
         Ok(())
@@ -76,10 +83,9 @@ impl OpProfile {
         if self.recorded == 0 {
             return Ok(());
         }
-        // The host has queued the whole step by now; if the device is already past the head
-        // start, it may have waited for the host between ops.
-        if self.events[0].query()? {
+        if self.caught_up {
             self.host_bound_steps += 1;
+            self.caught_up = false;
         }
         self.events[self.recorded - 1].synchronize()?;
         for (i, (label, bytes)) in self.ops.drain(..).enumerate() {

@@ -71,6 +71,28 @@ pub(crate) fn format_entry(
         .ok_or_else(unsupported)
 }
 
+/// How many warps share one row: enough warps in the grid to keep every multiprocessor's loads
+/// in flight (about 32 per multiprocessor), but never more than the row has lane items for
+/// (two per lane at least).
+pub(crate) fn warps_per_row(
+    rows: usize,
+    items_per_row: usize,
+    wave: u32,
+    multiprocessors: u32,
+    block_threads: u32,
+) -> u32 {
+    let warps_per_block = block_threads / wave;
+    let wanted = (multiprocessors.max(1) as usize) * 32;
+    let mut wpr = 1u32;
+    while wpr < warps_per_block
+        && rows * (wpr as usize) < wanted
+        && items_per_row >= (2 * wpr * wave) as usize
+    {
+        wpr *= 2;
+    }
+    wpr
+}
+
 /// Bytes of a `rows` x `cols` matrix of `format`, or `None` when `cols` is not a whole number
 /// of blocks or the size overflows.
 pub fn matrix_bytes(format: GgmlType, rows: usize, cols: usize) -> Option<usize> {
@@ -226,7 +248,20 @@ pub fn matvec(
     check_io(OP, w, x.len(), out.len(), n_tokens)?;
     let entry = format_entry(KernelModule::Matvec, 0, OP, w.format)?;
     let function = kernels.function(KernelModule::Matvec, entry)?;
-    let rows_per_block = ROW_BLOCK_THREADS / kernels.wave_size();
+    // Lanes take runs of eight values (quantized) or single values (dense).
+    let lane_items = if w.format.block_size() == 1 {
+        w.cols
+    } else {
+        w.cols / 8
+    };
+    let wpr = warps_per_row(
+        w.rows,
+        lane_items,
+        kernels.wave_size(),
+        kernels.multiprocessors(),
+        ROW_BLOCK_THREADS,
+    );
+    let rows_per_block = ROW_BLOCK_THREADS / kernels.wave_size() / wpr;
     let rows = w.rows as u32;
     let cols = w.cols as u32;
     let mut t0 = 0;
@@ -246,11 +281,13 @@ pub fn matvec(
             .arg(&out_p)
             .arg(&rows)
             .arg(&cols)
-            .arg(&nt_u);
+            .arg(&nt_u)
+            .arg(&wpr);
         // SAFETY: the arguments match `matvec_<format>(const u8*, const float*, float*, u32,
-        // u32, u32)`. Warp r of the grid reads row r < rows of w (QuantMatrix::new checked
-        // that w.data holds rows whole rows of the format), nt * cols values of xs and writes
-        // out[t * rows + r], t < nt, inside os (slices of the checked views).
+        // u32, u32, u32)`. The warps of row r < rows read row r of w (QuantMatrix::new checked
+        // that w.data holds rows whole rows of the format), nt * cols values of xs and write
+        // out[t * rows + r], t < nt, inside os (slices of the checked views); warps_per_row
+        // divides the block's warps (both powers of two).
         unsafe {
             l.launch(LaunchConfig {
                 grid: [rows.div_ceil(rows_per_block), 1, 1],

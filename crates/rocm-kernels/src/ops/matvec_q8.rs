@@ -15,6 +15,7 @@
 use crate::error::{check_shape, KernelError, Result};
 use crate::kernels::Kernels;
 use crate::ops::matvec::{check_io, shape_error, QuantMatrix, MAX_TOKENS};
+use crate::ops::moe::{self, ExpertInput, QuantExperts};
 use crate::source::KernelModule;
 use crate::view::{DeviceSlice, DeviceSliceMut};
 use gguf_loader::GgmlType;
@@ -143,19 +144,8 @@ pub fn quantize(
 /// Threads per block of the product (a multiple of both wave sizes).
 const BLOCK_THREADS: u32 = 128;
 
-/// How many warps share one row: enough warps in the grid to keep every multiprocessor's loads
-/// in flight (about 32 per multiprocessor), but never more than the row has pieces for.
 fn warps_per_row(rows: usize, pieces_per_row: usize, wave: u32, multiprocessors: u32) -> u32 {
-    let warps_per_block = BLOCK_THREADS / wave;
-    let wanted = (multiprocessors.max(1) as usize) * 32;
-    let mut wpr = 1u32;
-    while wpr < warps_per_block
-        && rows * (wpr as usize) < wanted
-        && pieces_per_row >= (2 * wpr * wave) as usize
-    {
-        wpr *= 2;
-    }
-    wpr
+    crate::ops::matvec::warps_per_row(rows, pieces_per_row, wave, multiprocessors, BLOCK_THREADS)
 }
 
 /// `out[t][r] = sum_c w[r][c] * x[t][c]` for `t < n_tokens` with `x` given quantized, as
@@ -193,7 +183,7 @@ pub fn matvec(
     check_shape(x.values.addr() % 16 == 0, OP, || {
         "the quantized values must be 16-byte aligned".into()
     })?;
-    let entries = &KernelModule::MatvecQ8.entry_points()[1..];
+    let entries = &KernelModule::MatvecQ8.entry_points()[1..1 + 2 * Q8_FORMATS.len()];
     let many = kernels.function(KernelModule::MatvecQ8, entries[2 * index])?;
     let one = kernels.function(KernelModule::MatvecQ8, entries[2 * index + 1])?;
     let pieces = cols / format.block_size() * if format.block_size() == 256 { 8 } else { 2 };
@@ -244,6 +234,114 @@ pub fn matvec(
     Ok(())
 }
 
+/// [`crate::ops::moe::matvec_id`] on 8-bit activations: for pair `p = t * k + s`,
+/// `out[p][r] = W[ids[p]][r] . x[xrow]` with `xrow = t` ([`ExpertInput::PerToken`], `x` holds
+/// `n_tokens` quantized rows) or `p` ([`ExpertInput::PerSlot`], `n_tokens * k` rows), each of
+/// `experts.cols()` values. The ids stay on the device; an id outside `[0, n_expert)` gives
+/// zeros. Errors (nothing queued) as `matvec_id` does, and for a format without a kernel here.
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_id(
+    kernels: &Kernels,
+    stream: &Stream,
+    experts: &QuantExperts,
+    ids: DeviceSlice<i32>,
+    n_tokens: usize,
+    k: usize,
+    x: Q8Activations,
+    input: ExpertInput,
+    out: &mut DeviceSliceMut<f32>,
+) -> Result<()> {
+    const OP: &str = "matvec_id_q8";
+    let format = experts.format();
+    let index =
+        Q8_FORMATS
+            .iter()
+            .position(|&f| f == format)
+            .ok_or(KernelError::UnsupportedFormat {
+                op: OP,
+                format,
+                supported: "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K",
+            })?;
+    let (rows, cols) = (experts.rows(), experts.cols());
+    check_cols(cols)?;
+    moe::check_matvec_id(
+        rows,
+        cols,
+        ids.len(),
+        n_tokens,
+        k,
+        x.values.len(),
+        input,
+        out.len(),
+    )?;
+    let x_rows = match input {
+        ExpertInput::PerToken => n_tokens,
+        ExpertInput::PerSlot => n_tokens * k,
+    };
+    check_shape(x.scales.len() >= x_rows * cols / GROUP, OP, || {
+        format!(
+            "{} activation scales; {x_rows} rows of {cols} need {}",
+            x.scales.len(),
+            x_rows * cols / GROUP
+        )
+    })?;
+    check_shape(x.values.addr() % 16 == 0, OP, || {
+        "the quantized values must be 16-byte aligned".into()
+    })?;
+    let pairs = n_tokens.saturating_mul(k);
+    if pairs == 0 {
+        return Ok(());
+    }
+    let wave = kernels.wave_size();
+    let rows_per_block = BLOCK_THREADS / wave;
+    let row_blocks = (rows as u32).div_ceil(rows_per_block);
+    check_shape(
+        pairs < i32::MAX as usize && row_blocks <= 65_535,
+        OP,
+        || format!("{pairs} pairs of {rows} rows are more than one launch takes"),
+    )?;
+    let entry = KernelModule::MatvecQ8.entry_points()[1 + 2 * Q8_FORMATS.len() + index];
+    let function = kernels.function(KernelModule::MatvecQ8, entry)?;
+    let (n_expert, rows_u, cols_u, k_u) = (
+        experts.n_expert() as u32,
+        rows as u32,
+        cols as u32,
+        k as u32,
+    );
+    let per_slot = u32::from(input == ExpertInput::PerSlot);
+    let (w_p, ids_p, v_p, s_p, out_p) = (
+        experts.data().ptr(),
+        ids.ptr(),
+        x.values.ptr(),
+        x.scales.ptr(),
+        out.ptr(),
+    );
+    let mut l = function.builder(stream);
+    l.arg(&w_p)
+        .arg(&ids_p)
+        .arg(&v_p)
+        .arg(&s_p)
+        .arg(&out_p)
+        .arg(&n_expert)
+        .arg(&rows_u)
+        .arg(&cols_u)
+        .arg(&k_u)
+        .arg(&per_slot);
+    // SAFETY: the arguments match `matvec_id_q8_<fmt>(const u8*, const i32*, const i8*, const
+    // float*, float*, u32, u32, u32, u32, u32)`. Block (p, y) reads ids[p], p < pairs <=
+    // ids.len(); weights only of an id in [0, n_expert) (QuantExperts checked the stack's
+    // bytes); the quantized row t or p of x (checked above) and writes out[p * rows + r],
+    // r < rows, inside `out` (check_matvec_id).
+    unsafe {
+        l.launch(LaunchConfig {
+            grid: [pairs as u32, row_blocks, 1],
+            block: [BLOCK_THREADS, 1, 1],
+            shared_bytes: 0,
+        })
+    }?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,11 +350,13 @@ mod tests {
     fn entry_points_follow_the_format_list() {
         let entries = KernelModule::MatvecQ8.entry_points();
         assert_eq!(entries[0], "quantize_q8");
-        assert_eq!(entries.len(), 1 + 2 * Q8_FORMATS.len());
+        assert_eq!(entries.len(), 1 + 3 * Q8_FORMATS.len());
         for (i, format) in Q8_FORMATS.iter().enumerate() {
             let suffix = format.name().to_ascii_lowercase();
             assert_eq!(entries[1 + 2 * i], format!("matvec_q8_{suffix}"));
             assert_eq!(entries[2 + 2 * i], format!("matvec_q8_one_{suffix}"));
+            let id_entry = entries[1 + 2 * Q8_FORMATS.len() + i];
+            assert_eq!(id_entry, format!("matvec_id_q8_{suffix}"));
         }
     }
 
