@@ -294,10 +294,62 @@ KERNEL void attn_combine(const float* part_ms, const float* part_acc, float* out
 #define ATTN_DEC_WARPS 4
 #define ATTN_DEC_HEADS 4
 
+// A lane's DPL consecutive values of a key or value row, with the widest load their
+// alignment allows: rows start at multiples of 64 values (d is), so a lane's slice is aligned
+// to its own size.
+template <typename T, int DPL>
+struct KvRowPart {
+    static DEVICE void load(const T* row, u32 lane, float* out) {
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) out[i] = kv_load(row, (u64)lane * DPL + i);
+    }
+};
+
+template <>
+struct KvRowPart<u16, 8> {
+    static DEVICE void load(const u16* row, u32 lane, float* out) {
+        const uint4 v = *(const uint4*)(row + (u64)lane * 8);
+        const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            out[2 * i] = f16_to_f32((u16)(w[i] & 0xFFFFu));
+            out[2 * i + 1] = f16_to_f32((u16)(w[i] >> 16));
+        }
+    }
+};
+
+template <>
+struct KvRowPart<u16, 4> {
+    static DEVICE void load(const u16* row, u32 lane, float* out) {
+        const uint2 v = *(const uint2*)(row + (u64)lane * 4);
+        out[0] = f16_to_f32((u16)(v.x & 0xFFFFu));
+        out[1] = f16_to_f32((u16)(v.x >> 16));
+        out[2] = f16_to_f32((u16)(v.y & 0xFFFFu));
+        out[3] = f16_to_f32((u16)(v.y >> 16));
+    }
+};
+
+template <>
+struct KvRowPart<float, 8> {
+    static DEVICE void load(const float* row, u32 lane, float* out) {
+        const float4 a = *(const float4*)(row + (u64)lane * 8);
+        const float4 b = *(const float4*)(row + (u64)lane * 8 + 4);
+        out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+        out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+    }
+};
+
+template <>
+struct KvRowPart<float, 4> {
+    static DEVICE void load(const float* row, u32 lane, float* out) {
+        const float4 a = *(const float4*)(row + (u64)lane * 4);
+        out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+    }
+};
+
 template <typename T, int DPL>
 DEVICE void kv_row_part(const T* row, u32 lane, float* out) {
-#pragma unroll
-    for (int i = 0; i < DPL; ++i) out[i] = kv_load(row, (u64)lane * DPL + i);
+    KvRowPart<T, DPL>::load(row, lane, out);
 }
 
 template <typename T, int DPL>

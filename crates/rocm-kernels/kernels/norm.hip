@@ -72,18 +72,23 @@ KERNEL void add_rms_norm_q8(float* x, const float* y, const float* w, float* out
     }
     ss = block_sum(ss, scratch);
     const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-    for (u32 i = threadIdx.x; i < dim; i += blockDim.x) orow[i] = xr[i] * inv * w[i];
-    if (!xq) return;
-    // Every thread's writes of `out` are visible to the block after the barrier.
-    __syncthreads();
-    for (u32 g = threadIdx.x; g < dim / 32; g += blockDim.x) {
-        const float* v = orow + g * 32;
-        float amax = 0.0f;
-        for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    if (!xq) {
+        for (u32 i = threadIdx.x; i < dim; i += blockDim.x) orow[i] = xr[i] * inv * w[i];
+        return;
+    }
+    // With quantization, dim is a multiple of 32 and so is blockDim.x: the 32 values of a
+    // group are held by 32 consecutive lanes of one warp in the same iteration, and whole
+    // groups (whole warps on wave32) enter or leave the loop together, so the shuffles below
+    // always see every lane they read.
+    for (u32 i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = xr[i] * inv * w[i];
+        orow[i] = v;
+        float amax = fabsf(v);
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, warp_shfl_xor(amax, m));
         const float d = amax / 127.0f;
         const float id = d > 0.0f ? 1.0f / d : 0.0f;
-        i8* q = xq + base + g * 32;
-        for (int i = 0; i < 32; ++i) q[i] = (i8)__float2int_rn(v[i] * id);
-        xd[base / 32 + g] = d;
+        xq[base + i] = (i8)__float2int_rn(v * id);
+        if (i % 32 == 0) xd[(base + i) / 32] = d;
     }
 }
