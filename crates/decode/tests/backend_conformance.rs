@@ -628,6 +628,69 @@ fn moe<B: Backend + 'static>(make: impl Fn() -> B) {
     }
 }
 
+test_device!(rope_qk_then_store_kv);
+/// A layer's fused position work: queries and keys rotated together, then keys and values
+/// stored together into ring caches; every buffer is compared.
+fn rope_qk_then_store_kv<B: Backend + 'static>(make: impl Fn() -> B) {
+    const HD: usize = 64;
+    let (n_head, n_kv) = (4, 2);
+    let (kd, vd) = (n_kv * HD, n_kv * HD);
+    let rope = Rope {
+        neox: true,
+        freq_base: 10_000.0,
+        position_scale: 1.0,
+        n_rot: HD,
+    };
+    #[allow(clippy::too_many_arguments)]
+    fn go<C: Backend>(
+        be: &mut C,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        rows: usize,
+        pos0: usize,
+        slots: usize,
+        rope: &Rope,
+    ) -> Vec<f32> {
+        let (n_head, n_kv, kd) = (4, 2, 2 * HD);
+        be.begin_step(pos0, &vec![0; rows]).expect("begin_step");
+        let mut qb = upload(be, q);
+        let mut kb = upload(be, k);
+        let vb = upload(be, v);
+        let mut kc = be.alloc(MemoryTag::KvCache, slots * kd).unwrap();
+        let mut vc = be.alloc(MemoryTag::KvCache, slots * kd).unwrap();
+        be.rope_qk(&mut qb, &mut kb, rows, n_head, n_kv, HD, rope, None)
+            .expect("rope_qk");
+        be.store_kv(&kb, &vb, &mut kc, &mut vc, rows, kd, kd, slots)
+            .expect("store_kv");
+        let mut all = download(be, &qb, q.len());
+        all.extend(download(be, &kb, k.len()));
+        all.extend(download(be, &kc, slots * kd));
+        all.extend(download(be, &vc, slots * kd));
+        all
+    }
+    let mut rng = Rng::new(24);
+    for (rows, pos0, slots) in [(1, 0, 8), (3, 11, 8), (17, 40, 64)] {
+        let q = rng.vec(rows * n_head * HD, 2.0);
+        let k = rng.vec(rows * kd, 2.0);
+        let v = rng.vec(rows * vd, 2.0);
+        let want = go(&mut exact(), &q, &k, &v, rows, pos0, slots, &rope);
+        let mut be = make();
+        let tol = if stores_f16_kv(&be) {
+            KV_F16_TOL
+        } else {
+            F32_TOL
+        };
+        let got = go(&mut be, &q, &k, &v, rows, pos0, slots, &rope);
+        check(
+            &format!("rope_qk + store_kv {rows} rows at {pos0}, {slots} slots"),
+            &got,
+            &want,
+            tol,
+        );
+    }
+}
+
 test_device!(add);
 fn add<B: Backend + 'static>(make: impl Fn() -> B) {
     fn go<C: Backend>(be: &mut C, x: &[f32], y: &[f32], len: usize) -> Vec<f32> {

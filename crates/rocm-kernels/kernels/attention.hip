@@ -352,6 +352,28 @@ DEVICE void kv_row_part(const T* row, u32 lane, float* out) {
     KvRowPart<T, DPL>::load(row, lane, out);
 }
 
+// One key's online-softmax update of every head of the block: the score is a warp sum of
+// the lanes' slices.
+template <int DPL>
+DEVICE void attn_key_update(const float (*qv)[DPL], const float* kr, const float* vr, u32 nh,
+                            float* m, float* l, float (*acc)[DPL]) {
+#pragma unroll
+    for (u32 g = 0; g < ATTN_DEC_HEADS; ++g) {
+        if (g >= nh) break;
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) s += qv[g][i] * kr[i];
+        s = warp_sum(s);
+        const float m_new = fmaxf(m[g], s);
+        const float alpha = m[g] > attn_neg_inf() ? expf(m[g] - m_new) : 0.0f;
+        const float p = expf(s - m_new);
+        l[g] = l[g] * alpha + p;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) acc[g][i] = acc[g][i] * alpha + p * vr[i];
+        m[g] = m_new;
+    }
+}
+
 template <typename T, int DPL>
 DEVICE void attn_decode_core(const float* q, const T* k_cache, const T* v_cache,
                              const i32* positions, float* out, float* part_ms, float* part_acc,
@@ -410,26 +432,20 @@ DEVICE void attn_decode_core(const float* q, const T* k_cache, const T* v_cache,
     const u64 row = (u64)n_head_kv * d;
     const T* k_head = k_cache + (u64)kvh * d;
     const T* v_head = v_cache + (u64)kvh * d;
-    for (i64 j = k_begin + warp; j < k_end; j += n_warps) {
+    // Two keys per warp and iteration: both keys' rows are loaded before either is used, so
+    // twice the loads are in flight (a short cache makes this loop latency-bound).
+    for (i64 j = k_begin + warp; j < k_end; j += 2 * (i64)n_warps) {
+        const i64 j2 = j + n_warps;
+        const bool two = j2 < k_end;
         const u64 slot = (u64)((first + j) % (i64)slots);
-        float kr[DPL], vr[DPL];
+        const u64 slot2 = (u64)((first + (two ? j2 : j)) % (i64)slots);
+        float kr[DPL], vr[DPL], kr2[DPL], vr2[DPL];
         kv_row_part<T, DPL>(k_head + slot * row, lane, kr);
         kv_row_part<T, DPL>(v_head + slot * row, lane, vr);
-#pragma unroll
-        for (u32 g = 0; g < ATTN_DEC_HEADS; ++g) {
-            if (g >= nh) break;
-            float s = 0.0f;
-#pragma unroll
-            for (int i = 0; i < DPL; ++i) s += qv[g][i] * kr[i];
-            s = warp_sum(s);
-            const float m_new = fmaxf(m[g], s);
-            const float alpha = m[g] > attn_neg_inf() ? expf(m[g] - m_new) : 0.0f;
-            const float p = expf(s - m_new);
-            l[g] = l[g] * alpha + p;
-#pragma unroll
-            for (int i = 0; i < DPL; ++i) acc[g][i] = acc[g][i] * alpha + p * vr[i];
-            m[g] = m_new;
-        }
+        kv_row_part<T, DPL>(k_head + slot2 * row, lane, kr2);
+        kv_row_part<T, DPL>(v_head + slot2 * row, lane, vr2);
+        attn_key_update<DPL>(qv, kr, vr, nh, m, l, acc);
+        if (two) attn_key_update<DPL>(qv, kr2, vr2, nh, m, l, acc);
     }
     // The warps' partials meet in shared memory.
 #pragma unroll

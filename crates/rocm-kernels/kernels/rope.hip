@@ -10,32 +10,45 @@
 // so they are at least as accurate as the CPU's f32 libm calls.
 #include "portability.h"
 
-// One block per row; threads stride over the pairs, each computes its angle once and rotates
-// that pair in every head of the row.
+// One block per row. The block first computes each pair's angle once into shared memory
+// (n_rot / 2 <= ROPE_MAX_PAIRS), then its threads rotate (head, pair) items in parallel, so a
+// row's heads are not walked one after another by one thread.
+#define ROPE_MAX_PAIRS 256
+
+// A second tensor x2 of `n_heads2` heads per row (may be null with 0 heads) rotates by the same
+// angles in the same launch: a layer's queries and keys.
 KERNEL void rope_f32(float* x, const i32* positions, const float* freq_factors,
                      u32 has_freq_factors, u32 rows, u32 n_heads, u32 head_dim, u32 n_rot,
-                     float freq_base, float position_scale, u32 neox) {
+                     float freq_base, float position_scale, u32 neox, float* x2, u32 n_heads2) {
+    __shared__ float sin_sh[ROPE_MAX_PAIRS];
+    __shared__ float cos_sh[ROPE_MAX_PAIRS];
     const u32 row = blockIdx.x;
     if (row >= rows) return;
     const u32 n_pairs = n_rot / 2;
     const float p = (float)positions[row] / position_scale;
-    float* xr = x + (u64)row * n_heads * head_dim;
     for (u32 i = threadIdx.x; i < n_pairs; i += blockDim.x) {
         // Same exponent as the CPU: (-2 i) / n_rot in f32.
         const float e = -2.0f * (float)i / (float)n_rot;
         const float freq = (float)pow((double)freq_base, (double)e);
         float theta = p * freq;
         if (has_freq_factors) theta = theta / freq_factors[i];
-        const float s = (float)sin((double)theta);
-        const float c = (float)cos((double)theta);
+        sin_sh[i] = (float)sin((double)theta);
+        cos_sh[i] = (float)cos((double)theta);
+    }
+    __syncthreads();
+    const u32 items = (n_heads + n_heads2) * n_pairs;
+    for (u32 k = threadIdx.x; k < items; k += blockDim.x) {
+        const u32 h = k / n_pairs;
+        const u32 i = k % n_pairs;
+        float* xh = h < n_heads ? x + ((u64)row * n_heads + h) * head_dim
+                                : x2 + ((u64)row * n_heads2 + (h - n_heads)) * head_dim;
         const u32 a = neox ? i : 2 * i;
         const u32 b = neox ? i + n_pairs : 2 * i + 1;
-        for (u32 h = 0; h < n_heads; ++h) {
-            float* xh = xr + (u64)h * head_dim;
-            const float x0 = xh[a];
-            const float x1 = xh[b];
-            xh[a] = x0 * c - x1 * s;
-            xh[b] = x0 * s + x1 * c;
-        }
+        const float s = sin_sh[i];
+        const float c = cos_sh[i];
+        const float x0 = xh[a];
+        const float x1 = xh[b];
+        xh[a] = x0 * c - x1 * s;
+        xh[b] = x0 * s + x1 * c;
     }
 }

@@ -1345,6 +1345,82 @@ impl Backend for GpuBackend {
         self.op_done(|| "add_bias".into(), (2 * rows * dim * 4) as u64)
     }
 
+    fn rope_qk(
+        &mut self,
+        q: &mut GpuBuffer,
+        k: &mut GpuBuffer,
+        rows: usize,
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        rope_params: &Rope,
+        freq_factors: Option<&GpuWeight>,
+    ) -> Result<()> {
+        let factors = freq_factors.map(|w| w.vector("rope")).transpose()?;
+        let positions = self.step.positions();
+        rope::rope_pair(
+            &self.kernels,
+            &self.stream,
+            &mut q.view_mut(),
+            &mut k.view_mut(),
+            n_head_kv,
+            &positions,
+            factors.as_ref(),
+            rope::RopeShape {
+                rows,
+                n_heads: n_head,
+                head_dim,
+            },
+            &rope::RopeParams {
+                neox: rope_params.neox,
+                freq_base: rope_params.freq_base,
+                position_scale: rope_params.position_scale,
+                n_rot: rope_params.n_rot,
+            },
+        )
+        .map_err(kerr("rope"))?;
+        let values = rows * (n_head + n_head_kv) * head_dim;
+        self.op_done(|| "rope q+k".into(), (2 * values * 4) as u64)
+    }
+
+    fn store_kv(
+        &mut self,
+        k: &GpuBuffer,
+        v: &GpuBuffer,
+        k_cache: &mut GpuBuffer,
+        v_cache: &mut GpuBuffer,
+        rows: usize,
+        k_dim: usize,
+        v_dim: usize,
+        slots: usize,
+    ) -> Result<()> {
+        if k_cache.elem != v_cache.elem {
+            self.store_rows(k, k_cache, rows, k_dim, slots)?;
+            return self.store_rows(v, v_cache, rows, v_dim, slots);
+        }
+        let positions = self.step.positions();
+        kv_cache::store_kv(
+            &self.kernels,
+            &self.stream,
+            &k.view(),
+            &v.view(),
+            &mut k_cache.kv_view_mut(),
+            &mut v_cache.kv_view_mut(),
+            &positions,
+            kv_cache::KvStoreShape {
+                rows,
+                dim_k: k_dim,
+                dim_v: v_dim,
+                slots,
+            },
+        )
+        .map_err(kerr("kv store"))?;
+        self.op_done(
+            || "kv store k+v".into(),
+            (2 * rows * (k_dim + v_dim) * 4) as u64,
+        )
+    }
+
     fn rope(
         &mut self,
         x: &mut GpuBuffer,

@@ -284,6 +284,40 @@ pub trait Backend: Send {
         rope: &Rope,
         freq_factors: Option<&Self::Weight>,
     ) -> Result<()>;
+    /// [`Backend::rope`] of a layer's queries `q` (`n_head` heads per row) and keys `k`
+    /// (`n_head_kv`) at the same positions; the default runs the two, a GPU backend one kernel.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_qk(
+        &mut self,
+        q: &mut Self::Buffer,
+        k: &mut Self::Buffer,
+        rows: usize,
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        rope: &Rope,
+        freq_factors: Option<&Self::Weight>,
+    ) -> Result<()> {
+        self.rope(q, rows, n_head, head_dim, rope, freq_factors)?;
+        self.rope(k, rows, n_head_kv, head_dim, rope, freq_factors)
+    }
+    /// [`Backend::store_rows`] of a layer's keys (`k_dim` per row) and values (`v_dim`) into
+    /// their caches of `slots` rows; the default runs the two, a GPU backend one kernel.
+    #[allow(clippy::too_many_arguments)]
+    fn store_kv(
+        &mut self,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        k_cache: &mut Self::Buffer,
+        v_cache: &mut Self::Buffer,
+        rows: usize,
+        k_dim: usize,
+        v_dim: usize,
+        slots: usize,
+    ) -> Result<()> {
+        self.store_rows(k, k_cache, rows, k_dim, slots)?;
+        self.store_rows(v, v_cache, rows, v_dim, slots)
+    }
     /// Writes `rows` rows of `dim` from `src` into `cache` for the step's positions
     /// `pos0..pos0 + rows`.
     /// The cache has `slots` rows and position p goes to slot `p % slots`: a full-length cache

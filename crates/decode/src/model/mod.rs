@@ -423,11 +423,11 @@ impl<B: Backend> Model<B> {
                     be.rms_norm_inplace(&mut a.k, kn, n * s.n_head_kv, s.head_dim_k, s.eps)?;
                 }
                 let rf = rope_factors.as_ref();
-                be.rope(&mut a.q, n, s.n_head, s.head_dim_k, &ls.rope, rf)?;
-                be.rope(&mut a.k, n, s.n_head_kv, s.head_dim_k, &ls.rope, rf)?;
+                let (nh, nkv, hd) = (s.n_head, s.n_head_kv, s.head_dim_k);
+                be.rope_qk(&mut a.q, &mut a.k, n, nh, nkv, hd, &ls.rope, rf)?;
                 let slots = kv.slots[il];
-                be.store_rows(&a.k, &mut kv.k[il], n, kd, slots)?;
-                be.store_rows(&a.v, &mut kv.v[il], n, vd, slots)?;
+                let (kc, vc) = (&mut kv.k[il], &mut kv.v[il]);
+                be.store_kv(&a.k, &a.v, kc, vc, n, kd, vd, slots)?;
                 let shape = Attention {
                     n_tokens: n,
                     n_head: s.n_head,

@@ -22,6 +22,9 @@ use hip_ffi::{DevicePtr, LaunchConfig, Stream};
 const OP: &str = "rope";
 /// Most threads per block (one block per row, threads over the pairs).
 const MAX_BLOCK: u32 = 256;
+/// Most rotated dimensions per head: the kernel keeps one angle per pair in shared memory
+/// (`ROPE_MAX_PAIRS` in `rope.hip`).
+pub const MAX_ROT: usize = 512;
 
 /// Rotary embedding parameters of one layer.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -62,6 +65,12 @@ pub fn check(
     } = shape;
     check_shape(params.n_rot % 2 == 0, OP, || {
         format!("n_rot = {} must be even (it rotates pairs)", params.n_rot)
+    })?;
+    check_shape(params.n_rot <= MAX_ROT, OP, || {
+        format!(
+            "n_rot = {} exceeds the kernel's {MAX_ROT} rotated dimensions per head",
+            params.n_rot
+        )
     })?;
     check_shape(params.n_rot <= head_dim, OP, || {
         format!("n_rot = {} exceeds head_dim = {head_dim}", params.n_rot)
@@ -120,6 +129,72 @@ pub fn rope(
     shape: RopeShape,
     params: &RopeParams,
 ) -> Result<()> {
+    rope_launch(
+        kernels,
+        stream,
+        x,
+        None,
+        positions,
+        freq_factors,
+        shape,
+        params,
+    )
+}
+
+/// [`rope`] of two tensors with the same rows, head size and angles in one launch (a layer's
+/// queries `x` and keys `x2`, the latter of `n_heads2` heads per row).
+#[allow(clippy::too_many_arguments)]
+pub fn rope_pair(
+    kernels: &Kernels,
+    stream: &Stream,
+    x: &mut DeviceSliceMut<f32>,
+    x2: &mut DeviceSliceMut<f32>,
+    n_heads2: usize,
+    positions: &DeviceSlice<i32>,
+    freq_factors: Option<&DeviceSlice<f32>>,
+    shape: RopeShape,
+    params: &RopeParams,
+) -> Result<()> {
+    let shape2 = RopeShape {
+        n_heads: n_heads2,
+        ..shape
+    };
+    check(
+        x2.len(),
+        positions.len(),
+        freq_factors.map(|f| f.len()),
+        shape2,
+        params,
+    )?;
+    let bytes = (shape.rows * shape.n_heads * shape.head_dim * 4) as u64;
+    let bytes2 = (shape.rows * n_heads2 * shape.head_dim * 4) as u64;
+    let (a, b) = (x.addr(), x2.addr());
+    crate::error::check_shape(a + bytes <= b || b + bytes2 <= a, OP, || {
+        "the two tensors overlap".to_string()
+    })?;
+    rope_launch(
+        kernels,
+        stream,
+        x,
+        Some((x2, n_heads2)),
+        positions,
+        freq_factors,
+        shape,
+        params,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rope_launch(
+    kernels: &Kernels,
+    stream: &Stream,
+    x: &mut DeviceSliceMut<f32>,
+    second: Option<(&mut DeviceSliceMut<f32>, usize)>,
+    positions: &DeviceSlice<i32>,
+    freq_factors: Option<&DeviceSlice<f32>>,
+    shape: RopeShape,
+    params: &RopeParams,
+) -> Result<()> {
     check(
         x.len(),
         positions.len(),
@@ -127,7 +202,11 @@ pub fn rope(
         shape,
         params,
     )?;
-    if shape.rows == 0 || shape.n_heads == 0 || params.n_rot == 0 {
+    let (x2_ptr, n_heads2) = match second {
+        Some((x2, n)) => (x2.ptr(), to_u32(OP, "n_heads2", n)?),
+        None => (DevicePtr(0), 0),
+    };
+    if shape.rows == 0 || shape.n_heads + n_heads2 as usize == 0 || params.n_rot == 0 {
         return Ok(());
     }
     let rows = to_u32(OP, "rows", shape.rows)?;
@@ -135,7 +214,9 @@ pub fn rope(
     let head_dim = to_u32(OP, "head_dim", shape.head_dim)?;
     let n_rot = to_u32(OP, "n_rot", params.n_rot)?;
     let wave = kernels.wave_size().max(1);
-    let block = (n_rot / 2)
+    // One thread per (head, pair) item up to MAX_BLOCK, in whole waves.
+    let items = (n_heads + n_heads2) * (n_rot / 2);
+    let block = items
         .div_ceil(wave)
         .max(1)
         .saturating_mul(wave)
@@ -159,10 +240,13 @@ pub fn rope(
         .arg(&n_rot)
         .arg(&params.freq_base)
         .arg(&params.position_scale)
-        .arg(&neox);
+        .arg(&neox)
+        .arg(&x2_ptr)
+        .arg(&n_heads2);
     // SAFETY: the arguments match `rope_f32` in order and type. The checks above keep every
-    // access inside the views: rows * n_heads * head_dim values of x, `rows` positions, and
-    // n_rot / 2 frequency factors (read only when has_freq_factors is 1).
+    // access inside the views: rows * n_heads * head_dim values of x (and rows * n_heads2 *
+    // head_dim of x2, null with no heads), `rows` positions, and n_rot / 2 frequency factors
+    // (read only when has_freq_factors is 1).
     unsafe {
         launch.launch(LaunchConfig {
             grid: [rows, 1, 1],
