@@ -190,6 +190,7 @@ fn check(what: &str, got: &[f32], want: &[f32], tol: f32) {
 }
 
 /// A matrix in its stored format, owned.
+#[derive(Clone)]
 struct Matrix {
     name: String,
     format: GgmlType,
@@ -688,6 +689,42 @@ fn rope_qk_then_store_kv<B: Backend + 'static>(make: impl Fn() -> B) {
             &want,
             tol,
         );
+    }
+}
+
+test_device!(matmul_pair);
+/// Two products over one input (gate and up; Q and K): same format (one launch on the GPU's
+/// int8 path) and mixed formats (two launches).
+fn matmul_pair<B: Backend + 'static>(make: impl Fn() -> B) {
+    fn go<C: Backend>(be: &mut C, m: &Matrix, m2: &Matrix, x: &[f32], rows: usize) -> Vec<f32> {
+        let w = be.load_weight(&m.source()).expect("load");
+        let w2 = be.load_weight(&m2.source()).expect("load");
+        let xb = upload(be, x);
+        let mut out = be.alloc(MemoryTag::Activations, rows * m.dims[1]).unwrap();
+        let mut out2 = be.alloc(MemoryTag::Activations, rows * m2.dims[1]).unwrap();
+        be.matmul_pair(&w, &w2, &xb, &mut out, &mut out2, rows)
+            .expect("matmul_pair");
+        let mut all = download(be, &out, rows * m.dims[1]);
+        all.extend(download(be, &out2, rows * m2.dims[1]));
+        all
+    }
+    let probe = make();
+    let mut rng = Rng::new(25);
+    let found = matrices(&[GgmlType::Q4K, GgmlType::Q8_0, GgmlType::Q5_0]);
+    for m in &found {
+        let partner = found
+            .iter()
+            .find(|o| o.format != m.format && o.dims[0] == m.dims[0]);
+        let pairs = [Some(m.rows(7)), partner.cloned()];
+        for m2 in pairs.into_iter().flatten() {
+            for rows in [1, 3] {
+                let x = rng.vec(rows * m.dims[0], 1.0);
+                let want = go(&mut exact(), m, &m2, &x, rows);
+                let got = go(&mut make(), m, &m2, &x, rows);
+                let what = format!("matmul_pair {} with {} x {rows} rows", m.name, m2.name);
+                check(&what, &got, &want, matmul_tolerance(&probe, rows));
+            }
+        }
     }
 }
 

@@ -439,8 +439,16 @@ struct Q8RowLoop<FMT, MAXT, 1> {
 template <int FMT, int MAXT>
 DEVICE void matvec_q8_impl(const u8* __restrict__ w, const i8* __restrict__ xq,
                            const float* __restrict__ xd, float* __restrict__ out, u32 rows,
-                           u32 cols, u32 n_tokens, u32 warps_per_row) {
+                           u32 cols, u32 n_tokens, u32 warps_per_row, const u8* w2,
+                           float* out2, u32 rows2) {
     __shared__ float partial[32][MAXT];
+    // grid.y = 2: a second matrix of the same format and width over the same activations
+    // (gate and up, Q and K) in the same launch.
+    if (blockIdx.y == 1) {
+        w = w2;
+        out = out2;
+        rows = rows2;
+    }
     const u32 lane = threadIdx.x % WARP_SIZE;
     const u32 warp = threadIdx.x / WARP_SIZE;
     const u32 rows_per_block = (blockDim.x / WARP_SIZE) / warps_per_row;
@@ -488,13 +496,15 @@ DEVICE void matvec_q8_impl(const u8* __restrict__ w, const i8* __restrict__ xq,
 
 #define MATVEC_Q8_ENTRY(suffix, FMT)                                                            \
     KERNEL void matvec_q8_##suffix(const u8* w, const i8* xq, const float* xd, float* out,      \
-                                   u32 rows, u32 cols, u32 n_tokens, u32 warps_per_row) {       \
+                                   u32 rows, u32 cols, u32 n_tokens, u32 warps_per_row,         \
+                                   const u8* w2, float* out2, u32 rows2) {                      \
         matvec_q8_impl<FMT, MATVEC_Q8_MAX_TOKENS>(w, xq, xd, out, rows, cols, n_tokens,         \
-                                                  warps_per_row);                               \
+                                                  warps_per_row, w2, out2, rows2);              \
     }                                                                                           \
     KERNEL void matvec_q8_one_##suffix(const u8* w, const i8* xq, const float* xd, float* out,  \
-                                       u32 rows, u32 cols, u32 n_tokens, u32 warps_per_row) {   \
-        matvec_q8_impl<FMT, 1>(w, xq, xd, out, rows, cols, 1, warps_per_row);                   \
+                                       u32 rows, u32 cols, u32 n_tokens, u32 warps_per_row,     \
+                                       const u8* w2, float* out2, u32 rows2) {                  \
+        matvec_q8_impl<FMT, 1>(w, xq, xd, out, rows, cols, 1, warps_per_row, w2, out2, rows2);  \
     }
 
 // The same product for routed experts (moe.hip's matvec_id, on 8-bit activations): for pair

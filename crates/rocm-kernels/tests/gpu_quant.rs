@@ -790,3 +790,74 @@ fn int8_expert_products_match_the_reference_of_the_same_activations() {
         }
     }
 }
+
+#[test]
+fn matvec_q8_pairs_match_two_single_products() {
+    let test = "matvec_q8_pairs_match_two_single_products";
+    let Some((k, s)) = setup(test) else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(12);
+    for format in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q5_0] {
+        let cols = 4 * format.block_size();
+        // Two row counts, either larger: the grid covers the taller matrix.
+        for (rows, rows2) in [(67, 7), (7, 67)] {
+            let (wb, bytes) = weights_on_device(k, &mut rng, format, rows, cols);
+            let (wb2, bytes2) = weights_on_device(k, &mut rng, format, rows2, cols);
+            let w = quant_matrix(&wb, &bytes, format, rows, cols);
+            let w2 = quant_matrix(&wb2, &bytes2, format, rows2, cols);
+            for nt in [1, 3] {
+                let x = random(&mut rng, nt * cols, -1.0, 1.0);
+                let (vb, sb, q) = quantize_on_device(k, &s, &x, nt, cols);
+                let act = Q8Activations {
+                    values: view(&vb, nt * cols),
+                    scales: view(&sb, nt * cols / matvec_q8::GROUP),
+                };
+                let ob = upload(k, &vec![f32::NAN; nt * rows]);
+                let ob2 = upload(k, &vec![f32::NAN; nt * rows2]);
+                matvec_q8::matvec_pair(
+                    k,
+                    &s,
+                    &w,
+                    &mut view_mut(&ob, nt * rows),
+                    &w2,
+                    &mut view_mut(&ob2, nt * rows2),
+                    act,
+                    nt,
+                )
+                .unwrap();
+                for (bytes_h, r, buf) in [(&bytes, rows, &ob), (&bytes2, rows2, &ob2)] {
+                    let host = HostMatrix::new(bytes_h, format, r, cols).unwrap();
+                    let want = reference::matvec_q8::matvec(&host, &q, nt).unwrap();
+                    let what =
+                        format!("{test}: {format} {r} of ({rows}, {rows2}) rows, {nt} tokens");
+                    assert_close_rms(&download(&s, buf, nt * r), &want, RMS_TOL, &what);
+                }
+            }
+        }
+        let (wb, bytes) = weights_on_device(k, &mut rng, format, 2, cols);
+        let (wb2, bytes2) = weights_on_device(k, &mut rng, GgmlType::Q8_0, 2, cols);
+        let w = quant_matrix(&wb, &bytes, format, 2, cols);
+        let w2 = quant_matrix(&wb2, &bytes2, GgmlType::Q8_0, 2, cols);
+        let (vb, sb, _) = quantize_on_device(k, &s, &random(&mut rng, cols, -1.0, 1.0), 1, cols);
+        let act = Q8Activations {
+            values: view(&vb, cols),
+            scales: view(&sb, cols / matvec_q8::GROUP),
+        };
+        let (ob, ob2) = (upload(k, &[0.0f32; 2]), upload(k, &[0.0f32; 2]));
+        let mixed = matvec_q8::matvec_pair(
+            k,
+            &s,
+            &w,
+            &mut view_mut(&ob, 2),
+            &w2,
+            &mut view_mut(&ob2, 2),
+            act,
+            1,
+        );
+        assert!(
+            format == GgmlType::Q8_0 || mixed.is_err(),
+            "{format} with Q8_0 is not a pair"
+        );
+    }
+}

@@ -1100,6 +1100,52 @@ impl Backend for GpuBackend {
         )
     }
 
+    fn matmul_pair(
+        &mut self,
+        w: &GpuWeight,
+        w2: &GpuWeight,
+        x: &GpuBuffer,
+        out: &mut GpuBuffer,
+        out2: &mut GpuBuffer,
+        rows: usize,
+    ) -> Result<()> {
+        let (m, _) = w.matrix("matmul")?;
+        let (m2, _) = w2.matrix("matmul")?;
+        let one_launch = self.matvec_path == MatvecPath::Int8
+            && rows <= INT8_MAX_ROWS
+            && matvec_q8::supports(m.format())
+            && m.format() == m2.format()
+            && m.cols() == m2.cols();
+        if !one_launch {
+            self.matmul(w, x, out, rows)?;
+            return self.matmul(w2, x, out2, rows);
+        }
+        let q = self.q8_activations(x, rows, m.cols())?;
+        matvec_q8::matvec_pair(
+            &self.kernels,
+            &self.stream,
+            &m,
+            &mut out.view_mut(),
+            &m2,
+            &mut out2.view_mut(),
+            q.as_const(),
+            rows,
+        )
+        .map_err(kerr("matmul pair (int8)"))?;
+        self.op_done(
+            || {
+                format!(
+                    "matvec int8 pair {} {}+{}x{}",
+                    m.format().name(),
+                    m.rows(),
+                    m2.rows(),
+                    m.cols()
+                )
+            },
+            (m.data().len() + m2.data().len()) as u64,
+        )
+    }
+
     fn moe(
         &mut self,
         x: &GpuBuffer,

@@ -253,6 +253,21 @@ pub trait Backend: Send {
         out: &mut Self::Buffer,
         rows: usize,
     ) -> Result<()>;
+    /// Two products over the same input: `out[r] = w · x[r]` and `out2[r] = w2 · x[r]` (gate
+    /// and up; Q and K). The default runs two `matmul`s; a GPU backend one launch where it can.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_pair(
+        &mut self,
+        w: &Self::Weight,
+        w2: &Self::Weight,
+        x: &Self::Buffer,
+        out: &mut Self::Buffer,
+        out2: &mut Self::Buffer,
+        rows: usize,
+    ) -> Result<()> {
+        self.matmul(w, x, out, rows)?;
+        self.matmul(w2, x, out2, rows)
+    }
     /// Mixture-of-experts feed-forward over `rows` rows of `x` (`[rows][n_embd]`): each row goes
     /// to the `k` experts with the largest `router_logits` (`[rows][n_expert]`; ties to the lower
     /// index), weighted by a softmax over those `k` logits; each expert computes

@@ -410,8 +410,7 @@ impl<B: Backend> Model<B> {
                 // Attention block.
                 let pending = residual_pending.then_some(&a.proj);
                 be.add_rms_norm(&mut a.x, pending, &layer.attn_norm, &mut a.xn, n, e, s.eps)?;
-                be.matmul(&layer.wq, &a.xn, &mut a.q, n)?;
-                be.matmul(&layer.wk, &a.xn, &mut a.k, n)?;
+                be.matmul_pair(&layer.wq, &layer.wk, &a.xn, &mut a.q, &mut a.k, n)?;
                 be.matmul(&layer.wv, &a.xn, &mut a.v, n)?;
                 if let Some([bq, bk, bv]) = &layer.bias {
                     be.add_bias(&mut a.q, bq, n)?;
@@ -455,8 +454,7 @@ impl<B: Backend> Model<B> {
                 )?;
                 match &layer.ffn {
                     Ffn::Dense { gate, up, down } => {
-                        be.matmul(gate, &a.xn, &mut a.gate, n)?;
-                        be.matmul(up, &a.xn, &mut a.up, n)?;
+                        be.matmul_pair(gate, up, &a.xn, &mut a.gate, &mut a.up, n)?;
                         be.gated(&mut a.gate, &a.up, n * s.n_ff, s.gate)?;
                         be.matmul(down, &a.gate, &mut a.proj, n)?;
                     }

@@ -160,6 +160,47 @@ pub fn matvec(
     out: &mut DeviceSliceMut<f32>,
     n_tokens: usize,
 ) -> Result<()> {
+    launch_products(kernels, stream, w, out, None, x, n_tokens)
+}
+
+/// [`matvec`] of two matrices of the same format and width over the same activations, in one
+/// launch per [`MAX_TOKENS`] tokens (gate and up; Q and K): `out` from `w`, `out2` from `w2`.
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_pair(
+    kernels: &Kernels,
+    stream: &Stream,
+    w: &QuantMatrix,
+    out: &mut DeviceSliceMut<f32>,
+    w2: &QuantMatrix,
+    out2: &mut DeviceSliceMut<f32>,
+    x: Q8Activations,
+    n_tokens: usize,
+) -> Result<()> {
+    check_shape(
+        w.format() == w2.format() && w.cols() == w2.cols(),
+        OP,
+        || {
+            format!(
+                "a pair needs one format and width: {} x {} against {} x {}",
+                w.format(),
+                w.cols(),
+                w2.format(),
+                w2.cols()
+            )
+        },
+    )?;
+    launch_products(kernels, stream, w, out, Some((w2, out2)), x, n_tokens)
+}
+
+fn launch_products(
+    kernels: &Kernels,
+    stream: &Stream,
+    w: &QuantMatrix,
+    out: &mut DeviceSliceMut<f32>,
+    mut second: Option<(&QuantMatrix, &mut DeviceSliceMut<f32>)>,
+    x: Q8Activations,
+    n_tokens: usize,
+) -> Result<()> {
     let format = w.format();
     let index =
         Q8_FORMATS
@@ -173,6 +214,9 @@ pub fn matvec(
     let cols = w.cols();
     check_cols(cols)?;
     check_io(OP, w, x.values.len(), out.len(), n_tokens)?;
+    if let Some((w2, out2)) = &second {
+        check_io(OP, w2, x.values.len(), out2.len(), n_tokens)?;
+    }
     check_shape(x.scales.len() >= n_tokens * cols / GROUP, OP, || {
         format!(
             "{} activation scales; {n_tokens} tokens of {cols} need {}",
@@ -188,9 +232,12 @@ pub fn matvec(
     let one = kernels.function(KernelModule::MatvecQ8, entries[2 * index + 1])?;
     let pieces = cols / format.block_size() * if format.block_size() == 256 { 8 } else { 2 };
     let wave = kernels.wave_size();
-    let wpr = warps_per_row(w.rows(), pieces, wave, kernels.multiprocessors());
+    let rows2 = second.as_ref().map_or(0, |(w2, _)| w2.rows());
+    let wpr = warps_per_row(w.rows() + rows2, pieces, wave, kernels.multiprocessors());
     let rows_per_block = BLOCK_THREADS / wave / wpr;
-    let (rows, cols_u) = (w.rows() as u32, cols as u32);
+    let (rows, rows2_u, cols_u) = (w.rows() as u32, rows2 as u32, cols as u32);
+    let grid_x = rows.max(rows2_u).div_ceil(rows_per_block);
+    let grid_y = if second.is_some() { 2 } else { 1 };
     let mut t0 = 0;
     while t0 < n_tokens {
         let nt = (n_tokens - t0).min(MAX_TOKENS);
@@ -205,6 +252,15 @@ pub fn matvec(
         let os = out
             .slice_mut(t0 * w.rows(), nt * w.rows())
             .ok_or_else(|| shape_error(OP, "out is too short".into()))?;
+        let (w2_p, o2_p) = match &mut second {
+            Some((w2, out2)) => {
+                let os2 = out2
+                    .slice_mut(t0 * w2.rows(), nt * w2.rows())
+                    .ok_or_else(|| shape_error(OP, "out2 is too short".into()))?;
+                (w2.data().ptr(), os2.ptr())
+            }
+            None => (hip_ffi::DevicePtr(0), hip_ffi::DevicePtr(0)),
+        };
         let function = if nt == 1 { one } else { many };
         let nt_u = nt as u32;
         let (w_p, v_p, s_p, o_p) = (w.data().ptr(), values.ptr(), scales.ptr(), os.ptr());
@@ -216,15 +272,20 @@ pub fn matvec(
             .arg(&rows)
             .arg(&cols_u)
             .arg(&nt_u)
-            .arg(&wpr);
+            .arg(&wpr)
+            .arg(&w2_p)
+            .arg(&o2_p)
+            .arg(&rows2_u);
         // SAFETY: the arguments match `matvec_q8[_one]_<fmt>(const u8*, const i8*, const
-        // float*, float*, u32, u32, u32, u32)`. Row r < rows of the grid reads row r of w
-        // (QuantMatrix::new checked the bytes), nt * cols values and nt * cols / 32 scales of
-        // the activation slices, and writes out[t * rows + r], t < nt, inside `os`;
-        // warps_per_row divides the block's warps (both powers of two).
+        // float*, float*, u32, u32, u32, u32, const u8*, float*, u32)`. Row r < rows of grid
+        // row 0 reads row r of w (QuantMatrix::new checked the bytes), nt * cols values and
+        // nt * cols / 32 scales of the activation slices, and writes out[t * rows + r], t < nt,
+        // inside `os`; grid row 1 (only with a second matrix, whose width and format are w's)
+        // does the same with w2, rows2 and `os2`. warps_per_row divides the block's warps
+        // (both powers of two).
         unsafe {
             l.launch(LaunchConfig {
-                grid: [rows.div_ceil(rows_per_block), 1, 1],
+                grid: [grid_x, grid_y, 1],
                 block: [BLOCK_THREADS, 1, 1],
                 shared_bytes: 0,
             })
