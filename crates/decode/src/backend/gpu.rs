@@ -602,6 +602,40 @@ impl GpuBackend {
         Ok(slot.as_ref().expect("set above").views(values))
     }
 
+    /// The MoE's scratch for `values` quantized gated activations (grown, never shrunk, so a
+    /// warm step allocates nothing).
+    fn moe_q8_scratch(&mut self, values: usize) -> Result<Q8ActivationsMut> {
+        let need = Q8Shadow::bytes_for(values);
+        if self
+            .scratch
+            .moe_q8
+            .as_ref()
+            .is_none_or(|a| (a.size() as usize) < need)
+        {
+            self.scratch.moe_q8 = None;
+            self.scratch.moe_q8 =
+                Some(self.device_alloc(Tag::Workspace, need, "moe int8 activations")?);
+        }
+        let base = self
+            .scratch
+            .moe_q8
+            .as_ref()
+            .map(|a| a.ptr())
+            .unwrap_or_default();
+        // SAFETY: the scratch holds `bytes_for(values)` bytes: `values` bytes, then from the
+        // 16-byte aligned offset their `values / 32` scales; it lives as long as `self` and is
+        // only used on the backend's stream.
+        Ok(unsafe {
+            Q8ActivationsMut {
+                values: DeviceSliceMut::from_raw(base, values),
+                scales: DeviceSliceMut::from_raw(
+                    base + Q8Shadow::scales_offset(values) as u64,
+                    values / matvec_q8::GROUP,
+                ),
+            }
+        })
+    }
+
     /// `x`'s first `n_tokens` rows of `cols` quantized to 8 bits: the buffer's shadow, made
     /// (or re-made) only when `x` changed since, or was quantized for fewer values. Groups of
     /// 32 never straddle rows (`cols` is a multiple of 32), so the shadow of `n * cols` values
@@ -1216,95 +1250,12 @@ impl Backend for GpuBackend {
                 .all(|&f| matvec_q8::supports(f))
             && n_embd % matvec_q8::GROUP == 0
             && n_ff % matvec_q8::GROUP == 0;
-        if int8 {
-            let xq = self.q8_activations(x, rows, n_embd)?;
-            let need = Q8Shadow::bytes_for(pairs * n_ff);
-            if self
-                .scratch
-                .moe_q8
-                .as_ref()
-                .is_none_or(|a| (a.size() as usize) < need)
-            {
-                self.scratch.moe_q8 = None;
-                self.scratch.moe_q8 =
-                    Some(self.device_alloc(Tag::Workspace, need, "moe int8 activations")?);
-            }
-            let base = self
-                .scratch
-                .moe_q8
-                .as_ref()
-                .map(|a| a.ptr())
-                .unwrap_or_default();
-            // SAFETY: the scratch holds `bytes_for(pairs * n_ff)` bytes: pairs * n_ff values,
-            // then from the 16-byte aligned offset their pairs * n_ff / 32 scales; it lives as
-            // long as `self` and is only used on the backend's stream.
-            let mut gq = unsafe {
-                Q8ActivationsMut {
-                    values: DeviceSliceMut::from_raw(base, pairs * n_ff),
-                    scales: DeviceSliceMut::from_raw(
-                        base + Q8Shadow::scales_offset(pairs * n_ff) as u64,
-                        pairs * n_ff / matvec_q8::GROUP,
-                    ),
-                }
-            };
-            let (kn, st) = (&self.kernels, &*self.stream);
-            moe::route_top_k(
-                kn,
-                st,
-                router_logits.view(),
-                rows,
-                n_expert,
-                k,
-                &mut ids,
-                &mut weights,
-            )
-            .map_err(kerr("moe routing"))?;
-            let ids = ids.as_const();
-            let xq = xq.as_const();
-            for (w, dst, what) in [(&gate, &mut g, "moe gate"), (&up, &mut u, "moe up")] {
-                matvec_q8::matvec_id(kn, st, w, ids, rows, k, xq, moe::ExpertInput::PerToken, dst)
-                    .map_err(kerr(what))?;
-            }
-            elementwise::gated_q8(
-                kn,
-                st,
-                &mut g,
-                u.as_const(),
-                pairs * n_ff,
-                gate_activation(act),
-                &mut gq,
-            )
-            .map_err(kerr("moe activation"))?;
-            matvec_q8::matvec_id(
-                kn,
-                st,
-                &down,
-                ids,
-                rows,
-                k,
-                gq.as_const(),
-                moe::ExpertInput::PerSlot,
-                &mut y,
-            )
-            .map_err(kerr("moe down"))?;
-            moe::weighted_sum(
-                kn,
-                st,
-                y.as_const(),
-                weights.as_const(),
-                rows,
-                k,
-                n_embd,
-                &mut out.view_mut(),
-                moe::Accumulate::Store,
-            )
-            .map_err(kerr("moe weighted sum"))?;
-            let selected = (rows * k).min(n_expert);
-            return self.op_done(
-                || format!("moe int8 ({selected} experts of {n_expert}, {k} per token)"),
-                (selected * expert_bytes) as u64,
-            );
-        }
+        let quantized = if int8 {
+            let xq = self.q8_activations(x, rows, n_embd)?.as_const();
+            Some((xq, self.moe_q8_scratch(pairs * n_ff)?))
+        } else {
+            None
+        };
         let (kn, st) = (&self.kernels, &*self.stream);
         moe::route_top_k(
             kn,
@@ -1318,51 +1269,34 @@ impl Backend for GpuBackend {
         )
         .map_err(kerr("moe routing"))?;
         let ids = ids.as_const();
-        moe::matvec_id(
-            kn,
-            st,
-            &gate,
-            ids,
-            rows,
-            k,
-            x.view(),
-            moe::ExpertInput::PerToken,
-            &mut g,
-        )
-        .map_err(kerr("moe gate"))?;
-        moe::matvec_id(
-            kn,
-            st,
-            &up,
-            ids,
-            rows,
-            k,
-            x.view(),
-            moe::ExpertInput::PerToken,
-            &mut u,
-        )
-        .map_err(kerr("moe up"))?;
-        elementwise::gated(
-            kn,
-            st,
-            &mut g,
-            u.as_const(),
-            pairs * n_ff,
-            gate_activation(act),
-        )
-        .map_err(kerr("moe activation"))?;
-        moe::matvec_id(
-            kn,
-            st,
-            &down,
-            ids,
-            rows,
-            k,
-            g.as_const(),
-            moe::ExpertInput::PerSlot,
-            &mut y,
-        )
-        .map_err(kerr("moe down"))?;
+        match quantized {
+            Some((xq, mut gq)) => {
+                for (w, dst, what) in [(&gate, &mut g, "moe gate"), (&up, &mut u, "moe up")] {
+                    let input = moe::ExpertInput::PerToken;
+                    matvec_q8::matvec_id(kn, st, w, ids, rows, k, xq, input, dst)
+                        .map_err(kerr(what))?;
+                }
+                let act = gate_activation(act);
+                elementwise::gated_q8(kn, st, &mut g, u.as_const(), pairs * n_ff, act, &mut gq)
+                    .map_err(kerr("moe activation"))?;
+                let input = moe::ExpertInput::PerSlot;
+                matvec_q8::matvec_id(kn, st, &down, ids, rows, k, gq.as_const(), input, &mut y)
+                    .map_err(kerr("moe down"))?;
+            }
+            None => {
+                for (w, dst, what) in [(&gate, &mut g, "moe gate"), (&up, &mut u, "moe up")] {
+                    let input = moe::ExpertInput::PerToken;
+                    moe::matvec_id(kn, st, w, ids, rows, k, x.view(), input, dst)
+                        .map_err(kerr(what))?;
+                }
+                let act = gate_activation(act);
+                elementwise::gated(kn, st, &mut g, u.as_const(), pairs * n_ff, act)
+                    .map_err(kerr("moe activation"))?;
+                let input = moe::ExpertInput::PerSlot;
+                moe::matvec_id(kn, st, &down, ids, rows, k, g.as_const(), input, &mut y)
+                    .map_err(kerr("moe down"))?;
+            }
+        }
         moe::weighted_sum(
             kn,
             st,
@@ -1377,8 +1311,9 @@ impl Backend for GpuBackend {
         .map_err(kerr("moe weighted sum"))?;
         // Weights read: the selected experts' rows (at most rows * k distinct experts).
         let selected = (rows * k).min(n_expert);
+        let path = if int8 { "int8" } else { "f32" };
         self.op_done(
-            || format!("moe ({} experts of {n_expert}, {k} per token)", selected),
+            || format!("moe {path} ({selected} experts of {n_expert}, {k} per token)"),
             (selected * expert_bytes) as u64,
         )
     }

@@ -39,6 +39,19 @@ pub const Q8_FORMATS: [GgmlType; 8] = [
     GgmlType::Q6K,
 ];
 
+/// `format`'s place in [`Q8_FORMATS`] (and so in the module's entry points), or the error that
+/// names the formats with a kernel.
+fn format_index(op: &'static str, format: GgmlType) -> Result<usize> {
+    Q8_FORMATS
+        .iter()
+        .position(|&f| f == format)
+        .ok_or(KernelError::UnsupportedFormat {
+            op,
+            format,
+            supported: "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K",
+        })
+}
+
 /// Whether [`matvec`] reads `format`.
 pub fn supports(format: GgmlType) -> bool {
     Q8_FORMATS.contains(&format)
@@ -202,15 +215,7 @@ fn launch_products(
     n_tokens: usize,
 ) -> Result<()> {
     let format = w.format();
-    let index =
-        Q8_FORMATS
-            .iter()
-            .position(|&f| f == format)
-            .ok_or(KernelError::UnsupportedFormat {
-                op: OP,
-                format,
-                supported: "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K",
-            })?;
+    let index = format_index(OP, format)?;
     let cols = w.cols();
     check_cols(cols)?;
     check_io(OP, w, x.values.len(), out.len(), n_tokens)?;
@@ -314,15 +319,7 @@ pub fn matvec_id(
 ) -> Result<()> {
     const OP: &str = "matvec_id_q8";
     let format = experts.format();
-    let index =
-        Q8_FORMATS
-            .iter()
-            .position(|&f| f == format)
-            .ok_or(KernelError::UnsupportedFormat {
-                op: OP,
-                format,
-                supported: "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K",
-            })?;
+    let index = format_index(OP, format)?;
     let (rows, cols) = (experts.rows(), experts.cols());
     check_cols(cols)?;
     moe::check_matvec_id(
