@@ -54,8 +54,9 @@ pub fn markdown_report(reports: &[ModelReport]) -> String {
         out.push_str(&memory_table(&rows));
         out.push_str(
             "\nTag columns: the most each tag held in the phase. \
-             `peaks over` says what the peaks cover: the phase alone, or everything since \
-             the load began where the counters could not be reset.\n",
+             `peaks over` says what the peaks cover: the phase alone, or the process's \
+             lifetime where a counter cannot be reset (peak RSS without \
+             /proc/self/clear_refs).\n",
         );
     }
     out
