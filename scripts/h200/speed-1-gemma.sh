@@ -20,3 +20,7 @@ head -40 $OUT/profile-gemma.md
 $B/bench-decode -m $G -p 0 -n 128 --device gpu --rounds 4 \
   --ab 'HIPDECODE_GPU_MATVEC=exact HIPDECODE_KV_TYPE=f32' '' > $OUT/ab-gemma.txt 2>&1; echo "ab exit $?"
 tail -12 $OUT/ab-gemma.txt
+# Which vendor BLAS libraries the image has (for a prefill GEMM path).
+{ find / \( -name 'libcublas*.so*' -o -name 'libcublasLt*.so*' -o -name 'libhipblas*.so*' \) \
+    -not -path '/proc/*' 2>/dev/null | head -20; } > $OUT/blas-libs.txt
+cat $OUT/blas-libs.txt

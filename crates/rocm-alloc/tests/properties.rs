@@ -125,6 +125,13 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let index_of = |s: StreamId| streams.iter().position(|&x| x == s).unwrap();
 
     for op in ops {
+        // The device is the truth about completion: an event wait by the allocator (on the OOM
+        // path, in clear_cache, or for a free deferred past a capture, whose event the model
+        // does not see) lets a stream run further than the model's own counters say.
+        for (i, w) in work.iter_mut().enumerate() {
+            w.completed = w.completed.max(dev.completed_work(streams[i]));
+        }
+        quarantine.retain(|q| work[q.stream].completed < q.target);
         match op {
             Op::Alloc { size, stream, tag } => {
                 let retries = alloc.stats().oom_retries;

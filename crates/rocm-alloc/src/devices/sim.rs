@@ -232,6 +232,12 @@ impl SimDevice {
         e.1 = e.0;
     }
 
+    /// Work items `stream` has completed so far: they complete through `complete_stream`,
+    /// `complete_all`, or an event wait, which lets the stream run up to the event.
+    pub fn completed_work(&self, stream: StreamId) -> u64 {
+        self.lock().streams.get(&stream).map_or(0, |s| s.1)
+    }
+
     /// Completes all work on every stream.
     pub fn complete_all(&self) {
         let mut st = self.lock();
