@@ -63,11 +63,17 @@ pub fn generate<B: Backend>(
     let mut logits = Vec::new();
     let mut pick = |model: &mut Model<B>| -> Result<u32> {
         if sampler.config().is_greedy() {
-            model.last_argmax()
-        } else {
-            model.last_logits(&mut logits)?;
-            Ok(sampler.sample(&logits))
+            return model.last_argmax();
         }
+        // On the backend where it can (the logits stay on the device), else on the host; the
+        // same draw either way.
+        let draw = sampler.next_draw();
+        let config = *sampler.config();
+        if let Some(token) = model.last_sample(&config, draw)? {
+            return Ok(token);
+        }
+        model.last_logits(&mut logits)?;
+        Ok(sampler.sample_with_draw(&logits, draw))
     };
     let mut report = GenerationReport {
         prompt_tokens: prompt.len(),

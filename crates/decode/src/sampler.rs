@@ -73,6 +73,22 @@ impl Sampler {
         if self.config.is_greedy() {
             return crate::backend::argmax_host(logits);
         }
+        let draw = self.next_draw();
+        self.sample_with_draw(logits, draw)
+    }
+
+    /// The uniform draw in [0, 1) the next non-greedy [`Sampler::sample`] would use: a backend
+    /// that samples on the device takes it from here, so the seed gives the same tokens on
+    /// either side.
+    pub fn next_draw(&mut self) -> f64 {
+        self.rng.next_f64()
+    }
+
+    /// The sampling rule for a given `draw` (see [`Sampler::next_draw`]).
+    pub fn sample_with_draw(&mut self, logits: &[f32], draw: f64) -> u32 {
+        if self.config.is_greedy() {
+            return crate::backend::argmax_host(logits);
+        }
         let c = &mut self.candidates;
         c.clear();
         c.extend(
@@ -114,7 +130,7 @@ impl Sampler {
         }
         c.truncate(keep);
         let total: f64 = c.iter().map(|(_, v)| *v as f64).sum();
-        let mut r = self.rng.next_f64() * total;
+        let mut r = draw * total;
         for &(id, v) in c.iter() {
             r -= v as f64;
             if r < 0.0 {
@@ -199,6 +215,17 @@ mod tests {
         let z: f64 = (0..10).map(|i| (i as f64 * 0.3 / 0.7).exp()).sum();
         let p9 = (9.0 * 0.3 / 0.7f64).exp() / z;
         assert!((top - p9).abs() < 0.1, "{top} vs {p9}");
+    }
+
+    #[test]
+    fn a_draw_taken_apart_gives_the_same_tokens() {
+        let logits: Vec<f32> = (0..50).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
+        let mut whole = Sampler::new(cfg(0.9, 20, 0.9, 5)).unwrap();
+        let mut parts = Sampler::new(cfg(0.9, 20, 0.9, 5)).unwrap();
+        for _ in 0..64 {
+            let draw = parts.next_draw();
+            assert_eq!(whole.sample(&logits), parts.sample_with_draw(&logits, draw));
+        }
     }
 
     #[test]

@@ -205,6 +205,50 @@ fn tiny_gemma3_on_the_gpu_matches_the_cpu() {
     check_preset(Preset::TinyGemma3);
 }
 
+/// Sampled (non-greedy) continuations: the GPU samples on the device from the seeded
+/// sampler's draws and gives the CPU's tokens (both on exact f32 paths, so the logits agree to
+/// about 1e-6 and a different token would need a draw within that of a boundary).
+#[test]
+fn sampled_continuations_on_the_device_match_the_cpu() {
+    let test = "sampled_continuations_on_the_device_match_the_cpu";
+    let _one_at_a_time = gpu_lock();
+    if hip_ffi::testing::device_or_skip(test).is_none() {
+        return;
+    }
+    let config = SamplerConfig {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+        seed: 7,
+    };
+    for preset in [Preset::TinyLlama, Preset::TinyGemma3] {
+        let file = Arc::new(preset_file(preset));
+        let prompt = [1u32, 5, 9, 2];
+        let cpu = sampled(&file, CpuBackend::new(Precision::Exact), &prompt, config);
+        let gpu = sampled(
+            &file,
+            gpu_backend_on(test, MatvecPath::Exact).unwrap(),
+            &prompt,
+            config,
+        );
+        assert_eq!(gpu, cpu, "{}: sampled continuations differ", preset.name());
+        // Not all one token: the settings really sample.
+        assert!(cpu.iter().any(|&t| t != cpu[0]), "{cpu:?}");
+    }
+}
+
+fn sampled<B: Backend>(
+    file: &Arc<GgufFile>,
+    backend: B,
+    prompt: &[u32],
+    config: SamplerConfig,
+) -> Vec<u32> {
+    let mut model = Model::load(file, backend, options(8)).expect("load");
+    decode::generate::generate(&mut model, prompt, 24, config, &|_| false, &mut |_| {})
+        .expect("generate")
+        .tokens
+}
+
 /// The per-op profile of decode steps names the step's ops with positive times, and the
 /// profiled steps give the same tokens as unprofiled ones.
 #[test]

@@ -334,6 +334,8 @@ struct Scratch {
     moe_out: Option<GpuBuffer>,
     /// MoE on the int8 path: the gated activations quantized for the down projection.
     moe_q8: Option<Allocation>,
+    /// The sampler's uniform draw for the device (one f32).
+    draw: Option<Allocation>,
 }
 
 /// The GPU backend.
@@ -1565,6 +1567,76 @@ impl Backend for GpuBackend {
     fn argmax(&mut self, x: &GpuBuffer, row: usize, n: usize) -> Result<u32> {
         self.argmax_to_step(x, row, n)?;
         self.read_next_token()
+    }
+
+    fn sample(
+        &mut self,
+        x: &GpuBuffer,
+        row: usize,
+        n: usize,
+        config: &crate::sampler::SamplerConfig,
+        draw: f64,
+    ) -> Result<Option<u32>> {
+        if n > sampling::MAX_SAMPLE_VOCAB {
+            return Ok(None); // the host samples rows longer than the kernel takes
+        }
+        let logits = x.view().slice(row * n, n).ok_or_else(|| {
+            DecodeError::InvalidArgument(format!("sample row {row} of {n} is out of range"))
+        })?;
+        if self.scratch.argmax.is_none() {
+            self.scratch.argmax = Some(self.device_alloc(
+                Tag::Workspace,
+                sampling::ARGMAX_WORKSPACE * 8,
+                "argmax workspace",
+            )?);
+        }
+        if self.scratch.draw.is_none() {
+            self.scratch.draw = Some(self.device_alloc(Tag::Workspace, 4, "sampling draw")?);
+        }
+        let ws_ptr = self
+            .scratch
+            .argmax
+            .as_ref()
+            .map(|a| a.ptr())
+            .unwrap_or_default();
+        let draw_ptr = self
+            .scratch
+            .draw
+            .as_ref()
+            .map(|a| a.ptr())
+            .unwrap_or_default();
+        // The f64 draw rounded down to f32, so it stays below 1 (see rocm-kernels' sampling).
+        let mut u = draw as f32;
+        if f64::from(u) > draw {
+            u = f32::from_bits(u.to_bits().saturating_sub(1));
+        }
+        self.upload(draw_ptr, &[u])?;
+        // SAFETY: the workspace holds ARGMAX_WORKSPACE u64 and the draw one f32; both live as
+        // long as `self`.
+        let (mut ws, draw_view) = unsafe {
+            (
+                DeviceSliceMut::<u64>::from_raw(ws_ptr, sampling::ARGMAX_WORKSPACE),
+                DeviceSlice::<f32>::from_raw(draw_ptr, 1),
+            )
+        };
+        let params = sampling::SamplingParams {
+            temperature: config.temperature,
+            top_k: config.top_k,
+            top_p: config.top_p,
+        };
+        let mut out = self.step.next_token();
+        sampling::sample(
+            &self.kernels,
+            &self.stream,
+            logits,
+            n,
+            &params,
+            draw_view,
+            &mut ws,
+            &mut out,
+        )
+        .map_err(kerr("sample"))?;
+        self.read_next_token().map(Some)
     }
 }
 

@@ -379,6 +379,20 @@ pub trait Backend: Send {
     /// Index of the largest of `n` values in row `row` (greedy decoding without a copy of the
     /// logits to the host).
     fn argmax(&mut self, x: &Self::Buffer, row: usize, n: usize) -> Result<u32>;
+    /// Samples a token from `n` logits of row `row` with `config`'s rule and the uniform
+    /// `draw` (from [`crate::sampler::Sampler::next_draw`]), on the backend, so the logits do
+    /// not come back to the host. `None` where the backend does not sample (the caller then
+    /// reads the logits and samples on the host with the same draw).
+    fn sample(
+        &mut self,
+        _x: &Self::Buffer,
+        _row: usize,
+        _n: usize,
+        _config: &crate::sampler::SamplerConfig,
+        _draw: f64,
+    ) -> Result<Option<u32>> {
+        Ok(None)
+    }
 }
 
 /// Index of the largest value of a host slice (the first on ties; NaN never wins).

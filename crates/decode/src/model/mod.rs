@@ -345,6 +345,22 @@ impl<B: Backend> Model<B> {
         self.backend.argmax(&self.act.logits, row, self.spec.vocab)
     }
 
+    /// A token sampled from the last token's logits on the backend (see [`Backend::sample`]),
+    /// or `None` where the backend does not sample.
+    pub fn last_sample(
+        &mut self,
+        config: &crate::sampler::SamplerConfig,
+        draw: f64,
+    ) -> Result<Option<u32>> {
+        let row = if self.options.all_logits {
+            self.last_batch_len().saturating_sub(1)
+        } else {
+            0
+        };
+        self.backend
+            .sample(&self.act.logits, row, self.spec.vocab, config, draw)
+    }
+
     fn last_batch_len(&self) -> usize {
         self.last_n
     }
