@@ -137,24 +137,16 @@ pub enum KvType {
 pub const KV_TYPE_VAR: &str = "HIPDECODE_KV_TYPE";
 
 impl KvType {
+    const CHOICES: [(&'static str, KvType); 2] = [("f16", KvType::F16), ("f32", KvType::F32)];
+
     /// Parses a value of [`KV_TYPE_VAR`].
     pub fn parse(value: &str) -> Result<KvType> {
-        match value.trim() {
-            "f16" => Ok(KvType::F16),
-            "f32" => Ok(KvType::F32),
-            other => Err(DecodeError::InvalidArgument(format!(
-                "{KV_TYPE_VAR}={other:?} is not a KV cache type; use 'f16' (default) or 'f32'"
-            ))),
-        }
+        parse_choice(KV_TYPE_VAR, "KV cache type", &Self::CHOICES, value)
     }
 
-    /// The type [`KV_TYPE_VAR`] asks for, or the default when it is unset.
+    /// The type [`KV_TYPE_VAR`] asks for, or the default (f16) when it is unset.
     pub fn from_env() -> Result<KvType> {
-        match std::env::var(KV_TYPE_VAR) {
-            Ok(v) => KvType::parse(&v),
-            Err(std::env::VarError::NotPresent) => Ok(KvType::F16),
-            Err(e) => Err(DecodeError::InvalidArgument(format!("{KV_TYPE_VAR}: {e}"))),
-        }
+        choice_from_env(KV_TYPE_VAR, "KV cache type", &Self::CHOICES)
     }
 }
 
@@ -199,6 +191,39 @@ impl Q8Shadow {
     }
 }
 
+/// `value` as one of `choices` (the first is the default), or an error naming the variable, the
+/// value and the accepted words.
+fn parse_choice<T: Copy>(var: &str, what: &str, choices: &[(&str, T)], value: &str) -> Result<T> {
+    let value = value.trim();
+    if let Some(&(_, choice)) = choices.iter().find(|(name, _)| *name == value) {
+        return Ok(choice);
+    }
+    let accepted: Vec<String> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, (name, _))| {
+            if i == 0 {
+                format!("'{name}' (default)")
+            } else {
+                format!("'{name}'")
+            }
+        })
+        .collect();
+    Err(DecodeError::InvalidArgument(format!(
+        "{var}={value:?} is not a {what}; use {}",
+        accepted.join(" or ")
+    )))
+}
+
+/// The choice `var` asks for, or the first of `choices` when it is unset.
+fn choice_from_env<T: Copy>(var: &str, what: &str, choices: &[(&str, T)]) -> Result<T> {
+    match std::env::var(var) {
+        Ok(v) => parse_choice(var, what, choices, &v),
+        Err(std::env::VarError::NotPresent) => Ok(choices[0].1),
+        Err(e) => Err(DecodeError::InvalidArgument(format!("{var}: {e}"))),
+    }
+}
+
 /// How decode's matrix-vector products treat activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatvecPath {
@@ -217,24 +242,17 @@ pub const INT8_MAX_ROWS: usize = MAX_TOKENS;
 pub const MATVEC_VAR: &str = "HIPDECODE_GPU_MATVEC";
 
 impl MatvecPath {
+    const CHOICES: [(&'static str, MatvecPath); 2] =
+        [("int8", MatvecPath::Int8), ("exact", MatvecPath::Exact)];
+
     /// Parses a value of [`MATVEC_VAR`].
     pub fn parse(value: &str) -> Result<MatvecPath> {
-        match value.trim() {
-            "int8" => Ok(MatvecPath::Int8),
-            "exact" => Ok(MatvecPath::Exact),
-            other => Err(DecodeError::InvalidArgument(format!(
-                "{MATVEC_VAR}={other:?} is not a matrix-vector path; use 'int8' (default) or 'exact'"
-            ))),
-        }
+        parse_choice(MATVEC_VAR, "matrix-vector path", &Self::CHOICES, value)
     }
 
-    /// The path [`MATVEC_VAR`] asks for, or the default when it is unset.
+    /// The path [`MATVEC_VAR`] asks for, or the default (int8) when it is unset.
     pub fn from_env() -> Result<MatvecPath> {
-        match std::env::var(MATVEC_VAR) {
-            Ok(v) => MatvecPath::parse(&v),
-            Err(std::env::VarError::NotPresent) => Ok(MatvecPath::Int8),
-            Err(e) => Err(DecodeError::InvalidArgument(format!("{MATVEC_VAR}: {e}"))),
-        }
+        choice_from_env(MATVEC_VAR, "matrix-vector path", &Self::CHOICES)
     }
 }
 
