@@ -87,6 +87,13 @@ impl GpuBuffer {
 }
 
 impl GpuBuffer {
+    /// Records that the 8-bit copy now holds the buffer's first `values` values as they are.
+    fn mark_q8_fresh(&self, values: usize) {
+        if let Some(s) = self.q8.borrow_mut().as_mut() {
+            s.made_from = Some((self.version, values));
+        }
+    }
+
     fn kv_view(&self) -> kv_cache::KvSlice {
         // SAFETY: the allocation holds `len` elements of `elem` (see `view`).
         unsafe {
@@ -175,18 +182,28 @@ impl Q8Shadow {
     /// Views of the first `values` values and their scales.
     fn views(&self, values: usize) -> Q8ActivationsMut {
         debug_assert!(values <= self.capacity);
-        let base = self.mem.ptr();
-        // SAFETY: the allocation holds `capacity` bytes of values and then, from the 16-byte
-        // aligned `scales_offset`, `capacity / 32` f32 scales (`bytes_for`); both views stay
-        // inside it, and it lives as long as the buffer that owns the shadow.
-        unsafe {
-            Q8ActivationsMut {
-                values: DeviceSliceMut::from_raw(base, values),
-                scales: DeviceSliceMut::from_raw(
-                    base + Self::scales_offset(self.capacity) as u64,
-                    values / matvec_q8::GROUP,
-                ),
-            }
+        // SAFETY: the allocation is `bytes_for(capacity)` bytes and lives as long as the buffer
+        // that owns the shadow.
+        unsafe { q8_views(self.mem.ptr(), self.capacity, values) }
+    }
+}
+
+/// Views of the first `values` values and their scales in memory laid out for `capacity`
+/// values: the values, then from the 16-byte aligned `Q8Shadow::scales_offset(capacity)`
+/// their f32 scales, one per 32 values.
+///
+/// # Safety
+/// `base` must point to at least `Q8Shadow::bytes_for(capacity)` bytes that outlive the views,
+/// and `values <= capacity`.
+unsafe fn q8_views(base: u64, capacity: usize, values: usize) -> Q8ActivationsMut {
+    // SAFETY: both views lie inside the `bytes_for(capacity)` bytes the caller vouches for.
+    unsafe {
+        Q8ActivationsMut {
+            values: DeviceSliceMut::from_raw(base, values),
+            scales: DeviceSliceMut::from_raw(
+                base + Q8Shadow::scales_offset(capacity) as u64,
+                values / matvec_q8::GROUP,
+            ),
         }
     }
 }
@@ -642,18 +659,9 @@ impl GpuBackend {
             .as_ref()
             .map(|a| a.ptr())
             .unwrap_or_default();
-        // SAFETY: the scratch holds `bytes_for(values)` bytes: `values` bytes, then from the
-        // 16-byte aligned offset their `values / 32` scales; it lives as long as `self` and is
-        // only used on the backend's stream.
-        Ok(unsafe {
-            Q8ActivationsMut {
-                values: DeviceSliceMut::from_raw(base, values),
-                scales: DeviceSliceMut::from_raw(
-                    base + Q8Shadow::scales_offset(values) as u64,
-                    values / matvec_q8::GROUP,
-                ),
-            }
-        })
+        // SAFETY: the scratch holds `Q8Shadow::bytes_for(values)` bytes, the layout `q8_views`
+        // expects; it lives as long as `self` and is only used on the backend's stream.
+        Ok(unsafe { q8_views(base, values, values) })
     }
 
     /// `x`'s first `n_tokens` rows of `cols` quantized to 8 bits: the buffer's shadow, made
@@ -689,9 +697,7 @@ impl GpuBackend {
                 &mut q,
             )
             .map_err(kerr("quantizing activations"))?;
-            if let Some(s) = x.q8.borrow_mut().as_mut() {
-                s.made_from = Some((x.version, values));
-            }
+            x.mark_q8_fresh(values);
             self.op_done(|| "quantize_q8".into(), (values * 5) as u64)?;
         }
         Ok(q)
@@ -714,13 +720,11 @@ impl GpuBackend {
     /// The memory report a user reads: per tag the bytes held, then the allocator's reserved,
     /// cached and peaks, and the device memory the process holds outside the allocator.
     fn device_report_text(&self) -> Result<String> {
-        let stats = self.alloc.stats();
-        let now = self
-            .device()
-            .mem_get_info()
-            .map_err(|e| gpu_err("reading device memory", e))?;
-        let used_by_process = self.mem_before.free.saturating_sub(now.free);
-        let outside = used_by_process.saturating_sub(stats.reserved_bytes);
+        let DeviceMemory {
+            stats,
+            process_used,
+            outside_allocator,
+        } = self.device_memory_now()?;
         let mut out = String::new();
         out.push_str(&format!("device memory ({}):\n", self.alloc.device_name()));
         for (tag, usage) in &stats.per_tag {
@@ -743,11 +747,10 @@ impl GpuBackend {
             fmt_bytes(stats.cached_bytes),
         ));
         out.push_str(&format!(
-            "  process device usage {} (free {} before load, {} now)\n  outside the allocator {} (kernel modules, graphs, runtime; the context predates the first reading)\n",
-            fmt_bytes(used_by_process),
+            "  process device usage {} (free {} before load)\n  outside the allocator {} (kernel modules, graphs, runtime; the context predates the first reading)\n",
+            fmt_bytes(process_used),
             fmt_bytes(self.mem_before.free),
-            fmt_bytes(now.free),
-            fmt_bytes(outside),
+            fmt_bytes(outside_allocator),
         ));
         Ok(out)
     }
@@ -1071,9 +1074,7 @@ impl Backend for GpuBackend {
         )
         .map_err(kerr("add_rms_norm"))?;
         if quantize {
-            if let Some(s) = out.q8.borrow_mut().as_mut() {
-                s.made_from = Some((out.version, values));
-            }
+            out.mark_q8_fresh(values);
         }
         let moved = if y.is_some() { 5 } else { 3 };
         self.op_done(
@@ -1525,9 +1526,7 @@ impl Backend for GpuBackend {
                 &mut q8,
             )
             .map_err(kerr("gated (int8)"))?;
-            if let Some(s) = gate.q8.borrow_mut().as_mut() {
-                s.made_from = Some((gate.version, len));
-            }
+            gate.mark_q8_fresh(len);
             return self.op_done(|| "gated + int8".into(), (4 * len * 4) as u64);
         }
         elementwise::gated(
@@ -1601,22 +1600,10 @@ impl Backend for GpuBackend {
         let logits = x.view().slice(row * n, n).ok_or_else(|| {
             DecodeError::InvalidArgument(format!("sample row {row} of {n} is out of range"))
         })?;
-        if self.scratch.argmax.is_none() {
-            self.scratch.argmax = Some(self.device_alloc(
-                Tag::Workspace,
-                sampling::ARGMAX_WORKSPACE * 8,
-                "argmax workspace",
-            )?);
-        }
+        let mut ws = self.argmax_workspace()?;
         if self.scratch.draw.is_none() {
             self.scratch.draw = Some(self.device_alloc(Tag::Workspace, 4, "sampling draw")?);
         }
-        let ws_ptr = self
-            .scratch
-            .argmax
-            .as_ref()
-            .map(|a| a.ptr())
-            .unwrap_or_default();
         let draw_ptr = self
             .scratch
             .draw
@@ -1629,14 +1616,8 @@ impl Backend for GpuBackend {
             u = f32::from_bits(u.to_bits().saturating_sub(1));
         }
         self.upload(draw_ptr, &[u])?;
-        // SAFETY: the workspace holds ARGMAX_WORKSPACE u64 and the draw one f32; both live as
-        // long as `self`.
-        let (mut ws, draw_view) = unsafe {
-            (
-                DeviceSliceMut::<u64>::from_raw(ws_ptr, sampling::ARGMAX_WORKSPACE),
-                DeviceSlice::<f32>::from_raw(draw_ptr, 1),
-            )
-        };
+        // SAFETY: the draw allocation holds one f32 and lives as long as `self`.
+        let draw_view = unsafe { DeviceSlice::<f32>::from_raw(draw_ptr, 1) };
         let params = sampling::SamplingParams {
             temperature: config.temperature,
             top_k: config.top_k,
@@ -1717,12 +1698,8 @@ impl GpuBackend {
         }
     }
 
-    /// Writes the index of the largest of `n` values of row `row` into the step block's
-    /// next-token slot, on the device.
-    pub fn argmax_to_step(&mut self, x: &GpuBuffer, row: usize, n: usize) -> Result<()> {
-        let logits = x.view().slice(row * n, n).ok_or_else(|| {
-            DecodeError::InvalidArgument(format!("argmax row {row} of {n} is out of range"))
-        })?;
+    /// The workspace argmax and sampling share (made on first use, kept).
+    fn argmax_workspace(&mut self) -> Result<DeviceSliceMut<u64>> {
         if self.scratch.argmax.is_none() {
             self.scratch.argmax = Some(self.device_alloc(
                 Tag::Workspace,
@@ -1730,14 +1707,24 @@ impl GpuBackend {
                 "argmax workspace",
             )?);
         }
-        let ws_ptr = self
+        let ptr = self
             .scratch
             .argmax
             .as_ref()
             .map(|a| a.ptr())
             .unwrap_or_default();
-        // SAFETY: the workspace holds ARGMAX_WORKSPACE u64 and lives as long as `self`.
-        let mut ws = unsafe { DeviceSliceMut::<u64>::from_raw(ws_ptr, sampling::ARGMAX_WORKSPACE) };
+        // SAFETY: the workspace holds ARGMAX_WORKSPACE u64 and lives as long as `self`; its
+        // users run on the backend's one stream, one after another.
+        Ok(unsafe { DeviceSliceMut::<u64>::from_raw(ptr, sampling::ARGMAX_WORKSPACE) })
+    }
+
+    /// Writes the index of the largest of `n` values of row `row` into the step block's
+    /// next-token slot, on the device.
+    pub fn argmax_to_step(&mut self, x: &GpuBuffer, row: usize, n: usize) -> Result<()> {
+        let logits = x.view().slice(row * n, n).ok_or_else(|| {
+            DecodeError::InvalidArgument(format!("argmax row {row} of {n} is out of range"))
+        })?;
+        let mut ws = self.argmax_workspace()?;
         let mut out = self.step.next_token();
         sampling::argmax(&self.kernels, &self.stream, logits, n, &mut ws, &mut out)
             .map_err(kerr("argmax"))?;
