@@ -1,6 +1,6 @@
 //! The GPU backend against the CPU backend's exact path, on the tiny synthetic models of every
 //! architecture and on real Gemma 3 270M: logits at every position of a chunked prefill and of
-//! decode steps, greedy continuations, and no device allocation in a warm decode step.
+//! decode steps, greedy continuations, and no device allocation by any step after load.
 //!
 //! Both of the GPU's matrix-vector paths are checked. Tolerance: max |GPU - CPU| <= tol x
 //! max(1, RMS of the CPU logits).
@@ -299,43 +299,67 @@ fn profiling_times_every_op_of_a_decode_step() {
     }
 }
 
+/// The per-step workspace is reserved when the model loads: from then on no step (a prefill
+/// chunk, the first decode step and its capture, replayed steps, device sampling) calls the
+/// device allocator or changes its active bytes, on every architecture and both paths.
 #[test]
-fn a_warm_decode_step_allocates_nothing_on_the_device() {
+fn no_step_allocates_on_the_device_after_load() {
     let _one_at_a_time = gpu_lock();
-    let Some(gpu) = gpu_backend("a_warm_decode_step_allocates_nothing_on_the_device") else {
-        return;
-    };
-    let alloc = Arc::clone(gpu.allocator());
-    let file = Arc::new(preset_file(Preset::TinyQwen3Moe));
-    let mut model = Model::load(
-        &file,
-        gpu,
-        ModelOptions {
-            context: 64,
-            ..ModelOptions::default()
-        },
-    )
-    .unwrap();
-    model.forward(&[1, 2, 3, 4]).unwrap();
-    let mut next = model.last_argmax().unwrap();
-    // Warm-up: the first decode step sizes the per-step scratch.
-    model.forward(&[next]).unwrap();
-    next = model.last_argmax().unwrap();
-    let before = alloc.stats();
-    for _ in 0..8 {
-        model.forward(&[next]).unwrap();
-        next = model.last_argmax().unwrap();
+    for (path, _) in PATHS {
+        for preset in [
+            Preset::TinyLlama,
+            Preset::TinyQwen3,
+            Preset::TinyQwen3Moe,
+            Preset::TinyGemma3,
+        ] {
+            let test = "no_step_allocates_on_the_device_after_load";
+            let Some(gpu) = gpu_backend_on(test, path) else {
+                return;
+            };
+            let alloc = Arc::clone(gpu.allocator());
+            let file = Arc::new(preset_file(preset));
+            let options = ModelOptions {
+                context: 96,
+                ..ModelOptions::default()
+            };
+            let mut model = Model::load(&file, gpu, options).unwrap();
+            let loaded = alloc.stats();
+            // A prefill longer than a matrix-vector batch, then decode steps: greedy, then
+            // sampled on the device.
+            let prompt: Vec<u32> = (1..=40).collect();
+            model.forward(&prompt).unwrap();
+            let mut next = model.last_argmax().unwrap();
+            let config = SamplerConfig {
+                temperature: 0.8,
+                top_k: 20,
+                top_p: 0.9,
+                ..SamplerConfig::default()
+            };
+            for step in 0..12 {
+                model.forward(&[next]).unwrap();
+                next = if step < 6 {
+                    model.last_argmax().unwrap()
+                } else {
+                    let draw = (step as f64 * 0.37) % 1.0;
+                    model
+                        .last_sample(&config, draw)
+                        .unwrap()
+                        .expect("the GPU samples")
+                };
+            }
+            let after = alloc.stats();
+            let what = format!("{preset:?} on the {path:?} path");
+            assert_eq!(
+                (after.device_allocs, after.device_frees),
+                (loaded.device_allocs, loaded.device_frees),
+                "{what}: steps called the device allocator after load"
+            );
+            assert_eq!(
+                after.active_bytes, loaded.active_bytes,
+                "{what}: steps changed the allocator's active bytes after load"
+            );
+        }
     }
-    let after = alloc.stats();
-    assert_eq!(
-        (after.device_allocs, after.device_frees),
-        (before.device_allocs, before.device_frees),
-        "warm decode steps called the device allocator"
-    );
-    assert_eq!(
-        after.active_bytes, before.active_bytes,
-        "warm decode steps changed the allocator's active bytes"
-    );
 }
 
 /// Real Gemma 3 270M: logits on three prompts within tolerance, and a 64-token greedy

@@ -4,10 +4,11 @@
 //! Per-step values (positions, token ids, the next token) live in a device-side step
 //! block that the kernels read, so the sequence of launches of a decode step is the same at
 //! every position and can be captured into a graph and replayed. The host writes the step block
-//! through a small pinned staging buffer with one stream-ordered copy per step. A decode step is
-//! captured into a graph on its second run (the first sizes every scratch buffer) and replayed
-//! from then on; the capture goes through rocm-alloc's graph pool, so a step that did allocate
-//! would do so in a pool of its own.
+//! through a small pinned staging buffer with one stream-ordered copy per step. The per-step
+//! workspace is reserved when the model is loaded ([`Backend::reserve_workspace`]), so no step
+//! allocates. A decode step is captured into a graph on its first run and replayed from then
+//! on; the capture goes through rocm-alloc's graph pool, so a step that did allocate would do
+//! so in a pool of its own, never in memory an eager step frees.
 //!
 //! Memory: weights, KV cache, activations and workspace are rocm-alloc allocations on the
 //! backend's stream, tagged like the CPU backend's books. [`Backend::device_report`] adds
@@ -15,7 +16,9 @@
 //! module code), from `mem_get_info` before load and now.
 
 use super::profile::{self, OpProfile};
-use super::{Attention, Backend, GateActivation, MoeShape, Rope, StepKey, WeightSource};
+use super::{
+    Attention, Backend, GateActivation, MoeShape, Rope, StepBounds, StepKey, WeightSource,
+};
 use crate::error::{DecodeError, Result};
 use crate::memory::{DeviceMemory, MemoryReport, MemoryTag};
 use gguf_loader::GgmlType;
@@ -395,10 +398,8 @@ pub struct GpuBackend {
     step_tokens: usize,
     /// Per-op timing, when profiling (steps then run eagerly).
     profile: Option<OpProfile>,
-    /// Captured steps by key, and how many eager runs each key has had (a step is captured
-    /// on its second run, once the first has sized every scratch buffer).
+    /// Captured steps by key.
     graphs: HashMap<StepKey, GraphExec>,
-    eager_runs: HashMap<StepKey, usize>,
     /// The private pool a capture allocates from (empty when a warm step allocates nothing).
     graph_pool: GraphPool,
 }
@@ -461,7 +462,6 @@ impl GpuBackend {
             step_tokens: 0,
             profile: None,
             graphs: HashMap::new(),
-            eager_runs: HashMap::new(),
             graph_pool,
         };
         // No stale ints a kernel could read before the first step.
@@ -620,23 +620,57 @@ impl GpuBackend {
     /// The views of `buf`'s 8-bit shadow for its first `values` values, made (or grown) first
     /// where needed; the shadow is not marked as made from anything.
     fn q8_shadow(&self, buf: &GpuBuffer, values: usize) -> Result<Q8ActivationsMut> {
+        // Room for the most tokens a product takes (`reserve_workspace` has usually made it
+        // so already).
+        self.reserve_q8_shadow(buf, (INT8_MAX_ROWS * values).min(buf.len).max(values))?;
+        let slot = buf.q8.borrow();
+        Ok(slot.as_ref().expect("reserved above").views(values))
+    }
+
+    /// Gives `buf` an 8-bit shadow of at least `values` values (rounded down to whole groups),
+    /// replacing a smaller one.
+    fn reserve_q8_shadow(&self, buf: &GpuBuffer, values: usize) -> Result<()> {
+        let capacity = values - values % matvec_q8::GROUP;
         let mut slot = buf.q8.borrow_mut();
-        if slot.as_ref().is_none_or(|s| s.capacity < values) {
-            // Room for the most tokens a product takes, so a warm step never grows it.
-            let capacity = (MAX_TOKENS * values).min(buf.len).max(values);
-            let capacity = capacity - capacity % matvec_q8::GROUP;
-            let mem = self.device_alloc(
-                Tag::Activations,
-                Q8Shadow::bytes_for(capacity),
-                "8-bit activations",
-            )?;
-            *slot = Some(Q8Shadow {
-                mem,
-                capacity,
-                made_from: None,
-            });
+        if slot.as_ref().is_some_and(|s| s.capacity >= capacity) {
+            return Ok(());
         }
-        Ok(slot.as_ref().expect("set above").views(values))
+        // The smaller shadow goes back to the allocator before the larger one is taken.
+        *slot = None;
+        let mem = self.device_alloc(
+            Tag::Activations,
+            Q8Shadow::bytes_for(capacity),
+            "8-bit activations",
+        )?;
+        *slot = Some(Q8Shadow {
+            mem,
+            capacity,
+            made_from: None,
+        });
+        Ok(())
+    }
+
+    /// The MoE's `[pairs]` expert ids (grown, never shrunk).
+    fn moe_ids_scratch(&mut self, pairs: usize) -> Result<DeviceSliceMut<i32>> {
+        if self
+            .scratch
+            .moe_ids
+            .as_ref()
+            .is_none_or(|a| (a.size() as usize) < pairs * 4)
+        {
+            self.scratch.moe_ids = None;
+            self.scratch.moe_ids =
+                Some(self.device_alloc(Tag::Workspace, pairs.max(1) * 4, "moe expert ids")?);
+        }
+        let base = self
+            .scratch
+            .moe_ids
+            .as_ref()
+            .map(|a| a.ptr())
+            .unwrap_or_default();
+        // SAFETY: the scratch holds at least `pairs` i32, lives as long as `self` and is only
+        // used on the backend's stream.
+        Ok(unsafe { DeviceSliceMut::<i32>::from_raw(base, pairs) })
     }
 
     /// The MoE's scratch for `values` quantized gated activations (grown, never shrunk, so a
@@ -858,6 +892,50 @@ impl Backend for GpuBackend {
         report
     }
 
+    fn reserve_workspace(
+        &mut self,
+        bounds: &StepBounds,
+        matmul_inputs: &[(&GpuBuffer, usize)],
+    ) -> Result<()> {
+        let alloc = Arc::clone(&self.alloc);
+        let (a, st) = (&*alloc, self.stream_id);
+        let mut attention = 0;
+        for shape in &bounds.decode_attention {
+            let need = attn::decode_workspace_floats(&attention_shape(shape))
+                .map_err(kerr("attention"))?;
+            attention = attention.max(need);
+        }
+        Self::scratch_buffer(
+            &mut self.scratch.attention,
+            a,
+            st,
+            attention,
+            "attention workspace",
+        )?;
+        self.argmax_workspace()?;
+        self.reserve_draw()?;
+        let int8 = self.matvec_path == MatvecPath::Int8;
+        let int8_rows = bounds.max_tokens.min(INT8_MAX_ROWS);
+        if let Some(moe) = &bounds.moe {
+            let pairs = bounds.max_tokens * moe.k;
+            self.moe_ids_scratch(pairs)?;
+            let s = &mut self.scratch;
+            Self::scratch_buffer(&mut s.moe_weights, a, st, pairs, "moe weights")?;
+            Self::scratch_buffer(&mut s.moe_gate, a, st, pairs * moe.n_ff, "moe gate")?;
+            Self::scratch_buffer(&mut s.moe_up, a, st, pairs * moe.n_ff, "moe up")?;
+            Self::scratch_buffer(&mut s.moe_out, a, st, pairs * moe.n_embd, "moe out")?;
+            if int8 {
+                self.moe_q8_scratch(int8_rows * moe.k * moe.n_ff)?;
+            }
+        }
+        if int8 {
+            for &(buf, width) in matmul_inputs {
+                self.reserve_q8_shadow(buf, (int8_rows * width).min(buf.len))?;
+            }
+        }
+        Ok(())
+    }
+
     fn begin_step(&mut self, pos0: usize, tokens: &[u32]) -> Result<()> {
         if let Some(p) = &mut self.profile {
             // The previous step's events are read before its staging is reused.
@@ -903,12 +981,6 @@ impl Backend for GpuBackend {
             // and the step block holds this step's values (written by `begin_step` before).
             return unsafe { exec.launch(&self.stream) }
                 .map_err(|e| gpu_err("replaying the step", e));
-        }
-        let runs = self.eager_runs.entry(key).or_insert(0);
-        if *runs == 0 {
-            // The first run sizes every scratch buffer, so the captured run allocates nothing.
-            *runs += 1;
-            return ops(self);
         }
         let guard = self
             .alloc
@@ -1234,25 +1306,9 @@ impl Backend for GpuBackend {
             act,
         } = *shape;
         let pairs = rows * k;
-        // Scratch, sized on first use for the largest step seen.
-        if self
-            .scratch
-            .moe_ids
-            .as_ref()
-            .is_none_or(|a| (a.size() as usize) < pairs * 4)
-        {
-            self.scratch.moe_ids = None;
-            self.scratch.moe_ids =
-                Some(self.device_alloc(Tag::Workspace, pairs * 4, "moe expert ids")?);
-        }
-        let ids_mem = self
-            .scratch
-            .moe_ids
-            .as_ref()
-            .map(|a| a.ptr())
-            .unwrap_or_default();
-        // SAFETY: the ids scratch holds at least `pairs` i32 and lives as long as `self`.
-        let mut ids = unsafe { DeviceSliceMut::<i32>::from_raw(ids_mem, pairs) };
+        // Scratch: reserved before the first step (`reserve_workspace`), grown here only for a
+        // caller that skipped that.
+        let mut ids = self.moe_ids_scratch(pairs)?;
         let (a, s) = (&*self.alloc, self.stream_id);
         let mut weights =
             Self::scratch_buffer(&mut self.scratch.moe_weights, a, s, pairs, "moe weights")?;
@@ -1601,9 +1657,7 @@ impl Backend for GpuBackend {
             DecodeError::InvalidArgument(format!("sample row {row} of {n} is out of range"))
         })?;
         let mut ws = self.argmax_workspace()?;
-        if self.scratch.draw.is_none() {
-            self.scratch.draw = Some(self.device_alloc(Tag::Workspace, 4, "sampling draw")?);
-        }
+        self.reserve_draw()?;
         let draw_ptr = self
             .scratch
             .draw
@@ -1648,16 +1702,7 @@ impl GpuBackend {
         out: &mut GpuBuffer,
         shape: &Attention,
     ) -> Result<()> {
-        let s = attn::AttentionShape {
-            n_tokens: shape.n_tokens,
-            n_head: shape.n_head,
-            n_head_kv: shape.n_head_kv,
-            head_dim_k: shape.head_dim_k,
-            head_dim_v: shape.head_dim_v,
-            scale: shape.scale,
-            window: shape.window,
-            slots: shape.kv_slots,
-        };
+        let s = attention_shape(shape);
         let positions = self.step.positions();
         let k = k_cache.kv_view();
         let v = v_cache.kv_view();
@@ -1698,6 +1743,14 @@ impl GpuBackend {
         }
     }
 
+    /// The sampler's one-value uniform draw on the device.
+    fn reserve_draw(&mut self) -> Result<()> {
+        if self.scratch.draw.is_none() {
+            self.scratch.draw = Some(self.device_alloc(Tag::Workspace, 4, "sampling draw")?);
+        }
+        Ok(())
+    }
+
     /// The workspace argmax and sampling share (made on first use, kept).
     fn argmax_workspace(&mut self) -> Result<DeviceSliceMut<u64>> {
         if self.scratch.argmax.is_none() {
@@ -1729,6 +1782,20 @@ impl GpuBackend {
         sampling::argmax(&self.kernels, &self.stream, logits, n, &mut ws, &mut out)
             .map_err(kerr("argmax"))?;
         self.op_done(|| "argmax".into(), (n * 4) as u64)
+    }
+}
+
+/// The kernel's view of an attention call's shape.
+fn attention_shape(shape: &Attention) -> attn::AttentionShape {
+    attn::AttentionShape {
+        n_tokens: shape.n_tokens,
+        n_head: shape.n_head,
+        n_head_kv: shape.n_head_kv,
+        head_dim_k: shape.head_dim_k,
+        head_dim_v: shape.head_dim_v,
+        scale: shape.scale,
+        window: shape.window,
+        slots: shape.kv_slots,
     }
 }
 

@@ -137,6 +137,18 @@ pub struct MoeShape {
     pub act: GateActivation,
 }
 
+/// The largest step a model runs, so a backend can take its per-step workspace once, before
+/// the first step (see [`Backend::reserve_workspace`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepBounds {
+    /// Tokens in the longest step (a prefill chunk).
+    pub max_tokens: usize,
+    /// A decode step's attention call (one token) of every layer.
+    pub decode_attention: Vec<Attention>,
+    /// The MoE call of the longest step, for MoE models.
+    pub moe: Option<MoeShape>,
+}
+
 /// The compute interface. Every op takes its shapes explicitly and works on the leading rows
 /// of its buffers.
 pub trait Backend: Send {
@@ -172,6 +184,18 @@ pub trait Backend: Send {
     /// The per-op table of the profiled steps so far.
     fn profile_report(&mut self) -> Option<Result<String>> {
         None
+    }
+
+    /// Takes, now, every per-step workspace a step within `bounds` needs, so that no step
+    /// allocates: the first one included, and a captured step never finds the pool short.
+    /// `matmul_inputs` are the activation buffers matrix products read, each with its row
+    /// width (a backend may keep a converted copy of them). The default has nothing to take.
+    fn reserve_workspace(
+        &mut self,
+        _bounds: &StepBounds,
+        _matmul_inputs: &[(&Self::Buffer, usize)],
+    ) -> Result<()> {
+        Ok(())
     }
 
     /// Called before each step with its first position and its tokens (see the module docs).

@@ -9,7 +9,9 @@ pub use consistency::AttentionWidths;
 pub use kv_cache::KvCache;
 pub use spec::{query_pre_attn_scalar, LayerSpec, ModelSpec, GEMMA3_27B_LAYERS};
 
-use crate::backend::{Attention, Backend, MappedTensor, MoeShape, StepKey, WeightSource};
+use crate::backend::{
+    Attention, Backend, MappedTensor, MoeShape, StepBounds, StepKey, WeightSource,
+};
 use crate::error::{DecodeError, Result};
 use crate::memory::{MemoryReport, MemoryTag};
 use gguf_loader::GgufFile;
@@ -252,6 +254,39 @@ impl<B: Backend> Model<B> {
             router: a("router", mb, s.n_expert.max(1))?,
             logits: a("logits", logit_rows, s.vocab)?,
         };
+        let bounds = StepBounds {
+            max_tokens: mb,
+            decode_attention: s
+                .layers
+                .iter()
+                .zip(&kv.slots)
+                .map(|(l, &kv_slots)| Attention {
+                    n_tokens: 1,
+                    n_head: s.n_head,
+                    n_head_kv: s.n_head_kv,
+                    head_dim_k: s.head_dim_k,
+                    head_dim_v: s.head_dim_v,
+                    scale: s.attn_scale,
+                    window: l.window,
+                    kv_slots,
+                })
+                .collect(),
+            moe: s.is_moe().then_some(MoeShape {
+                rows: mb,
+                n_embd: e,
+                n_ff: s.n_ff_expert,
+                n_expert: s.n_expert,
+                k: s.n_expert_used,
+                act: s.gate,
+            }),
+        };
+        // The buffers matrix products read: the normalized rows (Q/K/V, gate/up, router,
+        // output), the attention output and, in a dense FFN, the gated activations.
+        let mut matmul_inputs = vec![(&act.xn, e.max(qd)), (&act.attn, s.widths.o)];
+        if !s.is_moe() {
+            matmul_inputs.push((&act.gate, ff));
+        }
+        backend.reserve_workspace(&bounds, &matmul_inputs)?;
         let file_bytes = file.tensors().iter().map(|t| t.n_bytes).sum();
         Ok(Model {
             spec,
