@@ -25,6 +25,7 @@
 //! # Ok::<(), hip_ffi::HipError>(())
 //! ```
 
+pub mod blas;
 pub mod device;
 pub mod error;
 mod ffi;
@@ -38,6 +39,7 @@ pub mod sys;
 pub mod sysfs;
 pub mod testing;
 
+pub use blas::{BlasLt, GemmPlan, GemmShape};
 pub use device::{Device, DeviceAttributes, DevicePtr, MemInfo};
 pub use error::{Api, ErrorKind, HipError, Result};
 pub use ffi::RawHandle;

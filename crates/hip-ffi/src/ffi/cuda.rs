@@ -419,6 +419,10 @@ impl GpuApi for CudaApi {
         Ok(Some(format!("sm_{major}{minor}")))
     }
 
+    fn make_current(&self, dev: i32) -> Result<()> {
+        self.bind(dev)
+    }
+
     fn synchronize_device(&self, dev: i32) -> Result<()> {
         self.bind(dev)?;
         // SAFETY: the context is current.

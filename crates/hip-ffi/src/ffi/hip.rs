@@ -261,6 +261,10 @@ impl GpuApi for HipApi {
         ))
     }
 
+    fn make_current(&self, dev: i32) -> Result<()> {
+        self.bind(dev)
+    }
+
     fn synchronize_device(&self, dev: i32) -> Result<()> {
         self.bind(dev)?;
         // SAFETY: no arguments.

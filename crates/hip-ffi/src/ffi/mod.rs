@@ -7,6 +7,7 @@
 //! single `check` function. Methods that take raw pointers or handles are `unsafe`: the caller
 //! (the safe layer) guarantees the handles are live and the pointers cover the byte counts.
 
+pub(crate) mod blaslt;
 pub(crate) mod cuda;
 pub(crate) mod hip;
 pub(crate) mod rtc;
@@ -79,6 +80,9 @@ pub(crate) trait GpuApi: Send + Sync + 'static {
     /// Architecture string for the compiler (`gfx1151`, `sm_90`); `None` if it cannot be told.
     fn arch_name(&self, dev: i32) -> Result<Option<String>>;
     fn synchronize_device(&self, dev: i32) -> Result<()>;
+    /// Makes `dev` current on the calling thread, for a vendor library that works on the
+    /// current device (the GEMM library).
+    fn make_current(&self, dev: i32) -> Result<()>;
 
     fn malloc(&self, dev: i32, bytes: usize) -> Result<Addr>;
     /// # Safety
