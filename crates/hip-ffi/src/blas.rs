@@ -9,6 +9,8 @@
 //! Shapes are row-major, as the rest of hipdecode stores them: `d[n][m] = Σ_k a[m][k] · b[n][k]`
 //! with `a` the f16 weights (`m` rows of `k`), `b` the f16 activations (`n` rows of `k`) and `d`
 //! f32. In the libraries' column-major terms that is `D = Aᵀ·B`, the layout they run fastest.
+//! A result row may be longer than `m` ([`GemmShape::d_stride`]), so a product over a block of
+//! the weights' rows writes its columns of a wider result.
 
 use crate::device::{Device, DevicePtr};
 use crate::error::{ErrorKind, HipError, Result};
@@ -48,6 +50,20 @@ pub struct GemmShape {
     pub n: usize,
     /// The shared inner dimension.
     pub k: usize,
+    /// Values from one result row to the next (`m` when the result is exactly `n` x `m`).
+    pub d_stride: usize,
+}
+
+impl GemmShape {
+    /// A product whose result rows are exactly `m` long.
+    pub fn dense(m: usize, n: usize, k: usize) -> GemmShape {
+        GemmShape {
+            m,
+            n,
+            k,
+            d_stride: m,
+        }
+    }
 }
 
 impl BlasLt {
@@ -77,12 +93,19 @@ impl BlasLt {
     /// Prepares the product of `shape`: descriptors and the library's best algorithm that fits
     /// in `max_workspace` bytes of workspace.
     pub fn plan(&self, shape: GemmShape, max_workspace: usize) -> Result<GemmPlan> {
-        let GemmShape { m, n, k } = shape;
+        let GemmShape { m, n, k, d_stride } = shape;
         if m == 0 || n == 0 || k == 0 {
             return Err(HipError::host(
                 "blasLt plan",
                 ErrorKind::InvalidArgument,
                 format!("an empty product ({m} x {n} x {k})"),
+            ));
+        }
+        if d_stride < m {
+            return Err(HipError::host(
+                "blasLt plan",
+                ErrorKind::InvalidArgument,
+                format!("result rows {d_stride} apart cannot hold {m} values"),
             ));
         }
         self.device.api.make_current(self.device.ordinal)?;
@@ -100,7 +123,7 @@ impl BlasLt {
         let (m, n, k) = (m as u64, n as u64, k as u64);
         plan.layouts[0] = RawHandle::from_ptr(lib.layout(true, k, m, k as i64)?);
         plan.layouts[1] = RawHandle::from_ptr(lib.layout(true, k, n, k as i64)?);
-        plan.layouts[2] = RawHandle::from_ptr(lib.layout(false, m, n, m as i64)?);
+        plan.layouts[2] = RawHandle::from_ptr(lib.layout(false, m, n, d_stride as i64)?);
         let [a, b, d] = plan.layouts.map(|l| l.as_ptr());
         // SAFETY: the handle and the descriptors are live and of this library.
         let (algo, workspace) = unsafe {
@@ -119,8 +142,8 @@ impl BlasLt {
     /// Queues the product `plan` describes on `stream`.
     ///
     /// # Safety
-    /// `a`, `b` and `d` are device memory of this device holding `m·k` f16, `n·k` f16 and `m·n`
-    /// f32 (row-major, densely packed), `workspace` holds `plan.workspace_bytes()` bytes
+    /// `a`, `b` and `d` are device memory of this device holding `m·k` f16, `n·k` f16 (row-major,
+    /// densely packed) and `n` result rows of `m` f32 `d_stride` apart, `workspace` holds `plan.workspace_bytes()` bytes
     /// (or is null when that is 0), and all stay allocated until `stream` has run the product.
     pub unsafe fn gemm(
         &self,

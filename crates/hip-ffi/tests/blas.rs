@@ -51,7 +51,7 @@ fn half_gemm_matches_the_cpu_at_odd_shapes() {
         let bits = |v: &[f16]| v.iter().map(|x| x.to_bits()).collect::<Vec<u16>>();
         let (da, db) = (upload(&device, &bits(&a)), upload(&device, &bits(&b)));
         let dd = DeviceBuffer::alloc(&device, m * n * 4).unwrap();
-        let plan = blas.plan(GemmShape { m, n, k }, 32 << 20).unwrap();
+        let plan = blas.plan(GemmShape::dense(m, n, k), 32 << 20).unwrap();
         let ws = (plan.workspace_bytes() > 0)
             .then(|| DeviceBuffer::alloc(&device, plan.workspace_bytes()).unwrap());
         let ws_ptr = ws.as_ref().map_or(DevicePtr::NULL, |w| w.ptr());
@@ -91,8 +91,74 @@ fn an_empty_product_is_refused_before_the_library_sees_it() {
         return;
     };
     let err = blas
-        .plan(GemmShape { m: 0, n: 4, k: 8 }, 0)
+        .plan(GemmShape::dense(0, 4, 8), 0)
         .err()
         .expect("refused");
     assert!(err.to_string().contains("empty product"), "{err}");
+    let narrow = GemmShape {
+        d_stride: 3,
+        ..GemmShape::dense(4, 4, 8)
+    };
+    let err = blas.plan(narrow, 0).err().expect("refused");
+    assert!(err.to_string().contains("cannot hold"), "{err}");
+}
+
+/// Two products over the two halves of the weights' rows, each writing its columns of one wider
+/// result, equal the product over all rows.
+#[test]
+fn row_blocks_write_their_columns_of_a_wider_result() {
+    let Some((device, blas)) = open_or_skip("row_blocks_write_their_columns_of_a_wider_result")
+    else {
+        return;
+    };
+    let stream = Stream::new(&device).unwrap();
+    let (m, n, k) = (96, 40, 128);
+    let a = values(m * k, 3);
+    let b = values(n * k, 4);
+    let bits = |v: &[f16]| v.iter().map(|x| x.to_bits()).collect::<Vec<u16>>();
+    let (da, db) = (upload(&device, &bits(&a)), upload(&device, &bits(&b)));
+    let whole = DeviceBuffer::alloc(&device, m * n * 4).unwrap();
+    let halves = DeviceBuffer::alloc(&device, m * n * 4).unwrap();
+    let plan = blas.plan(GemmShape::dense(m, n, k), 0).unwrap();
+    let half = blas
+        .plan(
+            GemmShape {
+                d_stride: m,
+                ..GemmShape::dense(m / 2, n, k)
+            },
+            0,
+        )
+        .unwrap();
+    // SAFETY: as in the test above; the half products read rows [0, m/2) and [m/2, m) of `a`
+    // and write columns [0, m/2) and [m/2, m) of `halves`, inside both buffers.
+    unsafe {
+        blas.gemm(
+            &plan,
+            da.ptr(),
+            db.ptr(),
+            whole.ptr(),
+            DevicePtr::NULL,
+            &stream,
+        )
+        .unwrap();
+        for h in 0..2u64 {
+            let rows = (m / 2) as u64 * h;
+            let a_at = da.ptr().offset(rows * k as u64 * 2);
+            let d_at = halves.ptr().offset(rows * 4);
+            blas.gemm(&half, a_at, db.ptr(), d_at, DevicePtr::NULL, &stream)
+                .unwrap();
+        }
+    }
+    stream.synchronize().unwrap();
+    let (w, h): (Vec<f32>, Vec<f32>) =
+        (whole.to_host_vec().unwrap(), halves.to_host_vec().unwrap());
+    assert!(w.iter().all(|v| v.is_finite()));
+    // The two products may pick different algorithms (summation orders), so not bit-equal.
+    for (i, (x, y)) in w.iter().zip(&h).enumerate() {
+        let diff = (x - y).abs();
+        assert!(
+            diff <= 1e-4 * (1.0 + x.abs()),
+            "value {i}: whole {x}, blocked {y}"
+        );
+    }
 }
