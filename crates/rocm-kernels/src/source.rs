@@ -36,6 +36,8 @@ pub enum KernelModule {
     Matmul,
     /// MoE routing, expert dispatch and weighted sum.
     Moe,
+    /// Weight rows dequantized to f16 and f32 -> f16 conversion (prefill's vendor-GEMM inputs).
+    Dequant,
 }
 
 const PORTABILITY_H: &str = include_str!("../kernels/portability.h");
@@ -43,7 +45,7 @@ const QUANT_H: &str = include_str!("../kernels/quant.h");
 
 impl KernelModule {
     /// Every module, in a fixed order.
-    pub const ALL: [KernelModule; 11] = [
+    pub const ALL: [KernelModule; 12] = [
         KernelModule::Embed,
         KernelModule::Norm,
         KernelModule::Rope,
@@ -55,6 +57,7 @@ impl KernelModule {
         KernelModule::MatvecQ8,
         KernelModule::Matmul,
         KernelModule::Moe,
+        KernelModule::Dequant,
     ];
 
     /// Short name, used for the program name and in messages.
@@ -71,6 +74,7 @@ impl KernelModule {
             KernelModule::MatvecQ8 => "matvec_q8",
             KernelModule::Matmul => "matmul",
             KernelModule::Moe => "moe",
+            KernelModule::Dequant => "dequant",
         }
     }
 
@@ -87,6 +91,7 @@ impl KernelModule {
             KernelModule::MatvecQ8 => include_str!("../kernels/matvec_q8.hip"),
             KernelModule::Matmul => include_str!("../kernels/matmul.hip"),
             KernelModule::Moe => include_str!("../kernels/moe.hip"),
+            KernelModule::Dequant => include_str!("../kernels/dequant.hip"),
         }
     }
 
@@ -201,6 +206,21 @@ impl KernelModule {
                 "matvec_id_q5_k",
                 "matvec_id_q6_k",
             ],
+            // Per format of WEIGHT_FORMATS (ops::dequant), then the plain conversion.
+            KernelModule::Dequant => &[
+                "dequant_f16_f32",
+                "dequant_f16_f16",
+                "dequant_f16_bf16",
+                "dequant_f16_q4_0",
+                "dequant_f16_q4_1",
+                "dequant_f16_q5_0",
+                "dequant_f16_q5_1",
+                "dequant_f16_q8_0",
+                "dequant_f16_q4_k",
+                "dequant_f16_q5_k",
+                "dequant_f16_q6_k",
+                "convert_f32_to_f16",
+            ],
         }
     }
 
@@ -213,6 +233,7 @@ impl KernelModule {
                 | KernelModule::MatvecQ8
                 | KernelModule::Matmul
                 | KernelModule::Moe
+                | KernelModule::Dequant
         )
     }
 

@@ -4,6 +4,7 @@
 //! passed as launch arguments, so a captured graph replays with new values.
 
 pub mod attention;
+pub mod dequant;
 pub mod elementwise;
 pub mod embed;
 pub mod kv_cache;

@@ -3,6 +3,7 @@
 //! formats are read with `gguf_loader::dequantize`.
 
 pub mod attention;
+pub mod dequant;
 pub mod elementwise;
 pub mod embed;
 pub mod kv_cache;
