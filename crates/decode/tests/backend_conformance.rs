@@ -12,8 +12,10 @@ mod common;
 use common::{compare, max_abs_diff, preset_file};
 use decode::backend::cpu::CpuBackend;
 use decode::backend::gpu::{GpuBackend, KvType, MatvecPath};
+use decode::backend::vendor_gemm::VENDOR_GEMM_MIN_ROWS;
 use decode::backend::{
-    argmax_host, Attention, Backend, GateActivation, MoeShape, Precision, Rope, WeightSource,
+    argmax_host, Attention, Backend, GateActivation, MoeShape, Precision, Rope, StepBounds,
+    WeightSource,
 };
 use decode::gguf_loader::synth::Preset;
 use decode::gguf_loader::GgmlType;
@@ -89,6 +91,10 @@ macro_rules! test_device {
 /// few times it.
 const MATMUL_INT8_TOL: f32 = 3e-2;
 
+/// Matmul on the vendor GEMM (`gpu_int8`, prefill): weights and activations rounded to f16,
+/// 2^-11 relative per value, products summed in f32.
+const MATMUL_F16_TOL: f32 = 2e-3;
+
 /// Attention over an f16 KV cache (`gpu_int8`): keys and values rounded to 11 significant bits,
 /// a relative error of at most 2^-11 per stored value (the caches are compared too).
 const KV_F16_TOL: f32 = 2e-3;
@@ -109,12 +115,14 @@ fn matmul_tolerance<B: Backend + 'static>(be: &B, rows: usize) -> f32 {
     {
         return MATMUL_FAST_TOL;
     }
-    if any
+    let gpu_int8 = any
         .downcast_ref::<GpuBackend>()
-        .is_some_and(|g| g.matvec_path() == MatvecPath::Int8)
-        && rows <= decode::backend::gpu::INT8_MAX_ROWS
-    {
+        .is_some_and(|g| g.matvec_path() == MatvecPath::Int8);
+    if gpu_int8 && rows <= decode::backend::gpu::INT8_MAX_ROWS {
         return MATMUL_INT8_TOL;
+    }
+    if gpu_int8 && rows >= VENDOR_GEMM_MIN_ROWS {
+        return MATMUL_F16_TOL;
     }
     MATMUL_F32_TOL
 }
@@ -257,6 +265,8 @@ fn matrices(formats: &[GgmlType]) -> Vec<Matrix> {
 }
 
 const ROWS: [usize; 3] = [1, 3, 17];
+/// Token rows of matrix products: [`ROWS`] and a prefill long enough for the vendor GEMM.
+const MATMUL_ROWS: [usize; 4] = [1, 3, 17, 40];
 const DIMS: [usize; 3] = [7, 64, 1152];
 /// Row lengths of ops with a vector weight (an F32 vector may have any length).
 const WEIGHT_DIMS: [usize; 4] = [7, 32, 96, 1152];
@@ -383,6 +393,13 @@ test_device!(matmul);
 fn matmul<B: Backend + 'static>(make: impl Fn() -> B) {
     fn go<C: Backend>(be: &mut C, m: &Matrix, x: &[f32], rows: usize) -> Vec<f32> {
         let w = be.load_weight(&m.source()).expect("load the matrix");
+        // As a model does after loading: the GPU takes its prefill buffers (vendor GEMM) here.
+        let bounds = StepBounds {
+            max_tokens: MATMUL_ROWS[MATMUL_ROWS.len() - 1],
+            decode_attention: Vec::new(),
+            moe: None,
+        };
+        be.reserve_workspace(&bounds, &[]).expect("reserve");
         let xb = upload(be, x);
         let n_out = m.dims[1];
         let mut out = be.alloc(MemoryTag::Activations, rows * n_out).unwrap();
@@ -400,8 +417,8 @@ fn matmul<B: Backend + 'static>(make: impl Fn() -> B) {
     let mut rng = Rng::new(3);
     for full in matrices(&formats) {
         for m in [full.rows(7), full] {
-            // 17 rows > 8 exercises the GPU's tiled path.
-            for rows in ROWS {
+            // 17 rows > 8 exercises the GPU's tiled path, 40 its vendor GEMM (on gpu_int8).
+            for rows in MATMUL_ROWS {
                 let x = rng.vec(rows * m.dims[0], 1.0);
                 let want = go(&mut exact(), &m, &x, rows);
                 let got = go(&mut make(), &m, &x, rows);
@@ -600,6 +617,14 @@ fn moe<B: Backend + 'static>(make: impl Fn() -> B) {
         shape: &MoeShape,
     ) -> Vec<f32> {
         let [g, u, d] = w.map(|m| be.load_weight(&m.source()).expect("load experts"));
+        // As a model does after loading: the GPU takes its MoE scratch, and for long chunks
+        // the grouped prefill's buffers, here.
+        let bounds = StepBounds {
+            max_tokens: shape.rows,
+            decode_attention: Vec::new(),
+            moe: Some(*shape),
+        };
+        be.reserve_workspace(&bounds, &[]).expect("reserve");
         be.begin_step(0, &vec![0; shape.rows]).expect("begin_step");
         let xb = upload(be, x);
         let lb = upload(be, logits);
@@ -611,7 +636,8 @@ fn moe<B: Backend + 'static>(make: impl Fn() -> B) {
     }
     let probe = make();
     let mut rng = Rng::new(23);
-    for rows in [1, 3] {
+    // 40 rows run grouped by expert on the vendor GEMM (gpu_int8).
+    for rows in [1, 3, 40] {
         let shape = MoeShape {
             rows,
             n_embd,

@@ -32,6 +32,10 @@ const GPU_TOL: f32 = 1e-3;
 /// with their reference to 1e-4 (rocm-kernels' gpu_quant).
 const INT8_TOL: f32 = 0.2;
 
+/// Prefill on the vendor GEMM: weights and activations rounded to f16 (2^-11 relative) before
+/// f32 products, and an f16 KV cache, compounded over the layers.
+const VENDOR_GEMM_TOL: f32 = 2e-2;
+
 const PATHS: [(MatvecPath, f32); 2] = [(MatvecPath::Exact, GPU_TOL), (MatvecPath::Int8, INT8_TOL)];
 
 /// One GPU test at a time: a test that ends unloads its kernel modules, which synchronizes the
@@ -297,6 +301,51 @@ fn profiling_times_every_op_of_a_decode_step() {
         let us: f64 = row.split('|').nth(3).unwrap().trim().parse().unwrap();
         assert!(us > 0.0, "an op without time: {row}");
     }
+}
+
+/// A prefill long enough for the vendor GEMM (int8 path, one chunk of 48 tokens): logits at
+/// every position against the CPU's exact path, on a dense, an MoE and a sliding-window model.
+/// With `HIPDECODE_REQUIRE_BLAS=1` (the verification machine) the vendor library must be the one
+/// in use, so a missing library cannot pass as our kernels.
+#[test]
+fn a_long_prefill_on_the_vendor_gemm_matches_the_cpu() {
+    let _one_at_a_time = gpu_lock();
+    let require = hip_ffi::testing::env_switch("HIPDECODE_REQUIRE_BLAS").unwrap();
+    for preset in [Preset::TinyLlama, Preset::TinyQwen3Moe, Preset::TinyGemma3] {
+        let test = "a_long_prefill_on_the_vendor_gemm_matches_the_cpu";
+        let Some(gpu) = gpu_backend_on(test, MatvecPath::Int8) else {
+            return;
+        };
+        let described = gpu.describe();
+        eprintln!("{described}");
+        assert!(
+            !require || described.contains("BLASLt"),
+            "HIPDECODE_REQUIRE_BLAS=1 but prefill does not run on the vendor GEMM: {described}"
+        );
+        let file = Arc::new(preset_file(preset));
+        let vocab = Model::load(&file, CpuBackend::new(Precision::Exact), options(64))
+            .unwrap()
+            .spec()
+            .vocab as u32;
+        let tokens: Vec<u32> = (0..48u32).map(|i| 1 + (i * 37) % (vocab - 1)).collect();
+        let run = |backend| -> Vec<f32> {
+            let mut model = Model::load(&file, backend, options(64)).expect("load");
+            model.forward_all_logits(&tokens).expect("prefill")
+        };
+        let want = run_cpu(&file, &tokens);
+        let got = run(gpu);
+        let (max, rms) = compare(&got, &want);
+        eprintln!("{preset:?} prefill of 48: max |gpu - cpu| {max:.3e}, cpu rms {rms:.3}");
+        assert!(
+            max <= VENDOR_GEMM_TOL * rms.max(1.0),
+            "{preset:?}: max diff {max} > {VENDOR_GEMM_TOL} x max(rms {rms}, 1)"
+        );
+    }
+}
+
+fn run_cpu(file: &Arc<GgufFile>, tokens: &[u32]) -> Vec<f32> {
+    let mut model = Model::load(file, CpuBackend::new(Precision::Exact), options(64)).unwrap();
+    model.forward_all_logits(tokens).unwrap()
 }
 
 /// The per-step workspace is reserved when the model loads: from then on no step (a prefill

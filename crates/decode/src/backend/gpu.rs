@@ -15,7 +15,10 @@
 //! what the allocator reserved and cached and what the process holds outside it (context,
 //! module code), from `mem_get_info` before load and now.
 
+mod moe_prefill;
+
 use super::profile::{self, OpProfile};
+use super::vendor_gemm::{PrefillPath, VendorGemm, VENDOR_GEMM_MIN_ROWS};
 use super::{
     Attention, Backend, GateActivation, MoeShape, Rope, StepBounds, StepKey, WeightSource,
 };
@@ -71,7 +74,21 @@ impl GpuBuffer {
         }
     }
 
-    fn view(&self) -> DeviceSlice<f32> {
+    /// Values it holds.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Its device address (with [`Self::version`], what a copy derived from it was made from).
+    pub(super) fn address(&self) -> u64 {
+        self.mem.ptr()
+    }
+
+    pub(super) fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub(super) fn view(&self) -> DeviceSlice<f32> {
         // Only KV caches are f16, and only the KV ops take them (through `kv_view`).
         assert_eq!(self.elem, Elem::F32, "an f16 KV buffer used as f32");
         // SAFETY: the allocation holds `len` f32 and lives as long as `self`; kernels using the
@@ -80,7 +97,7 @@ impl GpuBuffer {
         unsafe { DeviceSlice::from_raw(self.mem.ptr(), self.len) }
     }
 
-    fn view_mut(&mut self) -> DeviceSliceMut<f32> {
+    pub(super) fn view_mut(&mut self) -> DeviceSliceMut<f32> {
         assert_eq!(self.elem, Elem::F32, "an f16 KV buffer used as f32");
         self.version += 1;
         // SAFETY: as in `view`; `&mut self` guarantees no other host-side view of this buffer
@@ -213,7 +230,12 @@ unsafe fn q8_views(base: u64, capacity: usize, values: usize) -> Q8ActivationsMu
 
 /// `value` as one of `choices` (the first is the default), or an error naming the variable, the
 /// value and the accepted words.
-fn parse_choice<T: Copy>(var: &str, what: &str, choices: &[(&str, T)], value: &str) -> Result<T> {
+pub(super) fn parse_choice<T: Copy>(
+    var: &str,
+    what: &str,
+    choices: &[(&str, T)],
+    value: &str,
+) -> Result<T> {
     let value = value.trim();
     if let Some(&(_, choice)) = choices.iter().find(|(name, _)| *name == value) {
         return Ok(choice);
@@ -236,7 +258,7 @@ fn parse_choice<T: Copy>(var: &str, what: &str, choices: &[(&str, T)], value: &s
 }
 
 /// The choice `var` asks for, or the first of `choices` when it is unset.
-fn choice_from_env<T: Copy>(var: &str, what: &str, choices: &[(&str, T)]) -> Result<T> {
+pub(super) fn choice_from_env<T: Copy>(var: &str, what: &str, choices: &[(&str, T)]) -> Result<T> {
     match std::env::var(var) {
         Ok(v) => parse_choice(var, what, choices, &v),
         Err(std::env::VarError::NotPresent) => Ok(choices[0].1),
@@ -374,6 +396,8 @@ struct Scratch {
     moe_q8: Option<Allocation>,
     /// The sampler's uniform draw for the device (one f32).
     draw: Option<Allocation>,
+    /// MoE prefill grouped by expert on the vendor GEMM.
+    moe_prefill: moe_prefill::MoePrefillScratch,
 }
 
 /// The GPU backend.
@@ -393,6 +417,13 @@ pub struct GpuBackend {
     matvec_path: MatvecPath,
     /// Element type of KV cache buffers allocated from now on.
     kv_type: KvType,
+    /// Prefill products on the vendor GEMM (None: our kernels), and why not where it could
+    /// not open.
+    vendor_gemm: Option<VendorGemm>,
+    vendor_gemm_absent: Option<String>,
+    /// Values and columns of the largest weight matrix loaded (one expert of a stacked MoE
+    /// tensor), which size the vendor GEMM's buffers.
+    largest_matrix: (usize, usize),
     /// The current step's first position (for the profile's byte counts) and token count.
     step_pos0: usize,
     step_tokens: usize,
@@ -446,6 +477,20 @@ impl GpuBackend {
             copied,
             max_batch,
         };
+        let (vendor_gemm, vendor_gemm_absent) = match PrefillPath::from_env()? {
+            PrefillPath::Kernels => (None, Some(format!("{}=kernels", PrefillPath::ENV))),
+            path => match VendorGemm::open(&kernels) {
+                Ok(v) => (Some(v), None),
+                // Reported by `describe`, which the CLI and bench-decode print.
+                Err(reason) if path == PrefillPath::Auto => (None, Some(reason)),
+                Err(reason) => {
+                    return Err(gpu_err(
+                        &format!("{}=vendor", PrefillPath::ENV),
+                        format!("{reason}; install it, or set {}=kernels", PrefillPath::ENV),
+                    ))
+                }
+            },
+        };
         let mut backend = GpuBackend {
             hip,
             alloc,
@@ -458,6 +503,9 @@ impl GpuBackend {
             use_graphs,
             matvec_path: MatvecPath::from_env()?,
             kv_type: KvType::from_env()?,
+            vendor_gemm,
+            vendor_gemm_absent,
+            largest_matrix: (0, 0),
             step_pos0: 0,
             step_tokens: 0,
             profile: None,
@@ -814,12 +862,18 @@ impl Backend for GpuBackend {
 
     fn describe(&self) -> String {
         format!(
-            "gpu ({}, wave {}, {} matvec)",
+            "gpu ({}, wave {}, {} matvec, prefill on {})",
             self.alloc.device_name(),
             self.kernels.wave_size(),
             match self.matvec_path {
                 MatvecPath::Int8 => "int8",
                 MatvecPath::Exact => "exact f32",
+            },
+            match (&self.vendor_gemm, &self.vendor_gemm_absent) {
+                (Some(v), _) if self.matvec_path == MatvecPath::Int8 => v.describe(),
+                (Some(_), _) => "kernels (exact path)".into(),
+                (None, Some(why)) => format!("kernels ({why})"),
+                (None, None) => "kernels".into(),
             }
         )
     }
@@ -860,6 +914,9 @@ impl Backend for GpuBackend {
         }
         let mem = self.device_alloc(Tag::Weights, src.bytes.len(), src.name)?;
         self.upload(mem.ptr(), src.bytes)?;
+        // One expert of a stacked MoE tensor is the unit the vendor GEMM multiplies.
+        let (values, widest) = self.largest_matrix;
+        self.largest_matrix = (values.max(rows * cols), widest.max(cols));
         Ok(GpuWeight::Matrix {
             mem,
             format: src.format,
@@ -926,6 +983,15 @@ impl Backend for GpuBackend {
             Self::scratch_buffer(&mut s.moe_out, a, st, pairs * moe.n_embd, "moe out")?;
             if int8 {
                 self.moe_q8_scratch(int8_rows * moe.k * moe.n_ff)?;
+            }
+            if int8 && self.vendor_gemm.is_some() && bounds.max_tokens >= VENDOR_GEMM_MIN_ROWS {
+                self.reserve_moe_prefill(pairs, moe.n_embd, moe.n_ff)?;
+            }
+        }
+        if let Some(v) = self.vendor_gemm.as_mut().filter(|_| int8) {
+            if bounds.max_tokens >= VENDOR_GEMM_MIN_ROWS {
+                let (values, cols) = self.largest_matrix;
+                v.reserve(a, st, bounds.max_tokens, values, cols)?;
             }
         }
         if int8 {
@@ -1191,6 +1257,24 @@ impl Backend for GpuBackend {
         rows: usize,
     ) -> Result<()> {
         let (m, _) = w.matrix("matmul")?;
+        if self.matvec_path == MatvecPath::Int8 {
+            if let Some(v) = self.vendor_gemm.as_mut().filter(|v| v.takes(&m, rows)) {
+                v.matmul(&self.kernels, &self.stream, &m, x, out, rows)?;
+                return self.op_done(
+                    || {
+                        format!(
+                            "gemm vendor {} {}x{}",
+                            m.format().name(),
+                            m.rows(),
+                            m.cols()
+                        )
+                    },
+                    (m.data().len()
+                        + m.rows() * m.cols() * 4
+                        + rows * (m.rows() * 4 + m.cols() * 2)) as u64,
+                );
+            }
+        }
         let int8 = self.matvec_path == MatvecPath::Int8
             && rows <= INT8_MAX_ROWS
             && matvec_q8::supports(m.format());
@@ -1288,6 +1372,15 @@ impl Backend for GpuBackend {
             moe::QuantExperts::new(m.data(), m.format(), dims[2], dims[1], dims[0])
                 .map_err(kerr("moe"))
         };
+        if self.moe_prefill_applies(shape) {
+            let (g, _) = gate.matrix("moe gate")?;
+            let (u, _) = up.matrix("moe up")?;
+            let (d, _) = down.matrix("moe down")?;
+            let format = g.format().name();
+            self.moe_prefill(x, router_logits, [&g, &u, &d], out, shape)?;
+            let bytes = g.data().len() + u.data().len() + d.data().len();
+            return self.op_done(|| format!("moe vendor gemm {format}"), bytes as u64);
+        }
         let expert_bytes = [gate, up, down]
             .iter()
             .map(|w| w.matrix("moe").map(|(m, d)| m.data().len() / d[2].max(1)))

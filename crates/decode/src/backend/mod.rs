@@ -17,6 +17,7 @@ pub mod gpu;
 pub mod kernels;
 mod ops;
 pub mod profile;
+pub mod vendor_gemm;
 
 use crate::error::{DecodeError, Result};
 use crate::memory::{DeviceMemory, MemoryReport, MemoryTag};

@@ -1,0 +1,288 @@
+//! Mixture-of-experts prefill on the vendor GEMM: token rows grouped by expert, one product per
+//! expert and projection.
+//!
+//! Decode reads each selected expert's rows once per token (`matvec_id`), which is right for
+//! one token. A prefill chunk sends every token to `k` experts, so most experts serve dozens of
+//! tokens, and reading an expert once per token would move its weights that many times. Here
+//! the routing is read back (one synchronization per layer, in prefill only, which is never
+//! captured), the token rows are gathered in expert order, and each expert's gate, up and down
+//! projections run as products over its rows. The expert outputs are put back in token order
+//! and combined with the routing weights by the decode path's kernel.
+
+use super::*;
+use rocm_kernels::ops::{dequant, embed};
+
+/// The grouped prefill's buffers (workspace tag), reserved with the rest of the workspace.
+#[derive(Default)]
+pub(super) struct MoePrefillScratch {
+    /// i32: for each slot in expert order its token row (`pairs`), then for each (token,
+    /// choice) pair its slot (`pairs`).
+    index: Option<Allocation>,
+    /// f32 `[pairs][n_embd]`: the gathered token rows, later the expert outputs in slot order.
+    sorted: Option<GpuBuffer>,
+    /// f16 `[pairs][n_embd]` token rows and `[pairs][n_ff]` gated activations, the products'
+    /// inputs.
+    tokens_f16: Option<Allocation>,
+    hidden_f16: Option<Allocation>,
+    /// The (token, choice) pairs and widths it was reserved for.
+    pairs: usize,
+    n_embd: usize,
+    n_ff: usize,
+}
+
+impl GpuBackend {
+    /// Takes the grouped prefill's buffers for up to `pairs` (token, choice) pairs.
+    pub(super) fn reserve_moe_prefill(
+        &mut self,
+        pairs: usize,
+        n_embd: usize,
+        n_ff: usize,
+    ) -> Result<()> {
+        let s = &self.scratch.moe_prefill;
+        if s.pairs >= pairs && s.n_embd >= n_embd && s.n_ff >= n_ff {
+            return Ok(());
+        }
+        self.scratch.moe_prefill = MoePrefillScratch::default();
+        let index = self.device_alloc(Tag::Workspace, 2 * pairs * 4, "moe prefill index")?;
+        let sorted = self.device_alloc(Tag::Workspace, pairs * n_embd * 4, "moe prefill rows")?;
+        let tokens_f16 =
+            self.device_alloc(Tag::Workspace, pairs * n_embd * 2, "moe prefill f16 rows")?;
+        let hidden_f16 =
+            self.device_alloc(Tag::Workspace, pairs * n_ff * 2, "moe prefill f16 hidden")?;
+        self.scratch.moe_prefill = MoePrefillScratch {
+            index: Some(index),
+            sorted: Some(GpuBuffer::new(sorted, pairs * n_embd)),
+            tokens_f16: Some(tokens_f16),
+            hidden_f16: Some(hidden_f16),
+            pairs,
+            n_embd,
+            n_ff,
+        };
+        Ok(())
+    }
+
+    /// Whether [`Self::moe_prefill`] runs a step of `shape`: the int8 path with the vendor GEMM,
+    /// a long enough chunk, and buffers reserved for it.
+    pub(super) fn moe_prefill_applies(&self, shape: &MoeShape) -> bool {
+        let s = &self.scratch.moe_prefill;
+        self.matvec_path == MatvecPath::Int8
+            && self.vendor_gemm.is_some()
+            && shape.rows >= VENDOR_GEMM_MIN_ROWS
+            && s.pairs >= shape.rows * shape.k
+            && s.n_embd >= shape.n_embd
+            && s.n_ff >= shape.n_ff
+            && self.scratch.moe_ids.is_some()
+            && self.scratch.moe_weights.is_some()
+            && self.scratch.moe_gate.is_some()
+            && self.scratch.moe_up.is_some()
+            && self.scratch.moe_out.is_some()
+    }
+
+    /// The MoE FFN of a prefill chunk, grouped by expert (see the module docs). The caller
+    /// checked [`Self::moe_prefill_applies`].
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn moe_prefill(
+        &mut self,
+        x: &GpuBuffer,
+        router_logits: &GpuBuffer,
+        [gate, up, down]: [&QuantMatrix; 3],
+        out: &mut GpuBuffer,
+        shape: &MoeShape,
+    ) -> Result<()> {
+        let MoeShape {
+            rows,
+            n_embd,
+            n_ff,
+            n_expert,
+            k,
+            act,
+        } = *shape;
+        let pairs = rows * k;
+        if x.len < rows * n_embd || out.len < rows * n_embd {
+            return Err(DecodeError::InvalidArgument(format!(
+                "moe: {rows} rows of {n_embd} do not fit the input or output buffer"
+            )));
+        }
+        let not_reserved =
+            || DecodeError::InvalidArgument("moe: the prefill scratch is not reserved".into());
+        let f32_ptr = |b: &Option<GpuBuffer>| b.as_ref().map(|b| b.mem.ptr());
+        let s = &self.scratch;
+        let p = &s.moe_prefill;
+        let (Some(weights_ptr), Some(g_ptr), Some(u_ptr), Some(y_ptr)) = (
+            f32_ptr(&s.moe_weights),
+            f32_ptr(&s.moe_gate),
+            f32_ptr(&s.moe_up),
+            f32_ptr(&s.moe_out),
+        ) else {
+            return Err(not_reserved());
+        };
+        let (Some(index_ptr), Some(sorted_ptr), Some(tokens_ptr), Some(hidden_ptr)) = (
+            p.index.as_ref().map(|a| a.ptr()),
+            f32_ptr(&p.sorted),
+            p.tokens_f16.as_ref().map(|a| a.ptr()),
+            p.hidden_f16.as_ref().map(|a| a.ptr()),
+        ) else {
+            return Err(not_reserved());
+        };
+        // SAFETY: every view lies inside the scratch allocation it is made from: the MoE
+        // scratch and the prefill scratch were reserved for at least `pairs` pairs of these
+        // widths (`moe_prefill_applies`), live as long as `self` and are not replaced during
+        // this call, and only the backend's stream uses them.
+        let (mut weights, mut g, u, mut y) = unsafe {
+            (
+                DeviceSliceMut::<f32>::from_raw(weights_ptr, pairs),
+                DeviceSliceMut::<f32>::from_raw(g_ptr, pairs * n_ff),
+                DeviceSliceMut::<f32>::from_raw(u_ptr, pairs * n_ff),
+                DeviceSliceMut::<f32>::from_raw(y_ptr, pairs * n_embd),
+            )
+        };
+        // SAFETY: as above, for the prefill scratch (index: 2 * pairs i32).
+        let (slot_token, pair_slot, mut sorted_rows, mut tokens_h, mut hidden_h) = unsafe {
+            (
+                DeviceSlice::<i32>::from_raw(index_ptr, pairs),
+                DeviceSlice::<i32>::from_raw(index_ptr + (pairs * 4) as u64, pairs),
+                DeviceSliceMut::<f32>::from_raw(sorted_ptr, pairs * n_embd),
+                DeviceSliceMut::<u16>::from_raw(tokens_ptr, pairs * n_embd),
+                DeviceSliceMut::<u16>::from_raw(hidden_ptr, pairs * n_ff),
+            )
+        };
+        // Routing, as in decode.
+        let mut ids = self.moe_ids_scratch(pairs)?;
+        let (kn, st) = (&self.kernels, &*self.stream);
+        moe::route_top_k(
+            kn,
+            st,
+            router_logits.view(),
+            rows,
+            n_expert,
+            k,
+            &mut ids,
+            &mut weights,
+        )
+        .map_err(kerr("moe routing"))?;
+        // Read the choices back and put the pairs in expert order.
+        let mut chosen = vec![0i32; pairs];
+        st.synchronize()
+            .map_err(|e| gpu_err("waiting for the routing", e))?;
+        // SAFETY: the ids scratch holds `pairs` i32 written by the routing above, which the
+        // synchronization finished; the copy is synchronized before `chosen` is read.
+        unsafe { st.copy_to_host_raw(&mut chosen, ids.ptr()) }
+            .and_then(|()| st.synchronize())
+            .map_err(|e| gpu_err("reading the routing", e))?;
+        let mut starts = vec![0usize; n_expert + 1];
+        for &e in &chosen {
+            let e = usize::try_from(e)
+                .ok()
+                .filter(|&e| e < n_expert)
+                .ok_or_else(|| {
+                    gpu_err(
+                        "moe routing",
+                        format!("expert id {e} outside 0..{n_expert}"),
+                    )
+                })?;
+            starts[e + 1] += 1;
+        }
+        for e in 0..n_expert {
+            starts[e + 1] += starts[e];
+        }
+        let mut index = vec![0i32; 2 * pairs];
+        let mut next = starts.clone();
+        for (pair, &e) in chosen.iter().enumerate() {
+            let slot = next[e as usize];
+            next[e as usize] += 1;
+            index[slot] = (pair / k) as i32;
+            index[pairs + pair] = slot as i32;
+        }
+        self.upload(index_ptr, &index)?;
+        let rows_of = |base: u64, n: usize, width: usize| -> Result<QuantMatrix> {
+            // SAFETY: `base` holds `n` rows of `width` f32 (the input buffer, checked above, or
+            // the prefill scratch), read as bytes while this call runs.
+            let bytes = unsafe { DeviceSlice::<u8>::from_raw(base, n * width * 4) };
+            QuantMatrix::new(bytes, GgmlType::F32, n, width).map_err(kerr("moe rows"))
+        };
+        let (kn, st) = (&self.kernels, &*self.stream);
+        // Token rows in slot order, then in f16.
+        let x_rows = rows_of(x.mem.ptr(), rows, n_embd)?;
+        embed::embed(
+            kn,
+            st,
+            &x_rows,
+            slot_token,
+            pairs,
+            1.0,
+            &mut sorted_rows,
+            None,
+        )
+        .map_err(kerr("moe gather"))?;
+        dequant::f32_to_f16(
+            kn,
+            st,
+            sorted_rows.as_const(),
+            pairs * n_embd,
+            &mut tokens_h,
+        )
+        .map_err(kerr("moe rows to f16"))?;
+        let vendor = self.vendor_gemm.as_mut().ok_or_else(not_reserved)?;
+        let experts = || {
+            (0..n_expert)
+                .map(|e| (e, starts[e], starts[e + 1] - starts[e]))
+                .filter(|&(_, _, n)| n > 0)
+        };
+        for (e, start, count) in experts() {
+            let input = DevicePtr(tokens_ptr + (start * n_embd * 2) as u64);
+            for (w, dst) in [(gate, g_ptr), (up, u_ptr)] {
+                let out_at = DevicePtr(dst + (start * n_ff * 4) as u64);
+                // SAFETY: `input` holds this expert's `count` f16 token rows and `out_at` room
+                // for `count` rows of `n_ff` f32 (slots `start..start + count` of the gate/up
+                // scratch); the expert's rows `e * n_ff..` lie inside the stacked matrix.
+                unsafe {
+                    vendor.product(
+                        kn,
+                        st,
+                        w,
+                        e * n_ff..(e + 1) * n_ff,
+                        input,
+                        count,
+                        out_at,
+                        n_ff,
+                    )
+                }?;
+            }
+        }
+        elementwise::gated(
+            kn,
+            st,
+            &mut g,
+            u.as_const(),
+            pairs * n_ff,
+            gate_activation(act),
+        )
+        .map_err(kerr("moe activation"))?;
+        dequant::f32_to_f16(kn, st, g.as_const(), pairs * n_ff, &mut hidden_h)
+            .map_err(kerr("moe hidden to f16"))?;
+        for (e, start, count) in experts() {
+            let input = DevicePtr(hidden_ptr + (start * n_ff * 2) as u64);
+            let out_at = DevicePtr(sorted_ptr + (start * n_embd * 4) as u64);
+            let rows_e = e * n_embd..(e + 1) * n_embd;
+            // SAFETY: as above, for the down projection: `count` f16 rows of `n_ff` in, `count`
+            // f32 rows of `n_embd` out (the gathered token rows are no longer needed).
+            unsafe { vendor.product(kn, st, down, rows_e, input, count, out_at, n_embd) }?;
+        }
+        // Expert outputs back in (token, choice) order, then combined.
+        let sorted_out = rows_of(sorted_ptr, pairs, n_embd)?;
+        embed::embed(kn, st, &sorted_out, pair_slot, pairs, 1.0, &mut y, None)
+            .map_err(kerr("moe scatter"))?;
+        moe::weighted_sum(
+            kn,
+            st,
+            y.as_const(),
+            weights.as_const(),
+            rows,
+            k,
+            n_embd,
+            &mut out.view_mut(),
+            moe::Accumulate::Store,
+        )
+        .map_err(kerr("moe weighted sum"))
+    }
+}

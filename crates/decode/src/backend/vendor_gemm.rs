@@ -1,0 +1,259 @@
+//! Prefill products on the vendor GEMM library (cuBLASLt on NVIDIA, hipBLASLt on AMD), on the
+//! matrix cores our own kernels do not use.
+//!
+//! Weights stay quantized in device memory. For each product a block of the weight's rows is
+//! dequantized to f16 into one reused buffer and multiplied by the activations' f16 copy, with
+//! f32 accumulation and result; a larger matrix goes block by block, each product writing its
+//! columns of the result. Nothing of the model is ever kept in full precision: the block holds
+//! at most [`WEIGHT_BLOCK_VALUES`] values.
+//!
+//! Every byte is the allocator's, under the workspace tag, taken once by
+//! [`VendorGemm::reserve`] before the first step: the f16 weight block, the f16 activations and
+//! the library's own workspace (the library is handed it per call and allocates nothing).
+//!
+//! Only products of at least [`VENDOR_GEMM_MIN_ROWS`] token rows come here: below that, reading
+//! the quantized weights once per few tokens (the matrix-vector kernels) moves fewer bytes than
+//! writing and reading an f16 copy.
+
+use super::gpu::{parse_choice, GpuBuffer};
+use crate::error::{DecodeError, Result};
+use hip_ffi::{BlasLt, DevicePtr, GemmPlan, GemmShape, Stream};
+use rocm_alloc::{Allocation, Allocator, StreamId, Tag};
+use rocm_kernels::ops::{dequant, matvec::QuantMatrix};
+use rocm_kernels::{DeviceSliceMut, Kernels};
+use std::collections::HashMap;
+
+/// Token rows from which a product runs on the vendor GEMM.
+pub const VENDOR_GEMM_MIN_ROWS: usize = 32;
+/// The most weight values dequantized at once (32 MiB of f16).
+pub const WEIGHT_BLOCK_VALUES: usize = 16 << 20;
+/// Workspace offered to the library for one product (what cuBLASLt's documentation advises for
+/// Hopper; hipBLASLt uses less).
+pub const LIBRARY_WORKSPACE_BYTES: usize = 32 << 20;
+
+/// Where prefill products run: `HIPDECODE_GPU_PREFILL`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillPath {
+    /// The vendor GEMM when its library opens, our kernels otherwise (the default).
+    Auto,
+    /// The vendor GEMM; an error when its library does not open.
+    Vendor,
+    /// Our kernels only (on AMD, the path for architectures where the vendor library
+    /// misbehaves).
+    Kernels,
+}
+
+const PREFILL_CHOICES: [(&str, PrefillPath); 3] = [
+    ("auto", PrefillPath::Auto),
+    ("vendor", PrefillPath::Vendor),
+    ("kernels", PrefillPath::Kernels),
+];
+
+impl PrefillPath {
+    pub const ENV: &'static str = "HIPDECODE_GPU_PREFILL";
+
+    pub fn parse(value: &str) -> Result<PrefillPath> {
+        parse_choice(Self::ENV, "prefill path", &PREFILL_CHOICES, value)
+    }
+
+    pub fn from_env() -> Result<PrefillPath> {
+        super::gpu::choice_from_env(Self::ENV, "prefill path", &PREFILL_CHOICES)
+    }
+}
+
+/// The library handle, its prepared products, and the buffers they use.
+pub(super) struct VendorGemm {
+    blas: BlasLt,
+    plans: HashMap<GemmShape, GemmPlan>,
+    /// f16 weight rows of the product being run.
+    weights: Option<Allocation>,
+    weight_values: usize,
+    /// f16 copy of the activations, and what it was made from: the buffer's address and
+    /// version, and the count of leading values.
+    activations: Option<Allocation>,
+    activation_values: usize,
+    activations_from: Option<(u64, u64, usize)>,
+    workspace: Option<Allocation>,
+}
+
+impl VendorGemm {
+    /// Opens the library on the kernels' device; `Err` says why it is unusable.
+    pub(super) fn open(kernels: &Kernels) -> std::result::Result<VendorGemm, String> {
+        Ok(VendorGemm {
+            blas: BlasLt::open(kernels.device())?,
+            plans: HashMap::new(),
+            weights: None,
+            weight_values: 0,
+            activations: None,
+            activation_values: 0,
+            activations_from: None,
+            workspace: None,
+        })
+    }
+
+    pub(super) fn describe(&self) -> String {
+        self.blas.describe()
+    }
+
+    /// Takes the buffers for products of up to `max_rows` token rows over matrices of at most
+    /// `max_matrix_values` values and `max_cols` columns.
+    pub(super) fn reserve(
+        &mut self,
+        alloc: &Allocator,
+        stream: StreamId,
+        max_rows: usize,
+        max_matrix_values: usize,
+        max_cols: usize,
+    ) -> Result<()> {
+        let take = |bytes: usize, what: &str| {
+            alloc
+                .alloc(bytes.max(1) as u64, stream, Tag::Workspace)
+                .map_err(|e| DecodeError::Allocation {
+                    what: what.to_string(),
+                    reason: e.to_string(),
+                })
+        };
+        // Whole rows of the widest matrix fit in the block.
+        let weight_values = max_matrix_values
+            .min(WEIGHT_BLOCK_VALUES.max(max_cols))
+            .max(1);
+        if weight_values > self.weight_values {
+            self.weights = None;
+            self.weights = Some(take(weight_values * 2, "f16 weight block")?);
+            self.weight_values = weight_values;
+        }
+        let activation_values = max_rows * max_cols;
+        if activation_values > self.activation_values {
+            self.activations = None;
+            self.activations_from = None;
+            self.activations = Some(take(activation_values * 2, "f16 activations")?);
+            self.activation_values = activation_values;
+        }
+        if self.workspace.is_none() {
+            self.workspace = Some(take(LIBRARY_WORKSPACE_BYTES, "vendor GEMM workspace")?);
+        }
+        Ok(())
+    }
+
+    /// Whether a product of `rows` token rows by `m` runs here: enough rows, and buffers
+    /// reserved for it.
+    pub(super) fn takes(&self, m: &QuantMatrix, rows: usize) -> bool {
+        rows >= VENDOR_GEMM_MIN_ROWS
+            && rows * m.cols() <= self.activation_values
+            && m.cols() <= self.weight_values
+            && self.workspace.is_some()
+    }
+
+    /// Queues `out[t][r] = Σ_c m[r][c] · x[t][c]` for `t < rows` on `stream`.
+    pub(super) fn matmul(
+        &mut self,
+        kernels: &Kernels,
+        stream: &Stream,
+        m: &QuantMatrix,
+        x: &GpuBuffer,
+        out: &mut GpuBuffer,
+        rows: usize,
+    ) -> Result<()> {
+        let (n_rows, cols) = (m.rows(), m.cols());
+        if !self.takes(m, rows) || x.len() < rows * cols || out.len() < rows * n_rows {
+            return Err(DecodeError::InvalidArgument(format!(
+                "vendor GEMM: {rows} rows of a {n_rows}x{cols} product do not fit its buffers"
+            )));
+        }
+        let Some(activations) = &self.activations else {
+            return Err(DecodeError::InvalidArgument(
+                "vendor GEMM: its buffers are not reserved".into(),
+            ));
+        };
+        let values = rows * cols;
+        let source = (x.address(), x.version(), values);
+        let fresh = self
+            .activations_from
+            .is_some_and(|(a, v, n)| (a, v) == (source.0, source.1) && n >= values);
+        if !fresh {
+            // SAFETY: the allocation holds `activation_values >= values` f16 and lives as long
+            // as `self`; it is only used on the backend's stream.
+            let mut xh = unsafe { DeviceSliceMut::<u16>::from_raw(activations.ptr(), values) };
+            dequant::f32_to_f16(kernels, stream, x.view(), values, &mut xh)
+                .map_err(kerr("activations to f16"))?;
+            self.activations_from = Some(source);
+        }
+        let out_ptr = out.view_mut().ptr();
+        let b = DevicePtr(activations.ptr());
+        // SAFETY: the activations hold `rows x cols` f16 (converted above) and `out` `rows` rows
+        // of `n_rows` f32 (checked above); both live until the stream has run the products.
+        unsafe { self.product(kernels, stream, m, 0..n_rows, b, rows, out_ptr, n_rows) }
+    }
+
+    /// Queues `out[t][r - rows.start] = Σ_c m[r][c] · b[t][c]` for `r` in `rows` and `t < n`,
+    /// result rows `d_stride` apart, dequantizing the weight rows block by block.
+    ///
+    /// # Safety
+    /// `b` holds `n` rows of `m.cols()` f16 and `out` `n` rows of `d_stride >= rows.len()` f32,
+    /// both device memory of the stream's device that stays allocated until the stream has run
+    /// the products, and `rows` lies within `m`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn product(
+        &mut self,
+        kernels: &Kernels,
+        stream: &Stream,
+        m: &QuantMatrix,
+        rows: std::ops::Range<usize>,
+        b: DevicePtr,
+        n: usize,
+        out: DevicePtr,
+        d_stride: usize,
+    ) -> Result<()> {
+        let cols = m.cols();
+        let (Some(weights), Some(workspace)) = (&self.weights, &self.workspace) else {
+            return Err(DecodeError::InvalidArgument(
+                "vendor GEMM: its buffers are not reserved".into(),
+            ));
+        };
+        let block_rows = (self.weight_values / cols).max(1);
+        for start in rows.clone().step_by(block_rows) {
+            let end = (start + block_rows).min(rows.end);
+            let shape = GemmShape {
+                m: end - start,
+                n,
+                k: cols,
+                d_stride,
+            };
+            // SAFETY: the block holds `weight_values >= block_rows * cols` f16, lives as long
+            // as `self` and is only used on the backend's stream, where the product below
+            // reads it before the next block overwrites it.
+            let mut wh =
+                unsafe { DeviceSliceMut::<u16>::from_raw(weights.ptr(), (end - start) * cols) };
+            dequant::dequantize_f16(kernels, stream, m, start..end, &mut wh)
+                .map_err(kerr("weights to f16"))?;
+            if !self.plans.contains_key(&shape) {
+                let plan = self
+                    .blas
+                    .plan(shape, LIBRARY_WORKSPACE_BYTES)
+                    .map_err(kerr("planning a vendor GEMM"))?;
+                self.plans.insert(shape, plan);
+            }
+            let plan = &self.plans[&shape];
+            // SAFETY: the weight block holds this block's `m x k` f16; the caller vouches for
+            // `b` and `out`, of which this product writes columns [start, end) - rows.start;
+            // the workspace holds LIBRARY_WORKSPACE_BYTES, the most the plan was allowed, and
+            // lives as long as `self`; only the backend's stream uses any of them.
+            unsafe {
+                self.blas.gemm(
+                    plan,
+                    DevicePtr(weights.ptr()),
+                    b,
+                    out.offset(((start - rows.start) * 4) as u64),
+                    DevicePtr(workspace.ptr()),
+                    stream,
+                )
+            }
+            .map_err(kerr("vendor GEMM"))?;
+        }
+        Ok(())
+    }
+}
+
+fn kerr<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> DecodeError {
+    move |e| DecodeError::Gpu(format!("{what}: {e}"))
+}
