@@ -49,6 +49,9 @@ struct ProfileArgs {
     /// auto or gpu (the CPU backend has no per-op profile).
     #[arg(long, default_value = "gpu")]
     device: DeviceRequest,
+    /// Profile the prompt's prefill instead of the decode steps.
+    #[arg(long)]
+    prefill: bool,
 }
 
 #[derive(clap::Args)]
@@ -234,21 +237,29 @@ impl WithBackend for Profiling<'_> {
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % vocab)
             .collect();
         model.forward(&prompt)?;
-        // Only decode steps go into the table: the prefill's ops are dropped with this report.
-        let _ = model.backend_mut().profile_report();
-        model.backend_mut().enable_profiling();
-        let mut next = model.last_argmax()?;
-        for _ in 0..args.steps {
-            model.forward(&[next])?;
-            next = model.last_argmax()?;
-        }
+        let what = if args.prefill {
+            format!("the prefill of {} prompt tokens", prompt.len())
+        } else {
+            // Only decode steps go into the table: the prefill's ops are dropped with this
+            // report.
+            let _ = model.backend_mut().profile_report();
+            model.backend_mut().enable_profiling();
+            let mut next = model.last_argmax()?;
+            for _ in 0..args.steps {
+                model.forward(&[next])?;
+                next = model.last_argmax()?;
+            }
+            format!(
+                "{} prompt tokens, then {} decode steps",
+                prompt.len(),
+                args.steps
+            )
+        };
         println!(
-            "model    {} ({} layers)\nbackend  {}\ncontext  {} prompt tokens, then {} decode steps",
+            "model    {} ({} layers)\nbackend  {}\nprofiled {what}",
             args.model.display(),
             model.spec().n_layers,
             model.backend().describe(),
-            prompt.len(),
-            args.steps
         );
         if let Some(report) = model.backend_mut().profile_report() {
             print!("{}", report?);
