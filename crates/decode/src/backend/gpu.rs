@@ -985,7 +985,10 @@ impl Backend for GpuBackend {
                 self.moe_q8_scratch(int8_rows * moe.k * moe.n_ff)?;
             }
             if int8 && self.vendor_gemm.is_some() && bounds.max_tokens >= VENDOR_GEMM_MIN_ROWS {
-                self.reserve_moe_prefill(pairs, moe.n_embd, moe.n_ff)?;
+                self.reserve_moe_prefill(&MoeShape {
+                    rows: bounds.max_tokens,
+                    ..*moe
+                })?;
             }
         }
         if let Some(v) = self.vendor_gemm.as_mut().filter(|_| int8) {

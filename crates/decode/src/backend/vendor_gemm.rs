@@ -210,7 +210,14 @@ impl VendorGemm {
                 "vendor GEMM: its buffers are not reserved".into(),
             ));
         };
-        let block_rows = (self.weight_values / cols).max(1);
+        // Blocks of whole 64-row groups, so each block's result columns start 256-byte
+        // aligned (what the libraries assume of every pointer), unless one block does it all.
+        let fit = (self.weight_values / cols).max(1);
+        let block_rows = if fit >= rows.len() || fit < 64 {
+            fit
+        } else {
+            fit - fit % 64
+        };
         for start in rows.clone().step_by(block_rows) {
             let end = (start + block_rows).min(rows.end);
             let shape = GemmShape {

@@ -12,49 +12,72 @@
 use super::*;
 use rocm_kernels::ops::{dequant, embed};
 
+/// Slots of one expert start at a multiple of this, so that every row block a product reads or
+/// writes starts 256-byte aligned: the alignment the vendor libraries' heuristics assume of
+/// every pointer unless told otherwise.
+fn slot_alignment(n_embd: usize, n_ff: usize) -> usize {
+    let aligned = |p: usize| {
+        [n_embd * 2, n_embd * 4, n_ff * 2, n_ff * 4]
+            .iter()
+            .all(|b| p * b % 256 == 0)
+    };
+    (1..=256).find(|&p| aligned(p)).unwrap_or(256)
+}
+
+/// Slots for `pairs` (token, choice) pairs over `n_expert` experts, each expert's slots padded
+/// to [`slot_alignment`].
+fn slots_for(pairs: usize, n_expert: usize, n_embd: usize, n_ff: usize) -> usize {
+    pairs + n_expert * (slot_alignment(n_embd, n_ff) - 1)
+}
+
 /// The grouped prefill's buffers (workspace tag), reserved with the rest of the workspace.
 #[derive(Default)]
 pub(super) struct MoePrefillScratch {
-    /// i32: for each slot in expert order its token row (`pairs`), then for each (token,
+    /// i32: for each slot in expert order its token row (`slots`), then for each (token,
     /// choice) pair its slot (`pairs`).
     index: Option<Allocation>,
-    /// f32 `[pairs][n_embd]`: the gathered token rows, later the expert outputs in slot order.
+    /// f32 `[slots][n_embd]`: the gathered token rows, later the expert outputs in slot order.
     sorted: Option<GpuBuffer>,
-    /// f16 `[pairs][n_embd]` token rows and `[pairs][n_ff]` gated activations, the products'
+    /// f16 `[slots][n_embd]` token rows and `[slots][n_ff]` gated activations, the products'
     /// inputs.
     tokens_f16: Option<Allocation>,
     hidden_f16: Option<Allocation>,
-    /// The (token, choice) pairs and widths it was reserved for.
+    /// The (token, choice) pairs, slots and widths it was reserved for.
     pairs: usize,
+    slots: usize,
     n_embd: usize,
     n_ff: usize,
 }
 
 impl GpuBackend {
-    /// Takes the grouped prefill's buffers for up to `pairs` (token, choice) pairs.
-    pub(super) fn reserve_moe_prefill(
-        &mut self,
-        pairs: usize,
-        n_embd: usize,
-        n_ff: usize,
-    ) -> Result<()> {
+    /// Takes the grouped prefill's buffers for MoE steps of up to `shape.rows` tokens, and
+    /// grows the gate and up scratch to its padded slots.
+    pub(super) fn reserve_moe_prefill(&mut self, shape: &MoeShape) -> Result<()> {
+        let (n_embd, n_ff) = (shape.n_embd, shape.n_ff);
+        let pairs = shape.rows * shape.k;
+        let slots = slots_for(pairs, shape.n_expert, n_embd, n_ff);
         let s = &self.scratch.moe_prefill;
-        if s.pairs >= pairs && s.n_embd >= n_embd && s.n_ff >= n_ff {
+        if s.pairs >= pairs && s.slots >= slots && s.n_embd >= n_embd && s.n_ff >= n_ff {
             return Ok(());
         }
         self.scratch.moe_prefill = MoePrefillScratch::default();
-        let index = self.device_alloc(Tag::Workspace, 2 * pairs * 4, "moe prefill index")?;
-        let sorted = self.device_alloc(Tag::Workspace, pairs * n_embd * 4, "moe prefill rows")?;
+        let alloc = Arc::clone(&self.alloc);
+        let (a, st) = (&*alloc, self.stream_id);
+        Self::scratch_buffer(&mut self.scratch.moe_gate, a, st, slots * n_ff, "moe gate")?;
+        Self::scratch_buffer(&mut self.scratch.moe_up, a, st, slots * n_ff, "moe up")?;
+        let index = self.device_alloc(Tag::Workspace, (slots + pairs) * 4, "moe prefill index")?;
+        let sorted = self.device_alloc(Tag::Workspace, slots * n_embd * 4, "moe prefill rows")?;
         let tokens_f16 =
-            self.device_alloc(Tag::Workspace, pairs * n_embd * 2, "moe prefill f16 rows")?;
+            self.device_alloc(Tag::Workspace, slots * n_embd * 2, "moe prefill f16 rows")?;
         let hidden_f16 =
-            self.device_alloc(Tag::Workspace, pairs * n_ff * 2, "moe prefill f16 hidden")?;
+            self.device_alloc(Tag::Workspace, slots * n_ff * 2, "moe prefill f16 hidden")?;
         self.scratch.moe_prefill = MoePrefillScratch {
             index: Some(index),
-            sorted: Some(GpuBuffer::new(sorted, pairs * n_embd)),
+            sorted: Some(GpuBuffer::new(sorted, slots * n_embd)),
             tokens_f16: Some(tokens_f16),
             hidden_f16: Some(hidden_f16),
             pairs,
+            slots,
             n_embd,
             n_ff,
         };
@@ -69,6 +92,13 @@ impl GpuBackend {
             && self.vendor_gemm.is_some()
             && shape.rows >= VENDOR_GEMM_MIN_ROWS
             && s.pairs >= shape.rows * shape.k
+            && s.slots
+                >= slots_for(
+                    shape.rows * shape.k,
+                    shape.n_expert,
+                    shape.n_embd,
+                    shape.n_ff,
+                )
             && s.n_embd >= shape.n_embd
             && s.n_ff >= shape.n_ff
             && self.scratch.moe_ids.is_some()
@@ -98,6 +128,8 @@ impl GpuBackend {
             act,
         } = *shape;
         let pairs = rows * k;
+        let align = slot_alignment(n_embd, n_ff);
+        let slots = slots_for(pairs, n_expert, n_embd, n_ff);
         if x.len < rows * n_embd || out.len < rows * n_embd {
             return Err(DecodeError::InvalidArgument(format!(
                 "moe: {rows} rows of {n_embd} do not fit the input or output buffer"
@@ -131,19 +163,19 @@ impl GpuBackend {
         let (mut weights, mut g, u, mut y) = unsafe {
             (
                 DeviceSliceMut::<f32>::from_raw(weights_ptr, pairs),
-                DeviceSliceMut::<f32>::from_raw(g_ptr, pairs * n_ff),
-                DeviceSliceMut::<f32>::from_raw(u_ptr, pairs * n_ff),
+                DeviceSliceMut::<f32>::from_raw(g_ptr, slots * n_ff),
+                DeviceSliceMut::<f32>::from_raw(u_ptr, slots * n_ff),
                 DeviceSliceMut::<f32>::from_raw(y_ptr, pairs * n_embd),
             )
         };
-        // SAFETY: as above, for the prefill scratch (index: 2 * pairs i32).
+        // SAFETY: as above, for the prefill scratch (index: slots + pairs i32).
         let (slot_token, pair_slot, mut sorted_rows, mut tokens_h, mut hidden_h) = unsafe {
             (
-                DeviceSlice::<i32>::from_raw(index_ptr, pairs),
-                DeviceSlice::<i32>::from_raw(index_ptr + (pairs * 4) as u64, pairs),
-                DeviceSliceMut::<f32>::from_raw(sorted_ptr, pairs * n_embd),
-                DeviceSliceMut::<u16>::from_raw(tokens_ptr, pairs * n_embd),
-                DeviceSliceMut::<u16>::from_raw(hidden_ptr, pairs * n_ff),
+                DeviceSlice::<i32>::from_raw(index_ptr, slots),
+                DeviceSlice::<i32>::from_raw(index_ptr + (slots * 4) as u64, pairs),
+                DeviceSliceMut::<f32>::from_raw(sorted_ptr, slots * n_embd),
+                DeviceSliceMut::<u16>::from_raw(tokens_ptr, slots * n_embd),
+                DeviceSliceMut::<u16>::from_raw(hidden_ptr, slots * n_ff),
             )
         };
         // Routing, as in decode.
@@ -169,7 +201,9 @@ impl GpuBackend {
         unsafe { st.copy_to_host_raw(&mut chosen, ids.ptr()) }
             .and_then(|()| st.synchronize())
             .map_err(|e| gpu_err("reading the routing", e))?;
-        let mut starts = vec![0usize; n_expert + 1];
+        // counts[e]: the pairs routed to expert e. Its slots start at starts[e], padded to
+        // `align`; the padding slots gather token 0 and are never read back.
+        let mut counts = vec![0usize; n_expert];
         for &e in &chosen {
             let e = usize::try_from(e)
                 .ok()
@@ -180,18 +214,21 @@ impl GpuBackend {
                         format!("expert id {e} outside 0..{n_expert}"),
                     )
                 })?;
-            starts[e + 1] += 1;
+            counts[e] += 1;
         }
-        for e in 0..n_expert {
-            starts[e + 1] += starts[e];
+        let mut starts = Vec::with_capacity(n_expert);
+        let mut end = 0;
+        for &count in &counts {
+            starts.push(end);
+            end = (end + count).next_multiple_of(align);
         }
-        let mut index = vec![0i32; 2 * pairs];
+        let mut index = vec![0i32; slots + pairs];
         let mut next = starts.clone();
         for (pair, &e) in chosen.iter().enumerate() {
             let slot = next[e as usize];
             next[e as usize] += 1;
             index[slot] = (pair / k) as i32;
-            index[pairs + pair] = slot as i32;
+            index[slots + pair] = slot as i32;
         }
         self.upload(index_ptr, &index)?;
         let rows_of = |base: u64, n: usize, width: usize| -> Result<QuantMatrix> {
@@ -208,7 +245,7 @@ impl GpuBackend {
             st,
             &x_rows,
             slot_token,
-            pairs,
+            slots,
             1.0,
             &mut sorted_rows,
             None,
@@ -218,14 +255,14 @@ impl GpuBackend {
             kn,
             st,
             sorted_rows.as_const(),
-            pairs * n_embd,
+            slots * n_embd,
             &mut tokens_h,
         )
         .map_err(kerr("moe rows to f16"))?;
         let vendor = self.vendor_gemm.as_mut().ok_or_else(not_reserved)?;
         let experts = || {
             (0..n_expert)
-                .map(|e| (e, starts[e], starts[e + 1] - starts[e]))
+                .map(|e| (e, starts[e], counts[e]))
                 .filter(|&(_, _, n)| n > 0)
         };
         for (e, start, count) in experts() {
@@ -254,11 +291,11 @@ impl GpuBackend {
             st,
             &mut g,
             u.as_const(),
-            pairs * n_ff,
+            slots * n_ff,
             gate_activation(act),
         )
         .map_err(kerr("moe activation"))?;
-        dequant::f32_to_f16(kn, st, g.as_const(), pairs * n_ff, &mut hidden_h)
+        dequant::f32_to_f16(kn, st, g.as_const(), slots * n_ff, &mut hidden_h)
             .map_err(kerr("moe hidden to f16"))?;
         for (e, start, count) in experts() {
             let input = DevicePtr(hidden_ptr + (start * n_ff * 2) as u64);
@@ -269,7 +306,7 @@ impl GpuBackend {
             unsafe { vendor.product(kn, st, down, rows_e, input, count, out_at, n_embd) }?;
         }
         // Expert outputs back in (token, choice) order, then combined.
-        let sorted_out = rows_of(sorted_ptr, pairs, n_embd)?;
+        let sorted_out = rows_of(sorted_ptr, slots, n_embd)?;
         embed::embed(kn, st, &sorted_out, pair_slot, pairs, 1.0, &mut y, None)
             .map_err(kerr("moe scatter"))?;
         moe::weighted_sum(
