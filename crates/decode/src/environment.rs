@@ -15,6 +15,8 @@ pub fn known_vars() -> Vec<&'static str> {
         hip_ffi::rtc::NVRTC_PATH_VAR,
         crate::backend::gpu::MATVEC_VAR,
         crate::backend::gpu::KV_TYPE_VAR,
+        crate::backend::vendor_gemm::PrefillPath::ENV,
+        hip_ffi::testing::REQUIRE_BLAS_VAR,
         "HIPDECODE_REQUIRE_RTC",
         "HIPDECODE_REQUIRE_MODELS",
         "HIPDECODE_MODELS_DIR",
@@ -42,6 +44,9 @@ pub fn check_vars(vars: &[(String, String)]) -> Result<Vec<String>> {
     if let Some(v) = lookup(crate::backend::gpu::KV_TYPE_VAR) {
         crate::backend::gpu::KvType::parse(&v)?;
     }
+    if let Some(v) = lookup(crate::backend::vendor_gemm::PrefillPath::ENV) {
+        crate::backend::vendor_gemm::PrefillPath::parse(&v)?;
+    }
     let known = known_vars();
     Ok(vars
         .iter()
@@ -64,6 +69,24 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn the_prefill_switch_is_known_and_checked() {
+        let ok = check_vars(&vars(&[("HIPDECODE_GPU_PREFILL", "kernels")])).unwrap();
+        assert!(ok.is_empty(), "{ok:?}");
+        let e = check_vars(&vars(&[("HIPDECODE_GPU_PREFILL", "cublas")]))
+            .unwrap_err()
+            .to_string();
+        for word in [
+            "HIPDECODE_GPU_PREFILL",
+            "cublas",
+            "auto",
+            "vendor",
+            "kernels",
+        ] {
+            assert!(e.contains(word), "{word} missing from: {e}");
+        }
     }
 
     #[test]

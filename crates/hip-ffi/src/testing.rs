@@ -14,6 +14,10 @@ use crate::platform::Platform;
 /// empty or `0` allows skipping.
 pub const REQUIRE_GPU_VAR: &str = "HIPDECODE_REQUIRE_GPU";
 
+/// Set to 1 where the vendor GEMM library is installed (the verification machine): its tests,
+/// and the prefill tests that expect it in use, then fail instead of skipping.
+pub const REQUIRE_BLAS_VAR: &str = "HIPDECODE_REQUIRE_BLAS";
+
 /// Reads a `0`/`1` switch: unset, empty and `0` are off, `1` is on, anything else is refused with
 /// a message naming the accepted values.
 pub fn env_switch(var: &str) -> Result<bool, String> {

@@ -4,7 +4,7 @@
 //! `HIPDECODE_REQUIRE_BLAS=1` (set on the verification machine, which has it).
 
 use half::f16;
-use hip_ffi::testing::{device_or_skip, env_switch};
+use hip_ffi::testing::{device_or_skip, env_switch, REQUIRE_BLAS_VAR};
 use hip_ffi::{BlasLt, DeviceBuffer, DevicePtr, GemmShape, Stream};
 
 fn open_or_skip(test: &str) -> Option<(hip_ffi::Device, BlasLt)> {
@@ -12,7 +12,7 @@ fn open_or_skip(test: &str) -> Option<(hip_ffi::Device, BlasLt)> {
     match BlasLt::open(&device) {
         Ok(blas) => Some((device, blas)),
         Err(reason) => {
-            let required = env_switch("HIPDECODE_REQUIRE_BLAS").unwrap_or_else(|e| panic!("{e}"));
+            let required = env_switch(REQUIRE_BLAS_VAR).unwrap_or_else(|e| panic!("{e}"));
             assert!(!required, "{test}: HIPDECODE_REQUIRE_BLAS=1 but {reason}");
             eprintln!("skipping {test}: {reason}");
             None

@@ -227,8 +227,11 @@ impl WithBackend for Profiling<'_> {
             "the {} backend has no per-op profile; use --device gpu",
             backend.describe()
         );
+        // Prefill in chunks as long as bench-decode's, so the prefill profile is the one it
+        // measures.
         let options = ModelOptions {
             context: args.prompt_tokens + args.steps + 1,
+            max_batch: decode::backend::gpu::DEFAULT_MAX_BATCH,
             ..Default::default()
         };
         let mut model = Model::load(file, backend, options)?;
