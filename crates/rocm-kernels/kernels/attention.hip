@@ -259,6 +259,168 @@ KERNEL void attn_f32(const float* q, const float* k_cache, const float* v_cache,
                      attn_smem, red);
 }
 
+// Prefill, tiled: a block takes ATTN_TQ consecutive query tokens of one head (grid x: token
+// tiles, grid y: heads) and streams the keys the tile can see in tiles of ATTN_TK, so each key
+// row is read once per query tile instead of once per query. 256 threads: thread (r, c) =
+// (tid / 16, tid % 16) scores query r against key c of the tile, then owns output dimensions
+// c, c + 16, ... of query r. No warp-level primitive is used, so it is the same code for a
+// wave of 32 and of 64. Positions of the chunk's tokens ascend (one sequence), so the tile sees
+// the keys from its first query's first visible position to its last query's position.
+//
+// Dynamic shared memory (floats): q [ATTN_TQ][dk + 1], the K then V tile [ATTN_TK][max(dk + 1,
+// dv)], probabilities [ATTN_TQ][ATTN_TK], and per query its running max, sum and rescale. The
+// rows of dk + 1 keep the 16 queries' and 16 keys' reads of one dimension in distinct banks.
+#define ATTN_TQ 16
+#define ATTN_TK 16
+#define ATTN_T_THREADS (ATTN_TQ * ATTN_TK)
+// Output dimensions per thread: dv <= ATTN_TK * ATTN_T_ITEMS.
+#define ATTN_T_ITEMS 16
+
+template <typename T>
+DEVICE void attn_prefill_tiled(const float* q, const T* k_cache, const T* v_cache,
+                               const i32* positions, float* out, u32 n_tokens, u32 n_head,
+                               u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window,
+                               float scale, float* smem) {
+    const u32 tid = threadIdx.x;
+    const u32 r = tid / ATTN_TK;
+    const u32 c = tid % ATTN_TK;
+    const u32 t0 = blockIdx.x * ATTN_TQ;
+    const u32 h = blockIdx.y;
+    const u32 kvh = h / (n_head / n_head_kv);
+    const u32 n_rows = n_tokens - t0 < ATTN_TQ ? n_tokens - t0 : ATTN_TQ;
+    const u32 kv_stride = dk + 1 > dv ? dk + 1 : dv;
+
+    const u32 q_stride = dk + 1;
+    float* q_sh = smem;
+    float* kv_sh = q_sh + ATTN_TQ * q_stride;
+    float* p_sh = kv_sh + ATTN_TK * kv_stride;
+    float* m_sh = p_sh + ATTN_TQ * ATTN_TK;
+    float* l_sh = m_sh + ATTN_TQ;
+    float* a_sh = l_sh + ATTN_TQ;
+
+    for (u32 i = tid; i < ATTN_TQ * dk; i += ATTN_T_THREADS) {
+        const u32 rr = i / dk;
+        const u32 d = i % dk;
+        q_sh[rr * q_stride + d] = rr < n_rows ? q[((u64)(t0 + rr) * n_head + h) * dk + d] : 0.0f;
+    }
+    if (tid < ATTN_TQ) {
+        m_sh[tid] = attn_neg_inf();
+        l_sh[tid] = 0.0f;
+    }
+    // This thread's query: its position and the first position it sees.
+    const bool row_valid = r < n_rows;
+    const i64 pos = row_valid ? (i64)positions[t0 + r] : -1;
+    i64 first = 0;
+    if (window > 0 && pos - (i64)window + 1 > 0) first = pos - (i64)window + 1;
+    // The tile's key range: from its first query's first visible position to its last query.
+    const i64 pos_lo = (i64)positions[t0];
+    const i64 k_lo = (window > 0 && pos_lo - (i64)window + 1 > 0) ? pos_lo - (i64)window + 1 : 0;
+    const i64 k_hi = (i64)positions[t0 + n_rows - 1];
+
+    const u64 k_row = (u64)n_head_kv * dk;
+    const u64 v_row = (u64)n_head_kv * dv;
+    const T* k_head = k_cache + (u64)kvh * dk;
+    const T* v_head = v_cache + (u64)kvh * dv;
+    const u32 n_items = (dv + ATTN_TK - 1) / ATTN_TK;
+    float acc[ATTN_T_ITEMS];
+#pragma unroll
+    for (u32 i = 0; i < ATTN_T_ITEMS; ++i) acc[i] = 0.0f;
+    __syncthreads();
+
+    for (i64 kt = k_lo; kt <= k_hi; kt += ATTN_TK) {
+        // K tile, zero past the range.
+        for (u32 i = tid; i < ATTN_TK * dk; i += ATTN_T_THREADS) {
+            const u32 j = i / dk;
+            const u32 d = i % dk;
+            const i64 kp = kt + j;
+            kv_sh[j * kv_stride + d] =
+                kp <= k_hi ? kv_load(k_head + (u64)((u64)kp % slots) * k_row, d) : 0.0f;
+        }
+        __syncthreads();
+        // Score of query r against key c, or -inf where the query must not see it.
+        const i64 kp = kt + c;
+        const bool visible = row_valid && kp <= pos && kp >= first;
+        float s = attn_neg_inf();
+        if (visible) {
+            float dot = 0.0f;
+            const float* qr = q_sh + r * q_stride;
+            const float* kr = kv_sh + c * kv_stride;
+            for (u32 d = 0; d < dk; ++d) dot += qr[d] * kr[d];
+            s = dot * scale;
+        }
+        p_sh[r * ATTN_TK + c] = s;
+        __syncthreads();
+        // V tile (the K tile is no longer read); one thread per query updates its softmax.
+        for (u32 i = tid; i < ATTN_TK * dv; i += ATTN_T_THREADS) {
+            const u32 j = i / dv;
+            const u32 d = i % dv;
+            const i64 vp = kt + j;
+            kv_sh[j * kv_stride + d] =
+                vp <= k_hi ? kv_load(v_head + (u64)((u64)vp % slots) * v_row, d) : 0.0f;
+        }
+        if (tid < ATTN_TQ) {
+            float* pr = p_sh + tid * ATTN_TK;
+            float m_tile = attn_neg_inf();
+            for (u32 j = 0; j < ATTN_TK; ++j) m_tile = fmaxf(m_tile, pr[j]);
+            const float m_old = m_sh[tid];
+            const float m_new = fmaxf(m_old, m_tile);
+            const bool finite = m_new > attn_neg_inf();
+            const float alpha = m_old > attn_neg_inf() ? expf(m_old - m_new) : 0.0f;
+            float sum = 0.0f;
+            for (u32 j = 0; j < ATTN_TK; ++j) {
+                const float p = (finite && pr[j] > attn_neg_inf()) ? expf(pr[j] - m_new) : 0.0f;
+                pr[j] = p;
+                sum += p;
+            }
+            m_sh[tid] = m_new;
+            l_sh[tid] = l_sh[tid] * alpha + sum;
+            a_sh[tid] = alpha;
+        }
+        __syncthreads();
+        // Weighted V for query r, dimensions c, c + 16, ...
+        const float alpha = a_sh[r];
+        const float* pr = p_sh + r * ATTN_TK;
+#pragma unroll
+        for (u32 i = 0; i < ATTN_T_ITEMS; ++i) {
+            if (i < n_items) {
+                const u32 d = c + i * ATTN_TK;
+                float a = acc[i] * alpha;
+                if (d < dv) {
+                    for (u32 j = 0; j < ATTN_TK; ++j) a += pr[j] * kv_sh[j * kv_stride + d];
+                }
+                acc[i] = a;
+            }
+        }
+        __syncthreads();  // the next tile rewrites the K/V tile and the probabilities
+    }
+
+    if (row_valid) {
+        const float l = l_sh[r];
+        float* o = out + ((u64)(t0 + r) * n_head + h) * dv;
+#pragma unroll
+        for (u32 i = 0; i < ATTN_T_ITEMS; ++i) {
+            const u32 d = c + i * ATTN_TK;
+            if (i < n_items && d < dv) o[d] = l > 0.0f ? acc[i] / l : 0.0f;
+        }
+    }
+}
+
+KERNEL void attn_prefill_f16(const float* q, const u16* k_cache, const u16* v_cache,
+                             const i32* positions, float* out, u32 n_tokens, u32 n_head,
+                             u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window, float scale) {
+    extern __shared__ float attn_smem[];
+    attn_prefill_tiled<u16>(q, k_cache, v_cache, positions, out, n_tokens, n_head, n_head_kv, dk,
+                            dv, slots, window, scale, attn_smem);
+}
+
+KERNEL void attn_prefill_f32(const float* q, const float* k_cache, const float* v_cache,
+                             const i32* positions, float* out, u32 n_tokens, u32 n_head,
+                             u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window, float scale) {
+    extern __shared__ float attn_smem[];
+    attn_prefill_tiled<float>(q, k_cache, v_cache, positions, out, n_tokens, n_head, n_head_kv,
+                              dk, dv, slots, window, scale, attn_smem);
+}
+
 // Merges the splits of one (token, head) per block: out = sum_s acc_s e^(m_s - M) /
 // sum_s l_s e^(m_s - M) with M the largest split max; splits with max = -inf are skipped.
 KERNEL void attn_combine(const float* part_ms, const float* part_acc, float* out, u32 n_head,

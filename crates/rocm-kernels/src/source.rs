@@ -135,6 +135,8 @@ impl KernelModule {
                 "attn_combine",
                 "attn_decode_f16",
                 "attn_decode_f32",
+                "attn_prefill_f16",
+                "attn_prefill_f32",
             ],
             KernelModule::Matvec => &[
                 "matvec_f32",

@@ -742,6 +742,11 @@ fn prefill_attention_matches_the_reference_causal_windowed_and_grouped() {
         prefill(8, 2, 64, 600, 0, 300, Some(128), KvElem::F32),
         prefill(16, 8, 80, 191, 200, 64, Some(128), KvElem::F16),
         prefill(8, 2, 256, 191, 4000, 64, Some(128), KvElem::F32),
+        // Tiles of 16 queries: one query past a whole tile, and a chunk of one token.
+        prefill(4, 4, 96, 64, 3, 17, None, KvElem::F16),
+        prefill(4, 1, 128, 64, 10, 1, None, KvElem::F32),
+        // Heads larger than the tiled kernel takes go to the one-query-per-block kernel.
+        prefill(4, 2, 320, 64, 0, 40, None, KvElem::F16),
         // A prefill-sized batch through the decode path gives the same answers.
         Case {
             path: Kind::Decode,

@@ -498,8 +498,78 @@ pub fn attention_prefill(
     if shape.n_tokens == 0 {
         return Ok(());
     }
+    if shape.head_dim_k <= PREFILL_TILED_MAX_HEAD_DIM
+        && shape.head_dim_v <= PREFILL_TILED_MAX_HEAD_DIM
+    {
+        return launch_prefill_tiled(kernels, stream, &io, shape);
+    }
     let plan = plan(shape, false)?;
     launch(kernels, stream, &io, None, shape, &plan)
+}
+
+/// Head sizes up to which prefill runs on the tiled kernel (`attn_prefill_*`: 16 queries of one
+/// head against 16 keys at a time, each key row read once per 16 queries); larger heads take
+/// the one-query-per-block kernel.
+pub const PREFILL_TILED_MAX_HEAD_DIM: usize = 256;
+/// Queries and keys per tile of `attn_prefill_*` (ATTN_TQ, ATTN_TK in attention.hip).
+const PREFILL_TILE: usize = 16;
+
+fn launch_prefill_tiled(
+    kernels: &Kernels,
+    stream: &Stream,
+    io: &Io<'_>,
+    shape: &AttentionShape,
+) -> Result<()> {
+    let n_tokens = to_u32(OP, "n_tokens", shape.n_tokens)?;
+    let n_head = to_u32(OP, "n_head", shape.n_head)?;
+    let n_head_kv = to_u32(OP, "n_head_kv", shape.n_head_kv)?;
+    let dk = to_u32(OP, "head_dim_k", shape.head_dim_k)?;
+    let dv = to_u32(OP, "head_dim_v", shape.head_dim_v)?;
+    let slots = to_u32(OP, "slots", shape.slots)?;
+    let window = match shape.window {
+        Some(w) if w <= i32::MAX as usize => w as u32,
+        _ => 0,
+    };
+    check_shape(shape.n_head <= MAX_GRID_YZ, OP, || {
+        format!("{} heads exceed the grid limit of {MAX_GRID_YZ}", shape.n_head)
+    })?;
+    let t = PREFILL_TILE;
+    let (dk_, dv_) = (shape.head_dim_k, shape.head_dim_v);
+    let floats = t * (dk_ + 1) + t * (dk_ + 1).max(dv_) + t * t + 3 * t;
+    let shared_bytes = to_u32(OP, "shared bytes", floats * 4)?;
+    let entry = match io.k.elem() {
+        KvElem::F16 => "attn_prefill_f16",
+        KvElem::F32 => "attn_prefill_f32",
+    };
+    let function = kernels.function(KernelModule::Attention, entry)?;
+    let (q_ptr, k_ptr, v_ptr) = (io.q.ptr(), io.k.ptr(), io.v.ptr());
+    let (positions_ptr, out_ptr) = (io.positions.ptr(), io.out.ptr());
+    let mut l = function.builder(stream);
+    l.arg(&q_ptr)
+        .arg(&k_ptr)
+        .arg(&v_ptr)
+        .arg(&positions_ptr)
+        .arg(&out_ptr)
+        .arg(&n_tokens)
+        .arg(&n_head)
+        .arg(&n_head_kv)
+        .arg(&dk)
+        .arg(&dv)
+        .arg(&slots)
+        .arg(&window)
+        .arg(&shape.scale);
+    let config = LaunchConfig {
+        grid: [n_tokens.div_ceil(t as u32), n_head, 1],
+        block: [(t * t) as u32, 1, 1],
+        shared_bytes,
+    };
+    // SAFETY: the arguments match `attn_prefill_f16`/`attn_prefill_f32` in order and type.
+    // `check_io` made q, out, both caches and the positions long enough for the shape (n_tokens
+    // > 0, so every block has at least one query); cache rows are indexed by slot = position %
+    // slots < slots; head sizes are at most PREFILL_TILED_MAX_HEAD_DIM, which the kernel's
+    // per-thread output items cover, and the shared memory asked for is the layout it uses.
+    unsafe { l.launch(config) }?;
+    Ok(())
 }
 
 #[cfg(test)]
