@@ -17,7 +17,7 @@ use crate::block_pool::{
 };
 use crate::config::AllocatorConfig;
 use crate::deferred::{PendingFrees, StuckFree};
-use crate::device::{DeviceError, RawDevice, StreamId};
+use crate::device::{DeviceError, MemoryInfo, RawDevice, StreamId};
 use crate::error::AllocError;
 use crate::graph_pool::{CaptureGuard, CaptureTarget, Captures, GraphPool};
 use crate::limits::{self, LimitSpec};
@@ -26,7 +26,10 @@ use crate::size_class::{kind_of, round_request, segment_size};
 use crate::snapshot::{self, Snapshot, StuckBlock};
 use crate::stats::{Counters, Stats};
 use crate::tag::Tag;
-use crate::trace::{Trace, TraceEvent, TraceKind};
+use crate::trace::{
+    LiveBlock, RecordedCounters, Trace, TraceConfig, TraceDevice, TraceError, TraceEvent,
+    TraceFile, TraceKind,
+};
 
 /// Hasher for device addresses: one multiply, then fold the high bits down so the bucket index
 /// (low bits) is not constant for 512-aligned addresses.
@@ -73,6 +76,8 @@ struct Shared {
     device: Arc<dyn RawDevice>,
     device_total: u64,
     device_name: String,
+    /// The device's memory facts when the allocator was created (a trace file's header).
+    memory_info: MemoryInfo,
 }
 
 /// A stream-aware caching allocator. Cheap to clone (clones share one cache); `Send + Sync`.
@@ -213,6 +218,16 @@ impl Allocator {
             Some(spec) => spec.resolve(device_total)?,
             None => Some(limits::default_cache_limit(config.weight_bytes)),
         };
+        let trace = config.trace_capacity.map(|capacity| {
+            let trace_config = TraceConfig {
+                memory_limit,
+                cache_limit,
+                cache_limit_explicit: cache_spec.is_some(),
+                weight_bytes: config.weight_bytes,
+                trim_hot_window: config.trim_hot_window,
+            };
+            Trace::new(capacity, trace_config)
+        });
         let state = State {
             pool: BlockPool::default(),
             counters: Counters::default(),
@@ -220,7 +235,7 @@ impl Allocator {
             pending: PendingFrees::default(),
             unreported_failures: Vec::new(),
             captures: Captures::default(),
-            trace: config.trace_capacity.map(Trace::new),
+            trace,
             memory_limit,
             cache_limit,
             cache_limit_explicit: cache_spec.is_some(),
@@ -234,6 +249,7 @@ impl Allocator {
                 device,
                 device_total,
                 device_name,
+                memory_info: info,
             }),
         })
     }
@@ -304,6 +320,9 @@ impl Allocator {
         // be recorded would leave the block stuck.
         self.device().check_event_stream(stream)?;
         st.pool.block_mut(block).stream_uses.push(stream);
+        if let Some(t) = &mut st.trace {
+            t.record_use(st.pool.block(block).addr, stream);
+        }
         Ok(())
     }
 
@@ -346,7 +365,8 @@ impl Allocator {
         let size = st.pool.block(block).size;
         st.counters.on_alloc(tag, size);
         if let Some(t) = &mut st.trace {
-            t.record(TraceKind::Alloc, ptr, size, tag, stream);
+            let graph = key.owner != PoolOwner::Default;
+            t.record_alloc(ptr, size, bytes, tag, stream, graph);
         }
         if raw {
             st.raw.insert(ptr, block);
@@ -407,13 +427,7 @@ impl Allocator {
                 let reserved = st.pool.reserved() + bytes;
                 st.counters.on_reserve(reserved);
                 if let Some(t) = &mut st.trace {
-                    t.record(
-                        TraceKind::DeviceAlloc,
-                        addr,
-                        bytes,
-                        Tag::Other,
-                        StreamId::DEFAULT,
-                    );
+                    t.record_device(TraceKind::DeviceAlloc, addr, bytes);
                 }
                 Ok(Ok(addr))
             }
@@ -472,7 +486,7 @@ impl Allocator {
         st.counters.on_free(tag, size);
         if let Some(t) = &mut st.trace {
             let (addr, stream) = (st.pool.block(block).addr, st.pool.segment(sid).pool.stream);
-            t.record(TraceKind::Free, addr, size, tag, stream);
+            t.record_free(addr, size, tag, stream);
         }
         if has_uses {
             st.pool.mark_pending(block);
@@ -527,13 +541,7 @@ impl Allocator {
         }
         st.counters.device_frees += 1;
         if let Some(t) = &mut st.trace {
-            t.record(
-                TraceKind::DeviceFree,
-                addr,
-                size,
-                Tag::Other,
-                StreamId::DEFAULT,
-            );
+            t.record_device(TraceKind::DeviceFree, addr, size);
         }
     }
 
@@ -631,6 +639,9 @@ impl Allocator {
         st.cache_limit = limit;
         st.cache_limit_explicit = true;
         self.trim_to_cache_limit(&mut st);
+        if let Some(t) = &mut st.trace {
+            t.record_limit(TraceKind::CacheLimit(limit));
+        }
         Ok(())
     }
 
@@ -660,6 +671,9 @@ impl Allocator {
             }
         }
         st.memory_limit = limit;
+        if let Some(t) = &mut st.trace {
+            t.record_limit(TraceKind::MemoryLimit(limit));
+        }
         Ok(())
     }
 
@@ -669,6 +683,9 @@ impl Allocator {
     pub fn set_weight_bytes(&self, bytes: u64) {
         let mut st = self.lock();
         st.weight_bytes = bytes;
+        if let Some(t) = &mut st.trace {
+            t.record_weights(bytes);
+        }
         if !st.cache_limit_explicit {
             st.cache_limit = Some(limits::default_cache_limit(bytes));
             self.trim_to_cache_limit(&mut st);
@@ -747,8 +764,78 @@ impl Allocator {
     }
 
     /// Starts recording up to `capacity` most recent events (replacing any current trace).
+    /// Allocations live at this moment become the trace's first events (at time 0, with their
+    /// block size as the request), so that their frees match; enable tracing through
+    /// [`AllocatorConfig::trace_capacity`] to record from the very first allocation.
     pub fn enable_trace(&self, capacity: usize) {
-        self.lock().trace = Some(Trace::new(capacity));
+        let mut st = self.lock();
+        let mut live = Vec::new();
+        for (sid, blocks) in st.pool.walk() {
+            let stream = st.pool.segment(sid).pool.stream;
+            for bid in blocks {
+                let b = st.pool.block(bid);
+                if b.state == BlockState::Active {
+                    live.push(LiveBlock {
+                        addr: b.addr,
+                        size: b.size,
+                        tag: b.tag,
+                        stream,
+                    });
+                }
+            }
+        }
+        let config = Self::trace_config(&st);
+        st.trace = Some(Trace::with_live(capacity, config, live));
+    }
+
+    fn trace_config(st: &State) -> TraceConfig {
+        TraceConfig {
+            memory_limit: st.memory_limit,
+            cache_limit: st.cache_limit,
+            cache_limit_explicit: st.cache_limit_explicit,
+            weight_bytes: st.weight_bytes,
+            trim_hot_window: st.hot_window,
+        }
+    }
+
+    /// The trace so far as a file (header and events), leaving the trace running and its
+    /// events in place; `None` when tracing is off. The header says whether the trace is
+    /// complete (no event dropped by a full ring or taken out by [`Allocator::take_trace`]).
+    pub fn trace_file(&self) -> Option<TraceFile> {
+        let st = self.lock();
+        let trace = st.trace.as_ref()?;
+        let info = &self.shared.memory_info;
+        let device = TraceDevice {
+            name: self.shared.device_name.clone(),
+            total: info.total,
+            usable: self.shared.device_total,
+            uma: info.uma.map(Into::into),
+        };
+        let c = &st.counters;
+        let recorded = RecordedCounters {
+            reserved_bytes: st.pool.reserved(),
+            active_bytes: c.active,
+            peak_reserved_bytes: c.peak_reserved,
+            peak_active_bytes: c.peak_active,
+            device_allocs: c.device_allocs,
+            device_frees: c.device_frees,
+        };
+        Some(trace.to_file(device, recorded))
+    }
+
+    /// Writes the trace so far in the trace file format (`docs/memory.md`, "Replaying a trace
+    /// on another machine's memory") and returns what was written. Tracing continues.
+    pub fn write_trace(&self, w: &mut dyn std::io::Write) -> Result<TraceFile, TraceError> {
+        let file = self.trace_file().ok_or(TraceError::NotTracing)?;
+        file.write_to(w)?;
+        Ok(file)
+    }
+
+    /// [`Allocator::write_trace`] to a file at `path` (created or truncated).
+    pub fn write_trace_file(&self, path: &std::path::Path) -> Result<TraceFile, TraceError> {
+        let file = self.trace_file().ok_or(TraceError::NotTracing)?;
+        file.write_path(path)?;
+        Ok(file)
     }
 
     /// Stops tracing and returns what was recorded.

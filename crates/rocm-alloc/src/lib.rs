@@ -4,7 +4,8 @@
 //! [`devices::sim::SimDevice`]) and caches device memory in per-stream small and large pools,
 //! splitting and merging blocks like PyTorch's CUDA caching allocator. On top of that it adds a
 //! bounded cache, a memory limit with environment overrides, tagged accounting, snapshots, an
-//! optional trace, graph-capture pools and a decode arena. `docs/memory.md` describes the model
+//! optional trace that can be written to a file and replayed on a simulated device
+//! ([`replay`]), graph-capture pools and a decode arena. `docs/memory.md` describes the model
 //! and every knob.
 //!
 //! ```
@@ -33,11 +34,12 @@ mod free_list;
 mod graph_pool;
 pub mod limits;
 mod oom;
+pub mod replay;
 pub mod size_class;
 mod snapshot;
 mod stats;
 mod tag;
-mod trace;
+pub mod trace;
 
 pub use allocator::{Allocation, Allocator, TraceLog};
 pub use arena::{ArenaSlice, DecodeArena, ARENA_ALIGN};
@@ -51,4 +53,4 @@ pub use oom::{fmt_bytes, OomCause, OomReport};
 pub use snapshot::{BlockInfo, PoolName, SegmentInfo, Snapshot, StuckBlock};
 pub use stats::{Stats, TagUsage};
 pub use tag::Tag;
-pub use trace::{TraceEvent, TraceKind};
+pub use trace::{TraceError, TraceEvent, TraceFile, TraceKind};

@@ -219,10 +219,15 @@ pub fn default_memory_limit(info: &MemoryInfo) -> u64 {
 
 /// The UMA rule of [`default_memory_limit`].
 pub fn uma_memory_limit(uma: &UmaInfo) -> u64 {
-    let reserve =
-        UMA_HOST_RESERVE_MIN.max((uma.host_ram as f64 * UMA_HOST_RESERVE_FRACTION) as u64);
-    let host_usable = uma.host_ram.saturating_sub(reserve);
+    let host_usable = uma.host_ram.saturating_sub(uma_host_reserve(uma.host_ram));
     (uma.carve_out as f64 * DISCRETE_FRACTION) as u64 + uma.gtt.min(host_usable)
+}
+
+/// Host RAM a UMA device's default memory limit leaves to the OS, this process and the page
+/// cache: max([`UMA_HOST_RESERVE_MIN`], [`UMA_HOST_RESERVE_FRACTION`] of `host_ram`). The
+/// simulated device's profiles use the same reserve to judge whether a run leaves it intact.
+pub fn uma_host_reserve(host_ram: u64) -> u64 {
+    UMA_HOST_RESERVE_MIN.max((host_ram as f64 * UMA_HOST_RESERVE_FRACTION) as u64)
 }
 
 /// Default cache limit: [`CACHE_FLOOR`] plus [`CACHE_WEIGHT_FRACTION`] of the weight bytes the

@@ -14,6 +14,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use crate::device::{DeviceError, EventId, MemoryInfo, RawDevice, StreamId, UmaInfo};
+use crate::limits;
+
+const GIB: u64 = 1 << 30;
+const MIB: u64 = 1 << 20;
 
 /// Cost of one raw allocation or free: `base_ns + bytes * per_gib_ns / 2^30`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,6 +79,144 @@ impl SimConfig {
             events_complete_immediately: false,
         }
     }
+
+    /// Strix Halo (gfx1151) with the firmware's 96 GiB carve-out: of 128 GiB of LPDDR5X the
+    /// OS keeps 32 GiB, and GTT is the Linux default of half the OS's RAM, 16 GiB.
+    pub fn gfx1151() -> SimConfig {
+        SimConfig::uma(UmaInfo {
+            carve_out: 96 * GIB,
+            gtt: 16 * GIB,
+            host_ram: 32 * GIB,
+        })
+    }
+
+    /// Strix Halo (gfx1151) with a 512 MiB carve-out and GTT raised to 120 GiB (the
+    /// `amdgpu.gttsize` / `ttm.pages_limit` setup used for large models): the GPU's memory is
+    /// almost all host RAM, so the OS's reserve is what can run out.
+    pub fn gfx1151_gtt() -> SimConfig {
+        SimConfig::uma(UmaInfo {
+            carve_out: 512 * MIB,
+            gtt: 120 * GIB,
+            host_ram: 128 * GIB - 512 * MIB,
+        })
+    }
+
+    /// A 16 GiB discrete card (Radeon RX 9060 XT 16 GB, gfx1200).
+    pub fn discrete_16g() -> SimConfig {
+        SimConfig::discrete(16 * GIB)
+    }
+
+    /// On a UMA device, the host RAM the OS keeps for itself, this process and the page cache
+    /// ([`limits::uma_host_reserve`], the reserve the default memory limit leaves).
+    pub fn host_reserve(&self) -> Option<u64> {
+        self.uma.map(|u| limits::uma_host_reserve(u.host_ram))
+    }
+
+    /// On a UMA device, the GTT bytes the GPU can take while the OS keeps its reserve: host
+    /// RAM minus [`SimConfig::host_reserve`]. GTT pages are host RAM taken on demand, so going
+    /// past this does not fail an allocation; it starves the OS (swap, then the OOM killer).
+    pub fn gtt_budget(&self) -> Option<u64> {
+        self.uma.map(|u| {
+            u.host_ram
+                .saturating_sub(limits::uma_host_reserve(u.host_ram))
+        })
+    }
+
+    /// GTT bytes in use when the device holds `used` bytes: allocations fill the carve-out
+    /// first, then GTT. 0 on a discrete device.
+    pub fn gtt_used(&self, used: u64) -> u64 {
+        self.uma.map_or(0, |u| used.saturating_sub(u.carve_out))
+    }
+}
+
+/// A named device to simulate: what a trace is replayed on (`cargo xtask replay --profile`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceProfile {
+    /// [`SimConfig::gfx1151`]: Strix Halo, 96 GiB carve-out.
+    Gfx1151,
+    /// [`SimConfig::gfx1151_gtt`]: Strix Halo, 512 MiB carve-out, 120 GiB GTT.
+    Gfx1151Gtt,
+    /// [`SimConfig::discrete_16g`]: a 16 GiB discrete card.
+    Discrete16g,
+}
+
+impl DeviceProfile {
+    /// Every profile, in the order help texts list them.
+    pub const ALL: [DeviceProfile; 3] = [
+        DeviceProfile::Gfx1151,
+        DeviceProfile::Gfx1151Gtt,
+        DeviceProfile::Discrete16g,
+    ];
+
+    /// The name `FromStr` accepts.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceProfile::Gfx1151 => "gfx1151",
+            DeviceProfile::Gfx1151Gtt => "gfx1151-gtt",
+            DeviceProfile::Discrete16g => "discrete-16g",
+        }
+    }
+
+    /// One line for reports.
+    pub fn description(self) -> &'static str {
+        match self {
+            DeviceProfile::Gfx1151 => {
+                "Strix Halo APU (gfx1151), 128 GiB: 96 GiB carve-out, 16 GiB GTT, 32 GiB for the OS"
+            }
+            DeviceProfile::Gfx1151Gtt => {
+                "Strix Halo APU (gfx1151), 128 GiB: 512 MiB carve-out, 120 GiB GTT, 127.5 GiB for the OS"
+            }
+            DeviceProfile::Discrete16g => "16 GiB discrete card (Radeon RX 9060 XT 16 GB, gfx1200)",
+        }
+    }
+
+    /// The simulated device's configuration.
+    pub fn config(self) -> SimConfig {
+        match self {
+            DeviceProfile::Gfx1151 => SimConfig::gfx1151(),
+            DeviceProfile::Gfx1151Gtt => SimConfig::gfx1151_gtt(),
+            DeviceProfile::Discrete16g => SimConfig::discrete_16g(),
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceProfile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A profile name [`DeviceProfile`] does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown device profile {name:?}; known profiles: {}",
+    known_profiles()
+)]
+pub struct UnknownProfile {
+    /// The name given.
+    pub name: String,
+}
+
+fn known_profiles() -> String {
+    DeviceProfile::ALL
+        .iter()
+        .map(|p| format!("{} ({})", p.name(), p.description()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl std::str::FromStr for DeviceProfile {
+    type Err = UnknownProfile;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let wanted = s.trim().to_ascii_lowercase();
+        DeviceProfile::ALL
+            .into_iter()
+            .find(|p| p.name() == wanted)
+            .ok_or_else(|| UnknownProfile {
+                name: s.to_string(),
+            })
+    }
 }
 
 /// Counters of a [`SimDevice`].
@@ -88,6 +230,8 @@ pub struct SimStats {
     pub failed_mallocs: u64,
     /// Bytes currently allocated.
     pub used: u64,
+    /// Highest `used` so far.
+    pub peak_used: u64,
     /// Live raw allocations.
     pub live: u64,
     /// Simulated nanoseconds spent in raw calls.
@@ -290,6 +434,7 @@ impl RawDevice for SimDevice {
         st.next_addr += bytes.next_multiple_of(ADDR_ALIGN) + ADDR_ALIGN;
         st.live.insert(addr, bytes);
         st.stats.used += bytes;
+        st.stats.peak_used = st.stats.peak_used.max(st.stats.used);
         st.stats.mallocs += 1;
         Ok(addr)
     }
@@ -477,6 +622,31 @@ mod tests {
         assert!(unsafe { d.free(a) }.is_ok());
         assert!(d.event_complete(e).unwrap());
         assert_eq!(d.capture_violations().len(), 4);
+    }
+
+    #[test]
+    fn profiles_parse_and_model_the_os_reserve() {
+        for p in DeviceProfile::ALL {
+            assert_eq!(p.name().parse::<DeviceProfile>(), Ok(p));
+        }
+        assert_eq!("GFX1151".parse(), Ok(DeviceProfile::Gfx1151));
+        let e = "gfx1100".parse::<DeviceProfile>().unwrap_err().to_string();
+        assert!(e.contains("\"gfx1100\""), "{e}");
+        for p in DeviceProfile::ALL {
+            assert!(e.contains(p.name()), "{e}");
+        }
+        // 96 GiB carve-out: the OS has 32 GiB and keeps 8 GiB, more than GTT can take.
+        let apu = SimConfig::gfx1151();
+        assert_eq!(apu.host_reserve(), Some(8 * GIB));
+        assert_eq!(apu.gtt_budget(), Some(24 * GIB));
+        assert_eq!(apu.gtt_used(100 * GIB), 4 * GIB);
+        // Small carve-out, large GTT: GTT can eat into the OS's reserve.
+        let gtt = SimConfig::gfx1151_gtt();
+        let budget = gtt.gtt_budget().unwrap();
+        assert!(budget < gtt.uma.unwrap().gtt, "{budget}");
+        assert_eq!(SimConfig::discrete_16g().gtt_budget(), None);
+        let d = SimDevice::new(SimConfig::discrete_16g());
+        assert_eq!(d.memory_info().unwrap().total, 16 * GIB);
     }
 
     #[test]
