@@ -6,6 +6,7 @@ mod bindgen;
 mod bundle;
 mod demo;
 mod models;
+mod replay;
 mod test;
 mod verify_rocm;
 
@@ -37,6 +38,9 @@ enum Command {
     FetchModel(models::FetchArgs),
     /// Write a synthetic model with real shapes and random quantized weights.
     SynthModel(models::SynthArgs),
+    /// Replay an allocation trace on a simulated device (gfx1151, discrete-16g, ...): peaks and
+    /// whether it fits, with the default limits and with none.
+    Replay(replay::Args),
 }
 
 fn main() -> Result<()> {
@@ -48,6 +52,7 @@ fn main() -> Result<()> {
         Command::Bindgen(args) => bindgen::run(args),
         Command::FetchModel(args) => models::fetch(args),
         Command::SynthModel(args) => models::synth(args),
+        Command::Replay(args) => replay::run(args),
     }
 }
 
