@@ -10,8 +10,9 @@
 use std::fmt;
 
 /// Flags the A/B driver passes to every child itself (output format, one repetition, the
-/// models) or that make no sense inside a child (nested A/B, an SVG per child).
-const RESERVED: [&str; 12] = [
+/// models) or that make no sense inside a child (nested A/B, an SVG or an allocator trace per
+/// child).
+const RESERVED: [&str; 14] = [
     "-o",
     "--output",
     "--json",
@@ -21,6 +22,8 @@ const RESERVED: [&str; 12] = [
     "--ab",
     "--rounds",
     "--svg",
+    "--alloc-trace",
+    "--alloc-trace-capacity",
     "-m",
     "--model",
     "--help",

@@ -34,6 +34,10 @@ fn threads(s: &str) -> Result<usize, String> {
     at_least(1, "the thread count", s)
 }
 
+fn trace_capacity(s: &str) -> Result<usize, String> {
+    at_least(1, "--alloc-trace-capacity", s)
+}
+
 fn rounds(s: &str) -> Result<usize, String> {
     // One round has no spread, so the noise rule would have nothing to stand on.
     at_least(2, "--rounds (a spread needs two samples per arm)", s)
@@ -103,6 +107,13 @@ pub struct Args {
     /// Write a memory timeline (bytes per tag over time) to this SVG file.
     #[arg(long, value_name = "FILE", conflicts_with = "ab")]
     pub svg: Option<PathBuf>,
+    /// GPU only: record every allocation and free of the run's allocator and write them to
+    /// this file, for `cargo xtask replay FILE --profile gfx1151`.
+    #[arg(long, value_name = "FILE", conflicts_with = "ab")]
+    pub alloc_trace: Option<PathBuf>,
+    /// Events the --alloc-trace ring keeps; a run with more writes a file marked incomplete.
+    #[arg(long, value_name = "N", default_value_t = crate::alloc_trace::DEFAULT_CAPACITY, value_parser = trace_capacity, requires = "alloc_trace")]
+    pub alloc_trace_capacity: usize,
 }
 
 impl Args {
@@ -110,6 +121,12 @@ impl Args {
     pub fn validate(&self) -> Result<(), String> {
         if self.n_prompt == 0 && self.n_gen == 0 {
             return Err("-p 0 and -n 0 leave nothing to measure".into());
+        }
+        if self.alloc_trace.is_some() && self.models.len() > 1 {
+            return Err(format!(
+                "--alloc-trace records one model's run, but {} models were given; pass one -m",
+                self.models.len()
+            ));
         }
         Ok(())
     }
@@ -247,6 +264,37 @@ mod tests {
         assert!(e.contains("ARM_B") || e.contains("2 values"), "{e}");
         assert!(parse(&["-m", "a", "--rounds", "3"]).is_err());
         assert!(parse(&["-m", "a", "--ab", "", "", "--svg", "x.svg"]).is_err());
+    }
+
+    #[test]
+    fn alloc_trace_takes_one_model_and_a_capacity() {
+        let a = parse(&["-m", "a", "--alloc-trace", "t.jsonl"]).unwrap();
+        assert_eq!(a.alloc_trace, Some(PathBuf::from("t.jsonl")));
+        assert_eq!(a.alloc_trace_capacity, crate::alloc_trace::DEFAULT_CAPACITY);
+        let a = parse(&[
+            "-m",
+            "a",
+            "--alloc-trace",
+            "t",
+            "--alloc-trace-capacity",
+            "99",
+        ])
+        .unwrap();
+        assert_eq!(a.alloc_trace_capacity, 99);
+        let e = parse(&["-m", "a", "-m", "b", "--alloc-trace", "t"]).unwrap_err();
+        assert!(e.contains("one model's run"), "{e}");
+        let e = parse(&[
+            "-m",
+            "a",
+            "--alloc-trace",
+            "t",
+            "--alloc-trace-capacity",
+            "0",
+        ])
+        .unwrap_err();
+        assert!(e.contains("at least 1"), "{e}");
+        assert!(parse(&["-m", "a", "--alloc-trace-capacity", "9"]).is_err());
+        assert!(parse(&["-m", "a", "--ab", "", "", "--alloc-trace", "t"]).is_err());
     }
 
     #[test]

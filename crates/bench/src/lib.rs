@@ -11,10 +11,12 @@
 //! - [`report`]: the md, json and csv output; [`table`]: Markdown tables and CSV lines.
 //! - [`arms`], [`ab`], [`verdict`]: `--ab`, its child processes and its noise rule.
 //! - [`timeline`], [`svg`]: `--svg`, the memory timeline.
+//! - [`alloc_trace`]: `--alloc-trace`, the GPU allocator's trace for `cargo xtask replay`.
 //!
 //! docs/bench-decode.md describes the tool.
 
 pub mod ab;
+pub mod alloc_trace;
 pub mod arms;
 pub mod cli;
 pub mod measure;

@@ -211,3 +211,25 @@ fn bad_flags_fail_with_clear_messages_and_no_panic() {
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn alloc_trace_on_the_cpu_is_an_error_that_says_why() {
+    let dir = std::env::temp_dir();
+    let trace = dir.join(format!("hipdecode-cpu-trace-{}.jsonl", std::process::id()));
+    let out = bench(&[
+        "-m",
+        "no-model-needed.gguf",
+        "--device",
+        "cpu",
+        "--alloc-trace",
+        trace.to_str().expect("a UTF-8 temp path"),
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--alloc-trace records the GPU allocator's trace")
+            && stderr.contains("cpu backend"),
+        "{stderr}"
+    );
+    assert!(!trace.exists(), "no file is written");
+}

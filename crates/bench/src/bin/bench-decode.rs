@@ -1,13 +1,14 @@
 //! `bench-decode -m MODEL [-m MODEL...]`: prompt-processing (pp) and token-generation (tg)
 //! speed like llama-bench (mean ± sd over repetitions after warm-up), memory per phase, an
-//! optional memory timeline (`--svg`) and A/B comparisons in fresh processes (`--ab`).
+//! optional memory timeline (`--svg`), the GPU allocator's trace (`--alloc-trace`) and A/B
+//! comparisons in fresh processes (`--ab`).
 //! docs/bench-decode.md describes it; the logic is in the `bench` library.
 
 use anyhow::{Context, Result};
 use bench::cli::{Args, Format};
 use bench::measure::{run_model, ModelReport, Plan};
 use bench::timeline::Timeline;
-use bench::{ab, report, svg};
+use bench::{ab, alloc_trace, report, svg};
 use clap::Parser;
 use decode::backend::{Backend, Precision};
 use decode::device::{self, BackendSettings, WithBackend};
@@ -44,6 +45,10 @@ fn main() -> Result<()> {
     if let Some(note) = &choice.note {
         eprintln!("note: {note}");
     }
+    if args.alloc_trace.is_some() {
+        // Before any model is read, so a CPU run fails at once.
+        alloc_trace::refuse_cpu(&choice.backend)?;
+    }
     let settings = BackendSettings {
         cpu_precision: if args.exact {
             Precision::Exact
@@ -70,7 +75,21 @@ fn main() -> Result<()> {
             plan: &plan,
             timeline: timeline.as_mut(),
         };
-        reports.push(choice.backend.run(settings, work)??);
+        let report = match &args.alloc_trace {
+            None => choice.backend.run(settings, work)??,
+            Some(trace_path) => {
+                let (report, trace) = alloc_trace::run_traced(
+                    &choice.backend,
+                    settings,
+                    work,
+                    trace_path,
+                    args.alloc_trace_capacity,
+                )?;
+                eprintln!("{}", alloc_trace::summary(trace_path, &trace));
+                report?
+            }
+        };
+        reports.push(report);
     }
     match args.format() {
         Format::Md => print!("{}", report::markdown_report(&reports)),
