@@ -1,1 +1,20 @@
-//! Pinned-host weight offload: which weights stay on the GPU and which stream from host memory under a byte budget.
+//! Pinned-host weight offload: which weights stay on the GPU and which are read from host
+//! memory, under a byte budget that caps everything the run takes on the device.
+//!
+//! This crate holds the first part: the budget ([`Budget`], `--gpu-budget` /
+//! `HIPDECODE_GPU_BUDGET`) and the planner ([`plan()`]), which reserves what must be resident,
+//! fills the rest with the weights that gain most from the device, and predicts the decode
+//! speed from a link model ([`LinkModel`]). The mechanisms the plan assumes (kernels reading
+//! mapped pinned host memory in place, streamed prefetch into device staging) are not built
+//! yet; docs/offload.md says what is and is not there.
+
+pub mod budget;
+pub mod link;
+pub mod plan;
+
+pub use budget::{parse_size, Budget, BudgetError, BUDGET_ENV, BUDGET_FORMS};
+pub use link::{InvalidLink, LinkModel};
+pub use plan::{
+    device_footprint, mib, minimum_budget, plan, Placement, PlacementSummary, Plan, PlanError,
+    PlanRequest, PlanTag, PlannedTensor, ResidentNeeds, TensorKind, WeightTensor,
+};

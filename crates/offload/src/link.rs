@@ -1,0 +1,92 @@
+//! The link model: how fast the device reads its own memory and how fast host memory reaches
+//! it, the three numbers the planner's prediction rests on.
+
+use std::fmt;
+
+const GB: f64 = 1e9;
+
+/// Read and transfer rates, in bytes per second (decimal GB/s × 10^9).
+///
+/// The defaults ([`LinkModel::h200_default`]) are figures for an H200 on a PCIe Gen5 x16 host
+/// link; they are assumptions until the offload mechanisms exist to measure them, and
+/// measured numbers replace them through the fields (or `hipdecode plan`'s `--hbm-gbps`,
+/// `--zero-copy-gbps` and `--copy-gbps`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinkModel {
+    /// Device memory read by a kernel. Default 4.4 TB/s: the H200's read bandwidth as the
+    /// project measured it with a kernel (docs/benchmark_results/gpu-speed-2026-11-30.md).
+    pub device_read: f64,
+    /// Kernels reading mapped pinned host memory in place ("zero-copy"). Default 50 GB/s:
+    /// PCIe Gen5 x16 carries 64 GB/s raw per direction and about 50 GB/s of reads after
+    /// protocol overhead, when enough reads are in flight. Not measured here yet.
+    pub zero_copy_read: f64,
+    /// Copy-engine transfers from pinned host memory to device memory. Default 55 GB/s: the
+    /// same link driven by DMA with large transfers, a little above kernel reads. Not measured
+    /// here yet.
+    pub copy: f64,
+    /// Where the numbers come from, printed with the prediction.
+    pub origin: String,
+}
+
+/// A rate that is not a positive finite number.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("the link model's {what} is {value} bytes/s; it must be a positive finite number (e.g. 50e9 for 50 GB/s)")]
+pub struct InvalidLink {
+    /// Which rate.
+    pub what: &'static str,
+    /// The rejected value.
+    pub value: f64,
+}
+
+impl LinkModel {
+    /// The H200 figures described on each field.
+    pub const H200_DEFAULT_GBPS: [f64; 3] = [4400.0, 50.0, 55.0];
+
+    /// The H200 defaults (see the fields), marked as not measured.
+    pub fn h200_default() -> LinkModel {
+        let [hbm, zero_copy, copy] = Self::H200_DEFAULT_GBPS;
+        LinkModel::from_gbps(
+            hbm,
+            zero_copy,
+            copy,
+            "H200 defaults: HBM 4.4 TB/s measured by a kernel; PCIe Gen5 x16 assumed, not measured",
+        )
+    }
+
+    /// A model from rates in GB/s (10^9 bytes per second).
+    pub fn from_gbps(device_read: f64, zero_copy_read: f64, copy: f64, origin: &str) -> LinkModel {
+        LinkModel {
+            device_read: device_read * GB,
+            zero_copy_read: zero_copy_read * GB,
+            copy: copy * GB,
+            origin: origin.to_string(),
+        }
+    }
+
+    /// Checks that every rate is a positive finite number.
+    pub fn validate(&self) -> Result<(), InvalidLink> {
+        for (what, value) in [
+            ("device read rate", self.device_read),
+            ("zero-copy read rate", self.zero_copy_read),
+            ("copy rate", self.copy),
+        ] {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(InvalidLink { what, value });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for LinkModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "device {:.0} GB/s, zero-copy {:.1} GB/s, copy {:.1} GB/s ({})",
+            self.device_read / GB,
+            self.zero_copy_read / GB,
+            self.copy / GB,
+            self.origin
+        )
+    }
+}
