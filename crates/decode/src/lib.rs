@@ -7,6 +7,7 @@
 //! - [`generate`]: prefill, then decode, streaming tokens.
 //! - [`device`]: `--device auto|cpu|gpu`; [`memory`]: bytes per purpose.
 //! - [`environment`]: the `HIPDECODE_*` variables, checked at start-up.
+//! - [`resident`]: a model's weights and resident GPU needs, as the offload planner sees them.
 //! - [`fuzzing`]: the hostile-input harnesses of the fuzz targets in `fuzz/`.
 //!
 //! The `hipdecode` binary (`run`, `inspect`) is in `src/bin/hipdecode.rs`; docs/decode.md
@@ -21,6 +22,7 @@ pub mod generate;
 pub mod memory;
 pub mod model;
 pub mod quant;
+pub mod resident;
 pub mod sampler;
 pub mod tokenizer;
 

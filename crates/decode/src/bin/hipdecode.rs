@@ -1,4 +1,5 @@
-//! The `hipdecode` command line: `run` generates text, `inspect` reports on a GGUF file.
+//! The `hipdecode` command line: `run` generates text, `inspect` reports on a GGUF file,
+//! `profile` times a decode step's ops on the GPU, `plan` plans GPU memory under a budget.
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -33,6 +34,44 @@ enum Command {
     Inspect(InspectArgs),
     /// Time every op of decode steps on the GPU: a per-kernel table with bytes moved.
     Profile(ProfileArgs),
+    /// Plan GPU memory under a budget: what must stay resident, which weights stay on the
+    /// device and which are read from host memory, and the predicted decode speed. Needs no
+    /// GPU.
+    Plan(PlanArgs),
+}
+
+#[derive(clap::Args)]
+struct PlanArgs {
+    /// The GGUF model file.
+    #[arg(short, long)]
+    model: PathBuf,
+    /// The cap on everything the run takes on the device: bytes, a decimal with a binary unit
+    /// ("512MiB", "6.5GiB") or a percentage of the device ("75%"). Default:
+    /// HIPDECODE_GPU_BUDGET.
+    #[arg(long)]
+    gpu_budget: Option<String>,
+    /// KV cache positions (clamped to the model's context length).
+    #[arg(long, visible_alias = "ctx", default_value_t = 2048)]
+    context: usize,
+    /// The device's total memory, which a percentage budget is taken of ("141GiB"). Default:
+    /// ask the GPU when one is present.
+    #[arg(long)]
+    device_memory: Option<String>,
+    /// Device memory read rate in GB/s for the prediction (default: the H200's 4400).
+    #[arg(long)]
+    hbm_gbps: Option<f64>,
+    /// Rate of kernels reading pinned host memory in place, GB/s (default: 50, PCIe Gen5 x16).
+    #[arg(long)]
+    zero_copy_gbps: Option<f64>,
+    /// Rate of copies from pinned host memory to the device, GB/s (default: 55).
+    #[arg(long)]
+    copy_gbps: Option<f64>,
+    /// List every weight tensor with its rank and placement.
+    #[arg(long)]
+    tensors: bool,
+    /// List the resident buffers behind the per-tag needs.
+    #[arg(long)]
+    buffers: bool,
 }
 
 #[derive(clap::Args)]
@@ -125,6 +164,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run(args),
         Command::Inspect(args) => inspect(args),
         Command::Profile(args) => profile(args),
+        Command::Plan(args) => plan(args),
     }) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -353,6 +393,117 @@ impl WithBackend for Generation<'_> {
         }
         Ok(())
     }
+}
+
+/// `hipdecode plan`: the budget resolved (a percentage against the device's memory), the
+/// model's resident needs estimated, the planner run, and its plan printed.
+fn plan(args: PlanArgs) -> Result<()> {
+    use offload::{parse_size, Budget, LinkModel};
+    let budget = match &args.gpu_budget {
+        Some(text) => Budget::parse("--gpu-budget", text)?,
+        None => Budget::from_env()?.ok_or_else(|| {
+            anyhow::anyhow!(
+                "no GPU budget: pass --gpu-budget (e.g. 8GiB, or 75% of the device) or set {}",
+                offload::BUDGET_ENV
+            )
+        })?,
+    };
+    let budget_source = match &args.gpu_budget {
+        Some(text) => format!("--gpu-budget {text}"),
+        None => offload::BUDGET_ENV.to_string(),
+    };
+    let (device_total, device_source) = match &args.device_memory {
+        Some(text) => (
+            Some(parse_size("--device-memory", text)?),
+            "--device-memory".to_string(),
+        ),
+        None if budget.needs_device_total() && device::gpu_present() => {
+            let gpu = device::probe_gpu().map_err(|reason| {
+                anyhow::anyhow!(
+                    "{}; the GPU could not be asked: {reason}",
+                    offload::BudgetError::NeedsDeviceTotal {
+                        budget: budget.to_string()
+                    }
+                )
+            })?;
+            let info = gpu
+                .mem_get_info()
+                .map_err(|e| anyhow::anyhow!("reading the GPU's memory: {e}"))?;
+            (Some(info.total), "asked the GPU".to_string())
+        }
+        None => (None, String::new()),
+    };
+    let bytes = budget.resolve(device_total)?;
+    let file = decode::open_model(&args.model)?;
+    let options = decode::resident::ResidentOptions::from_env(args.context)?;
+    let residency = decode::resident::estimate(&file, &options)?;
+    let defaults = LinkModel::h200_default();
+    let given =
+        args.hbm_gbps.is_some() || args.zero_copy_gbps.is_some() || args.copy_gbps.is_some();
+    let [hbm, zero_copy, copy] = LinkModel::H200_DEFAULT_GBPS;
+    let link = if given {
+        LinkModel::from_gbps(
+            args.hbm_gbps.unwrap_or(hbm),
+            args.zero_copy_gbps.unwrap_or(zero_copy),
+            args.copy_gbps.unwrap_or(copy),
+            "given on the command line; H200 defaults for the rates not given",
+        )
+    } else {
+        defaults
+    };
+    let plan = offload::plan(&residency.plan_request(bytes, link))?;
+    let s = &residency.spec;
+    let weights: u64 = residency.tensors.iter().map(|t| t.bytes).sum();
+    println!(
+        "model    {} ({}, {} layers, {} weight tensors, {} MiB of weights on the GPU backend)",
+        args.model.display(),
+        s.arch_name,
+        s.n_layers,
+        residency.tensors.len(),
+        offload::mib(weights)
+    );
+    println!(
+        "run      context {} (KV {}), batch {}, {} products, vendor GEMM buffers {}",
+        residency.context,
+        match options.kv_type {
+            decode::backend::gpu::KvType::F16 => "f16",
+            decode::backend::gpu::KvType::F32 => "f32",
+        },
+        options.max_batch,
+        if options.int8_matvec { "int8" } else { "exact" },
+        if options.vendor_gemm {
+            "reserved"
+        } else {
+            "not reserved"
+        }
+    );
+    let device = match device_total {
+        Some(total) => format!(
+            "; device memory {} MiB ({device_source})",
+            offload::mib(total)
+        ),
+        None => String::new(),
+    };
+    println!(
+        "budget   {budget} from {budget_source} = {} MiB{device}",
+        offload::mib(bytes)
+    );
+    println!("{plan}");
+    if args.buffers {
+        println!("resident buffers (estimates; compare with the allocator's report of a GPU run):");
+        for b in &residency.buffers {
+            println!(
+                "  {:<16} {:>10} MiB  {}",
+                b.tag.name(),
+                offload::mib(b.bytes),
+                b.what
+            );
+        }
+    }
+    if args.tensors {
+        print!("{}", plan.tensor_listing());
+    }
+    Ok(())
 }
 
 fn inspect(args: InspectArgs) -> Result<()> {

@@ -1,0 +1,273 @@
+//! The offload planner on real model files: the resident estimate against what a load
+//! allocates, and `hipdecode plan` end to end on tiny synthetic models.
+
+mod common;
+
+use decode::backend::cpu::CpuBackend;
+use decode::backend::gpu::KvType;
+use decode::backend::Precision;
+use decode::gguf_loader::synth::{write_preset, Preset};
+use decode::model::{Model, ModelOptions};
+use decode::resident::{estimate, ResidentOptions};
+use decode::MemoryTag;
+use offload::{LinkModel, Placement, PlanTag};
+use std::process::Command;
+use std::sync::Arc;
+
+const TINY: [Preset; 4] = [
+    Preset::TinyLlama,
+    Preset::TinyQwen3,
+    Preset::TinyQwen3Moe,
+    Preset::TinyGemma3,
+];
+
+fn hipdecode() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hipdecode"));
+    // The budget comes from the flag in these tests unless one sets the variable.
+    c.env_remove(offload::BUDGET_ENV);
+    c
+}
+
+fn tiny_model(preset: Preset, tag: &str) -> std::path::PathBuf {
+    let path = common::scratch_dir().join(format!(
+        "plan-{tag}-{}-{}.gguf",
+        preset.name(),
+        std::process::id()
+    ));
+    write_preset(preset, &path, 3).unwrap();
+    path
+}
+
+/// With an f32 cache and f32 activations (what the CPU backend allocates), the estimate's KV
+/// cache and activations are exactly the CPU load's, and its weights are the load's minus the
+/// file bytes of the vectors the backends widen to f32: the tensor list is the load's list.
+#[test]
+fn the_estimate_matches_what_a_load_allocates() {
+    for preset in TINY {
+        let file = Arc::new(common::preset_file(preset));
+        for context in [5, 64, 2048] {
+            let options = ResidentOptions {
+                context,
+                kv_type: KvType::F32,
+                int8_matvec: false,
+                vendor_gemm: false,
+                ..ResidentOptions::default()
+            };
+            let r = estimate(&file, &options).unwrap();
+            let model = Model::load(
+                &file,
+                CpuBackend::new(Precision::Fast),
+                ModelOptions {
+                    context,
+                    ..ModelOptions::default()
+                },
+            )
+            .unwrap();
+            let mem = model.memory();
+            let what = format!("{} at context {context}", preset.name());
+            assert_eq!(r.context, model.options().context, "{what}");
+            assert_eq!(r.needs.kv_cache, mem.get(MemoryTag::KvCache), "{what}");
+            assert_eq!(
+                r.needs.activations,
+                mem.get(MemoryTag::Activations),
+                "{what}"
+            );
+            let vectors_in_file: u64 = r
+                .tensors
+                .iter()
+                .map(|t| file.tensor(&t.name).unwrap())
+                .filter(|info| info.dims.iter().skip(1).all(|&d| d == 1))
+                .map(|info| info.n_bytes)
+                .sum();
+            let weights: u64 = r.tensors.iter().map(|t| t.bytes).sum();
+            assert_eq!(
+                weights + vectors_in_file,
+                mem.get(MemoryTag::Weights),
+                "{what}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_gpu_defaults_halve_the_cache_and_ring_the_sliding_layers() {
+    let file = common::preset_file(Preset::TinyGemma3);
+    let r = estimate(&file, &ResidentOptions::default()).unwrap();
+    let s = &r.spec;
+    // f16, one K and one V row per slot; sliding layers hold window + max_batch - 1 slots.
+    let row = (s.widths.k + s.widths.v) as u64 * 2;
+    let expect: u64 = s
+        .layers
+        .iter()
+        .map(|l| match l.window {
+            Some(w) => r.context.min(w + 63) as u64,
+            None => r.context as u64,
+        })
+        .map(|slots| slots * row)
+        .sum();
+    assert!(s.layers.iter().any(|l| l.window.is_some()));
+    assert_eq!(r.needs.kv_cache, expect);
+    // The vendor GEMM's library workspace is the largest part of a tiny model's workspace.
+    assert!(r.needs.workspace > 32 << 20);
+    let kernels_only = ResidentOptions {
+        vendor_gemm: false,
+        ..ResidentOptions::default()
+    };
+    let r2 = estimate(&file, &kernels_only).unwrap();
+    assert!(r2.needs.workspace + (32 << 20) <= r.needs.workspace);
+    assert!(r.buffers.iter().any(|b| b.tag == PlanTag::Graph));
+}
+
+/// On every tiny model, budgets from the minimum up: every plan fits its budget and none is
+/// slower than a smaller budget's.
+#[test]
+fn plans_of_real_models_fit_and_never_slow_down() {
+    for preset in TINY {
+        let file = common::preset_file(preset);
+        let r = estimate(&file, &ResidentOptions::default()).unwrap();
+        let minimum = r.needs.total().unwrap();
+        let weights: u64 = r.tensors.iter().map(|t| t.bytes).sum();
+        let mut last = f64::NEG_INFINITY;
+        for step in 0..=60 {
+            let budget = minimum + weights * 2 * step / 50;
+            let p = offload::plan(&r.plan_request(budget, LinkModel::h200_default())).unwrap();
+            assert!(p.total() <= budget, "{}: {p}", preset.name());
+            assert!(p.tokens_per_second() >= last, "{}: {p}", preset.name());
+            last = p.tokens_per_second();
+        }
+        let p = offload::plan(&r.plan_request(minimum + 2 * weights, LinkModel::h200_default()))
+            .unwrap();
+        assert!(p.tensors.iter().all(|t| t.placement == Placement::Device));
+    }
+}
+
+#[test]
+fn hipdecode_plan_prints_the_plan_per_tag_and_placement() {
+    let model = tiny_model(Preset::TinyQwen3Moe, "ok");
+    let out = hipdecode()
+        .args(["plan", "-m"])
+        .arg(&model)
+        .args(["--gpu-budget", "67MiB", "--context", "256", "--tensors"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for tag in PlanTag::ALL {
+        assert!(stdout.contains(tag.name()), "{tag:?} missing:\n{stdout}");
+    }
+    for placement in Placement::ALL {
+        assert!(stdout.contains(placement.name()), "{stdout}");
+    }
+    assert!(
+        stdout.contains("budget   67.0 MiB from --gpu-budget 67MiB"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("tok/s"), "{stdout}");
+    assert!(stdout.contains("context 256 (KV f16)"), "{stdout}");
+    assert!(stdout.contains("blk.1.ffn_down_exps.weight"), "{stdout}");
+    // The per-tag total is within the budget.
+    let total: f64 = stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("total"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("a total line");
+    assert!(total <= 67.0, "{stdout}");
+    std::fs::remove_file(&model).ok();
+}
+
+#[test]
+fn a_budget_below_the_minimum_is_refused_with_the_minimum() {
+    let model = tiny_model(Preset::TinyQwen3, "low");
+    let out = hipdecode()
+        .args(["plan", "-m"])
+        .arg(&model)
+        .args(["--gpu-budget", "10MiB"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.starts_with("error: a GPU budget of 10.0 MiB is below the minimum of "),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("raise the budget") && stderr.contains("MiB"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    std::fs::remove_file(&model).ok();
+}
+
+#[test]
+fn budget_forms_and_their_errors() {
+    let model = tiny_model(Preset::TinyLlama, "forms");
+    let run = |args: &[&str], env: Option<&str>| {
+        let mut c = hipdecode();
+        c.args(["plan", "-m"]).arg(&model).args(args);
+        if let Some(v) = env {
+            c.env(offload::BUDGET_ENV, v);
+        }
+        c.output().unwrap()
+    };
+    // A percentage of the memory given on the command line.
+    let out = run(&["--gpu-budget", "50%", "--device-memory", "256MiB"], None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("= 128.0 MiB; device memory 256.0 MiB (--device-memory)"),
+        "{stdout}"
+    );
+    // The variable when the flag is absent; the flag wins over it.
+    let out = run(&[], Some("0.25GiB"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("= 256.0 MiB"));
+    let out = run(&["--gpu-budget", "200MiB"], Some("0.25GiB"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("= 200.0 MiB"));
+    // Bad values name the value and the accepted forms.
+    for (args, env, named) in [
+        (&["--gpu-budget", "8 parsecs"][..], None, "--gpu-budget"),
+        (&[][..], Some("lots"), offload::BUDGET_ENV),
+        (&["--gpu-budget", "0"][..], None, "--gpu-budget"),
+        (
+            &["--gpu-budget", "50%", "--device-memory", "50%"][..],
+            None,
+            "--device-memory",
+        ),
+    ] {
+        let out = run(args, env);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(
+            stderr.contains(named) && stderr.contains("accepted forms"),
+            "{stderr}"
+        );
+    }
+    // No budget at all.
+    let out = run(&[], None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no GPU budget") && stderr.contains(offload::BUDGET_ENV),
+        "{stderr}"
+    );
+    // A budget above the device's memory.
+    let out = run(&["--gpu-budget", "2GiB", "--device-memory", "1GiB"], None);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("more than the device's"));
+    // A percentage without the device's total, where no GPU can be asked.
+    if !decode::device::gpu_present() {
+        let out = run(&["--gpu-budget", "75%"], None);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(stderr.contains("--device-memory"), "{stderr}");
+    }
+    std::fs::remove_file(&model).ok();
+}
