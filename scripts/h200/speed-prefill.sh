@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # H200: the prefill work on the vendor GEMM. verify-rocm with the GPU and the vendor library
 # required, the GPU-vs-CPU model tests, bench-decode over the three models (-p 512 -n 128 -r 5)
-# with the memory timeline, an A/B of prefill on our kernels against the vendor GEMM, and a
+# with the memory timeline, an A/B of the two prefill attention kernels, and a
 # per-op profile of a 512-token prefill. Logs under $OUT (few files: the device tool returns a
 # limited number). Needs the real Gemma file at /tmp/gemma3-270m-q4_k_m.gguf (see README.md).
 set -o pipefail
@@ -25,8 +25,12 @@ grep -E "max \||greedy|finite|test result|BLASLt|panicked" $OUT/gpu_backend.log 
 timeout 200 $B/bench-decode -m $G -m $L -m $Q -p 512 -n 128 -r 5 --device gpu \
   --svg $OUT/memory-timeline.svg > $OUT/bench.md 2>&1; echo "bench exit $?"
 cat $OUT/bench.md
-{ for f in $G $L $Q; do timeout 100 $B/bench-decode -m $f -p 512 -n 0 --device gpu --rounds 2 \
-    --ab 'HIPDECODE_GPU_PREFILL=kernels' ''; echo; done; } > $OUT/ab.txt 2>&1
+# The two prefill attention kernels: the one-query-per-block kernel against the tiled one.
+{ for f in $G $L $Q; do timeout 120 $B/bench-decode -m $f -p 512 -n 0 --device gpu --rounds 3 \
+    --ab 'HIPDECODE_GPU_ATTN_PREFILL=per-query' ''; echo; done; } > $OUT/ab.txt 2>&1
 echo "ab exit $?"; grep -E "verdict|\| (A|B) " $OUT/ab.txt
 { for f in $G $L $Q; do timeout 60 $B/hipdecode profile -m $f -p 512 --prefill; echo; done; } > $OUT/profiles.md 2>&1
 echo "profiles exit $?"; grep -E "^model|per-op|warning|gemm|moe|attention" $OUT/profiles.md | head -40
+# The main job on the GPU: a Gemma run with its tok/s and memory report.
+timeout 60 $B/hipdecode run -m $G -p "The history of computing began" -n 48 --temp 0 --device gpu \
+  > $OUT/gemma-run.txt 2>&1; echo "gemma run exit $?"; tail -30 $OUT/gemma-run.txt

@@ -16,6 +16,8 @@ pub fn known_vars() -> Vec<&'static str> {
         crate::backend::gpu::MATVEC_VAR,
         crate::backend::gpu::KV_TYPE_VAR,
         crate::backend::vendor_gemm::PrefillPath::ENV,
+        crate::backend::gpu::ATTN_PREFILL_VAR,
+        offload::BUDGET_ENV,
         hip_ffi::testing::REQUIRE_BLAS_VAR,
         "HIPDECODE_REQUIRE_RTC",
         "HIPDECODE_REQUIRE_MODELS",
@@ -47,6 +49,11 @@ pub fn check_vars(vars: &[(String, String)]) -> Result<Vec<String>> {
     if let Some(v) = lookup(crate::backend::vendor_gemm::PrefillPath::ENV) {
         crate::backend::vendor_gemm::PrefillPath::parse(&v)?;
     }
+    if let Some(v) = lookup(crate::backend::gpu::ATTN_PREFILL_VAR) {
+        crate::backend::gpu::AttnPrefill::parse(&v)?;
+    }
+    offload::Budget::from_env_with(&|var| lookup(var))
+        .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
     let known = known_vars();
     Ok(vars
         .iter()
@@ -86,6 +93,23 @@ mod tests {
             "kernels",
         ] {
             assert!(e.contains(word), "{word} missing from: {e}");
+        }
+    }
+
+    #[test]
+    fn the_budget_and_attention_switches_are_known_and_checked() {
+        let ok = check_vars(&vars(&[
+            ("HIPDECODE_GPU_BUDGET", "8GiB"),
+            ("HIPDECODE_GPU_ATTN_PREFILL", "per-query"),
+        ]))
+        .unwrap();
+        assert!(ok.is_empty(), "{ok:?}");
+        for (var, bad) in [
+            ("HIPDECODE_GPU_BUDGET", "lots"),
+            ("HIPDECODE_GPU_ATTN_PREFILL", "flash"),
+        ] {
+            let e = check_vars(&vars(&[(var, bad)])).unwrap_err().to_string();
+            assert!(e.contains(var) && e.contains(bad), "{e}");
         }
     }
 

@@ -263,13 +263,16 @@ KERNEL void attn_f32(const float* q, const float* k_cache, const float* v_cache,
 // tiles, grid y: heads) and streams the keys the tile can see in tiles of ATTN_TK, so each key
 // row is read once per query tile instead of once per query. 256 threads: thread (r, c) =
 // (tid / 16, tid % 16) scores query r against key c of the tile, then owns output dimensions
-// c, c + 16, ... of query r. No warp-level primitive is used, so it is the same code for a
-// wave of 32 and of 64. Positions of the chunk's tokens ascend (one sequence), so the tile sees
+// c, c + 16, ... of query r. A row's 16 threads are an aligned group of lanes in a wave of 32
+// or of 64, so its shuffles stay inside one wave either way. Positions of the chunk's tokens
+// ascend (one sequence), so the tile sees
 // the keys from its first query's first visible position to its last query's position.
 //
 // Dynamic shared memory (floats): q [ATTN_TQ][dk + 1], the K then V tile [ATTN_TK][max(dk + 1,
-// dv)], probabilities [ATTN_TQ][ATTN_TK], and per query its running max, sum and rescale. The
-// rows of dk + 1 keep the 16 queries' and 16 keys' reads of one dimension in distinct banks.
+// dv)], and the probabilities [ATTN_TQ][ATTN_TK]. The rows of dk + 1 keep the 16 keys' reads of
+// one dimension in distinct banks. Thread (r, c) loads row r of each tile (its slot computed
+// once) and the softmax of a row runs on its 16 threads with lane shuffles, so no thread
+// divides per element and none waits on a serial loop.
 #define ATTN_TQ 16
 #define ATTN_TK 16
 #define ATTN_T_THREADS (ATTN_TQ * ATTN_TK)
@@ -282,33 +285,25 @@ DEVICE void attn_prefill_tiled(const float* q, const T* k_cache, const T* v_cach
                                u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window,
                                float scale, float* smem) {
     const u32 tid = threadIdx.x;
-    const u32 r = tid / ATTN_TK;
-    const u32 c = tid % ATTN_TK;
+    const u32 r = tid / ATTN_TK;  // this thread's query row (and the K/V row it loads)
+    const u32 c = tid % ATTN_TK;  // this thread's key column (and first dimension it loads)
     const u32 t0 = blockIdx.x * ATTN_TQ;
     const u32 h = blockIdx.y;
     const u32 kvh = h / (n_head / n_head_kv);
     const u32 n_rows = n_tokens - t0 < ATTN_TQ ? n_tokens - t0 : ATTN_TQ;
+    const u32 q_stride = dk + 1;
     const u32 kv_stride = dk + 1 > dv ? dk + 1 : dv;
 
-    const u32 q_stride = dk + 1;
     float* q_sh = smem;
     float* kv_sh = q_sh + ATTN_TQ * q_stride;
     float* p_sh = kv_sh + ATTN_TK * kv_stride;
-    float* m_sh = p_sh + ATTN_TQ * ATTN_TK;
-    float* l_sh = m_sh + ATTN_TQ;
-    float* a_sh = l_sh + ATTN_TQ;
 
-    for (u32 i = tid; i < ATTN_TQ * dk; i += ATTN_T_THREADS) {
-        const u32 rr = i / dk;
-        const u32 d = i % dk;
-        q_sh[rr * q_stride + d] = rr < n_rows ? q[((u64)(t0 + rr) * n_head + h) * dk + d] : 0.0f;
-    }
-    if (tid < ATTN_TQ) {
-        m_sh[tid] = attn_neg_inf();
-        l_sh[tid] = 0.0f;
+    const bool row_valid = r < n_rows;
+    {
+        const float* qr = q + ((u64)(t0 + r) * n_head + h) * dk;
+        for (u32 d = c; d < dk; d += ATTN_TK) q_sh[r * q_stride + d] = row_valid ? qr[d] : 0.0f;
     }
     // This thread's query: its position and the first position it sees.
-    const bool row_valid = r < n_rows;
     const i64 pos = row_valid ? (i64)positions[t0 + r] : -1;
     i64 first = 0;
     if (window > 0 && pos - (i64)window + 1 > 0) first = pos - (i64)window + 1;
@@ -322,19 +317,23 @@ DEVICE void attn_prefill_tiled(const float* q, const T* k_cache, const T* v_cach
     const T* k_head = k_cache + (u64)kvh * dk;
     const T* v_head = v_cache + (u64)kvh * dv;
     const u32 n_items = (dv + ATTN_TK - 1) / ATTN_TK;
+    // The row's running max and sum: the 16 threads of a row hold the same values.
+    float m_run = attn_neg_inf();
+    float l_run = 0.0f;
     float acc[ATTN_T_ITEMS];
 #pragma unroll
     for (u32 i = 0; i < ATTN_T_ITEMS; ++i) acc[i] = 0.0f;
     __syncthreads();
 
     for (i64 kt = k_lo; kt <= k_hi; kt += ATTN_TK) {
-        // K tile, zero past the range.
-        for (u32 i = tid; i < ATTN_TK * dk; i += ATTN_T_THREADS) {
-            const u32 j = i / dk;
-            const u32 d = i % dk;
-            const i64 kp = kt + j;
-            kv_sh[j * kv_stride + d] =
-                kp <= k_hi ? kv_load(k_head + (u64)((u64)kp % slots) * k_row, d) : 0.0f;
+        // This thread loads key row r of the tile (positions are i32, so u32 slot math).
+        const i64 lp = kt + r;
+        const bool load_valid = lp <= k_hi;
+        const u64 slot = load_valid ? (u64)((u32)lp % slots) : 0;
+        {
+            const T* kr = k_head + slot * k_row;
+            for (u32 d = c; d < dk; d += ATTN_TK)
+                kv_sh[r * kv_stride + d] = load_valid ? kv_load(kr, d) : 0.0f;
         }
         __syncthreads();
         // Score of query r against key c, or -inf where the query must not see it.
@@ -348,37 +347,28 @@ DEVICE void attn_prefill_tiled(const float* q, const T* k_cache, const T* v_cach
             for (u32 d = 0; d < dk; ++d) dot += qr[d] * kr[d];
             s = dot * scale;
         }
-        p_sh[r * ATTN_TK + c] = s;
-        __syncthreads();
-        // V tile (the K tile is no longer read); one thread per query updates its softmax.
-        for (u32 i = tid; i < ATTN_TK * dv; i += ATTN_T_THREADS) {
-            const u32 j = i / dv;
-            const u32 d = i % dv;
-            const i64 vp = kt + j;
-            kv_sh[j * kv_stride + d] =
-                vp <= k_hi ? kv_load(v_head + (u64)((u64)vp % slots) * v_row, d) : 0.0f;
-        }
-        if (tid < ATTN_TQ) {
-            float* pr = p_sh + tid * ATTN_TK;
-            float m_tile = attn_neg_inf();
-            for (u32 j = 0; j < ATTN_TK; ++j) m_tile = fmaxf(m_tile, pr[j]);
-            const float m_old = m_sh[tid];
-            const float m_new = fmaxf(m_old, m_tile);
-            const bool finite = m_new > attn_neg_inf();
-            const float alpha = m_old > attn_neg_inf() ? expf(m_old - m_new) : 0.0f;
-            float sum = 0.0f;
-            for (u32 j = 0; j < ATTN_TK; ++j) {
-                const float p = (finite && pr[j] > attn_neg_inf()) ? expf(pr[j] - m_new) : 0.0f;
-                pr[j] = p;
-                sum += p;
-            }
-            m_sh[tid] = m_new;
-            l_sh[tid] = l_sh[tid] * alpha + sum;
-            a_sh[tid] = alpha;
+        // Online softmax over the row's 16 threads (an aligned group of lanes in any wave).
+        float m_tile = s;
+#pragma unroll
+        for (int m = ATTN_TK / 2; m > 0; m >>= 1) m_tile = fmaxf(m_tile, warp_shfl_xor(m_tile, m));
+        const float m_new = fmaxf(m_run, m_tile);
+        const bool finite = m_new > attn_neg_inf();
+        const float alpha = m_run > attn_neg_inf() ? expf(m_run - m_new) : 0.0f;
+        const float p = (finite && s > attn_neg_inf()) ? expf(s - m_new) : 0.0f;
+        float sum = p;
+#pragma unroll
+        for (int m = ATTN_TK / 2; m > 0; m >>= 1) sum += warp_shfl_xor(sum, m);
+        l_run = l_run * alpha + sum;
+        m_run = m_new;
+        p_sh[r * ATTN_TK + c] = p;
+        __syncthreads();  // every score is taken: the K tile may be overwritten
+        {
+            const T* vr = v_head + slot * v_row;
+            for (u32 d = c; d < dv; d += ATTN_TK)
+                kv_sh[r * kv_stride + d] = load_valid ? kv_load(vr, d) : 0.0f;
         }
         __syncthreads();
         // Weighted V for query r, dimensions c, c + 16, ...
-        const float alpha = a_sh[r];
         const float* pr = p_sh + r * ATTN_TK;
 #pragma unroll
         for (u32 i = 0; i < ATTN_T_ITEMS; ++i) {
@@ -386,6 +376,7 @@ DEVICE void attn_prefill_tiled(const float* q, const T* k_cache, const T* v_cach
                 const u32 d = c + i * ATTN_TK;
                 float a = acc[i] * alpha;
                 if (d < dv) {
+#pragma unroll
                     for (u32 j = 0; j < ATTN_TK; ++j) a += pr[j] * kv_sh[j * kv_stride + d];
                 }
                 acc[i] = a;
@@ -395,12 +386,11 @@ DEVICE void attn_prefill_tiled(const float* q, const T* k_cache, const T* v_cach
     }
 
     if (row_valid) {
-        const float l = l_sh[r];
         float* o = out + ((u64)(t0 + r) * n_head + h) * dv;
 #pragma unroll
         for (u32 i = 0; i < ATTN_T_ITEMS; ++i) {
             const u32 d = c + i * ATTN_TK;
-            if (i < n_items && d < dv) o[d] = l > 0.0f ? acc[i] / l : 0.0f;
+            if (i < n_items && d < dv) o[d] = l_run > 0.0f ? acc[i] / l_run : 0.0f;
         }
     }
 }

@@ -20,7 +20,8 @@ mod common;
 use hip_ffi::testing::device_or_skip;
 use hip_ffi::{DeviceBuffer, DeviceCopy, Stream};
 use rocm_kernels::ops::attention::{
-    attention_decode, attention_prefill, decode_splits, decode_workspace_floats, AttentionShape,
+    attention_decode, attention_prefill, attention_prefill_on, decode_splits,
+    decode_workspace_floats, AttentionShape, PrefillKernel,
 };
 use rocm_kernels::ops::kv_cache::{
     store_kv, store_rows, KvElem, KvSlice, KvSliceMut, KvStoreShape,
@@ -490,10 +491,12 @@ fn kv_store_refuses_short_views_and_mixed_element_types() {
 // ---------------------------------------------------------------------------------------------
 // Attention
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Decode,
     Prefill,
+    /// Prefill on the one-query-per-block kernel.
+    PrefillPerQuery,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -564,10 +567,16 @@ fn run_case(gpu: &Gpu, case: Case, seed: u64) {
             .expect("attention_decode");
             gpu.stream.synchronize().expect("sync");
         }
-        Kind::Prefill => {
-            attention_prefill(
+        Kind::Prefill | Kind::PrefillPerQuery => {
+            let kernel = if case.path == Kind::Prefill {
+                PrefillKernel::Tiled
+            } else {
+                PrefillKernel::PerQuery
+            };
+            attention_prefill_on(
                 gpu.kernels,
                 &gpu.stream,
+                kernel,
                 &dq.view(),
                 &dk.view(),
                 &dv.view(),
@@ -755,6 +764,14 @@ fn prefill_attention_matches_the_reference_causal_windowed_and_grouped() {
     ];
     for (i, c) in cases.into_iter().enumerate() {
         run_case(&gpu, c, 400 + i as u64);
+        // The same case on the other prefill kernel gives the same answers.
+        if c.path == Kind::Prefill {
+            let other = Case {
+                path: Kind::PrefillPerQuery,
+                ..c
+            };
+            run_case(&gpu, other, 400 + i as u64);
+        }
     }
 }
 

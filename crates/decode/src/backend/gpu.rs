@@ -298,6 +298,34 @@ impl MatvecPath {
     }
 }
 
+/// Chooses the prefill attention kernel: `tiled` (default) or `per-query` (for A/B runs).
+pub const ATTN_PREFILL_VAR: &str = "HIPDECODE_GPU_ATTN_PREFILL";
+
+/// The prefill attention kernel, from [`ATTN_PREFILL_VAR`].
+pub struct AttnPrefill;
+
+impl AttnPrefill {
+    const CHOICES: [(&'static str, attn::PrefillKernel); 2] = [
+        ("tiled", attn::PrefillKernel::Tiled),
+        ("per-query", attn::PrefillKernel::PerQuery),
+    ];
+
+    /// Parses a value of [`ATTN_PREFILL_VAR`].
+    pub fn parse(value: &str) -> Result<attn::PrefillKernel> {
+        parse_choice(
+            ATTN_PREFILL_VAR,
+            "prefill attention kernel",
+            &Self::CHOICES,
+            value,
+        )
+    }
+
+    /// The kernel [`ATTN_PREFILL_VAR`] asks for, or the default (tiled) when it is unset.
+    pub fn from_env() -> Result<attn::PrefillKernel> {
+        choice_from_env(ATTN_PREFILL_VAR, "prefill attention kernel", &Self::CHOICES)
+    }
+}
+
 /// A resident weight: a (stacked) matrix in its stored format, or a vector converted to f32.
 pub enum GpuWeight {
     /// `[mats][rows][cols]` raw GGUF blocks.
@@ -415,6 +443,8 @@ pub struct GpuBackend {
     use_graphs: bool,
     /// How matrix-vector products read activations.
     matvec_path: MatvecPath,
+    /// The prefill attention kernel.
+    attn_prefill: attn::PrefillKernel,
     /// Element type of KV cache buffers allocated from now on.
     kv_type: KvType,
     /// Prefill products on the vendor GEMM (None: our kernels), and why not where it could
@@ -502,6 +532,7 @@ impl GpuBackend {
             mem_before,
             use_graphs,
             matvec_path: MatvecPath::from_env()?,
+            attn_prefill: AttnPrefill::from_env()?,
             kv_type: KvType::from_env()?,
             vendor_gemm,
             vendor_gemm_absent,
@@ -1825,9 +1856,10 @@ impl GpuBackend {
             )
             .map_err(kerr("attention (decode)"))
         } else {
-            attn::attention_prefill(
+            attn::attention_prefill_on(
                 &self.kernels,
                 &self.stream,
+                self.attn_prefill,
                 &q.view(),
                 &k,
                 &v,

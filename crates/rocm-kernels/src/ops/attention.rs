@@ -487,6 +487,43 @@ pub fn attention_prefill(
     out: &mut DeviceSliceMut<f32>,
     shape: &AttentionShape,
 ) -> Result<()> {
+    attention_prefill_on(
+        kernels,
+        stream,
+        PrefillKernel::Tiled,
+        q,
+        k_cache,
+        v_cache,
+        positions,
+        out,
+        shape,
+    )
+}
+
+/// Which kernel [`attention_prefill_on`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillKernel {
+    /// 16 queries of a head against 16-key tiles (heads up to [`PREFILL_TILED_MAX_HEAD_DIM`];
+    /// larger ones fall back to the other).
+    Tiled,
+    /// One block per query token and head group, streaming every key it sees.
+    PerQuery,
+}
+
+/// [`attention_prefill`] on a chosen kernel (both give the same results; the choice is for
+/// measuring one against the other).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_prefill_on(
+    kernels: &Kernels,
+    stream: &Stream,
+    kernel: PrefillKernel,
+    q: &DeviceSlice<f32>,
+    k_cache: &KvSlice,
+    v_cache: &KvSlice,
+    positions: &DeviceSlice<i32>,
+    out: &mut DeviceSliceMut<f32>,
+    shape: &AttentionShape,
+) -> Result<()> {
     let io = Io {
         q,
         k: k_cache,
@@ -498,9 +535,9 @@ pub fn attention_prefill(
     if shape.n_tokens == 0 {
         return Ok(());
     }
-    if shape.head_dim_k <= PREFILL_TILED_MAX_HEAD_DIM
-        && shape.head_dim_v <= PREFILL_TILED_MAX_HEAD_DIM
-    {
+    let tiled = shape.head_dim_k <= PREFILL_TILED_MAX_HEAD_DIM
+        && shape.head_dim_v <= PREFILL_TILED_MAX_HEAD_DIM;
+    if tiled && kernel == PrefillKernel::Tiled {
         return launch_prefill_tiled(kernels, stream, &io, shape);
     }
     let plan = plan(shape, false)?;
@@ -531,11 +568,14 @@ fn launch_prefill_tiled(
         _ => 0,
     };
     check_shape(shape.n_head <= MAX_GRID_YZ, OP, || {
-        format!("{} heads exceed the grid limit of {MAX_GRID_YZ}", shape.n_head)
+        format!(
+            "{} heads exceed the grid limit of {MAX_GRID_YZ}",
+            shape.n_head
+        )
     })?;
     let t = PREFILL_TILE;
     let (dk_, dv_) = (shape.head_dim_k, shape.head_dim_v);
-    let floats = t * (dk_ + 1) + t * (dk_ + 1).max(dv_) + t * t + 3 * t;
+    let floats = t * (dk_ + 1) + t * (dk_ + 1).max(dv_) + t * t;
     let shared_bytes = to_u32(OP, "shared bytes", floats * 4)?;
     let entry = match io.k.elem() {
         KvElem::F16 => "attn_prefill_f16",
