@@ -373,6 +373,16 @@ fn no_step_allocates_on_the_device_after_load() {
             };
             let mut model = Model::load(&file, gpu, options).unwrap();
             let loaded = alloc.stats();
+            // Loading told the allocator the weights' size, which sets the default cache limit.
+            let weights = loaded.tag(rocm_alloc::Tag::Weights).current;
+            assert!(weights > 0);
+            if std::env::var_os("HIPDECODE_CACHE_LIMIT").is_none() {
+                assert_eq!(
+                    loaded.cache_limit,
+                    Some(rocm_alloc::limits::default_cache_limit(weights)),
+                    "the cache limit does not follow the loaded weights"
+                );
+            }
             // A prefill longer than a matrix-vector batch, then decode steps: greedy, then
             // sampled on the device.
             let prompt: Vec<u32> = (1..=40).collect();

@@ -985,6 +985,15 @@ impl Backend for GpuBackend {
         bounds: &StepBounds,
         matmul_inputs: &[(&GpuBuffer, usize)],
     ) -> Result<()> {
+        // Loading is over: the weights' bytes now size the default cache limit (see
+        // docs/memory.md), which otherwise stays at its floor.
+        let stats = self.alloc.stats();
+        let weights = stats
+            .per_tag
+            .iter()
+            .find(|(tag, _)| *tag == Tag::Weights)
+            .map_or(0, |(_, u)| u.current);
+        self.alloc.set_weight_bytes(weights);
         let alloc = Arc::clone(&self.alloc);
         let (a, st) = (&*alloc, self.stream_id);
         let mut attention = 0;
