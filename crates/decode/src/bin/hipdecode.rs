@@ -287,7 +287,10 @@ impl WithBackend for Profiling<'_> {
             model.reset();
             model.backend_mut().enable_profiling();
             model.forward(&prompt)?;
-            format!("the prefill of {} prompt tokens, after one warm-up prefill", prompt.len())
+            format!(
+                "the prefill of {} prompt tokens, after one warm-up prefill",
+                prompt.len()
+            )
         } else {
             // Only decode steps go into the table: the prefill's ops are dropped with this
             // report.
