@@ -324,6 +324,36 @@ fn check_io(io: &Io<'_>, shape: &AttentionShape) -> Result<()> {
     })
 }
 
+/// A shape's sizes as the kernels take them (u32), checked to fit.
+struct KernelDims {
+    n_tokens: u32,
+    n_head: u32,
+    n_head_kv: u32,
+    dk: u32,
+    dv: u32,
+    slots: u32,
+    /// 0 for none.
+    window: u32,
+}
+
+impl KernelDims {
+    fn of(shape: &AttentionShape) -> Result<KernelDims> {
+        Ok(KernelDims {
+            n_tokens: to_u32(OP, "n_tokens", shape.n_tokens)?,
+            n_head: to_u32(OP, "n_head", shape.n_head)?,
+            n_head_kv: to_u32(OP, "n_head_kv", shape.n_head_kv)?,
+            dk: to_u32(OP, "head_dim_k", shape.head_dim_k)?,
+            dv: to_u32(OP, "head_dim_v", shape.head_dim_v)?,
+            slots: to_u32(OP, "slots", shape.slots)?,
+            // Positions are i32, so a window of 2^31 or more hides nothing: the same as none.
+            window: match shape.window {
+                Some(w) if w <= i32::MAX as usize => w as u32,
+                _ => 0,
+            },
+        })
+    }
+}
+
 fn launch(
     kernels: &Kernels,
     stream: &Stream,
@@ -332,17 +362,15 @@ fn launch(
     shape: &AttentionShape,
     plan: &Plan,
 ) -> Result<()> {
-    let n_tokens = to_u32(OP, "n_tokens", shape.n_tokens)?;
-    let n_head = to_u32(OP, "n_head", shape.n_head)?;
-    let n_head_kv = to_u32(OP, "n_head_kv", shape.n_head_kv)?;
-    let dk = to_u32(OP, "head_dim_k", shape.head_dim_k)?;
-    let dv = to_u32(OP, "head_dim_v", shape.head_dim_v)?;
-    let slots = to_u32(OP, "slots", shape.slots)?;
-    // Positions are i32, so a window of 2^31 or more hides nothing: the same as none.
-    let window = match shape.window {
-        Some(w) if w <= i32::MAX as usize => w as u32,
-        _ => 0,
-    };
+    let KernelDims {
+        n_tokens,
+        n_head,
+        n_head_kv,
+        dk,
+        dv,
+        slots,
+        window,
+    } = KernelDims::of(shape)?;
     let heads_per_block = plan.heads_per_block as u32;
     let n_split = plan.n_split as u32;
     let (part_ms, part_acc) = match workspace {
@@ -557,16 +585,15 @@ fn launch_prefill_tiled(
     io: &Io<'_>,
     shape: &AttentionShape,
 ) -> Result<()> {
-    let n_tokens = to_u32(OP, "n_tokens", shape.n_tokens)?;
-    let n_head = to_u32(OP, "n_head", shape.n_head)?;
-    let n_head_kv = to_u32(OP, "n_head_kv", shape.n_head_kv)?;
-    let dk = to_u32(OP, "head_dim_k", shape.head_dim_k)?;
-    let dv = to_u32(OP, "head_dim_v", shape.head_dim_v)?;
-    let slots = to_u32(OP, "slots", shape.slots)?;
-    let window = match shape.window {
-        Some(w) if w <= i32::MAX as usize => w as u32,
-        _ => 0,
-    };
+    let KernelDims {
+        n_tokens,
+        n_head,
+        n_head_kv,
+        dk,
+        dv,
+        slots,
+        window,
+    } = KernelDims::of(shape)?;
     check_shape(shape.n_head <= MAX_GRID_YZ, OP, || {
         format!(
             "{} heads exceed the grid limit of {MAX_GRID_YZ}",
