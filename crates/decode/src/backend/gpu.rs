@@ -52,6 +52,8 @@ pub struct GpuBuffer {
     mem: Allocation,
     len: usize,
     elem: Elem,
+    /// This buffer among all the backend's buffers.
+    id: u64,
     /// Bumped by every mutable view, so a copy derived from the contents knows when it is
     /// stale.
     version: u64,
@@ -65,10 +67,13 @@ impl GpuBuffer {
     }
 
     fn with_elem(mem: Allocation, len: usize, elem: Elem) -> GpuBuffer {
+        // Unique for the process's life, unlike the address, which a later buffer may reuse.
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         GpuBuffer {
             mem,
             len,
             elem,
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             version: 0,
             q8: RefCell::new(None),
         }
@@ -79,9 +84,9 @@ impl GpuBuffer {
         self.len
     }
 
-    /// Its device address (with [`Self::version`], what a copy derived from it was made from).
-    pub(super) fn address(&self) -> u64 {
-        self.mem.ptr()
+    /// Which buffer it is (with [`Self::version`], what a copy derived from it was made from).
+    pub(super) fn id(&self) -> u64 {
+        self.id
     }
 
     pub(super) fn version(&self) -> u64 {

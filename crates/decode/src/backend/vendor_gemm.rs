@@ -68,8 +68,8 @@ pub(super) struct VendorGemm {
     /// f16 weight rows of the product being run.
     weights: Option<Allocation>,
     weight_values: usize,
-    /// f16 copy of the activations, and what it was made from: the buffer's address and
-    /// version, and the count of leading values.
+    /// f16 copy of the activations, and what it was made from: the buffer's id and version,
+    /// and the count of leading values.
     activations: Option<Allocation>,
     activation_values: usize,
     activations_from: Option<(u64, u64, usize)>,
@@ -166,7 +166,7 @@ impl VendorGemm {
             ));
         };
         let values = rows * cols;
-        let source = (x.address(), x.version(), values);
+        let source = (x.id(), x.version(), values);
         let fresh = self
             .activations_from
             .is_some_and(|(a, v, n)| (a, v) == (source.0, source.1) && n >= values);
