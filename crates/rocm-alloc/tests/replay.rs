@@ -497,3 +497,37 @@ fn streams_of_the_trace_map_to_distinct_simulated_streams() {
     let r = replay(&trace, DeviceProfile::Discrete16g, LimitsMode::None).unwrap();
     assert_eq!(r.device_mallocs, 2);
 }
+
+/// Real hipdecode runs, recorded on the H200 (2026-11-30, commit 83e72d0) with
+/// `bench-decode -m MODEL -p 512 -n 128 -r 1 --device gpu --alloc-trace FILE` on the 8B and
+/// 30B-A3B Q4_K_M shapes: replayed on the Strix Halo profile with the default limits, each fits
+/// and peaks under weights + KV + 0.5 GB (the memory study's requirement), because the GPU
+/// backend takes its whole workspace at load and no step allocates.
+#[test]
+fn real_h200_runs_fit_the_apu_under_weights_kv_and_half_a_gigabyte() {
+    for name in [
+        "h200-llama3-8b-q4_k_m.jsonl",
+        "h200-qwen3-30b-a3b-q4_k_m.jsonl",
+    ] {
+        let trace = committed(name);
+        let r = replay(&trace, DeviceProfile::Gfx1151, LimitsMode::Default).unwrap();
+        let text = table(std::slice::from_ref(&r));
+        assert!(r.fits(), "{name}:\n{text}");
+        let tag = |t: Tag| {
+            r.per_tag_peak
+                .iter()
+                .find(|(x, _)| *x == t)
+                .map_or(0, |(_, b)| *b)
+        };
+        let (weights, kv) = (tag(Tag::Weights), tag(Tag::KvCache));
+        assert!(
+            weights > 4_000_000_000,
+            "{name}: {weights} bytes of weights\n{text}"
+        );
+        assert!(
+            r.peak_reserved <= weights + kv + 500_000_000,
+            "{name}: peak {} over weights {weights} + KV {kv} + 0.5 GB\n{text}",
+            r.peak_reserved
+        );
+    }
+}
