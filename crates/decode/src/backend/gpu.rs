@@ -669,15 +669,21 @@ impl GpuBackend {
 
     fn read_i32(&self, src: u64) -> Result<i32> {
         let mut out = [0i32; 1];
+        self.read_i32s(src, &mut out)?;
+        Ok(out[0])
+    }
+
+    /// Copies `out.len()` i32 from device address `src` once the stream's work is done.
+    fn read_i32s(&self, src: u64, out: &mut [i32]) -> Result<()> {
         self.stream
             .synchronize()
             .map_err(|e| gpu_err("waiting for the stream", e))?;
-        // SAFETY: `src` is an i32 inside the step block; the stream is idle, and the copy is
-        // synchronized before `out` is read.
-        unsafe { self.stream.copy_to_host_raw(&mut out, DevicePtr(src)) }
+        // SAFETY: callers pass an address inside one of the backend's allocations that holds
+        // `out.len()` i32 (the step block, the MoE ids scratch); the stream is idle, and the
+        // copy is synchronized before `out` is read.
+        unsafe { self.stream.copy_to_host_raw(out, DevicePtr(src)) }
             .and_then(|()| self.stream.synchronize())
-            .map_err(|e| gpu_err("reading from the device", e))?;
-        Ok(out[0])
+            .map_err(|e| gpu_err("reading from the device", e))
     }
 
     fn scratch_buffer(
@@ -888,7 +894,8 @@ fn elementwise_zero_i32(backend: &mut GpuBackend, ints: &mut DeviceSliceMut<i32>
         .map_err(|e| gpu_err("zeroing the step block", e))
 }
 
-fn kerr(op: &str) -> impl Fn(rocm_kernels::KernelError) -> DecodeError + '_ {
+/// Maps a kernel's or a runtime's error to the decode error that names the failed step.
+pub(super) fn kerr<E: std::fmt::Display>(op: &str) -> impl Fn(E) -> DecodeError + '_ {
     move |e| gpu_err(op, e)
 }
 

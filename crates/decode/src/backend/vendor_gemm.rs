@@ -15,7 +15,7 @@
 //! the quantized weights once per few tokens (the matrix-vector kernels) moves fewer bytes than
 //! writing and reading an f16 copy.
 
-use super::gpu::{parse_choice, GpuBuffer};
+use super::gpu::{kerr, parse_choice, GpuBuffer};
 use crate::error::{DecodeError, Result};
 use hip_ffi::{BlasLt, DevicePtr, GemmPlan, GemmShape, Stream};
 use rocm_alloc::{Allocation, Allocator, StreamId, Tag};
@@ -67,11 +67,9 @@ pub(super) struct VendorGemm {
     plans: HashMap<GemmShape, GemmPlan>,
     /// f16 weight rows of the product being run.
     weights: Option<Allocation>,
-    weight_values: usize,
     /// f16 copy of the activations, and what it was made from: the buffer's id and version,
     /// and the count of leading values.
     activations: Option<Allocation>,
-    activation_values: usize,
     activations_from: Option<(u64, u64, usize)>,
     workspace: Option<Allocation>,
 }
@@ -83,9 +81,7 @@ impl VendorGemm {
             blas: BlasLt::open(kernels.device())?,
             plans: HashMap::new(),
             weights: None,
-            weight_values: 0,
             activations: None,
-            activation_values: 0,
             activations_from: None,
             workspace: None,
         })
@@ -117,17 +113,15 @@ impl VendorGemm {
         let weight_values = max_matrix_values
             .min(WEIGHT_BLOCK_VALUES.max(max_cols))
             .max(1);
-        if weight_values > self.weight_values {
+        if weight_values > self.weight_values() {
             self.weights = None;
             self.weights = Some(take(weight_values * 2, "f16 weight block")?);
-            self.weight_values = weight_values;
         }
         let activation_values = max_rows * max_cols;
-        if activation_values > self.activation_values {
+        if activation_values > self.activation_values() {
             self.activations = None;
             self.activations_from = None;
             self.activations = Some(take(activation_values * 2, "f16 activations")?);
-            self.activation_values = activation_values;
         }
         if self.workspace.is_none() {
             self.workspace = Some(take(LIBRARY_WORKSPACE_BYTES, "vendor GEMM workspace")?);
@@ -135,12 +129,24 @@ impl VendorGemm {
         Ok(())
     }
 
+    /// f16 values the weight block holds (0 before `reserve`).
+    fn weight_values(&self) -> usize {
+        self.weights.as_ref().map_or(0, |a| a.size() as usize / 2)
+    }
+
+    /// f16 values the activations' copy holds (0 before `reserve`).
+    fn activation_values(&self) -> usize {
+        self.activations
+            .as_ref()
+            .map_or(0, |a| a.size() as usize / 2)
+    }
+
     /// Whether a product of `rows` token rows by `m` runs here: enough rows, and buffers
     /// reserved for it.
     pub(super) fn takes(&self, m: &QuantMatrix, rows: usize) -> bool {
         rows >= VENDOR_GEMM_MIN_ROWS
-            && rows * m.cols() <= self.activation_values
-            && m.cols() <= self.weight_values
+            && rows * m.cols() <= self.activation_values()
+            && m.cols() <= self.weight_values()
             && self.workspace.is_some()
     }
 
@@ -171,7 +177,7 @@ impl VendorGemm {
             .activations_from
             .is_some_and(|(a, v, n)| (a, v) == (source.0, source.1) && n >= values);
         if !fresh {
-            // SAFETY: the allocation holds `activation_values >= values` f16 and lives as long
+            // SAFETY: the allocation holds `activation_values() >= values` f16 and lives as long
             // as `self`; it is only used on the backend's stream.
             let mut xh = unsafe { DeviceSliceMut::<u16>::from_raw(activations.ptr(), values) };
             dequant::f32_to_f16(kernels, stream, x.view(), values, &mut xh)
@@ -212,7 +218,7 @@ impl VendorGemm {
         };
         // Blocks of whole 64-row groups, so each block's result columns start 256-byte
         // aligned (what the libraries assume of every pointer), unless one block does it all.
-        let fit = (self.weight_values / cols).max(1);
+        let fit = (self.weight_values() / cols).max(1);
         let block_rows = if fit >= rows.len() || fit < 64 {
             fit
         } else {
@@ -226,7 +232,7 @@ impl VendorGemm {
                 k: cols,
                 d_stride,
             };
-            // SAFETY: the block holds `weight_values >= block_rows * cols` f16, lives as long
+            // SAFETY: the block holds `weight_values() >= block_rows * cols` f16, lives as long
             // as `self` and is only used on the backend's stream, where the product below
             // reads it before the next block overwrites it.
             let mut wh =
@@ -259,8 +265,4 @@ impl VendorGemm {
         }
         Ok(())
     }
-}
-
-fn kerr<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> DecodeError {
-    move |e| DecodeError::Gpu(format!("{what}: {e}"))
 }

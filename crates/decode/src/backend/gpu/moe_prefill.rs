@@ -37,7 +37,7 @@ pub(super) struct MoePrefillScratch {
     /// choice) pair its slot (`pairs`).
     index: Option<Allocation>,
     /// f32 `[slots][n_embd]`: the gathered token rows, later the expert outputs in slot order.
-    sorted: Option<GpuBuffer>,
+    sorted: Option<Allocation>,
     /// f16 `[slots][n_embd]` token rows and `[slots][n_ff]` gated activations, the products'
     /// inputs.
     tokens_f16: Option<Allocation>,
@@ -73,7 +73,7 @@ impl GpuBackend {
             self.device_alloc(Tag::Workspace, slots * n_ff * 2, "moe prefill f16 hidden")?;
         self.scratch.moe_prefill = MoePrefillScratch {
             index: Some(index),
-            sorted: Some(GpuBuffer::new(sorted, slots * n_embd)),
+            sorted: Some(sorted),
             tokens_f16: Some(tokens_f16),
             hidden_f16: Some(hidden_f16),
             pairs,
@@ -150,7 +150,7 @@ impl GpuBackend {
         };
         let (Some(index_ptr), Some(sorted_ptr), Some(tokens_ptr), Some(hidden_ptr)) = (
             p.index.as_ref().map(|a| a.ptr()),
-            f32_ptr(&p.sorted),
+            p.sorted.as_ref().map(|a| a.ptr()),
             p.tokens_f16.as_ref().map(|a| a.ptr()),
             p.hidden_f16.as_ref().map(|a| a.ptr()),
         ) else {
@@ -194,13 +194,7 @@ impl GpuBackend {
         .map_err(kerr("moe routing"))?;
         // Read the choices back and put the pairs in expert order.
         let mut chosen = vec![0i32; pairs];
-        st.synchronize()
-            .map_err(|e| gpu_err("waiting for the routing", e))?;
-        // SAFETY: the ids scratch holds `pairs` i32 written by the routing above, which the
-        // synchronization finished; the copy is synchronized before `chosen` is read.
-        unsafe { st.copy_to_host_raw(&mut chosen, ids.ptr()) }
-            .and_then(|()| st.synchronize())
-            .map_err(|e| gpu_err("reading the routing", e))?;
+        self.read_i32s(ids.ptr().0, &mut chosen)?;
         // counts[e]: the pairs routed to expert e. Its slots start at starts[e], padded to
         // `align`; the padding slots gather token 0 and are never read back.
         let mut counts = vec![0usize; n_expert];
