@@ -17,6 +17,7 @@ pub fn known_vars() -> Vec<&'static str> {
         crate::backend::gpu::KV_TYPE_VAR,
         crate::backend::vendor_gemm::PrefillPath::ENV,
         crate::backend::gpu::ATTN_PREFILL_VAR,
+        rocm_kernels::kernels::MATVEC_DEPTH_VAR,
         offload::BUDGET_ENV,
         hip_ffi::testing::REQUIRE_BLAS_VAR,
         "HIPDECODE_REQUIRE_RTC",
@@ -51,6 +52,10 @@ pub fn check_vars(vars: &[(String, String)]) -> Result<Vec<String>> {
     }
     if let Some(v) = lookup(crate::backend::gpu::ATTN_PREFILL_VAR) {
         crate::backend::gpu::AttnPrefill::parse(&v)?;
+    }
+    if let Some(v) = lookup(rocm_kernels::kernels::MATVEC_DEPTH_VAR) {
+        rocm_kernels::kernels::matvec_depth(Some(&v))
+            .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
     }
     offload::Budget::from_env_with(&|var| lookup(var))
         .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
@@ -97,16 +102,18 @@ mod tests {
     }
 
     #[test]
-    fn the_budget_and_attention_switches_are_known_and_checked() {
+    fn the_budget_attention_and_matvec_depth_switches_are_known_and_checked() {
         let ok = check_vars(&vars(&[
             ("HIPDECODE_GPU_BUDGET", "8GiB"),
             ("HIPDECODE_GPU_ATTN_PREFILL", "per-query"),
+            ("HIPDECODE_MATVEC_DEPTH", "4"),
         ]))
         .unwrap();
         assert!(ok.is_empty(), "{ok:?}");
         for (var, bad) in [
             ("HIPDECODE_GPU_BUDGET", "lots"),
             ("HIPDECODE_GPU_ATTN_PREFILL", "flash"),
+            ("HIPDECODE_MATVEC_DEPTH", "3"),
         ] {
             let e = check_vars(&vars(&[(var, bad)])).unwrap_err().to_string();
             assert!(e.contains(var) && e.contains(bad), "{e}");

@@ -413,21 +413,40 @@ KERNEL void attn_prefill_f32(const float* q, const float* k_cache, const float* 
 
 // Merges the splits of one (token, head) per block: out = sum_s acc_s e^(m_s - M) /
 // sum_s l_s e^(m_s - M) with M the largest split max; splits with max = -inf are skipped.
+// The first warp reads the n_split <= ATTN_MAX_SPLITS (max, sum) pairs lane-parallel and leaves
+// each split's factor e^(m_s - M) in shared memory, so no thread walks the splits' maxima one
+// after another; then thread d sums its dimension over the splits whose factor is not zero (a
+// skipped split's acc was never written).
+#define ATTN_MAX_SPLITS 64
 KERNEL void attn_combine(const float* part_ms, const float* part_acc, float* out, u32 n_head,
                          u32 dv, u32 n_split) {
+    __shared__ float factor[ATTN_MAX_SPLITS];
+    __shared__ float total;
     const u64 row = (u64)blockIdx.x * n_head + blockIdx.y;
     const float* ms = part_ms + row * n_split * 2;
     const float* acc = part_acc + row * n_split * dv;
-    float m = attn_neg_inf();
-    for (u32 s = 0; s < n_split; ++s) m = fmaxf(m, ms[2 * s]);
-    float l = 0.0f;
-    for (u32 s = 0; s < n_split; ++s) {
-        if (ms[2 * s] > attn_neg_inf()) l += ms[2 * s + 1] * expf(ms[2 * s] - m);
+    if (threadIdx.x < WARP_SIZE) {
+        const u32 lane = threadIdx.x;
+        float m = attn_neg_inf();
+        for (u32 s = lane; s < n_split; s += WARP_SIZE) m = fmaxf(m, ms[2 * s]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (u32 s = lane; s < n_split; s += WARP_SIZE) {
+            const float ms_s = ms[2 * s];
+            const float f = ms_s > attn_neg_inf() ? expf(ms_s - m) : 0.0f;
+            factor[s] = f;
+            l += ms[2 * s + 1] * f;
+        }
+        l = warp_sum(l);
+        if (lane == 0) total = l;
     }
+    __syncthreads();
+    const float l = total;
     for (u32 d = threadIdx.x; d < dv; d += blockDim.x) {
         float a = 0.0f;
         for (u32 s = 0; s < n_split; ++s) {
-            if (ms[2 * s] > attn_neg_inf()) a += acc[(u64)s * dv + d] * expf(ms[2 * s] - m);
+            const float f = factor[s];
+            if (f != 0.0f) a += acc[(u64)s * dv + d] * f;
         }
         out[row * dv + d] = l > 0.0f ? a / l : 0.0f;
     }
@@ -548,8 +567,19 @@ DEVICE void attn_decode_core(const float* q, const T* k_cache, const T* v_cache,
     i64 first = 0;
     if (window > 0 && pos - (i64)window + 1 > 0) first = pos - (i64)window + 1;
     const i64 n_keys = pos - first + 1;
-    const i64 k_begin = (i64)split * (i64)keys_per_split;
-    i64 k_end = k_begin + (i64)keys_per_split;
+    // The host sized the splits for the longest key range the cache allows, so a captured step
+    // replays at any position. At the current position most of them would be empty, and the few
+    // that are not would walk their keys one warp after another. Instead the current keys are
+    // spread over all splits, at least one key per warp (never more than the host's size, which
+    // already covers every key).
+    i64 per_split = (i64)keys_per_split;
+    if (n_split > 1) {
+        i64 even = (n_keys + (i64)n_split - 1) / (i64)n_split;
+        if (even < (i64)n_warps) even = (i64)n_warps;
+        if (even < per_split) per_split = even;
+    }
+    const i64 k_begin = (i64)split * per_split;
+    i64 k_end = k_begin + per_split;
     if (k_end > n_keys) k_end = n_keys;
     const u64 row_q = (u64)t * n_head + h0;
     if (k_begin >= k_end) {

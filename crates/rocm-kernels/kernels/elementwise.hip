@@ -29,35 +29,35 @@ KERNEL void gated_gelu_tanh(float* __restrict__ gate, const float* __restrict__ 
 }
 
 // The gated activation of decode with the next product's activation quantization: one thread
-// per group of 32 values computes gate = act(gate) * up as above (act 0: SiLU, 1: GELU-tanh),
-// writes it, and quantizes the group as quantize_q8 does into xq / xd.
+// per value computes gate = act(gate) * up as above (act 0: SiLU, 1: GELU-tanh), writes it,
+// and the 32 threads of its group (32 consecutive lanes of one warp) quantize it as
+// quantize_q8 does into xq / xd. A thread per value, not per group, keeps the loads coalesced
+// and the grid wide enough to reach every multiprocessor: a decode row is only 448 groups.
+// Grid: (ceil(32 * n_groups / blockDim.x), 1, 1), blockDim.x a multiple of 32.
 KERNEL void gated_q8(float* __restrict__ gate, const float* __restrict__ up, i8* __restrict__ xq,
                      float* __restrict__ xd, u32 n_groups, u32 act) {
-    const u32 g = blockIdx.x * blockDim.x + threadIdx.x;
-    if (g >= n_groups) return;
+    const u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    // n is a multiple of 32 and so is blockDim.x: whole groups (whole warps on wave32) leave
+    // together, and the shuffles below see only lanes of groups that stayed.
+    if (k >= (u64)n_groups * 32) return;
     const float sqrt_2_over_pi = 0.7978846f;
-    float v[32];
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-        const u64 k = (u64)g * 32 + i;
-        const float x = gate[k];
-        float a;
-        if (act == 0) {
-            a = x / (1.0f + expf(-x));
-        } else {
-            const float inner = sqrt_2_over_pi * (x + 0.044715f * x * x * x);
-            a = 0.5f * x * (1.0f + tanhf(inner));
-        }
-        v[i] = a * up[k];
-        gate[k] = v[i];
-        amax = fmaxf(amax, fabsf(v[i]));
+    const float x = gate[k];
+    float a;
+    if (act == 0) {
+        a = x / (1.0f + expf(-x));
+    } else {
+        const float inner = sqrt_2_over_pi * (x + 0.044715f * x * x * x);
+        a = 0.5f * x * (1.0f + tanhf(inner));
     }
+    const float v = a * up[k];
+    gate[k] = v;
+    float amax = fabsf(v);
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, warp_shfl_xor(amax, m));
     const float d = amax / 127.0f;
     const float id = d > 0.0f ? 1.0f / d : 0.0f;
-#pragma unroll
-    for (int i = 0; i < 32; ++i) xq[(u64)g * 32 + i] = (i8)__float2int_rn(v[i] * id);
-    xd[g] = d;
+    xq[k] = (i8)__float2int_rn(v * id);
+    if (k % 32 == 0) xd[k / 32] = d;
 }
 
 // x += y.

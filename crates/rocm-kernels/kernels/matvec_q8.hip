@@ -24,41 +24,23 @@
 
 #define MATVEC_Q8_MAX_TOKENS 8
 
-// ---- Activation quantization: one thread per group of 32 values.
+// ---- Activation quantization: one thread per value; the 32 threads of a group (32
+// consecutive lanes of one warp) find its max with shuffles. A thread per value keeps the
+// loads coalesced and spreads a decode row (128 groups for a 4096-wide one) over many
+// multiprocessors. Grid: (ceil(32 * n_groups / blockDim.x), 1, 1), blockDim.x a multiple of 32.
 KERNEL void quantize_q8(const float* __restrict__ x, i8* __restrict__ xq, float* __restrict__ xd,
                         u32 n_groups) {
-    const u32 g = blockIdx.x * blockDim.x + threadIdx.x;
-    if (g >= n_groups) return;
-    const float4* src = (const float4*)(x + (u64)g * 32);
-    float v[32];
+    const u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    // Whole groups (whole warps on wave32) leave together: see gated_q8.
+    if (k >= (u64)n_groups * 32) return;
+    const float v = x[k];
+    float amax = fabsf(v);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const float4 f = src[i];
-        v[4 * i] = f.x;
-        v[4 * i + 1] = f.y;
-        v[4 * i + 2] = f.z;
-        v[4 * i + 3] = f.w;
-    }
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, warp_shfl_xor(amax, m));
     const float d = amax / 127.0f;
     const float id = d > 0.0f ? 1.0f / d : 0.0f;
-    int packed[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        u32 word = 0;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const int q = __float2int_rn(v[4 * i + k] * id);
-            word |= ((u32)q & 0xFFu) << (8 * k);
-        }
-        packed[i] = (int)word;
-    }
-    int4* dst = (int4*)(xq + (u64)g * 32);
-    dst[0] = make_int4(packed[0], packed[1], packed[2], packed[3]);
-    dst[1] = make_int4(packed[4], packed[5], packed[6], packed[7]);
-    xd[g] = d;
+    xq[k] = (i8)__float2int_rn(v * id);
+    if (k % 32 == 0) xd[k / 32] = d;
 }
 
 // ---- Loads. Blocks of 18, 22, 34 and 210 bytes are only 2-byte aligned, so their 32-bit words
@@ -411,26 +393,35 @@ struct Q8RowLoop<FMT, MAXT, 0> {
     }
 };
 
+// Pieces a lane loads before it uses any (k-quants): enough bytes in flight per
+// multiprocessor to cover the memory latency. Set by the host (-DMATVEC_Q8_DEPTH) from
+// HIPDECODE_MATVEC_DEPTH; the summation order is the same for every depth.
+#ifndef MATVEC_Q8_DEPTH
+#define MATVEC_Q8_DEPTH 2
+#endif
+
 template <int FMT, int MAXT>
 struct Q8RowLoop<FMT, MAXT, 1> {
     static DEVICE void run(const u8* row, const i8* xq, const float* xd, u32 cols, int nt,
                            u32 first, u32 step, u32 pieces, float* acc) {
         enum { ELEMS = FormatInfo<FMT>::elems, BYTES = FormatInfo<FMT>::bytes };
-        enum { PARTS = Q8Piece<FMT>::PARTS };
+        enum { PARTS = Q8Piece<FMT>::PARTS, DEPTH = MATVEC_Q8_DEPTH };
         typedef typename Q8Piece<FMT>::Raw Raw;
-        for (u32 i = first; i < pieces; i += 2 * step) {
-            const u32 i2 = i + step;
-            const bool two = i2 < pieces;
-            Raw r1, r2;
-            Q8Piece<FMT>::load(row + (u64)(i / PARTS) * BYTES, (int)(i % PARTS), r1);
-            if (two) Q8Piece<FMT>::load(row + (u64)(i2 / PARTS) * BYTES, (int)(i2 % PARTS), r2);
-            Q8Piece<FMT>::template dot_raw<MAXT>(r1, (int)(i % PARTS), xq + (u64)(i / PARTS) * ELEMS,
-                                                 xd + (u64)(i / PARTS) * (ELEMS / 32), cols,
-                                                 cols / 32, nt, acc);
-            if (two) {
-                Q8Piece<FMT>::template dot_raw<MAXT>(
-                    r2, (int)(i2 % PARTS), xq + (u64)(i2 / PARTS) * ELEMS,
-                    xd + (u64)(i2 / PARTS) * (ELEMS / 32), cols, cols / 32, nt, acc);
+        for (u32 i = first; i < pieces; i += DEPTH * step) {
+            Raw r[DEPTH];
+#pragma unroll
+            for (int k = 0; k < DEPTH; ++k) {
+                const u32 id = i + k * step;
+                if (id < pieces) Q8Piece<FMT>::load(row + (u64)(id / PARTS) * BYTES, (int)(id % PARTS), r[k]);
+            }
+#pragma unroll
+            for (int k = 0; k < DEPTH; ++k) {
+                const u32 id = i + k * step;
+                if (id < pieces) {
+                    Q8Piece<FMT>::template dot_raw<MAXT>(
+                        r[k], (int)(id % PARTS), xq + (u64)(id / PARTS) * ELEMS,
+                        xd + (u64)(id / PARTS) * (ELEMS / 32), cols, cols / 32, nt, acc);
+                }
             }
         }
     }
@@ -511,11 +502,17 @@ DEVICE void matvec_q8_impl(const u8* __restrict__ w, const i8* __restrict__ xq,
 // p = t * k + s (grid.x), out[p * rows + r] = W[ids[p]][r] . x[xrow], xrow = p when each slot
 // has its own input (x_per_slot) and t otherwise; one warp per row (grid.y * warps + warp);
 // an id outside [0, n_expert) reads no weights and gives zeros. The ids stay on the device.
+// grid.z = 2: a second stack of the same format and shape (an MoE's up beside its gate) into
+// out2, in the same launch.
 template <int FMT>
 DEVICE void matvec_id_q8_impl(const u8* __restrict__ w, const i32* __restrict__ ids,
                               const i8* __restrict__ xq, const float* __restrict__ xd,
                               float* __restrict__ out, u32 n_expert, u32 rows, u32 cols, u32 k,
-                              u32 x_per_slot) {
+                              u32 x_per_slot, const u8* w2, float* out2) {
+    if (blockIdx.z == 1) {
+        w = w2;
+        out = out2;
+    }
     const u32 pair = blockIdx.x;
     const u32 warps = blockDim.x / WARP_SIZE;
     const u32 r = blockIdx.y * warps + threadIdx.x / WARP_SIZE;
@@ -541,8 +538,9 @@ DEVICE void matvec_id_q8_impl(const u8* __restrict__ w, const i32* __restrict__ 
 #define MATVEC_ID_Q8_ENTRY(suffix, FMT)                                                        \
     KERNEL void matvec_id_q8_##suffix(const u8* w, const i32* ids, const i8* xq, const float* xd, \
                                       float* out, u32 n_expert, u32 rows, u32 cols, u32 k,     \
-                                      u32 x_per_slot) {                                        \
-        matvec_id_q8_impl<FMT>(w, ids, xq, xd, out, n_expert, rows, cols, k, x_per_slot);      \
+                                      u32 x_per_slot, const u8* w2, float* out2) {             \
+        matvec_id_q8_impl<FMT>(w, ids, xq, xd, out, n_expert, rows, cols, k, x_per_slot, w2,   \
+                               out2);                                                          \
     }
 
 // matvec_id_q8_q4_0, matvec_id_q8_q4_1, matvec_id_q8_q5_0, matvec_id_q8_q5_1, matvec_id_q8_q8_0,

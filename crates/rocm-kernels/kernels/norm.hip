@@ -28,15 +28,23 @@ KERNEL void rms_norm_rows(const float* x, const float* w, float* out, u32 dim, f
 
 // One warp per vector, for short vectors (per-head Q/K norm, head_dim 64..256): blockDim.x is a
 // multiple of WARP_SIZE and each block handles blockDim.x / WARP_SIZE consecutive vectors.
-// Grid: (ceil(n_vectors / (blockDim.x / WARP_SIZE)), 1, 1).
+// Vectors n_vectors .. n_vectors + n_vectors2 are those of a second tensor, normalized in
+// place with w2 (a layer's keys beside its queries: one launch for both).
+// Grid: (ceil((n_vectors + n_vectors2) / (blockDim.x / WARP_SIZE)), 1, 1).
 KERNEL void rms_norm_warp(const float* x, const float* w, float* out, u32 n_vectors, u32 dim,
-                          float eps) {
+                          float eps, float* x2, const float* w2, u32 n_vectors2) {
     const u32 warps_per_block = blockDim.x / WARP_SIZE;
-    const u32 vec = blockIdx.x * warps_per_block + threadIdx.x / WARP_SIZE;
+    u32 vec = blockIdx.x * warps_per_block + threadIdx.x / WARP_SIZE;
     const u32 lane = threadIdx.x % WARP_SIZE;
-    // The test depends on the warp index only, so whole warps leave together and the shuffles
+    // The tests depend on the warp index only, so whole warps leave together and the shuffles
     // below always see every lane of a warp.
-    if (vec >= n_vectors) return;
+    if (vec >= n_vectors + n_vectors2) return;
+    if (vec >= n_vectors) {
+        vec -= n_vectors;
+        x = x2;
+        out = x2;
+        w = w2;
+    }
     const u64 base = (u64)vec * dim;
     const float* xv = x + base;
     float* ov = out + base;
@@ -55,6 +63,27 @@ KERNEL void rms_norm_warp(const float* x, const float* w, float* out, u32 n_vect
 // out[r] quantized as quantize_q8 does (per group of 32: d = max|v| / 127, q = round(v / d)),
 // into xq[r * dim ..] and xd[r * dim / 32 ..] (dim a multiple of 32 then).
 // One block per row; blockDim.x a multiple of WARP_SIZE up to 1024. Grid: (rows, 1, 1).
+//
+// A decode row is one block on one multiprocessor, so the kernel is latency-bound: each thread
+// loads its values of x, y and w up front (all in flight at once) and keeps them in registers
+// across the reduction, instead of reading x and w again after it. Rows wider than
+// NORM_REG_VALUES * blockDim.x take the loop form.
+#define NORM_REG_VALUES 8
+
+// Quantizes v (thread i of the row) as quantize_q8 does. dim and blockDim.x are multiples of
+// 32: the 32 values of a group are held by 32 consecutive lanes of one warp in the same
+// iteration, and whole groups (whole warps on wave32) call this together, so the shuffles
+// always see every lane they read.
+DEVICE void norm_quantize(float v, u64 i, i8* xq, float* xd) {
+    float amax = fabsf(v);
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, warp_shfl_xor(amax, m));
+    const float d = amax / 127.0f;
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    xq[i] = (i8)__float2int_rn(v * id);
+    if (i % 32 == 0) xd[i / 32] = d;
+}
+
 KERNEL void add_rms_norm_q8(float* x, const float* y, const float* w, float* out, i8* xq,
                             float* xd, u32 dim, float eps) {
     __shared__ float scratch[32];
@@ -62,6 +91,40 @@ KERNEL void add_rms_norm_q8(float* x, const float* y, const float* w, float* out
     float* xr = x + base;
     float* orow = out + base;
     float ss = 0.0f;
+    if (dim <= NORM_REG_VALUES * blockDim.x) {
+        float v[NORM_REG_VALUES], wv[NORM_REG_VALUES];
+#pragma unroll
+        for (int k = 0; k < NORM_REG_VALUES; ++k) {
+            const u32 i = threadIdx.x + k * blockDim.x;
+            v[k] = 0.0f;
+            wv[k] = 0.0f;
+            if (i < dim) {
+                v[k] = xr[i];
+                if (y) v[k] += y[base + i];
+                wv[k] = w[i];
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < NORM_REG_VALUES; ++k) {
+            const u32 i = threadIdx.x + k * blockDim.x;
+            if (i < dim) {
+                if (y) xr[i] = v[k];
+                ss += v[k] * v[k];
+            }
+        }
+        ss = block_sum(ss, scratch);
+        const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+#pragma unroll
+        for (int k = 0; k < NORM_REG_VALUES; ++k) {
+            const u32 i = threadIdx.x + k * blockDim.x;
+            if (i < dim) {
+                const float o = v[k] * inv * wv[k];
+                orow[i] = o;
+                if (xq) norm_quantize(o, base + i, xq, xd);
+            }
+        }
+        return;
+    }
     for (u32 i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = xr[i];
         if (y) {
@@ -72,23 +135,9 @@ KERNEL void add_rms_norm_q8(float* x, const float* y, const float* w, float* out
     }
     ss = block_sum(ss, scratch);
     const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-    if (!xq) {
-        for (u32 i = threadIdx.x; i < dim; i += blockDim.x) orow[i] = xr[i] * inv * w[i];
-        return;
-    }
-    // With quantization, dim is a multiple of 32 and so is blockDim.x: the 32 values of a
-    // group are held by 32 consecutive lanes of one warp in the same iteration, and whole
-    // groups (whole warps on wave32) enter or leave the loop together, so the shuffles below
-    // always see every lane they read.
     for (u32 i = threadIdx.x; i < dim; i += blockDim.x) {
         const float v = xr[i] * inv * w[i];
         orow[i] = v;
-        float amax = fabsf(v);
-#pragma unroll
-        for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, warp_shfl_xor(amax, m));
-        const float d = amax / 127.0f;
-        const float id = d > 0.0f ? 1.0f / d : 0.0f;
-        xq[base + i] = (i8)__float2int_rn(v * id);
-        if (i % 32 == 0) xd[(base + i) / 32] = d;
+        if (xq) norm_quantize(v, base + i, xq, xd);
     }
 }

@@ -10,9 +10,11 @@
 // so they are at least as accurate as the CPU's f32 libm calls.
 #include "portability.h"
 
-// One block per row. The block first computes each pair's angle once into shared memory
-// (n_rot / 2 <= ROPE_MAX_PAIRS), then its threads rotate (head, pair) items in parallel, so a
-// row's heads are not walked one after another by one thread.
+// Blocks (row, chunk): grid.x is the row, grid.y cuts the row's (head, pair) items into chunks
+// of blockDim.x. Each block first computes every pair's angle once into shared memory
+// (n_rot / 2 <= ROPE_MAX_PAIRS), then each thread rotates one item of its chunk. A decode row
+// is a few thousand items: one block walking them in turn spent its time waiting on a chain of
+// dependent loads, where a few blocks side by side finish in one round trip.
 #define ROPE_MAX_PAIRS 256
 
 // A second tensor x2 of `n_heads2` heads per row (may be null with 0 heads) rotates by the same
@@ -37,7 +39,7 @@ KERNEL void rope_f32(float* x, const i32* positions, const float* freq_factors,
     }
     __syncthreads();
     const u32 items = (n_heads + n_heads2) * n_pairs;
-    for (u32 k = threadIdx.x; k < items; k += blockDim.x) {
+    for (u32 k = blockIdx.y * blockDim.x + threadIdx.x; k < items; k += gridDim.y * blockDim.x) {
         const u32 h = k / n_pairs;
         const u32 i = k % n_pairs;
         float* xh = h < n_heads ? x + ((u64)row * n_heads + h) * head_dim

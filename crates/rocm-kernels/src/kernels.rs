@@ -11,9 +11,39 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+/// The variable that sets how many weight pieces a lane of the int8 matrix-vector product loads
+/// before it uses any (`MATVEC_Q8_DEPTH` in `matvec_q8.hip`): a tuning knob for A/B runs.
+pub const MATVEC_DEPTH_VAR: &str = "HIPDECODE_MATVEC_DEPTH";
+/// Depths [`MATVEC_DEPTH_VAR`] accepts.
+const MATVEC_DEPTHS: &[u32] = &[1, 2, 4, 8];
+
 /// Options every module is compiled with, after the device-derived ones (architecture and
-/// `-DWARP_SIZE`). Part of the cache key, as the device-derived ones are.
-const EXTRA_OPTIONS: &[&str] = &[];
+/// `-DWARP_SIZE`): the tuning defines read from the environment. Part of the cache key, as the
+/// device-derived ones are, so a changed knob compiles afresh instead of reusing a stale image.
+fn extra_options() -> Result<Vec<String>> {
+    let mut options = Vec::new();
+    if let Some(depth) = matvec_depth(std::env::var(MATVEC_DEPTH_VAR).ok().as_deref())? {
+        options.push(format!("-DMATVEC_Q8_DEPTH={depth}"));
+    }
+    Ok(options)
+}
+
+/// Parses a value of [`MATVEC_DEPTH_VAR`]: unset or empty keeps the kernel's default.
+pub fn matvec_depth(value: Option<&str>) -> Result<Option<u32>> {
+    let Some(value) = value.map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    match value.parse::<u32>() {
+        Ok(depth) if MATVEC_DEPTHS.contains(&depth) => Ok(Some(depth)),
+        _ => Err(KernelError::Env {
+            variable: MATVEC_DEPTH_VAR,
+            value: value.to_string(),
+            message: format!(
+                "is not a supported depth; use one of {MATVEC_DEPTHS:?}, or unset it for the default"
+            ),
+        }),
+    }
+}
 
 /// The loaded kernels of one device.
 pub struct Kernels {
@@ -51,7 +81,7 @@ impl Kernels {
             // hiprtc then targets the device itself; key on its name instead.
             None => format!("unnamed architecture of {}", device.name()?),
         };
-        let extra: Vec<String> = EXTRA_OPTIONS.iter().map(|s| s.to_string()).collect();
+        let extra = extra_options()?;
         let mut flags = device_compile_options(device)?;
         flags.extend(extra.iter().cloned());
         let compile = |module: KernelModule, source: &str| -> Result<Vec<u8>> {
@@ -213,4 +243,23 @@ fn compile_all(
                 })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matvec_depth_takes_the_listed_depths_and_names_them_otherwise() {
+        assert_eq!(matvec_depth(None).unwrap(), None);
+        assert_eq!(matvec_depth(Some(" ")).unwrap(), None);
+        assert_eq!(matvec_depth(Some("4")).unwrap(), Some(4));
+        for bad in ["3", "0", "16", "four", "-2"] {
+            let err = matvec_depth(Some(bad)).unwrap_err().to_string();
+            assert!(
+                err.contains(MATVEC_DEPTH_VAR) && err.contains("[1, 2, 4, 8]"),
+                "{bad}: {err}"
+            );
+        }
+    }
 }

@@ -141,6 +141,70 @@ fn per_head_norm_matches_the_reference() {
     }
 }
 
+#[test]
+fn query_and_key_norms_in_one_launch_match_two_launches() {
+    let test = "query_and_key_norms_in_one_launch_match_two_launches";
+    let Some((k, s)) = setup(test) else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(3);
+    // (query vectors, key vectors, head_dim): Qwen3's and Gemma 3's, no keys, and one past the
+    // one-warp path (two launches).
+    for (qn, kn, dim) in [(32, 4, 128), (4, 1, 256), (5, 0, 64), (3, 2, 300)] {
+        let (q, kx) = (
+            random(&mut rng, qn * dim, -4.0, 4.0),
+            random(&mut rng, kn * dim, -4.0, 4.0),
+        );
+        let (qw, kw) = (
+            random(&mut rng, dim, 0.1, 2.0),
+            random(&mut rng, dim, 0.1, 2.0),
+        );
+        let (qwb, kwb) = (upload(k, &qw), upload(k, &kw));
+        let single = |x: &[f32], wb, rows| {
+            let xb = upload(k, x);
+            let len = x.len();
+            norm::rms_norm_inplace(
+                k,
+                &s,
+                &mut view_mut(&xb, len),
+                view(wb, dim),
+                rows,
+                dim,
+                1e-6,
+            )
+            .unwrap();
+            download::<f32>(&s, &xb, len)
+        };
+        let (want_q, want_k) = (single(&q, &qwb, qn), single(&kx, &kwb, kn));
+        // One allocation for both, as a layer's activations sit side by side.
+        let mut both = q.clone();
+        both.extend_from_slice(&kx);
+        let b = upload(k, &both);
+        let mut qv = view_mut::<f32>(&b, q.len());
+        // SAFETY: the keys' values follow the queries' in the same buffer, which outlives the
+        // view; the test reads it only after the stream is synchronized.
+        let mut kv = unsafe {
+            rocm_kernels::DeviceSliceMut::<f32>::from_raw(
+                b.ptr().0 + (q.len() * 4) as u64,
+                kn * dim,
+            )
+        };
+        norm::rms_norm_inplace_pair(
+            k,
+            &s,
+            (&mut qv, view(&qwb, dim), qn),
+            (&mut kv, view(&kwb, dim), kn),
+            dim,
+            1e-6,
+        )
+        .unwrap();
+        let got = download::<f32>(&s, &b, both.len());
+        let what = format!("{test}: {qn} + {kn} vectors of {dim}");
+        assert_bits_eq(&got[..q.len()], &want_q, &format!("{what}: q"));
+        assert_bits_eq(&got[q.len()..], &want_k, &format!("{what}: k"));
+    }
+}
+
 const LENS: [usize; 7] = [1, 7, 640, 1152, 2051, 6144 * 3, 100_003];
 
 #[test]

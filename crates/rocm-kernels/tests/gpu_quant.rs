@@ -792,6 +792,90 @@ fn int8_expert_products_match_the_reference_of_the_same_activations() {
 }
 
 #[test]
+fn int8_expert_pairs_match_two_single_products() {
+    let test = "int8_expert_pairs_match_two_single_products";
+    let Some((k, s)) = setup(test) else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(13);
+    let (n_expert, rows, nt, top) = (4, 11, 2, 2);
+    let ids = [3i32, 0, 1, 7];
+    let idb = upload(k, &ids);
+    for format in matvec_q8::Q8_FORMATS {
+        let cols = 2 * format.block_size();
+        let stack = |rng: &mut StdRng| {
+            let (b, bytes) = weights_on_device(k, rng, format, n_expert * rows, cols);
+            (b, bytes.len())
+        };
+        let ((gb, gn), (ub, un)) = (stack(&mut rng), stack(&mut rng));
+        let gate = QuantExperts::new(view(&gb, gn), format, n_expert, rows, cols).unwrap();
+        let up = QuantExperts::new(view(&ub, un), format, n_expert, rows, cols).unwrap();
+        let x = random(&mut rng, nt * cols, -1.0, 1.0);
+        let (vb, sb, _) = quantize_on_device(k, &s, &x, nt, cols);
+        let act = || Q8Activations {
+            values: view(&vb, x.len()),
+            scales: view(&sb, x.len() / matvec_q8::GROUP),
+        };
+        let n_out = nt * top * rows;
+        let single = |experts: &QuantExperts| {
+            let ob = upload(k, &vec![f32::NAN; n_out]);
+            let input = ExpertInput::PerToken;
+            let ids = view(&idb, ids.len());
+            let out = &mut view_mut(&ob, n_out);
+            matvec_q8::matvec_id(k, &s, experts, ids, nt, top, act(), input, out).unwrap();
+            download::<f32>(&s, &ob, n_out)
+        };
+        let (want_g, want_u) = (single(&gate), single(&up));
+        let (og, ou) = (
+            upload(k, &vec![f32::NAN; n_out]),
+            upload(k, &vec![f32::NAN; n_out]),
+        );
+        matvec_q8::matvec_id_pair(
+            k,
+            &s,
+            (&gate, &mut view_mut(&og, n_out)),
+            (&up, &mut view_mut(&ou, n_out)),
+            view(&idb, ids.len()),
+            nt,
+            top,
+            act(),
+            ExpertInput::PerToken,
+        )
+        .unwrap();
+        // The same kernel body on the same inputs: bit for bit (NaN never equals).
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert!(
+            want_g.iter().chain(&want_u).all(|v| v.is_finite()),
+            "{format}"
+        );
+        assert_eq!(
+            bits(&download(&s, &og, n_out)),
+            bits(&want_g),
+            "{test}: {format} gate"
+        );
+        assert_eq!(
+            bits(&download(&s, &ou, n_out)),
+            bits(&want_u),
+            "{test}: {format} up"
+        );
+        // Overlapping outputs are refused before anything is queued.
+        let err = matvec_q8::matvec_id_pair(
+            k,
+            &s,
+            (&gate, &mut view_mut(&og, n_out)),
+            (&up, &mut view_mut(&og, n_out)),
+            view(&idb, ids.len()),
+            nt,
+            top,
+            act(),
+            ExpertInput::PerToken,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("overlap"), "{err}");
+    }
+}
+
+#[test]
 fn matvec_q8_pairs_match_two_single_products() {
     let test = "matvec_q8_pairs_match_two_single_products";
     let Some((k, s)) = setup(test) else {

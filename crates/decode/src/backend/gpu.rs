@@ -1304,6 +1304,27 @@ impl Backend for GpuBackend {
         self.op_done(|| "rms_norm_inplace".into(), (2 * rows * dim * 4) as u64)
     }
 
+    fn rms_norm_inplace_qk(
+        &mut self,
+        (q, q_norm, q_rows): (&mut GpuBuffer, &GpuWeight, usize),
+        (k, k_norm, k_rows): (&mut GpuBuffer, &GpuWeight, usize),
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let (qw, kw) = (q_norm.vector("q norm")?, k_norm.vector("k norm")?);
+        norm::rms_norm_inplace_pair(
+            &self.kernels,
+            &self.stream,
+            (&mut q.view_mut(), qw, q_rows),
+            (&mut k.view_mut(), kw, k_rows),
+            dim,
+            eps,
+        )
+        .map_err(kerr("rms_norm_inplace q+k"))?;
+        let bytes = 2 * (q_rows + k_rows) * dim * 4;
+        self.op_done(|| "rms_norm_inplace q+k".into(), bytes as u64)
+    }
+
     fn matmul(
         &mut self,
         w: &GpuWeight,
@@ -1496,10 +1517,16 @@ impl Backend for GpuBackend {
         let ids = ids.as_const();
         match quantized {
             Some((xq, mut gq)) => {
-                for (w, dst, what) in [(&gate, &mut g, "moe gate"), (&up, &mut u, "moe up")] {
-                    let input = moe::ExpertInput::PerToken;
-                    matvec_q8::matvec_id(kn, st, w, ids, rows, k, xq, input, dst)
-                        .map_err(kerr(what))?;
+                let input = moe::ExpertInput::PerToken;
+                let (gate_out, up_out) = ((&gate, &mut g), (&up, &mut u));
+                if gate.format() == up.format() {
+                    matvec_q8::matvec_id_pair(kn, st, gate_out, up_out, ids, rows, k, xq, input)
+                        .map_err(kerr("moe gate+up"))?;
+                } else {
+                    for (w, dst) in [gate_out, up_out] {
+                        matvec_q8::matvec_id(kn, st, w, ids, rows, k, xq, input, dst)
+                            .map_err(kerr("moe gate/up"))?;
+                    }
                 }
                 let act = gate_activation(act);
                 elementwise::gated_q8(kn, st, &mut g, u.as_const(), pairs * n_ff, act, &mut gq)

@@ -270,6 +270,20 @@ pub trait Backend: Send {
         dim: usize,
         eps: f32,
     ) -> Result<()>;
+    /// The per-head Q and K norms of a layer: [`Backend::rms_norm_inplace`] of `q` (`q_rows`
+    /// vectors, weight `q_norm`) and of `k` (`k_rows`, `k_norm`), both of `dim`. The default
+    /// runs two; a GPU backend one launch.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_inplace_qk(
+        &mut self,
+        (q, q_norm, q_rows): (&mut Self::Buffer, &Self::Weight, usize),
+        (k, k_norm, k_rows): (&mut Self::Buffer, &Self::Weight, usize),
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.rms_norm_inplace(q, q_norm, q_rows, dim, eps)?;
+        self.rms_norm_inplace(k, k_norm, k_rows, dim, eps)
+    }
     /// `out[r] = W · x[r]` for `rows` rows; W is `[n_out][n_in]` in its stored format.
     fn matmul(
         &mut self,

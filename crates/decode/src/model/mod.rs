@@ -469,8 +469,12 @@ impl<B: Backend> Model<B> {
                     be.add_bias(&mut a.v, bv, n)?;
                 }
                 if let Some([qn, kn]) = &layer.qk_norm {
-                    be.rms_norm_inplace(&mut a.q, qn, n * s.n_head, s.head_dim_k, s.eps)?;
-                    be.rms_norm_inplace(&mut a.k, kn, n * s.n_head_kv, s.head_dim_k, s.eps)?;
+                    be.rms_norm_inplace_qk(
+                        (&mut a.q, qn, n * s.n_head),
+                        (&mut a.k, kn, n * s.n_head_kv),
+                        s.head_dim_k,
+                        s.eps,
+                    )?;
                 }
                 let rf = rope_factors.as_ref();
                 let (nh, nkv, hd) = (s.n_head, s.n_head_kv, s.head_dim_k);

@@ -38,7 +38,8 @@ const MAX_HEADS_PER_BLOCK: usize = 8;
 const MAX_ITEMS: usize = 2;
 /// Largest `head_dim_v` the kernel takes.
 pub const MAX_HEAD_DIM_V: usize = MAX_ITEMS * BLOCK as usize;
-/// Most splits of the key range in [`attention_decode`].
+/// Most splits of the key range in [`attention_decode`]; `ATTN_MAX_SPLITS` in
+/// `attention.hip`, where the combine keeps one factor per split in shared memory.
 pub const MAX_SPLITS: usize = 64;
 /// Static shared memory of the kernel: `red`, ATTN_MAX_HEADS * 32 floats.
 const STATIC_SHARED_BYTES: usize = MAX_HEADS_PER_BLOCK * 32 * 4;
@@ -448,7 +449,9 @@ fn launch(
             .arg(&n_split);
         // SAFETY: the arguments match `attn_combine`; it reads the partials the launch above
         // wrote (same stream, so in order) for n_tokens x n_head rows and writes that many rows
-        // of head_dim_v into out, which `check_io` sized.
+        // of head_dim_v into out, which `check_io` sized. n_split <= MAX_SPLITS (both plans cap
+        // it), the size of the kernel's shared factors; the block is whole waves, so its first
+        // warp is complete for the shuffles.
         unsafe {
             l.launch(LaunchConfig {
                 grid: [n_tokens, n_head, 1],

@@ -116,13 +116,14 @@ pub fn gated_q8(
         .arg(&d_p)
         .arg(&groups)
         .arg(&act_code);
-    const THREADS: u32 = 128;
+    const THREADS: u32 = 256;
     // SAFETY: the arguments match `gated_q8(float*, const float*, i8*, float*, u32, u32)`;
-    // thread g < groups touches values [32g, 32g + 32) of gate, up and the quantized values
-    // and scale g, all inside the views checked above; gate and up do not overlap.
+    // thread k < 32 * groups = n touches value k of gate, up and the quantized values and
+    // scale k / 32, all inside the views checked above; gate and up do not overlap. THREADS
+    // is a multiple of 32, as the kernel's group shuffles need.
     unsafe {
         l.launch(LaunchConfig {
-            grid: [groups.div_ceil(THREADS), 1, 1],
+            grid: [n.div_ceil(THREADS), 1, 1],
             block: [THREADS, 1, 1],
             shared_bytes: 0,
         })

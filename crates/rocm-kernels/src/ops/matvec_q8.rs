@@ -19,7 +19,7 @@ use crate::ops::moe::{self, ExpertInput, QuantExperts};
 use crate::source::KernelModule;
 use crate::view::{DeviceSlice, DeviceSliceMut};
 use gguf_loader::GgmlType;
-use hip_ffi::{LaunchConfig, Stream};
+use hip_ffi::{DevicePtr, LaunchConfig, Stream};
 
 const OP: &str = "matvec_q8";
 
@@ -133,20 +133,20 @@ pub fn quantize(
     if n == 0 {
         return Ok(());
     }
-    let groups = u32::try_from(n / GROUP)
+    let values = u32::try_from(n)
         .map_err(|_| shape_error(OP, format!("{n} values are too many for one launch")))?;
+    let groups = values / GROUP as u32;
     let function = kernels.function(KernelModule::MatvecQ8, "quantize_q8")?;
     let (x_p, v_p, s_p) = (x.ptr(), q.values.ptr(), q.scales.ptr());
     let mut l = function.builder(stream);
     l.arg(&x_p).arg(&v_p).arg(&s_p).arg(&groups);
-    const THREADS: u32 = 128;
-    // SAFETY: `quantize_q8(const float*, i8*, float*, u32)`: thread g < groups reads x[32g ..
-    // 32g + 32] and writes values[32g .. 32g + 32] and scales[g], all inside the views checked
-    // above (n = 32 * groups values); both value pointers are 16-byte aligned for the vector
-    // loads and stores.
+    const THREADS: u32 = 256;
+    // SAFETY: `quantize_q8(const float*, i8*, float*, u32)`: thread k < 32 * groups reads x[k]
+    // and writes values[k] and scales[k / 32], all inside the views checked above (n = 32 *
+    // groups values). THREADS is a multiple of 32, as the kernel's group shuffles need.
     unsafe {
         l.launch(LaunchConfig {
-            grid: [groups.div_ceil(THREADS), 1, 1],
+            grid: [values.div_ceil(THREADS), 1, 1],
             block: [THREADS, 1, 1],
             shared_bytes: 0,
         })
@@ -317,21 +317,101 @@ pub fn matvec_id(
     input: ExpertInput,
     out: &mut DeviceSliceMut<f32>,
 ) -> Result<()> {
+    matvec_id_launch(
+        kernels,
+        stream,
+        (experts, out),
+        None,
+        ids,
+        n_tokens,
+        k,
+        x,
+        input,
+    )
+}
+
+/// [`matvec_id`] for two expert stacks of the same format and shape over the same ids and
+/// activations (an MoE's gate and up) in one launch: `out` from `experts`, `out2` from
+/// `experts2`. Errors (nothing queued) as [`matvec_id`] does, and when the stacks differ in
+/// format or shape.
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_id_pair(
+    kernels: &Kernels,
+    stream: &Stream,
+    (experts, out): (&QuantExperts, &mut DeviceSliceMut<f32>),
+    (experts2, out2): (&QuantExperts, &mut DeviceSliceMut<f32>),
+    ids: DeviceSlice<i32>,
+    n_tokens: usize,
+    k: usize,
+    x: Q8Activations,
+    input: ExpertInput,
+) -> Result<()> {
+    const OP: &str = "matvec_id_q8 pair";
+    let same = experts.format() == experts2.format()
+        && experts.rows() == experts2.rows()
+        && experts.cols() == experts2.cols()
+        && experts.n_expert() == experts2.n_expert();
+    let bytes = |o: &DeviceSliceMut<f32>| o.addr()..o.addr() + (o.len() * 4) as u64;
+    let (a, b) = (bytes(out), bytes(out2));
+    check_shape(a.end <= b.start || b.end <= a.start, OP, || {
+        "out and out2 overlap".to_string()
+    })?;
+    check_shape(same, OP, || {
+        format!(
+            "the stacks differ: {} {}x{}x{} against {} {}x{}x{}",
+            experts.format().name(),
+            experts.n_expert(),
+            experts.rows(),
+            experts.cols(),
+            experts2.format().name(),
+            experts2.n_expert(),
+            experts2.rows(),
+            experts2.cols()
+        )
+    })?;
+    matvec_id_launch(
+        kernels,
+        stream,
+        (experts, out),
+        Some((experts2, out2)),
+        ids,
+        n_tokens,
+        k,
+        x,
+        input,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matvec_id_launch(
+    kernels: &Kernels,
+    stream: &Stream,
+    (experts, out): (&QuantExperts, &mut DeviceSliceMut<f32>),
+    second: Option<(&QuantExperts, &mut DeviceSliceMut<f32>)>,
+    ids: DeviceSlice<i32>,
+    n_tokens: usize,
+    k: usize,
+    x: Q8Activations,
+    input: ExpertInput,
+) -> Result<()> {
     const OP: &str = "matvec_id_q8";
     let format = experts.format();
     let index = format_index(OP, format)?;
     let (rows, cols) = (experts.rows(), experts.cols());
     check_cols(cols)?;
-    moe::check_matvec_id(
-        rows,
-        cols,
-        ids.len(),
-        n_tokens,
-        k,
-        x.values.len(),
-        input,
-        out.len(),
-    )?;
+    let outs = std::iter::once(out.len()).chain(second.as_ref().map(|(_, o)| o.len()));
+    for out_len in outs {
+        moe::check_matvec_id(
+            rows,
+            cols,
+            ids.len(),
+            n_tokens,
+            k,
+            x.values.len(),
+            input,
+            out_len,
+        )?;
+    }
     let x_rows = match input {
         ExpertInput::PerToken => n_tokens,
         ExpertInput::PerSlot => n_tokens * k,
@@ -367,6 +447,11 @@ pub fn matvec_id(
         k as u32,
     );
     let per_slot = u32::from(input == ExpertInput::PerSlot);
+    let (w2_p, out2_p) = match &second {
+        Some((e2, o2)) => (e2.data().ptr(), o2.ptr()),
+        None => (DevicePtr(0), DevicePtr(0)),
+    };
+    let grid_z = if second.is_some() { 2 } else { 1 };
     let (w_p, ids_p, v_p, s_p, out_p) = (
         experts.data().ptr(),
         ids.ptr(),
@@ -384,15 +469,19 @@ pub fn matvec_id(
         .arg(&rows_u)
         .arg(&cols_u)
         .arg(&k_u)
-        .arg(&per_slot);
+        .arg(&per_slot)
+        .arg(&w2_p)
+        .arg(&out2_p);
     // SAFETY: the arguments match `matvec_id_q8_<fmt>(const u8*, const i32*, const i8*, const
-    // float*, float*, u32, u32, u32, u32, u32)`. Block (p, y) reads ids[p], p < pairs <=
-    // ids.len(); weights only of an id in [0, n_expert) (QuantExperts checked the stack's
-    // bytes); the quantized row t or p of x (checked above) and writes out[p * rows + r],
-    // r < rows, inside `out` (check_matvec_id).
+    // float*, float*, u32, u32, u32, u32, u32, const u8*, float*)`. Block (p, y, z) reads
+    // ids[p], p < pairs <= ids.len(); weights only of an id in [0, n_expert) of the stack z
+    // picks (QuantExperts checked each stack's bytes; the second has the first's format and
+    // shape, and is only read with grid z = 2); the quantized row t or p of x (checked above)
+    // and writes out[p * rows + r] (or out2's), r < rows, inside it (check_matvec_id, run for
+    // both outputs).
     unsafe {
         l.launch(LaunchConfig {
-            grid: [pairs as u32, row_blocks, 1],
+            grid: [pairs as u32, row_blocks, grid_z],
             block: [BLOCK_THREADS, 1, 1],
             shared_bytes: 0,
         })

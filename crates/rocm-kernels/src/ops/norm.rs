@@ -201,6 +201,73 @@ pub fn add_rms_norm(
     Ok(())
 }
 
+/// [`rms_norm_inplace`] of two tensors of the same vector length in one launch where the
+/// vectors are short enough for one warp each (per-head Q and K norms): `x` holds `rows`
+/// vectors normalized with `weight`, `x2` holds `rows2` normalized with `weight2`. Longer
+/// vectors take two launches. Errors (nothing queued) as [`rms_norm_inplace`] does for either
+/// tensor, and when the two overlap.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_inplace_pair(
+    kernels: &Kernels,
+    stream: &Stream,
+    (x, weight, rows): (&mut DeviceSliceMut<f32>, DeviceSlice<f32>, usize),
+    (x2, weight2, rows2): (&mut DeviceSliceMut<f32>, DeviceSlice<f32>, usize),
+    dim: usize,
+    eps: f32,
+) -> Result<()> {
+    check(x.len(), weight.len(), x.len(), rows, dim, eps)?;
+    check(x2.len(), weight2.len(), x2.len(), rows2, dim, eps)?;
+    check(
+        usize::MAX,
+        dim,
+        usize::MAX,
+        rows.saturating_add(rows2),
+        dim,
+        eps,
+    )?;
+    let span = |p: u64, r: usize| p..p + (r * dim * 4) as u64;
+    let (a, b) = (span(x.addr(), rows), span(x2.addr(), rows2));
+    check_shape(
+        a.end <= b.start || b.end <= a.start || rows * rows2 == 0,
+        OP,
+        || "the two tensors overlap".to_string(),
+    )?;
+    if dim > WARP_ROW_MAX {
+        launch(
+            kernels,
+            stream,
+            x.ptr(),
+            weight.ptr(),
+            x.ptr(),
+            rows,
+            dim,
+            eps,
+        )?;
+        return launch(
+            kernels,
+            stream,
+            x2.ptr(),
+            weight2.ptr(),
+            x2.ptr(),
+            rows2,
+            dim,
+            eps,
+        );
+    }
+    let second = (x2.ptr(), weight2.ptr(), rows2 as u32);
+    launch_warp(
+        kernels,
+        stream,
+        x.ptr(),
+        weight.ptr(),
+        x.ptr(),
+        rows,
+        dim,
+        eps,
+        second,
+    )
+}
+
 // Internal: the checked shape and raw addresses of one launch.
 #[allow(clippy::too_many_arguments)]
 fn launch(
@@ -219,28 +286,9 @@ fn launch(
     // `check` bounded rows * dim by u32::MAX, and dim >= 1.
     let rows_u = rows as u32;
     let dim_u = dim as u32;
-    let wave = kernels.wave_size().max(1);
     if dim <= WARP_ROW_MAX {
-        let per_block = (WARP_KERNEL_BLOCK / wave).max(1);
-        let function = kernels.function(KernelModule::Norm, "rms_norm_warp")?;
-        let mut l = function.builder(stream);
-        l.arg(&x)
-            .arg(&weight)
-            .arg(&out)
-            .arg(&rows_u)
-            .arg(&dim_u)
-            .arg(&eps);
-        // SAFETY: the arguments match `rms_norm_warp(const float*, const float*, float*, u32,
-        // u32, float)`. `check` made x and out hold rows * dim values and weight dim; warp w
-        // of the grid normalizes vector w < rows, reading and writing only its dim values.
-        // x == out is allowed: each value is read and written by the same lane.
-        unsafe {
-            l.launch(LaunchConfig {
-                grid: [rows_u.div_ceil(per_block), 1, 1],
-                block: [WARP_KERNEL_BLOCK, 1, 1],
-                shared_bytes: 0,
-            })
-        }?;
+        let none = (DevicePtr(0), DevicePtr(0), 0);
+        launch_warp(kernels, stream, x, weight, out, rows, dim, eps, none)?;
     } else {
         // About four values per thread, in whole multiples of 64 (a multiple of both wave
         // sizes), between 64 and 1024 threads.
@@ -260,5 +308,55 @@ fn launch(
             })
         }?;
     }
+    Ok(())
+}
+
+// Internal: `rms_norm_warp` over `rows` vectors of x (into out) and the `second` tensor's
+// vectors in place (none with 0 vectors). The callers checked both shapes; dim <=
+// WARP_ROW_MAX.
+#[allow(clippy::too_many_arguments)]
+fn launch_warp(
+    kernels: &Kernels,
+    stream: &Stream,
+    x: DevicePtr,
+    weight: DevicePtr,
+    out: DevicePtr,
+    rows: usize,
+    dim: usize,
+    eps: f32,
+    (x2, weight2, rows2): (DevicePtr, DevicePtr, u32),
+) -> Result<()> {
+    // `check` bounded (rows + rows2) * dim by u32::MAX, and dim >= 1.
+    let (rows_u, dim_u) = (rows as u32, dim as u32);
+    let total = rows_u + rows2;
+    if total == 0 {
+        return Ok(());
+    }
+    let wave = kernels.wave_size().max(1);
+    let per_block = (WARP_KERNEL_BLOCK / wave).max(1);
+    let function = kernels.function(KernelModule::Norm, "rms_norm_warp")?;
+    let mut l = function.builder(stream);
+    l.arg(&x)
+        .arg(&weight)
+        .arg(&out)
+        .arg(&rows_u)
+        .arg(&dim_u)
+        .arg(&eps)
+        .arg(&x2)
+        .arg(&weight2)
+        .arg(&rows2);
+    // SAFETY: the arguments match `rms_norm_warp(const float*, const float*, float*, u32, u32,
+    // float, float*, const float*, u32)`. The callers' `check`s made x and out hold rows * dim
+    // values, x2 rows2 * dim (null only with rows2 = 0) and both weights dim; warp v of the
+    // grid normalizes vector v < rows of x, or vector v - rows < rows2 of x2 in place, reading
+    // and writing only its dim values. x == out is allowed: each value is read and written by
+    // the same lane.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid: [total.div_ceil(per_block), 1, 1],
+            block: [WARP_KERNEL_BLOCK, 1, 1],
+            shared_bytes: 0,
+        })
+    }?;
     Ok(())
 }

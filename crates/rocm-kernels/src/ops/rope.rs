@@ -20,8 +20,10 @@ use crate::view::{DeviceSlice, DeviceSliceMut};
 use hip_ffi::{DevicePtr, LaunchConfig, Stream};
 
 const OP: &str = "rope";
-/// Most threads per block (one block per row, threads over the pairs).
+/// Most threads per block (blocks per row cover the row's (head, pair) items).
 const MAX_BLOCK: u32 = 256;
+/// Most blocks per row (grid y); a row with more items loops over them.
+const MAX_ROW_BLOCKS: u32 = 64;
 /// Most rotated dimensions per head: the kernel keeps one angle per pair in shared memory
 /// (`ROPE_MAX_PAIRS` in `rope.hip`).
 pub const MAX_ROT: usize = 512;
@@ -221,6 +223,7 @@ fn rope_launch(
         .max(1)
         .saturating_mul(wave)
         .min(MAX_BLOCK);
+    let row_blocks = items.div_ceil(block).clamp(1, MAX_ROW_BLOCKS);
     let (ff_ptr, has_ff) = match freq_factors {
         Some(f) => (f.ptr(), 1u32),
         None => (DevicePtr(0), 0u32),
@@ -249,7 +252,7 @@ fn rope_launch(
     // (read only when has_freq_factors is 1).
     unsafe {
         launch.launch(LaunchConfig {
-            grid: [rows, 1, 1],
+            grid: [rows, row_blocks, 1],
             block: [block, 1, 1],
             shared_bytes: 0,
         })
