@@ -26,9 +26,19 @@ grep -E "max \||greedy|test result|panicked" $OUT/gpu_backend.log | head -40
 timeout 240 $B/bench-decode -m $G -m $L -m $Q -p 512 -n 128 -r 5 --device gpu \
   --svg $OUT/memory-timeline.svg > $OUT/bench.md 2>&1; echo "bench exit $?"
 cat $OUT/bench.md
+# The kernel tests again with both matrix-vector knobs away from their defaults (deeper loads,
+# and a grid capped at one block per multiprocessor, so every warp strides over many rows).
+for t in gpu_quant gpu_basic; do
+  TB=$(ls bundle/tests/$t-* | head -1)
+  (cd crates/rocm-kernels && HIPDECODE_REQUIRE_GPU=1 HIPDECODE_MATVEC_DEPTH=4 \
+    HIPDECODE_MATVEC_BLOCKS_PER_SM=1 timeout 120 ../../$TB --test-threads=1) > $OUT/knobs-$t.log 2>&1
+  echo "$t with knobs exit $?"; grep -E "test result|FAILED|panicked" $OUT/knobs-$t.log | head -5
+done
 { for f in $L $Q; do timeout 150 $B/bench-decode -m $f -p 0 -n 128 --device gpu --rounds 3 \
-    --ab 'HIPDECODE_MATVEC_DEPTH=2' 'HIPDECODE_MATVEC_DEPTH=4'; echo; done; } > $OUT/ab-depth.txt 2>&1
-echo "ab exit $?"; grep -E "verdict|\| (A|B) " $OUT/ab-depth.txt
+    --ab 'HIPDECODE_MATVEC_DEPTH=2' 'HIPDECODE_MATVEC_DEPTH=4'; echo; done
+  timeout 150 $B/bench-decode -m $L -p 0 -n 128 --device gpu --rounds 3 \
+    --ab 'HIPDECODE_MATVEC_BLOCKS_PER_SM=0' 'HIPDECODE_MATVEC_BLOCKS_PER_SM=8'; } > $OUT/ab-matvec.txt 2>&1
+echo "ab exit $?"; grep -E "verdict|\| (A|B) " $OUT/ab-matvec.txt
 { for f in $G $L $Q; do timeout 60 $B/hipdecode profile -m $f -p 64 -n 8; echo; done; } > $OUT/profiles.md 2>&1
 echo "profiles exit $?"; cat $OUT/profiles.md | head -150
 # Counters of the 8B's matrix-vector launches in eager decode steps (the profile's), skipping

@@ -446,29 +446,40 @@ DEVICE void matvec_q8_impl(const u8* __restrict__ w, const i8* __restrict__ xq,
     const u32 r = blockIdx.x * rows_per_block + warp / warps_per_row;
     const u32 sub = warp % warps_per_row;
     const int nt = (int)n_tokens;
+    enum { ELEMS = FormatInfo<FMT>::elems, PARTS = Q8Piece<FMT>::PARTS };
+    const u32 pieces = (cols / ELEMS) * PARTS;
+    if (warps_per_row == 1) {
+        // A warp per row, striding over the rows when the host capped the grid (fewer, longer-
+        // lived blocks: see HIPDECODE_MATVEC_BLOCKS_PER_SM); no shared memory, no barrier.
+        for (u32 rr = r; rr < rows; rr += gridDim.x * rows_per_block) {
+            float acc[MAXT];
+#pragma unroll
+            for (int t = 0; t < MAXT; ++t) acc[t] = 0.0f;
+            const u8* row = w + (u64)rr * row_bytes<FMT>(cols);
+            Q8RowLoop<FMT, MAXT, Q8Piece<FMT>::SPLIT>::run(row, xq, xd, cols, nt, lane, WARP_SIZE,
+                                                           pieces, acc);
+#pragma unroll
+            for (int t = 0; t < MAXT; ++t) acc[t] = warp_sum(acc[t]);
+            if (lane == 0) {
+#pragma unroll
+                for (int t = 0; t < MAXT; ++t) {
+                    if (t < nt) out[(u64)t * rows + rr] = acc[t];
+                }
+            }
+        }
+        return;  // warps_per_row is the same for the whole block: no thread waits below
+    }
     float acc[MAXT];
 #pragma unroll
     for (int t = 0; t < MAXT; ++t) acc[t] = 0.0f;
     if (r < rows) {
-        enum { ELEMS = FormatInfo<FMT>::elems, BYTES = FormatInfo<FMT>::bytes };
-        enum { PARTS = Q8Piece<FMT>::PARTS };
         const u8* row = w + (u64)r * row_bytes<FMT>(cols);
-        const u32 pieces = (cols / ELEMS) * PARTS;
         Q8RowLoop<FMT, MAXT, Q8Piece<FMT>::SPLIT>::run(row, xq, xd, cols, nt,
                                                        sub * WARP_SIZE + lane,
                                                        warps_per_row * WARP_SIZE, pieces, acc);
     }
 #pragma unroll
     for (int t = 0; t < MAXT; ++t) acc[t] = warp_sum(acc[t]);
-    if (warps_per_row == 1) {
-        if (lane == 0 && r < rows) {
-#pragma unroll
-            for (int t = 0; t < MAXT; ++t) {
-                if (t < nt) out[(u64)t * rows + r] = acc[t];
-            }
-        }
-        return;  // warps_per_row is the same for the whole block: no thread waits below
-    }
     if (lane == 0) {
 #pragma unroll
         for (int t = 0; t < MAXT; ++t) partial[warp][t] = acc[t];

@@ -17,6 +17,32 @@ pub const MATVEC_DEPTH_VAR: &str = "HIPDECODE_MATVEC_DEPTH";
 /// Depths [`MATVEC_DEPTH_VAR`] accepts.
 const MATVEC_DEPTHS: &[u32] = &[1, 2, 4, 8];
 
+/// The variable that caps the int8 matrix-vector product's grid at this many blocks per
+/// multiprocessor when it runs a warp per row, so each warp strides over several rows (fewer,
+/// longer-lived blocks); unset or 0 gives a block per group of rows. A tuning knob for A/B runs.
+pub const MATVEC_BLOCKS_PER_SM_VAR: &str = "HIPDECODE_MATVEC_BLOCKS_PER_SM";
+/// Largest value [`MATVEC_BLOCKS_PER_SM_VAR`] accepts.
+const MAX_BLOCKS_PER_SM: u32 = 64;
+
+/// Parses a value of [`MATVEC_BLOCKS_PER_SM_VAR`]: unset, empty or 0 means no cap.
+pub fn matvec_blocks_per_sm(value: Option<&str>) -> Result<Option<u32>> {
+    let Some(value) = value.map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    match value.parse::<u32>() {
+        Ok(0) => Ok(None),
+        Ok(n) if n <= MAX_BLOCKS_PER_SM => Ok(Some(n)),
+        _ => Err(KernelError::Env {
+            variable: MATVEC_BLOCKS_PER_SM_VAR,
+            value: value.to_string(),
+            message: format!(
+                "is not a block count; use a whole number from 1 to {MAX_BLOCKS_PER_SM}, or 0 \
+                 (or unset) for no cap"
+            ),
+        }),
+    }
+}
+
 /// Options every module is compiled with, after the device-derived ones (architecture and
 /// `-DWARP_SIZE`): the tuning defines read from the environment. Part of the cache key, as the
 /// device-derived ones are, so a changed knob compiles afresh instead of reusing a stale image.
@@ -50,6 +76,7 @@ pub struct Kernels {
     device: Device,
     wave_size: u32,
     multiprocessors: u32,
+    matvec_blocks_per_sm: Option<u32>,
     functions: HashMap<(KernelModule, &'static str), Function>,
 }
 
@@ -74,6 +101,8 @@ impl Kernels {
         let started = std::time::Instant::now();
         let wave_size = device.warp_size()?;
         let multiprocessors = device.multiprocessor_count()?;
+        let matvec_blocks_per_sm =
+            matvec_blocks_per_sm(std::env::var(MATVEC_BLOCKS_PER_SM_VAR).ok().as_deref())?;
         let compiler = Compiler::load(device.platform())?;
         let compiler_version = compiler.version();
         let arch = match device.arch()? {
@@ -171,6 +200,7 @@ impl Kernels {
             device: *device,
             wave_size,
             multiprocessors,
+            matvec_blocks_per_sm,
             functions,
         })
     }
@@ -188,6 +218,12 @@ impl Kernels {
     /// The device's multiprocessor (compute unit) count, for launch shapes that fill it.
     pub fn multiprocessors(&self) -> u32 {
         self.multiprocessors
+    }
+
+    /// The cap on the int8 matrix-vector grid, in blocks per multiprocessor
+    /// ([`MATVEC_BLOCKS_PER_SM_VAR`]); `None` for no cap.
+    pub fn matvec_blocks_per_sm(&self) -> Option<u32> {
+        self.matvec_blocks_per_sm
     }
 
     /// The entry point `name` of `module`; an error naming both when it does not exist.
@@ -248,6 +284,21 @@ fn compile_all(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn matvec_blocks_per_sm_takes_counts_up_to_the_cap() {
+        assert_eq!(matvec_blocks_per_sm(None).unwrap(), None);
+        assert_eq!(matvec_blocks_per_sm(Some("0")).unwrap(), None);
+        assert_eq!(matvec_blocks_per_sm(Some("8")).unwrap(), Some(8));
+        assert_eq!(matvec_blocks_per_sm(Some("64")).unwrap(), Some(64));
+        for bad in ["65", "-1", "many", "2.5"] {
+            let err = matvec_blocks_per_sm(Some(bad)).unwrap_err().to_string();
+            assert!(
+                err.contains(MATVEC_BLOCKS_PER_SM_VAR) && err.contains("1 to 64"),
+                "{bad}: {err}"
+            );
+        }
+    }
 
     #[test]
     fn matvec_depth_takes_the_listed_depths_and_names_them_otherwise() {

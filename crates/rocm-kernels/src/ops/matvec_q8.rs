@@ -241,7 +241,12 @@ fn launch_products(
     let wpr = warps_per_row(w.rows() + rows2, pieces, wave, kernels.multiprocessors());
     let rows_per_block = BLOCK_THREADS / wave / wpr;
     let (rows, rows2_u, cols_u) = (w.rows() as u32, rows2 as u32, cols as u32);
-    let grid_x = rows.max(rows2_u).div_ceil(rows_per_block);
+    let mut grid_x = rows.max(rows2_u).div_ceil(rows_per_block);
+    if let (1, Some(per_sm)) = (wpr, kernels.matvec_blocks_per_sm()) {
+        // A warp per row strides over the rows (the kernel's loop), so a smaller grid still
+        // covers them all.
+        grid_x = grid_x.min(per_sm.saturating_mul(kernels.multiprocessors()).max(1));
+    }
     let grid_y = if second.is_some() { 2 } else { 1 };
     let mut t0 = 0;
     while t0 < n_tokens {
