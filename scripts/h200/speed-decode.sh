@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # H200: the decode-speed round. verify-rocm with the GPU and the vendor library required, the
 # GPU-vs-CPU model tests, bench-decode over the three models (-p 512 -n 128 -r 5) with the
-# memory timeline, an A/B of the matrix-vector depth (HIPDECODE_MATVEC_DEPTH 2 against 4) on the
-# two large shapes, per-op decode profiles, and Nsight Compute on a few matrix-vector launches
+# memory timeline, A/B runs of the matrix-vector depth (HIPDECODE_MATVEC_DEPTH 2 against 4) and
+# grid cap, and of programmatic dependent launch (HIPDECODE_GPU_PDL off against auto), per-op
+# decode profiles, and Nsight Compute on a few matrix-vector launches
 # (where the machine's runtime lets ncu read counters). Logs under $OUT. Needs the real Gemma
 # file at /tmp/gemma3-270m-q4_k_m.gguf (see README.md).
 set -o pipefail
@@ -37,7 +38,9 @@ done
 { for f in $L $Q; do timeout 150 $B/bench-decode -m $f -p 0 -n 128 --device gpu --rounds 3 \
     --ab 'HIPDECODE_MATVEC_DEPTH=2' 'HIPDECODE_MATVEC_DEPTH=4'; echo; done
   timeout 150 $B/bench-decode -m $L -p 0 -n 128 --device gpu --rounds 3 \
-    --ab 'HIPDECODE_MATVEC_BLOCKS_PER_SM=0' 'HIPDECODE_MATVEC_BLOCKS_PER_SM=8'; } > $OUT/ab-matvec.txt 2>&1
+    --ab 'HIPDECODE_MATVEC_BLOCKS_PER_SM=0' 'HIPDECODE_MATVEC_BLOCKS_PER_SM=8'; echo
+  for f in $G $L $Q; do timeout 150 $B/bench-decode -m $f -p 0 -n 128 --device gpu --rounds 3 \
+    --ab 'HIPDECODE_GPU_PDL=off' 'HIPDECODE_GPU_PDL=auto'; echo; done; } > $OUT/ab-matvec.txt 2>&1
 echo "ab exit $?"; grep -E "verdict|\| (A|B) " $OUT/ab-matvec.txt
 { for f in $G $L $Q; do timeout 60 $B/hipdecode profile -m $f -p 64 -n 8; echo; done; } > $OUT/profiles.md 2>&1
 echo "profiles exit $?"; cat $OUT/profiles.md | head -150

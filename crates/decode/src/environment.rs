@@ -19,6 +19,7 @@ pub fn known_vars() -> Vec<&'static str> {
         crate::backend::gpu::ATTN_PREFILL_VAR,
         rocm_kernels::kernels::MATVEC_DEPTH_VAR,
         rocm_kernels::kernels::MATVEC_BLOCKS_PER_SM_VAR,
+        rocm_kernels::kernels::EARLY_LAUNCH_VAR,
         offload::BUDGET_ENV,
         hip_ffi::testing::REQUIRE_BLAS_VAR,
         "HIPDECODE_REQUIRE_RTC",
@@ -60,6 +61,10 @@ pub fn check_vars(vars: &[(String, String)]) -> Result<Vec<String>> {
     }
     if let Some(v) = lookup(rocm_kernels::kernels::MATVEC_BLOCKS_PER_SM_VAR) {
         rocm_kernels::kernels::matvec_blocks_per_sm(Some(&v))
+            .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
+    }
+    if let Some(v) = lookup(rocm_kernels::kernels::EARLY_LAUNCH_VAR) {
+        rocm_kernels::kernels::early_launch(Some(&v))
             .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
     }
     offload::Budget::from_env_with(&|var| lookup(var))
@@ -113,6 +118,7 @@ mod tests {
             ("HIPDECODE_GPU_ATTN_PREFILL", "per-query"),
             ("HIPDECODE_MATVEC_DEPTH", "4"),
             ("HIPDECODE_MATVEC_BLOCKS_PER_SM", "8"),
+            ("HIPDECODE_GPU_PDL", "off"),
         ]))
         .unwrap();
         assert!(ok.is_empty(), "{ok:?}");
@@ -121,6 +127,7 @@ mod tests {
             ("HIPDECODE_GPU_ATTN_PREFILL", "flash"),
             ("HIPDECODE_MATVEC_DEPTH", "3"),
             ("HIPDECODE_MATVEC_BLOCKS_PER_SM", "lots"),
+            ("HIPDECODE_GPU_PDL", "on"),
         ] {
             let e = check_vars(&vars(&[(var, bad)])).unwrap_err().to_string();
             assert!(e.contains(var) && e.contains(bad), "{e}");

@@ -150,6 +150,12 @@ impl Device {
         self.api.arch_name(self.ordinal)
     }
 
+    /// Whether kernels can be launched with programmatic dependent launch: NVIDIA devices of
+    /// compute capability 9.0 and later. HIP has no such launch.
+    pub fn supports_programmatic_launch(&self) -> Result<bool> {
+        Ok(self.platform == PlatformKind::Nvidia && self.count(Attr::ComputeCapabilityMajor)? >= 9)
+    }
+
     /// Device memory size in bytes.
     pub fn total_memory(&self) -> Result<u64> {
         self.api.total_memory(self.ordinal)

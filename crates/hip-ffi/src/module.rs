@@ -128,6 +128,7 @@ impl Module {
             module: Arc::clone(&self.inner),
             handle,
             name: Arc::from(name),
+            programmatic: false,
         })
     }
 
@@ -166,6 +167,9 @@ pub struct Function {
     module: Arc<LoadedModule>,
     handle: RawHandle,
     name: Arc<str>,
+    /// Launched with programmatic dependent launch; see
+    /// [`Function::with_programmatic_dependency`].
+    programmatic: bool,
 }
 
 mod sealed {
@@ -242,6 +246,7 @@ impl<'a> LaunchBuilder<'a> {
                 config.shared_bytes,
                 self.stream.raw(),
                 self.args.as_mut_ptr(),
+                function.programmatic,
             )
         }
         .map_err(|e| e.with_detail(format!("kernel `{}`", function.name)))?;
@@ -254,6 +259,21 @@ impl Function {
     /// The kernel's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// This kernel, launched from now on with programmatic dependent launch: the launch may
+    /// begin while the kernel ahead of it on the stream is still running, which hides most of
+    /// the gap between two dependent kernels. Call it only where
+    /// [`Device::supports_programmatic_launch`] says so; on AMD the flag is ignored.
+    ///
+    /// # Safety
+    /// Every thread of the kernel waits for the grid ahead of it (PTX `griddepcontrol.wait`)
+    /// before it reads or writes any memory that grid may touch, and before it can exit (a
+    /// thread that exited early would let the kernel finish before its predecessor, and the
+    /// kernel after it would no longer wait for both).
+    pub unsafe fn with_programmatic_dependency(mut self) -> Function {
+        self.programmatic = true;
+        self
     }
 
     /// Starts a launch of this kernel on `stream`: add arguments with [`LaunchBuilder::arg`],

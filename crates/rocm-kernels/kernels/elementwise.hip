@@ -12,6 +12,7 @@
 
 // gate = silu(gate) * up = gate / (1 + exp(-gate)) * up.
 KERNEL void gated_silu(float* __restrict__ gate, const float* __restrict__ up, u32 n) {
+    KERNEL_PROLOGUE();
     GRID_STRIDE_LOOP(i, n) {
         const float g = gate[i];
         gate[i] = g / (1.0f + expf(-g)) * up[i];
@@ -20,6 +21,7 @@ KERNEL void gated_silu(float* __restrict__ gate, const float* __restrict__ up, u
 
 // gate = gelu_tanh(gate) * up = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * up.
 KERNEL void gated_gelu_tanh(float* __restrict__ gate, const float* __restrict__ up, u32 n) {
+    KERNEL_PROLOGUE();
     const float sqrt_2_over_pi = 0.7978846f;
     GRID_STRIDE_LOOP(i, n) {
         const float g = gate[i];
@@ -36,6 +38,7 @@ KERNEL void gated_gelu_tanh(float* __restrict__ gate, const float* __restrict__ 
 // Grid: (ceil(32 * n_groups / blockDim.x), 1, 1), blockDim.x a multiple of 32.
 KERNEL void gated_q8(float* __restrict__ gate, const float* __restrict__ up, i8* __restrict__ xq,
                      float* __restrict__ xd, u32 n_groups, u32 act) {
+                         KERNEL_PROLOGUE();
     const u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     // n is a multiple of 32 and so is blockDim.x: whole groups (whole warps on wave32) leave
     // together, and the shuffles below see only lanes of groups that stayed.
@@ -62,28 +65,33 @@ KERNEL void gated_q8(float* __restrict__ gate, const float* __restrict__ up, i8*
 
 // x += y.
 KERNEL void add_inplace(float* __restrict__ x, const float* __restrict__ y, u32 n) {
+    KERNEL_PROLOGUE();
     GRID_STRIDE_LOOP(i, n) x[i] += y[i];
 }
 
 // x[r][c] += bias[c] for n = rows * dim elements.
 KERNEL void add_bias_rows(float* __restrict__ x, const float* __restrict__ bias, u32 n, u32 dim) {
+    KERNEL_PROLOGUE();
     GRID_STRIDE_LOOP(i, n) x[i] += bias[i % dim];
 }
 
 // x += alpha[0] * y, with alpha read from device memory (an MoE routing weight).
 KERNEL void add_scaled(float* __restrict__ x, const float* __restrict__ y,
                        const float* __restrict__ alpha, u32 n) {
+                           KERNEL_PROLOGUE();
     const float a = alpha[0];
     GRID_STRIDE_LOOP(i, n) x[i] += a * y[i];
 }
 
 // x *= s.
 KERNEL void scale_inplace(float* __restrict__ x, float s, u32 n) {
+    KERNEL_PROLOGUE();
     GRID_STRIDE_LOOP(i, n) x[i] *= s;
 }
 
 // dst = src (the ranges do not overlap; the host checks).
 KERNEL void copy_f32(const float* __restrict__ src, float* __restrict__ dst, u32 n) {
+    KERNEL_PROLOGUE();
     GRID_STRIDE_LOOP(i, n) dst[i] = src[i];
 }
 
@@ -91,6 +99,7 @@ KERNEL void copy_f32(const float* __restrict__ src, float* __restrict__ dst, u32
 // enqueued a whole step before the device reaches it, and events then time kernels, not the
 // host's enqueue rate.
 KERNEL void spin_cycles(u64 cycles) {
+    KERNEL_PROLOGUE();
     const u64 start = (u64)clock64();
     while ((u64)clock64() - start < cycles) {
     }
@@ -98,5 +107,6 @@ KERNEL void spin_cycles(u64 cycles) {
 
 // x = 0.
 KERNEL void zero_f32(float* __restrict__ x, u32 n) {
+    KERNEL_PROLOGUE();
     GRID_STRIDE_LOOP(i, n) x[i] = 0.0f;
 }

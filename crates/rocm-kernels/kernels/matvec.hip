@@ -61,6 +61,7 @@ DEVICE void matvec_impl(const u8* __restrict__ w, const float* __restrict__ x,
 #define MATVEC_ENTRY(suffix, FMT)                                                        \
     KERNEL void matvec_##suffix(const u8* w, const float* x, float* out, u32 rows, u32 cols, \
                                 u32 n_tokens, u32 warps_per_row) {                       \
+        KERNEL_PROLOGUE();                                                               \
         matvec_impl<FMT>(w, x, out, rows, cols, n_tokens, warps_per_row);                \
     }
 FOR_EACH_WEIGHT_FORMAT(MATVEC_ENTRY)

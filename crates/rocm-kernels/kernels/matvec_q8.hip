@@ -30,6 +30,7 @@
 // multiprocessors. Grid: (ceil(32 * n_groups / blockDim.x), 1, 1), blockDim.x a multiple of 32.
 KERNEL void quantize_q8(const float* __restrict__ x, i8* __restrict__ xq, float* __restrict__ xd,
                         u32 n_groups) {
+                            KERNEL_PROLOGUE();
     const u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     // Whole groups (whole warps on wave32) leave together: see gated_q8.
     if (k >= (u64)n_groups * 32) return;
@@ -500,12 +501,14 @@ DEVICE void matvec_q8_impl(const u8* __restrict__ w, const i8* __restrict__ xq,
     KERNEL void matvec_q8_##suffix(const u8* w, const i8* xq, const float* xd, float* out,      \
                                    u32 rows, u32 cols, u32 n_tokens, u32 warps_per_row,         \
                                    const u8* w2, float* out2, u32 rows2) {                      \
+        KERNEL_PROLOGUE();                                                                      \
         matvec_q8_impl<FMT, MATVEC_Q8_MAX_TOKENS>(w, xq, xd, out, rows, cols, n_tokens,         \
                                                   warps_per_row, w2, out2, rows2);              \
     }                                                                                           \
     KERNEL void matvec_q8_one_##suffix(const u8* w, const i8* xq, const float* xd, float* out,  \
                                        u32 rows, u32 cols, u32 n_tokens, u32 warps_per_row,     \
                                        const u8* w2, float* out2, u32 rows2) {                  \
+        KERNEL_PROLOGUE();                                                                      \
         matvec_q8_impl<FMT, 1>(w, xq, xd, out, rows, cols, 1, warps_per_row, w2, out2, rows2);  \
     }
 
@@ -550,6 +553,7 @@ DEVICE void matvec_id_q8_impl(const u8* __restrict__ w, const i32* __restrict__ 
     KERNEL void matvec_id_q8_##suffix(const u8* w, const i32* ids, const i8* xq, const float* xd, \
                                       float* out, u32 n_expert, u32 rows, u32 cols, u32 k,     \
                                       u32 x_per_slot, const u8* w2, float* out2) {             \
+        KERNEL_PROLOGUE();                                                                     \
         matvec_id_q8_impl<FMT>(w, ids, xq, xd, out, n_expert, rows, cols, k, x_per_slot, w2,   \
                                out2);                                                          \
     }

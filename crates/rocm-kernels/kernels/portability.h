@@ -25,6 +25,21 @@ typedef unsigned long long u64;
 #define DEVICE __device__ __forceinline__
 #define KERNEL extern "C" __global__
 
+// The first statement of every kernel. On NVIDIA compute capability 9.0 and later the host
+// launches kernels with programmatic dependent launch (HIPDECODE_GPU_PDL): a kernel may start
+// while the one ahead of it on the stream is still running, so it first waits for that grid to
+// finish and its memory to be visible, then lets the next kernel begin its own launch. Every
+// thread runs it before any memory access or early return, which keeps the chain of waits
+// unbroken. Elsewhere (HIP, older NVIDIA) it is empty and launches are plain.
+#if defined(__CUDACC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KERNEL_PROLOGUE() \
+    asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define KERNEL_PROLOGUE() \
+    do {                  \
+    } while (0)
+#endif
+
 // Neither run-time compiler defines INFINITY without <math.h>, which neither can include.
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)

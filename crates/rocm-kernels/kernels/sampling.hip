@@ -19,6 +19,7 @@ DEVICE u64 argmax_key(float v, u32 i) {
 // Pass 1: each block reduces a grid-stride share of the row to its best key in partial[block].
 // Grid: (n_partial, 1, 1), any block size that is a multiple of WARP_SIZE.
 KERNEL void argmax_partial(const float* __restrict__ x, u32 n, u64* __restrict__ partial) {
+    KERNEL_PROLOGUE();
     __shared__ u64 scratch[32];
     u64 best = 0ull;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (u64)n;
@@ -32,6 +33,7 @@ KERNEL void argmax_partial(const float* __restrict__ x, u32 n, u64* __restrict__
 
 // Pass 2: one block reduces the partial keys and writes the index.
 KERNEL void argmax_final(const u64* __restrict__ partial, u32 n_partial, i32* __restrict__ out) {
+    KERNEL_PROLOGUE();
     __shared__ u64 scratch[32];
     u64 best = 0ull;
     for (u32 i = threadIdx.x; i < n_partial; i += blockDim.x) {

@@ -43,6 +43,24 @@ pub fn matvec_blocks_per_sm(value: Option<&str>) -> Result<Option<u32>> {
     }
 }
 
+/// The variable that turns programmatic dependent launch off (`off`) or leaves it to the device
+/// (`auto`, the default: on where [`Device::supports_programmatic_launch`]): each kernel's
+/// launch then overlaps the end of the kernel before it.
+pub const EARLY_LAUNCH_VAR: &str = "HIPDECODE_GPU_PDL";
+
+/// Parses a value of [`EARLY_LAUNCH_VAR`]: whether the device may launch early.
+pub fn early_launch(value: Option<&str>) -> Result<bool> {
+    match value.map(str::trim) {
+        None | Some("") | Some("auto") => Ok(true),
+        Some("off") => Ok(false),
+        Some(other) => Err(KernelError::Env {
+            variable: EARLY_LAUNCH_VAR,
+            value: other.to_string(),
+            message: "is not a choice; use 'auto' (the default) or 'off'".to_string(),
+        }),
+    }
+}
+
 /// Options every module is compiled with, after the device-derived ones (architecture and
 /// `-DWARP_SIZE`): the tuning defines read from the environment. Part of the cache key, as the
 /// device-derived ones are, so a changed knob compiles afresh instead of reusing a stale image.
@@ -157,6 +175,8 @@ impl Kernels {
             images[*i] = Some(image);
         }
 
+        let programmatic = early_launch(std::env::var(EARLY_LAUNCH_VAR).ok().as_deref())?
+            && device.supports_programmatic_launch()?;
         let mut functions = HashMap::new();
         for (i, ((module, source, key), image)) in jobs.iter().zip(images).enumerate() {
             let (module, name) = (*module, module.name());
@@ -187,6 +207,14 @@ impl Kernels {
                         name: entry,
                     }
                 })?;
+                let function = if programmatic {
+                    // SAFETY: every kernel of every module begins with KERNEL_PROLOGUE
+                    // (portability.h), which waits for the grid ahead before any memory access
+                    // or early return; `source.rs`'s test checks each entry point has it.
+                    unsafe { function.with_programmatic_dependency() }
+                } else {
+                    function
+                };
                 functions.insert((module, entry), function);
             }
         }
@@ -284,6 +312,18 @@ fn compile_all(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn early_launch_is_auto_unless_turned_off() {
+        assert!(early_launch(None).unwrap());
+        assert!(early_launch(Some("auto")).unwrap());
+        assert!(!early_launch(Some("off")).unwrap());
+        let err = early_launch(Some("on")).unwrap_err().to_string();
+        assert!(
+            err.contains(EARLY_LAUNCH_VAR) && err.contains("'off'"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn matvec_blocks_per_sm_takes_counts_up_to_the_cap() {

@@ -294,6 +294,32 @@ mod tests {
     }
 
     #[test]
+    fn every_kernel_begins_with_the_prologue() {
+        // The host launches every entry point with programmatic dependent launch where the
+        // device has it, which is sound only if each kernel waits for the grid ahead first.
+        for module in KernelModule::ALL {
+            let body = module.body();
+            let mut kernels = 0;
+            for (at, _) in body.match_indices("KERNEL void ") {
+                kernels += 1;
+                let open = at + body[at..].find('{').expect("a kernel has a body");
+                let first = body[open + 1..]
+                    .trim_start_matches(|c: char| c.is_whitespace() || c == '\\')
+                    .split(';')
+                    .next()
+                    .unwrap_or("");
+                assert_eq!(
+                    first,
+                    "KERNEL_PROLOGUE()",
+                    "{}: the kernel at byte {at} does not begin with KERNEL_PROLOGUE",
+                    module.name()
+                );
+            }
+            assert!(kernels > 0, "{} defines no kernel", module.name());
+        }
+    }
+
+    #[test]
     fn listed_entry_points_are_unique_and_named_in_the_source() {
         for module in KernelModule::ALL {
             let source = module.source();

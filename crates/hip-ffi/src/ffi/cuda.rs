@@ -60,6 +60,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuModuleUnload",
     "cuModuleGetFunction",
     "cuLaunchKernel",
+    "cuLaunchKernelEx",
     "cuStreamBeginCapture_v2",
     "cuStreamEndCapture",
     "cuStreamIsCapturing",
@@ -735,8 +736,33 @@ impl GpuApi for CudaApi {
         shared_bytes: u32,
         stream: RawHandle,
         params: *mut *mut c_void,
+        programmatic: bool,
     ) -> Result<()> {
         self.bind(dev)?;
+        if programmatic {
+            // SAFETY: an all-zero attribute is a valid value of the plain C struct.
+            let mut attr: cu::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id =
+                cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let config = cu::CUlaunchConfig {
+                gridDimX: grid[0],
+                gridDimY: grid[1],
+                gridDimZ: grid[2],
+                blockDimX: block[0],
+                blockDimY: block[1],
+                blockDimZ: block[2],
+                sharedMemBytes: shared_bytes,
+                hStream: Self::stream(stream),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as below; `config` and the attribute it points to live across the call,
+            // and the caller guarantees the kernel waits for the grid ahead of it.
+            return check("cuLaunchKernelEx", unsafe {
+                cu::cuLaunchKernelEx(&config, function.as_ptr(), params, std::ptr::null_mut())
+            });
+        }
         // SAFETY: the caller guarantees the function and stream are live and `params` matches
         // the kernel's parameter list.
         check("cuLaunchKernel", unsafe {

@@ -555,6 +555,8 @@ impl GpuApi for HipApi {
         shared_bytes: u32,
         stream: RawHandle,
         params: *mut *mut c_void,
+        // HIP has no programmatic dependent launch: every launch waits for the one before.
+        _programmatic: bool,
     ) -> Result<()> {
         self.bind(dev)?;
         // SAFETY: the caller guarantees the function and stream are live and `params` matches

@@ -177,7 +177,10 @@ pub(crate) trait GpuApi: Send + Sync + 'static {
     unsafe fn module_function(&self, dev: i32, module: RawHandle, name: &str) -> Result<RawHandle>;
     /// # Safety
     /// `function` is live; `params` points to one pointer per kernel parameter, each pointing to
-    /// a value of the parameter's exact type; `stream` is live.
+    /// a value of the parameter's exact type; `stream` is live. With `programmatic`, the kernel
+    /// waits for the grid ahead of it before touching memory (see
+    /// [`crate::Function::with_programmatic_dependency`]); a platform without such launches
+    /// ignores it.
     #[allow(clippy::too_many_arguments)]
     unsafe fn launch(
         &self,
@@ -188,6 +191,7 @@ pub(crate) trait GpuApi: Send + Sync + 'static {
         shared_bytes: u32,
         stream: RawHandle,
         params: *mut *mut c_void,
+        programmatic: bool,
     ) -> Result<()>;
 
     /// # Safety
