@@ -241,7 +241,7 @@ KERNEL void attn_f16(const float* q, const u16* k_cache, const u16* v_cache,
                      const i32* positions, float* out, float* part_ms, float* part_acc,
                      u32 n_head, u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window,
                      float scale, u32 heads_per_block, u32 n_split, u32 keys_per_split) {
-                         KERNEL_PROLOGUE();
+    KERNEL_PROLOGUE();
     extern __shared__ float attn_smem[];
     __shared__ float red[ATTN_MAX_HEADS * 32];
     attn_core<u16>(q, k_cache, v_cache, positions, out, part_ms, part_acc, n_head, n_head_kv, dk,
@@ -253,7 +253,7 @@ KERNEL void attn_f32(const float* q, const float* k_cache, const float* v_cache,
                      const i32* positions, float* out, float* part_ms, float* part_acc,
                      u32 n_head, u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window,
                      float scale, u32 heads_per_block, u32 n_split, u32 keys_per_split) {
-                         KERNEL_PROLOGUE();
+    KERNEL_PROLOGUE();
     extern __shared__ float attn_smem[];
     __shared__ float red[ATTN_MAX_HEADS * 32];
     attn_core<float>(q, k_cache, v_cache, positions, out, part_ms, part_acc, n_head, n_head_kv,
@@ -400,7 +400,7 @@ DEVICE void attn_prefill_tiled(const float* q, const T* k_cache, const T* v_cach
 KERNEL void attn_prefill_f16(const float* q, const u16* k_cache, const u16* v_cache,
                              const i32* positions, float* out, u32 n_tokens, u32 n_head,
                              u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window, float scale) {
-                                 KERNEL_PROLOGUE();
+    KERNEL_PROLOGUE();
     extern __shared__ float attn_smem[];
     attn_prefill_tiled<u16>(q, k_cache, v_cache, positions, out, n_tokens, n_head, n_head_kv, dk,
                             dv, slots, window, scale, attn_smem);
@@ -409,7 +409,7 @@ KERNEL void attn_prefill_f16(const float* q, const u16* k_cache, const u16* v_ca
 KERNEL void attn_prefill_f32(const float* q, const float* k_cache, const float* v_cache,
                              const i32* positions, float* out, u32 n_tokens, u32 n_head,
                              u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window, float scale) {
-                                 KERNEL_PROLOGUE();
+    KERNEL_PROLOGUE();
     extern __shared__ float attn_smem[];
     attn_prefill_tiled<float>(q, k_cache, v_cache, positions, out, n_tokens, n_head, n_head_kv,
                               dk, dv, slots, window, scale, attn_smem);
@@ -424,7 +424,7 @@ KERNEL void attn_prefill_f32(const float* q, const float* k_cache, const float* 
 #define ATTN_MAX_SPLITS 64
 KERNEL void attn_combine(const float* part_ms, const float* part_acc, float* out, u32 n_head,
                          u32 dv, u32 n_split) {
-                             KERNEL_PROLOGUE();
+    KERNEL_PROLOGUE();
     __shared__ float factor[ATTN_MAX_SPLITS];
     __shared__ float total;
     const u64 row = (u64)blockIdx.x * n_head + blockIdx.y;

@@ -38,7 +38,7 @@ KERNEL void gated_gelu_tanh(float* __restrict__ gate, const float* __restrict__ 
 // Grid: (ceil(32 * n_groups / blockDim.x), 1, 1), blockDim.x a multiple of 32.
 KERNEL void gated_q8(float* __restrict__ gate, const float* __restrict__ up, i8* __restrict__ xq,
                      float* __restrict__ xd, u32 n_groups, u32 act) {
-                         KERNEL_PROLOGUE();
+    KERNEL_PROLOGUE();
     const u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     // n is a multiple of 32 and so is blockDim.x: whole groups (whole warps on wave32) leave
     // together, and the shuffles below see only lanes of groups that stayed.
@@ -78,7 +78,7 @@ KERNEL void add_bias_rows(float* __restrict__ x, const float* __restrict__ bias,
 // x += alpha[0] * y, with alpha read from device memory (an MoE routing weight).
 KERNEL void add_scaled(float* __restrict__ x, const float* __restrict__ y,
                        const float* __restrict__ alpha, u32 n) {
-                           KERNEL_PROLOGUE();
+    KERNEL_PROLOGUE();
     const float a = alpha[0];
     GRID_STRIDE_LOOP(i, n) x[i] += a * y[i];
 }

@@ -13,7 +13,7 @@ DEVICE u32 kv_slot(i32 pos, u32 slots) {
 
 KERNEL void kv_store_f16(u16* dst0, const float* src0, u32 dim0, u16* dst1, const float* src1,
                          u32 dim1, const i32* positions, u32 rows, u32 slots) {
-                             KERNEL_PROLOGUE();
+    KERNEL_PROLOGUE();
     const u32 row = blockIdx.x;
     const bool second = blockIdx.z == 1;
     u16* dst = second ? dst1 : dst0;
@@ -28,7 +28,7 @@ KERNEL void kv_store_f16(u16* dst0, const float* src0, u32 dim0, u16* dst1, cons
 KERNEL void kv_store_f32(float* dst0, const float* src0, u32 dim0, float* dst1,
                          const float* src1, u32 dim1, const i32* positions, u32 rows,
                          u32 slots) {
-                             KERNEL_PROLOGUE();
+    KERNEL_PROLOGUE();
     const u32 row = blockIdx.x;
     const bool second = blockIdx.z == 1;
     float* dst = second ? dst1 : dst0;

@@ -30,7 +30,7 @@
 // multiprocessors. Grid: (ceil(32 * n_groups / blockDim.x), 1, 1), blockDim.x a multiple of 32.
 KERNEL void quantize_q8(const float* __restrict__ x, i8* __restrict__ xq, float* __restrict__ xd,
                         u32 n_groups) {
-                            KERNEL_PROLOGUE();
+    KERNEL_PROLOGUE();
     const u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     // Whole groups (whole warps on wave32) leave together: see gated_q8.
     if (k >= (u64)n_groups * 32) return;
@@ -557,6 +557,62 @@ DEVICE void matvec_id_q8_impl(const u8* __restrict__ w, const i32* __restrict__ 
         matvec_id_q8_impl<FMT>(w, ids, xq, xd, out, n_expert, rows, cols, k, x_per_slot, w2,   \
                                out2);                                                          \
     }
+
+// The down projection of decode's MoE with the routing weights applied, in one launch instead
+// of a product and a weighted sum: for token t (grid.x) and output row r (grid.y),
+// out[t * rows + r] = sum_s weights[p] * (W[ids[p]][r] . x[p]), p = t * k + s, with x
+// quantized per slot. A block is k warps, warp s taking slot s of row r as matvec_id_q8 would
+// (so as many warps read weights as before); the k products meet in shared memory and are added
+// in slot order, as moe_weighted_sum adds them. An id outside [0, n_expert) adds nothing.
+// blockDim.x = k * WARP_SIZE <= 1024.
+template <int FMT>
+DEVICE void moe_down_q8_impl(const u8* __restrict__ w, const i32* __restrict__ ids,
+                             const float* __restrict__ weights, const i8* __restrict__ xq,
+                             const float* __restrict__ xd, float* __restrict__ out, u32 n_expert,
+                             u32 rows, u32 cols, u32 k) {
+    __shared__ float slot_sum[32];
+    const u32 t = blockIdx.x;
+    const u32 r = blockIdx.y;
+    const u32 s = threadIdx.x / WARP_SIZE;
+    const u32 lane = threadIdx.x % WARP_SIZE;
+    const u32 p = t * k + s;
+    const i32 e = ids[p];
+    float acc[1] = {0.0f};
+    if (e >= 0 && (u32)e < n_expert) {
+        enum { ELEMS = FormatInfo<FMT>::elems, PARTS = Q8Piece<FMT>::PARTS };
+        const u8* row = w + ((u64)e * rows + r) * row_bytes<FMT>(cols);
+        Q8RowLoop<FMT, 1, Q8Piece<FMT>::SPLIT>::run(row, xq + (u64)p * cols,
+                                                    xd + (u64)p * (cols / 32), cols, 1, lane,
+                                                    WARP_SIZE, (cols / ELEMS) * PARTS, acc);
+    }
+    acc[0] = warp_sum(acc[0]);
+    if (lane == 0) slot_sum[s] = acc[0];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (u32 j = 0; j < k; ++j) total += weights[t * k + j] * slot_sum[j];
+        out[(u64)t * rows + r] = total;
+    }
+}
+
+#define MOE_DOWN_Q8_ENTRY(suffix, FMT)                                                         \
+    KERNEL void moe_down_q8_##suffix(const u8* w, const i32* ids, const float* weights,        \
+                                     const i8* xq, const float* xd, float* out, u32 n_expert,  \
+                                     u32 rows, u32 cols, u32 k) {                              \
+        KERNEL_PROLOGUE();                                                                     \
+        moe_down_q8_impl<FMT>(w, ids, weights, xq, xd, out, n_expert, rows, cols, k);          \
+    }
+
+// moe_down_q8_q4_0, moe_down_q8_q4_1, moe_down_q8_q5_0, moe_down_q8_q5_1, moe_down_q8_q8_0,
+// moe_down_q8_q4_k, moe_down_q8_q5_k, moe_down_q8_q6_k.
+MOE_DOWN_Q8_ENTRY(q4_0, FMT_Q4_0)
+MOE_DOWN_Q8_ENTRY(q4_1, FMT_Q4_1)
+MOE_DOWN_Q8_ENTRY(q5_0, FMT_Q5_0)
+MOE_DOWN_Q8_ENTRY(q5_1, FMT_Q5_1)
+MOE_DOWN_Q8_ENTRY(q8_0, FMT_Q8_0)
+MOE_DOWN_Q8_ENTRY(q4_k, FMT_Q4_K)
+MOE_DOWN_Q8_ENTRY(q5_k, FMT_Q5_K)
+MOE_DOWN_Q8_ENTRY(q6_k, FMT_Q6_K)
 
 // matvec_id_q8_q4_0, matvec_id_q8_q4_1, matvec_id_q8_q5_0, matvec_id_q8_q5_1, matvec_id_q8_q8_0,
 // matvec_id_q8_q4_k, matvec_id_q8_q5_k, matvec_id_q8_q6_k.

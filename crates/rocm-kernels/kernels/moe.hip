@@ -33,7 +33,7 @@ DEVICE i32 total_order_key(float v) {
 
 KERNEL void moe_route_top_k(const float* __restrict__ logits, i32* __restrict__ ids,
                             float* __restrict__ weights, u32 rows, u32 n_expert, u32 k) {
-                                KERNEL_PROLOGUE();
+    KERNEL_PROLOGUE();
     const u32 warps = blockDim.x / WARP_SIZE;
     const u32 row = blockIdx.x * warps + threadIdx.x / WARP_SIZE;
     if (row >= rows) return;  // the whole warp leaves together
@@ -117,7 +117,7 @@ FOR_EACH_WEIGHT_FORMAT(MATVEC_ID_ENTRY)
 
 KERNEL void moe_weighted_sum(const float* __restrict__ y, const float* __restrict__ weights,
                              float* out, u32 n_tokens, u32 k, u32 dim, u32 accumulate) {
-                                 KERNEL_PROLOGUE();
+    KERNEL_PROLOGUE();
     const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (u64)n_tokens * dim) return;
     const u64 t = i / dim;

@@ -34,7 +34,7 @@ KERNEL void rms_norm_rows(const float* x, const float* w, float* out, u32 dim, f
 // Grid: (ceil((n_vectors + n_vectors2) / (blockDim.x / WARP_SIZE)), 1, 1).
 KERNEL void rms_norm_warp(const float* x, const float* w, float* out, u32 n_vectors, u32 dim,
                           float eps, float* x2, const float* w2, u32 n_vectors2) {
-                              KERNEL_PROLOGUE();
+    KERNEL_PROLOGUE();
     const u32 warps_per_block = blockDim.x / WARP_SIZE;
     u32 vec = blockIdx.x * warps_per_block + threadIdx.x / WARP_SIZE;
     const u32 lane = threadIdx.x % WARP_SIZE;
@@ -88,7 +88,7 @@ DEVICE void norm_quantize(float v, u64 i, i8* xq, float* xd) {
 
 KERNEL void add_rms_norm_q8(float* x, const float* y, const float* w, float* out, i8* xq,
                             float* xd, u32 dim, float eps) {
-                                KERNEL_PROLOGUE();
+    KERNEL_PROLOGUE();
     __shared__ float scratch[32];
     const u64 base = (u64)blockIdx.x * dim;
     float* xr = x + base;

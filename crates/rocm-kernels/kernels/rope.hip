@@ -22,7 +22,7 @@
 KERNEL void rope_f32(float* x, const i32* positions, const float* freq_factors,
                      u32 has_freq_factors, u32 rows, u32 n_heads, u32 head_dim, u32 n_rot,
                      float freq_base, float position_scale, u32 neox, float* x2, u32 n_heads2) {
-                         KERNEL_PROLOGUE();
+    KERNEL_PROLOGUE();
     __shared__ float sin_sh[ROPE_MAX_PAIRS];
     __shared__ float cos_sh[ROPE_MAX_PAIRS];
     const u32 row = blockIdx.x;

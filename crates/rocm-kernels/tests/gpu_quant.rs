@@ -876,6 +876,86 @@ fn int8_expert_pairs_match_two_single_products() {
 }
 
 #[test]
+fn moe_down_matches_the_product_and_weighted_sum_it_replaces() {
+    let test = "moe_down_matches_the_product_and_weighted_sum_it_replaces";
+    let Some((k, s)) = setup(test) else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(14);
+    let (n_expert, rows, nt, top) = (5, 13, 3, 4);
+    // Token 1's last slot names expert 8 of 5: it adds nothing and reads no weights.
+    let ids = [4i32, 0, 2, 1, 3, 3, 0, 8, 1, 2, 4, 0];
+    let routing: Vec<f32> = (0..nt * top).map(|_| rng.random_range(0.05..0.6)).collect();
+    let (idb, wtb) = (upload(k, &ids), upload(k, &routing));
+    for format in matvec_q8::Q8_FORMATS {
+        let cols = 2 * format.block_size();
+        let (eb, bytes) = weights_on_device(k, &mut rng, format, n_expert * rows, cols);
+        let experts =
+            QuantExperts::new(view(&eb, bytes.len()), format, n_expert, rows, cols).unwrap();
+        let x = random(&mut rng, nt * top * cols, -1.0, 1.0);
+        let (vb, sb, _) = quantize_on_device(k, &s, &x, nt * top, cols);
+        let act = || Q8Activations {
+            values: view(&vb, x.len()),
+            scales: view(&sb, x.len() / matvec_q8::GROUP),
+        };
+        // What it replaces: the per-slot products, then their weighted sum.
+        let yb = upload(k, &vec![f32::NAN; nt * top * rows]);
+        let ids_v = view(&idb, ids.len());
+        let y = &mut view_mut(&yb, nt * top * rows);
+        let input = ExpertInput::PerSlot;
+        matvec_q8::matvec_id(k, &s, &experts, ids_v, nt, top, act(), input, y).unwrap();
+        let wantb = upload(k, &vec![f32::NAN; nt * rows]);
+        moe::weighted_sum(
+            k,
+            &s,
+            view(&yb, nt * top * rows),
+            view(&wtb, routing.len()),
+            nt,
+            top,
+            rows,
+            &mut view_mut(&wantb, nt * rows),
+            moe::Accumulate::Store,
+        )
+        .unwrap();
+        let want = download::<f32>(&s, &wantb, nt * rows);
+        let gotb = upload(k, &vec![f32::NAN; nt * rows]);
+        let wt = view(&wtb, routing.len());
+        let out = &mut view_mut(&gotb, nt * rows);
+        matvec_q8::moe_down(k, &s, &experts, ids_v, wt, nt, top, act(), out).unwrap();
+        let got = download::<f32>(&s, &gotb, nt * rows);
+        // The same products added in the same slot order; only the compiler's contraction of
+        // multiply-adds may differ between the two kernels.
+        assert_close_rms(&got, &want, 1e-6, &format!("{test}: {format}"));
+    }
+    // A k the kernel's block cannot hold is refused before anything is queued.
+    let format = GgmlType::Q4K;
+    let (eb, bytes) = weights_on_device(k, &mut rng, format, 2, 256);
+    let experts = QuantExperts::new(view(&eb, bytes.len()), format, 1, 2, 256).unwrap();
+    let big = matvec_q8::MOE_DOWN_MAX_K + 1;
+    let (vb, sb, _) = quantize_on_device(k, &s, &vec![0.5; big * 256], big, 256);
+    let act = Q8Activations {
+        values: view(&vb, big * 256),
+        scales: view(&sb, big * 256 / matvec_q8::GROUP),
+    };
+    let ib = upload(k, &vec![0i32; big]);
+    let wb = upload(k, &vec![1.0f32; big]);
+    let ob = upload(k, &[0.0f32; 2]);
+    let err = matvec_q8::moe_down(
+        k,
+        &s,
+        &experts,
+        view(&ib, big),
+        view(&wb, big),
+        1,
+        big,
+        act,
+        &mut view_mut(&ob, 2),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("experts per token"), "{err}");
+}
+
+#[test]
 fn matvec_q8_pairs_match_two_single_products() {
     let test = "matvec_q8_pairs_match_two_single_products";
     let Some((k, s)) = setup(test) else {

@@ -1502,6 +1502,9 @@ impl Backend for GpuBackend {
         } else {
             None
         };
+        // On the int8 path the down projection adds the routing-weighted slots itself, so no
+        // weighted sum follows it.
+        let down_adds_slots = quantized.is_some() && k <= matvec_q8::MOE_DOWN_MAX_K;
         let (kn, st) = (&self.kernels, &*self.stream);
         moe::route_top_k(
             kn,
@@ -1531,9 +1534,16 @@ impl Backend for GpuBackend {
                 let act = gate_activation(act);
                 elementwise::gated_q8(kn, st, &mut g, u.as_const(), pairs * n_ff, act, &mut gq)
                     .map_err(kerr("moe activation"))?;
-                let input = moe::ExpertInput::PerSlot;
-                matvec_q8::matvec_id(kn, st, &down, ids, rows, k, gq.as_const(), input, &mut y)
-                    .map_err(kerr("moe down"))?;
+                if down_adds_slots {
+                    let (w, dst) = (weights.as_const(), &mut out.view_mut());
+                    matvec_q8::moe_down(kn, st, &down, ids, w, rows, k, gq.as_const(), dst)
+                        .map_err(kerr("moe down"))?;
+                } else {
+                    let input = moe::ExpertInput::PerSlot;
+                    let x = gq.as_const();
+                    matvec_q8::matvec_id(kn, st, &down, ids, rows, k, x, input, &mut y)
+                        .map_err(kerr("moe down"))?;
+                }
             }
             None => {
                 for (w, dst, what) in [(&gate, &mut g, "moe gate"), (&up, &mut u, "moe up")] {
@@ -1549,18 +1559,20 @@ impl Backend for GpuBackend {
                     .map_err(kerr("moe down"))?;
             }
         }
-        moe::weighted_sum(
-            kn,
-            st,
-            y.as_const(),
-            weights.as_const(),
-            rows,
-            k,
-            n_embd,
-            &mut out.view_mut(),
-            moe::Accumulate::Store,
-        )
-        .map_err(kerr("moe weighted sum"))?;
+        if !down_adds_slots {
+            moe::weighted_sum(
+                kn,
+                st,
+                y.as_const(),
+                weights.as_const(),
+                rows,
+                k,
+                n_embd,
+                &mut out.view_mut(),
+                moe::Accumulate::Store,
+            )
+            .map_err(kerr("moe weighted sum"))?;
+        }
         // Weights read: the selected experts' rows (at most rows * k distinct experts).
         let selected = (rows * k).min(n_expert);
         let path = if int8 { "int8" } else { "f32" };

@@ -494,6 +494,118 @@ fn matvec_id_launch(
     Ok(())
 }
 
+/// Most routed experts per token [`moe_down`] takes: its block is one wave per slot, at most
+/// 1024 threads on either wave size.
+pub const MOE_DOWN_MAX_K: usize = 16;
+
+/// An MoE's down projection with the routing weights applied, in one launch: for token `t`,
+/// `out[t][r] = sum_s weights[t * k + s] * (W[ids[t * k + s]][r] . x[t * k + s])`, with `x`
+/// quantized per slot (`n_tokens * k` rows of `experts.cols()`), the slots added in order as
+/// [`crate::ops::moe::weighted_sum`] adds them. It replaces [`matvec_id`] with
+/// [`ExpertInput::PerSlot`] followed by a weighted sum that stores. An id outside
+/// `[0, n_expert)` adds nothing. Errors (nothing queued) as [`matvec_id`] does, when `k` is 0
+/// or above [`MOE_DOWN_MAX_K`], or when a view is too short.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_down(
+    kernels: &Kernels,
+    stream: &Stream,
+    experts: &QuantExperts,
+    ids: DeviceSlice<i32>,
+    weights: DeviceSlice<f32>,
+    n_tokens: usize,
+    k: usize,
+    x: Q8Activations,
+    out: &mut DeviceSliceMut<f32>,
+) -> Result<()> {
+    const OP: &str = "moe_down_q8";
+    let format = experts.format();
+    let index = format_index(OP, format)?;
+    let (rows, cols) = (experts.rows(), experts.cols());
+    check_cols(cols)?;
+    check_shape((1..=MOE_DOWN_MAX_K).contains(&k), OP, || {
+        format!("{k} experts per token; this kernel takes 1 to {MOE_DOWN_MAX_K}")
+    })?;
+    let pairs = n_tokens.saturating_mul(k);
+    // The shared checks cover ids and x; out holds n_tokens rows here, not one per pair.
+    moe::check_matvec_id(
+        rows,
+        cols,
+        ids.len(),
+        n_tokens,
+        k,
+        x.values.len(),
+        ExpertInput::PerSlot,
+        usize::MAX,
+    )?;
+    check_shape(x.scales.len() >= pairs * cols / GROUP, OP, || {
+        format!(
+            "{} activation scales; {pairs} rows of {cols} need {}",
+            x.scales.len(),
+            pairs * cols / GROUP
+        )
+    })?;
+    check_shape(weights.len() >= pairs, OP, || {
+        format!("{} routing weights; {pairs} pairs need them", weights.len())
+    })?;
+    check_shape(out.len() >= n_tokens * rows, OP, || {
+        format!(
+            "out holds {}; {n_tokens} rows of {rows} need {}",
+            out.len(),
+            n_tokens * rows
+        )
+    })?;
+    check_shape(x.values.addr() % 16 == 0, OP, || {
+        "the quantized values must be 16-byte aligned".into()
+    })?;
+    if n_tokens == 0 || rows == 0 {
+        return Ok(());
+    }
+    check_shape(n_tokens < i32::MAX as usize && rows <= 65_535, OP, || {
+        format!("{n_tokens} tokens of {rows} rows are more than one launch takes")
+    })?;
+    let entry = KernelModule::MatvecQ8.entry_points()[1 + 3 * Q8_FORMATS.len() + index];
+    let function = kernels.function(KernelModule::MatvecQ8, entry)?;
+    let (n_expert, rows_u, cols_u, k_u) = (
+        experts.n_expert() as u32,
+        rows as u32,
+        cols as u32,
+        k as u32,
+    );
+    let (w_p, ids_p, wt_p, v_p, s_p, out_p) = (
+        experts.data().ptr(),
+        ids.ptr(),
+        weights.ptr(),
+        x.values.ptr(),
+        x.scales.ptr(),
+        out.ptr(),
+    );
+    let mut l = function.builder(stream);
+    l.arg(&w_p)
+        .arg(&ids_p)
+        .arg(&wt_p)
+        .arg(&v_p)
+        .arg(&s_p)
+        .arg(&out_p)
+        .arg(&n_expert)
+        .arg(&rows_u)
+        .arg(&cols_u)
+        .arg(&k_u);
+    // SAFETY: the arguments match `moe_down_q8_<fmt>(const u8*, const i32*, const float*,
+    // const i8*, const float*, float*, u32, u32, u32, u32)`. Block (t, r) has k <= 16 waves
+    // (at most 1024 threads, and at most 32 slot sums in shared memory); wave s reads ids[p]
+    // and weights[p], p = t * k + s < pairs (checked above), the weights of an id in
+    // [0, n_expert) only (QuantExperts checked the stack), the quantized row p of x (checked
+    // above), and thread 0 writes out[t * rows + r] inside `out`.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid: [n_tokens as u32, rows_u, 1],
+            block: [k_u * kernels.wave_size(), 1, 1],
+            shared_bytes: 0,
+        })
+    }?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -502,13 +614,15 @@ mod tests {
     fn entry_points_follow_the_format_list() {
         let entries = KernelModule::MatvecQ8.entry_points();
         assert_eq!(entries[0], "quantize_q8");
-        assert_eq!(entries.len(), 1 + 3 * Q8_FORMATS.len());
+        assert_eq!(entries.len(), 1 + 4 * Q8_FORMATS.len());
         for (i, format) in Q8_FORMATS.iter().enumerate() {
             let suffix = format.name().to_ascii_lowercase();
             assert_eq!(entries[1 + 2 * i], format!("matvec_q8_{suffix}"));
             assert_eq!(entries[2 + 2 * i], format!("matvec_q8_one_{suffix}"));
             let id_entry = entries[1 + 2 * Q8_FORMATS.len() + i];
             assert_eq!(id_entry, format!("matvec_id_q8_{suffix}"));
+            let down_entry = entries[1 + 3 * Q8_FORMATS.len() + i];
+            assert_eq!(down_entry, format!("moe_down_q8_{suffix}"));
         }
     }
 
