@@ -53,6 +53,22 @@ DEVICE u32 load_u32_from_u16(const u8* p) {
 }
 DEVICE u32 load_u32_aligned(const u8* p) { return *(const u32*)p; }
 
+// The 8 bytes at p, an address that is even but maybe not a multiple of 4 (the 210-byte Q6_K
+// blocks alternate): two aligned 32-bit loads, and a third only when p is misaligned, shifted
+// into place. That is half the load instructions of 16-bit loads, which kept the Q6_K product
+// waiting on its load pipeline. A misaligned p reads 2 bytes past its 8, so p + 10 must lie in
+// the same buffer: every Q6_K chunk read this way is followed by at least 2 bytes of its own
+// block (the last, the scales at 200-207, by d at 208-209).
+DEVICE void load8_from_even(const u8* p, u32* out) {
+    const u64 addr = (u64)p;
+    const u32* w = (const u32*)(addr & ~(u64)3);
+    const u32 shift = (u32)(addr & 2) * 8;  // 0 or 16
+    const u32 w0 = w[0], w1 = w[1];
+    const u32 w2 = shift ? w[2] : 0u;
+    out[0] = (u32)((((u64)w1 << 32) | w0) >> shift);
+    out[1] = (u32)((((u64)w2 << 32) | w1) >> shift);
+}
+
 // Sum of the four activation bytes of each word: the offset terms (q - 8, the minimums) need it.
 #define ONES 0x01010101
 
@@ -199,18 +215,22 @@ template <> struct Q8Piece<FMT_Q8_0> {
 // pieces before it computes either: twice the bytes in flight per lane. The formats without
 // one (the 32-value blocks, read by small kernels) call `dot` directly.
 
-// Byte i of the 12 packed scale bytes held as three words.
-DEVICE int k4_scale_byte(const u32* w, int i) { return (int)((w[i >> 2] >> (8 * (i & 3))) & 0xFFu); }
-
-// The 6-bit scale and minimum of group g from the packed bytes in registers (as k4_scale_min).
-DEVICE void k4_scale_min_regs(const u32* w, int g, int* sc, int* mn) {
-    if (g < 4) {
-        *sc = k4_scale_byte(w, g) & 0x3F;
-        *mn = k4_scale_byte(w, g + 4) & 0x3F;
-    } else {
-        *sc = (k4_scale_byte(w, g + 4) & 0x0F) | ((k4_scale_byte(w, g - 4) >> 6) << 4);
-        *mn = (k4_scale_byte(w, g + 4) >> 4) | ((k4_scale_byte(w, g) >> 6) << 4);
-    }
+// The 6-bit scales and minimums of groups 2j and 2j + 1 (j < 4) from a k4 block's header in
+// registers, without a branch or an indexed register array: neighbouring lanes hold different
+// j, so a branch on it would run both sides, and an indexed array would go through memory.
+// Bytes 0-3 (head.y) are the scales of groups 0-3 and the top two bits of those of 4-7, bytes
+// 4-7 (head.z) the same for the minimums, bytes 8-11 (head.w) the low nibbles of groups 4-7's
+// scales and (high nibbles) minimums. Each result pair is two bytes: group 2j, then 2j + 1.
+DEVICE void k4_scale_min_pair(uint4 head, int j, int* sc0, int* m0, int* sc1, int* m1) {
+    const u32 shift = 16u * (u32)(j & 1);
+    const u32 a = head.y >> shift, b = head.z >> shift, c = head.w >> shift;
+    const bool upper = j >= 2;
+    const u32 sc = upper ? ((c & 0x0F0Fu) | ((a >> 2) & 0x3030u)) : (a & 0x3F3Fu);
+    const u32 mn = upper ? (((c >> 4) & 0x0F0Fu) | ((b >> 2) & 0x3030u)) : (b & 0x3F3Fu);
+    *sc0 = (int)(sc & 0xFFu);
+    *sc1 = (int)((sc >> 8) & 0xFFu);
+    *m0 = (int)(mn & 0xFFu);
+    *m1 = (int)((mn >> 8) & 0xFFu);
 }
 
 // Q4_K / Q5_K: piece p (of 8) is j = p / 2, h = p % 2: the 16 quant bytes at 32j + 16h hold
@@ -239,10 +259,8 @@ DEVICE void k4_dot(const K4Raw& r, int p, const i8* xq, const float* xd, u32 xq_
     const int g0 = 2 * j, g1 = 2 * j + 1;
     const float d = f16_to_f32((u16)(r.head.x & 0xFFFFu));
     const float dmin = f16_to_f32((u16)(r.head.x >> 16));
-    const u32 packed[3] = {r.head.y, r.head.z, r.head.w};
     int sc0, m0, sc1, m1;
-    k4_scale_min_regs(packed, g0, &sc0, &m0);
-    k4_scale_min_regs(packed, g1, &sc1, &m1);
+    k4_scale_min_pair(r.head, j, &sc0, &m0, &sc1, &m1);
     const u32 vw[4] = {r.qs.x, r.qs.y, r.qs.z, r.qs.w};
     int lo[4], hi[4];
 #pragma unroll
@@ -320,17 +338,14 @@ template <> struct Q8Piece<FMT_Q6_K> {
         const int h = p >> 2, s = p & 3;
         const u8* ql = b + h * 64 + 8 * s;
         const u8* qh = b + 128 + h * 32 + 8 * s;
-        r.a[0] = load_u32_from_u16(ql);
-        r.a[1] = load_u32_from_u16(ql + 4);
-        r.c[0] = load_u32_from_u16(ql + 32);
-        r.c[1] = load_u32_from_u16(ql + 36);
-        r.e[0] = load_u32_from_u16(qh);
-        r.e[1] = load_u32_from_u16(qh + 4);
+        load8_from_even(ql, r.a);
+        load8_from_even(ql + 32, r.c);
+        load8_from_even(qh, r.e);
         // Scales h*8 + (s >> 1) + 2k for k < 4: bytes at an even offset (s >> 1 is 0 or 1
-        // beside an even base), read as 16-bit words and picked apart in dot_raw.
-        const u8* sp = b + 192 + h * 8;
-        const u32 lo = load_u32_from_u16(sp);
-        const u32 hi = load_u32_from_u16(sp + 4);
+        // beside an even base), read as words and picked apart in dot_raw.
+        u32 sw[2];
+        load8_from_even(b + 192 + h * 8, sw);
+        const u32 lo = sw[0], hi = sw[1];
         const int o = s >> 1;
         r.sc = ((lo >> (8 * o)) & 0xFFu) | (((lo >> (16 + 8 * o)) & 0xFFu) << 8) |
                (((hi >> (8 * o)) & 0xFFu) << 16) | (((hi >> (16 + 8 * o)) & 0xFFu) << 24);
