@@ -420,7 +420,7 @@ KERNEL void attn_prefill_f32(const float* q, const float* k_cache, const float* 
 // The first warp reads the n_split <= ATTN_MAX_SPLITS (max, sum) pairs lane-parallel and leaves
 // each split's factor e^(m_s - M) in shared memory, so no thread walks the splits' maxima one
 // after another; then thread d sums its dimension over the splits whose factor is not zero (a
-// skipped split's acc was never written).
+// skipped split's acc was never written, so its value is selected away, never multiplied).
 #define ATTN_MAX_SPLITS 64
 KERNEL void attn_combine(const float* part_ms, const float* part_acc, float* out, u32 n_head,
                          u32 dv, u32 n_split) {
@@ -449,9 +449,13 @@ KERNEL void attn_combine(const float* part_ms, const float* part_acc, float* out
     const float l = total;
     for (u32 d = threadIdx.x; d < dv; d += blockDim.x) {
         float a = 0.0f;
+        // Loads with no branch around them, so the unrolled loop keeps several in flight; a
+        // skipped split's value (never written) is discarded by the select, not multiplied.
+#pragma unroll 8
         for (u32 s = 0; s < n_split; ++s) {
+            const float v = acc[(u64)s * dv + d];
             const float f = factor[s];
-            if (f != 0.0f) a += acc[(u64)s * dv + d] * f;
+            a += f != 0.0f ? v * f : 0.0f;
         }
         out[row * dv + d] = l > 0.0f ? a / l : 0.0f;
     }

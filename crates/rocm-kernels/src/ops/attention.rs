@@ -155,10 +155,11 @@ struct Plan {
 const DECODE_WARPS: u32 = 4;
 /// Query heads per block of that kernel (`ATTN_DEC_HEADS`).
 const DECODE_HEADS: usize = 4;
-/// Keys per split unit of that kernel: eight per warp, so the key range spreads over many
+/// Keys per split unit of that kernel: two per warp, so the key range spreads over many
 /// blocks even at short lengths (a decode step's attention is latency-bound, not bandwidth-
-/// bound, until the cache is long).
-const DECODE_TILE: usize = 32;
+/// bound, until the cache is long). A 640-slot cache makes 64 splits; the kernel spreads the
+/// current keys over all of them.
+const DECODE_TILE: usize = 8;
 
 /// Whether the one-warp-per-key decode kernel takes `shape`: equal K and V head sizes that a
 /// warp of 32 or 64 lanes splits into at most eight values per lane.
@@ -678,7 +679,7 @@ mod tests {
         assert_eq!(p.keys_per_split % BLOCK, 0);
         // A window bounds the keys: 128 fit one tile of the one-thread-per-key kernel (head
         // size 80), so no split and no workspace; the one-warp-per-key kernel (64) cuts them
-        // into four splits of 32.
+        // into sixteen splits of 8.
         let mut odd = big;
         odd.head_dim_k = 80;
         odd.head_dim_v = 80;
@@ -686,10 +687,10 @@ mod tests {
         assert_eq!(decode_splits(&odd).unwrap(), 1);
         assert_eq!(decode_workspace_floats(&odd).unwrap(), 0);
         big.window = Some(128);
-        assert_eq!(decode_splits(&big).unwrap(), 4);
+        assert_eq!(decode_splits(&big).unwrap(), 16);
         let p = decode_plan(&big).unwrap();
         assert!(p.warp_per_key && !decode_plan(&odd).unwrap().warp_per_key);
-        assert_eq!(p.keys_per_split, 32);
+        assert_eq!(p.keys_per_split, 8);
     }
 
     #[test]
