@@ -61,14 +61,16 @@ KERNEL void rms_norm_warp(const float* x, const float* w, float* out, u32 n_vect
 }
 
 // The residual add, the norm and the activation quantization of decode in one launch:
-// if y: x[r] += y[r] (written back); out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w; if xq:
-// out[r] quantized as quantize_q8 does (per group of 32: d = max|v| / 127, q = round(v / d)),
-// into xq[r * dim ..] and xd[r * dim / 32 ..] (dim a multiple of 32 then).
+// if yw: y[r] = y[r] / sqrt(mean(y[r]^2) + eps) * yw first (written back; Gemma 3's norm of a
+// block's output before the residual add); if y: x[r] += y[r] (written back); out[r] = x[r] /
+// sqrt(mean(x[r]^2) + eps) * w; if xq: out[r] quantized as quantize_q8 does (per group of 32:
+// d = max|v| / 127, q = round(v / d)), into xq[r * dim ..] and xd[r * dim / 32 ..] (dim a
+// multiple of 32 then). yw is only given with y.
 // One block per row; blockDim.x a multiple of WARP_SIZE up to 1024. Grid: (rows, 1, 1).
 //
 // A decode row is one block on one multiprocessor, so the kernel is latency-bound: each thread
-// loads its values of x, y and w up front (all in flight at once) and keeps them in registers
-// across the reduction, instead of reading x and w again after it. Rows wider than
+// loads its values of x, y and the weights up front (all in flight at once) and keeps them in
+// registers across the reductions, instead of reading x and w again after them. Rows wider than
 // NORM_REG_VALUES * blockDim.x take the loop form.
 #define NORM_REG_VALUES 8
 
@@ -86,32 +88,51 @@ DEVICE void norm_quantize(float v, u64 i, i8* xq, float* xd) {
     if (i % 32 == 0) xd[i / 32] = d;
 }
 
-KERNEL void add_rms_norm_q8(float* x, const float* y, const float* w, float* out, i8* xq,
-                            float* xd, u32 dim, float eps) {
+KERNEL void add_rms_norm_q8(float* x, float* y, const float* yw, const float* w, float* out,
+                            i8* xq, float* xd, u32 dim, float eps) {
     KERNEL_PROLOGUE();
     __shared__ float scratch[32];
     const u64 base = (u64)blockIdx.x * dim;
     float* xr = x + base;
+    float* yr = y ? y + base : y;
     float* orow = out + base;
     float ss = 0.0f;
     if (dim <= NORM_REG_VALUES * blockDim.x) {
-        float v[NORM_REG_VALUES], wv[NORM_REG_VALUES];
+        float v[NORM_REG_VALUES], yv[NORM_REG_VALUES], wv[NORM_REG_VALUES], ywv[NORM_REG_VALUES];
 #pragma unroll
         for (int k = 0; k < NORM_REG_VALUES; ++k) {
             const u32 i = threadIdx.x + k * blockDim.x;
-            v[k] = 0.0f;
-            wv[k] = 0.0f;
+            v[k] = yv[k] = wv[k] = ywv[k] = 0.0f;
             if (i < dim) {
                 v[k] = xr[i];
-                if (y) v[k] += y[base + i];
+                if (yr) yv[k] = yr[i];
+                if (yw) ywv[k] = yw[i];
                 wv[k] = w[i];
+            }
+        }
+        if (yw) {
+            float ssy = 0.0f;
+#pragma unroll
+            for (int k = 0; k < NORM_REG_VALUES; ++k) ssy += yv[k] * yv[k];
+            ssy = block_sum(ssy, scratch);
+            const float inv_y = 1.0f / sqrtf(ssy / (float)dim + eps);
+#pragma unroll
+            for (int k = 0; k < NORM_REG_VALUES; ++k) {
+                const u32 i = threadIdx.x + k * blockDim.x;
+                if (i < dim) {
+                    yv[k] = yv[k] * inv_y * ywv[k];
+                    yr[i] = yv[k];
+                }
             }
         }
 #pragma unroll
         for (int k = 0; k < NORM_REG_VALUES; ++k) {
             const u32 i = threadIdx.x + k * blockDim.x;
             if (i < dim) {
-                if (y) xr[i] = v[k];
+                if (yr) {
+                    v[k] += yv[k];
+                    xr[i] = v[k];
+                }
                 ss += v[k] * v[k];
             }
         }
@@ -128,10 +149,17 @@ KERNEL void add_rms_norm_q8(float* x, const float* y, const float* w, float* out
         }
         return;
     }
+    if (yw) {
+        float ssy = 0.0f;
+        for (u32 i = threadIdx.x; i < dim; i += blockDim.x) ssy += yr[i] * yr[i];
+        ssy = block_sum(ssy, scratch);
+        const float inv_y = 1.0f / sqrtf(ssy / (float)dim + eps);
+        for (u32 i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = yr[i] * inv_y * yw[i];
+    }
     for (u32 i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = xr[i];
-        if (y) {
-            v += y[base + i];
+        if (yr) {
+            v += yr[i];
             xr[i] = v;
         }
         ss += v * v;

@@ -1241,47 +1241,28 @@ impl Backend for GpuBackend {
         dim: usize,
         eps: f32,
     ) -> Result<()> {
-        let w = weight.vector("add_rms_norm")?;
-        let values = rows * dim;
-        // Leave `out` quantized when the int8 products will read it.
-        let quantize = self.matvec_path == MatvecPath::Int8
-            && rows <= INT8_MAX_ROWS
-            && dim % matvec_q8::GROUP == 0
-            && values <= out.len;
-        let mut q8 = if quantize {
-            Some(self.q8_shadow(out, values)?)
-        } else {
-            None
-        };
-        norm::add_rms_norm(
-            &self.kernels,
-            &self.stream,
-            &mut x.view_mut(),
-            y.map(|y| y.view()),
-            w,
-            &mut out.view_mut(),
-            q8.as_mut(),
-            rows,
-            dim,
-            eps,
-        )
-        .map_err(kerr("add_rms_norm"))?;
-        if quantize {
-            out.mark_q8_fresh(values);
-        }
-        let moved = if y.is_some() { 5 } else { 3 };
-        self.op_done(
-            || {
-                if quantize {
-                    "add_rms_norm + int8".into()
-                } else {
-                    "add_rms_norm".into()
-                }
-            },
-            (moved * values * 4) as u64,
-        )
+        let residual = y.map(|y| norm::Residual::Add(y.view()));
+        self.add_rms_norm_with(x, residual, weight, out, rows, dim, eps)
     }
 
+    fn add_normed_rms_norm(
+        &mut self,
+        x: &mut GpuBuffer,
+        (y, y_norm): (&mut GpuBuffer, &GpuWeight),
+        weight: &GpuWeight,
+        out: &mut GpuBuffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let weight_y = y_norm.vector("add_rms_norm (the residual's norm)")?;
+        let y = &mut y.view_mut();
+        let residual = Some(norm::Residual::NormAdd {
+            y,
+            weight: weight_y,
+        });
+        self.add_rms_norm_with(x, residual, weight, out, rows, dim, eps)
+    }
     fn rms_norm_inplace(
         &mut self,
         x: &mut GpuBuffer,
@@ -1881,6 +1862,65 @@ impl Backend for GpuBackend {
 }
 
 impl GpuBackend {
+    /// [`Backend::add_rms_norm`] with the residual as the kernel takes it: added as it is, or
+    /// normalized first.
+    #[allow(clippy::too_many_arguments)]
+    fn add_rms_norm_with(
+        &mut self,
+        x: &mut GpuBuffer,
+        residual: Option<norm::Residual<'_>>,
+        weight: &GpuWeight,
+        out: &mut GpuBuffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let w = weight.vector("add_rms_norm")?;
+        let values = rows * dim;
+        // Leave `out` quantized when the int8 products will read it.
+        let quantize = self.matvec_path == MatvecPath::Int8
+            && rows <= INT8_MAX_ROWS
+            && dim % matvec_q8::GROUP == 0
+            && values <= out.len;
+        let mut q8 = if quantize {
+            Some(self.q8_shadow(out, values)?)
+        } else {
+            None
+        };
+        let adds = residual.is_some();
+        let normed = matches!(residual, Some(norm::Residual::NormAdd { .. }));
+        norm::add_rms_norm(
+            &self.kernels,
+            &self.stream,
+            &mut x.view_mut(),
+            residual,
+            w,
+            &mut out.view_mut(),
+            q8.as_mut(),
+            rows,
+            dim,
+            eps,
+        )
+        .map_err(kerr("add_rms_norm"))?;
+        if quantize {
+            out.mark_q8_fresh(values);
+        }
+        // Values moved: x read and written, out written, y read (and written when normed).
+        let moved = 3 + usize::from(adds) * 2 + usize::from(normed);
+        self.op_done(
+            || {
+                let norm = if normed {
+                    "norm + add_rms_norm"
+                } else {
+                    "add_rms_norm"
+                };
+                let int8 = if quantize { " + int8" } else { "" };
+                format!("{norm}{int8}")
+            },
+            (moved * values * 4) as u64,
+        )
+    }
+
     fn attention_queued(
         &mut self,
         q: &GpuBuffer,

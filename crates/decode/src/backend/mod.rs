@@ -261,6 +261,24 @@ pub trait Backend: Send {
         }
         self.rms_norm(x, weight, out, rows, dim, eps)
     }
+    /// [`Backend::add_rms_norm`] after a block whose output `y` has its own norm (Gemma 3's
+    /// post-attention and post-feed-forward norms): `y = rms_norm(y, y_norm)` in place, then
+    /// `x += y` and `out = rms_norm(x, weight)`. The default runs the two; a GPU backend one
+    /// launch.
+    #[allow(clippy::too_many_arguments)]
+    fn add_normed_rms_norm(
+        &mut self,
+        x: &mut Self::Buffer,
+        (y, y_norm): (&mut Self::Buffer, &Self::Weight),
+        weight: &Self::Weight,
+        out: &mut Self::Buffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.rms_norm_inplace(y, y_norm, rows, dim, eps)?;
+        self.add_rms_norm(x, Some(y), weight, out, rows, dim, eps)
+    }
     /// In-place RMSNorm of `rows` consecutive vectors of `dim` (per-head Q/K norm).
     fn rms_norm_inplace(
         &mut self,

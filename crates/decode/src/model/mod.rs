@@ -73,6 +73,47 @@ struct Activations<B: Backend> {
     logits: B::Buffer,
 }
 
+/// What waits in the block-output buffer for the next norm to add to the residual stream.
+enum Pending<'w, B: Backend> {
+    /// Nothing (before the first layer).
+    Nothing,
+    /// A block's output, with the model's norm of it where it has one (Gemma 3).
+    Output(Option<&'w B::Weight>),
+}
+
+// Not derived: a derive would ask for `B: Copy`, and only the reference is copied.
+impl<B: Backend> Clone for Pending<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B: Backend> Copy for Pending<'_, B> {}
+
+impl<B: Backend> Pending<'_, B> {
+    /// `x += y` (with `y` normalized first where the block has a post-norm), then `xn =
+    /// norm(x)`: one backend call, so one kernel on the GPU.
+    #[allow(clippy::too_many_arguments)]
+    fn add_and_norm(
+        self,
+        be: &mut B,
+        x: &mut B::Buffer,
+        y: &mut B::Buffer,
+        norm: &B::Weight,
+        xn: &mut B::Buffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        match self {
+            Pending::Nothing => be.add_rms_norm(x, None, norm, xn, rows, dim, eps),
+            Pending::Output(None) => be.add_rms_norm(x, Some(y), norm, xn, rows, dim, eps),
+            Pending::Output(Some(post)) => {
+                be.add_normed_rms_norm(x, (y, post), norm, xn, rows, dim, eps)
+            }
+        }
+    }
+}
+
 /// A loaded model ready to run steps.
 pub struct Model<B: Backend> {
     spec: ModelSpec,
@@ -455,12 +496,22 @@ impl<B: Backend> Model<B> {
             let (kd, vd) = (s.widths.k, s.widths.v);
             be.embed(embed, n, s.embed_scale, &mut a.x)?;
             // Each block's output waits in `a.proj` and is added to the residual stream by the
-            // next norm (`add_rms_norm`: one kernel on the GPU).
-            let mut residual_pending = false;
+            // next norm (`add_rms_norm`: one kernel on the GPU), after its own post-block norm
+            // where the model has one (`add_normed_rms_norm`, the same kernel).
+            let mut pending: Pending<'_, B> = Pending::Nothing;
             for (il, (layer, ls)) in layers.iter().zip(&s.layers).enumerate() {
                 // Attention block.
-                let pending = residual_pending.then_some(&a.proj);
-                be.add_rms_norm(&mut a.x, pending, &layer.attn_norm, &mut a.xn, n, e, s.eps)?;
+                let attn_norm = &layer.attn_norm;
+                pending.add_and_norm(
+                    be,
+                    &mut a.x,
+                    &mut a.proj,
+                    attn_norm,
+                    &mut a.xn,
+                    n,
+                    e,
+                    s.eps,
+                )?;
                 be.matmul_pair(&layer.wq, &layer.wk, &a.xn, &mut a.q, &mut a.k, n)?;
                 be.matmul(&layer.wv, &a.xn, &mut a.v, n)?;
                 if let Some([bq, bk, bv]) = &layer.bias {
@@ -494,13 +545,11 @@ impl<B: Backend> Model<B> {
                 };
                 be.attention(&a.q, &kv.k[il], &kv.v[il], &mut a.attn, &shape)?;
                 be.matmul(&layer.wo, &a.attn, &mut a.proj, n)?;
-                if let Some(w) = &layer.attn_post_norm {
-                    be.rms_norm_inplace(&mut a.proj, w, n, e, s.eps)?;
-                }
                 // Feed-forward block.
-                be.add_rms_norm(
+                Pending::Output(layer.attn_post_norm.as_ref()).add_and_norm(
+                    be,
                     &mut a.x,
-                    Some(&a.proj),
+                    &mut a.proj,
                     &layer.ffn_norm,
                     &mut a.xn,
                     n,
@@ -531,20 +580,28 @@ impl<B: Backend> Model<B> {
                         be.moe(&a.xn, &a.router, gate, up, down, &mut a.proj, &shape)?;
                     }
                 }
-                if let Some(w) = &layer.ffn_post_norm {
-                    be.rms_norm_inplace(&mut a.proj, w, n, e, s.eps)?;
-                }
-                residual_pending = true;
+                pending = Pending::Output(layer.ffn_post_norm.as_ref());
             }
             let out_w = output.as_ref().unwrap_or(embed);
-            let pending = residual_pending.then_some(&a.proj);
             if options.all_logits || n == 1 {
-                be.add_rms_norm(&mut a.x, pending, output_norm, &mut a.xn, n, e, s.eps)?;
+                pending.add_and_norm(
+                    be,
+                    &mut a.x,
+                    &mut a.proj,
+                    output_norm,
+                    &mut a.xn,
+                    n,
+                    e,
+                    s.eps,
+                )?;
                 be.matmul(out_w, &a.xn, &mut a.logits, n)?;
             } else {
                 // Only the last row's logits: the whole residual, then one row's norm.
-                if let Some(proj) = pending {
-                    be.add(&mut a.x, proj, n * e)?;
+                if let Pending::Output(post_norm) = pending {
+                    if let Some(w) = post_norm {
+                        be.rms_norm_inplace(&mut a.proj, w, n, e, s.eps)?;
+                    }
+                    be.add(&mut a.x, &a.proj, n * e)?;
                 }
                 be.copy_row(&a.x, n - 1, &mut a.proj, 0, e)?;
                 be.rms_norm(&a.proj, output_norm, &mut a.xn, 1, e, s.eps)?;

@@ -120,10 +120,26 @@ pub fn rms_norm_inplace(
     )
 }
 
-/// Decode's residual add, norm and activation quantization in one launch: when `y` is given,
-/// `x[r] += y[r]`; then `out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight`; when `q8` is
-/// given, `out` quantized into it exactly as [`crate::ops::matvec_q8::quantize`] would (so
-/// the next matrix-vector products read it without a launch of their own).
+/// The residual [`add_rms_norm`] adds to `x`.
+pub enum Residual<'a> {
+    /// `x += y`.
+    Add(DeviceSlice<f32>),
+    /// `y = y / sqrt(mean(y^2) + eps) * weight` in place first, then `x += y`: a block's output
+    /// with its own norm before the residual add (Gemma 3's post-attention and
+    /// post-feed-forward norms).
+    NormAdd {
+        /// The block's output, normalized in place.
+        y: &'a mut DeviceSliceMut<f32>,
+        /// Its norm's weight (`dim` values).
+        weight: DeviceSlice<f32>,
+    },
+}
+
+/// Decode's residual add, norm and activation quantization in one launch: when `residual` is
+/// given, `x[r] += y[r]` (with `y` normalized first for [`Residual::NormAdd`]); then `out[r] =
+/// x[r] / sqrt(mean(x[r]^2) + eps) * weight`; when `q8` is given, `out` quantized into it
+/// exactly as [`crate::ops::matvec_q8::quantize`] would (so the next matrix-vector products
+/// read it without a launch of their own).
 ///
 /// `x`, `y` and `out` hold `rows * dim` values and must not overlap; with `q8`, `dim` is a
 /// multiple of 32 and its views hold `rows * dim` values and `rows * dim / 32` scales.
@@ -132,7 +148,7 @@ pub fn add_rms_norm(
     kernels: &Kernels,
     stream: &Stream,
     x: &mut DeviceSliceMut<f32>,
-    y: Option<DeviceSlice<f32>>,
+    residual: Option<Residual<'_>>,
     weight: DeviceSlice<f32>,
     out: &mut DeviceSliceMut<f32>,
     q8: Option<&mut crate::ops::matvec_q8::Q8ActivationsMut>,
@@ -147,16 +163,27 @@ pub fn add_rms_norm(
     check_shape(disjoint(x.addr(), out.addr()), OP, || {
         "x and out overlap".to_string()
     })?;
-    if let Some(y) = &y {
-        check_shape(y.len() >= n, OP, || {
-            format!("y holds {} values, {rows} rows of {dim} need {n}", y.len())
+    let (y_p, y_len, yw) = match &residual {
+        None => (DevicePtr(0), 0, None),
+        Some(Residual::Add(y)) => (y.ptr(), y.len(), None),
+        Some(Residual::NormAdd { y, weight }) => (y.ptr(), y.len(), Some(weight)),
+    };
+    if residual.is_some() {
+        check_shape(y_len >= n, OP, || {
+            format!("y holds {y_len} values, {rows} rows of {dim} need {n}")
         })?;
         check_shape(
-            disjoint(y.addr(), x.addr()) && disjoint(y.addr(), out.addr()),
+            disjoint(y_p.0, x.addr()) && disjoint(y_p.0, out.addr()),
             OP,
             || "y overlaps x or out".to_string(),
         )?;
     }
+    if let Some(yw) = yw {
+        check_shape(yw.len() >= dim, OP, || {
+            format!("y's norm weight holds {} values, dim is {dim}", yw.len())
+        })?;
+    }
+    let yw_p = yw.map_or(DevicePtr(0), |w| w.ptr());
     let (q_p, d_p) = match &q8 {
         Some(q) => {
             check_shape(dim % 32 == 0, OP, || {
@@ -172,7 +199,6 @@ pub fn add_rms_norm(
     if rows == 0 {
         return Ok(());
     }
-    let y_p = y.map_or(DevicePtr(0), |y| y.ptr());
     let (x_p, w_p, o_p) = (x.ptr(), weight.ptr(), out.ptr());
     let dim_u = dim as u32;
     let block = (dim_u.div_ceil(4).div_ceil(64) * 64).clamp(64, 1024);
@@ -180,17 +206,19 @@ pub fn add_rms_norm(
     let mut l = function.builder(stream);
     l.arg(&x_p)
         .arg(&y_p)
+        .arg(&yw_p)
         .arg(&w_p)
         .arg(&o_p)
         .arg(&q_p)
         .arg(&d_p)
         .arg(&dim_u)
         .arg(&eps);
-    // SAFETY: the arguments match `add_rms_norm_q8(float*, const float*, const float*, float*,
-    // i8*, float*, u32, float)`. Block r reads and writes row r < rows of x, reads row r of y
-    // (when not null), writes row r of out and, when not null, the row's dim quantized values
-    // and dim / 32 scales; `check` and the checks above made every view long enough, and x,
-    // y and out do not overlap.
+    // SAFETY: the arguments match `add_rms_norm_q8(float*, float*, const float*, const float*,
+    // float*, i8*, float*, u32, float)`. Block r reads and writes row r < rows of x, reads row
+    // r of y (when not null; writes it back only with yw, which is given only with a mutable
+    // y), reads dim values of yw and w, writes row r of out and, when not null, the row's dim
+    // quantized values and dim / 32 scales; `check` and the checks above made every view long
+    // enough, and x, y and out do not overlap.
     unsafe {
         l.launch(LaunchConfig {
             grid: [rows as u32, 1, 1],
