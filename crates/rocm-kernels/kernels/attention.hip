@@ -422,8 +422,11 @@ KERNEL void attn_prefill_f32(const float* q, const float* k_cache, const float* 
 // after another; then thread d sums its dimension over the splits whose factor is not zero (a
 // skipped split's acc was never written, so its value is selected away, never multiplied).
 #define ATTN_MAX_SPLITS 64
+//
+// With xq (dv a multiple of 32), the output is also quantized for the next int8 product as
+// quantize_q8 would, so that product needs no quantizing launch of its own.
 KERNEL void attn_combine(const float* part_ms, const float* part_acc, float* out, u32 n_head,
-                         u32 dv, u32 n_split) {
+                         u32 dv, u32 n_split, i8* xq, float* xd) {
     KERNEL_PROLOGUE();
     __shared__ float factor[ATTN_MAX_SPLITS];
     __shared__ float total;
@@ -457,7 +460,10 @@ KERNEL void attn_combine(const float* part_ms, const float* part_acc, float* out
             const float f = factor[s];
             a += f != 0.0f ? v * f : 0.0f;
         }
-        out[row * dv + d] = l > 0.0f ? a / l : 0.0f;
+        const float o = l > 0.0f ? a / l : 0.0f;
+        out[row * dv + d] = o;
+        // dv and blockDim.x are multiples of 32 with xq: whole groups run this together.
+        if (xq) q8_quantize_lane(o, row * dv + d, xq, xd);
     }
 }
 

@@ -54,13 +54,7 @@ KERNEL void gated_q8(float* __restrict__ gate, const float* __restrict__ up, i8*
     }
     const float v = a * up[k];
     gate[k] = v;
-    float amax = fabsf(v);
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, warp_shfl_xor(amax, m));
-    const float d = amax / 127.0f;
-    const float id = d > 0.0f ? 1.0f / d : 0.0f;
-    xq[k] = (i8)__float2int_rn(v * id);
-    if (k % 32 == 0) xd[k / 32] = d;
+    q8_quantize_lane(v, k, xq, xd);
 }
 
 // x += y.

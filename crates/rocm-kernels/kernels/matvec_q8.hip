@@ -34,14 +34,7 @@ KERNEL void quantize_q8(const float* __restrict__ x, i8* __restrict__ xq, float*
     const u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     // Whole groups (whole warps on wave32) leave together: see gated_q8.
     if (k >= (u64)n_groups * 32) return;
-    const float v = x[k];
-    float amax = fabsf(v);
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, warp_shfl_xor(amax, m));
-    const float d = amax / 127.0f;
-    const float id = d > 0.0f ? 1.0f / d : 0.0f;
-    xq[k] = (i8)__float2int_rn(v * id);
-    if (k % 32 == 0) xd[k / 32] = d;
+    q8_quantize_lane(x[k], k, xq, xd);
 }
 
 // ---- Loads. Blocks of 18, 22, 34 and 210 bytes are only 2-byte aligned, so their 32-bit words

@@ -74,20 +74,6 @@ KERNEL void rms_norm_warp(const float* x, const float* w, float* out, u32 n_vect
 // NORM_REG_VALUES * blockDim.x take the loop form.
 #define NORM_REG_VALUES 8
 
-// Quantizes v (thread i of the row) as quantize_q8 does. dim and blockDim.x are multiples of
-// 32: the 32 values of a group are held by 32 consecutive lanes of one warp in the same
-// iteration, and whole groups (whole warps on wave32) call this together, so the shuffles
-// always see every lane they read.
-DEVICE void norm_quantize(float v, u64 i, i8* xq, float* xd) {
-    float amax = fabsf(v);
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, warp_shfl_xor(amax, m));
-    const float d = amax / 127.0f;
-    const float id = d > 0.0f ? 1.0f / d : 0.0f;
-    xq[i] = (i8)__float2int_rn(v * id);
-    if (i % 32 == 0) xd[i / 32] = d;
-}
-
 KERNEL void add_rms_norm_q8(float* x, float* y, const float* yw, const float* w, float* out,
                             i8* xq, float* xd, u32 dim, float eps) {
     KERNEL_PROLOGUE();
@@ -144,7 +130,7 @@ KERNEL void add_rms_norm_q8(float* x, float* y, const float* yw, const float* w,
             if (i < dim) {
                 const float o = v[k] * inv * wv[k];
                 orow[i] = o;
-                if (xq) norm_quantize(o, base + i, xq, xd);
+                if (xq) q8_quantize_lane(o, base + i, xq, xd);
             }
         }
         return;
@@ -169,6 +155,6 @@ KERNEL void add_rms_norm_q8(float* x, float* y, const float* yw, const float* w,
     for (u32 i = threadIdx.x; i < dim; i += blockDim.x) {
         const float v = xr[i] * inv * w[i];
         orow[i] = v;
-        if (xq) norm_quantize(v, base + i, xq, xd);
+        if (xq) q8_quantize_lane(v, base + i, xq, xd);
     }
 }

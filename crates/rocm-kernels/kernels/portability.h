@@ -75,6 +75,22 @@ DEVICE float warp_max(float v) {
     return v;
 }
 
+// Quantizes value v, element i of a row of activations, as quantize_q8 (matvec_q8.hip) does:
+// per group of 32 values, d = max|v| / 127 and q = round(v / d), into xq[i] and, from the
+// group's first lane, xd[i / 32]. The 32 values of a group are held by 32 consecutive lanes of
+// one warp, which all call it together (a wave of 64 holds two groups): the shuffles read only
+// lanes of the caller's own group. Every kernel that leaves activations quantized for the next
+// product uses this one definition, so all of them round alike.
+DEVICE void q8_quantize_lane(float v, u64 i, i8* xq, float* xd) {
+    float amax = fabsf(v);
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, warp_shfl_xor(amax, m));
+    const float d = amax / 127.0f;
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    xq[i] = (i8)__float2int_rn(v * id);
+    if (i % 32 == 0) xd[i / 32] = d;
+}
+
 // Sum over the whole block; every thread gets the result. `scratch` holds one float per warp
 // (blockDim.x / WARP_SIZE <= 32, so 32 floats always suffice).
 DEVICE float block_sum(float v, float* scratch) {

@@ -20,7 +20,7 @@ mod common;
 use hip_ffi::testing::device_or_skip;
 use hip_ffi::{DeviceBuffer, DeviceCopy, Stream};
 use rocm_kernels::ops::attention::{
-    attention_decode, attention_prefill, attention_prefill_on, decode_splits,
+    attention_decode, attention_decode_q8, attention_prefill, attention_prefill_on, decode_splits,
     decode_workspace_floats, AttentionShape, PrefillKernel,
 };
 use rocm_kernels::ops::kv_cache::{
@@ -706,6 +706,113 @@ fn windowed_attention_matches_the_reference_on_full_caches_and_rings() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn decode_attention_can_leave_its_output_quantized_as_the_quantizer_would() {
+    let Some(gpu) = gpu("decode_attention_can_leave_its_output_quantized_as_the_quantizer_would")
+    else {
+        return;
+    };
+    use rocm_kernels::ops::matvec_q8::{self, Q8ActivationsMut};
+    let mut noise = Noise::new(41);
+    // (head size, whether the combine can quantize): 64 and 128 split evenly into groups of
+    // 32; 80 takes the one-thread-per-key kernel, whose output is left for the quantizer.
+    for (d, fused) in [(64, true), (128, true), (80, false)] {
+        let shape = AttentionShape {
+            n_tokens: 1,
+            n_head: 8,
+            n_head_kv: 2,
+            head_dim_k: d,
+            head_dim_v: d,
+            scale: 1.0 / (d as f32).sqrt(),
+            window: None,
+            slots: 300,
+        };
+        let q = noise.vec(8 * d, 3.0);
+        let k = noise.vec(300 * 2 * d, 1.5);
+        let v = noise.vec(300 * 2 * d, 1.0);
+        let (dq, dpos) = (Buf::from(&gpu, &q), Buf::from(&gpu, &[211i32]));
+        let (dk, dv) = (
+            Cache::from_f32(&gpu, &k, KvElem::F16),
+            Cache::from_f32(&gpu, &v, KvElem::F16),
+        );
+        let need = decode_workspace_floats(&shape).expect("workspace size");
+        let n = 8 * d;
+        let run = |quantized: Option<(&mut Buf<i8>, &mut Buf<f32>)>| {
+            let mut ws = Buf::from(&gpu, &vec![f32::NAN; need.max(1)]);
+            let mut out = Buf::from(&gpu, &vec![f32::NAN; n]);
+            let did = match quantized {
+                None => {
+                    attention_decode(
+                        gpu.kernels,
+                        &gpu.stream,
+                        &dq.view(),
+                        &dk.view(),
+                        &dv.view(),
+                        &dpos.view(),
+                        &mut out.view_mut(),
+                        &mut ws.view_mut(),
+                        &shape,
+                    )
+                    .expect("attention_decode");
+                    false
+                }
+                Some((values, scales)) => {
+                    let mut q8 = Q8ActivationsMut {
+                        values: values.view_mut(),
+                        scales: scales.view_mut(),
+                    };
+                    attention_decode_q8(
+                        gpu.kernels,
+                        &gpu.stream,
+                        &dq.view(),
+                        &dk.view(),
+                        &dv.view(),
+                        &dpos.view(),
+                        &mut out.view_mut(),
+                        &mut ws.view_mut(),
+                        &shape,
+                        &mut q8,
+                    )
+                    .expect("attention_decode_q8")
+                }
+            };
+            (out.read(&gpu), did)
+        };
+        let (plain, _) = run(None);
+        let mut values = Buf::from(&gpu, &vec![0x7fi8; n]);
+        let mut scales = Buf::from(&gpu, &vec![f32::NAN; n / 32]);
+        let (got, did) = run(Some((&mut values, &mut scales)));
+        assert_eq!(did, fused, "head size {d}");
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert!(plain.iter().all(|v| v.is_finite()), "head size {d}");
+        assert_eq!(bits(&got), bits(&plain), "head size {d}: the output itself");
+        if !fused {
+            assert!(values.read(&gpu).iter().all(|&v| v == 0x7f), "untouched");
+            continue;
+        }
+        // What the quantizer makes of the same output, bit for bit.
+        let src = Buf::from(&gpu, &plain);
+        let mut want_values = Buf::from(&gpu, &vec![0i8; n]);
+        let mut want_scales = Buf::from(&gpu, &vec![0f32; n / 32]);
+        let mut want = Q8ActivationsMut {
+            values: want_values.view_mut(),
+            scales: want_scales.view_mut(),
+        };
+        matvec_q8::quantize(gpu.kernels, &gpu.stream, src.view(), 1, n, &mut want)
+            .expect("quantize");
+        assert_eq!(
+            values.read(&gpu),
+            want_values.read(&gpu),
+            "head size {d}: values"
+        );
+        assert_eq!(
+            bits(&scales.read(&gpu)),
+            bits(&want_scales.read(&gpu)),
+            "head size {d}: scales"
+        );
     }
 }
 

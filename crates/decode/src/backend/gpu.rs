@@ -1943,7 +1943,29 @@ impl GpuBackend {
                 need,
                 "attention workspace",
             )?;
-            attn::attention_decode(
+            // On the int8 path the output projection reads the attention output quantized: the
+            // combine step leaves it so where it can, and the projection then skips its own
+            // quantizing launch.
+            let values = s.n_tokens * s.n_head * s.head_dim_v;
+            let quantize = self.matvec_path == MatvecPath::Int8
+                && s.head_dim_v % matvec_q8::GROUP == 0
+                && values <= out.len;
+            if !quantize {
+                return attn::attention_decode(
+                    &self.kernels,
+                    &self.stream,
+                    &q.view(),
+                    &k,
+                    &v,
+                    &positions,
+                    &mut out.view_mut(),
+                    &mut ws,
+                    &s,
+                )
+                .map_err(kerr("attention (decode)"));
+            }
+            let mut q8 = self.q8_shadow(out, values)?;
+            let quantized = attn::attention_decode_q8(
                 &self.kernels,
                 &self.stream,
                 &q.view(),
@@ -1953,8 +1975,13 @@ impl GpuBackend {
                 &mut out.view_mut(),
                 &mut ws,
                 &s,
+                &mut q8,
             )
-            .map_err(kerr("attention (decode)"))
+            .map_err(kerr("attention (decode)"))?;
+            if quantized {
+                out.mark_q8_fresh(values);
+            }
+            Ok(())
         } else {
             attn::attention_prefill_on(
                 &self.kernels,

@@ -356,6 +356,8 @@ impl KernelDims {
     }
 }
 
+/// `q8`: the quantized views (values, scales) the combine also writes, already checked against
+/// the output's size; only given with more than one split and `head_dim_v` a multiple of 32.
 fn launch(
     kernels: &Kernels,
     stream: &Stream,
@@ -363,6 +365,7 @@ fn launch(
     workspace: Option<&DeviceSliceMut<f32>>,
     shape: &AttentionShape,
     plan: &Plan,
+    q8: Option<(DevicePtr, DevicePtr)>,
 ) -> Result<()> {
     let KernelDims {
         n_tokens,
@@ -441,18 +444,23 @@ fn launch(
         let combine = kernels.function(KernelModule::Attention, "attn_combine")?;
         let wave = kernels.wave_size().max(1);
         let block = dv.div_ceil(wave).saturating_mul(wave).min(BLOCK);
+        let (q_values, q_scales) = q8.unwrap_or((DevicePtr(0), DevicePtr(0)));
         let mut l = combine.builder(stream);
         l.arg(&part_ms)
             .arg(&part_acc)
             .arg(&out_ptr)
             .arg(&n_head)
             .arg(&dv)
-            .arg(&n_split);
+            .arg(&n_split)
+            .arg(&q_values)
+            .arg(&q_scales);
         // SAFETY: the arguments match `attn_combine`; it reads the partials the launch above
         // wrote (same stream, so in order) for n_tokens x n_head rows and writes that many rows
-        // of head_dim_v into out, which `check_io` sized. n_split <= MAX_SPLITS (both plans cap
-        // it), the size of the kernel's shared factors; the block is whole waves, so its first
-        // warp is complete for the shuffles.
+        // of head_dim_v into out, which `check_io` sized, and (when not null) as many quantized
+        // values and a scale per 32, which the caller checked; dv is then a multiple of 32, so
+        // whole groups of lanes quantize together. n_split <= MAX_SPLITS (both plans cap it),
+        // the size of the kernel's shared factors; the block is whole waves, so its first warp
+        // is complete for the shuffles.
         unsafe {
             l.launch(LaunchConfig {
                 grid: [n_tokens, n_head, 1],
@@ -502,7 +510,69 @@ pub fn attention_decode(
     }
     let plan = decode_plan(shape)?;
     let ws = (plan.n_split > 1).then_some(&*workspace);
-    launch(kernels, stream, &io, ws, shape, &plan)
+    launch(kernels, stream, &io, ws, shape, &plan, None)
+}
+
+/// [`attention_decode`] that also leaves the output quantized in `q8` for the next int8
+/// matrix-vector product, as [`crate::ops::matvec_q8::quantize`] would, when it can do so in
+/// its combine step: with more than one split and `head_dim_v` a multiple of 32. Returns
+/// whether it did; when not, `q8` is untouched and the caller quantizes. `q8` must hold
+/// `n_tokens * n_head * head_dim_v` values and a scale per 32 of them.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_decode_q8(
+    kernels: &Kernels,
+    stream: &Stream,
+    q: &DeviceSlice<f32>,
+    k_cache: &KvSlice,
+    v_cache: &KvSlice,
+    positions: &DeviceSlice<i32>,
+    out: &mut DeviceSliceMut<f32>,
+    workspace: &mut DeviceSliceMut<f32>,
+    shape: &AttentionShape,
+    q8: &mut crate::ops::matvec_q8::Q8ActivationsMut,
+) -> Result<bool> {
+    let plan = decode_plan(shape)?;
+    if plan.n_split <= 1 || shape.head_dim_v % crate::ops::matvec_q8::GROUP != 0 {
+        attention_decode(
+            kernels, stream, q, k_cache, v_cache, positions, out, workspace, shape,
+        )?;
+        return Ok(false);
+    }
+    let values = shape.n_tokens * shape.n_head * shape.head_dim_v;
+    check_shape(
+        q8.values.len() >= values && q8.scales.len() >= values / crate::ops::matvec_q8::GROUP,
+        OP,
+        || format!("the quantized views are too short for {values} values"),
+    )?;
+    let io = Io {
+        q,
+        k: k_cache,
+        v: v_cache,
+        positions,
+        out,
+    };
+    check_io(&io, shape)?;
+    let need = decode_workspace_floats(shape)?;
+    check_shape(workspace.len() >= need, OP, || {
+        format!(
+            "decode needs {need} workspace values for {shape:?}, the view has {}",
+            workspace.len()
+        )
+    })?;
+    if shape.n_tokens == 0 {
+        return Ok(true);
+    }
+    let q8_ptrs = Some((q8.values.ptr(), q8.scales.ptr()));
+    launch(
+        kernels,
+        stream,
+        &io,
+        Some(&*workspace),
+        shape,
+        &plan,
+        q8_ptrs,
+    )?;
+    Ok(true)
 }
 
 /// Causal prefill attention (see the module docs) for any number of query tokens.
@@ -573,7 +643,7 @@ pub fn attention_prefill_on(
         return launch_prefill_tiled(kernels, stream, &io, shape);
     }
     let plan = plan(shape, false)?;
-    launch(kernels, stream, &io, None, shape, &plan)
+    launch(kernels, stream, &io, None, shape, &plan, None)
 }
 
 /// Head sizes up to which prefill runs on the tiled kernel (`attn_prefill_*`: 16 queries of one
