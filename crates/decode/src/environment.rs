@@ -17,6 +17,9 @@ pub fn known_vars() -> Vec<&'static str> {
         crate::backend::gpu::KV_TYPE_VAR,
         crate::backend::vendor_gemm::PrefillPath::ENV,
         crate::backend::gpu::ATTN_PREFILL_VAR,
+        crate::backend::gpu::capture_stream::CAPTURE_STREAM_VAR,
+        crate::backend::gpu::capture_stream::GRAPH_POOL_VAR,
+        rocm_alloc::TRIM_WINDOW_ENV,
         offload::BUDGET_ENV,
         hip_ffi::testing::REQUIRE_BLAS_VAR,
         "HIPDECODE_REQUIRE_RTC",
@@ -52,6 +55,14 @@ pub fn check_vars(vars: &[(String, String)]) -> Result<Vec<String>> {
     if let Some(v) = lookup(crate::backend::gpu::ATTN_PREFILL_VAR) {
         crate::backend::gpu::AttnPrefill::parse(&v)?;
     }
+    if let Some(v) = lookup(crate::backend::gpu::capture_stream::CAPTURE_STREAM_VAR) {
+        crate::backend::gpu::capture_stream::CaptureStream::parse(&v)?;
+    }
+    if let Some(v) = lookup(crate::backend::gpu::capture_stream::GRAPH_POOL_VAR) {
+        crate::backend::gpu::capture_stream::GraphPoolMode::parse(&v)?;
+    }
+    rocm_alloc::trim_window_from_env(&lookup)
+        .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
     offload::Budget::from_env_with(&|var| lookup(var))
         .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
     let known = known_vars();
