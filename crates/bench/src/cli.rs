@@ -73,6 +73,10 @@ pub struct Args {
         default_value_t = 128
     )]
     pub n_gen: usize,
+    /// Positions the model's KV cache holds (its context); default and minimum -p + -n + 1.
+    /// A 32k context with -p 512 measures the speed and memory of a model sized for 32k.
+    #[arg(long = "ctx", value_name = "N")]
+    pub ctx: Option<usize>,
     /// Measured repetitions of each test.
     #[arg(short = 'r', long = "repetitions", visible_alias = "runs", value_name = "N", default_value_t = 5, value_parser = repetitions)]
     pub repetitions: usize,
@@ -122,6 +126,14 @@ impl Args {
         if self.n_prompt == 0 && self.n_gen == 0 {
             return Err("-p 0 and -n 0 leave nothing to measure".into());
         }
+        let needed = self.n_prompt + self.n_gen + 1;
+        if let Some(ctx) = self.ctx.filter(|&c| c < needed) {
+            return Err(format!(
+                "--ctx {ctx} holds fewer positions than -p {} -n {} need ({needed}); \
+                 give --ctx {needed} or more, or leave it out",
+                self.n_prompt, self.n_gen
+            ));
+        }
         if self.alloc_trace.is_some() && self.models.len() > 1 {
             return Err(format!(
                 "--alloc-trace records one model's run, but {} models were given; pass one -m",
@@ -158,6 +170,10 @@ impl Args {
             "--device".to_string(),
             device_name(self.device).to_string(),
         ]);
+        if let Some(c) = self.ctx {
+            a.push("--ctx".to_string());
+            a.push(c.to_string());
+        }
         if let Some(t) = self.threads {
             a.push("--threads".to_string());
             a.push(t.to_string());
@@ -295,6 +311,16 @@ mod tests {
         assert!(e.contains("at least 1"), "{e}");
         assert!(parse(&["-m", "a", "--alloc-trace-capacity", "9"]).is_err());
         assert!(parse(&["-m", "a", "--ab", "", "", "--alloc-trace", "t"]).is_err());
+    }
+
+    #[test]
+    fn ctx_must_hold_the_tests_and_reaches_the_children() {
+        let a = parse(&["-m", "a", "-p", "512", "-n", "128", "--ctx", "32768"]).unwrap();
+        assert_eq!(a.ctx, Some(32768));
+        assert!(a.child_args().join(" ").contains("--ctx 32768"));
+        let e = parse(&["-m", "a", "-p", "512", "-n", "128", "--ctx", "600"]).unwrap_err();
+        assert!(e.contains("--ctx 600") && e.contains("641"), "{e}");
+        assert!(parse(&["-m", "a", "-p", "512", "-n", "128", "--ctx", "641"]).is_ok());
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! - [`measure`]: pp and tg tests on a loaded model, memory per phase.
 //! - [`stats`]: mean, sample standard deviation, median, MAD of the repetitions.
 //! - [`model_info`]: the model, size and params columns.
-//! - [`phase_memory`]: bytes per tag, allocator and process memory per phase.
+//! - [`phase_memory`]: bytes per tag, allocator and process memory per phase; [`explain`]:
+//!   every device byte of a phase in parts, graph memory, stranded bytes.
 //! - [`report`]: the md, json and csv output; [`table`]: Markdown tables and CSV lines.
 //! - [`arms`], [`ab`], [`verdict`]: `--ab`, its child processes and its noise rule.
 //! - [`timeline`], [`svg`]: `--svg`, the memory timeline.
@@ -19,6 +20,7 @@ pub mod ab;
 pub mod alloc_trace;
 pub mod arms;
 pub mod cli;
+pub mod explain;
 pub mod measure;
 pub mod model_info;
 pub mod phase_memory;

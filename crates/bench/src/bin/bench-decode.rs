@@ -61,6 +61,7 @@ fn main() -> Result<()> {
     let plan = Plan {
         n_prompt: args.n_prompt,
         n_gen: args.n_gen,
+        context: args.ctx,
         repetitions: args.repetitions,
         warmup: args.warmup,
         max_batch: settings.gpu_max_batch,
