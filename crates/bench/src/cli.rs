@@ -49,7 +49,8 @@ fn rounds(s: &str) -> Result<usize, String> {
     about = "Prompt-processing and token-generation speed of GGUF models, with memory per phase",
     // Later occurrences replace earlier ones, so an --ab arm can override a measurement flag
     // the driver passes on (e.g. `--threads 4` in one arm).
-    args_override_self = true
+    args_override_self = true,
+    group(clap::ArgGroup::new("compare").args(["ab", "sweep"]).multiple(false))
 )]
 pub struct Args {
     /// A GGUF model file (repeat for several models).
@@ -105,9 +106,17 @@ pub struct Args {
     /// ('' is the baseline), in alternating child processes.
     #[arg(long, num_args = 2, value_names = ["ARM_A", "ARM_B"], allow_hyphen_values = true)]
     pub ab: Option<Vec<String>>,
-    /// Rounds of an --ab comparison (each runs both arms once).
-    #[arg(long, value_name = "N", default_value_t = 5, value_parser = rounds, requires = "ab")]
+    /// Rounds of an --ab comparison or a --sweep (each runs every arm once).
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = rounds, requires = "compare")]
     pub rounds: usize,
+    /// Run every memory knob's arms against the defaults, per model, in alternating child
+    /// processes (docs/bench-decode.md lists the arms).
+    #[arg(long, conflicts_with_all = ["svg", "alloc_trace"])]
+    pub sweep: bool,
+    /// Only these knobs' arms in --sweep (comma-separated: cache, memory, graph-pool,
+    /// capture-stream, trim-window); all by default.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', requires = "sweep")]
+    pub sweep_knobs: Vec<String>,
     /// Write a memory timeline (bytes per tag over time) to this SVG file.
     #[arg(long, value_name = "FILE", conflicts_with = "ab")]
     pub svg: Option<PathBuf>,
@@ -155,8 +164,13 @@ impl Args {
     /// The arguments an --ab child gets besides its arm's own: the models and every
     /// measurement flag of this run, then one repetition in JSON.
     pub fn child_args(&self) -> Vec<String> {
+        self.child_args_for(&self.models)
+    }
+
+    /// [`Args::child_args`] for the given models instead of this run's.
+    pub fn child_args_for(&self, models: &[PathBuf]) -> Vec<String> {
         let mut a = Vec::new();
-        for m in &self.models {
+        for m in models {
             a.push("-m".to_string());
             a.push(m.display().to_string());
         }

@@ -10,7 +10,8 @@
 //! - [`phase_memory`]: bytes per tag, allocator and process memory per phase; [`explain`]:
 //!   every device byte of a phase in parts, graph memory, stranded bytes.
 //! - [`report`]: the md, json and csv output; [`table`]: Markdown tables and CSV lines.
-//! - [`arms`], [`ab`], [`verdict`]: `--ab`, its child processes and its noise rule.
+//! - [`arms`], [`ab`], [`verdict`]: `--ab`, its child processes and its noise rule; [`sweep`]:
+//!   `--sweep`, every memory knob against the defaults.
 //! - [`timeline`], [`svg`]: `--svg`, the memory timeline.
 //! - [`alloc_trace`]: `--alloc-trace`, the GPU allocator's trace for `cargo xtask replay`.
 //!
@@ -27,6 +28,7 @@ pub mod phase_memory;
 pub mod report;
 pub mod stats;
 pub mod svg;
+pub mod sweep;
 pub mod table;
 pub mod timeline;
 pub mod verdict;
