@@ -246,7 +246,7 @@ pub fn markdown_report(model: &str, rounds: usize, rows: &[SweepRow]) -> String 
         Column::left("value"),
         Column::left("setting"),
         Column::right("peak reserved"),
-        Column::right(&format!("{test} median t/s")),
+        Column::right(format!("{test} median t/s")),
         Column::right("min–max"),
         Column::right("rel MAD"),
         Column::right("Δ vs reference"),
