@@ -224,8 +224,9 @@ pub fn graph_table(rows: &[(String, GraphMemory)]) -> String {
          capture recorded, at an assumed 4 KiB per node rounded up to the runtime's 2 MiB \
          pages (a rough model, not a driver figure; the expected pool bytes are 0, since the \
          step's buffers are reserved at load). Measured: device free memory lost outside the \
-         allocator from the capture's start to the end of the first replay (read in pages), \
-         and the allocator's graph-pool growth.\n",
+         allocator from the capture's start to the end of the first replay (read in pages; it \
+         also holds anything else the runtime took meanwhile, such as code loaded at a \
+         kernel's first launch), and the allocator's graph-pool growth.\n",
     );
     out
 }
