@@ -3,7 +3,8 @@
 # pp512/tg128 and at a 32k context, with memory timelines; the knob sweep on all three models;
 # the capture-stream A/B (current stream against a side stream with its own pool); the graphs'
 # memory, estimated against measured; the stranded-block report with graphs on a side stream;
-# the tests that check the snapshot's stranded list, the BLAS workspace and the graph node count.
+# the tests that check the snapshot's stranded list, the BLAS workspace, the side-stream capture
+# (same logits as the default) and the graph node count.
 # Logs under $OUT/memory-study/, one file per step, and steps.txt with each step's exit status
 # and seconds (a failing step is logged and the script goes on).
 #
@@ -47,6 +48,9 @@ T=$(ls bundle/tests/memory_study-* 2>/dev/null | head -1)
 step test-memory-study 60 bash -c "cd crates/rocm-alloc && ../../$T --nocapture"
 T=$(ls bundle/tests/blas_workspace-* 2>/dev/null | head -1)
 step test-blas-workspace 120 bash -c \
+  "cd crates/decode && HIPDECODE_REQUIRE_GPU=1 ../../$T --nocapture --test-threads=1"
+T=$(ls bundle/tests/capture_stream-* 2>/dev/null | head -1)
+step test-capture-stream 120 bash -c \
   "cd crates/decode && HIPDECODE_REQUIRE_GPU=1 ../../$T --nocapture --test-threads=1"
 T=$(ls bundle/tests/gpu-* 2>/dev/null | head -1)
 step test-graph-nodes 120 bash -c \

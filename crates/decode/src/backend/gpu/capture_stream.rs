@@ -127,17 +127,27 @@ pub(super) struct CaptureState {
 }
 
 impl CaptureState {
-    /// Reads both variables and makes the side stream when asked for. With a side stream the
-    /// allocator is told which stream is the main one, so its snapshot lists the side
-    /// stream's cached blocks as stranded.
+    /// Reads both variables and makes the side stream when asked for.
     pub(super) fn new(
         hip: &HipDevice,
         device: &Device,
         alloc: &Allocator,
         main: StreamId,
     ) -> Result<CaptureState> {
-        let stream = CaptureStream::from_env()?;
-        let pool = GraphPoolMode::from_env()?;
+        let (stream, pool) = (CaptureStream::from_env()?, GraphPoolMode::from_env()?);
+        Self::with(hip, device, alloc, main, stream, pool)
+    }
+
+    /// The given settings. With a side stream the allocator is told which stream is the main
+    /// one, so its snapshot lists the side stream's cached blocks as stranded.
+    fn with(
+        hip: &HipDevice,
+        device: &Device,
+        alloc: &Allocator,
+        main: StreamId,
+        stream: CaptureStream,
+        pool: GraphPoolMode,
+    ) -> Result<CaptureState> {
         let side = match stream {
             CaptureStream::Current => None,
             CaptureStream::Side => {
@@ -178,6 +188,28 @@ struct Probe {
 }
 
 impl GpuBackend {
+    /// Sets where decode graphs are captured and which pool a capture allocates from, as
+    /// [`CAPTURE_STREAM_VAR`] and [`GRAPH_POOL_VAR`] do at start-up. Refused once a graph has
+    /// been captured: it would replay on the stream it was captured for, without the events
+    /// that order the other one.
+    pub fn set_capture(&mut self, stream: CaptureStream, pool: GraphPoolMode) -> Result<()> {
+        if !self.graphs.is_empty() {
+            return Err(crate::error::DecodeError::InvalidArgument(
+                "the capture stream and pool can only change before the first decode graph is \
+                 captured; set them right after creating the backend"
+                    .into(),
+            ));
+        }
+        let books = self.capture.books;
+        let runtime_at_start = self.capture.runtime_at_start;
+        let (hip, device) = (Arc::clone(&self.hip), *self.device());
+        self.capture =
+            CaptureState::with(&hip, &device, &self.alloc, self.stream_id, stream, pool)?;
+        self.capture.books = books;
+        self.capture.runtime_at_start = runtime_at_start;
+        Ok(())
+    }
+
     fn probe(&self) -> Result<Probe> {
         let free = self
             .device()
