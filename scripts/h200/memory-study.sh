@@ -59,8 +59,8 @@ step test-graph-nodes 120 bash -c \
 # Gemma's sweep while the synthesis finishes: every knob, 2 rounds.
 # (-p 0: the sweep reports decode t/s; the load's peak reserved is in every child's JSON.)
 step sweep-gemma 150 $B/bench-decode -m $G -p 0 -n 64 --device gpu --sweep --rounds 2
-# The capture-stream A/B on Gemma in its own ABBA run, 4 rounds (the 8B and 30B-A3B have it
-# in their sweeps).
+# The capture-stream A/B on Gemma in its own ABBA run, 4 rounds (the 8B has it in its sweep;
+# the 30B-A3B, whose loads are long, does not).
 step ab-capture-stream-gemma 90 $B/bench-decode -m $G -p 0 -n 128 --device gpu --rounds 4 \
   --ab '' 'HIPDECODE_CAPTURE_STREAM=side'
 # Graphs on a side stream with the shared pool: the report's stranded lines (if the side
