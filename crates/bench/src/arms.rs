@@ -12,7 +12,7 @@ use std::fmt;
 /// Flags the A/B driver passes to every child itself (output format, one repetition, the
 /// models) or that make no sense inside a child (nested A/B, an SVG or an allocator trace per
 /// child).
-const RESERVED: [&str; 14] = [
+const RESERVED: [&str; 16] = [
     "-o",
     "--output",
     "--json",
@@ -21,6 +21,8 @@ const RESERVED: [&str; 14] = [
     "--runs",
     "--ab",
     "--rounds",
+    "--sweep",
+    "--sweep-knobs",
     "--svg",
     "--alloc-trace",
     "--alloc-trace-capacity",

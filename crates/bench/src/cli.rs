@@ -49,7 +49,8 @@ fn rounds(s: &str) -> Result<usize, String> {
     about = "Prompt-processing and token-generation speed of GGUF models, with memory per phase",
     // Later occurrences replace earlier ones, so an --ab arm can override a measurement flag
     // the driver passes on (e.g. `--threads 4` in one arm).
-    args_override_self = true
+    args_override_self = true,
+    group(clap::ArgGroup::new("compare").args(["ab", "sweep"]).multiple(false))
 )]
 pub struct Args {
     /// A GGUF model file (repeat for several models).
@@ -73,6 +74,10 @@ pub struct Args {
         default_value_t = 128
     )]
     pub n_gen: usize,
+    /// Positions the model's KV cache holds (its context); default and minimum -p + -n + 1.
+    /// A 32k context with -p 512 measures the speed and memory of a model sized for 32k.
+    #[arg(long = "ctx", value_name = "N")]
+    pub ctx: Option<usize>,
     /// Measured repetitions of each test.
     #[arg(short = 'r', long = "repetitions", visible_alias = "runs", value_name = "N", default_value_t = 5, value_parser = repetitions)]
     pub repetitions: usize,
@@ -101,9 +106,17 @@ pub struct Args {
     /// ('' is the baseline), in alternating child processes.
     #[arg(long, num_args = 2, value_names = ["ARM_A", "ARM_B"], allow_hyphen_values = true)]
     pub ab: Option<Vec<String>>,
-    /// Rounds of an --ab comparison (each runs both arms once).
-    #[arg(long, value_name = "N", default_value_t = 5, value_parser = rounds, requires = "ab")]
+    /// Rounds of an --ab comparison or a --sweep (each runs every arm once).
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = rounds, requires = "compare")]
     pub rounds: usize,
+    /// Run every memory knob's arms against the defaults, per model, in alternating child
+    /// processes (docs/bench-decode.md lists the arms).
+    #[arg(long, conflicts_with_all = ["svg", "alloc_trace"])]
+    pub sweep: bool,
+    /// Only these knobs' arms in --sweep (comma-separated: cache, memory, graph-pool,
+    /// capture-stream, trim-window); all by default.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', requires = "sweep")]
+    pub sweep_knobs: Vec<String>,
     /// Write a memory timeline (bytes per tag over time) to this SVG file.
     #[arg(long, value_name = "FILE", conflicts_with = "ab")]
     pub svg: Option<PathBuf>,
@@ -121,6 +134,14 @@ impl Args {
     pub fn validate(&self) -> Result<(), String> {
         if self.n_prompt == 0 && self.n_gen == 0 {
             return Err("-p 0 and -n 0 leave nothing to measure".into());
+        }
+        let needed = self.n_prompt + self.n_gen + 1;
+        if let Some(ctx) = self.ctx.filter(|&c| c < needed) {
+            return Err(format!(
+                "--ctx {ctx} holds fewer positions than -p {} -n {} need ({needed}); \
+                 give --ctx {needed} or more, or leave it out",
+                self.n_prompt, self.n_gen
+            ));
         }
         if self.alloc_trace.is_some() && self.models.len() > 1 {
             return Err(format!(
@@ -143,8 +164,13 @@ impl Args {
     /// The arguments an --ab child gets besides its arm's own: the models and every
     /// measurement flag of this run, then one repetition in JSON.
     pub fn child_args(&self) -> Vec<String> {
+        self.child_args_for(&self.models)
+    }
+
+    /// [`Args::child_args`] for the given models instead of this run's.
+    pub fn child_args_for(&self, models: &[PathBuf]) -> Vec<String> {
         let mut a = Vec::new();
-        for m in &self.models {
+        for m in models {
             a.push("-m".to_string());
             a.push(m.display().to_string());
         }
@@ -158,6 +184,10 @@ impl Args {
             "--device".to_string(),
             device_name(self.device).to_string(),
         ]);
+        if let Some(c) = self.ctx {
+            a.push("--ctx".to_string());
+            a.push(c.to_string());
+        }
         if let Some(t) = self.threads {
             a.push("--threads".to_string());
             a.push(t.to_string());
@@ -295,6 +325,16 @@ mod tests {
         assert!(e.contains("at least 1"), "{e}");
         assert!(parse(&["-m", "a", "--alloc-trace-capacity", "9"]).is_err());
         assert!(parse(&["-m", "a", "--ab", "", "", "--alloc-trace", "t"]).is_err());
+    }
+
+    #[test]
+    fn ctx_must_hold_the_tests_and_reaches_the_children() {
+        let a = parse(&["-m", "a", "-p", "512", "-n", "128", "--ctx", "32768"]).unwrap();
+        assert_eq!(a.ctx, Some(32768));
+        assert!(a.child_args().join(" ").contains("--ctx 32768"));
+        let e = parse(&["-m", "a", "-p", "512", "-n", "128", "--ctx", "600"]).unwrap_err();
+        assert!(e.contains("--ctx 600") && e.contains("641"), "{e}");
+        assert!(parse(&["-m", "a", "-p", "512", "-n", "128", "--ctx", "641"]).is_ok());
     }
 
     #[test]

@@ -7,9 +7,11 @@
 //! - [`measure`]: pp and tg tests on a loaded model, memory per phase.
 //! - [`stats`]: mean, sample standard deviation, median, MAD of the repetitions.
 //! - [`model_info`]: the model, size and params columns.
-//! - [`phase_memory`]: bytes per tag, allocator and process memory per phase.
+//! - [`phase_memory`]: bytes per tag, allocator and process memory per phase; [`explain`]:
+//!   every device byte of a phase in parts, graph memory, stranded bytes.
 //! - [`report`]: the md, json and csv output; [`table`]: Markdown tables and CSV lines.
-//! - [`arms`], [`ab`], [`verdict`]: `--ab`, its child processes and its noise rule.
+//! - [`arms`], [`ab`], [`verdict`]: `--ab`, its child processes and its noise rule; [`sweep`]:
+//!   `--sweep`, every memory knob against the defaults.
 //! - [`timeline`], [`svg`]: `--svg`, the memory timeline.
 //! - [`alloc_trace`]: `--alloc-trace`, the GPU allocator's trace for `cargo xtask replay`.
 //!
@@ -19,12 +21,14 @@ pub mod ab;
 pub mod alloc_trace;
 pub mod arms;
 pub mod cli;
+pub mod explain;
 pub mod measure;
 pub mod model_info;
 pub mod phase_memory;
 pub mod report;
 pub mod stats;
 pub mod svg;
+pub mod sweep;
 pub mod table;
 pub mod timeline;
 pub mod verdict;

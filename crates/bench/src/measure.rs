@@ -24,6 +24,8 @@ pub struct Plan {
     pub n_prompt: usize,
     /// Generated tokens of the tg test (0: no tg test).
     pub n_gen: usize,
+    /// KV cache positions; `None` (or fewer) means `n_prompt + n_gen + 1`.
+    pub context: Option<usize>,
     pub repetitions: usize,
     pub warmup: usize,
     /// The most tokens one GPU step carries (the model's prefill chunk).
@@ -188,8 +190,8 @@ pub fn run_model<B: Backend>(
     backend.reset_device_peaks();
     let rss_window = rec.begin(Phase::Load, &backend.memory());
     let options = ModelOptions {
-        // One position spare, as llama-bench sizes its context.
-        context: plan.n_prompt + plan.n_gen + 1,
+        // One position spare, as llama-bench sizes its context; --ctx asks for more.
+        context: (plan.n_prompt + plan.n_gen + 1).max(plan.context.unwrap_or(0)),
         max_batch: plan.n_prompt.clamp(1, plan.max_batch.max(1)),
         all_logits: false,
     };

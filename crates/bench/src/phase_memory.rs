@@ -2,6 +2,7 @@
 //! allocator's reserved and cached bytes and the device memory outside it on a device; the
 //! process's resident memory everywhere.
 
+use crate::explain::Explained;
 use crate::table::{markdown, Column};
 use decode::memory::{human_bytes, DeviceMemory, MemoryReport, MemoryTag};
 use serde_json::{json, Value};
@@ -79,6 +80,8 @@ pub struct PhaseMemory {
     pub rss: Option<u64>,
     pub peak_rss: Option<u64>,
     pub rss_window: Window,
+    /// Every device byte at the phase's end, in parts (`None` on the CPU backend).
+    pub explained: Option<Explained>,
 }
 
 impl PhaseMemory {
@@ -111,6 +114,7 @@ impl PhaseMemory {
             rss: None,
             peak_rss: None,
             rss_window: Window::Process,
+            explained: Some(Explained::from_device(d)),
         }
     }
 
@@ -136,6 +140,7 @@ impl PhaseMemory {
             rss: None,
             peak_rss: None,
             rss_window: Window::Process,
+            explained: None,
         }
     }
 
@@ -170,6 +175,7 @@ impl PhaseMemory {
             "rss": self.rss,
             "peak_rss": self.peak_rss,
             "rss_window": self.rss_window.name(),
+            "explained": self.explained.as_ref().map(Explained::to_json),
         })
     }
 

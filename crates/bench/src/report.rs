@@ -1,10 +1,12 @@
 //! Printing results: the llama-bench style speed table and the memory table (md), an array of
 //! test objects (json), or one line per test (csv).
 
+use crate::explain::{explained_table, graph_table, stranded_lines, Explained};
 use crate::measure::ModelReport;
 use crate::model_info::{format_params, format_size};
 use crate::phase_memory::{memory_table, Phase, PhaseMemory};
 use crate::table::{csv_line, markdown, Column};
+use decode::memory::GraphMemory;
 use serde_json::{json, Value};
 
 /// `mean ± sd` with two decimals, as llama-bench prints t/s.
@@ -58,6 +60,46 @@ pub fn markdown_report(reports: &[ModelReport]) -> String {
              lifetime where a counter cannot be reset (peak RSS without \
              /proc/self/clear_refs).\n",
         );
+        out.push_str(&explained_sections(reports));
+    }
+    out
+}
+
+/// The device's bytes explained per phase, the graphs' memory and any stranded bytes (empty
+/// on the CPU backend).
+fn explained_sections(reports: &[ModelReport]) -> String {
+    let explained: Vec<(String, &Explained, &str)> = reports
+        .iter()
+        .flat_map(|r| {
+            r.memory.iter().filter_map(move |m| {
+                Some((r.info.name.clone(), m.explained.as_ref()?, m.phase.name()))
+            })
+        })
+        .collect();
+    if explained.is_empty() {
+        return String::new();
+    }
+    let mut out = format!("\n{}", explained_table(&explained));
+    // The graphs' books are cumulative, so the last phase has every capture.
+    let graphs: Vec<(String, GraphMemory)> = reports
+        .iter()
+        .filter_map(|r| {
+            Some((
+                r.info.name.clone(),
+                r.memory.last()?.explained.as_ref()?.graph,
+            ))
+        })
+        .collect();
+    out.push('\n');
+    out.push_str(&graph_table(&graphs));
+    let last: Vec<(String, &Explained)> = reports
+        .iter()
+        .filter_map(|r| Some((r.info.name.clone(), r.memory.last()?.explained.as_ref()?)))
+        .collect();
+    let stranded = stranded_lines(&last);
+    if !stranded.is_empty() {
+        out.push('\n');
+        out.push_str(&stranded);
     }
     out
 }

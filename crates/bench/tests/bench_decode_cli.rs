@@ -233,3 +233,47 @@ fn alloc_trace_on_the_cpu_is_an_error_that_says_why() {
     );
     assert!(!trace.exists(), "no file is written");
 }
+
+#[test]
+fn sweep_runs_the_chosen_knobs_arms_against_the_reference() {
+    let tiny = TinyModel::new("sweep-run");
+    let model = tiny.path();
+    let out = bench(&[
+        "-m",
+        model.to_str().unwrap(),
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--sweep",
+        "--sweep-knobs",
+        "graph-pool,trim-window",
+        "--rounds",
+        "2",
+    ]);
+    let stdout = ok(&out);
+    let arm_rows = stdout
+        .lines()
+        .filter(|l| {
+            l.starts_with("| reference")
+                || l.starts_with("| graph-pool")
+                || l.starts_with("| trim-window")
+        })
+        .count();
+    assert_eq!(arm_rows, 4, "{stdout}");
+    assert!(stdout.contains("tg4 median t/s"), "{stdout}");
+    assert!(stdout.contains("HIPDECODE_GRAPH_POOL=shared"), "{stdout}");
+    assert!(
+        stdout.contains("not measured: async allocation"),
+        "{stdout}"
+    );
+    // An unknown knob is refused before anything runs.
+    let out = bench(&["-m", "x.gguf", "--sweep", "--sweep-knobs", "arena"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("unknown knob 'arena'"), "{stderr}");
+}

@@ -20,6 +20,9 @@ pub fn known_vars() -> Vec<&'static str> {
         rocm_kernels::kernels::MATVEC_DEPTH_VAR,
         rocm_kernels::kernels::MATVEC_BLOCKS_PER_SM_VAR,
         rocm_kernels::kernels::EARLY_LAUNCH_VAR,
+        crate::backend::gpu::capture_stream::CAPTURE_STREAM_VAR,
+        crate::backend::gpu::capture_stream::GRAPH_POOL_VAR,
+        rocm_alloc::TRIM_WINDOW_ENV,
         offload::BUDGET_ENV,
         hip_ffi::testing::REQUIRE_BLAS_VAR,
         "HIPDECODE_REQUIRE_RTC",
@@ -67,6 +70,14 @@ pub fn check_vars(vars: &[(String, String)]) -> Result<Vec<String>> {
         rocm_kernels::kernels::early_launch(Some(&v))
             .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
     }
+    if let Some(v) = lookup(crate::backend::gpu::capture_stream::CAPTURE_STREAM_VAR) {
+        crate::backend::gpu::capture_stream::CaptureStream::parse(&v)?;
+    }
+    if let Some(v) = lookup(crate::backend::gpu::capture_stream::GRAPH_POOL_VAR) {
+        crate::backend::gpu::capture_stream::GraphPoolMode::parse(&v)?;
+    }
+    rocm_alloc::trim_window_from_env(&lookup)
+        .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
     offload::Budget::from_env_with(&|var| lookup(var))
         .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
     let known = known_vars();

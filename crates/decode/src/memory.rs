@@ -50,6 +50,44 @@ pub struct DeviceMemory {
     pub process_used: u64,
     /// `process_used` minus the allocator's reserved bytes: kernel modules, graphs, runtime.
     pub outside_allocator: u64,
+    /// The allocator's reserved bytes split into parts that do not overlap (per tag, graph
+    /// pools, releasable cache, fragmentation slack, pending frees).
+    pub breakdown: rocm_alloc::ReservedBreakdown,
+    /// Bytes outside the allocator when the backend had finished starting: kernel modules,
+    /// streams, events, the vendor BLAS handle.
+    pub runtime_at_start: u64,
+    /// What the captured decode graphs took.
+    pub graph: GraphMemory,
+    /// Bytes the main stream cannot reuse, per stream (the snapshot's stranded blocks).
+    pub stranded: Vec<(u64, u64)>,
+}
+
+impl DeviceMemory {
+    /// Outside-the-allocator bytes that nothing above explains: `outside_allocator` minus the
+    /// runtime's bytes at start and the graphs' measured bytes (0 when those exceed it).
+    pub fn unattributed(&self) -> u64 {
+        self.outside_allocator
+            .saturating_sub(self.runtime_at_start)
+            .saturating_sub(self.graph.measured_outside)
+    }
+}
+
+/// The device memory of captured graphs: an estimate made from each graph's kernel nodes
+/// before it was instantiated, and what the device lost around instantiation and the first
+/// replay, outside the allocator. Both are sums over every capture so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GraphMemory {
+    /// Graphs captured.
+    pub captures: u64,
+    /// Kernel nodes over every captured graph.
+    pub kernel_nodes: u64,
+    /// The estimate (see `backend::gpu::capture_stream::estimate_graph_bytes`).
+    pub estimate: u64,
+    /// Device bytes taken outside the allocator between the start of each capture and the
+    /// end of its first replay (a coarse reading: the runtime reports free memory in pages).
+    pub measured_outside: u64,
+    /// Bytes the captures added to the allocator's graph pools.
+    pub measured_pool: u64,
 }
 
 /// Formats bytes with a binary unit, e.g. `241.3 MiB`.

@@ -21,6 +21,7 @@ pub struct Graph {
     device: Device,
     handle: RawHandle,
     modules: Vec<Arc<LoadedModule>>,
+    kernel_nodes: u64,
 }
 
 /// An instantiated graph ready to launch (`hipGraphExec_t`); destroyed on drop. Keeps the
@@ -62,11 +63,18 @@ impl Stream {
             device: *self.device(),
             handle: ended?,
             modules,
+            kernel_nodes: self.captured_launches(),
         })
     }
 }
 
 impl Graph {
+    /// Kernel launches the capture recorded through [`crate::LaunchBuilder`] on the capturing
+    /// stream (copies, memsets and work joined from other streams are not counted).
+    pub fn kernel_nodes(&self) -> u64 {
+        self.kernel_nodes
+    }
+
     /// Instantiates the graph for launching.
     pub fn instantiate(&self) -> Result<GraphExec> {
         // SAFETY: the graph is live while `self` is.

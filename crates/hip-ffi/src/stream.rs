@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::ffi::{Addr, CopyKind, RawHandle};
 use crate::memory::DeviceCopy;
 use crate::module::LoadedModule;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// An asynchronous work queue on one device, created non-blocking (it does not synchronise with
@@ -21,6 +21,9 @@ pub struct Stream {
     capturing: AtomicBool,
     /// Modules of kernels launched while capturing; handed to the graph so they stay loaded.
     captured_modules: Mutex<Vec<Arc<LoadedModule>>>,
+    /// Kernel launches through [`crate::LaunchBuilder`] since the capture began: the graph's
+    /// kernel nodes, which size its device memory.
+    captured_launches: AtomicU64,
 }
 
 impl Stream {
@@ -32,6 +35,7 @@ impl Stream {
             handle,
             capturing: AtomicBool::new(false),
             captured_modules: Mutex::new(Vec::new()),
+            captured_launches: AtomicU64::new(0),
         })
     }
 
@@ -48,6 +52,9 @@ impl Stream {
     }
 
     pub(crate) fn set_capturing(&self, capturing: bool) {
+        if capturing {
+            self.captured_launches.store(0, Ordering::Relaxed);
+        }
         self.capturing.store(capturing, Ordering::Release);
     }
 
@@ -57,6 +64,7 @@ impl Stream {
         if !self.capturing.load(Ordering::Acquire) {
             return;
         }
+        self.captured_launches.fetch_add(1, Ordering::Relaxed);
         let mut kept = self
             .captured_modules
             .lock()
@@ -64,6 +72,11 @@ impl Stream {
         if !kept.iter().any(|m| Arc::ptr_eq(m, module)) {
             kept.push(Arc::clone(module));
         }
+    }
+
+    /// Kernel launches recorded by the capture that is running or just ended.
+    pub(crate) fn captured_launches(&self) -> u64 {
+        self.captured_launches.load(Ordering::Relaxed)
     }
 
     /// The modules recorded during the capture that just ended.

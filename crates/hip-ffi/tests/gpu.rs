@@ -413,6 +413,11 @@ fn graph_capture_and_replay() {
     stream.wait_event(&join).expect("join back");
     let graph = stream.end_capture().expect("end capture");
     assert!(!stream.is_capturing().expect("is_capturing"));
+    assert_eq!(
+        graph.kernel_nodes(),
+        3,
+        "the capturing stream's own launches (the side stream's is not counted)"
+    );
     let mut exec = graph.instantiate().expect("instantiate");
     exec.keep_alive(&side_add);
     // The graph alone must keep both modules loaded now.

@@ -15,7 +15,7 @@ use crate::arena::DecodeArena;
 use crate::block_pool::{
     BlockId, BlockPool, BlockState, GraphPoolId, PoolKey, PoolOwner, SegmentId,
 };
-use crate::config::AllocatorConfig;
+use crate::config::{self, AllocatorConfig, DEFAULT_TRIM_HOT_WINDOW};
 use crate::deferred::{PendingFrees, StuckFree};
 use crate::device::{DeviceError, MemoryInfo, RawDevice, StreamId};
 use crate::error::AllocError;
@@ -23,7 +23,7 @@ use crate::graph_pool::{CaptureGuard, CaptureTarget, Captures, GraphPool};
 use crate::limits::{self, LimitSpec};
 use crate::oom::{OomCause, OomReport};
 use crate::size_class::{kind_of, round_request, segment_size};
-use crate::snapshot::{self, Snapshot, StuckBlock};
+use crate::snapshot::{self, Snapshot, StreamRoles, StuckBlock};
 use crate::stats::{Counters, Stats};
 use crate::tag::Tag;
 use crate::trace::{
@@ -69,6 +69,10 @@ struct State {
     cache_limit_explicit: bool,
     weight_bytes: u64,
     hot_window: u64,
+    /// Bytes held by live decode arenas (also counted under their tag).
+    arena_bytes: u64,
+    /// Which streams are the main one and which are retired, for the snapshot's stranded list.
+    roles: StreamRoles,
 }
 
 struct Shared {
@@ -143,6 +147,11 @@ impl Allocation {
         self.tag
     }
 
+    /// The allocator this allocation came from.
+    pub(crate) fn allocator(&self) -> &Allocator {
+        &self.allocator
+    }
+
     /// Declares that `stream` uses this memory: on drop the block is not reused until the work
     /// queued on `stream` by then has completed. A stream the device cannot record events on
     /// (an id it did not hand out, or the null stream on the HIP device) is refused here, so
@@ -214,6 +223,11 @@ impl Allocator {
             None => Some(limits::default_memory_limit(&info)),
         };
         let cache_spec = config.cache_limit.or(env_cache);
+        // The API value wins; the variable applies while the field holds its default.
+        let hot_window = match config::trim_window_from_env(lookup)? {
+            Some(w) if config.trim_hot_window == DEFAULT_TRIM_HOT_WINDOW => w,
+            _ => config.trim_hot_window,
+        };
         let cache_limit = match cache_spec {
             Some(spec) => spec.resolve(device_total)?,
             None => Some(limits::default_cache_limit(config.weight_bytes)),
@@ -224,7 +238,7 @@ impl Allocator {
                 cache_limit,
                 cache_limit_explicit: cache_spec.is_some(),
                 weight_bytes: config.weight_bytes,
-                trim_hot_window: config.trim_hot_window,
+                trim_hot_window: hot_window,
             };
             Trace::new(capacity, trace_config)
         });
@@ -240,7 +254,9 @@ impl Allocator {
             cache_limit,
             cache_limit_explicit: cache_spec.is_some(),
             weight_bytes: config.weight_bytes,
-            hot_window: config.trim_hot_window,
+            hot_window,
+            arena_bytes: 0,
+            roles: StreamRoles::default(),
         };
         let device_name = device.name();
         Ok(Allocator {
@@ -733,6 +749,7 @@ impl Allocator {
             oom_retries: c.oom_retries,
             memory_limit: st.memory_limit,
             cache_limit: st.cache_limit,
+            arena_bytes: st.arena_bytes,
         }
     }
 
@@ -748,6 +765,8 @@ impl Allocator {
             device: self.shared.device_name.clone(),
             stats: Self::stats_locked(&st),
             segments: snapshot::segments(&st.pool),
+            main_stream: st.roles.main,
+            stranded: snapshot::stranded(&st.pool, &st.roles),
             stuck_blocks: st
                 .pending
                 .stuck()
@@ -942,7 +961,31 @@ impl Allocator {
         stream: StreamId,
         tag: Tag,
     ) -> Result<DecodeArena, AllocError> {
-        Ok(DecodeArena::new(self.alloc(capacity, stream, tag)?))
+        let backing = self.alloc(capacity, stream, tag)?;
+        self.lock().arena_bytes += backing.block_size();
+        Ok(DecodeArena::new(backing))
+    }
+
+    /// Called by a dropped [`DecodeArena`] before its backing allocation is freed.
+    pub(crate) fn arena_dropped(&self, block_size: u64) {
+        let mut st = self.lock();
+        st.arena_bytes = st.arena_bytes.saturating_sub(block_size);
+    }
+
+    /// Names the stream most work runs on. The snapshot then lists free and pending blocks
+    /// cached on any other stream as stranded: only that stream can reuse them.
+    pub fn set_main_stream(&self, stream: StreamId) {
+        self.lock().roles.main = Some(stream);
+    }
+
+    /// Declares that nothing will run on `stream` any more (a side stream whose work is done).
+    /// Every block still in its pools, whatever its state, is then listed as stranded in the
+    /// snapshot with its size and stream, instead of being found at an OOM.
+    pub fn retire_stream(&self, stream: StreamId) {
+        let mut st = self.lock();
+        if !st.roles.retired.contains(&stream) {
+            st.roles.retired.push(stream);
+        }
     }
 
     /// Backend name.

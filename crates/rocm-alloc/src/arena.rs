@@ -31,6 +31,15 @@ pub struct DecodeArena {
     resets: u64,
 }
 
+impl Drop for DecodeArena {
+    fn drop(&mut self) {
+        // The backing allocation is freed right after this, by its own destructor.
+        self.backing
+            .allocator()
+            .arena_dropped(self.backing.block_size());
+    }
+}
+
 impl DecodeArena {
     pub(crate) fn new(backing: Allocation) -> DecodeArena {
         DecodeArena {

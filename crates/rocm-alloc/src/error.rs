@@ -24,6 +24,9 @@ pub enum AllocError {
     /// A limit could not be parsed.
     #[error(transparent)]
     Limit(#[from] LimitParseError),
+    /// The trim window variable could not be parsed.
+    #[error(transparent)]
+    TrimWindow(#[from] crate::config::TrimWindowParseError),
     /// A limit given through the API is out of range.
     #[error(transparent)]
     InvalidLimit(#[from] InvalidLimit),

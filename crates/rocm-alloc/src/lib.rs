@@ -25,6 +25,7 @@
 mod allocator;
 mod arena;
 mod block_pool;
+mod breakdown;
 mod config;
 mod deferred;
 mod device;
@@ -44,13 +45,19 @@ pub mod trace;
 pub use allocator::{Allocation, Allocator, TraceLog};
 pub use arena::{ArenaSlice, DecodeArena, ARENA_ALIGN};
 pub use block_pool::{BlockState, GraphPoolId};
-pub use config::{AllocatorConfig, DEFAULT_TRIM_HOT_WINDOW};
+pub use breakdown::ReservedBreakdown;
+pub use config::{
+    parse_trim_window, trim_window_from_env, AllocatorConfig, TrimWindowParseError,
+    DEFAULT_TRIM_HOT_WINDOW, TRIM_WINDOW_ENV,
+};
 pub use device::{DeviceError, EventId, MemoryInfo, RawDevice, StreamId, UmaInfo};
 pub use error::AllocError;
 pub use graph_pool::{CaptureGuard, CaptureTarget, GraphPool};
 pub use limits::{InvalidLimit, LimitParseError, LimitSpec};
 pub use oom::{fmt_bytes, OomCause, OomReport};
-pub use snapshot::{BlockInfo, PoolName, SegmentInfo, Snapshot, StuckBlock};
+pub use snapshot::{
+    BlockInfo, PoolName, SegmentInfo, Snapshot, StrandedBlock, StrandedReason, StuckBlock,
+};
 pub use stats::{Stats, TagUsage};
 pub use tag::Tag;
 pub use trace::{TraceError, TraceEvent, TraceFile, TraceKind};

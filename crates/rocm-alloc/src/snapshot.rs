@@ -72,6 +72,44 @@ pub struct StuckBlock {
     pub error: String,
 }
 
+/// Why a block is listed as stranded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StrandedReason {
+    /// Its stream was retired ([`crate::Allocator::retire_stream`]): nothing will run on it
+    /// again, so nothing will reuse or release the block through that stream.
+    RetiredStream,
+    /// Cached (free or pending) in the pool of a stream other than the main one
+    /// ([`crate::Allocator::set_main_stream`]): only that stream can reuse it.
+    SideStreamCache,
+}
+
+/// A block held in a pool where the main stream cannot reuse it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StrandedBlock {
+    /// Device address.
+    pub address: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Stream whose pool holds it.
+    pub stream: StreamId,
+    /// State.
+    pub state: BlockState,
+    /// Pool of its segment.
+    pub pool: PoolName,
+    /// Tag of the allocation that holds or held it (`None` for free blocks).
+    pub tag: Option<Tag>,
+    /// Why it is listed.
+    pub reason: StrandedReason,
+}
+
+/// Which stream is the main one and which are retired (set by the runtime).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct StreamRoles {
+    pub main: Option<StreamId>,
+    pub retired: Vec<StreamId>,
+}
+
 /// Everything the allocator holds at one moment.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Snapshot {
@@ -81,11 +119,45 @@ pub struct Snapshot {
     pub stats: Stats,
     /// Segments in address order.
     pub segments: Vec<SegmentInfo>,
+    /// The main stream, if the runtime named one.
+    pub main_stream: Option<StreamId>,
+    /// Blocks the main stream cannot reuse: every block of a retired stream, and the free or
+    /// pending blocks cached on a stream other than the main one. Empty when no main stream is
+    /// named and none is retired.
+    pub stranded: Vec<StrandedBlock>,
     /// Blocks stuck after an event failure (they also appear in `segments` as pending frees).
     pub stuck_blocks: Vec<StuckBlock>,
 }
 
 impl Snapshot {
+    /// Bytes of [`Snapshot::stranded`] per stream, streams in ascending order.
+    pub fn stranded_bytes_by_stream(&self) -> Vec<(StreamId, u64)> {
+        let mut out: Vec<(StreamId, u64)> = Vec::new();
+        for b in &self.stranded {
+            match out.iter_mut().find(|(s, _)| *s == b.stream) {
+                Some((_, bytes)) => *bytes += b.size,
+                None => out.push((b.stream, b.size)),
+            }
+        }
+        out.sort_by_key(|(s, _)| *s);
+        out
+    }
+
+    /// One line per stream holding stranded bytes, for a human; empty when none.
+    pub fn stranded_report(&self) -> String {
+        self.stranded_bytes_by_stream()
+            .into_iter()
+            .map(|(stream, bytes)| {
+                let n = self.stranded.iter().filter(|b| b.stream == stream).count();
+                format!(
+                    "stranded: {} in {n} block(s) on stream {}\n",
+                    crate::oom::fmt_bytes(bytes),
+                    stream.value()
+                )
+            })
+            .collect()
+    }
+
     /// Pretty JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("snapshot types serialize infallibly")
@@ -136,4 +208,31 @@ pub(crate) fn segments(pool: &BlockPool) -> Vec<SegmentInfo> {
             }
         })
         .collect()
+}
+
+pub(crate) fn stranded(pool: &BlockPool, roles: &StreamRoles) -> Vec<StrandedBlock> {
+    let mut out = Vec::new();
+    for seg in segments(pool) {
+        let retired = roles.retired.contains(&seg.stream);
+        let side = roles.main.is_some_and(|m| m != seg.stream);
+        for b in seg.blocks {
+            let reason = if retired {
+                StrandedReason::RetiredStream
+            } else if side && b.state != BlockState::Active {
+                StrandedReason::SideStreamCache
+            } else {
+                continue;
+            };
+            out.push(StrandedBlock {
+                address: b.address,
+                size: b.size,
+                stream: b.stream,
+                state: b.state,
+                pool: b.pool,
+                tag: b.tag,
+                reason,
+            });
+        }
+    }
+    out
 }

@@ -56,6 +56,9 @@ pub struct Stats {
     pub memory_limit: Option<u64>,
     /// The cache limit in force (`None` = unbounded).
     pub cache_limit: Option<u64>,
+    /// Bytes held by live decode arenas ([`crate::Allocator::new_arena`]); a part of
+    /// `active_bytes`, also counted under each arena's tag.
+    pub arena_bytes: u64,
 }
 
 impl Stats {

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use bench::cli::{Args, Format};
 use bench::measure::{run_model, ModelReport, Plan};
 use bench::timeline::Timeline;
-use bench::{ab, alloc_trace, report, svg};
+use bench::{ab, alloc_trace, report, svg, sweep};
 use clap::Parser;
 use decode::backend::{Backend, Precision};
 use decode::device::{self, BackendSettings, WithBackend};
@@ -31,6 +31,10 @@ fn main() -> Result<()> {
     // malformed limit is an error and a typo a warning.
     for warning in decode::environment::check()? {
         eprintln!("warning: {warning}");
+    }
+    if args.sweep {
+        print!("{}", sweep::run(&args)?);
+        return Ok(());
     }
     if args.ab.is_some() {
         print!("{}", ab::run(&args)?);
@@ -61,6 +65,7 @@ fn main() -> Result<()> {
     let plan = Plan {
         n_prompt: args.n_prompt,
         n_gen: args.n_gen,
+        context: args.ctx,
         repetitions: args.repetitions,
         warmup: args.warmup,
         max_batch: settings.gpu_max_batch,

@@ -15,6 +15,7 @@
 //! what the allocator reserved and cached and what the process holds outside it (context,
 //! module code), from `mem_get_info` before load and now.
 
+pub mod capture_stream;
 mod moe_prefill;
 
 use super::profile::{self, OpProfile};
@@ -27,9 +28,7 @@ use crate::memory::{DeviceMemory, MemoryReport, MemoryTag};
 use gguf_loader::GgmlType;
 use hip_ffi::{Device, DevicePtr, Event, GraphExec, MemInfo, PinnedHostBuffer, Stream};
 use rocm_alloc::devices::hip::HipDevice;
-use rocm_alloc::{
-    fmt_bytes, Allocation, Allocator, AllocatorConfig, CaptureTarget, GraphPool, StreamId, Tag,
-};
+use rocm_alloc::{fmt_bytes, Allocation, Allocator, AllocatorConfig, GraphPool, StreamId, Tag};
 use rocm_kernels::cache::KernelCache;
 use rocm_kernels::ops::{
     attention as attn, elementwise, embed, kv_cache, matmul,
@@ -468,6 +467,8 @@ pub struct GpuBackend {
     graphs: HashMap<StepKey, GraphExec>,
     /// The private pool a capture allocates from (empty when a warm step allocates nothing).
     graph_pool: GraphPool,
+    /// The capture stream and pool, and the books of what graphs took.
+    capture: capture_stream::CaptureState,
 }
 
 fn gpu_err(what: &str, e: impl std::fmt::Display) -> DecodeError {
@@ -506,6 +507,7 @@ impl GpuBackend {
             .record(&stream)
             .map_err(|e| gpu_err("recording an event", e))?;
         let graph_pool = alloc.new_graph_pool();
+        let capture = capture_stream::CaptureState::new(&hip, &device, &alloc, stream_id)?;
         let step = StepBlock {
             ints,
             staging,
@@ -547,10 +549,12 @@ impl GpuBackend {
             profile: None,
             graphs: HashMap::new(),
             graph_pool,
+            capture,
         };
         // No stale ints a kernel could read before the first step.
         let mut ints = backend.step_ints_mut(StepBlock::ints_len(max_batch));
         elementwise_zero_i32(&mut backend, &mut ints)?;
+        backend.note_runtime_at_start()?;
         Ok(backend)
     }
 
@@ -834,10 +838,19 @@ impl GpuBackend {
             .mem_get_info()
             .map_err(|e| gpu_err("reading device memory", e))?;
         let process_used = self.mem_before.free.saturating_sub(now.free);
+        let snap = self.alloc.snapshot();
         Ok(DeviceMemory {
             outside_allocator: process_used.saturating_sub(stats.reserved_bytes),
             process_used,
             stats,
+            breakdown: snap.breakdown(),
+            runtime_at_start: self.capture.runtime_at_start,
+            graph: self.capture.books,
+            stranded: snap
+                .stranded_bytes_by_stream()
+                .into_iter()
+                .map(|(s, b)| (s.value(), b))
+                .collect(),
         })
     }
 
@@ -848,6 +861,7 @@ impl GpuBackend {
             stats,
             process_used,
             outside_allocator,
+            ..
         } = self.device_memory_now()?;
         let mut out = String::new();
         out.push_str(&format!("device memory ({}):\n", self.alloc.device_name()));
@@ -1100,29 +1114,9 @@ impl Backend for GpuBackend {
             // model and this backend own for their whole lives (weights, KV cache, activations,
             // the step block, scratch kept in `self.scratch`); none has been freed or moved,
             // and the step block holds this step's values (written by `begin_step` before).
-            return unsafe { exec.launch(&self.stream) }
-                .map_err(|e| gpu_err("replaying the step", e));
+            return unsafe { self.replay_step(exec) };
         }
-        let guard = self
-            .alloc
-            .begin_capture(self.stream_id, CaptureTarget::Private(&self.graph_pool))
-            .map_err(|e| gpu_err("starting a capture in the allocator", e))?;
-        self.stream
-            .begin_capture()
-            .map_err(|e| gpu_err("starting a stream capture", e))?;
-        let recorded = ops(self);
-        // The capture must end whatever the ops did, or the stream stays unusable.
-        let graph = self.stream.end_capture();
-        drop(guard);
-        recorded?;
-        let graph = graph.map_err(|e| gpu_err("ending the stream capture", e))?;
-        let exec = graph
-            .instantiate()
-            .map_err(|e| gpu_err("instantiating the captured step", e))?;
-        // SAFETY: as for the replay above; the capture recorded this step's work without
-        // running it, so it runs now.
-        unsafe { exec.launch(&self.stream) }
-            .map_err(|e| gpu_err("running the captured step", e))?;
+        let exec = self.capture_step(ops)?;
         self.graphs.insert(key, exec);
         Ok(())
     }

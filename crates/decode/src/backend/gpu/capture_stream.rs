@@ -1,0 +1,362 @@
+//! Where a decode step's graph is captured and replayed, and what it costs in device memory.
+//!
+//! - `HIPDECODE_CAPTURE_STREAM=current|side`: capture and replay on the backend's own stream
+//!   (the default), or on a side stream of its own. The side stream waits for the main stream's
+//!   work before each replay (an event) and the main stream waits for the replay after it, so
+//!   the order of work is the same; what differs is the stream (and so the allocator pool) that
+//!   owns the capture's memory, and two event records and waits per step.
+//! - `HIPDECODE_GRAPH_POOL=private|shared`: a capture allocates from the graph's private pool
+//!   (the default) or from the capturing stream's ordinary pool. Both are correct here because
+//!   the backend reserves every buffer a decode step uses before the first capture.
+//!
+//! The graph-memory books: before a graph is instantiated (when the driver takes its device
+//! memory) its kernel nodes give an estimate; after its first replay the device's free memory
+//! and the allocator's graph pools give the measured bytes. docs/memory.md says how rough the
+//! estimate is.
+
+use super::{choice_from_env, gpu_err, parse_choice, GpuBackend};
+use crate::error::Result;
+use crate::memory::GraphMemory;
+use hip_ffi::{Device, Event, GraphExec, Stream};
+use rocm_alloc::devices::hip::HipDevice;
+use rocm_alloc::{Allocator, CaptureTarget, GraphPool, StreamId};
+use std::sync::Arc;
+
+/// Chooses the stream decode graphs are captured and replayed on: `current` or `side`.
+pub const CAPTURE_STREAM_VAR: &str = "HIPDECODE_CAPTURE_STREAM";
+/// Chooses the pool a capture allocates from: `private` or `shared`.
+pub const GRAPH_POOL_VAR: &str = "HIPDECODE_GRAPH_POOL";
+
+/// The stream decode graphs run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CaptureStream {
+    /// The backend's own stream, the one every other op uses.
+    Current,
+    /// A stream of its own, ordered against the main one by events.
+    Side,
+}
+
+impl CaptureStream {
+    const CHOICES: [(&'static str, CaptureStream); 2] = [
+        ("current", CaptureStream::Current),
+        ("side", CaptureStream::Side),
+    ];
+
+    pub fn parse(value: &str) -> Result<CaptureStream> {
+        parse_choice(CAPTURE_STREAM_VAR, "capture stream", &Self::CHOICES, value)
+    }
+
+    pub fn from_env() -> Result<CaptureStream> {
+        choice_from_env(CAPTURE_STREAM_VAR, "capture stream", &Self::CHOICES)
+    }
+}
+
+/// The pool a capture allocates from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GraphPoolMode {
+    /// The graphs' private pool ([`CaptureTarget::Private`]).
+    Private,
+    /// The capturing stream's ordinary pool ([`CaptureTarget::StreamPool`]).
+    Shared,
+}
+
+impl GraphPoolMode {
+    const CHOICES: [(&'static str, GraphPoolMode); 2] = [
+        ("private", GraphPoolMode::Private),
+        ("shared", GraphPoolMode::Shared),
+    ];
+
+    pub fn parse(value: &str) -> Result<GraphPoolMode> {
+        parse_choice(GRAPH_POOL_VAR, "graph pool mode", &Self::CHOICES, value)
+    }
+
+    pub fn from_env() -> Result<GraphPoolMode> {
+        choice_from_env(GRAPH_POOL_VAR, "graph pool mode", &Self::CHOICES)
+    }
+}
+
+/// Device bytes assumed per kernel node of an instantiated graph (its launch parameters and
+/// the node's descriptor). Not a driver figure: a round guess, to be replaced by what the
+/// H200 measures (bench-decode prints both).
+pub const ASSUMED_BYTES_PER_KERNEL_NODE: u64 = 4096;
+/// The runtime hands out device memory in pages of this size, and reports free memory in them.
+pub const DRIVER_GRANULE: u64 = 2 << 20;
+
+/// The estimate of a graph's device memory outside the allocator: its kernel nodes at
+/// [`ASSUMED_BYTES_PER_KERNEL_NODE`], rounded up to the driver's granule. The pool part is
+/// expected to be 0, since every buffer a step uses is reserved before the first capture.
+pub fn estimate_graph_bytes(kernel_nodes: u64) -> u64 {
+    kernel_nodes
+        .saturating_mul(ASSUMED_BYTES_PER_KERNEL_NODE)
+        .next_multiple_of(DRIVER_GRANULE)
+}
+
+/// The side stream and the two events that order it against the main stream.
+pub(super) struct SideStream {
+    id: StreamId,
+    stream: Arc<Stream>,
+    /// Recorded on the main stream; the side stream waits for it before a replay.
+    ready: Event,
+    /// Recorded on the side stream after a replay; the main stream waits for it.
+    done: Event,
+}
+
+impl SideStream {
+    fn enter(&self, main: &Stream) -> Result<()> {
+        self.ready
+            .record(main)
+            .and_then(|()| self.stream.wait_event(&self.ready))
+            .map_err(|e| gpu_err("ordering the side stream after the main stream", e))
+    }
+
+    fn leave(&self, main: &Stream) -> Result<()> {
+        self.done
+            .record(&self.stream)
+            .and_then(|()| main.wait_event(&self.done))
+            .map_err(|e| gpu_err("ordering the main stream after the side stream", e))
+    }
+}
+
+/// The capture settings and the books of what graphs took.
+pub(super) struct CaptureState {
+    pub(super) pool: GraphPoolMode,
+    side: Option<SideStream>,
+    pub(super) books: GraphMemory,
+    /// Outside-the-allocator bytes when the backend had started (set at the end of `new`).
+    pub(super) runtime_at_start: u64,
+}
+
+impl CaptureState {
+    /// Reads both variables and makes the side stream when asked for.
+    pub(super) fn new(
+        hip: &HipDevice,
+        device: &Device,
+        alloc: &Allocator,
+        main: StreamId,
+    ) -> Result<CaptureState> {
+        let (stream, pool) = (CaptureStream::from_env()?, GraphPoolMode::from_env()?);
+        Self::with(hip, device, alloc, main, stream, pool)
+    }
+
+    /// The given settings. With a side stream the allocator is told which stream is the main
+    /// one, so its snapshot lists the side stream's cached blocks as stranded.
+    fn with(
+        hip: &HipDevice,
+        device: &Device,
+        alloc: &Allocator,
+        main: StreamId,
+        stream: CaptureStream,
+        pool: GraphPoolMode,
+    ) -> Result<CaptureState> {
+        let side = match stream {
+            CaptureStream::Current => None,
+            CaptureStream::Side => {
+                let (id, stream) = hip
+                    .create_stream()
+                    .map_err(|e| gpu_err("creating the capture side stream", e))?;
+                let event = || Event::new_without_timing(device).map_err(|e| gpu_err("event", e));
+                alloc.set_main_stream(main);
+                Some(SideStream {
+                    id,
+                    stream,
+                    ready: event()?,
+                    done: event()?,
+                })
+            }
+        };
+        Ok(CaptureState {
+            pool,
+            side,
+            books: GraphMemory::default(),
+            runtime_at_start: 0,
+        })
+    }
+
+    fn target<'a>(&self, graph_pool: &'a GraphPool) -> CaptureTarget<'a> {
+        match self.pool {
+            GraphPoolMode::Private => CaptureTarget::Private(graph_pool),
+            GraphPoolMode::Shared => CaptureTarget::StreamPool,
+        }
+    }
+}
+
+/// Free device bytes and the allocator's reserved and graph-pool bytes, read together.
+struct Probe {
+    free: u64,
+    reserved: u64,
+    graph_pools: u64,
+}
+
+impl GpuBackend {
+    /// Sets where decode graphs are captured and which pool a capture allocates from, as
+    /// [`CAPTURE_STREAM_VAR`] and [`GRAPH_POOL_VAR`] do at start-up. Refused once a graph has
+    /// been captured: it would replay on the stream it was captured for, without the events
+    /// that order the other one.
+    pub fn set_capture(&mut self, stream: CaptureStream, pool: GraphPoolMode) -> Result<()> {
+        if !self.graphs.is_empty() {
+            return Err(crate::error::DecodeError::InvalidArgument(
+                "the capture stream and pool can only change before the first decode graph is \
+                 captured; set them right after creating the backend"
+                    .into(),
+            ));
+        }
+        let books = self.capture.books;
+        let runtime_at_start = self.capture.runtime_at_start;
+        let (hip, device) = (Arc::clone(&self.hip), *self.device());
+        self.capture =
+            CaptureState::with(&hip, &device, &self.alloc, self.stream_id, stream, pool)?;
+        self.capture.books = books;
+        self.capture.runtime_at_start = runtime_at_start;
+        Ok(())
+    }
+
+    fn probe(&self) -> Result<Probe> {
+        let free = self
+            .device()
+            .mem_get_info()
+            .map_err(|e| gpu_err("reading device memory", e))?
+            .free;
+        let snap = self.alloc.snapshot();
+        Ok(Probe {
+            free,
+            reserved: snap.stats.reserved_bytes,
+            graph_pools: snap.breakdown().graph_pools,
+        })
+    }
+
+    /// Records what the process holds outside the allocator now that the backend has started.
+    pub(super) fn note_runtime_at_start(&mut self) -> Result<()> {
+        let p = self.probe()?;
+        let used = self.mem_before.free.saturating_sub(p.free);
+        self.capture.runtime_at_start = used.saturating_sub(p.reserved);
+        Ok(())
+    }
+
+    /// Queues one replay of `exec` on the capture stream, ordered after the main stream's
+    /// queued work and before its later work.
+    ///
+    /// # Safety
+    /// As [`GraphExec::launch`]: every buffer the graph was captured over is still allocated
+    /// at the same address and owned by the model or this backend.
+    pub(super) unsafe fn replay_step(&self, exec: &GraphExec) -> Result<()> {
+        let launch = |stream: &Stream| {
+            // SAFETY: the caller's guarantee; a graph captured on the side stream is replayed
+            // there, ordered by the events around it.
+            unsafe { exec.launch(stream) }.map_err(|e| gpu_err("replaying the step", e))
+        };
+        match &self.capture.side {
+            None => launch(&self.stream),
+            Some(side) => {
+                side.enter(&self.stream)?;
+                launch(&side.stream)?;
+                side.leave(&self.stream)
+            }
+        }
+    }
+
+    /// Captures `ops` into a graph on the capture stream, instantiates it, runs it once and
+    /// adds its memory to the books.
+    pub(super) fn capture_step(
+        &mut self,
+        ops: &mut dyn FnMut(&mut GpuBackend) -> Result<()>,
+    ) -> Result<GraphExec> {
+        self.stream
+            .synchronize()
+            .map_err(|e| gpu_err("waiting for the stream before a capture", e))?;
+        let before = self.probe()?;
+        // With a side stream, the ops queue on it: the backend's stream and its id are
+        // swapped for the side stream's for the capture, and swapped back whatever happens.
+        self.swap_capture_stream();
+        let captured = self.capture_on_current(ops);
+        self.swap_capture_stream();
+        let graph = captured?;
+        let nodes = graph.kernel_nodes();
+        let estimate = estimate_graph_bytes(nodes);
+        let exec = graph
+            .instantiate()
+            .map_err(|e| gpu_err("instantiating the captured step", e))?;
+        drop(graph);
+        // SAFETY: the capture recorded this step's work over buffers the model and this
+        // backend own for their whole lives, without running it, so it runs now.
+        unsafe { self.replay_step(&exec) }?;
+        self.stream
+            .synchronize()
+            .map_err(|e| gpu_err("running the captured step", e))?;
+        let after = self.probe()?;
+        let used = before.free.saturating_sub(after.free);
+        let grown = after.reserved.saturating_sub(before.reserved);
+        let b = &mut self.capture.books;
+        b.captures += 1;
+        b.kernel_nodes += nodes;
+        b.estimate += estimate;
+        b.measured_outside += used.saturating_sub(grown);
+        b.measured_pool += after.graph_pools.saturating_sub(before.graph_pools);
+        Ok(exec)
+    }
+
+    /// The capture itself, on whatever `self.stream` is now.
+    fn capture_on_current(
+        &mut self,
+        ops: &mut dyn FnMut(&mut GpuBackend) -> Result<()>,
+    ) -> Result<hip_ffi::Graph> {
+        let alloc = Arc::clone(&self.alloc);
+        let guard = alloc
+            .begin_capture(self.stream_id, self.capture.target(&self.graph_pool))
+            .map_err(|e| gpu_err("starting a capture in the allocator", e))?;
+        self.stream
+            .begin_capture()
+            .map_err(|e| gpu_err("starting a stream capture", e))?;
+        let recorded = ops(self);
+        // The capture must end whatever the ops did, or the stream stays unusable.
+        let graph = self.stream.end_capture();
+        drop(guard);
+        recorded?;
+        graph.map_err(|e| gpu_err("ending the stream capture", e))
+    }
+
+    fn swap_capture_stream(&mut self) {
+        if let Some(side) = &mut self.capture.side {
+            std::mem::swap(&mut self.stream, &mut side.stream);
+            std::mem::swap(&mut self.stream_id, &mut side.id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_variables_are_parsed_strictly_with_the_accepted_words() {
+        assert_eq!(CaptureStream::parse("side").unwrap(), CaptureStream::Side);
+        assert_eq!(
+            CaptureStream::parse(" current ").unwrap(),
+            CaptureStream::Current
+        );
+        let e = CaptureStream::parse("sidecar").unwrap_err().to_string();
+        assert!(
+            e.contains(CAPTURE_STREAM_VAR)
+                && e.contains("'current' (default)")
+                && e.contains("'side'"),
+            "{e}"
+        );
+        assert_eq!(
+            GraphPoolMode::parse("shared").unwrap(),
+            GraphPoolMode::Shared
+        );
+        let e = GraphPoolMode::parse("Private").unwrap_err().to_string();
+        assert!(
+            e.contains(GRAPH_POOL_VAR) && e.contains("'private' (default)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_estimate_rounds_nodes_up_to_the_driver_granule() {
+        assert_eq!(estimate_graph_bytes(0), 0);
+        assert_eq!(estimate_graph_bytes(1), DRIVER_GRANULE);
+        let per_granule = DRIVER_GRANULE / ASSUMED_BYTES_PER_KERNEL_NODE;
+        assert_eq!(estimate_graph_bytes(per_granule), DRIVER_GRANULE);
+        assert_eq!(estimate_graph_bytes(per_granule + 1), 2 * DRIVER_GRANULE);
+    }
+}
