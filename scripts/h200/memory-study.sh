@@ -93,3 +93,5 @@ for f in "$O"/breakdown-pp512-tg128.log "$O"/breakdown-ctx32k.log; do
   echo "== $f"
   grep -E "^\| (model|gemma|llama|qwen)" "$f" | grep -vE "pp512|tg128|tg64" | head -40
 done
+# One archive: the device tool returns only a handful of files.
+tar czf "$OUT/memory-study.tgz" -C "$OUT" memory-study && rm -rf "$O"
