@@ -18,6 +18,7 @@ pub fn known_vars() -> Vec<&'static str> {
         crate::backend::vendor_gemm::PrefillPath::ENV,
         crate::backend::gpu::ATTN_PREFILL_VAR,
         offload::BUDGET_ENV,
+        crate::budget_run::HOST_BUDGET_ENV,
         hip_ffi::testing::REQUIRE_BLAS_VAR,
         "HIPDECODE_REQUIRE_RTC",
         "HIPDECODE_REQUIRE_MODELS",
@@ -54,6 +55,10 @@ pub fn check_vars(vars: &[(String, String)]) -> Result<Vec<String>> {
     }
     offload::Budget::from_env_with(&|var| lookup(var))
         .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
+    if let Some(v) = lookup(crate::budget_run::HOST_BUDGET_ENV) {
+        offload::parse_size(crate::budget_run::HOST_BUDGET_ENV, &v)
+            .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
+    }
     let known = known_vars();
     Ok(vars
         .iter()

@@ -14,6 +14,7 @@
 //! describes the design, the tolerances against the reference and the measured speed.
 
 pub mod backend;
+pub mod budget_run;
 pub mod device;
 pub mod environment;
 pub mod error;

@@ -138,6 +138,16 @@ struct RunArgs {
     /// Print timing and memory as one JSON line on stderr at the end.
     #[arg(long)]
     json_stats: bool,
+    /// GPU: cap everything the run takes on the device (bytes, "6.5GiB", "75%"): the offload
+    /// planner keeps what fits on the device and reads the other weights in place from
+    /// pinned host memory; the allocator's limit enforces the cap. Default:
+    /// HIPDECODE_GPU_BUDGET; unset, no budget.
+    #[arg(long)]
+    gpu_budget: Option<String>,
+    /// The most pinned host memory the offloaded weights may take (bytes or "32GiB").
+    /// Default: HIPDECODE_HOST_BUDGET, else 90% of the host's available memory.
+    #[arg(long)]
+    host_budget: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -218,6 +228,16 @@ fn run(args: RunArgs) -> Result<()> {
     sampler.validate()?;
     let file = decode::open_model(&args.model)?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
+    let budget_run = decode::budget_run::for_choice(
+        &choice.backend,
+        &file,
+        args.gpu_budget.as_deref(),
+        args.host_budget.as_deref(),
+        decode::resident::ResidentOptions::from_env(args.ctx)?,
+    )?;
+    if let Some(b) = &budget_run {
+        eprint!("{}", b.summary());
+    }
     let settings = BackendSettings {
         cpu_precision: if args.exact {
             Precision::Exact
@@ -225,6 +245,7 @@ fn run(args: RunArgs) -> Result<()> {
             Precision::Fast
         },
         gpu_graphs: !args.no_graph,
+        gpu_offload: budget_run.map(|b| b.offload),
         ..BackendSettings::default()
     };
     choice.backend.run(
