@@ -111,6 +111,15 @@ pub struct Args {
     /// this file, for `cargo xtask replay FILE --profile gfx1151`.
     #[arg(long, value_name = "FILE", conflicts_with = "ab")]
     pub alloc_trace: Option<PathBuf>,
+    /// GPU: run under this GPU budget (bytes, "6.5GiB", "75%"), as `hipdecode run
+    /// --gpu-budget`: the offload plan places the weights and the allocator's limit enforces
+    /// the cap. Default: HIPDECODE_GPU_BUDGET; unset, no budget.
+    #[arg(long, value_name = "BYTES")]
+    pub gpu_budget: Option<String>,
+    /// GPU: the most pinned host memory offloaded weights may take. Default:
+    /// HIPDECODE_HOST_BUDGET, else 90% of the host's available memory.
+    #[arg(long, value_name = "BYTES")]
+    pub host_budget: Option<String>,
     /// Events the --alloc-trace ring keeps; a run with more writes a file marked incomplete.
     #[arg(long, value_name = "N", default_value_t = crate::alloc_trace::DEFAULT_CAPACITY, value_parser = trace_capacity, requires = "alloc_trace")]
     pub alloc_trace_capacity: usize,
@@ -167,6 +176,15 @@ impl Args {
         }
         if self.no_graph {
             a.push("--no-graph".to_string());
+        }
+        for (flag, value) in [
+            ("--gpu-budget", &self.gpu_budget),
+            ("--host-budget", &self.host_budget),
+        ] {
+            if let Some(v) = value {
+                a.push(flag.to_string());
+                a.push(v.clone());
+            }
         }
         a.extend(["-o", "json", "-r", "1"].map(String::from));
         a

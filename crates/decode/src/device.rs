@@ -148,21 +148,24 @@ impl BackendChoice {
                 ))
             }
             BackendChoice::Cpu => work.run(CpuBackend::new(settings.cpu_precision)),
-            BackendChoice::Gpu(device) => {
-                let limit = settings.gpu_offload.as_ref().map(|o| o.memory_limit);
-                let mut backend = GpuBackend::with_memory_limit(
-                    *device,
-                    settings.gpu_max_batch,
-                    settings.gpu_graphs,
-                    limit,
-                )?;
-                if let Some(offload) = &settings.gpu_offload {
-                    backend.set_host_placement((*offload.host).clone())?;
-                }
-                work.run(backend)
-            }
+            BackendChoice::Gpu(device) => work.run(gpu_backend(*device, &settings)?),
         })
     }
+}
+
+/// The GPU backend on `device` as `settings` ask, a GPU budget's plan included.
+pub fn gpu_backend(device: hip_ffi::Device, settings: &BackendSettings) -> Result<GpuBackend> {
+    let limit = settings.gpu_offload.as_ref().map(|o| o.memory_limit);
+    let mut backend = GpuBackend::with_memory_limit(
+        device,
+        settings.gpu_max_batch,
+        settings.gpu_graphs,
+        limit,
+    )?;
+    if let Some(offload) = &settings.gpu_offload {
+        backend.set_host_placement((*offload.host).clone())?;
+    }
+    Ok(backend)
 }
 
 #[cfg(test)]
