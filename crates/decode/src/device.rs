@@ -156,12 +156,8 @@ impl BackendChoice {
 /// The GPU backend on `device` as `settings` ask, a GPU budget's plan included.
 pub fn gpu_backend(device: hip_ffi::Device, settings: &BackendSettings) -> Result<GpuBackend> {
     let limit = settings.gpu_offload.as_ref().map(|o| o.memory_limit);
-    let mut backend = GpuBackend::with_memory_limit(
-        device,
-        settings.gpu_max_batch,
-        settings.gpu_graphs,
-        limit,
-    )?;
+    let mut backend =
+        GpuBackend::with_memory_limit(device, settings.gpu_max_batch, settings.gpu_graphs, limit)?;
     if let Some(offload) = &settings.gpu_offload {
         backend.set_host_placement((*offload.host).clone())?;
     }

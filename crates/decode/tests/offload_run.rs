@@ -254,3 +254,27 @@ fn real_gemma_greedy_tokens_with_offload_equal_the_resident_run() {
         32,
     );
 }
+
+#[test]
+fn the_managed_memory_probe_measures_three_rates_and_gives_a_verdict() {
+    let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let test = "the_managed_memory_probe_measures_three_rates_and_gives_a_verdict";
+    let Some(device) = hip_ffi::testing::device_or_skip(test) else {
+        return;
+    };
+    let err = decode::managed_probe::probe(&device, 1000).expect_err("too small");
+    assert!(err.to_string().contains("at least 4 KiB"), "{err}");
+    if !device.supports_managed_memory().expect("attribute") {
+        let err = decode::managed_probe::probe(&device, 64 << 20).expect_err("unsupported");
+        assert!(err.to_string().contains("does not support"), "{err}");
+        return;
+    }
+    let p = decode::managed_probe::probe(&device, 64 << 20).expect("probe");
+    eprint!("{p}");
+    for rate in [p.device_gbps, p.first_gbps, p.second_gbps] {
+        assert!(rate.is_finite() && rate > 0.0, "{p}");
+    }
+    // Any GPU reads its own memory faster than 10 GB/s.
+    assert!(p.device_gbps > 10.0, "{p}");
+    assert_eq!(p.verdict().is_ok(), p.migrates());
+}

@@ -38,6 +38,16 @@ enum Command {
     /// device and which are read from host memory, and the predicted decode speed. Needs no
     /// GPU.
     Plan(PlanArgs),
+    /// Measure whether managed memory migrates to the device here (a read kernel over managed
+    /// memory written on the host, twice, against device memory); refuses it otherwise.
+    ProbeManaged(ProbeArgs),
+}
+
+#[derive(clap::Args)]
+struct ProbeArgs {
+    /// Bytes each pass reads (a multiple of 4, at least 4KiB).
+    #[arg(long, default_value = "256MiB")]
+    bytes: String,
 }
 
 #[derive(clap::Args)]
@@ -72,6 +82,9 @@ struct PlanArgs {
     /// List the resident buffers behind the per-tag needs.
     #[arg(long)]
     buffers: bool,
+    /// Also run the managed-memory probe on the GPU (as `hipdecode probe-managed`).
+    #[arg(long)]
+    probe: bool,
 }
 
 #[derive(clap::Args)]
@@ -175,6 +188,7 @@ fn main() -> ExitCode {
         Command::Inspect(args) => inspect(args),
         Command::Profile(args) => profile(args),
         Command::Plan(args) => plan(args),
+        Command::ProbeManaged(args) => probe_managed(&args.bytes),
     }) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -533,6 +547,26 @@ fn plan(args: PlanArgs) -> Result<()> {
     if args.tensors {
         print!("{}", plan.tensor_listing());
     }
+    if !decode::resident::STREAMING_BUILT {
+        println!(
+            "streaming is not built: the planner chooses no streamed placement, and weights \
+             off the device are read in place from pinned host memory"
+        );
+    }
+    if args.probe {
+        probe_managed(&format!("{}", decode::managed_probe::PROBE_BYTES))?;
+    }
+    Ok(())
+}
+
+/// `hipdecode probe-managed`, and `plan --probe`: prints the probe's rates and verdict. A
+/// refusal is a verdict, not a failure: the exit status is 0 when the probe ran.
+fn probe_managed(bytes: &str) -> Result<()> {
+    let bytes = offload::parse_size("--bytes", bytes)?;
+    let bytes = usize::try_from(bytes).context("--bytes does not fit this machine's words")?;
+    let gpu = device::probe_gpu()
+        .map_err(|reason| anyhow::anyhow!("the managed-memory probe needs a GPU: {reason}"))?;
+    print!("{}", decode::managed_probe::probe(&gpu, bytes)?);
     Ok(())
 }
 
