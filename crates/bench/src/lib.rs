@@ -12,6 +12,8 @@
 //! - [`arms`], [`ab`], [`verdict`]: `--ab`, its child processes and its noise rule.
 //! - [`timeline`], [`svg`]: `--svg`, the memory timeline.
 //! - [`alloc_trace`]: `--alloc-trace`, the GPU allocator's trace for `cargo xtask replay`.
+//! - [`offload_sweep`], [`curve`]: the offload sweep's table and tok/s-against-budget chart
+//!   (`offload-sweep-report`).
 //!
 //! docs/bench-decode.md describes the tool.
 
@@ -19,8 +21,10 @@ pub mod ab;
 pub mod alloc_trace;
 pub mod arms;
 pub mod cli;
+pub mod curve;
 pub mod measure;
 pub mod model_info;
+pub mod offload_sweep;
 pub mod phase_memory;
 pub mod report;
 pub mod stats;
