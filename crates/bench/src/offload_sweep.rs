@@ -131,7 +131,7 @@ pub fn read_points(tsv: &Path) -> Result<Vec<Point>> {
                 None,
                 None,
                 body.lines()
-                    .find(|l| l.starts_with("error"))
+                    .find(|l| l.to_ascii_lowercase().starts_with("error"))
                     .or_else(|| body.lines().last())
                     .unwrap_or("no output")
                     .to_string(),
@@ -362,7 +362,7 @@ mod tests {
         .unwrap();
         std::fs::write(
             dir.join("no.log"),
-            "note: x\nerror: a GPU budget of 1 MiB is below\n",
+            "note: x\nError: a GPU budget of 1 MiB is below\nlast line\n",
         )
         .unwrap();
         std::fs::write(
