@@ -24,6 +24,13 @@ pub const HOST_BUDGET_ENV: &str = "HIPDECODE_HOST_BUDGET";
 /// rest of the system (and this process's own file cache for the model) nothing.
 pub const HOST_AVAILABLE_SHARE: f64 = 0.9;
 
+/// Budget kept unplanned, counted under `allocator_slack`: the resident estimate
+/// ([`crate::resident`]) mirrors the backend's allocations but has not been checked against a
+/// GPU load, and a plan fills its budget to the byte, so an estimate a few MiB low would fail
+/// the load at the allocator's limit. The sweep reports each run's measured peak beside its
+/// budget, which shows how much of this was needed.
+pub const ESTIMATE_HEADROOM: u64 = 32 << 20;
+
 /// What the GPU backend needs to carry out a budget's plan.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuOffload {
@@ -137,8 +144,12 @@ pub fn prepare(file: &GgufFile, req: &BudgetRequest) -> Result<BudgetRun> {
         .resolve(Some(req.device_total))
         .map_err(|e| invalid(&e))?;
     let residency = resident::estimate(file, &req.options)?;
-    let plan = offload::plan(&residency.plan_request(budget, LinkModel::h200_default()))
-        .map_err(|e| invalid(&e))?;
+    let mut request = residency.plan_request(budget, LinkModel::h200_default());
+    request.needs.allocator_slack = request
+        .needs
+        .allocator_slack
+        .saturating_add(ESTIMATE_HEADROOM);
+    let plan = offload::plan(&request).map_err(|e| invalid(&e))?;
     let mut names = std::collections::HashSet::new();
     for t in &plan.tensors {
         match t.placement {
@@ -229,7 +240,8 @@ impl BudgetRun {
         let [_, zero_copy, streamed] = self.plan.by_placement();
         format!(
             "gpu budget {} MiB from {}\n{}\nenforced: the allocator's memory limit is {} MiB \
-             (the budget less {} MiB of graph and runtime memory outside the allocator)\n\
+             (the budget less {} MiB of graph and runtime memory outside the allocator); \
+             allocator_slack includes {} MiB of headroom for estimate error\n\
              host: {} weight tensors ({} MiB) read in place from mapped pinned host memory; \
              host budget {} MiB ({})\n\
              streaming is not built: {} tensors streamed (the planner was asked not to choose it)\n",
@@ -238,6 +250,7 @@ impl BudgetRun {
             self.plan,
             mib(self.offload.memory_limit),
             mib(self.plan.tag(PlanTag::Graph)),
+            mib(ESTIMATE_HEADROOM),
             zero_copy.tensors,
             mib(zero_copy.bytes),
             mib(self.offload.host.host_budget),

@@ -43,11 +43,14 @@ fn request(budget: u64, host_budget: Option<&str>) -> BudgetRequest {
     }
 }
 
-/// The minimum budget and the weights' bytes of `file`.
+/// The minimum budget of a budget run (the estimate plus the headroom) and the weights'
+/// bytes of `file`.
 fn minimum_and_weights(file: &GgufFile) -> (u64, u64) {
     let r = resident::estimate(file, &options()).expect("estimate");
-    let minimum = offload::minimum_budget(&r.needs).expect("minimum");
-    (minimum, r.tensors.iter().map(|t| t.bytes).sum())
+    let estimate = offload::minimum_budget(&r.needs).expect("minimum");
+    let run = budget_run::prepare(file, &request(1 << 40, Some("1GiB"))).expect("plan");
+    assert_eq!(run.plan.minimum, estimate + budget_run::ESTIMATE_HEADROOM);
+    (run.plan.minimum, r.tensors.iter().map(|t| t.bytes).sum())
 }
 
 #[test]
