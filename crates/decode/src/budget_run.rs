@@ -70,6 +70,21 @@ pub struct BudgetRequest {
     pub options: ResidentOptions,
 }
 
+/// The planner's request for a run of `residency` under `budget`: the estimate's needs plus
+/// [`ESTIMATE_HEADROOM`]. `hipdecode plan` uses it too, so it shows the plan a run carries out.
+pub fn plan_request(
+    residency: &resident::Residency,
+    budget: u64,
+    link: LinkModel,
+) -> offload::PlanRequest<'_> {
+    let mut request = residency.plan_request(budget, link);
+    request.needs.allocator_slack = request
+        .needs
+        .allocator_slack
+        .saturating_add(ESTIMATE_HEADROOM);
+    request
+}
+
 /// The budget from `flag` (named `--gpu-budget`), else from `HIPDECODE_GPU_BUDGET`, with its
 /// source; `None` when neither is set.
 pub fn budget_from(flag: Option<&str>) -> Result<Option<(Budget, String)>> {
@@ -144,12 +159,8 @@ pub fn prepare(file: &GgufFile, req: &BudgetRequest) -> Result<BudgetRun> {
         .resolve(Some(req.device_total))
         .map_err(|e| invalid(&e))?;
     let residency = resident::estimate(file, &req.options)?;
-    let mut request = residency.plan_request(budget, LinkModel::h200_default());
-    request.needs.allocator_slack = request
-        .needs
-        .allocator_slack
-        .saturating_add(ESTIMATE_HEADROOM);
-    let plan = offload::plan(&request).map_err(|e| invalid(&e))?;
+    let plan = offload::plan(&plan_request(&residency, budget, LinkModel::h200_default()))
+        .map_err(|e| invalid(&e))?;
     let mut names = std::collections::HashSet::new();
     for t in &plan.tensors {
         match t.placement {

@@ -495,7 +495,7 @@ fn plan(args: PlanArgs) -> Result<()> {
     } else {
         defaults
     };
-    let plan = offload::plan(&residency.plan_request(bytes, link))?;
+    let plan = offload::plan(&decode::budget_run::plan_request(&residency, bytes, link))?;
     let s = &residency.spec;
     let weights: u64 = residency.tensors.iter().map(|t| t.bytes).sum();
     println!(
