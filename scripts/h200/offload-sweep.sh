@@ -10,7 +10,8 @@
 # Needs a bundle (`cargo xtask bundle`) with release `bench-decode` and `offload-sweep-report`
 # in bundle/bin (`cargo build --release -p bench`, then copy both), and the real Gemma file at
 # /tmp/gemma3-270m-q4_k_m.gguf for the Gemma identity test (it skips without it). Device time:
-# about 6 minutes once the synthetic models exist (making the 30B-A3B shape takes longer).
+# about 6 minutes once the synthetic models exist (making the 30B-A3B shape takes longer); the
+# slowest part is loading: each run pins most of a 18 GB model's weights.
 set -o pipefail
 export HIPDECODE_KERNEL_CACHE=/tmp/kcache HIPDECODE_MODELS_DIR=$PWD/models
 B=bundle/bin
@@ -77,6 +78,9 @@ sweep() {  # name kind model slow_below_mib budgets...
     echo "$name ${b} MiB: exit $rc, -n $n, nvidia-smi peak $smi MiB"
   done
 }
+# The report is rewritten after each model, so a run cut short still leaves one.
+report() { $B/offload-sweep-report $T $O > $O/report.log 2>&1; echo "report exit $?"; }
 sweep llama3-8b-q4_k_m dense $L 4000 1003 1500 1951 2500 2961 3500 3971 4500 5113 6000
-sweep qwen3-30b-a3b-q4_k_m moe $Q 12000 1589 3000 5773 8000 9959 12000 14141 16000 18231 20000
-$B/offload-sweep-report $T $O > $O/report.log 2>&1; echo "report exit $?"; cat $O/offload-sweep.md
+report
+sweep qwen3-30b-a3b-q4_k_m moe $Q 12000 1589 3000 5773 8000 9959 12000 14141 18231 20000
+report; cat $O/offload-sweep.md
