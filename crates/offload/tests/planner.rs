@@ -492,7 +492,12 @@ fn without_streaming_no_weight_is_streamed_and_no_staging_is_reserved() {
         4,
         "{streaming}"
     );
-    for budget in [minimum, minimum + 16 * MIB, minimum + 20 * MIB, minimum + 40 * MIB] {
+    for budget in [
+        minimum,
+        minimum + 16 * MIB,
+        minimum + 20 * MIB,
+        minimum + 40 * MIB,
+    ] {
         let with = plan_for(&tensors, budget, link.clone()).unwrap();
         let p = plan(&PlanRequest {
             tensors: &tensors,

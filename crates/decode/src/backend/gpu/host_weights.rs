@@ -31,7 +31,9 @@ pub struct HostPlacement {
 pub enum WeightMemory {
     /// A device allocation of the backend's allocator (tag `weights`).
     Device(Allocation),
-    /// Mapped pinned host memory, read by the kernels over the host link.
+    /// Mapped pinned host memory, read by the kernels over the host link. Dropping it frees
+    /// with `hipHostFree` / `cuMemFreeHost`, which wait for the device's queued work, so a
+    /// kernel still reading the weight finishes first (as `hipFree` does for device memory).
     Host(PinnedHostBuffer),
 }
 
