@@ -84,31 +84,41 @@ impl HostWeights {
         src: &WeightSource<'_>,
         bytes: &[u8],
     ) -> Result<Option<WeightMemory>> {
-        if !self.placement.names.contains(src.name) {
+        if !self.admit(src.name, bytes.len() as u64)? {
             return Ok(None);
-        }
-        let after = self.pinned.saturating_add(bytes.len() as u64);
-        if after > self.placement.host_budget {
-            return Err(DecodeError::Allocation {
-                what: format!("pinned host memory for weight '{}'", src.name),
-                reason: format!(
-                    "{} more would bring the pinned weights to {}, above the host budget of {}; \
-                     raise the host budget (--host-budget or HIPDECODE_HOST_BUDGET), or raise \
-                     the GPU budget so that fewer weights stay in host memory",
-                    fmt_bytes(bytes.len() as u64),
-                    fmt_bytes(after),
-                    fmt_bytes(self.placement.host_budget)
-                ),
-            });
         }
         let pinned =
             PinnedHostBuffer::from_bytes(device, bytes).map_err(|e| DecodeError::Allocation {
                 what: format!("pinned host memory for weight '{}'", src.name),
                 reason: e.to_string(),
             })?;
-        self.pinned = after;
+        self.pinned += bytes.len() as u64;
         self.tensors += 1;
         Ok(Some(WeightMemory::Host(pinned)))
+    }
+
+    /// Whether weight `name` of `len` bytes goes to the host: `false` when the placement keeps
+    /// it on the device, an error when pinning it would pass the host budget (checked before
+    /// anything is pinned).
+    fn admit(&self, name: &str, len: u64) -> Result<bool> {
+        if !self.placement.names.contains(name) {
+            return Ok(false);
+        }
+        let after = self.pinned.saturating_add(len);
+        if after > self.placement.host_budget {
+            return Err(DecodeError::Allocation {
+                what: format!("pinned host memory for weight '{name}'"),
+                reason: format!(
+                    "{} more would bring the pinned weights to {}, above the host budget of {}; \
+                     raise the host budget (--host-budget or HIPDECODE_HOST_BUDGET), or raise \
+                     the GPU budget so that fewer weights stay in host memory",
+                    fmt_bytes(len),
+                    fmt_bytes(after),
+                    fmt_bytes(self.placement.host_budget)
+                ),
+            });
+        }
+        Ok(true)
     }
 
     /// Bytes pinned for weights so far.
@@ -133,4 +143,51 @@ impl HostWeights {
 /// A vector weight's f32 values as the bytes the device reads.
 pub(crate) fn f32_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_ne_bytes()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn books(names: &[&str], host_budget: u64) -> HostWeights {
+        let mut b = HostWeights::default();
+        b.set_placement(HostPlacement {
+            names: names.iter().map(|n| n.to_string()).collect(),
+            host_budget,
+        })
+        .unwrap();
+        b
+    }
+
+    #[test]
+    fn only_named_weights_go_to_the_host_and_the_host_budget_holds() {
+        let mut b = books(&["a", "b"], 100);
+        assert!(!b.admit("c", 10).unwrap(), "not named: the device");
+        assert!(b.admit("a", 100).unwrap(), "exactly the budget fits");
+        b.pinned = 60;
+        assert!(b.admit("b", 40).unwrap());
+        let err = b.admit("b", 41).expect_err("one byte over").to_string();
+        assert!(err.contains("weight 'b'"), "{err}");
+        assert!(err.contains("above the host budget"), "{err}");
+        assert!(err.contains("--host-budget"), "{err}");
+        assert!(b.report_line().is_empty(), "nothing pinned yet: no line");
+        b.tensors = 1;
+        assert!(b
+            .report_line()
+            .starts_with("pinned host: weights 60 B in 1 tensors"));
+    }
+
+    #[test]
+    fn the_placement_cannot_change_after_weights_are_loaded() {
+        let mut b = books(&["a"], 100);
+        b.tensors = 1;
+        let err = b
+            .set_placement(HostPlacement::default())
+            .expect_err("after a load")
+            .to_string();
+        assert!(
+            err.contains("before the model's weights are loaded"),
+            "{err}"
+        );
+    }
 }
