@@ -7,8 +7,9 @@
 # nvidia-smi's peak for the process; the table and the tok/s-against-MiB chart beside
 # llama.cpp's curve. Everything under $OUT/offload/ (runs/ holds one file per run).
 #
-# Needs a bundle (`cargo xtask bundle`) with release `bench-decode` and `offload-sweep-report`
-# in bundle/bin (`cargo build --release -p bench`, then copy both), and the real Gemma file at
+# Needs a bundle (`cargo xtask bundle`; it carries the workspace's programs, hipdecode,
+# bench-decode and offload-sweep-report among them: the script stops with a message if one is
+# missing from bundle/bin), and the real Gemma file at
 # /tmp/gemma3-270m-q4_k_m.gguf for the Gemma identity test (it skips without it). Device time:
 # about 6 minutes once the synthetic models exist (making the 30B-A3B shape takes longer); the
 # slowest part is loading: each run pins most of a 18 GB model's weights.
