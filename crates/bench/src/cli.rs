@@ -345,4 +345,28 @@ mod tests {
         assert_eq!((parsed.threads, parsed.repetitions), (Some(3), 1));
         assert_eq!(parsed.format(), Format::Json);
     }
+
+    #[test]
+    fn a_budget_run_s_children_run_under_the_same_budgets() {
+        let a = parse(&[
+            "-m",
+            "a.gguf",
+            "--gpu-budget",
+            "6GiB",
+            "--host-budget",
+            "40GiB",
+        ])
+        .unwrap();
+        let c = a.child_args().join(" ");
+        assert!(c.contains("--gpu-budget 6GiB --host-budget 40GiB"), "{c}");
+        let parsed = parse(
+            &a.child_args()
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+        assert_eq!(parsed.gpu_budget.as_deref(), Some("6GiB"));
+        assert_eq!(parsed.host_budget.as_deref(), Some("40GiB"));
+    }
 }
