@@ -105,12 +105,14 @@ mod tests {
     fn the_budget_and_attention_switches_are_known_and_checked() {
         let ok = check_vars(&vars(&[
             ("HIPDECODE_GPU_BUDGET", "8GiB"),
+            ("HIPDECODE_HOST_BUDGET", "32GiB"),
             ("HIPDECODE_GPU_ATTN_PREFILL", "per-query"),
         ]))
         .unwrap();
         assert!(ok.is_empty(), "{ok:?}");
         for (var, bad) in [
             ("HIPDECODE_GPU_BUDGET", "lots"),
+            ("HIPDECODE_HOST_BUDGET", "half"),
             ("HIPDECODE_GPU_ATTN_PREFILL", "flash"),
         ] {
             let e = check_vars(&vars(&[(var, bad)])).unwrap_err().to_string();
