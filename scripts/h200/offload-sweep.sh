@@ -70,7 +70,8 @@ sweep() {  # name kind model slow_below_mib budgets...
     $B/bench-decode -m $m -p 0 -n $n -r 2 --warmup 1 --device gpu --gpu-budget ${b}MiB -o json \
       > $O/$base.json 2> $O/$base.log &
     local pid=$!
-    ( sleep 150; kill $pid 2>/dev/null ) & local watchdog=$!
+    # A watchdog; its output goes nowhere, so a sleep it leaves behind holds no pipe open.
+    ( sleep 150; kill $pid ) > /dev/null 2>&1 & local watchdog=$!
     local smi; smi=$(smi_peak $pid)
     wait $pid; local rc=$?
     kill $watchdog 2>/dev/null
