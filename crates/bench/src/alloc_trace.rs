@@ -7,7 +7,6 @@
 //! backend has made a few allocations by then (the step block); the trace starts with them.
 
 use anyhow::{anyhow, Context, Result};
-use decode::backend::gpu::GpuBackend;
 use decode::device::{BackendChoice, BackendSettings, WithBackend};
 use rocm_alloc::trace::TraceFile;
 use std::path::Path;
@@ -47,7 +46,7 @@ pub fn run_traced<W: WithBackend>(
         BackendChoice::Gpu(device) => *device,
         other => return Err(not_on_the_gpu(other)),
     };
-    let backend = GpuBackend::new(device, settings.gpu_max_batch, settings.gpu_graphs)?;
+    let backend = decode::device::gpu_backend(device, &settings)?;
     let alloc = backend.allocator().clone();
     alloc.enable_trace(capacity);
     let output = work.run(backend);

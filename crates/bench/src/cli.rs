@@ -124,6 +124,15 @@ pub struct Args {
     /// this file, for `cargo xtask replay FILE --profile gfx1151`.
     #[arg(long, value_name = "FILE", conflicts_with = "ab")]
     pub alloc_trace: Option<PathBuf>,
+    /// GPU: run under this GPU budget (bytes, "6.5GiB", "75%"), as `hipdecode run
+    /// --gpu-budget`: the offload plan places the weights and the allocator's limit enforces
+    /// the cap. Default: HIPDECODE_GPU_BUDGET; unset, no budget.
+    #[arg(long, value_name = "BYTES")]
+    pub gpu_budget: Option<String>,
+    /// GPU: the most pinned host memory offloaded weights may take. Default:
+    /// HIPDECODE_HOST_BUDGET, else 90% of the host's available memory.
+    #[arg(long, value_name = "BYTES")]
+    pub host_budget: Option<String>,
     /// Events the --alloc-trace ring keeps; a run with more writes a file marked incomplete.
     #[arg(long, value_name = "N", default_value_t = crate::alloc_trace::DEFAULT_CAPACITY, value_parser = trace_capacity, requires = "alloc_trace")]
     pub alloc_trace_capacity: usize,
@@ -197,6 +206,15 @@ impl Args {
         }
         if self.no_graph {
             a.push("--no-graph".to_string());
+        }
+        for (flag, value) in [
+            ("--gpu-budget", &self.gpu_budget),
+            ("--host-budget", &self.host_budget),
+        ] {
+            if let Some(v) = value {
+                a.push(flag.to_string());
+                a.push(v.clone());
+            }
         }
         a.extend(["-o", "json", "-r", "1"].map(String::from));
         a
@@ -366,5 +384,29 @@ mod tests {
         let parsed = parse(&child.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
         assert_eq!((parsed.threads, parsed.repetitions), (Some(3), 1));
         assert_eq!(parsed.format(), Format::Json);
+    }
+
+    #[test]
+    fn a_budget_run_s_children_run_under_the_same_budgets() {
+        let a = parse(&[
+            "-m",
+            "a.gguf",
+            "--gpu-budget",
+            "6GiB",
+            "--host-budget",
+            "40GiB",
+        ])
+        .unwrap();
+        let c = a.child_args().join(" ");
+        assert!(c.contains("--gpu-budget 6GiB --host-budget 40GiB"), "{c}");
+        let parsed = parse(
+            &a.child_args()
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+        assert_eq!(parsed.gpu_budget.as_deref(), Some("6GiB"));
+        assert_eq!(parsed.host_budget.as_deref(), Some("40GiB"));
     }
 }

@@ -14,6 +14,8 @@
 //!   `--sweep`, every memory knob against the defaults.
 //! - [`timeline`], [`svg`]: `--svg`, the memory timeline.
 //! - [`alloc_trace`]: `--alloc-trace`, the GPU allocator's trace for `cargo xtask replay`.
+//! - [`offload_sweep`], [`curve`]: the offload sweep's table and tok/s-against-budget chart
+//!   (`offload-sweep-report`).
 //!
 //! docs/bench-decode.md describes the tool.
 
@@ -21,9 +23,11 @@ pub mod ab;
 pub mod alloc_trace;
 pub mod arms;
 pub mod cli;
+pub mod curve;
 pub mod explain;
 pub mod measure;
 pub mod model_info;
+pub mod offload_sweep;
 pub mod phase_memory;
 pub mod report;
 pub mod stats;

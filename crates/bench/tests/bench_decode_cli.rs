@@ -277,3 +277,41 @@ fn sweep_runs_the_chosen_knobs_arms_against_the_reference() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("unknown knob 'arena'"), "{stderr}");
 }
+
+#[test]
+fn a_gpu_budget_on_the_cpu_is_an_error_not_ignored() {
+    let model = TinyModel::new("budget-cpu");
+    let path = model.path().to_str().expect("a UTF-8 temp path");
+    let out = bench(&[
+        "-m",
+        path,
+        "-p",
+        "0",
+        "-n",
+        "2",
+        "--device",
+        "cpu",
+        "--gpu-budget",
+        "1GiB",
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("a GPU budget (--gpu-budget 1GiB) applies to the GPU backend")
+            && stderr.contains("--device gpu"),
+        "{stderr}"
+    );
+    let out = bench(&[
+        "-m",
+        path,
+        "-n",
+        "2",
+        "--device",
+        "cpu",
+        "--gpu-budget",
+        "8 parsecs",
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("is not a valid GPU budget"), "{stderr}");
+}

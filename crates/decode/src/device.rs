@@ -104,7 +104,7 @@ pub trait WithBackend {
 }
 
 /// Settings that only one backend has.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct BackendSettings {
     /// CPU: quantized 16-bit activations (fast) or f32 (exact).
     pub cpu_precision: Precision,
@@ -112,6 +112,9 @@ pub struct BackendSettings {
     pub gpu_max_batch: usize,
     /// GPU: capture decode steps into graphs and replay them (`--no-graph` turns it off).
     pub gpu_graphs: bool,
+    /// GPU: a GPU budget's plan carried out (the allocator's limit, the weights kept in
+    /// pinned host memory); see [`crate::budget_run`].
+    pub gpu_offload: Option<crate::budget_run::GpuOffload>,
 }
 
 impl Default for BackendSettings {
@@ -120,6 +123,7 @@ impl Default for BackendSettings {
             cpu_precision: Precision::Fast,
             gpu_max_batch: DEFAULT_MAX_BATCH,
             gpu_graphs: true,
+            gpu_offload: None,
         }
     }
 }
@@ -136,14 +140,28 @@ impl BackendChoice {
     /// Builds the chosen backend and runs `work` on it.
     pub fn run<W: WithBackend>(&self, settings: BackendSettings, work: W) -> Result<W::Output> {
         Ok(match self {
+            BackendChoice::Cpu if settings.gpu_offload.is_some() => {
+                return Err(DecodeError::InvalidArgument(
+                    "a GPU budget applies to the GPU backend, but this run is on the CPU; use \
+                     --device gpu, or drop --gpu-budget and HIPDECODE_GPU_BUDGET"
+                        .into(),
+                ))
+            }
             BackendChoice::Cpu => work.run(CpuBackend::new(settings.cpu_precision)),
-            BackendChoice::Gpu(device) => work.run(GpuBackend::new(
-                *device,
-                settings.gpu_max_batch,
-                settings.gpu_graphs,
-            )?),
+            BackendChoice::Gpu(device) => work.run(gpu_backend(*device, &settings)?),
         })
     }
+}
+
+/// The GPU backend on `device` as `settings` ask, a GPU budget's plan included.
+pub fn gpu_backend(device: hip_ffi::Device, settings: &BackendSettings) -> Result<GpuBackend> {
+    let limit = settings.gpu_offload.as_ref().map(|o| o.memory_limit);
+    let mut backend =
+        GpuBackend::with_memory_limit(device, settings.gpu_max_batch, settings.gpu_graphs, limit)?;
+    if let Some(offload) = &settings.gpu_offload {
+        backend.set_host_placement((*offload.host).clone())?;
+    }
+    Ok(backend)
 }
 
 #[cfg(test)]

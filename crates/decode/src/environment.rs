@@ -24,6 +24,7 @@ pub fn known_vars() -> Vec<&'static str> {
         crate::backend::gpu::capture_stream::GRAPH_POOL_VAR,
         rocm_alloc::TRIM_WINDOW_ENV,
         offload::BUDGET_ENV,
+        crate::budget_run::HOST_BUDGET_ENV,
         hip_ffi::testing::REQUIRE_BLAS_VAR,
         "HIPDECODE_REQUIRE_RTC",
         "HIPDECODE_REQUIRE_MODELS",
@@ -80,6 +81,10 @@ pub fn check_vars(vars: &[(String, String)]) -> Result<Vec<String>> {
         .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
     offload::Budget::from_env_with(&|var| lookup(var))
         .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
+    if let Some(v) = lookup(crate::budget_run::HOST_BUDGET_ENV) {
+        offload::parse_size(crate::budget_run::HOST_BUDGET_ENV, &v)
+            .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
+    }
     let known = known_vars();
     Ok(vars
         .iter()
@@ -126,6 +131,7 @@ mod tests {
     fn the_budget_attention_and_matvec_depth_switches_are_known_and_checked() {
         let ok = check_vars(&vars(&[
             ("HIPDECODE_GPU_BUDGET", "8GiB"),
+            ("HIPDECODE_HOST_BUDGET", "32GiB"),
             ("HIPDECODE_GPU_ATTN_PREFILL", "per-query"),
             ("HIPDECODE_MATVEC_DEPTH", "4"),
             ("HIPDECODE_MATVEC_BLOCKS_PER_SM", "8"),
@@ -135,6 +141,7 @@ mod tests {
         assert!(ok.is_empty(), "{ok:?}");
         for (var, bad) in [
             ("HIPDECODE_GPU_BUDGET", "lots"),
+            ("HIPDECODE_HOST_BUDGET", "half"),
             ("HIPDECODE_GPU_ATTN_PREFILL", "flash"),
             ("HIPDECODE_MATVEC_DEPTH", "3"),
             ("HIPDECODE_MATVEC_BLOCKS_PER_SM", "lots"),

@@ -14,11 +14,13 @@
 //! describes the design, the tolerances against the reference and the measured speed.
 
 pub mod backend;
+pub mod budget_run;
 pub mod device;
 pub mod environment;
 pub mod error;
 pub mod fuzzing;
 pub mod generate;
+pub mod managed_probe;
 pub mod memory;
 pub mod model;
 pub mod quant;

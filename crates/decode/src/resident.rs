@@ -36,6 +36,11 @@ pub const GRAPH_AND_RUNTIME_BYTES: u64 = 8 << 20;
 /// allocates in one pass; the Gemma 3 270M run held 17 MiB of cache).
 pub const POOL_TAIL_BYTES: u64 = LARGE_SEGMENT + SMALL_SEGMENT;
 
+/// Whether the GPU backend can stream weights into device staging. It cannot yet
+/// (docs/offload.md, "Not built yet"), so plans for a run never choose it: every weight off
+/// the device is read in place from pinned host memory.
+pub const STREAMING_BUILT: bool = false;
+
 /// The settings that size the resident buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ResidentOptions {
@@ -119,6 +124,7 @@ impl Residency {
             budget,
             link,
             other_device_reads_per_token: self.kv_read_per_token,
+            allow_streamed: STREAMING_BUILT,
         }
     }
 }

@@ -147,7 +147,8 @@ fn hipdecode_plan_prints_the_plan_per_tag_and_placement() {
     let out = hipdecode()
         .args(["plan", "-m"])
         .arg(&model)
-        .args(["--gpu-budget", "67MiB", "--context", "256", "--tensors"])
+        // The estimate's 65.9 MiB plus the run's 32 MiB of headroom, plus a little.
+        .args(["--gpu-budget", "99MiB", "--context", "256", "--tensors"])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -160,7 +161,7 @@ fn hipdecode_plan_prints_the_plan_per_tag_and_placement() {
         assert!(stdout.contains(placement.name()), "{stdout}");
     }
     assert!(
-        stdout.contains("budget   67.0 MiB from --gpu-budget 67MiB"),
+        stdout.contains("budget   99.0 MiB from --gpu-budget 99MiB"),
         "{stdout}"
     );
     assert!(stdout.contains("tok/s"), "{stdout}");
@@ -173,7 +174,8 @@ fn hipdecode_plan_prints_the_plan_per_tag_and_placement() {
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .expect("a total line");
-    assert!(total <= 67.0, "{stdout}");
+    assert!(total <= 99.0, "{stdout}");
+    assert!(stdout.contains("streaming is not built"), "{stdout}");
     std::fs::remove_file(&model).ok();
 }
 

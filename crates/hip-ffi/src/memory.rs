@@ -290,6 +290,22 @@ impl Drop for DeviceBuffer {
     }
 }
 
+/// What a failed pinning of `bytes` most likely means and what to do, for the error message.
+/// Page-locking fails for two reasons in practice: the process's locked-memory limit
+/// (`ulimit -l`, which HIP's allocator and containers with a low `memlock` honour) or too
+/// little free host RAM to lock (pinned pages cannot be swapped, so the kernel refuses what it
+/// cannot back).
+pub fn pinning_failure_advice(bytes: usize) -> String {
+    format!(
+        "pinning {bytes} bytes ({:.1} MiB) of host memory failed; the likely cause is the \
+         locked-memory limit (check `ulimit -l`; in a container, its memlock limit) or too \
+         little free host RAM (check `free -m`); fix: raise the limit (`ulimit -l unlimited`, \
+         or the container's --ulimit memlock=-1), free host memory, or give the GPU a larger \
+         budget so that fewer weights stay in host memory",
+        bytes as f64 / (1024.0 * 1024.0)
+    )
+}
+
 /// Page-locked host memory mapped into the device (`hipHostMalloc` with `hipHostMallocMapped`):
 /// kernels read and write it through [`PinnedHostBuffer::device_ptr`]. Zeroed at allocation.
 #[derive(Debug)]
@@ -308,6 +324,25 @@ unsafe impl Sync for PinnedHostBuffer {}
 impl PinnedHostBuffer {
     /// Allocates `bytes` (> 0) of mapped, pinned host memory, zero-filled.
     pub fn alloc(device: &Device, bytes: usize) -> Result<PinnedHostBuffer> {
+        let buffer = Self::alloc_uninit(device, bytes)?;
+        // SAFETY: `host` points to `bytes` writable bytes just allocated.
+        unsafe { std::ptr::write_bytes(buffer.host, 0, bytes) };
+        Ok(buffer)
+    }
+
+    /// Allocates mapped, pinned host memory holding a copy of `src` (non-empty). The bytes are
+    /// written once, by the copy: a weight of many GiB is not zero-filled first.
+    pub fn from_bytes(device: &Device, src: &[u8]) -> Result<PinnedHostBuffer> {
+        let buffer = Self::alloc_uninit(device, src.len())?;
+        // SAFETY: `host` points to `src.len()` writable bytes just allocated, which no one
+        // else can see yet; `src` is a distinct borrowed slice of the same length.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), buffer.host, src.len()) };
+        Ok(buffer)
+    }
+
+    /// The allocation, contents undefined: callers initialise every byte before handing the
+    /// buffer out (the slice views rely on it).
+    fn alloc_uninit(device: &Device, bytes: usize) -> Result<PinnedHostBuffer> {
         if bytes == 0 {
             return Err(HipError::host(
                 "hipHostMalloc",
@@ -315,9 +350,10 @@ impl PinnedHostBuffer {
                 "zero-byte allocation requested",
             ));
         }
-        let (host, device_ptr) = device.api.host_alloc_mapped(device.ordinal, bytes)?;
-        // SAFETY: `host` points to `bytes` writable bytes just allocated.
-        unsafe { std::ptr::write_bytes(host, 0, bytes) };
+        let (host, device_ptr) = device
+            .api
+            .host_alloc_mapped(device.ordinal, bytes)
+            .map_err(|e| e.with_detail(pinning_failure_advice(bytes)))?;
         Ok(PinnedHostBuffer {
             device: *device,
             host,

@@ -316,6 +316,55 @@ fn kernel_reads_mapped_pinned_host_memory() {
 
 #[test]
 #[serial]
+fn pinned_copy_of_host_bytes_is_read_by_a_kernel_in_place() {
+    let Some(device) = gpu_or_skip("pinned_copy_of_host_bytes_is_read_by_a_kernel_in_place") else {
+        return;
+    };
+    let module = device
+        .compile_module(KERNELS, "kernels.cu", &[])
+        .expect("compile");
+    let kernel = module.function("double_from_host").expect("lookup");
+    let n: u32 = 5003;
+    let input = noise(n as usize, 17);
+    let bytes: Vec<u8> = input.iter().flat_map(|x| x.to_ne_bytes()).collect();
+    let pinned = PinnedHostBuffer::from_bytes(&device, &bytes).expect("pinned copy");
+    assert_eq!(pinned.len_bytes(), bytes.len());
+    assert_eq!(
+        pinned.as_slice::<i32>(),
+        &input[..],
+        "host view of the copy"
+    );
+    let out = DeviceBuffer::alloc(&device, n as usize * 4).expect("alloc");
+    let stream = Stream::new(&device).expect("stream");
+    let (src, dst) = (pinned.device_ptr(), out.ptr());
+    let mut launch = kernel.builder(&stream);
+    launch.arg(&src).arg(&dst).arg(&n);
+    // SAFETY: pointer/pointer/uint match the kernel; both buffers hold n ints and live past
+    // the synchronize.
+    unsafe { launch.launch(LaunchConfig::for_elements(n, 128)) }.expect("launch");
+    stream.synchronize().expect("sync");
+    let expected: Vec<i32> = input.iter().map(|x| 2 * x + 1).collect();
+    assert_eq!(out.to_host_vec::<i32>().expect("d2h"), expected);
+}
+
+#[test]
+#[serial]
+fn a_pinning_failure_names_the_size_the_cause_and_the_fix() {
+    let Some(device) = gpu_or_skip("a_pinning_failure_names_the_size_the_cause_and_the_fix") else {
+        return;
+    };
+    // 1 PiB: more than any host can lock, refused at once by the runtime.
+    let bytes = 1usize << 50;
+    let err = PinnedHostBuffer::alloc(&device, bytes).expect_err("1 PiB cannot be pinned");
+    let text = err.to_string();
+    assert!(text.contains(&format!("pinning {bytes} bytes")), "{text}");
+    assert!(text.contains("ulimit -l"), "{text}");
+    assert!(text.contains("free host RAM"), "{text}");
+    assert!(text.contains("larger budget"), "{text}");
+}
+
+#[test]
+#[serial]
 fn events_time_and_order_work() {
     let Some(device) = gpu_or_skip("events_time_and_order_work") else {
         return;

@@ -4,9 +4,10 @@
 //! This crate holds the first part: the budget ([`Budget`], `--gpu-budget` /
 //! `HIPDECODE_GPU_BUDGET`) and the planner ([`plan()`]), which reserves what must be resident,
 //! fills the rest with the weights that gain most from the device, and predicts the decode
-//! speed from a link model ([`LinkModel`]). The mechanisms the plan assumes (kernels reading
-//! mapped pinned host memory in place, streamed prefetch into device staging) are not built
-//! yet; docs/offload.md says what is and is not there.
+//! speed from a link model ([`LinkModel`]). The decode crate carries a plan out with kernels
+//! reading mapped pinned host memory in place (`decode::budget_run`); streamed prefetch into
+//! device staging is not built, so runs plan with [`PlanRequest::allow_streamed`] off.
+//! docs/offload.md says what is and is not there.
 
 pub mod budget;
 pub mod link;

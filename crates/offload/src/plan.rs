@@ -281,6 +281,10 @@ pub struct PlanRequest<'a> {
     /// Bytes every token reads on the device besides the weights (the KV cache at the run's
     /// average position). The same in every plan: it moves the prediction, not the placement.
     pub other_device_reads_per_token: u64,
+    /// Whether [`Placement::Streamed`] may be chosen. The runtime has no streaming mechanism
+    /// yet, so the plans it carries out are made with `false`: every weight off the device is
+    /// then read in place ([`Placement::HostZeroCopy`]).
+    pub allow_streamed: bool,
 }
 
 /// Why no plan was made. Each message says what to change.
@@ -766,6 +770,9 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<Plan, PlanError> {
         .filter(|(_, it)| it.streams_faster())
         .map(|(t, _)| t.bytes)
         .collect();
+    if !req.allow_streamed {
+        slots.clear();
+    }
     slots.push(0);
     slots.sort_unstable();
     slots.dedup();

@@ -71,6 +71,7 @@ fn plan_for(tensors: &[WeightTensor], budget: u64, link: LinkModel) -> Result<Pl
         budget,
         link,
         other_device_reads_per_token: MIB,
+        allow_streamed: true,
     })
 }
 
@@ -135,6 +136,7 @@ fn the_minimum_is_rounded_up_in_the_message() {
         budget: MIB,
         link: LinkModel::h200_default(),
         other_device_reads_per_token: 0,
+        allow_streamed: true,
     })
     .unwrap_err()
     .to_string();
@@ -328,6 +330,7 @@ fn contradictory_input_is_an_error_not_a_panic() {
         budget: u64::MAX,
         link: LinkModel::h200_default(),
         other_device_reads_per_token: 0,
+        allow_streamed: true,
     });
     assert!(matches!(e, Err(PlanError::Overflow { .. })), "{e:?}");
 }
@@ -424,6 +427,7 @@ proptest! {
                 budget,
                 link: link.clone(),
                 other_device_reads_per_token: kv_reads,
+                allow_streamed: true,
             })
             .unwrap();
             prop_assert!(p.total() <= budget, "plan takes {} of {budget}:\n{p}", p.total());
@@ -463,11 +467,52 @@ proptest! {
                 budget,
                 link: link.clone(),
                 other_device_reads_per_token: 0,
+                allow_streamed: true,
             })
             .unwrap();
             prop_assert!(p.total() <= budget);
             prop_assert!(p.time_per_token_fs() <= last);
             last = p.time_per_token_fs();
         }
+    }
+}
+
+#[test]
+fn without_streaming_no_weight_is_streamed_and_no_staging_is_reserved() {
+    // The case where streaming wins (see the test above): copies four times as fast as reads
+    // in place. A plan that may not stream reads the weights in place or keeps them resident.
+    let link = LinkModel::from_gbps(4000.0, 10.0, 40.0, "test");
+    let tensors: Vec<WeightTensor> = (0..4)
+        .map(|i| tensor(&format!("d{i}"), 8 * MIB, TensorKind::Dense))
+        .collect();
+    let minimum = needs().total().unwrap();
+    let streaming = plan_for(&tensors, minimum + 16 * MIB, link.clone()).unwrap();
+    assert_eq!(
+        placed(&streaming, Placement::Streamed, |_| true),
+        4,
+        "{streaming}"
+    );
+    for budget in [
+        minimum,
+        minimum + 16 * MIB,
+        minimum + 20 * MIB,
+        minimum + 40 * MIB,
+    ] {
+        let with = plan_for(&tensors, budget, link.clone()).unwrap();
+        let p = plan(&PlanRequest {
+            tensors: &tensors,
+            needs: needs(),
+            budget,
+            link: link.clone(),
+            other_device_reads_per_token: MIB,
+            allow_streamed: false,
+        })
+        .unwrap();
+        assert_eq!(placed(&p, Placement::Streamed, |_| true), 0, "{p}");
+        assert_eq!(p.staging_slot, 0);
+        assert_eq!(p.tag(PlanTag::OffloadStaging), 0);
+        assert!(p.total() <= budget);
+        // Never faster than the plan that may also stream.
+        assert!(p.time_per_token_fs() >= with.time_per_token_fs());
     }
 }

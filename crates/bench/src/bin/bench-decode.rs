@@ -74,6 +74,27 @@ fn main() -> Result<()> {
     let mut reports = Vec::new();
     for path in &args.models {
         let file = decode::open_model(path)?;
+        // The plan is made for the run's own context and batch, as `run_model` loads it.
+        let context = plan.n_prompt + plan.n_gen + 1;
+        let options = decode::resident::ResidentOptions {
+            max_batch: plan.n_prompt.clamp(1, plan.max_batch.max(1)),
+            step_block_batch: settings.gpu_max_batch,
+            ..decode::resident::ResidentOptions::from_env(context)?
+        };
+        let budget_run = decode::budget_run::for_choice(
+            &choice.backend,
+            &file,
+            args.gpu_budget.as_deref(),
+            args.host_budget.as_deref(),
+            options,
+        )?;
+        if let Some(b) = &budget_run {
+            eprint!("{}: {}", path.display(), b.summary());
+        }
+        let settings = BackendSettings {
+            gpu_offload: budget_run.map(|b| b.offload),
+            ..settings.clone()
+        };
         let work = Bench {
             path,
             file: &file,

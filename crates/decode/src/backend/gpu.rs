@@ -16,7 +16,10 @@
 //! module code), from `mem_get_info` before load and now.
 
 pub mod capture_stream;
+mod host_weights;
 mod moe_prefill;
+
+pub use host_weights::{HostPlacement, WeightMemory};
 
 use super::profile::{self, OpProfile};
 use super::vendor_gemm::{PrefillPath, VendorGemm, VENDOR_GEMM_MIN_ROWS};
@@ -334,13 +337,13 @@ impl AttnPrefill {
 pub enum GpuWeight {
     /// `[mats][rows][cols]` raw GGUF blocks.
     Matrix {
-        mem: Allocation,
+        mem: WeightMemory,
         format: GgmlType,
         dims: [usize; 3],
         name: String,
     },
     /// Norm weights, biases, frequency factors: f32.
-    Vector { mem: Allocation, len: usize },
+    Vector { mem: WeightMemory, len: usize },
 }
 
 impl GpuWeight {
@@ -469,6 +472,8 @@ pub struct GpuBackend {
     graph_pool: GraphPool,
     /// The capture stream and pool, and the books of what graphs took.
     capture: capture_stream::CaptureState,
+    /// Weights placed in pinned host memory (none unless a placement was set).
+    host_weights: host_weights::HostWeights,
 }
 
 fn gpu_err(what: &str, e: impl std::fmt::Display) -> DecodeError {
@@ -479,12 +484,27 @@ impl GpuBackend {
     /// Opens `device`, creates the allocator (limits from the environment, as documented in
     /// docs/memory.md), compiles or loads the kernels, and reserves the step block.
     pub fn new(device: Device, max_batch: usize, use_graphs: bool) -> Result<GpuBackend> {
+        Self::with_memory_limit(device, max_batch, use_graphs, None)
+    }
+
+    /// [`GpuBackend::new`] with the allocator's memory limit set to `memory_limit` bytes
+    /// instead of from `HIPDECODE_MEMORY_LIMIT` or the default (a GPU budget's run).
+    pub fn with_memory_limit(
+        device: Device,
+        max_batch: usize,
+        use_graphs: bool,
+        memory_limit: Option<u64>,
+    ) -> Result<GpuBackend> {
         let mem_before = device
             .mem_get_info()
             .map_err(|e| gpu_err("reading device memory", e))?;
         let hip = Arc::new(HipDevice::new(device));
+        let config = AllocatorConfig {
+            memory_limit: memory_limit.map(rocm_alloc::limits::LimitSpec::Bytes),
+            ..AllocatorConfig::default()
+        };
         let alloc = Arc::new(
-            Allocator::new(hip.clone(), AllocatorConfig::default())
+            Allocator::new(hip.clone(), config)
                 .map_err(|e| gpu_err("creating the allocator", e))?,
         );
         let (stream_id, stream) = hip
@@ -550,12 +570,24 @@ impl GpuBackend {
             graphs: HashMap::new(),
             graph_pool,
             capture,
+            host_weights: Default::default(),
         };
         // No stale ints a kernel could read before the first step.
         let mut ints = backend.step_ints_mut(StepBlock::ints_len(max_batch));
         elementwise_zero_i32(&mut backend, &mut ints)?;
         backend.note_runtime_at_start()?;
         Ok(backend)
+    }
+
+    /// Keeps the named weights in mapped pinned host memory, read by the kernels in place
+    /// (the offload plan's zero-copy placement). Call before the model is loaded.
+    pub fn set_host_placement(&mut self, placement: HostPlacement) -> Result<()> {
+        self.host_weights.set_placement(placement)
+    }
+
+    /// Bytes of weights pinned in host memory.
+    pub fn pinned_weight_bytes(&self) -> u64 {
+        self.host_weights.pinned_bytes()
     }
 
     /// Switches how matrix-vector products read activations (tests run both paths; users set
@@ -890,6 +922,7 @@ impl GpuBackend {
             fmt_bytes(self.mem_before.free),
             fmt_bytes(outside_allocator),
         ));
+        out.push_str(&self.host_weights.report_line());
         Ok(out)
     }
 
@@ -965,12 +998,23 @@ impl Backend for GpuBackend {
         if rows == 1 && mats == 1 {
             let mut v = vec![0.0f32; cols];
             crate::quant::row_to_f32(src.format, src.bytes, &mut v);
+            let bytes = host_weights::f32_bytes(&v);
+            if let Some(mem) = self.host_weights.place(self.hip.device(), src, &bytes)? {
+                return Ok(GpuWeight::Vector { mem, len: cols });
+            }
             let mem = self.device_alloc(Tag::Weights, cols * 4, src.name)?;
             self.upload(mem.ptr(), &v)?;
+            let mem = WeightMemory::Device(mem);
             return Ok(GpuWeight::Vector { mem, len: cols });
         }
-        let mem = self.device_alloc(Tag::Weights, src.bytes.len(), src.name)?;
-        self.upload(mem.ptr(), src.bytes)?;
+        let mem = match self.host_weights.place(self.hip.device(), src, src.bytes)? {
+            Some(pinned) => pinned,
+            None => {
+                let mem = self.device_alloc(Tag::Weights, src.bytes.len(), src.name)?;
+                self.upload(mem.ptr(), src.bytes)?;
+                WeightMemory::Device(mem)
+            }
+        };
         // One expert of a stacked MoE tensor is the unit the vendor GEMM multiplies.
         let (values, widest) = self.largest_matrix;
         self.largest_matrix = (values.max(rows * cols), widest.max(cols));

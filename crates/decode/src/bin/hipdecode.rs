@@ -38,6 +38,16 @@ enum Command {
     /// device and which are read from host memory, and the predicted decode speed. Needs no
     /// GPU.
     Plan(PlanArgs),
+    /// Measure whether managed memory migrates to the device here (a read kernel over managed
+    /// memory written on the host, twice, against device memory); refuses it otherwise.
+    ProbeManaged(ProbeArgs),
+}
+
+#[derive(clap::Args)]
+struct ProbeArgs {
+    /// Bytes each pass reads (a multiple of 4, at least 4KiB).
+    #[arg(long, default_value = "256MiB")]
+    bytes: String,
 }
 
 #[derive(clap::Args)]
@@ -72,6 +82,9 @@ struct PlanArgs {
     /// List the resident buffers behind the per-tag needs.
     #[arg(long)]
     buffers: bool,
+    /// Also run the managed-memory probe on the GPU (as `hipdecode probe-managed`).
+    #[arg(long)]
+    probe: bool,
 }
 
 #[derive(clap::Args)]
@@ -138,6 +151,16 @@ struct RunArgs {
     /// Print timing and memory as one JSON line on stderr at the end.
     #[arg(long)]
     json_stats: bool,
+    /// GPU: cap everything the run takes on the device (bytes, "6.5GiB", "75%"): the offload
+    /// planner keeps what fits on the device and reads the other weights in place from
+    /// pinned host memory; the allocator's limit enforces the cap. Default:
+    /// HIPDECODE_GPU_BUDGET; unset, no budget.
+    #[arg(long)]
+    gpu_budget: Option<String>,
+    /// The most pinned host memory the offloaded weights may take (bytes or "32GiB").
+    /// Default: HIPDECODE_HOST_BUDGET, else 90% of the host's available memory.
+    #[arg(long)]
+    host_budget: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -165,6 +188,7 @@ fn main() -> ExitCode {
         Command::Inspect(args) => inspect(args),
         Command::Profile(args) => profile(args),
         Command::Plan(args) => plan(args),
+        Command::ProbeManaged(args) => probe_managed(&args.bytes),
     }) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -218,6 +242,16 @@ fn run(args: RunArgs) -> Result<()> {
     sampler.validate()?;
     let file = decode::open_model(&args.model)?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
+    let budget_run = decode::budget_run::for_choice(
+        &choice.backend,
+        &file,
+        args.gpu_budget.as_deref(),
+        args.host_budget.as_deref(),
+        decode::resident::ResidentOptions::from_env(args.ctx)?,
+    )?;
+    if let Some(b) = &budget_run {
+        eprint!("{}", b.summary());
+    }
     let settings = BackendSettings {
         cpu_precision: if args.exact {
             Precision::Exact
@@ -225,6 +259,7 @@ fn run(args: RunArgs) -> Result<()> {
             Precision::Fast
         },
         gpu_graphs: !args.no_graph,
+        gpu_offload: budget_run.map(|b| b.offload),
         ..BackendSettings::default()
     };
     choice.backend.run(
@@ -460,7 +495,7 @@ fn plan(args: PlanArgs) -> Result<()> {
     } else {
         defaults
     };
-    let plan = offload::plan(&residency.plan_request(bytes, link))?;
+    let plan = offload::plan(&decode::budget_run::plan_request(&residency, bytes, link))?;
     let s = &residency.spec;
     let weights: u64 = residency.tensors.iter().map(|t| t.bytes).sum();
     println!(
@@ -512,6 +547,26 @@ fn plan(args: PlanArgs) -> Result<()> {
     if args.tensors {
         print!("{}", plan.tensor_listing());
     }
+    if !decode::resident::STREAMING_BUILT {
+        println!(
+            "streaming is not built: the planner chooses no streamed placement, and weights \
+             off the device are read in place from pinned host memory"
+        );
+    }
+    if args.probe {
+        probe_managed(&format!("{}", decode::managed_probe::PROBE_BYTES))?;
+    }
+    Ok(())
+}
+
+/// `hipdecode probe-managed`, and `plan --probe`: prints the probe's rates and verdict. A
+/// refusal is a verdict, not a failure: the exit status is 0 when the probe ran.
+fn probe_managed(bytes: &str) -> Result<()> {
+    let bytes = offload::parse_size("--bytes", bytes)?;
+    let bytes = usize::try_from(bytes).context("--bytes does not fit this machine's words")?;
+    let gpu = device::probe_gpu()
+        .map_err(|reason| anyhow::anyhow!("the managed-memory probe needs a GPU: {reason}"))?;
+    print!("{}", decode::managed_probe::probe(&gpu, bytes)?);
     Ok(())
 }
 

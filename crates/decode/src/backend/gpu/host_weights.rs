@@ -1,0 +1,193 @@
+//! Weights the kernels read in place from host memory: the offload plan's zero-copy
+//! placement.
+//!
+//! A weight named in the [`HostPlacement`] is copied into mapped pinned host memory
+//! ([`PinnedHostBuffer`]) at load instead of into a device allocation, and the kernels get the
+//! buffer's device address. Nothing else changes: every kernel takes a device address, and a
+//! mapped pinned page is one, so the decode kernels, the MoE kernels (which index the stacked
+//! expert tensor by expert id and so read only the selected experts' rows) and the vendor
+//! GEMM's dequantization kernel all read these weights over the host link as they are.
+//!
+//! Pinned bytes cannot be swapped, so they are bounded like device memory: the placement
+//! carries a host budget, a load that would exceed it is refused before pinning, and the
+//! device report prints what is pinned.
+
+use super::super::WeightSource;
+use crate::error::{DecodeError, Result};
+use hip_ffi::{Device, PinnedHostBuffer};
+use rocm_alloc::{fmt_bytes, Allocation};
+use std::collections::HashSet;
+
+/// Which weights stay in host memory, and how much host memory they may pin.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostPlacement {
+    /// Tensor names, as the model file spells them.
+    pub names: HashSet<String>,
+    /// The most bytes of weights that may be pinned.
+    pub host_budget: u64,
+}
+
+/// Where a loaded weight's bytes are.
+pub enum WeightMemory {
+    /// A device allocation of the backend's allocator (tag `weights`).
+    Device(Allocation),
+    /// Mapped pinned host memory, read by the kernels over the host link. Dropping it frees
+    /// with `hipHostFree` / `cuMemFreeHost`, which wait for the device's queued work, so a
+    /// kernel still reading the weight finishes first (as `hipFree` does for device memory).
+    Host(PinnedHostBuffer),
+}
+
+impl WeightMemory {
+    /// The address kernels read.
+    pub fn ptr(&self) -> u64 {
+        match self {
+            WeightMemory::Device(a) => a.ptr(),
+            WeightMemory::Host(p) => p.device_ptr().0,
+        }
+    }
+
+    /// Bytes held (the allocator's rounded size on the device, the exact size on the host).
+    pub fn size(&self) -> u64 {
+        match self {
+            WeightMemory::Device(a) => a.size(),
+            WeightMemory::Host(p) => p.len_bytes() as u64,
+        }
+    }
+}
+
+/// The backend's books of pinned weights.
+#[derive(Default)]
+pub(crate) struct HostWeights {
+    placement: HostPlacement,
+    pinned: u64,
+    tensors: usize,
+}
+
+impl HostWeights {
+    /// Replaces the placement (before any weight is loaded).
+    pub(crate) fn set_placement(&mut self, placement: HostPlacement) -> Result<()> {
+        if self.tensors > 0 {
+            return Err(DecodeError::InvalidArgument(
+                "a host placement must be set before the model's weights are loaded".into(),
+            ));
+        }
+        self.placement = placement;
+        Ok(())
+    }
+
+    /// `Some` with `bytes` pinned when the placement keeps `src` on the host, `None` when it
+    /// goes to the device. `bytes` is what the backend stores: the file's blocks for a
+    /// matrix, f32 values for a vector.
+    pub(crate) fn place(
+        &mut self,
+        device: &Device,
+        src: &WeightSource<'_>,
+        bytes: &[u8],
+    ) -> Result<Option<WeightMemory>> {
+        if !self.admit(src.name, bytes.len() as u64)? {
+            return Ok(None);
+        }
+        let pinned =
+            PinnedHostBuffer::from_bytes(device, bytes).map_err(|e| DecodeError::Allocation {
+                what: format!("pinned host memory for weight '{}'", src.name),
+                reason: e.to_string(),
+            })?;
+        self.pinned += bytes.len() as u64;
+        self.tensors += 1;
+        Ok(Some(WeightMemory::Host(pinned)))
+    }
+
+    /// Whether weight `name` of `len` bytes goes to the host: `false` when the placement keeps
+    /// it on the device, an error when pinning it would pass the host budget (checked before
+    /// anything is pinned).
+    fn admit(&self, name: &str, len: u64) -> Result<bool> {
+        if !self.placement.names.contains(name) {
+            return Ok(false);
+        }
+        let after = self.pinned.saturating_add(len);
+        if after > self.placement.host_budget {
+            return Err(DecodeError::Allocation {
+                what: format!("pinned host memory for weight '{name}'"),
+                reason: format!(
+                    "{} more would bring the pinned weights to {}, above the host budget of {}; \
+                     raise the host budget (--host-budget or HIPDECODE_HOST_BUDGET), or raise \
+                     the GPU budget so that fewer weights stay in host memory",
+                    fmt_bytes(len),
+                    fmt_bytes(after),
+                    fmt_bytes(self.placement.host_budget)
+                ),
+            });
+        }
+        Ok(true)
+    }
+
+    /// Bytes pinned for weights so far.
+    pub(crate) fn pinned_bytes(&self) -> u64 {
+        self.pinned
+    }
+
+    /// The device report's line, or nothing when no weight is on the host.
+    pub(crate) fn report_line(&self) -> String {
+        if self.tensors == 0 {
+            return String::new();
+        }
+        format!(
+            "pinned host: weights {} in {} tensors read in place (host budget {})\n",
+            fmt_bytes(self.pinned),
+            self.tensors,
+            fmt_bytes(self.placement.host_budget)
+        )
+    }
+}
+
+/// A vector weight's f32 values as the bytes the device reads.
+pub(crate) fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_ne_bytes()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn books(names: &[&str], host_budget: u64) -> HostWeights {
+        let mut b = HostWeights::default();
+        b.set_placement(HostPlacement {
+            names: names.iter().map(|n| n.to_string()).collect(),
+            host_budget,
+        })
+        .unwrap();
+        b
+    }
+
+    #[test]
+    fn only_named_weights_go_to_the_host_and_the_host_budget_holds() {
+        let mut b = books(&["a", "b"], 100);
+        assert!(!b.admit("c", 10).unwrap(), "not named: the device");
+        assert!(b.admit("a", 100).unwrap(), "exactly the budget fits");
+        b.pinned = 60;
+        assert!(b.admit("b", 40).unwrap());
+        let err = b.admit("b", 41).expect_err("one byte over").to_string();
+        assert!(err.contains("weight 'b'"), "{err}");
+        assert!(err.contains("above the host budget"), "{err}");
+        assert!(err.contains("--host-budget"), "{err}");
+        assert!(b.report_line().is_empty(), "nothing pinned yet: no line");
+        b.tensors = 1;
+        assert!(b
+            .report_line()
+            .starts_with("pinned host: weights 60 B in 1 tensors"));
+    }
+
+    #[test]
+    fn the_placement_cannot_change_after_weights_are_loaded() {
+        let mut b = books(&["a"], 100);
+        b.tensors = 1;
+        let err = b
+            .set_placement(HostPlacement::default())
+            .expect_err("after a load")
+            .to_string();
+        assert!(
+            err.contains("before the model's weights are loaded"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,285 @@
+//! A run under a GPU budget: the offload plan made for it, the allocator limit that enforces
+//! it, and the weights it keeps in pinned host memory.
+//!
+//! The budget caps everything the run takes on the device. The plan (`offload::plan`) splits
+//! it into what must be resident and the weights that fit beside it. The run then behaves
+//! like one on a card of that size: the allocator's memory limit is set to the budget less the
+//! graph and runtime memory that the allocator does not see, so a load or step that would
+//! overrun the budget fails there. The weights the plan leaves off the device are read in
+//! place from mapped pinned host memory. Streaming is not built, so the plan is made without
+//! it ([`crate::resident::STREAMING_BUILT`]).
+
+use crate::backend::gpu::HostPlacement;
+use crate::error::{DecodeError, Result};
+use crate::resident::{self, ResidentOptions};
+use gguf_loader::GgufFile;
+use offload::{mib, Budget, LinkModel, Placement, Plan, PlanTag};
+use std::sync::Arc;
+
+/// Caps the pinned host memory of offloaded weights (same forms as a budget, no percentage).
+pub const HOST_BUDGET_ENV: &str = "HIPDECODE_HOST_BUDGET";
+
+/// Share of the host's available memory that offloaded weights may pin when no host budget is
+/// given. Pinned pages cannot be swapped or reclaimed, so pinning all of it would leave the
+/// rest of the system (and this process's own file cache for the model) nothing.
+pub const HOST_AVAILABLE_SHARE: f64 = 0.9;
+
+/// Budget kept unplanned, counted under `allocator_slack`: the resident estimate
+/// ([`crate::resident`]) mirrors the backend's allocations but has not been checked against a
+/// GPU load, and a plan fills its budget to the byte, so an estimate a few MiB low would fail
+/// the load at the allocator's limit. The sweep reports each run's measured peak beside its
+/// budget, which shows how much of this was needed.
+pub const ESTIMATE_HEADROOM: u64 = 32 << 20;
+
+/// What the GPU backend needs to carry out a budget's plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuOffload {
+    /// The allocator's memory limit in bytes.
+    pub memory_limit: u64,
+    /// The weights read in place from pinned host memory, and the host budget.
+    pub host: Arc<HostPlacement>,
+}
+
+/// A budget's plan and how the run carries it out.
+#[derive(Clone, Debug)]
+pub struct BudgetRun {
+    /// The budget in bytes.
+    pub budget: u64,
+    /// Where the budget came from, for the report.
+    pub budget_source: String,
+    /// The planner's placement of every weight.
+    pub plan: Plan,
+    /// What the backend is given.
+    pub offload: GpuOffload,
+    /// Where the host budget came from, for the report.
+    pub host_budget_source: String,
+}
+
+/// Everything [`prepare`] needs besides the model.
+#[derive(Clone, Debug)]
+pub struct BudgetRequest {
+    /// The budget as given.
+    pub budget: Budget,
+    /// `--gpu-budget X` or the variable's name.
+    pub budget_source: String,
+    /// The host budget as given (`--host-budget`), else [`HOST_BUDGET_ENV`] is read.
+    pub host_budget: Option<String>,
+    /// The device's total memory (a percentage budget is a share of it).
+    pub device_total: u64,
+    /// The run's context and batch, which size what must be resident.
+    pub options: ResidentOptions,
+}
+
+/// The planner's request for a run of `residency` under `budget`: the estimate's needs plus
+/// [`ESTIMATE_HEADROOM`]. `hipdecode plan` uses it too, so it shows the plan a run carries out.
+pub fn plan_request(
+    residency: &resident::Residency,
+    budget: u64,
+    link: LinkModel,
+) -> offload::PlanRequest<'_> {
+    let mut request = residency.plan_request(budget, link);
+    request.needs.allocator_slack = request
+        .needs
+        .allocator_slack
+        .saturating_add(ESTIMATE_HEADROOM);
+    request
+}
+
+/// The budget from `flag` (named `--gpu-budget`), else from `HIPDECODE_GPU_BUDGET`, with its
+/// source; `None` when neither is set.
+pub fn budget_from(flag: Option<&str>) -> Result<Option<(Budget, String)>> {
+    let invalid = |e: offload::BudgetError| DecodeError::InvalidArgument(e.to_string());
+    Ok(match flag {
+        Some(text) => Some((
+            Budget::parse("--gpu-budget", text).map_err(invalid)?,
+            format!("--gpu-budget {text}"),
+        )),
+        None => Budget::from_env()
+            .map_err(invalid)?
+            .map(|b| (b, offload::BUDGET_ENV.to_string())),
+    })
+}
+
+/// The budget run for `choice`, when a budget is given (`gpu_budget`, else
+/// `HIPDECODE_GPU_BUDGET`): `None` without one, an error naming the fix on the CPU backend.
+pub fn for_choice(
+    choice: &crate::device::BackendChoice,
+    file: &GgufFile,
+    gpu_budget: Option<&str>,
+    host_budget: Option<&str>,
+    options: ResidentOptions,
+) -> Result<Option<BudgetRun>> {
+    let Some((budget, budget_source)) = budget_from(gpu_budget)? else {
+        if host_budget.is_some() {
+            return Err(DecodeError::InvalidArgument(
+                "--host-budget bounds the weights a GPU budget leaves in host memory; give \
+                 --gpu-budget too, or drop --host-budget"
+                    .into(),
+            ));
+        }
+        return Ok(None);
+    };
+    let crate::device::BackendChoice::Gpu(device) = choice else {
+        return Err(DecodeError::InvalidArgument(format!(
+            "a GPU budget ({budget_source}) applies to the GPU backend, but this run is on the \
+             CPU; use --device gpu, or drop the budget"
+        )));
+    };
+    let device_total = device
+        .mem_get_info()
+        .map_err(|e| DecodeError::Gpu(format!("reading device memory: {e}")))?
+        .total;
+    prepare(
+        file,
+        &BudgetRequest {
+            budget,
+            budget_source,
+            host_budget: host_budget.map(str::to_string),
+            device_total,
+            options,
+        },
+    )
+    .map(Some)
+}
+
+/// Plans `file` under the request's budget and works out how the run carries the plan out.
+/// A budget below what must be resident is the planner's refusal, naming the minimum.
+pub fn prepare(file: &GgufFile, req: &BudgetRequest) -> Result<BudgetRun> {
+    let invalid = |e: &dyn std::fmt::Display| DecodeError::InvalidArgument(e.to_string());
+    if std::env::var_os(rocm_alloc::limits::MEMORY_LIMIT_ENV).is_some() {
+        return Err(DecodeError::InvalidArgument(format!(
+            "{} and a GPU budget are both set; the budget sets the allocator's memory limit \
+             itself, so unset {} or drop the budget",
+            rocm_alloc::limits::MEMORY_LIMIT_ENV,
+            rocm_alloc::limits::MEMORY_LIMIT_ENV
+        )));
+    }
+    let budget = req
+        .budget
+        .resolve(Some(req.device_total))
+        .map_err(|e| invalid(&e))?;
+    let residency = resident::estimate(file, &req.options)?;
+    let plan = offload::plan(&plan_request(&residency, budget, LinkModel::h200_default()))
+        .map_err(|e| invalid(&e))?;
+    let mut names = std::collections::HashSet::new();
+    for t in &plan.tensors {
+        match t.placement {
+            Placement::Device => {}
+            Placement::HostZeroCopy => {
+                names.insert(t.tensor.name.clone());
+            }
+            // Not asked for (`STREAMING_BUILT` is false); refused rather than run some
+            // other way than the plan says.
+            Placement::Streamed => {
+                return Err(DecodeError::InvalidArgument(format!(
+                    "the plan streams '{}', but streaming is not built",
+                    t.tensor.name
+                )))
+            }
+        }
+    }
+    let (host_budget, host_budget_source) = host_budget(req.host_budget.as_deref())?;
+    if plan.host_bytes() > host_budget {
+        return Err(DecodeError::InvalidArgument(format!(
+            "the plan keeps {} MiB of weights in pinned host memory, above the host budget of \
+             {} MiB ({host_budget_source}); raise the host budget (--host-budget or {}) or the \
+             GPU budget",
+            mib(plan.host_bytes()),
+            mib(host_budget),
+            HOST_BUDGET_ENV
+        )));
+    }
+    // Graphs, modules and the runtime's buffers take device memory the allocator never sees;
+    // the plan counts them under `graph`, so the allocator gets the rest.
+    let memory_limit = budget.saturating_sub(plan.tag(PlanTag::Graph));
+    Ok(BudgetRun {
+        budget,
+        budget_source: req.budget_source.clone(),
+        offload: GpuOffload {
+            memory_limit,
+            host: Arc::new(HostPlacement { names, host_budget }),
+        },
+        plan,
+        host_budget_source,
+    })
+}
+
+/// The host budget in bytes and where it came from: the flag, the variable, or a share of the
+/// host's available memory.
+fn host_budget(flag: Option<&str>) -> Result<(u64, String)> {
+    let invalid = |e: offload::BudgetError| DecodeError::InvalidArgument(e.to_string());
+    if let Some(text) = flag {
+        let bytes = offload::parse_size("--host-budget", text).map_err(invalid)?;
+        return Ok((bytes, format!("--host-budget {text}")));
+    }
+    if let Ok(text) = std::env::var(HOST_BUDGET_ENV) {
+        let bytes = offload::parse_size(HOST_BUDGET_ENV, &text).map_err(invalid)?;
+        return Ok((bytes, HOST_BUDGET_ENV.to_string()));
+    }
+    let available = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| mem_available(&m))
+        .ok_or_else(|| {
+            DecodeError::InvalidArgument(format!(
+                "the host's available memory could not be read from /proc/meminfo; give the \
+                 pinned host memory a bound with --host-budget or {HOST_BUDGET_ENV}"
+            ))
+        })?;
+    let bytes = (available as f64 * HOST_AVAILABLE_SHARE) as u64;
+    Ok((
+        bytes,
+        format!(
+            "{:.0}% of the {} MiB available on the host",
+            HOST_AVAILABLE_SHARE * 100.0,
+            mib(available)
+        ),
+    ))
+}
+
+/// `MemAvailable` of a `/proc/meminfo` text, in bytes.
+fn mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let mut parts = line.split_whitespace().skip(1);
+    let kib: u64 = parts.next()?.parse().ok()?;
+    (parts.next() == Some("kB")).then_some(kib * 1024)
+}
+
+impl BudgetRun {
+    /// The report printed before the run: the plan per tag and placement, how it is enforced,
+    /// and what is not built.
+    pub fn summary(&self) -> String {
+        let [_, zero_copy, streamed] = self.plan.by_placement();
+        format!(
+            "gpu budget {} MiB from {}\n{}\nenforced: the allocator's memory limit is {} MiB \
+             (the budget less {} MiB of graph and runtime memory outside the allocator); \
+             allocator_slack includes {} MiB of headroom for estimate error\n\
+             host: {} weight tensors ({} MiB) read in place from mapped pinned host memory; \
+             host budget {} MiB ({})\n\
+             streaming is not built: {} tensors streamed (the planner was asked not to choose it)\n",
+            mib(self.budget),
+            self.budget_source,
+            self.plan,
+            mib(self.offload.memory_limit),
+            mib(self.plan.tag(PlanTag::Graph)),
+            mib(ESTIMATE_HEADROOM),
+            zero_copy.tensors,
+            mib(zero_copy.bytes),
+            mib(self.offload.host.host_budget),
+            self.host_budget_source,
+            streamed.tensors,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_available_reads_the_kib_line() {
+        let text = "MemTotal:  1000 kB\nMemFree: 10 kB\nMemAvailable:    2048 kB\n";
+        assert_eq!(mem_available(text), Some(2048 * 1024));
+        assert_eq!(mem_available("MemTotal: 1 kB\n"), None);
+        assert_eq!(mem_available("MemAvailable: lots\n"), None);
+    }
+}

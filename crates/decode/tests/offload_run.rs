@@ -1,0 +1,283 @@
+//! Runs under a GPU budget (`decode::budget_run`): the plan is carried out and changes nothing
+//! but where the weights are read from.
+//!
+//! - Without a GPU: an impossible budget is the planner's refusal naming the minimum, a host
+//!   budget below the plan's pinned bytes is refused, and a budget on the CPU backend is an
+//!   error, not ignored.
+//! - On a GPU: with a budget that leaves most weights in pinned host memory, greedy tokens are
+//!   identical to the fully resident run's (the same kernels read the same bytes, over the host
+//!   link instead of from device memory), on the tiny dense and MoE models and on real Gemma 3
+//!   270M; the pinned bytes are the plan's, and the device holds only the plan's weights.
+
+mod common;
+
+use common::*;
+use decode::backend::Backend;
+use decode::budget_run::{self, BudgetRequest, BudgetRun};
+use decode::device::{gpu_backend, BackendChoice, BackendSettings};
+use decode::gguf_loader::synth::Preset;
+use decode::gguf_loader::GgufFile;
+use decode::model::{Model, ModelOptions};
+use decode::resident::{self, ResidentOptions};
+use decode::sampler::SamplerConfig;
+use offload::{Budget, Placement};
+use std::sync::Arc;
+
+const CONTEXT: usize = 256;
+
+/// One GPU test at a time (see gpu_backend.rs: a test that ends unloads its modules, which
+/// must not meet another thread's capture).
+static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn options() -> ResidentOptions {
+    ResidentOptions::from_env(CONTEXT).expect("the environment's GPU settings are valid")
+}
+
+fn request(budget: u64, host_budget: Option<&str>) -> BudgetRequest {
+    BudgetRequest {
+        budget: Budget::Bytes(budget),
+        budget_source: "test".into(),
+        host_budget: host_budget.map(str::to_string),
+        device_total: 1 << 40,
+        options: options(),
+    }
+}
+
+/// The minimum budget of a budget run (the estimate plus the headroom) and the weights'
+/// bytes of `file`.
+fn minimum_and_weights(file: &GgufFile) -> (u64, u64) {
+    let r = resident::estimate(file, &options()).expect("estimate");
+    let estimate = offload::minimum_budget(&r.needs).expect("minimum");
+    let run = budget_run::prepare(file, &request(1 << 40, Some("1GiB"))).expect("plan");
+    assert_eq!(run.plan.minimum, estimate + budget_run::ESTIMATE_HEADROOM);
+    (run.plan.minimum, r.tensors.iter().map(|t| t.bytes).sum())
+}
+
+#[test]
+fn an_impossible_budget_is_refused_with_the_minimum() {
+    let file = preset_file(Preset::TinyQwen3Moe);
+    let (minimum, _) = minimum_and_weights(&file);
+    let err = budget_run::prepare(&file, &request(minimum - 1, Some("1GiB")))
+        .expect_err("below the minimum")
+        .to_string();
+    assert!(err.contains("below the minimum"), "{err}");
+    assert!(err.contains("raise the budget"), "{err}");
+    // At the minimum itself, every weight is read from the host.
+    let run = budget_run::prepare(&file, &request(minimum, Some("1GiB"))).expect("plan");
+    assert!(run
+        .plan
+        .tensors
+        .iter()
+        .all(|t| t.placement == Placement::HostZeroCopy));
+    assert_eq!(run.offload.host.names.len(), run.plan.tensors.len());
+}
+
+#[test]
+fn a_host_budget_below_the_pinned_weights_is_refused() {
+    let file = preset_file(Preset::TinyLlama);
+    let (minimum, _) = minimum_and_weights(&file);
+    let err = budget_run::prepare(&file, &request(minimum, Some("4096")))
+        .expect_err("a 4 KiB host budget holds no model")
+        .to_string();
+    assert!(err.contains("above the host budget"), "{err}");
+    assert!(err.contains("--host-budget"), "{err}");
+    let err = budget_run::prepare(&file, &request(minimum, Some("lots")))
+        .expect_err("not a size")
+        .to_string();
+    assert!(err.contains("--host-budget"), "{err}");
+}
+
+#[test]
+fn the_allocator_limit_is_the_budget_less_graph_memory_and_nothing_streams() {
+    let file = preset_file(Preset::TinyQwen3Moe);
+    let (minimum, weights) = minimum_and_weights(&file);
+    let budget = minimum + weights / 2;
+    let run = budget_run::prepare(&file, &request(budget, Some("1GiB"))).expect("plan");
+    assert_eq!(
+        run.offload.memory_limit,
+        budget - run.plan.tag(offload::PlanTag::Graph)
+    );
+    assert!(run
+        .plan
+        .tensors
+        .iter()
+        .all(|t| t.placement != Placement::Streamed));
+    let host: Vec<&str> = run
+        .plan
+        .tensors
+        .iter()
+        .filter(|t| t.placement == Placement::HostZeroCopy)
+        .map(|t| t.tensor.name.as_str())
+        .collect();
+    assert!(!host.is_empty());
+    assert_eq!(run.offload.host.names.len(), host.len());
+    assert!(host.iter().all(|n| run.offload.host.names.contains(*n)));
+    let summary = run.summary();
+    assert!(summary.contains("streaming is not built"), "{summary}");
+    assert!(summary.contains("memory limit"), "{summary}");
+}
+
+#[test]
+fn a_budget_on_the_cpu_backend_is_an_error_not_ignored() {
+    let file = preset_file(Preset::TinyLlama);
+    let err = budget_run::for_choice(&BackendChoice::Cpu, &file, Some("1GiB"), None, options())
+        .expect_err("the CPU backend has no device budget")
+        .to_string();
+    assert!(err.contains("--device gpu"), "{err}");
+    let err = budget_run::for_choice(&BackendChoice::Cpu, &file, None, Some("1GiB"), options())
+        .expect_err("a host budget alone means nothing")
+        .to_string();
+    assert!(err.contains("--gpu-budget"), "{err}");
+}
+
+/// Greedy tokens of `prompt` on the GPU under `settings`, with the bytes pinned for weights
+/// and the device's weight bytes after the run.
+fn greedy_on_gpu(
+    device: hip_ffi::Device,
+    settings: &BackendSettings,
+    file: &Arc<GgufFile>,
+    prompt: &[u32],
+    n: usize,
+) -> (Vec<u32>, u64, u64, u64) {
+    let backend = gpu_backend(device, settings).expect("the GPU backend starts");
+    let options = ModelOptions {
+        context: CONTEXT,
+        ..ModelOptions::default()
+    };
+    let mut model = Model::load(file, backend, options).expect("load");
+    let report = decode::generate::generate(
+        &mut model,
+        prompt,
+        n,
+        SamplerConfig {
+            temperature: 0.0,
+            ..SamplerConfig::default()
+        },
+        &|_| false,
+        &mut |_| {},
+    )
+    .expect("generate");
+    let pinned = model.backend().pinned_weight_bytes();
+    let on_device = model.memory().get(decode::MemoryTag::Weights);
+    let process_used = model
+        .backend()
+        .device_memory()
+        .expect("a device backend")
+        .expect("device memory")
+        .process_used;
+    (report.tokens, pinned, on_device, process_used)
+}
+
+/// The fully resident run and a run under a budget that leaves most weights on the host give
+/// the same greedy tokens; the pinned bytes are the plan's host bytes.
+fn offload_matches_resident(test: &str, file: Arc<GgufFile>, prompt: &[u32], n: usize) {
+    let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(device) = hip_ffi::testing::device_or_skip(test) else {
+        return;
+    };
+    let (minimum, weights) = minimum_and_weights(&file);
+    // Room for a fifth of the weights: most are read from the host.
+    let budget = minimum + weights / 5;
+    let run: BudgetRun = budget_run::prepare(
+        &file,
+        &BudgetRequest {
+            device_total: device.mem_get_info().expect("device memory").total,
+            ..request(budget, None)
+        },
+    )
+    .expect("plan");
+    let host_bytes = run.plan.host_bytes();
+    assert!(
+        host_bytes * 2 > weights,
+        "{test}: the budget must leave most weights on the host: {}",
+        run.plan
+    );
+    eprint!("{test}: {}", run.summary());
+
+    let resident = BackendSettings::default();
+    let (want, pinned, on_device_all, _) = greedy_on_gpu(device, &resident, &file, prompt, n);
+    assert_eq!(pinned, 0, "{test}: the resident run pins no weight");
+    let offloaded = BackendSettings {
+        gpu_offload: Some(run.offload.clone()),
+        ..BackendSettings::default()
+    };
+    let (got, pinned, on_device, process_used) =
+        greedy_on_gpu(device, &offloaded, &file, prompt, n);
+    eprintln!(
+        "{test}: {} tokens; pinned {pinned} bytes, device weights {on_device} of \
+         {on_device_all}, process device usage {process_used} of a {budget}-byte budget",
+        got.len()
+    );
+    assert_eq!(
+        got, want,
+        "{test}: greedy tokens with offload differ from the resident run"
+    );
+    assert_eq!(got.len(), n);
+    assert_eq!(pinned, host_bytes, "{test}: pinned bytes are the plan's");
+    assert!(on_device + host_bytes >= weights && on_device < on_device_all);
+    assert!(
+        process_used <= budget,
+        "{test}: the process took {process_used} bytes of device memory, above the budget of \
+         {budget}"
+    );
+}
+
+#[test]
+fn tiny_dense_greedy_tokens_with_offload_equal_the_resident_run() {
+    let prompt = [1, 17, 42, 99, 7, 3];
+    offload_matches_resident(
+        "tiny_dense_greedy_tokens_with_offload_equal_the_resident_run",
+        Arc::new(preset_file(Preset::TinyLlama)),
+        &prompt,
+        24,
+    );
+}
+
+#[test]
+fn tiny_moe_greedy_tokens_with_offload_equal_the_resident_run() {
+    let prompt = [1, 17, 42, 99, 7, 3];
+    offload_matches_resident(
+        "tiny_moe_greedy_tokens_with_offload_equal_the_resident_run",
+        Arc::new(preset_file(Preset::TinyQwen3Moe)),
+        &prompt,
+        24,
+    );
+}
+
+#[test]
+fn real_gemma_greedy_tokens_with_offload_equal_the_resident_run() {
+    let Some(path) = gemma_path() else { return };
+    let file = decode::open_model(&path).expect("open Gemma 3 270M");
+    let tokenizer = decode::tokenizer::Tokenizer::from_gguf(&file).expect("tokenizer");
+    let prompt = tokenizer.encode("The capital of France is", true);
+    offload_matches_resident(
+        "real_gemma_greedy_tokens_with_offload_equal_the_resident_run",
+        file,
+        &prompt,
+        32,
+    );
+}
+
+#[test]
+fn the_managed_memory_probe_measures_three_rates_and_gives_a_verdict() {
+    let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let test = "the_managed_memory_probe_measures_three_rates_and_gives_a_verdict";
+    let Some(device) = hip_ffi::testing::device_or_skip(test) else {
+        return;
+    };
+    let err = decode::managed_probe::probe(&device, 1000).expect_err("too small");
+    assert!(err.to_string().contains("at least 4 KiB"), "{err}");
+    if !device.supports_managed_memory().expect("attribute") {
+        let err = decode::managed_probe::probe(&device, 64 << 20).expect_err("unsupported");
+        assert!(err.to_string().contains("does not support"), "{err}");
+        return;
+    }
+    let p = decode::managed_probe::probe(&device, 64 << 20).expect("probe");
+    eprint!("{p}");
+    for rate in [p.device_gbps, p.first_gbps, p.second_gbps] {
+        assert!(rate.is_finite() && rate > 0.0, "{p}");
+    }
+    // Any GPU reads its own memory faster than 10 GB/s.
+    assert!(p.device_gbps > 10.0, "{p}");
+    assert_eq!(p.verdict().is_ok(), p.migrates());
+}
