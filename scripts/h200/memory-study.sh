@@ -41,6 +41,11 @@ step() {
 [ -f $L ] || bundle/xtask synth-model llama3-8b-q4_k_m -o $L > "$O/synth-8b.log" 2>&1 &
 [ -f $Q ] || bundle/xtask synth-model qwen3-30b-a3b-q4_k_m -o $Q > "$O/synth-30b.log" 2>&1 &
 
+# The study runs in two parts so each fits one device call (10 minutes): PART=1 the tests,
+# Gemma's sweep and A/Bs and the breakdowns of all three models; PART=2 the sweeps of the two
+# large models. Unset runs both.
+PART=${PART:-all}
+if [ "$PART" != 2 ]; then
 # Tests first (the models are being synthesized meanwhile). The allocator's stranded list,
 # reserved-bytes partition and trim window on the simulated device; the BLAS workspace under
 # the workspace tag; the graph's kernel-node count in a real capture.
@@ -77,6 +82,9 @@ step breakdown-pp512-tg128 200 $B/bench-decode -m $G -m $L -m $Q -p 512 -n 128 -
 step breakdown-ctx32k 200 $B/bench-decode -m $G -m $L -m $Q -p 512 -n 64 -r 1 --ctx 32768 \
   --device gpu --svg "$O/timeline-ctx32k.svg"
 
+fi
+wait
+if [ "$PART" != 1 ]; then
 # The sweeps of the large models, 2 rounds each: the cache bounds (for the default) on both,
 # the capture stream and the graph pool on the 8B (a 30B-A3B load takes about 12 s, so its
 # sweep keeps to the cache bounds).
@@ -85,6 +93,7 @@ step sweep-8b 150 $B/bench-decode -m $L -p 0 -n 64 --device gpu --sweep --rounds
 step sweep-30b 200 $B/bench-decode -m $Q -p 0 -n 64 --device gpu --sweep --rounds 2 \
   --sweep-knobs cache
 
+fi
 # A summary on stdout: the step statuses, the verdicts, the chosen cache bounds, the
 # unattributed shares and the graph tables.
 cat "$O/steps.txt"
