@@ -162,9 +162,12 @@ pub fn prepare(file: &GgufFile, req: &BudgetRequest) -> Result<BudgetRun> {
     let plan = offload::plan(&plan_request(&residency, budget, LinkModel::h200_default()))
         .map_err(|e| invalid(&e))?;
     let mut names = std::collections::HashSet::new();
+    let mut device_weight_bytes = 0u64;
     for t in &plan.tensors {
         match t.placement {
-            Placement::Device => {}
+            Placement::Device => {
+                device_weight_bytes += crate::backend::gpu::weight_piece_bytes(t.tensor.bytes);
+            }
             Placement::HostZeroCopy => {
                 names.insert(t.tensor.name.clone());
             }
@@ -197,7 +200,11 @@ pub fn prepare(file: &GgufFile, req: &BudgetRequest) -> Result<BudgetRun> {
         budget_source: req.budget_source.clone(),
         offload: GpuOffload {
             memory_limit,
-            host: Arc::new(HostPlacement { names, host_budget }),
+            host: Arc::new(HostPlacement {
+                names,
+                device_weight_bytes,
+                host_budget,
+            }),
         },
         plan,
         host_budget_source,

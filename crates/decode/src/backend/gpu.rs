@@ -18,8 +18,10 @@
 pub mod capture_stream;
 mod host_weights;
 mod moe_prefill;
+mod weight_block;
 
 pub use host_weights::{HostPlacement, WeightMemory};
+pub use weight_block::piece_bytes as weight_piece_bytes;
 
 use super::profile::{self, OpProfile};
 use super::vendor_gemm::{PrefillPath, VendorGemm, VENDOR_GEMM_MIN_ROWS};
@@ -474,6 +476,10 @@ pub struct GpuBackend {
     capture: capture_stream::CaptureState,
     /// Weights placed in pinned host memory (none unless a placement was set).
     host_weights: host_weights::HostWeights,
+    /// The bytes a budget run's device weights take as one allocation (0: one each), and the
+    /// block once the first device weight made it.
+    weight_block_bytes: u64,
+    weight_block: Option<weight_block::WeightBlock>,
 }
 
 fn gpu_err(what: &str, e: impl std::fmt::Display) -> DecodeError {
@@ -571,6 +577,8 @@ impl GpuBackend {
             graph_pool,
             capture,
             host_weights: Default::default(),
+            weight_block_bytes: 0,
+            weight_block: None,
         };
         // No stale ints a kernel could read before the first step.
         let mut ints = backend.step_ints_mut(StepBlock::ints_len(max_batch));
@@ -582,7 +590,30 @@ impl GpuBackend {
     /// Keeps the named weights in mapped pinned host memory, read by the kernels in place
     /// (the offload plan's zero-copy placement). Call before the model is loaded.
     pub fn set_host_placement(&mut self, placement: HostPlacement) -> Result<()> {
+        self.weight_block_bytes = placement.device_weight_bytes;
         self.host_weights.set_placement(placement)
+    }
+
+    /// Device memory for a weight of `len` bytes: a piece of the budget run's weight block
+    /// (made on the first call) when the plan sized one and the weight fits in what is left,
+    /// else an allocation of its own.
+    fn device_weight(&mut self, len: usize, name: &str) -> Result<WeightMemory> {
+        if self.weight_block.is_none() && self.weight_block_bytes > 0 {
+            let bytes = usize::try_from(self.weight_block_bytes).map_err(|_| {
+                DecodeError::InvalidArgument("the weight block does not fit this host".into())
+            })?;
+            let block = self.device_alloc(Tag::Weights, bytes, "the device weights' block")?;
+            self.weight_block = Some(weight_block::WeightBlock::new(block));
+        }
+        if let Some((block, offset)) = self.weight_block.as_mut().and_then(|b| b.take(len as u64)) {
+            let len = len as u64;
+            return Ok(WeightMemory::Block { block, offset, len });
+        }
+        Ok(WeightMemory::Device(self.device_alloc(
+            Tag::Weights,
+            len,
+            name,
+        )?))
     }
 
     /// Bytes of weights pinned in host memory.
@@ -1002,17 +1033,16 @@ impl Backend for GpuBackend {
             if let Some(mem) = self.host_weights.place(self.hip.device(), src, &bytes)? {
                 return Ok(GpuWeight::Vector { mem, len: cols });
             }
-            let mem = self.device_alloc(Tag::Weights, cols * 4, src.name)?;
+            let mem = self.device_weight(cols * 4, src.name)?;
             self.upload(mem.ptr(), &v)?;
-            let mem = WeightMemory::Device(mem);
             return Ok(GpuWeight::Vector { mem, len: cols });
         }
         let mem = match self.host_weights.place(self.hip.device(), src, src.bytes)? {
             Some(pinned) => pinned,
             None => {
-                let mem = self.device_alloc(Tag::Weights, src.bytes.len(), src.name)?;
+                let mem = self.device_weight(src.bytes.len(), src.name)?;
                 self.upload(mem.ptr(), src.bytes)?;
-                WeightMemory::Device(mem)
+                mem
             }
         };
         // One expert of a stacked MoE tensor is the unit the vendor GEMM multiplies.

@@ -23,6 +23,10 @@ use std::collections::HashSet;
 pub struct HostPlacement {
     /// Tensor names, as the model file spells them.
     pub names: HashSet<String>,
+    /// The bytes of the weights the plan keeps on the device, each counted as
+    /// [`super::weight_block::piece_bytes`] rounds it: the backend takes them as one allocation
+    /// (0: one allocation per weight).
+    pub device_weight_bytes: u64,
     /// The most bytes of weights that may be pinned.
     pub host_budget: u64,
 }
@@ -31,6 +35,16 @@ pub struct HostPlacement {
 pub enum WeightMemory {
     /// A device allocation of the backend's allocator (tag `weights`).
     Device(Allocation),
+    /// `len` bytes at `offset` in the block that holds a budget run's device weights
+    /// (`weight_block.rs`).
+    Block {
+        /// The shared block.
+        block: std::sync::Arc<Allocation>,
+        /// Where this weight starts in it.
+        offset: u64,
+        /// The weight's bytes.
+        len: u64,
+    },
     /// Mapped pinned host memory, read by the kernels over the host link. Dropping it frees
     /// with `hipHostFree` / `cuMemFreeHost`, which wait for the device's queued work, so a
     /// kernel still reading the weight finishes first (as `hipFree` does for device memory).
@@ -42,6 +56,7 @@ impl WeightMemory {
     pub fn ptr(&self) -> u64 {
         match self {
             WeightMemory::Device(a) => a.ptr(),
+            WeightMemory::Block { block, offset, .. } => block.ptr() + offset,
             WeightMemory::Host(p) => p.device_ptr().0,
         }
     }
@@ -50,6 +65,7 @@ impl WeightMemory {
     pub fn size(&self) -> u64 {
         match self {
             WeightMemory::Device(a) => a.size(),
+            WeightMemory::Block { len, .. } => super::weight_block::piece_bytes(*len),
             WeightMemory::Host(p) => p.len_bytes() as u64,
         }
     }
@@ -152,6 +168,7 @@ mod tests {
     fn books(names: &[&str], host_budget: u64) -> HostWeights {
         let mut b = HostWeights::default();
         b.set_placement(HostPlacement {
+            device_weight_bytes: 0,
             names: names.iter().map(|n| n.to_string()).collect(),
             host_budget,
         })

@@ -1,0 +1,89 @@
+//! One device allocation for all the device-resident weights of a budget run.
+//!
+//! A budget run fills its budget to within a few MiB, so the allocator's way of packing many
+//! weights matters: tensors under 10 MiB share 20 MiB segments, and the tails those leave
+//! (72 MiB of 992 on the 8B shape at a 1003 MiB budget, on the H200) made loads fail at the
+//! memory limit although the plan fit. When the plan names its device weight bytes, the backend
+//! takes them as one allocation on the first device weight and hands out consecutive pieces of
+//! it, each rounded to [`PIECE_ALIGN`]: no segment tails between weights, and the bytes the
+//! plan counted are the bytes the allocator holds.
+
+use rocm_alloc::Allocation;
+use std::sync::Arc;
+
+/// Alignment of each weight inside the block: the allocator's own block granularity, which
+/// also keeps the 256-byte alignment the vendor GEMM and the vector loads rely on.
+pub const PIECE_ALIGN: u64 = 512;
+
+/// Bytes a weight of `len` bytes takes in the block.
+pub fn piece_bytes(len: u64) -> u64 {
+    len.max(1).next_multiple_of(PIECE_ALIGN)
+}
+
+/// The block and how much of it is handed out.
+pub(crate) struct WeightBlock {
+    block: Arc<Allocation>,
+    used: u64,
+}
+
+impl WeightBlock {
+    pub(crate) fn new(block: Allocation) -> WeightBlock {
+        WeightBlock {
+            block: Arc::new(block),
+            used: 0,
+        }
+    }
+
+    /// The next `len` bytes of the block, or `None` when they do not fit (the caller then
+    /// allocates the weight on its own: a plan that counted a weight smaller than the backend
+    /// stores it costs a separate allocation, never a failed load).
+    pub(crate) fn take(&mut self, len: u64) -> Option<(Arc<Allocation>, u64)> {
+        let need = piece_bytes(len);
+        // The whole block the allocator set aside, its rounding included, is usable.
+        if self.used + need > self.block.block_size() {
+            return None;
+        }
+        let offset = self.used;
+        self.used += need;
+        Some((Arc::clone(&self.block), offset))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rocm_alloc::devices::sim::SimDevice;
+    use rocm_alloc::{Allocator, AllocatorConfig, StreamId, Tag};
+
+    #[test]
+    fn pieces_are_consecutive_aligned_and_stop_at_the_end_of_the_block() {
+        let device = Arc::new(SimDevice::discrete(1 << 30));
+        let config = AllocatorConfig {
+            read_env: false,
+            ..Default::default()
+        };
+        let alloc = Allocator::new(device, config).unwrap();
+        // Three weights as a plan would count them: the block holds exactly their pieces.
+        let lens = [1000u64, 4096, 3];
+        let total: u64 = lens.iter().map(|&l| piece_bytes(l)).sum();
+        assert_eq!(total, 1024 + 4096 + 512);
+        // Room for one more 1536-byte weight after them.
+        let block = alloc
+            .alloc(total + 1536, StreamId::DEFAULT, Tag::Weights)
+            .unwrap();
+        let base = block.ptr();
+        let mut b = WeightBlock::new(block);
+        let offsets: Vec<u64> = lens.iter().map(|&l| b.take(l).unwrap().1).collect();
+        assert_eq!(offsets, [0, 1024, 1024 + 4096]);
+        assert!(offsets.iter().all(|o| (base + o) % 256 == 0));
+        // The block is as large as the allocator rounded it; past that, a weight is refused
+        // (and the backend gives it an allocation of its own).
+        let room = b.block.block_size() - b.used;
+        assert_eq!(room, 1536);
+        assert!(b.take(room + 1).is_none());
+        assert!(b.take(room).is_some());
+        assert!(b.take(1).is_none());
+        // Every weight is under the one allocation of the weights tag.
+        assert_eq!(alloc.stats().tag(Tag::Weights).current, b.block.size());
+    }
+}
