@@ -230,7 +230,7 @@ impl Allocator {
         };
         let cache_limit = match cache_spec {
             Some(spec) => spec.resolve(device_total)?,
-            None => Some(limits::default_cache_limit(config.weight_bytes)),
+            None => Some(limits::DEFAULT_CACHE_LIMIT),
         };
         let trace = config.trace_capacity.map(|capacity| {
             let trace_config = TraceConfig {
@@ -693,18 +693,14 @@ impl Allocator {
         Ok(())
     }
 
-    /// Tells the allocator how many bytes of weights the runtime holds; the default cache limit
-    /// follows unless a limit was set explicitly, and the cache is trimmed to it (during a
-    /// graph capture: when the capture ends).
+    /// Tells the allocator how many bytes of weights the runtime holds. They are recorded for
+    /// traces, replays and reports only: no limit depends on them (the default cache limit is
+    /// [`limits::DEFAULT_CACHE_LIMIT`] whatever the model).
     pub fn set_weight_bytes(&self, bytes: u64) {
         let mut st = self.lock();
         st.weight_bytes = bytes;
         if let Some(t) = &mut st.trace {
             t.record_weights(bytes);
-        }
-        if !st.cache_limit_explicit {
-            st.cache_limit = Some(limits::default_cache_limit(bytes));
-            self.trim_to_cache_limit(&mut st);
         }
     }
 

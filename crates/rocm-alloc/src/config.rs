@@ -9,13 +9,14 @@ pub struct AllocatorConfig {
     /// Memory limit; `None` = the `HIPDECODE_MEMORY_LIMIT` variable if set, else the device
     /// default.
     pub memory_limit: Option<LimitSpec>,
-    /// Cache limit; `None` = the `HIPDECODE_CACHE_LIMIT` variable if set, else the default
-    /// (floor plus a share of the reported weight bytes).
+    /// Cache limit; `None` = the `HIPDECODE_CACHE_LIMIT` variable if set, else
+    /// [`crate::limits::DEFAULT_CACHE_LIMIT`] (4 MiB).
     pub cache_limit: Option<LimitSpec>,
     /// Read the environment variables (tests turn this off, or use
     /// [`crate::Allocator::with_env_lookup`]).
     pub read_env: bool,
-    /// Weight bytes known up front (also settable later with `set_weight_bytes`).
+    /// Weight bytes known up front (also settable later with `set_weight_bytes`); recorded in
+    /// traces and reports, no limit depends on them.
     pub weight_bytes: u64,
     /// Start with a trace of this many events (`None` = tracing off).
     pub trace_capacity: Option<usize>,

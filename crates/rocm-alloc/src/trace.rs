@@ -114,7 +114,7 @@ pub struct TraceConfig {
     /// The cache limit in bytes (`None` = unbounded).
     pub cache_limit: Option<u64>,
     /// Whether the cache limit was set explicitly (API or environment) rather than being the
-    /// default that follows the weight bytes.
+    /// default.
     pub cache_limit_explicit: bool,
     /// Weight bytes the allocator had been told of.
     pub weight_bytes: u64,

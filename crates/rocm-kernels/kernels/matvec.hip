@@ -13,30 +13,30 @@
 
 #define MATVEC_MAX_TOKENS 8
 
-template <int FMT>
+// MAXT: the most tokens the instance handles; decode's one-token launches take the MAXT = 1
+// instance (see MATVEC_ENTRY), which keeps one accumulator instead of eight guarded ones.
+template <int FMT, int MAXT>
 DEVICE void matvec_impl(const u8* __restrict__ w, const float* __restrict__ x,
                         float* __restrict__ out, u32 rows, u32 cols, u32 n_tokens,
-                        u32 warps_per_row) {
-    __shared__ float partial[32][MATVEC_MAX_TOKENS];
+                        u32 warps_per_row, float (*partial)[MATVEC_MAX_TOKENS]) {
     const u32 warp = threadIdx.x / WARP_SIZE;
     const u32 lane = threadIdx.x % WARP_SIZE;
     const u32 rows_per_block = (blockDim.x / WARP_SIZE) / warps_per_row;
     const u32 r = blockIdx.x * rows_per_block + warp / warps_per_row;
     const u32 sub = warp % warps_per_row;
-    float acc[MATVEC_MAX_TOKENS];
+    float acc[MAXT];
     if (r < rows) {
         const u8* row = w + (u64)r * row_bytes<FMT>(cols);
-        warp_row_dot_strided<FMT, MATVEC_MAX_TOKENS>(row, x, cols, (int)n_tokens, cols, acc,
-                                                     sub * WARP_SIZE + lane,
-                                                     warps_per_row * WARP_SIZE);
+        warp_row_dot_strided<FMT, MAXT>(row, x, cols, (int)n_tokens, cols, acc,
+                                        sub * WARP_SIZE + lane, warps_per_row * WARP_SIZE);
     } else {
 #pragma unroll
-        for (int t = 0; t < MATVEC_MAX_TOKENS; ++t) acc[t] = 0.0f;
+        for (int t = 0; t < MAXT; ++t) acc[t] = 0.0f;
     }
     if (warps_per_row == 1) {
         if (lane == 0 && r < rows) {
 #pragma unroll
-            for (int t = 0; t < MATVEC_MAX_TOKENS; ++t) {
+            for (int t = 0; t < MAXT; ++t) {
                 if ((u32)t < n_tokens) out[(u64)t * rows + r] = acc[t];
             }
         }
@@ -44,12 +44,12 @@ DEVICE void matvec_impl(const u8* __restrict__ w, const float* __restrict__ x,
     }
     if (lane == 0) {
 #pragma unroll
-        for (int t = 0; t < MATVEC_MAX_TOKENS; ++t) partial[warp][t] = acc[t];
+        for (int t = 0; t < MAXT; ++t) partial[warp][t] = acc[t];
     }
     __syncthreads();
     if (sub == 0 && lane == 0 && r < rows) {
 #pragma unroll
-        for (int t = 0; t < MATVEC_MAX_TOKENS; ++t) {
+        for (int t = 0; t < MAXT; ++t) {
             if ((u32)t >= n_tokens) break;
             float s = 0.0f;
             for (u32 k = 0; k < warps_per_row; ++k) s += partial[warp + k][t];
@@ -62,6 +62,12 @@ DEVICE void matvec_impl(const u8* __restrict__ w, const float* __restrict__ x,
     KERNEL void matvec_##suffix(const u8* w, const float* x, float* out, u32 rows, u32 cols, \
                                 u32 n_tokens, u32 warps_per_row) {                       \
         KERNEL_PROLOGUE();                                                               \
-        matvec_impl<FMT>(w, x, out, rows, cols, n_tokens, warps_per_row);                \
+        __shared__ float partial[32][MATVEC_MAX_TOKENS];                                 \
+        if (n_tokens == 1) {                                                             \
+            matvec_impl<FMT, 1>(w, x, out, rows, cols, 1, warps_per_row, partial);       \
+        } else {                                                                         \
+            matvec_impl<FMT, MATVEC_MAX_TOKENS>(w, x, out, rows, cols, n_tokens,         \
+                                                warps_per_row, partial);                 \
+        }                                                                                \
     }
 FOR_EACH_WEIGHT_FORMAT(MATVEC_ENTRY)

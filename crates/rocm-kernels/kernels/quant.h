@@ -292,6 +292,10 @@ DEVICE void warp_row_dot_strided(const u8* row, const float* x, u64 x_stride, in
 #pragma unroll
     for (int t = 0; t < MAXT; ++t) acc[t] = 0.0f;
     if (FormatInfo<FMT>::dense) {
+        // Unrolled so that several columns' loads are in flight at once: a row of an MoE
+        // router (2048 f32) is only eight columns per lane, which one at a time is a chain of
+        // memory latencies.
+#pragma unroll 4
         for (u32 c = first; c < cols; c += step) {
             const float w = dequant_one<FMT>(row, c);
 #pragma unroll
