@@ -55,3 +55,94 @@ KERNEL void rope_f32(float* x, const i32* positions, const float* freq_factors,
         xh[b] = x0 * s + x1 * c;
     }
 }
+
+// rope_f32 of a layer's queries (x, n_heads) and keys (x2, n_heads2) with the new K and V rows
+// stored in the layer's caches in the same launch, so decode spends one kernel, not two, between
+// the Q/K/V products and attention. Row r goes to slot positions[r] % slots: the rotated key
+// row (rotated pairs, then the dimensions from n_rot on as they are) to k_cache, the value row
+// v[r] (dim_v values) to v_cache. The keys stay rotated in x2 too, as rope_f32 leaves them.
+// Items per row: the (head, pair) rotations of both tensors, then n_heads2 * (head_dim - n_rot)
+// unrotated key values, then dim_v value values; grid as rope_f32's.
+DEVICE void kv_put(u16* cache, u64 i, float v) { cache[i] = f32_to_f16(v); }
+DEVICE void kv_put(float* cache, u64 i, float v) { cache[i] = v; }
+
+template <typename T>
+DEVICE void rope_store_impl(float* x, const i32* positions, const float* freq_factors,
+                            u32 has_freq_factors, u32 rows, u32 n_heads, u32 head_dim, u32 n_rot,
+                            float freq_base, float position_scale, u32 neox, float* x2,
+                            u32 n_heads2, const float* v, u32 dim_v, T* k_cache, T* v_cache,
+                            u32 slots) {
+    __shared__ float sin_sh[ROPE_MAX_PAIRS];
+    __shared__ float cos_sh[ROPE_MAX_PAIRS];
+    const u32 row = blockIdx.x;
+    if (row >= rows) return;
+    const u32 n_pairs = n_rot / 2;
+    const i32 pos = positions[row];
+    const float p = (float)pos / position_scale;
+    for (u32 i = threadIdx.x; i < n_pairs; i += blockDim.x) {
+        // As rope_f32: the CPU's exponent in f32, then double-precision evaluation.
+        const float e = -2.0f * (float)i / (float)n_rot;
+        const float freq = (float)pow((double)freq_base, (double)e);
+        float theta = p * freq;
+        if (has_freq_factors) theta = theta / freq_factors[i];
+        sin_sh[i] = (float)sin((double)theta);
+        cos_sh[i] = (float)cos((double)theta);
+    }
+    __syncthreads();
+    // Positions are never negative; the unsigned remainder keeps even a bad one in range.
+    const u64 slot = (u64)((u32)pos % slots);
+    const u32 k_dim = n_heads2 * head_dim;
+    const u32 rot_items = (n_heads + n_heads2) * n_pairs;
+    const u32 pass = head_dim - n_rot;
+    const u32 pass_items = n_heads2 * pass;
+    const u32 items = rot_items + pass_items + dim_v;
+    for (u32 k = blockIdx.y * blockDim.x + threadIdx.x; k < items; k += gridDim.y * blockDim.x) {
+        if (k < rot_items) {
+            const u32 h = k / n_pairs;
+            const u32 i = k % n_pairs;
+            const bool key = h >= n_heads;
+            const u32 hh = key ? h - n_heads : h;
+            float* xh = key ? x2 + ((u64)row * n_heads2 + hh) * head_dim
+                            : x + ((u64)row * n_heads + hh) * head_dim;
+            const u32 a = neox ? i : 2 * i;
+            const u32 b = neox ? i + n_pairs : 2 * i + 1;
+            const float s = sin_sh[i];
+            const float c = cos_sh[i];
+            const float x0 = xh[a];
+            const float x1 = xh[b];
+            const float r0 = x0 * c - x1 * s;
+            const float r1 = x0 * s + x1 * c;
+            xh[a] = r0;
+            xh[b] = r1;
+            if (key) {
+                const u64 base = slot * k_dim + (u64)hh * head_dim;
+                kv_put(k_cache, base + a, r0);
+                kv_put(k_cache, base + b, r1);
+            }
+        } else if (k < rot_items + pass_items) {
+            const u32 j = k - rot_items;
+            const u32 hh = j / pass;
+            const u32 d = n_rot + j % pass;
+            const float val = x2[((u64)row * n_heads2 + hh) * head_dim + d];
+            kv_put(k_cache, slot * k_dim + (u64)hh * head_dim + d, val);
+        } else {
+            const u32 c = k - rot_items - pass_items;
+            kv_put(v_cache, slot * dim_v + c, v[(u64)row * dim_v + c]);
+        }
+    }
+}
+
+#define ROPE_STORE_ENTRY(name, T)                                                               \
+    KERNEL void name(float* x, const i32* positions, const float* freq_factors,                 \
+                     u32 has_freq_factors, u32 rows, u32 n_heads, u32 head_dim, u32 n_rot,      \
+                     float freq_base, float position_scale, u32 neox, float* x2, u32 n_heads2,  \
+                     const float* v, u32 dim_v, T* k_cache, T* v_cache, u32 slots) {            \
+        KERNEL_PROLOGUE();                                                                      \
+        rope_store_impl<T>(x, positions, freq_factors, has_freq_factors, rows, n_heads,         \
+                           head_dim, n_rot, freq_base, position_scale, neox, x2, n_heads2, v,   \
+                           dim_v, k_cache, v_cache, slots);                                     \
+    }
+
+// Entry points rope_store_f16 and rope_store_f32.
+ROPE_STORE_ENTRY(rope_store_f16, u16)
+ROPE_STORE_ENTRY(rope_store_f32, float)

@@ -127,7 +127,7 @@ impl KernelModule {
                 "embed_q5_k",
                 "embed_q6_k",
             ],
-            KernelModule::Rope => &["rope_f32"],
+            KernelModule::Rope => &["rope_f32", "rope_store_f16", "rope_store_f32"],
             KernelModule::KvCache => &["kv_store_f16", "kv_store_f32"],
             KernelModule::Attention => &[
                 "attn_f16",

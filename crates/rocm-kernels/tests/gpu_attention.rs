@@ -136,6 +136,14 @@ impl Cache {
         }
     }
 
+    /// The cache's contents as raw bits (f16 widened, f32 as its bits), for exact comparison.
+    fn bits(&self, gpu: &Gpu) -> Vec<u32> {
+        match self {
+            Cache::F16(b) => b.read(gpu).into_iter().map(u32::from).collect(),
+            Cache::F32(b) => b.read(gpu).into_iter().map(f32::to_bits).collect(),
+        }
+    }
+
     fn view_mut(&mut self) -> KvSliceMut {
         match self {
             Cache::F16(b) => KvSliceMut::F16(b.view_mut()),
@@ -317,6 +325,116 @@ fn rope_matches_the_reference_normal_and_neox_with_factors_scale_and_partial_rot
                 }
             }
         }
+    }
+}
+
+#[test]
+fn rope_with_the_kv_store_leaves_what_rope_then_store_leave() {
+    let Some(gpu) = gpu("rope_with_the_kv_store_leaves_what_rope_then_store_leave") else {
+        return;
+    };
+    use rocm_kernels::ops::rope::{rope_pair, rope_pair_store, KvStore};
+    let mut noise = Noise::new(9);
+    // Two decode rows and a prefill-like three at ring positions; full and partial rotation,
+    // both pairings, both cache element types, with and without frequency factors.
+    let slots = 7;
+    for (positions, head_dim, n_rot, neox, elem, factors) in [
+        (vec![5i32], 128, 128, false, KvElem::F16, false),
+        (vec![9i32, 10, 11], 64, 64, true, KvElem::F32, true),
+        (vec![12i32, 13], 80, 32, true, KvElem::F16, false),
+    ] {
+        let (rows, n_heads, n_heads_kv) = (positions.len(), 4, 2);
+        let (k_dim, dim_v) = (n_heads_kv * head_dim, n_heads_kv * head_dim + 16);
+        let shape = RopeShape {
+            rows,
+            n_heads,
+            head_dim,
+        };
+        let params = RopeParams {
+            neox,
+            freq_base: 10_000.0,
+            position_scale: 1.0,
+            n_rot,
+        };
+        let q = noise.vec(rows * n_heads * head_dim, 2.0);
+        let k = noise.vec(rows * k_dim, 2.0);
+        let v = noise.vec(rows * dim_v, 1.0);
+        let ff: Vec<f32> = (0..n_rot / 2).map(|i| 1.0 + (i % 3) as f32).collect();
+        let (dpos, dff, dv) = (
+            Buf::from(&gpu, &positions),
+            Buf::from(&gpu, &ff),
+            Buf::from(&gpu, &v),
+        );
+        let dff_view = dff.view();
+        let ffv = factors.then_some(&dff_view);
+        let zeros = |n: usize| vec![0.0f32; n];
+        // Two ops.
+        let (mut q1, mut k1) = (Buf::from(&gpu, &q), Buf::from(&gpu, &k));
+        let mut kc1 = Cache::from_f32(&gpu, &zeros(slots * k_dim), elem);
+        let mut vc1 = Cache::from_f32(&gpu, &zeros(slots * dim_v), elem);
+        rope_pair(
+            gpu.kernels,
+            &gpu.stream,
+            &mut q1.view_mut(),
+            &mut k1.view_mut(),
+            n_heads_kv,
+            &dpos.view(),
+            ffv,
+            shape,
+            &params,
+        )
+        .expect("rope_pair");
+        store_kv(
+            gpu.kernels,
+            &gpu.stream,
+            &k1.view(),
+            &dv.view(),
+            &mut kc1.view_mut(),
+            &mut vc1.view_mut(),
+            &dpos.view(),
+            KvStoreShape {
+                rows,
+                dim_k: k_dim,
+                dim_v,
+                slots,
+            },
+        )
+        .expect("store_kv");
+        // One.
+        let (mut q2, mut k2) = (Buf::from(&gpu, &q), Buf::from(&gpu, &k));
+        let mut kc2 = Cache::from_f32(&gpu, &zeros(slots * k_dim), elem);
+        let mut vc2 = Cache::from_f32(&gpu, &zeros(slots * dim_v), elem);
+        rope_pair_store(
+            gpu.kernels,
+            &gpu.stream,
+            &mut q2.view_mut(),
+            &mut k2.view_mut(),
+            n_heads_kv,
+            &dpos.view(),
+            ffv,
+            shape,
+            &params,
+            KvStore {
+                v: &dv.view(),
+                dim_v,
+                k_cache: &mut kc2.view_mut(),
+                v_cache: &mut vc2.view_mut(),
+                slots,
+            },
+        )
+        .expect("rope_pair_store");
+        let what = format!("head_dim {head_dim} n_rot {n_rot} neox {neox} {elem:?}");
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&q2.read(&gpu)), bits(&q1.read(&gpu)), "{what}: q");
+        assert_eq!(bits(&k2.read(&gpu)), bits(&k1.read(&gpu)), "{what}: k");
+        assert_eq!(kc2.bits(&gpu), kc1.bits(&gpu), "{what}: K cache");
+        assert_eq!(vc2.bits(&gpu), vc1.bits(&gpu), "{what}: V cache");
+        // The rows' slots were written (not left at zero).
+        let written = kc2.bits(&gpu).iter().filter(|&&b| b != 0).count();
+        assert!(
+            written >= rows * k_dim / 2,
+            "{what}: {written} K elements written"
+        );
     }
 }
 

@@ -26,7 +26,8 @@ pub use weight_block::piece_bytes as weight_piece_bytes;
 use super::profile::{self, OpProfile};
 use super::vendor_gemm::{PrefillPath, VendorGemm, VENDOR_GEMM_MIN_ROWS};
 use super::{
-    Attention, Backend, GateActivation, MoeShape, Rope, StepBounds, StepKey, WeightSource,
+    Attention, Backend, GateActivation, KvDestination, MoeShape, Rope, StepBounds, StepKey,
+    WeightSource,
 };
 use crate::error::{DecodeError, Result};
 use crate::memory::{DeviceMemory, MemoryReport, MemoryTag};
@@ -1675,6 +1676,79 @@ impl Backend for GpuBackend {
         .map_err(kerr("rope"))?;
         let values = rows * (n_head + n_head_kv) * head_dim;
         self.op_done(|| "rope q+k".into(), (2 * values * 4) as u64)
+    }
+
+    fn rope_qk_store_kv(
+        &mut self,
+        q: &mut GpuBuffer,
+        k: &mut GpuBuffer,
+        v: &GpuBuffer,
+        rows: usize,
+        (n_head, n_head_kv, head_dim): (usize, usize, usize),
+        rope_params: &Rope,
+        freq_factors: Option<&GpuWeight>,
+        kv: KvDestination<'_, GpuBuffer>,
+    ) -> Result<()> {
+        // The fused kernel writes keys of the rotated layout only (k_dim = n_head_kv *
+        // head_dim) into caches of one element type; anything else takes the two ops.
+        let fused = kv.k_cache.elem == kv.v_cache.elem && kv.k_dim == n_head_kv * head_dim;
+        if !fused {
+            self.rope_qk(
+                q,
+                k,
+                rows,
+                n_head,
+                n_head_kv,
+                head_dim,
+                rope_params,
+                freq_factors,
+            )?;
+            let KvDestination {
+                k_cache,
+                v_cache,
+                k_dim,
+                v_dim,
+                slots,
+            } = kv;
+            return self.store_kv(k, v, k_cache, v_cache, rows, k_dim, v_dim, slots);
+        }
+        let factors = freq_factors.map(|w| w.vector("rope")).transpose()?;
+        let positions = self.step.positions();
+        let (v_dim, slots) = (kv.v_dim, kv.slots);
+        rope::rope_pair_store(
+            &self.kernels,
+            &self.stream,
+            &mut q.view_mut(),
+            &mut k.view_mut(),
+            n_head_kv,
+            &positions,
+            factors.as_ref(),
+            rope::RopeShape {
+                rows,
+                n_heads: n_head,
+                head_dim,
+            },
+            &rope::RopeParams {
+                neox: rope_params.neox,
+                freq_base: rope_params.freq_base,
+                position_scale: rope_params.position_scale,
+                n_rot: rope_params.n_rot,
+            },
+            rope::KvStore {
+                v: &v.view(),
+                dim_v: v_dim,
+                k_cache: &mut kv.k_cache.kv_view_mut(),
+                v_cache: &mut kv.v_cache.kv_view_mut(),
+                slots,
+            },
+        )
+        .map_err(kerr("rope + kv store"))?;
+        let values = rows * (n_head + n_head_kv) * head_dim;
+        let stored = rows * (n_head_kv * head_dim + v_dim);
+        self.op_done(
+            || "rope q+k + kv store".into(),
+            ((2 * values + 2 * stored) * 4) as u64,
+        )
     }
 
     fn store_kv(

@@ -150,6 +150,20 @@ pub struct StepBounds {
     pub moe: Option<MoeShape>,
 }
 
+/// Where [`Backend::rope_qk_store_kv`] stores a layer's new K and V rows.
+pub struct KvDestination<'a, B> {
+    /// The layer's K cache.
+    pub k_cache: &'a mut B,
+    /// The layer's V cache.
+    pub v_cache: &'a mut B,
+    /// Values per key row (all KV heads).
+    pub k_dim: usize,
+    /// Values per value row.
+    pub v_dim: usize,
+    /// Rows of each cache.
+    pub slots: usize,
+}
+
 /// The compute interface. Every op takes its shapes explicitly and works on the leading rows
 /// of its buffers.
 pub trait Backend: Send {
@@ -389,6 +403,31 @@ pub trait Backend: Send {
     ) -> Result<()> {
         self.store_rows(k, k_cache, rows, k_dim, slots)?;
         self.store_rows(v, v_cache, rows, v_dim, slots)
+    }
+    /// A layer's [`Backend::rope_qk`] followed by its [`Backend::store_kv`]: `q` and `k`
+    /// rotated in place, then the rotated keys and the values `v` stored in `kv`'s caches.
+    /// The default runs the two; a GPU backend one kernel.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_qk_store_kv(
+        &mut self,
+        q: &mut Self::Buffer,
+        k: &mut Self::Buffer,
+        v: &Self::Buffer,
+        rows: usize,
+        (n_head, n_head_kv, head_dim): (usize, usize, usize),
+        rope: &Rope,
+        freq_factors: Option<&Self::Weight>,
+        kv: KvDestination<'_, Self::Buffer>,
+    ) -> Result<()> {
+        self.rope_qk(q, k, rows, n_head, n_head_kv, head_dim, rope, freq_factors)?;
+        let KvDestination {
+            k_cache,
+            v_cache,
+            k_dim,
+            v_dim,
+            slots,
+        } = kv;
+        self.store_kv(k, v, k_cache, v_cache, rows, k_dim, v_dim, slots)
     }
     /// Writes `rows` rows of `dim` from `src` into `cache` for the step's positions
     /// `pos0..pos0 + rows`.

@@ -10,7 +10,7 @@ pub use kv_cache::KvCache;
 pub use spec::{query_pre_attn_scalar, LayerSpec, ModelSpec, GEMMA3_27B_LAYERS};
 
 use crate::backend::{
-    Attention, Backend, MappedTensor, MoeShape, StepBounds, StepKey, WeightSource,
+    Attention, Backend, KvDestination, MappedTensor, MoeShape, StepBounds, StepKey, WeightSource,
 };
 use crate::error::{DecodeError, Result};
 use crate::memory::{MemoryReport, MemoryTag};
@@ -529,10 +529,16 @@ impl<B: Backend> Model<B> {
                 }
                 let rf = rope_factors.as_ref();
                 let (nh, nkv, hd) = (s.n_head, s.n_head_kv, s.head_dim_k);
-                be.rope_qk(&mut a.q, &mut a.k, n, nh, nkv, hd, &ls.rope, rf)?;
                 let slots = kv.slots[il];
-                let (kc, vc) = (&mut kv.k[il], &mut kv.v[il]);
-                be.store_kv(&a.k, &a.v, kc, vc, n, kd, vd, slots)?;
+                let dest = KvDestination {
+                    k_cache: &mut kv.k[il],
+                    v_cache: &mut kv.v[il],
+                    k_dim: kd,
+                    v_dim: vd,
+                    slots,
+                };
+                let heads = (nh, nkv, hd);
+                be.rope_qk_store_kv(&mut a.q, &mut a.k, &a.v, n, heads, &ls.rope, rf, dest)?;
                 let shape = Attention {
                     n_tokens: n,
                     n_head: s.n_head,

@@ -164,11 +164,33 @@ fn check_store(store: &Store<'_>, name: &str, rows: usize, slots: usize) -> Resu
     Ok(())
 }
 
-fn launch_store(
-    kernels: &Kernels,
-    stream: &Stream,
-    first: Store<'_>,
-    second: Option<Store<'_>>,
+/// The checks of [`store_kv`], for an op that stores K and V rows in its own kernel (rope's
+/// fused store): the sources, caches and positions are long enough for `shape` and the two
+/// caches have one element type.
+pub(crate) fn check_kv_store(
+    k_src: &DeviceSlice<f32>,
+    v_src: &DeviceSlice<f32>,
+    k_cache: &KvSliceMut,
+    v_cache: &KvSliceMut,
+    positions: &DeviceSlice<i32>,
+    shape: KvStoreShape,
+) -> Result<()> {
+    let k = Store {
+        src: k_src,
+        cache: k_cache,
+        dim: shape.dim_k,
+    };
+    let v = Store {
+        src: v_src,
+        cache: v_cache,
+        dim: shape.dim_v,
+    };
+    check_stores(&k, Some(&v), positions, shape.rows, shape.slots)
+}
+
+fn check_stores(
+    first: &Store<'_>,
+    second: Option<&Store<'_>>,
     positions: &DeviceSlice<i32>,
     rows: usize,
     slots: usize,
@@ -183,8 +205,8 @@ fn launch_store(
             positions.len()
         )
     })?;
-    check_store(&first, "K", rows, slots)?;
-    if let Some(second) = &second {
+    check_store(first, "K", rows, slots)?;
+    if let Some(second) = second {
         check_store(second, "V", rows, slots)?;
         check_shape(second.cache.elem() == first.cache.elem(), OP, || {
             format!(
@@ -194,6 +216,19 @@ fn launch_store(
             )
         })?;
     }
+    Ok(())
+}
+
+fn launch_store(
+    kernels: &Kernels,
+    stream: &Stream,
+    first: Store<'_>,
+    second: Option<Store<'_>>,
+    positions: &DeviceSlice<i32>,
+    rows: usize,
+    slots: usize,
+) -> Result<()> {
+    check_stores(&first, second.as_ref(), positions, rows, slots)?;
     let max_dim = second.as_ref().map_or(first.dim, |s| s.dim.max(first.dim));
     if rows == 0 || max_dim == 0 {
         return Ok(());

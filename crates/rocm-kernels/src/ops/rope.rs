@@ -259,3 +259,138 @@ fn rope_launch(
     }?;
     Ok(())
 }
+
+/// The new K and V rows [`rope_pair_store`] writes into a layer's caches.
+pub struct KvStore<'a> {
+    /// The value rows (`rows * dim_v` values).
+    pub v: &'a DeviceSlice<f32>,
+    /// Values per value row.
+    pub dim_v: usize,
+    /// The layer's K cache (`slots` rows of `n_heads2 * head_dim`).
+    pub k_cache: &'a mut crate::ops::kv_cache::KvSliceMut,
+    /// The layer's V cache (`slots` rows of `dim_v`), of the K cache's element type.
+    pub v_cache: &'a mut crate::ops::kv_cache::KvSliceMut,
+    /// Rows of each cache; row r goes to slot `positions[r] % slots`.
+    pub slots: usize,
+}
+
+/// [`rope_pair`] of a layer's queries `x` and keys `x2`, with the rotated key rows and the value
+/// rows stored in the layer's caches in the same launch: what [`rope_pair`] followed by
+/// [`crate::ops::kv_cache::store_kv`] leave, bit for bit, in one kernel instead of two. Errors
+/// (nothing queued) as either of those would.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_pair_store(
+    kernels: &Kernels,
+    stream: &Stream,
+    x: &mut DeviceSliceMut<f32>,
+    x2: &mut DeviceSliceMut<f32>,
+    n_heads2: usize,
+    positions: &DeviceSlice<i32>,
+    freq_factors: Option<&DeviceSlice<f32>>,
+    shape: RopeShape,
+    params: &RopeParams,
+    kv: KvStore<'_>,
+) -> Result<()> {
+    let shape2 = RopeShape {
+        n_heads: n_heads2,
+        ..shape
+    };
+    check(
+        x.len(),
+        positions.len(),
+        freq_factors.map(|f| f.len()),
+        shape,
+        params,
+    )?;
+    check(
+        x2.len(),
+        positions.len(),
+        freq_factors.map(|f| f.len()),
+        shape2,
+        params,
+    )?;
+    let bytes = (shape.rows * shape.n_heads * shape.head_dim * 4) as u64;
+    let bytes2 = (shape.rows * n_heads2 * shape.head_dim * 4) as u64;
+    let (a, b) = (x.addr(), x2.addr());
+    crate::error::check_shape(a + bytes <= b || b + bytes2 <= a, OP, || {
+        "the two tensors overlap".to_string()
+    })?;
+    let k_dim = n_heads2 * shape.head_dim;
+    crate::ops::kv_cache::check_kv_store(
+        &x2.as_const(),
+        kv.v,
+        kv.k_cache,
+        kv.v_cache,
+        positions,
+        crate::ops::kv_cache::KvStoreShape {
+            rows: shape.rows,
+            dim_k: k_dim,
+            dim_v: kv.dim_v,
+            slots: kv.slots,
+        },
+    )?;
+    if shape.rows == 0 {
+        return Ok(());
+    }
+    let rows = to_u32(OP, "rows", shape.rows)?;
+    let n_heads = to_u32(OP, "n_heads", shape.n_heads)?;
+    let n_heads2_u = to_u32(OP, "n_heads2", n_heads2)?;
+    let head_dim = to_u32(OP, "head_dim", shape.head_dim)?;
+    let n_rot = to_u32(OP, "n_rot", params.n_rot)?;
+    let dim_v = to_u32(OP, "dim_v", kv.dim_v)?;
+    let slots = to_u32(OP, "slots", kv.slots)?;
+    let items = (n_heads + n_heads2_u) * (n_rot / 2) + n_heads2_u * (head_dim - n_rot) + dim_v;
+    let wave = kernels.wave_size().max(1);
+    let block = items
+        .div_ceil(wave)
+        .max(1)
+        .saturating_mul(wave)
+        .min(MAX_BLOCK);
+    let row_blocks = items.div_ceil(block).clamp(1, MAX_ROW_BLOCKS);
+    let (ff_ptr, has_ff) = match freq_factors {
+        Some(f) => (f.ptr(), 1u32),
+        None => (DevicePtr(0), 0u32),
+    };
+    let neox = u32::from(params.neox);
+    let entry = match kv.k_cache.elem() {
+        crate::ops::kv_cache::KvElem::F16 => "rope_store_f16",
+        crate::ops::kv_cache::KvElem::F32 => "rope_store_f32",
+    };
+    let (x_ptr, x2_ptr, positions_ptr) = (x.ptr(), x2.ptr(), positions.ptr());
+    let (v_ptr, kc_ptr, vc_ptr) = (kv.v.ptr(), kv.k_cache.ptr(), kv.v_cache.ptr());
+    let function = kernels.function(KernelModule::Rope, entry)?;
+    let mut launch = function.builder(stream);
+    launch
+        .arg(&x_ptr)
+        .arg(&positions_ptr)
+        .arg(&ff_ptr)
+        .arg(&has_ff)
+        .arg(&rows)
+        .arg(&n_heads)
+        .arg(&head_dim)
+        .arg(&n_rot)
+        .arg(&params.freq_base)
+        .arg(&params.position_scale)
+        .arg(&neox)
+        .arg(&x2_ptr)
+        .arg(&n_heads2_u)
+        .arg(&v_ptr)
+        .arg(&dim_v)
+        .arg(&kc_ptr)
+        .arg(&vc_ptr)
+        .arg(&slots);
+    // SAFETY: the arguments match `rope_store_{f16,f32}` in order and type, the caches' element
+    // type picking the entry point. The checks above keep every access inside the views: rows
+    // * n_heads * head_dim values of x and rows * n_heads2 * head_dim of x2 (not overlapping),
+    // rows positions, n_rot / 2 frequency factors (read only with has_freq_factors), rows *
+    // dim_v values of v, and slot rows (slot = position % slots < slots) of both caches, of
+    // n_heads2 * head_dim and dim_v elements.
+    unsafe {
+        launch.launch(LaunchConfig {
+            grid: [rows, row_blocks, 1],
+            block: [block, 1, 1],
+            shared_bytes: 0,
+        })
+    }?;
+    Ok(())
+}
