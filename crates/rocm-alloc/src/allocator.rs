@@ -647,8 +647,8 @@ impl Allocator {
     }
 
     /// Sets the cache limit (`LimitSpec::FractionOfDevice` resolves against device memory) and
-    /// trims to it (during a graph capture: when the capture ends). Explicit: later weight
-    /// reports do not change it.
+    /// trims to it (during a graph capture: when the capture ends). Traces record it as
+    /// explicit.
     pub fn set_cache_limit(&self, spec: LimitSpec) -> Result<(), AllocError> {
         let limit = spec.resolve(self.shared.device_total)?;
         let mut st = self.lock();

@@ -23,8 +23,8 @@ pub const DISCRETE_FRACTION: f64 = 0.90;
 pub const UMA_HOST_RESERVE_MIN: u64 = 4 * GIB;
 /// ...or this share of host RAM, whichever is larger.
 pub const UMA_HOST_RESERVE_FRACTION: f64 = 0.25;
-/// Default cache limit: the most idle memory the cache keeps before it gives segments back
-/// to the device. It does not depend on the model.
+/// Default cache limit: the idle bytes the cache is trimmed down to (by `trim`, and on a miss,
+/// where segments used within the hot window are spared). It does not depend on the model.
 ///
 /// Chosen by measurement (the memory study, `docs/benchmark_results/memory-study-2026-11-30.md`):
 /// on an H200, `bench-decode --sweep` with alternating arms, 2 rounds and a fresh process per

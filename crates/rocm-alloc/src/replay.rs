@@ -45,10 +45,12 @@ use crate::trace::{EventAt, TraceError, TraceFile, TraceRecord};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LimitsMode {
     /// The limits the trace was recorded with (its header, and any limits set through the API
-    /// during the run). A cache limit that was the default still follows reported weights.
+    /// during the run). A cache limit that was the default is replayed as today's default,
+    /// [`crate::limits::DEFAULT_CACHE_LIMIT`]; traces recorded before 2026-11-30 had a default
+    /// that grew with reported weights (256 MiB + 12.5 %), which is not reproduced.
     Trace,
     /// What [`AllocatorConfig::default`] picks on the simulated device (memory limit from its
-    /// size and UMA layout, cache limit from the trace's weight bytes), without the
+    /// size and UMA layout, cache limit [`crate::limits::DEFAULT_CACHE_LIMIT`]), without the
     /// environment.
     Default,
     /// No memory limit and no cache limit: the cache keeps everything until the device runs
@@ -299,8 +301,7 @@ pub fn replay_on(
     let alloc_config = match limits {
         LimitsMode::Trace => AllocatorConfig {
             memory_limit: spec(header.config.memory_limit),
-            // A default cache limit is left to the default rule, so that it follows weight
-            // reports as it did in the recorded run.
+            // A default cache limit is left to today's default (see `LimitsMode::Trace`).
             cache_limit: if header.config.cache_limit_explicit {
                 spec(header.config.cache_limit)
             } else {

@@ -323,8 +323,7 @@ pub enum TraceRecord {
         /// The limit in bytes (`null` = unbounded).
         bytes: Option<u64>,
     },
-    /// The cache limit was set through the API (from then on it no longer follows weight
-    /// reports).
+    /// The cache limit was set through the API.
     CacheLimit {
         /// Nanoseconds since tracing began.
         t: u64,

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use rocm_alloc::devices::sim::SimDevice;
 use rocm_alloc::{
-    AllocError, Allocator, AllocatorConfig, BlockState, CaptureTarget, PoolName, StrandedReason,
-    StreamId, Tag, TRIM_WINDOW_ENV,
+    AllocError, Allocator, AllocatorConfig, BlockState, CaptureTarget, LimitSpec, PoolName,
+    StrandedReason, StreamId, Tag, TRIM_WINDOW_ENV,
 };
 
 fn sim() -> (Arc<SimDevice>, Allocator, [StreamId; 2]) {
@@ -80,6 +80,9 @@ fn every_block_of_a_retired_stream_is_stranded_active_ones_too() {
 #[test]
 fn the_breakdown_partitions_reserved_bytes_exactly() {
     let (_dev, alloc, [main, side]) = sim();
+    // No cache limit, so that the idle segment below outlives the trim at the capture's end
+    // (the 4 MiB default would release it).
+    alloc.set_cache_limit(LimitSpec::Unbounded).unwrap();
     let w = alloc.alloc(5 << 20, main, Tag::Weights).unwrap();
     let kv = alloc.alloc(12 << 20, main, Tag::KvCache).unwrap();
     // Two small blocks in one 2 MiB segment; freeing one leaves slack beside the other.

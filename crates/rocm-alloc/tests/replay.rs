@@ -102,23 +102,23 @@ fn chat_trace_blows_up_without_limits_and_stays_bounded_with_the_defaults() {
     assert!(none.peak_cached >= 4 * working_set, "{text}");
     assert!(none.peak_reserved - base >= 3 * GIB / 2, "{text}");
     assert_eq!(none.device_frees, 0, "{text}");
-    // Defaults: the same run holds less than half of that over weights and KV, within the
-    // working set plus twice the cache limit (the limit bounds idle segments at each miss;
-    // beyond it are free space inside segments still in use and segments spared as
-    // recently used).
+    // Defaults: the same run holds less than half of that over weights and KV, and gives
+    // segments back to the device.
     let cache_limit = default
         .cache_limit
         .expect("the default cache limit is bounded");
-    assert_eq!(cache_limit, rocm_alloc::limits::CACHE_FLOOR);
+    assert_eq!(cache_limit, rocm_alloc::limits::DEFAULT_CACHE_LIMIT);
     assert!(
         default.peak_reserved - base <= (none.peak_reserved - base) / 2,
         "{text}"
     );
-    assert!(
-        default.peak_reserved <= base + working_set + 2 * cache_limit,
-        "{text}"
-    );
     assert!(default.device_frees > 0, "{text}");
+    // The 4 MiB limit does not bound what this eager runtime keeps: at the peak the cache
+    // holds free space inside segments still in use and idle segments the automatic trim
+    // spares because they were used within the last 4096 allocations (a prefill chunk is
+    // 258), some hundred times the limit.
+    assert!(default.peak_cached > 64 * cache_limit, "{text}");
+    assert!(default.peak_reserved <= base + 3 * working_set, "{text}");
     assert_eq!(default.peak_allocated, none.peak_allocated);
 }
 
@@ -163,11 +163,16 @@ fn the_blow_up_grows_with_the_context() {
 }
 
 /// The requirement of the memory study: on the APU, the defaults keep an 8B 4-bit model under
-/// weights + KV + 0.5 GB. On the committed eager-runtime trace they do not yet: the prefill
-/// working set (up to 270 MiB, mostly attention scores) plus the 256 MiB cache floor already
-/// pass 0.5 GB, and segments spared as recently used add more. Run it with `--ignored`.
+/// weights + KV + 0.5 GB. On the committed eager-runtime trace they still do not, with the
+/// 4 MiB cache limit: the peak is weights + KV + 0.61 GB (0.57 GiB; 0.62 GiB with the earlier
+/// 256 MiB floor). The prefill working set (up to 270 MiB, mostly attention scores) is about
+/// half of that; the rest is free space inside segments still in use and idle segments the
+/// automatic trim spares as used within its 4096-allocation window, which the cache limit does
+/// not bound. The real H200 runs meet it
+/// (`real_h200_runs_fit_the_apu_under_weights_kv_and_half_a_gigabyte`). Run it with
+/// `--ignored`.
 #[test]
-#[ignore = "known gap: the defaults peak at weights + KV + 0.62 GiB on chat-8b-eager.jsonl"]
+#[ignore = "known gap: the defaults peak at weights + KV + 0.57 GiB (0.61 GB) on chat-8b-eager.jsonl"]
 fn defaults_keep_the_8b_chat_under_weights_kv_and_half_a_gigabyte() {
     let trace = committed("chat-8b-eager.jsonl");
     let shape = DecodeShape::chat_8b();

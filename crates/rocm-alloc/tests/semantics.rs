@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use rocm_alloc::devices::sim::{EventFaults, SimConfig, SimDevice};
-use rocm_alloc::limits::{self, CACHE_FLOOR};
+use rocm_alloc::limits::DEFAULT_CACHE_LIMIT;
 use rocm_alloc::{
     AllocError, Allocator, AllocatorConfig, BlockState, CaptureTarget, DeviceError, LimitSpec,
     OomCause, PoolName, StreamId, Tag, UmaInfo,
@@ -362,13 +362,8 @@ fn defaults_are_bounded() {
         Some(72 << 30),
         "90% of a discrete device"
     );
-    assert_eq!(alloc.cache_limit(), Some(CACHE_FLOOR));
-    alloc.set_weight_bytes(8 << 30);
-    assert_eq!(
-        alloc.cache_limit(),
-        Some(limits::default_cache_limit(8 << 30))
-    );
-    assert!(alloc.cache_limit().unwrap() > CACHE_FLOOR);
+    assert_eq!(alloc.cache_limit(), Some(4 << 20), "the measured 4 MiB");
+    assert_eq!(alloc.cache_limit(), Some(DEFAULT_CACHE_LIMIT));
 }
 
 #[test]
@@ -782,13 +777,56 @@ fn fraction_limits_are_range_checked() {
 }
 
 #[test]
-fn lowering_the_weight_bytes_trims_the_cache() {
+fn a_weight_report_leaves_the_default_cache_limit_as_it_is() {
     let (dev, alloc, [main, _]) = sim(4 << 30);
-    alloc.set_weight_bytes(8 << 30); // default cache limit: 256 MiB + 1 GiB
-    drop(alloc.alloc(1 << 30, main, Tag::Activations).unwrap());
-    assert_eq!(alloc.stats().releasable_bytes, 1 << 30);
-    alloc.set_weight_bytes(0); // back to 256 MiB
-    assert_eq!(alloc.cache_limit(), Some(CACHE_FLOOR));
-    assert!(alloc.stats().releasable_bytes <= CACHE_FLOOR);
+    drop(alloc.alloc(4096, main, Tag::Activations).unwrap()); // an idle 2 MiB segment
+    let cached = alloc.stats().releasable_bytes;
+    assert!(cached > 0 && cached <= DEFAULT_CACHE_LIMIT, "{cached}");
+    for weights in [8 << 30, 0, 100 << 30] {
+        alloc.set_weight_bytes(weights);
+        assert_eq!(alloc.cache_limit(), Some(DEFAULT_CACHE_LIMIT), "{weights}");
+        assert_eq!(alloc.stats().releasable_bytes, cached, "nothing trimmed");
+    }
+    assert_eq!(dev.stats().frees, 0);
+}
+
+/// Under the default limit the cache keeps at most 4 MiB idle: a 64 MiB block freed after a
+/// large model was reported goes back to the device at a trim, and at the next miss once it
+/// is outside the hot window.
+#[test]
+fn the_default_cache_keeps_at_most_four_mebibytes() {
+    let (dev, alloc, [main, _]) = sim(4 << 30);
+    alloc.set_weight_bytes(8 << 30);
+    drop(alloc.alloc(64 << 20, main, Tag::Activations).unwrap());
+    assert_eq!(
+        alloc.stats().releasable_bytes,
+        64 << 20,
+        "a free does not trim"
+    );
+    assert_eq!(alloc.trim().unwrap(), 64 << 20);
+    assert_eq!(alloc.stats().releasable_bytes, 0);
     assert_eq!(dev.stats().frees, 1);
+
+    // The automatic trim on a miss, with no hot window to spare the segment.
+    let dev = Arc::new(SimDevice::discrete(4 << 30));
+    let config = AllocatorConfig {
+        read_env: false,
+        trim_hot_window: 0,
+        ..Default::default()
+    };
+    let alloc = Allocator::new(dev.clone(), config).unwrap();
+    let main = dev.create_stream();
+    alloc.set_weight_bytes(8 << 30);
+    drop(alloc.alloc(64 << 20, main, Tag::Activations).unwrap());
+    // One allocation later the idle 64 MiB is outside the window (the last one used is
+    // always spared).
+    let _small = alloc.alloc(4096, main, Tag::Activations).unwrap();
+    assert_eq!(dev.stats().frees, 0);
+    let _miss = alloc.alloc(128 << 20, main, Tag::Activations).unwrap();
+    assert_eq!(alloc.stats().releasable_bytes, 0);
+    assert_eq!(
+        dev.stats().frees,
+        1,
+        "the idle 64 MiB went back before growing"
+    );
 }

@@ -279,7 +279,7 @@ pub fn synthetic_config() -> TraceConfig {
             gtt: 16 << 30,
             host_ram: 32 << 30,
         })),
-        cache_limit: Some(rocm_alloc::limits::CACHE_FLOOR),
+        cache_limit: Some(rocm_alloc::limits::DEFAULT_CACHE_LIMIT),
         cache_limit_explicit: false,
         weight_bytes: 0,
         trim_hot_window: rocm_alloc::DEFAULT_TRIM_HOT_WINDOW,
