@@ -1086,8 +1086,8 @@ impl Backend for GpuBackend {
         bounds: &StepBounds,
         matmul_inputs: &[(&GpuBuffer, usize)],
     ) -> Result<()> {
-        // Loading is over: the weights' bytes now size the default cache limit (see
-        // docs/memory.md), which otherwise stays at its floor.
+        // Loading is over: the allocator records the weights' bytes for its traces and
+        // reports (the cache limit no longer follows them; docs/memory.md).
         let stats = self.alloc.stats();
         let weights = stats
             .per_tag
