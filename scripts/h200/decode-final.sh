@@ -25,4 +25,13 @@ grep -E "^\| (model|gemma|llama|qwen)" $D/bench.md | head -12
 echo "profiles exit $?"; grep -E "^model|per-op|warning" $D/profiles.md
 timeout 60 $B/hipdecode run -m $G -p "The history of computing began" -n 48 --temp 0 --device gpu \
   > $D/gemma-run.txt 2>&1; echo "gemma run exit $?"; tail -12 $D/gemma-run.txt
+# Counters of the 8B's matrix-vector launches in eager decode steps (the profile's), skipping
+# the prefill and the first steps (where the machine's runtime lets ncu read them).
+if command -v ncu > /dev/null; then
+  timeout 150 ncu --clock-control none -k regex:matvec_q8_one --launch-skip 300 --launch-count 6 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    $B/hipdecode profile -m $L -p 16 -n 4 > $D/ncu-matvec.txt 2>&1
+  echo "ncu exit $?"
+  grep -E "matvec_q8|Duration|DRAM Throughput|Compute \(SM\)|Memory Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued" $D/ncu-matvec.txt | head -60
+fi
 tar czf $OUT/decode-final.tgz -C $OUT decode-final && rm -rf $D
