@@ -1666,12 +1666,7 @@ impl Backend for GpuBackend {
                 n_heads: n_head,
                 head_dim,
             },
-            &rope::RopeParams {
-                neox: rope_params.neox,
-                freq_base: rope_params.freq_base,
-                position_scale: rope_params.position_scale,
-                n_rot: rope_params.n_rot,
-            },
+            &rope_kernel_params(rope_params),
         )
         .map_err(kerr("rope"))?;
         let values = rows * (n_head + n_head_kv) * head_dim;
@@ -1693,24 +1688,18 @@ impl Backend for GpuBackend {
         // head_dim) into caches of one element type; anything else takes the two ops.
         let fused = kv.k_cache.elem == kv.v_cache.elem && kv.k_dim == n_head_kv * head_dim;
         if !fused {
-            self.rope_qk(
+            let heads = (n_head, n_head_kv, head_dim);
+            return super::rope_qk_then_store_kv(
+                self,
                 q,
                 k,
+                v,
                 rows,
-                n_head,
-                n_head_kv,
-                head_dim,
+                heads,
                 rope_params,
                 freq_factors,
-            )?;
-            let KvDestination {
-                k_cache,
-                v_cache,
-                k_dim,
-                v_dim,
-                slots,
-            } = kv;
-            return self.store_kv(k, v, k_cache, v_cache, rows, k_dim, v_dim, slots);
+                kv,
+            );
         }
         let factors = freq_factors.map(|w| w.vector("rope")).transpose()?;
         let positions = self.step.positions();
@@ -1728,12 +1717,7 @@ impl Backend for GpuBackend {
                 n_heads: n_head,
                 head_dim,
             },
-            &rope::RopeParams {
-                neox: rope_params.neox,
-                freq_base: rope_params.freq_base,
-                position_scale: rope_params.position_scale,
-                n_rot: rope_params.n_rot,
-            },
+            &rope_kernel_params(rope_params),
             rope::KvStore {
                 v: &v.view(),
                 dim_v: v_dim,
@@ -1811,12 +1795,7 @@ impl Backend for GpuBackend {
                 n_heads,
                 head_dim,
             },
-            &rope::RopeParams {
-                neox: rope_params.neox,
-                freq_base: rope_params.freq_base,
-                position_scale: rope_params.position_scale,
-                n_rot: rope_params.n_rot,
-            },
+            &rope_kernel_params(rope_params),
         )
         .map_err(kerr("rope"))?;
         self.op_done(|| "rope".into(), (2 * rows * n_heads * head_dim * 4) as u64)
@@ -2183,6 +2162,16 @@ impl GpuBackend {
 }
 
 /// The kernel's view of an attention call's shape.
+/// A layer's rope as the kernels take it.
+fn rope_kernel_params(rope: &Rope) -> rope::RopeParams {
+    rope::RopeParams {
+        neox: rope.neox,
+        freq_base: rope.freq_base,
+        position_scale: rope.position_scale,
+        n_rot: rope.n_rot,
+    }
+}
+
 fn attention_shape(shape: &Attention) -> attn::AttentionShape {
     attn::AttentionShape {
         n_tokens: shape.n_tokens,

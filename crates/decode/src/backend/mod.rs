@@ -150,6 +150,31 @@ pub struct StepBounds {
     pub moe: Option<MoeShape>,
 }
 
+/// [`Backend::rope_qk_store_kv`] as two ops: [`Backend::rope_qk`], then [`Backend::store_kv`]
+/// (the default, and a backend's way when it cannot fuse them).
+#[allow(clippy::too_many_arguments)]
+pub fn rope_qk_then_store_kv<B: Backend + ?Sized>(
+    be: &mut B,
+    q: &mut B::Buffer,
+    k: &mut B::Buffer,
+    v: &B::Buffer,
+    rows: usize,
+    (n_head, n_head_kv, head_dim): (usize, usize, usize),
+    rope: &Rope,
+    freq_factors: Option<&B::Weight>,
+    kv: KvDestination<'_, B::Buffer>,
+) -> Result<()> {
+    be.rope_qk(q, k, rows, n_head, n_head_kv, head_dim, rope, freq_factors)?;
+    let KvDestination {
+        k_cache,
+        v_cache,
+        k_dim,
+        v_dim,
+        slots,
+    } = kv;
+    be.store_kv(k, v, k_cache, v_cache, rows, k_dim, v_dim, slots)
+}
+
 /// Where [`Backend::rope_qk_store_kv`] stores a layer's new K and V rows.
 pub struct KvDestination<'a, B> {
     /// The layer's K cache.
@@ -419,15 +444,8 @@ pub trait Backend: Send {
         freq_factors: Option<&Self::Weight>,
         kv: KvDestination<'_, Self::Buffer>,
     ) -> Result<()> {
-        self.rope_qk(q, k, rows, n_head, n_head_kv, head_dim, rope, freq_factors)?;
-        let KvDestination {
-            k_cache,
-            v_cache,
-            k_dim,
-            v_dim,
-            slots,
-        } = kv;
-        self.store_kv(k, v, k_cache, v_cache, rows, k_dim, v_dim, slots)
+        let heads = (n_head, n_head_kv, head_dim);
+        rope_qk_then_store_kv(self, q, k, v, rows, heads, rope, freq_factors, kv)
     }
     /// Writes `rows` rows of `dim` from `src` into `cache` for the step's positions
     /// `pos0..pos0 + rows`.

@@ -497,7 +497,21 @@ pub fn attention_decode(
         positions,
         out,
     };
-    check_io(&io, shape)?;
+    decode_launch(kernels, stream, &io, workspace, shape, None)
+}
+
+/// The checks and the launch of [`attention_decode`] and [`attention_decode_q8`]; `q8`, the
+/// quantized views the combine also writes, is only given when the plan has more than one
+/// split and the caller checked the views.
+fn decode_launch(
+    kernels: &Kernels,
+    stream: &Stream,
+    io: &Io<'_>,
+    workspace: &DeviceSliceMut<f32>,
+    shape: &AttentionShape,
+    q8: Option<(DevicePtr, DevicePtr)>,
+) -> Result<()> {
+    check_io(io, shape)?;
     let need = decode_workspace_floats(shape)?;
     check_shape(workspace.len() >= need, OP, || {
         format!(
@@ -509,8 +523,8 @@ pub fn attention_decode(
         return Ok(());
     }
     let plan = decode_plan(shape)?;
-    let ws = (plan.n_split > 1).then_some(&*workspace);
-    launch(kernels, stream, &io, ws, shape, &plan, None)
+    let ws = (plan.n_split > 1).then_some(workspace);
+    launch(kernels, stream, io, ws, shape, &plan, q8)
 }
 
 /// [`attention_decode`] that also leaves the output quantized in `q8` for the next int8
@@ -551,27 +565,8 @@ pub fn attention_decode_q8(
         positions,
         out,
     };
-    check_io(&io, shape)?;
-    let need = decode_workspace_floats(shape)?;
-    check_shape(workspace.len() >= need, OP, || {
-        format!(
-            "decode needs {need} workspace values for {shape:?}, the view has {}",
-            workspace.len()
-        )
-    })?;
-    if shape.n_tokens == 0 {
-        return Ok(true);
-    }
     let q8_ptrs = Some((q8.values.ptr(), q8.scales.ptr()));
-    launch(
-        kernels,
-        stream,
-        &io,
-        Some(&*workspace),
-        shape,
-        &plan,
-        q8_ptrs,
-    )?;
+    decode_launch(kernels, stream, &io, workspace, shape, q8_ptrs)?;
     Ok(true)
 }
 

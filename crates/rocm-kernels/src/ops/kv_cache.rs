@@ -175,6 +175,18 @@ pub(crate) fn check_kv_store(
     positions: &DeviceSlice<i32>,
     shape: KvStoreShape,
 ) -> Result<()> {
+    let (k, v) = kv_stores(k_src, v_src, k_cache, v_cache, shape);
+    check_stores(&k, Some(&v), positions, shape.rows, shape.slots)
+}
+
+/// The K and V halves of a store of `shape`.
+fn kv_stores<'a>(
+    k_src: &'a DeviceSlice<f32>,
+    v_src: &'a DeviceSlice<f32>,
+    k_cache: &'a KvSliceMut,
+    v_cache: &'a KvSliceMut,
+    shape: KvStoreShape,
+) -> (Store<'a>, Store<'a>) {
     let k = Store {
         src: k_src,
         cache: k_cache,
@@ -185,7 +197,7 @@ pub(crate) fn check_kv_store(
         cache: v_cache,
         dim: shape.dim_v,
     };
-    check_stores(&k, Some(&v), positions, shape.rows, shape.slots)
+    (k, v)
 }
 
 fn check_stores(
@@ -326,16 +338,7 @@ pub fn store_kv(
     positions: &DeviceSlice<i32>,
     shape: KvStoreShape,
 ) -> Result<()> {
-    let k = Store {
-        src: k_src,
-        cache: k_cache,
-        dim: shape.dim_k,
-    };
-    let v = Store {
-        src: v_src,
-        cache: v_cache,
-        dim: shape.dim_v,
-    };
+    let (k, v) = kv_stores(k_src, v_src, k_cache, v_cache, shape);
     launch_store(
         kernels,
         stream,

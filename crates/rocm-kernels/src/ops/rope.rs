@@ -140,6 +140,7 @@ pub fn rope(
         freq_factors,
         shape,
         params,
+        None,
     )
 }
 
@@ -156,6 +157,31 @@ pub fn rope_pair(
     freq_factors: Option<&DeviceSlice<f32>>,
     shape: RopeShape,
     params: &RopeParams,
+) -> Result<()> {
+    rope_pair_launch(
+        kernels,
+        stream,
+        (x, x2, n_heads2),
+        positions,
+        freq_factors,
+        shape,
+        params,
+        None,
+    )
+}
+
+/// [`rope_pair`] and [`rope_pair_store`]: checks the second tensor against the first and the
+/// store (when given) against the keys, then launches.
+#[allow(clippy::too_many_arguments)]
+fn rope_pair_launch(
+    kernels: &Kernels,
+    stream: &Stream,
+    (x, x2, n_heads2): (&mut DeviceSliceMut<f32>, &mut DeviceSliceMut<f32>, usize),
+    positions: &DeviceSlice<i32>,
+    freq_factors: Option<&DeviceSlice<f32>>,
+    shape: RopeShape,
+    params: &RopeParams,
+    store: Option<KvStore<'_>>,
 ) -> Result<()> {
     let shape2 = RopeShape {
         n_heads: n_heads2,
@@ -174,6 +200,21 @@ pub fn rope_pair(
     crate::error::check_shape(a + bytes <= b || b + bytes2 <= a, OP, || {
         "the two tensors overlap".to_string()
     })?;
+    if let Some(kv) = &store {
+        crate::ops::kv_cache::check_kv_store(
+            &x2.as_const(),
+            kv.v,
+            kv.k_cache,
+            kv.v_cache,
+            positions,
+            crate::ops::kv_cache::KvStoreShape {
+                rows: shape.rows,
+                dim_k: n_heads2 * shape.head_dim,
+                dim_v: kv.dim_v,
+                slots: kv.slots,
+            },
+        )?;
+    }
     rope_launch(
         kernels,
         stream,
@@ -183,9 +224,23 @@ pub fn rope_pair(
         freq_factors,
         shape,
         params,
+        store,
     )
 }
 
+/// The device pointers and sizes of a fused K/V store, as the kernel takes them.
+struct StoreArgs {
+    v: DevicePtr,
+    dim_v: u32,
+    k_cache: DevicePtr,
+    v_cache: DevicePtr,
+    slots: u32,
+    entry: &'static str,
+}
+
+/// Launches `rope_f32`, or with `store` (only given with a second tensor, already checked by
+/// the caller) `rope_store_{f16,f32}`, which also writes the rotated keys and the values into
+/// the caches.
 #[allow(clippy::too_many_arguments)]
 fn rope_launch(
     kernels: &Kernels,
@@ -196,6 +251,7 @@ fn rope_launch(
     freq_factors: Option<&DeviceSlice<f32>>,
     shape: RopeShape,
     params: &RopeParams,
+    store: Option<KvStore<'_>>,
 ) -> Result<()> {
     check(
         x.len(),
@@ -208,7 +264,23 @@ fn rope_launch(
         Some((x2, n)) => (x2.ptr(), to_u32(OP, "n_heads2", n)?),
         None => (DevicePtr(0), 0),
     };
-    if shape.rows == 0 || shape.n_heads + n_heads2 as usize == 0 || params.n_rot == 0 {
+    let store = match store {
+        Some(kv) => Some(StoreArgs {
+            v: kv.v.ptr(),
+            dim_v: to_u32(OP, "dim_v", kv.dim_v)?,
+            k_cache: kv.k_cache.ptr(),
+            v_cache: kv.v_cache.ptr(),
+            slots: to_u32(OP, "slots", kv.slots)?,
+            entry: match kv.k_cache.elem() {
+                crate::ops::kv_cache::KvElem::F16 => "rope_store_f16",
+                crate::ops::kv_cache::KvElem::F32 => "rope_store_f32",
+            },
+        }),
+        None => None,
+    };
+    // Nothing to rotate is nothing to do, unless rows are to be stored.
+    let rotates = shape.n_heads + n_heads2 as usize > 0 && params.n_rot > 0;
+    if shape.rows == 0 || (!rotates && store.is_none()) {
         return Ok(());
     }
     let rows = to_u32(OP, "rows", shape.rows)?;
@@ -216,8 +288,12 @@ fn rope_launch(
     let head_dim = to_u32(OP, "head_dim", shape.head_dim)?;
     let n_rot = to_u32(OP, "n_rot", params.n_rot)?;
     let wave = kernels.wave_size().max(1);
-    // One thread per (head, pair) item up to MAX_BLOCK, in whole waves.
-    let items = (n_heads + n_heads2) * (n_rot / 2);
+    // One thread per item up to MAX_BLOCK, in whole waves: the (head, pair) rotations, and with
+    // a store the keys' unrotated values and the value row.
+    let mut items = (n_heads + n_heads2) * (n_rot / 2);
+    if let Some(st) = &store {
+        items += n_heads2 * (head_dim - n_rot) + st.dim_v;
+    }
     let block = items
         .div_ceil(wave)
         .max(1)
@@ -230,7 +306,8 @@ fn rope_launch(
     };
     let neox = u32::from(params.neox);
     let (x_ptr, positions_ptr) = (x.ptr(), positions.ptr());
-    let function = kernels.function(KernelModule::Rope, "rope_f32")?;
+    let entry = store.as_ref().map_or("rope_f32", |st| st.entry);
+    let function = kernels.function(KernelModule::Rope, entry)?;
     let mut launch = function.builder(stream);
     launch
         .arg(&x_ptr)
@@ -246,10 +323,21 @@ fn rope_launch(
         .arg(&neox)
         .arg(&x2_ptr)
         .arg(&n_heads2);
-    // SAFETY: the arguments match `rope_f32` in order and type. The checks above keep every
-    // access inside the views: rows * n_heads * head_dim values of x (and rows * n_heads2 *
-    // head_dim of x2, null with no heads), `rows` positions, and n_rot / 2 frequency factors
-    // (read only when has_freq_factors is 1).
+    if let Some(st) = &store {
+        launch
+            .arg(&st.v)
+            .arg(&st.dim_v)
+            .arg(&st.k_cache)
+            .arg(&st.v_cache)
+            .arg(&st.slots);
+    }
+    // SAFETY: the arguments match `rope_f32` in order and type, or with a store
+    // `rope_store_{f16,f32}` (the same, then v, dim_v, k_cache, v_cache, slots), the caches'
+    // element type picking the entry point. The checks keep every access inside the views: rows
+    // * n_heads * head_dim values of x (and rows * n_heads2 * head_dim of x2, null with no
+    // heads, not overlapping x), `rows` positions, n_rot / 2 frequency factors (read only when
+    // has_freq_factors is 1), and with a store (checked by `rope_pair_store`) rows * dim_v
+    // values of v and slot rows (slot = position % slots < slots) of both caches.
     unsafe {
         launch.launch(LaunchConfig {
             grid: [rows, row_blocks, 1],
@@ -291,106 +379,14 @@ pub fn rope_pair_store(
     params: &RopeParams,
     kv: KvStore<'_>,
 ) -> Result<()> {
-    let shape2 = RopeShape {
-        n_heads: n_heads2,
-        ..shape
-    };
-    check(
-        x.len(),
-        positions.len(),
-        freq_factors.map(|f| f.len()),
+    rope_pair_launch(
+        kernels,
+        stream,
+        (x, x2, n_heads2),
+        positions,
+        freq_factors,
         shape,
         params,
-    )?;
-    check(
-        x2.len(),
-        positions.len(),
-        freq_factors.map(|f| f.len()),
-        shape2,
-        params,
-    )?;
-    let bytes = (shape.rows * shape.n_heads * shape.head_dim * 4) as u64;
-    let bytes2 = (shape.rows * n_heads2 * shape.head_dim * 4) as u64;
-    let (a, b) = (x.addr(), x2.addr());
-    crate::error::check_shape(a + bytes <= b || b + bytes2 <= a, OP, || {
-        "the two tensors overlap".to_string()
-    })?;
-    let k_dim = n_heads2 * shape.head_dim;
-    crate::ops::kv_cache::check_kv_store(
-        &x2.as_const(),
-        kv.v,
-        kv.k_cache,
-        kv.v_cache,
-        positions,
-        crate::ops::kv_cache::KvStoreShape {
-            rows: shape.rows,
-            dim_k: k_dim,
-            dim_v: kv.dim_v,
-            slots: kv.slots,
-        },
-    )?;
-    if shape.rows == 0 {
-        return Ok(());
-    }
-    let rows = to_u32(OP, "rows", shape.rows)?;
-    let n_heads = to_u32(OP, "n_heads", shape.n_heads)?;
-    let n_heads2_u = to_u32(OP, "n_heads2", n_heads2)?;
-    let head_dim = to_u32(OP, "head_dim", shape.head_dim)?;
-    let n_rot = to_u32(OP, "n_rot", params.n_rot)?;
-    let dim_v = to_u32(OP, "dim_v", kv.dim_v)?;
-    let slots = to_u32(OP, "slots", kv.slots)?;
-    let items = (n_heads + n_heads2_u) * (n_rot / 2) + n_heads2_u * (head_dim - n_rot) + dim_v;
-    let wave = kernels.wave_size().max(1);
-    let block = items
-        .div_ceil(wave)
-        .max(1)
-        .saturating_mul(wave)
-        .min(MAX_BLOCK);
-    let row_blocks = items.div_ceil(block).clamp(1, MAX_ROW_BLOCKS);
-    let (ff_ptr, has_ff) = match freq_factors {
-        Some(f) => (f.ptr(), 1u32),
-        None => (DevicePtr(0), 0u32),
-    };
-    let neox = u32::from(params.neox);
-    let entry = match kv.k_cache.elem() {
-        crate::ops::kv_cache::KvElem::F16 => "rope_store_f16",
-        crate::ops::kv_cache::KvElem::F32 => "rope_store_f32",
-    };
-    let (x_ptr, x2_ptr, positions_ptr) = (x.ptr(), x2.ptr(), positions.ptr());
-    let (v_ptr, kc_ptr, vc_ptr) = (kv.v.ptr(), kv.k_cache.ptr(), kv.v_cache.ptr());
-    let function = kernels.function(KernelModule::Rope, entry)?;
-    let mut launch = function.builder(stream);
-    launch
-        .arg(&x_ptr)
-        .arg(&positions_ptr)
-        .arg(&ff_ptr)
-        .arg(&has_ff)
-        .arg(&rows)
-        .arg(&n_heads)
-        .arg(&head_dim)
-        .arg(&n_rot)
-        .arg(&params.freq_base)
-        .arg(&params.position_scale)
-        .arg(&neox)
-        .arg(&x2_ptr)
-        .arg(&n_heads2_u)
-        .arg(&v_ptr)
-        .arg(&dim_v)
-        .arg(&kc_ptr)
-        .arg(&vc_ptr)
-        .arg(&slots);
-    // SAFETY: the arguments match `rope_store_{f16,f32}` in order and type, the caches' element
-    // type picking the entry point. The checks above keep every access inside the views: rows
-    // * n_heads * head_dim values of x and rows * n_heads2 * head_dim of x2 (not overlapping),
-    // rows positions, n_rot / 2 frequency factors (read only with has_freq_factors), rows *
-    // dim_v values of v, and slot rows (slot = position % slots < slots) of both caches, of
-    // n_heads2 * head_dim and dim_v elements.
-    unsafe {
-        launch.launch(LaunchConfig {
-            grid: [rows, row_blocks, 1],
-            block: [block, 1, 1],
-            shared_bytes: 0,
-        })
-    }?;
-    Ok(())
+        Some(kv),
+    )
 }
