@@ -61,11 +61,12 @@ impl WeightMemory {
         }
     }
 
-    /// Bytes held (the allocator's rounded size on the device, the exact size on the host).
+    /// The weight's bytes (what it was given; the allocator's and the block's rounding is not
+    /// counted, so a matrix view over it has the tensor's exact size).
     pub fn size(&self) -> u64 {
         match self {
             WeightMemory::Device(a) => a.size(),
-            WeightMemory::Block { len, .. } => super::weight_block::piece_bytes(*len),
+            WeightMemory::Block { len, .. } => *len,
             WeightMemory::Host(p) => p.len_bytes() as u64,
         }
     }

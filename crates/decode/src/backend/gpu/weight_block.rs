@@ -73,8 +73,18 @@ mod tests {
             .unwrap();
         let base = block.ptr();
         let mut b = WeightBlock::new(block);
-        let offsets: Vec<u64> = lens.iter().map(|&l| b.take(l).unwrap().1).collect();
+        let pieces: Vec<_> = lens.iter().map(|&l| (b.take(l).unwrap(), l)).collect();
+        let offsets: Vec<u64> = pieces.iter().map(|((_, o), _)| *o).collect();
         assert_eq!(offsets, [0, 1024, 1024 + 4096]);
+        // A weight's memory reports the weight's own bytes, not its rounded piece: the kernels'
+        // matrix views check the size against the tensor's shape.
+        let ((block_ref, offset), len) = pieces[0].clone();
+        let mem = super::super::WeightMemory::Block {
+            block: block_ref,
+            offset,
+            len,
+        };
+        assert_eq!((mem.size(), mem.ptr()), (1000, base));
         assert!(offsets.iter().all(|o| (base + o) % 256 == 0));
         // The block is as large as the allocator rounded it; past that, a weight is refused
         // (and the backend gives it an allocation of its own).
