@@ -14,6 +14,16 @@ use decode::gguf_loader::synth::Preset;
 use decode::model::{Model, ModelOptions};
 use std::sync::Arc;
 
+/// The tests of this file one at a time: a test that ends unloads its kernel modules, which
+/// synchronizes the whole device, and that is illegal while another thread's stream is
+/// capturing (seen on the H200: a side-stream capture failed with
+/// CUDA_ERROR_STREAM_CAPTURE_INVALIDATED while verify-rocm ran both tests in parallel).
+static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn gpu_lock() -> std::sync::MutexGuard<'static, ()> {
+    GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Logits of 6 decode steps after a 5-token prompt (the first step runs the capture, the rest
 /// replay it), and the backend's device memory at the end.
 fn decode_logits(
@@ -51,6 +61,7 @@ fn decode_logits(
 #[test]
 fn side_stream_and_shared_pool_captures_decode_exactly_as_the_default() {
     let test = "side_stream_and_shared_pool_captures_decode_exactly_as_the_default";
+    let _one_at_a_time = gpu_lock();
     let file = Arc::new(preset_file(Preset::TinyLlama));
     let Some(device) = hip_ffi::testing::device_or_skip(test) else {
         return;
@@ -101,6 +112,7 @@ fn side_stream_and_shared_pool_captures_decode_exactly_as_the_default() {
 #[test]
 fn the_capture_cannot_move_after_a_graph_exists() {
     let test = "the_capture_cannot_move_after_a_graph_exists";
+    let _one_at_a_time = gpu_lock();
     let file = Arc::new(preset_file(Preset::TinyLlama));
     let Some(device) = hip_ffi::testing::device_or_skip(test) else {
         return;
