@@ -279,22 +279,11 @@ fn kernel_reads_mapped_pinned_host_memory() {
     let module = device
         .compile_module(KERNELS, "kernels.cu", &[])
         .expect("compile");
-    let kernel = module.function("double_from_host").expect("lookup");
-    let n: u32 = 4099;
-    let input = noise(n as usize, 3);
-    let mut pinned = PinnedHostBuffer::alloc(&device, n as usize * 4).expect("pinned");
+    let input = noise(4099, 3);
+    let mut pinned = PinnedHostBuffer::alloc(&device, input.len() * 4).expect("pinned");
     pinned.as_mut_slice::<i32>().copy_from_slice(&input);
-    let out = DeviceBuffer::alloc(&device, n as usize * 4).expect("alloc");
+    assert_doubled_in_place(&device, &module, &pinned, &input);
     let stream = Stream::new(&device).expect("stream");
-    let (src, dst) = (pinned.device_ptr(), out.ptr());
-    let mut launch = kernel.builder(&stream);
-    launch.arg(&src).arg(&dst).arg(&n);
-    // SAFETY: pointer/pointer/uint match the kernel; both buffers hold n ints and live past
-    // the synchronize.
-    unsafe { launch.launch(LaunchConfig::for_elements(n, 128)) }.expect("launch");
-    stream.synchronize().expect("sync");
-    let expected: Vec<i32> = input.iter().map(|x| 2 * x + 1).collect();
-    assert_eq!(out.to_host_vec::<i32>().expect("d2h"), expected);
 
     // Registered (not runtime-allocated) host memory, written by the device in place.
     let add = module.function("add_one").expect("lookup");
@@ -323,9 +312,7 @@ fn pinned_copy_of_host_bytes_is_read_by_a_kernel_in_place() {
     let module = device
         .compile_module(KERNELS, "kernels.cu", &[])
         .expect("compile");
-    let kernel = module.function("double_from_host").expect("lookup");
-    let n: u32 = 5003;
-    let input = noise(n as usize, 17);
+    let input = noise(5003, 17);
     let bytes: Vec<u8> = input.iter().flat_map(|x| x.to_ne_bytes()).collect();
     let pinned = PinnedHostBuffer::from_bytes(&device, &bytes).expect("pinned copy");
     assert_eq!(pinned.len_bytes(), bytes.len());
@@ -334,8 +321,21 @@ fn pinned_copy_of_host_bytes_is_read_by_a_kernel_in_place() {
         &input[..],
         "host view of the copy"
     );
-    let out = DeviceBuffer::alloc(&device, n as usize * 4).expect("alloc");
-    let stream = Stream::new(&device).expect("stream");
+    assert_doubled_in_place(&device, &module, &pinned, &input);
+}
+
+/// Runs `double_from_host` over `pinned` read in place through its device address and checks
+/// the device result is 2x + 1 of `input`, the buffer's contents.
+fn assert_doubled_in_place(
+    device: &hip_ffi::Device,
+    module: &hip_ffi::Module,
+    pinned: &PinnedHostBuffer,
+    input: &[i32],
+) {
+    let kernel = module.function("double_from_host").expect("lookup");
+    let n = input.len() as u32;
+    let out = DeviceBuffer::alloc(device, input.len() * 4).expect("alloc");
+    let stream = Stream::new(device).expect("stream");
     let (src, dst) = (pinned.device_ptr(), out.ptr());
     let mut launch = kernel.builder(&stream);
     launch.arg(&src).arg(&dst).arg(&n);

@@ -414,13 +414,13 @@ fn rope_with_the_kv_store_leaves_what_rope_then_store_leave() {
             ffv,
             shape,
             &params,
-            KvStore {
+            Some(KvStore {
                 v: &dv.view(),
                 dim_v,
                 k_cache: &mut kc2.view_mut(),
                 v_cache: &mut vc2.view_mut(),
                 slots,
-            },
+            }),
         )
         .expect("rope_pair_store");
         let what = format!("head_dim {head_dim} n_rot {n_rot} neox {neox} {elem:?}");
@@ -892,7 +892,7 @@ fn decode_attention_can_leave_its_output_quantized_as_the_quantizer_would() {
                         &mut out.view_mut(),
                         &mut ws.view_mut(),
                         &shape,
-                        &mut q8,
+                        Some(&mut q8),
                     )
                     .expect("attention_decode_q8")
                 }

@@ -477,9 +477,7 @@ pub struct GpuBackend {
     capture: capture_stream::CaptureState,
     /// Weights placed in pinned host memory (none unless a placement was set).
     host_weights: host_weights::HostWeights,
-    /// The bytes a budget run's device weights take as one allocation (0: one each), and the
-    /// block once the first device weight made it.
-    weight_block_bytes: u64,
+    /// The block of a budget run's device weights, once the first device weight made it.
     weight_block: Option<weight_block::WeightBlock>,
 }
 
@@ -578,7 +576,6 @@ impl GpuBackend {
             graph_pool,
             capture,
             host_weights: Default::default(),
-            weight_block_bytes: 0,
             weight_block: None,
         };
         // No stale ints a kernel could read before the first step.
@@ -591,7 +588,6 @@ impl GpuBackend {
     /// Keeps the named weights in mapped pinned host memory, read by the kernels in place
     /// (the offload plan's zero-copy placement). Call before the model is loaded.
     pub fn set_host_placement(&mut self, placement: HostPlacement) -> Result<()> {
-        self.weight_block_bytes = placement.device_weight_bytes;
         self.host_weights.set_placement(placement)
     }
 
@@ -599,8 +595,9 @@ impl GpuBackend {
     /// (made on the first call) when the plan sized one and the weight fits in what is left,
     /// else an allocation of its own.
     fn device_weight(&mut self, len: usize, name: &str) -> Result<WeightMemory> {
-        if self.weight_block.is_none() && self.weight_block_bytes > 0 {
-            let bytes = usize::try_from(self.weight_block_bytes).map_err(|_| {
+        let block_bytes = self.host_weights.device_weight_bytes();
+        if self.weight_block.is_none() && block_bytes > 0 {
+            let bytes = usize::try_from(block_bytes).map_err(|_| {
                 DecodeError::InvalidArgument("the weight block does not fit this host".into())
             })?;
             let block = self.device_alloc(Tag::Weights, bytes, "the device weights' block")?;
@@ -1651,24 +1648,8 @@ impl Backend for GpuBackend {
         rope_params: &Rope,
         freq_factors: Option<&GpuWeight>,
     ) -> Result<()> {
-        let factors = freq_factors.map(|w| w.vector("rope")).transpose()?;
-        let positions = self.step.positions();
-        rope::rope_pair(
-            &self.kernels,
-            &self.stream,
-            &mut q.view_mut(),
-            &mut k.view_mut(),
-            n_head_kv,
-            &positions,
-            factors.as_ref(),
-            rope::RopeShape {
-                rows,
-                n_heads: n_head,
-                head_dim,
-            },
-            &rope_kernel_params(rope_params),
-        )
-        .map_err(kerr("rope"))?;
+        let heads = (n_head, n_head_kv, head_dim);
+        self.rope_pair_queued(q, k, rows, heads, rope_params, freq_factors, None)?;
         let values = rows * (n_head + n_head_kv) * head_dim;
         self.op_done(|| "rope q+k".into(), (2 * values * 4) as u64)
     }
@@ -1701,32 +1682,16 @@ impl Backend for GpuBackend {
                 kv,
             );
         }
-        let factors = freq_factors.map(|w| w.vector("rope")).transpose()?;
-        let positions = self.step.positions();
         let (v_dim, slots) = (kv.v_dim, kv.slots);
-        rope::rope_pair_store(
-            &self.kernels,
-            &self.stream,
-            &mut q.view_mut(),
-            &mut k.view_mut(),
-            n_head_kv,
-            &positions,
-            factors.as_ref(),
-            rope::RopeShape {
-                rows,
-                n_heads: n_head,
-                head_dim,
-            },
-            &rope_kernel_params(rope_params),
-            rope::KvStore {
-                v: &v.view(),
-                dim_v: v_dim,
-                k_cache: &mut kv.k_cache.kv_view_mut(),
-                v_cache: &mut kv.v_cache.kv_view_mut(),
-                slots,
-            },
-        )
-        .map_err(kerr("rope + kv store"))?;
+        let store = rope::KvStore {
+            v: &v.view(),
+            dim_v: v_dim,
+            k_cache: &mut kv.k_cache.kv_view_mut(),
+            v_cache: &mut kv.v_cache.kv_view_mut(),
+            slots,
+        };
+        let heads = (n_head, n_head_kv, head_dim);
+        self.rope_pair_queued(q, k, rows, heads, rope_params, freq_factors, Some(store))?;
         let values = rows * (n_head + n_head_kv) * head_dim;
         let stored = rows * (n_head_kv * head_dim + v_dim);
         self.op_done(
@@ -1983,6 +1948,44 @@ impl Backend for GpuBackend {
 }
 
 impl GpuBackend {
+    /// The rope of a layer's queries and keys at the step's positions, with the new K and V
+    /// rows stored by the same kernel when `store` is given.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_pair_queued(
+        &self,
+        q: &mut GpuBuffer,
+        k: &mut GpuBuffer,
+        rows: usize,
+        (n_head, n_head_kv, head_dim): (usize, usize, usize),
+        rope_params: &Rope,
+        freq_factors: Option<&GpuWeight>,
+        store: Option<rope::KvStore<'_>>,
+    ) -> Result<()> {
+        let factors = freq_factors.map(|w| w.vector("rope")).transpose()?;
+        let what = if store.is_some() {
+            "rope + kv store"
+        } else {
+            "rope"
+        };
+        rope::rope_pair_store(
+            &self.kernels,
+            &self.stream,
+            &mut q.view_mut(),
+            &mut k.view_mut(),
+            n_head_kv,
+            &self.step.positions(),
+            factors.as_ref(),
+            rope::RopeShape {
+                rows,
+                n_heads: n_head,
+                head_dim,
+            },
+            &rope_kernel_params(rope_params),
+            store,
+        )
+        .map_err(kerr(what))
+    }
+
     /// [`Backend::add_rms_norm`] with the residual as the kernel takes it: added as it is, or
     /// normalized first.
     #[allow(clippy::too_many_arguments)]
@@ -2071,21 +2074,11 @@ impl GpuBackend {
             let quantize = self.matvec_path == MatvecPath::Int8
                 && s.head_dim_v % matvec_q8::GROUP == 0
                 && values <= out.len;
-            if !quantize {
-                return attn::attention_decode(
-                    &self.kernels,
-                    &self.stream,
-                    &q.view(),
-                    &k,
-                    &v,
-                    &positions,
-                    &mut out.view_mut(),
-                    &mut ws,
-                    &s,
-                )
-                .map_err(kerr("attention (decode)"));
-            }
-            let mut q8 = self.q8_shadow(out, values)?;
+            let mut q8 = if quantize {
+                Some(self.q8_shadow(out, values)?)
+            } else {
+                None
+            };
             let quantized = attn::attention_decode_q8(
                 &self.kernels,
                 &self.stream,
@@ -2096,7 +2089,7 @@ impl GpuBackend {
                 &mut out.view_mut(),
                 &mut ws,
                 &s,
-                &mut q8,
+                q8.as_mut(),
             )
             .map_err(kerr("attention (decode)"))?;
             if quantized {
@@ -2161,7 +2154,6 @@ impl GpuBackend {
     }
 }
 
-/// The kernel's view of an attention call's shape.
 /// A layer's rope as the kernels take it.
 fn rope_kernel_params(rope: &Rope) -> rope::RopeParams {
     rope::RopeParams {
@@ -2172,6 +2164,7 @@ fn rope_kernel_params(rope: &Rope) -> rope::RopeParams {
     }
 }
 
+/// The kernel's view of an attention call's shape.
 fn attention_shape(shape: &Attention) -> attn::AttentionShape {
     attn::AttentionShape {
         n_tokens: shape.n_tokens,

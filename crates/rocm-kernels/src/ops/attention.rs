@@ -490,46 +490,15 @@ pub fn attention_decode(
     workspace: &mut DeviceSliceMut<f32>,
     shape: &AttentionShape,
 ) -> Result<()> {
-    let io = Io {
-        q,
-        k: k_cache,
-        v: v_cache,
-        positions,
-        out,
-    };
-    decode_launch(kernels, stream, &io, workspace, shape, None)
+    attention_decode_q8(
+        kernels, stream, q, k_cache, v_cache, positions, out, workspace, shape, None,
+    )
+    .map(|_| ())
 }
 
-/// The checks and the launch of [`attention_decode`] and [`attention_decode_q8`]; `q8`, the
-/// quantized views the combine also writes, is only given when the plan has more than one
-/// split and the caller checked the views.
-fn decode_launch(
-    kernels: &Kernels,
-    stream: &Stream,
-    io: &Io<'_>,
-    workspace: &DeviceSliceMut<f32>,
-    shape: &AttentionShape,
-    q8: Option<(DevicePtr, DevicePtr)>,
-) -> Result<()> {
-    check_io(io, shape)?;
-    let need = decode_workspace_floats(shape)?;
-    check_shape(workspace.len() >= need, OP, || {
-        format!(
-            "decode needs {need} workspace values for {shape:?}, the view has {}",
-            workspace.len()
-        )
-    })?;
-    if shape.n_tokens == 0 {
-        return Ok(());
-    }
-    let plan = decode_plan(shape)?;
-    let ws = (plan.n_split > 1).then_some(workspace);
-    launch(kernels, stream, io, ws, shape, &plan, q8)
-}
-
-/// [`attention_decode`] that also leaves the output quantized in `q8` for the next int8
-/// matrix-vector product, as [`crate::ops::matvec_q8::quantize`] would, when it can do so in
-/// its combine step: with more than one split and `head_dim_v` a multiple of 32. Returns
+/// [`attention_decode`] that also leaves the output quantized in `q8` (when given) for the next
+/// int8 matrix-vector product, as [`crate::ops::matvec_q8::quantize`] would, when it can do so
+/// in its combine step: with more than one split and `head_dim_v` a multiple of 32. Returns
 /// whether it did; when not, `q8` is untouched and the caller quantizes. `q8` must hold
 /// `n_tokens * n_head * head_dim_v` values and a scale per 32 of them.
 #[allow(clippy::too_many_arguments)]
@@ -543,21 +512,8 @@ pub fn attention_decode_q8(
     out: &mut DeviceSliceMut<f32>,
     workspace: &mut DeviceSliceMut<f32>,
     shape: &AttentionShape,
-    q8: &mut crate::ops::matvec_q8::Q8ActivationsMut,
+    q8: Option<&mut crate::ops::matvec_q8::Q8ActivationsMut>,
 ) -> Result<bool> {
-    let plan = decode_plan(shape)?;
-    if plan.n_split <= 1 || shape.head_dim_v % crate::ops::matvec_q8::GROUP != 0 {
-        attention_decode(
-            kernels, stream, q, k_cache, v_cache, positions, out, workspace, shape,
-        )?;
-        return Ok(false);
-    }
-    let values = shape.n_tokens * shape.n_head * shape.head_dim_v;
-    check_shape(
-        q8.values.len() >= values && q8.scales.len() >= values / crate::ops::matvec_q8::GROUP,
-        OP,
-        || format!("the quantized views are too short for {values} values"),
-    )?;
     let io = Io {
         q,
         k: k_cache,
@@ -565,9 +521,35 @@ pub fn attention_decode_q8(
         positions,
         out,
     };
-    let q8_ptrs = Some((q8.values.ptr(), q8.scales.ptr()));
-    decode_launch(kernels, stream, &io, workspace, shape, q8_ptrs)?;
-    Ok(true)
+    check_io(&io, shape)?;
+    let need = decode_workspace_floats(shape)?;
+    check_shape(workspace.len() >= need, OP, || {
+        format!(
+            "decode needs {need} workspace values for {shape:?}, the view has {}",
+            workspace.len()
+        )
+    })?;
+    let plan = decode_plan(shape)?;
+    let fused = plan.n_split > 1 && shape.head_dim_v % crate::ops::matvec_q8::GROUP == 0;
+    let q8_ptrs = match q8.filter(|_| fused) {
+        Some(q8) => {
+            let values = shape.n_tokens * shape.n_head * shape.head_dim_v;
+            let scales = values / crate::ops::matvec_q8::GROUP;
+            check_shape(
+                q8.values.len() >= values && q8.scales.len() >= scales,
+                OP,
+                || format!("the quantized views are too short for {values} values"),
+            )?;
+            Some((q8.values.ptr(), q8.scales.ptr()))
+        }
+        None => None,
+    };
+    if shape.n_tokens == 0 {
+        return Ok(q8_ptrs.is_some());
+    }
+    let ws = (plan.n_split > 1).then_some(&*workspace);
+    launch(kernels, stream, &io, ws, shape, &plan, q8_ptrs)?;
+    Ok(q8_ptrs.is_some())
 }
 
 /// Causal prefill attention (see the module docs) for any number of query tokens.

@@ -158,73 +158,17 @@ pub fn rope_pair(
     shape: RopeShape,
     params: &RopeParams,
 ) -> Result<()> {
-    rope_pair_launch(
+    rope_pair_store(
         kernels,
         stream,
-        (x, x2, n_heads2),
+        x,
+        x2,
+        n_heads2,
         positions,
         freq_factors,
         shape,
         params,
         None,
-    )
-}
-
-/// [`rope_pair`] and [`rope_pair_store`]: checks the second tensor against the first and the
-/// store (when given) against the keys, then launches.
-#[allow(clippy::too_many_arguments)]
-fn rope_pair_launch(
-    kernels: &Kernels,
-    stream: &Stream,
-    (x, x2, n_heads2): (&mut DeviceSliceMut<f32>, &mut DeviceSliceMut<f32>, usize),
-    positions: &DeviceSlice<i32>,
-    freq_factors: Option<&DeviceSlice<f32>>,
-    shape: RopeShape,
-    params: &RopeParams,
-    store: Option<KvStore<'_>>,
-) -> Result<()> {
-    let shape2 = RopeShape {
-        n_heads: n_heads2,
-        ..shape
-    };
-    check(
-        x2.len(),
-        positions.len(),
-        freq_factors.map(|f| f.len()),
-        shape2,
-        params,
-    )?;
-    let bytes = (shape.rows * shape.n_heads * shape.head_dim * 4) as u64;
-    let bytes2 = (shape.rows * n_heads2 * shape.head_dim * 4) as u64;
-    let (a, b) = (x.addr(), x2.addr());
-    crate::error::check_shape(a + bytes <= b || b + bytes2 <= a, OP, || {
-        "the two tensors overlap".to_string()
-    })?;
-    if let Some(kv) = &store {
-        crate::ops::kv_cache::check_kv_store(
-            &x2.as_const(),
-            kv.v,
-            kv.k_cache,
-            kv.v_cache,
-            positions,
-            crate::ops::kv_cache::KvStoreShape {
-                rows: shape.rows,
-                dim_k: n_heads2 * shape.head_dim,
-                dim_v: kv.dim_v,
-                slots: kv.slots,
-            },
-        )?;
-    }
-    rope_launch(
-        kernels,
-        stream,
-        x,
-        Some((x2, n_heads2)),
-        positions,
-        freq_factors,
-        shape,
-        params,
-        store,
     )
 }
 
@@ -362,10 +306,10 @@ pub struct KvStore<'a> {
     pub slots: usize,
 }
 
-/// [`rope_pair`] of a layer's queries `x` and keys `x2`, with the rotated key rows and the value
-/// rows stored in the layer's caches in the same launch: what [`rope_pair`] followed by
-/// [`crate::ops::kv_cache::store_kv`] leave, bit for bit, in one kernel instead of two. Errors
-/// (nothing queued) as either of those would.
+/// [`rope_pair`] of a layer's queries `x` and keys `x2`, with (given `store`) the rotated key
+/// rows and the value rows stored in the layer's caches in the same launch: what [`rope_pair`]
+/// followed by [`crate::ops::kv_cache::store_kv`] leave, bit for bit, in one kernel instead of
+/// two. With no store it is [`rope_pair`]. Errors (nothing queued) as either of those would.
 #[allow(clippy::too_many_arguments)]
 pub fn rope_pair_store(
     kernels: &Kernels,
@@ -377,16 +321,49 @@ pub fn rope_pair_store(
     freq_factors: Option<&DeviceSlice<f32>>,
     shape: RopeShape,
     params: &RopeParams,
-    kv: KvStore<'_>,
+    store: Option<KvStore<'_>>,
 ) -> Result<()> {
-    rope_pair_launch(
+    let shape2 = RopeShape {
+        n_heads: n_heads2,
+        ..shape
+    };
+    check(
+        x2.len(),
+        positions.len(),
+        freq_factors.map(|f| f.len()),
+        shape2,
+        params,
+    )?;
+    let bytes = (shape.rows * shape.n_heads * shape.head_dim * 4) as u64;
+    let bytes2 = (shape.rows * n_heads2 * shape.head_dim * 4) as u64;
+    let (a, b) = (x.addr(), x2.addr());
+    crate::error::check_shape(a + bytes <= b || b + bytes2 <= a, OP, || {
+        "the two tensors overlap".to_string()
+    })?;
+    if let Some(kv) = &store {
+        crate::ops::kv_cache::check_kv_store(
+            &x2.as_const(),
+            kv.v,
+            kv.k_cache,
+            kv.v_cache,
+            positions,
+            crate::ops::kv_cache::KvStoreShape {
+                rows: shape.rows,
+                dim_k: n_heads2 * shape.head_dim,
+                dim_v: kv.dim_v,
+                slots: kv.slots,
+            },
+        )?;
+    }
+    rope_launch(
         kernels,
         stream,
-        (x, x2, n_heads2),
+        x,
+        Some((x2, n_heads2)),
         positions,
         freq_factors,
         shape,
         params,
-        Some(kv),
+        store,
     )
 }

@@ -138,6 +138,11 @@ impl HostWeights {
         Ok(true)
     }
 
+    /// The plan's device weight bytes, which the backend takes as one block (0: none).
+    pub(crate) fn device_weight_bytes(&self) -> u64 {
+        self.placement.device_weight_bytes
+    }
+
     /// Bytes pinned for weights so far.
     pub(crate) fn pinned_bytes(&self) -> u64 {
         self.pinned
