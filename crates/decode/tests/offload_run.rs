@@ -12,6 +12,7 @@
 mod common;
 
 use common::*;
+use decode::backend::gpu::CpuShare;
 use decode::backend::Backend;
 use decode::budget_run::{self, BudgetRequest, BudgetRun};
 use decode::device::{gpu_backend, BackendChoice, BackendSettings};
@@ -130,16 +131,30 @@ fn a_budget_on_the_cpu_backend_is_an_error_not_ignored() {
     assert!(err.contains("--gpu-budget"), "{err}");
 }
 
-/// Greedy tokens of `prompt` on the GPU under `settings`, with the bytes pinned for weights
-/// and the device's weight bytes after the run.
+/// What one greedy run on the GPU gave.
+struct GreedyRun {
+    tokens: Vec<u32>,
+    /// Bytes pinned for weights.
+    pinned: u64,
+    /// The device's weight bytes after the run.
+    on_device: u64,
+    process_used: u64,
+    /// The backend's device report (it names the hybrid split's shares).
+    report: String,
+}
+
+/// Greedy tokens of `prompt` on the GPU under `settings`, offloaded products split with the
+/// host at `share`.
 fn greedy_on_gpu(
     device: hip_ffi::Device,
     settings: &BackendSettings,
+    share: CpuShare,
     file: &Arc<GgufFile>,
     prompt: &[u32],
     n: usize,
-) -> (Vec<u32>, u64, u64, u64) {
-    let backend = gpu_backend(device, settings).expect("the GPU backend starts");
+) -> GreedyRun {
+    let mut backend = gpu_backend(device, settings).expect("the GPU backend starts");
+    backend.set_cpu_share(share);
     let options = ModelOptions {
         context: CONTEXT,
         ..ModelOptions::default()
@@ -157,19 +172,27 @@ fn greedy_on_gpu(
         &mut |_| {},
     )
     .expect("generate");
-    let pinned = model.backend().pinned_weight_bytes();
-    let on_device = model.memory().get(decode::MemoryTag::Weights);
-    let process_used = model
-        .backend()
-        .device_memory()
-        .expect("a device backend")
-        .expect("device memory")
-        .process_used;
-    (report.tokens, pinned, on_device, process_used)
+    let backend = model.backend();
+    GreedyRun {
+        tokens: report.tokens,
+        pinned: backend.pinned_weight_bytes(),
+        on_device: model.memory().get(decode::MemoryTag::Weights),
+        process_used: backend
+            .device_memory()
+            .expect("a device backend")
+            .expect("device memory")
+            .process_used,
+        report: backend
+            .device_report()
+            .expect("a device backend")
+            .expect("device report"),
+    }
 }
 
-/// The fully resident run and a run under a budget that leaves most weights on the host give
-/// the same greedy tokens; the pinned bytes are the plan's host bytes.
+/// The fully resident run and runs under a budget that leaves most weights on the host give
+/// the same greedy tokens, whether the GPU reads every offloaded byte (zero-copy only) or
+/// splits the products with the host's cores (a fixed half, and the self-balancing split);
+/// the pinned bytes are the plan's host bytes.
 fn offload_matches_resident(test: &str, file: Arc<GgufFile>, prompt: &[u32], n: usize) {
     let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
     let Some(device) = hip_ffi::testing::device_or_skip(test) else {
@@ -195,31 +218,51 @@ fn offload_matches_resident(test: &str, file: Arc<GgufFile>, prompt: &[u32], n: 
     eprint!("{test}: {}", run.summary());
 
     let resident = BackendSettings::default();
-    let (want, pinned, on_device_all, _) = greedy_on_gpu(device, &resident, &file, prompt, n);
-    assert_eq!(pinned, 0, "{test}: the resident run pins no weight");
+    let want = greedy_on_gpu(device, &resident, CpuShare::Off, &file, prompt, n);
+    assert_eq!(want.pinned, 0, "{test}: the resident run pins no weight");
     let offloaded = BackendSettings {
         gpu_offload: Some(run.offload.clone()),
         ..BackendSettings::default()
     };
-    let (got, pinned, on_device, process_used) =
-        greedy_on_gpu(device, &offloaded, &file, prompt, n);
-    eprintln!(
-        "{test}: {} tokens; pinned {pinned} bytes, device weights {on_device} of \
-         {on_device_all}, process device usage {process_used} of a {budget}-byte budget",
-        got.len()
-    );
-    assert_eq!(
-        got, want,
-        "{test}: greedy tokens with offload differ from the resident run"
-    );
-    assert_eq!(got.len(), n);
-    assert_eq!(pinned, host_bytes, "{test}: pinned bytes are the plan's");
-    assert!(on_device + host_bytes >= weights && on_device < on_device_all);
-    assert!(
-        process_used <= budget,
-        "{test}: the process took {process_used} bytes of device memory, above the budget of \
-         {budget}"
-    );
+    for share in [CpuShare::Off, CpuShare::Fixed(0.5), CpuShare::Auto] {
+        let got = greedy_on_gpu(device, &offloaded, share, &file, prompt, n);
+        let GreedyRun {
+            pinned,
+            on_device,
+            process_used,
+            ..
+        } = got;
+        eprintln!(
+            "{test} ({share:?}): {} tokens; pinned {pinned} bytes, device weights {on_device} \
+             of {}, process device usage {process_used} of a {budget}-byte budget",
+            got.tokens.len(),
+            want.on_device
+        );
+        let hybrid_line = got.report.lines().find(|l| l.contains("hybrid offload"));
+        eprintln!(
+            "{test} ({share:?}): {}",
+            hybrid_line.unwrap_or("no hybrid split")
+        );
+        assert_eq!(
+            got.tokens, want.tokens,
+            "{test} ({share:?}): greedy tokens with offload differ from the resident run"
+        );
+        assert_eq!(got.tokens.len(), n);
+        // The split ran where asked, and only there.
+        assert_eq!(
+            hybrid_line.is_some(),
+            share != CpuShare::Off,
+            "{test} ({share:?}): {}",
+            got.report
+        );
+        assert_eq!(pinned, host_bytes, "{test}: pinned bytes are the plan's");
+        assert!(on_device + host_bytes >= weights && on_device < want.on_device);
+        assert!(
+            process_used <= budget,
+            "{test} ({share:?}): the process took {process_used} bytes of device memory, above \
+             the budget of {budget}"
+        );
+    }
 }
 
 #[test]

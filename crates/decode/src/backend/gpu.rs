@@ -17,10 +17,12 @@
 
 pub mod capture_stream;
 mod host_weights;
+mod hybrid;
 mod moe_prefill;
 mod weight_block;
 
 pub use host_weights::{HostPlacement, WeightMemory};
+pub use hybrid::{CpuShare, CPU_SHARE_VAR, MAX_CPU_SHARE};
 pub use weight_block::piece_bytes as weight_piece_bytes;
 
 use super::profile::{self, OpProfile};
@@ -436,6 +438,8 @@ struct Scratch {
     draw: Option<Allocation>,
     /// MoE prefill grouped by expert on the vendor GEMM.
     moe_prefill: moe_prefill::MoePrefillScratch,
+    /// The CPU's slots of a hybrid MoE, uploaded to be added to the GPU's (`[n_embd]`).
+    hybrid_moe: Option<GpuBuffer>,
 }
 
 /// The GPU backend.
@@ -479,6 +483,8 @@ pub struct GpuBackend {
     host_weights: host_weights::HostWeights,
     /// The block of a budget run's device weights, once the first device weight made it.
     weight_block: Option<weight_block::WeightBlock>,
+    /// How offloaded decode products are split with the host's cores.
+    hybrid: hybrid::Hybrid,
 }
 
 fn gpu_err(what: &str, e: impl std::fmt::Display) -> DecodeError {
@@ -577,6 +583,7 @@ impl GpuBackend {
             capture,
             host_weights: Default::default(),
             weight_block: None,
+            hybrid: hybrid::Hybrid::new(CpuShare::from_env()?),
         };
         // No stale ints a kernel could read before the first step.
         let mut ints = backend.step_ints_mut(StepBlock::ints_len(max_batch));
@@ -952,6 +959,9 @@ impl GpuBackend {
             fmt_bytes(outside_allocator),
         ));
         out.push_str(&self.host_weights.report_line());
+        if let Some(line) = self.hybrid.report_line() {
+            out.push_str(&line);
+        }
         Ok(out)
     }
 
@@ -1177,8 +1187,10 @@ impl Backend for GpuBackend {
         key: StepKey,
         ops: &mut dyn FnMut(&mut Self) -> Result<()>,
     ) -> Result<()> {
-        // Only decode steps are captured: prefill chunks vary in length and run once each.
-        if !self.use_graphs || key.n_tokens != 1 {
+        // Only decode steps are captured: prefill chunks vary in length and run once each. A
+        // step that splits offloaded products with the host waits on the device mid-step, so
+        // it cannot be a graph.
+        if !self.use_graphs || key.n_tokens != 1 || self.hybrid_active() {
             return ops(self);
         }
         if let Some(exec) = self.graphs.get(&key) {
@@ -1380,6 +1392,13 @@ impl Backend for GpuBackend {
         rows: usize,
     ) -> Result<()> {
         let (m, _) = w.matrix("matmul")?;
+        if let Some(host) = hybrid::host_bytes(w).filter(|_| {
+            rows == 1 && self.matvec_path == MatvecPath::Int8 && matvec_q8::supports(m.format())
+        }) {
+            if self.matvec_split(&m, host, x, out)? {
+                return Ok(());
+            }
+        }
         if self.matvec_path == MatvecPath::Int8 {
             if let Some(v) = self.vendor_gemm.as_mut().filter(|v| v.takes(&m, rows)) {
                 v.matmul(&self.kernels, &self.stream, &m, x, out, rows)?;
@@ -1445,7 +1464,11 @@ impl Backend for GpuBackend {
     ) -> Result<()> {
         let (m, _) = w.matrix("matmul")?;
         let (m2, _) = w2.matrix("matmul")?;
-        let one_launch = self.matvec_path == MatvecPath::Int8
+        // An offloaded weight is split with the host product by product.
+        let offloaded = self.hybrid_active()
+            && (hybrid::host_bytes(w).is_some() || hybrid::host_bytes(w2).is_some());
+        let one_launch = !offloaded
+            && self.matvec_path == MatvecPath::Int8
             && rows <= INT8_MAX_ROWS
             && matvec_q8::supports(m.format())
             && m.format() == m2.format()
@@ -1504,6 +1527,7 @@ impl Backend for GpuBackend {
             let bytes = g.data().len() + u.data().len() + d.data().len();
             return self.op_done(|| format!("moe vendor gemm {format}"), bytes as u64);
         }
+        let hosts = [gate, up, down].map(hybrid::host_bytes);
         let expert_bytes = [gate, up, down]
             .iter()
             .map(|w| w.matrix("moe").map(|(m, d)| m.data().len() / d[2].max(1)))
@@ -1565,6 +1589,21 @@ impl Backend for GpuBackend {
         )
         .map_err(kerr("moe routing"))?;
         let ids = ids.as_const();
+        if let (Some((xq, _)), [Some(hg), Some(hu), Some(hd)]) = (&quantized, hosts) {
+            if down_adds_slots && self.hybrid_active() {
+                let routing = (ids, weights.as_const());
+                let experts = [&gate, &up, &down];
+                let (xq, gated) = (*xq, (&mut g, &mut u));
+                if self.moe_split(experts, [hg, hu, hd], xq, routing, shape, gated, out)? {
+                    let selected = k.min(n_expert);
+                    return self.op_done(
+                        || format!("moe hybrid ({selected} experts of {n_expert}, {k} per token)"),
+                        (selected * expert_bytes) as u64,
+                    );
+                }
+            }
+        }
+        let (kn, st) = (&self.kernels, &*self.stream);
         match quantized {
             Some((xq, mut gq)) => {
                 let input = moe::ExpertInput::PerToken;

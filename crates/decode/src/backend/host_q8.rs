@@ -1,0 +1,461 @@
+//! Matrix-vector products against 8-bit activations on the host's cores: the CPU half of the
+//! hybrid offload ([`super::gpu`] splits an offloaded product's rows between a kernel reading
+//! mapped host memory and these functions reading the same memory).
+//!
+//! The activations are the GPU's own ([`rocm_kernels::ops::matvec_q8`]): 32 signed bytes and
+//! one f32 scale per group, copied back from the device, so both halves of a product multiply
+//! the same numbers and differ only in the order in which f32 group sums meet. Q4_K and Q6_K,
+//! the bulk of a Q4_K_M model, have AVX2 paths (`vpmaddubsw` takes 32 weight-activation pairs
+//! per instruction); every other format goes through a portable path that is slower but exact.
+
+use crate::error::{DecodeError, Result};
+use crate::quant;
+use gguf_loader::GgmlType;
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// Values per activation scale (the GPU's group).
+pub const GROUP: usize = rocm_kernels::ops::matvec_q8::GROUP;
+
+const Q4K_BYTES: usize = 144;
+const Q6K_BYTES: usize = 210;
+
+/// One token's activations in the GPU's 8-bit form, with the per-group sums the formats with
+/// an offset (Q4_K's minimum, Q6_K's −32) need.
+#[derive(Clone, Debug, Default)]
+pub struct HostActivations {
+    values: Vec<i8>,
+    scales: Vec<f32>,
+    /// Sum of the integers of each group of 32.
+    sum32: Vec<i32>,
+    /// Sum of the integers of each half group (16 values): Q6_K changes scale every 16.
+    sum16: Vec<i32>,
+    /// `value * scale`, for the portable path of the formats without an integer kernel here.
+    dequantized: Vec<f32>,
+}
+
+impl HostActivations {
+    /// Takes quantized activations as the device wrote them: `values` (a multiple of 32) and
+    /// one scale per 32.
+    pub fn set(&mut self, values: &[i8], scales: &[f32]) -> Result<()> {
+        if values.len() % GROUP != 0 || scales.len() != values.len() / GROUP {
+            return Err(DecodeError::InvalidArgument(format!(
+                "host activations: {} values with {} scales; expected whole groups of {GROUP} \
+                 and one scale per group",
+                values.len(),
+                scales.len()
+            )));
+        }
+        self.values.clear();
+        self.values.extend_from_slice(values);
+        self.scales.clear();
+        self.scales.extend_from_slice(scales);
+        self.sum16.clear();
+        self.sum16.extend(
+            values
+                .chunks_exact(GROUP / 2)
+                .map(|h| h.iter().map(|&v| i32::from(v)).sum::<i32>()),
+        );
+        self.sum32.clear();
+        self.sum32
+            .extend(self.sum16.chunks_exact(2).map(|p| p[0] + p[1]));
+        self.dequantized.clear();
+        self.dequantized.extend(
+            values
+                .iter()
+                .enumerate()
+                .map(|(i, &q)| f32::from(q) * scales[i / GROUP]),
+        );
+        Ok(())
+    }
+
+    /// Quantizes `x` as the device's `quantize_q8` does (`d = max|x| / 127`, values
+    /// `round_half_even(x * (1 / d))`), then [`HostActivations::set`].
+    pub fn quantize(&mut self, x: &[f32]) -> Result<()> {
+        let q = rocm_kernels::reference::matvec_q8::quantize(x)
+            .map_err(|e| DecodeError::InvalidArgument(format!("host activations: {e}")))?;
+        self.set(&q.values, &q.scales)
+    }
+
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Whether there are no values.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+}
+
+/// Whether [`matvec_rows`] multiplies `format` with an integer kernel written for it (the rest
+/// take the slower portable path).
+pub fn has_fast_path(format: GgmlType) -> bool {
+    matches!(format, GgmlType::Q4K | GgmlType::Q6K)
+}
+
+/// `out[i] = W[rows.start + i] · x` for the rows in `rows` of a matrix of `cols` columns stored
+/// in `format` (`matrix` holds all its rows), spread over rayon's pool.
+pub fn matvec_rows(
+    format: GgmlType,
+    matrix: &[u8],
+    cols: usize,
+    rows: Range<usize>,
+    x: &HostActivations,
+    out: &mut [f32],
+) -> Result<()> {
+    let row_bytes = quant::row_bytes(format, cols).filter(|_| quant::is_supported(format));
+    let Some(row_bytes) = row_bytes.filter(|&b| b > 0) else {
+        return Err(DecodeError::InvalidArgument(format!(
+            "host product: {cols} columns of {} are not whole blocks of a supported format",
+            format.name()
+        )));
+    };
+    let n = rows.len();
+    if x.len() != cols || out.len() < n || matrix.len() < rows.end * row_bytes {
+        return Err(DecodeError::InvalidArgument(format!(
+            "host product: rows {rows:?} of {cols} columns ({row_bytes} bytes each) from a \
+             matrix of {} bytes, {} activations, into {} outputs",
+            matrix.len(),
+            x.len(),
+            out.len()
+        )));
+    }
+    // A few chunks per thread balance the pool; each is big enough that scheduling is cheap.
+    let chunk = n.div_ceil(rayon::current_num_threads().max(1) * 4).max(8);
+    let base = rows.start;
+    out[..n]
+        .par_chunks_mut(chunk)
+        .enumerate()
+        .for_each(|(c, dst)| {
+            let r0 = base + c * chunk;
+            let mut row_f32 = Vec::new();
+            for (i, o) in dst.iter_mut().enumerate() {
+                let r = r0 + i;
+                *o = row_dot(
+                    format,
+                    &matrix[r * row_bytes..(r + 1) * row_bytes],
+                    x,
+                    &mut row_f32,
+                );
+            }
+        });
+    Ok(())
+}
+
+/// One row's product with `x`.
+fn row_dot(format: GgmlType, row: &[u8], x: &HostActivations, row_f32: &mut Vec<f32>) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_fast_path(format)
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: AVX2 and FMA were detected just above, the only requirement of the
+            // `avx2` functions; the row holds whole blocks of `format` (checked by the caller)
+            // and `x` holds `256 * blocks` values with their scales and sums.
+            return unsafe {
+                if format == GgmlType::Q4K {
+                    avx2::dot_q4k(row, x)
+                } else {
+                    avx2::dot_q6k(row, x)
+                }
+            };
+        }
+    }
+    match format {
+        GgmlType::Q4K => dot_q4k(row, x),
+        GgmlType::Q6K => dot_q6k(row, x),
+        _ => {
+            row_f32.resize(x.len(), 0.0);
+            quant::row_to_f32(format, row, row_f32);
+            row_f32
+                .iter()
+                .zip(&x.dequantized)
+                .map(|(&w, &a)| w * a)
+                .sum()
+        }
+    }
+}
+
+#[inline(always)]
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    quant::f16_bits_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+/// The 6-bit scale and minimum of sub-block `j` of a Q4_K super-block (ggml's packing).
+#[inline(always)]
+fn q4k_scale_min(j: usize, q: &[u8]) -> (f32, f32) {
+    let (sc, m) = if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    };
+    (f32::from(sc), f32::from(m))
+}
+
+/// Q4_K: value = `d * sc * q - dmin * m` per sub-block of 32, so a group's product is
+/// `scale_x * (d * sc * Σ q a - dmin * m * Σ a)`.
+fn dot_q4k(row: &[u8], x: &HostActivations) -> f32 {
+    let mut sum = 0.0f32;
+    for (b, blk) in row.chunks_exact(Q4K_BYTES).enumerate() {
+        let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+        let (scales, qs) = (&blk[4..16], &blk[16..144]);
+        for sub in 0..8 {
+            let g = b * 8 + sub;
+            let (sc, m) = q4k_scale_min(sub, scales);
+            let bytes = &qs[32 * (sub / 2)..32 * (sub / 2) + 32];
+            let a = &x.values[g * GROUP..(g + 1) * GROUP];
+            let shift = 4 * (sub % 2);
+            let s: i32 = bytes
+                .iter()
+                .zip(a)
+                .map(|(&q, &a)| i32::from((q >> shift) & 0x0F) * i32::from(a))
+                .sum();
+            sum += x.scales[g] * (d * sc * s as f32 - dmin * m * x.sum32[g] as f32);
+        }
+    }
+    sum
+}
+
+/// Q6_K: value = `d * sc * (q - 32)` with a signed scale per 16 values.
+fn dot_q6k(row: &[u8], x: &HostActivations) -> f32 {
+    let mut sum = 0.0f32;
+    for (b, blk) in row.chunks_exact(Q6K_BYTES).enumerate() {
+        let (ql, qh, sc) = (&blk[0..128], &blk[128..192], &blk[192..208]);
+        let d = f16_at(blk, 208);
+        for half in 0..2 {
+            let (ql, qh) = (
+                &ql[64 * half..64 * half + 64],
+                &qh[32 * half..32 * half + 32],
+            );
+            for part in 0..4 {
+                let g = b * 8 + half * 4 + part;
+                let a = &x.values[g * GROUP..(g + 1) * GROUP];
+                let mut s = [0i32; 2];
+                for l in 0..32 {
+                    let low = if part % 2 == 0 { ql[l] } else { ql[l + 32] };
+                    let low = if part < 2 { low & 0x0F } else { low >> 4 };
+                    let q = low | (((qh[l] >> (2 * part)) & 3) << 4);
+                    s[l / 16] += i32::from(q) * i32::from(a[l]);
+                }
+                let scale = |i: usize| f32::from(sc[8 * half + 2 * part + i] as i8);
+                let centred = |i: usize| (s[i] - 32 * x.sum16[2 * g + i]) as f32;
+                sum += d * x.scales[g] * (scale(0) * centred(0) + scale(1) * centred(1));
+            }
+        }
+    }
+    sum
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! The two k-quant dots with AVX2: `vpmaddubsw` multiplies 32 unsigned weight integers by
+    //! 32 signed activation bytes and adds pairs, `vpmaddwd` widens (and for Q6_K applies the
+    //! per-16 scales), and one FMA per group applies the f32 scales.
+
+    use super::{f16_at, q4k_scale_min, HostActivations, GROUP, Q4K_BYTES, Q6K_BYTES};
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// AVX2 and FMA must be available; `row` holds whole Q4_K blocks and `x` their values.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_q4k(row: &[u8], x: &HostActivations) -> f32 {
+        let low4 = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = _mm256_setzero_ps();
+        let mut offset = 0.0f32;
+        let blocks = row.len() / Q4K_BYTES;
+        assert!(x.values.len() >= blocks * 256 && x.scales.len() >= blocks * 8);
+        for b in 0..blocks {
+            let blk = &row[b * Q4K_BYTES..(b + 1) * Q4K_BYTES];
+            let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+            let scales = &blk[4..16];
+            for pair in 0..4 {
+                // SAFETY: 32 bytes at 16 + 32 * pair lie inside the 144-byte block; the two
+                // activation loads read groups 2 * pair and 2 * pair + 1 of block b, inside
+                // `x.values` (asserted above). Unaligned loads.
+                let (q, a0, a1) = unsafe {
+                    let g = b * 8 + 2 * pair;
+                    (
+                        _mm256_loadu_si256(blk.as_ptr().add(16 + 32 * pair).cast()),
+                        _mm256_loadu_si256(x.values.as_ptr().add(g * GROUP).cast()),
+                        _mm256_loadu_si256(x.values.as_ptr().add((g + 1) * GROUP).cast()),
+                    )
+                };
+                let lo = _mm256_and_si256(q, low4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+                let s0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a0), ones);
+                let s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a1), ones);
+                for (i, s) in [(0, s0), (1, s1)] {
+                    let sub = 2 * pair + i;
+                    let g = b * 8 + sub;
+                    let (sc, m) = q4k_scale_min(sub, scales);
+                    let xs = x.scales[g];
+                    let f = _mm256_set1_ps(d * sc * xs);
+                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), f, acc);
+                    offset += dmin * m * xs * x.sum32[g] as f32;
+                }
+            }
+        }
+        hsum(acc) - offset
+    }
+
+    /// # Safety
+    /// AVX2 and FMA must be available; `row` holds whole Q6_K blocks and `x` their values.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_q6k(row: &[u8], x: &HostActivations) -> f32 {
+        let low4 = _mm256_set1_epi8(0x0F);
+        let two = _mm256_set1_epi8(3);
+        let mut acc = _mm256_setzero_ps();
+        let mut offset = 0.0f32;
+        let blocks = row.len() / Q6K_BYTES;
+        assert!(x.values.len() >= blocks * 256 && x.sum16.len() >= blocks * 16);
+        for b in 0..blocks {
+            let blk = &row[b * Q6K_BYTES..(b + 1) * Q6K_BYTES];
+            let d = f16_at(blk, 208);
+            let sc = &blk[192..208];
+            for half in 0..2 {
+                // SAFETY: ql (128 bytes at 0) and qh (64 at 128) lie inside the 210-byte block.
+                let (ql0, ql1, qh) = unsafe {
+                    let p = blk.as_ptr();
+                    (
+                        _mm256_loadu_si256(p.add(64 * half).cast()),
+                        _mm256_loadu_si256(p.add(64 * half + 32).cast()),
+                        _mm256_loadu_si256(p.add(128 + 32 * half).cast()),
+                    )
+                };
+                let high = |shift: i32| -> __m256i {
+                    let h = match shift {
+                        0 => qh,
+                        2 => _mm256_srli_epi16(qh, 2),
+                        4 => _mm256_srli_epi16(qh, 4),
+                        _ => _mm256_srli_epi16(qh, 6),
+                    };
+                    _mm256_slli_epi16(_mm256_and_si256(h, two), 4)
+                };
+                let parts = [
+                    _mm256_or_si256(_mm256_and_si256(ql0, low4), high(0)),
+                    _mm256_or_si256(_mm256_and_si256(ql1, low4), high(2)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), high(4)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4), high(6)),
+                ];
+                for (part, q) in parts.into_iter().enumerate() {
+                    let g = b * 8 + half * 4 + part;
+                    // SAFETY: group g of `x.values` (asserted above); unaligned load.
+                    let a = unsafe { _mm256_loadu_si256(x.values.as_ptr().add(g * GROUP).cast()) };
+                    let (s0, s1) = (
+                        sc[8 * half + 2 * part] as i8 as i16,
+                        sc[8 * half + 2 * part + 1] as i8 as i16,
+                    );
+                    let scale = _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0));
+                    let s = _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), scale);
+                    let f = d * x.scales[g];
+                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(f), acc);
+                    let centre = f32::from(s0) * x.sum16[2 * g] as f32
+                        + f32::from(s1) * x.sum16[2 * g + 1] as f32;
+                    offset += 32.0 * f * centre;
+                }
+            }
+        }
+        hsum(acc) - offset
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum(v: __m256) -> f32 {
+        let pair = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let two = _mm_add_ps(pair, _mm_movehl_ps(pair, pair));
+        _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::kernels::tests::{random_row, Rng};
+    use rocm_kernels::reference::matvec::HostMatrix;
+    use rocm_kernels::reference::matvec_q8 as reference;
+
+    /// Every supported quantized format, fast path or not, against the kernels' CPU reference
+    /// (exact product of the dequantized weights with the same 8-bit activations).
+    #[test]
+    fn rows_match_the_reference_for_every_quantized_format() {
+        let mut rng = Rng(0x5eed);
+        let formats = [
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q5_0,
+            GgmlType::Q5K,
+        ];
+        for format in formats {
+            let (rows, cols) = (37, 512);
+            let matrix: Vec<u8> = (0..rows)
+                .flat_map(|_| random_row(format, cols, &mut rng))
+                .collect();
+            let x: Vec<f32> = (0..cols).map(|_| rng.f32() * 3.0 - 1.5).collect();
+            let q = reference::quantize(&x).unwrap();
+            let w = HostMatrix::new(&matrix, format, rows, cols).unwrap();
+            let want = reference::matvec(&w, &q, 1).unwrap();
+            let mut acts = HostActivations::default();
+            acts.set(&q.values, &q.scales).unwrap();
+            // A row range that does not start at 0, as the hybrid split hands out.
+            let range = 5..rows;
+            let mut got = vec![f32::NAN; range.len()];
+            matvec_rows(format, &matrix, cols, range.clone(), &acts, &mut got).unwrap();
+            let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+            for (i, (&g, &w)) in got.iter().zip(&want[range]).enumerate() {
+                let err = (g - w).abs();
+                assert!(
+                    err <= 1e-4 * scale,
+                    "{} row {}: host {g} against reference {w}",
+                    format.name(),
+                    i + 5
+                );
+            }
+            // The portable path agrees with the SIMD one on the same rows.
+            if has_fast_path(format) {
+                let rb = matrix.len() / rows;
+                for (i, &g) in got.iter().enumerate() {
+                    let r = i + 5;
+                    let row = &matrix[r * rb..(r + 1) * rb];
+                    let portable = match format {
+                        GgmlType::Q4K => dot_q4k(row, &acts),
+                        _ => dot_q6k(row, &acts),
+                    };
+                    assert!((portable - g).abs() <= 1e-4 * scale, "{portable} vs {g}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn host_quantization_is_the_devices() {
+        let x: Vec<f32> = (0..64).map(|i| (i as f32 - 30.0) * 0.37).collect();
+        let mut a = HostActivations::default();
+        a.quantize(&x).unwrap();
+        let q = reference::quantize(&x).unwrap();
+        assert_eq!(a.values, q.values);
+        assert_eq!(a.scales, q.scales);
+        assert_eq!(
+            a.sum32[0],
+            q.values[..32].iter().map(|&v| i32::from(v)).sum::<i32>()
+        );
+    }
+
+    #[test]
+    fn bad_shapes_are_errors_not_panics() {
+        let mut a = HostActivations::default();
+        assert!(a.set(&[0; 33], &[1.0]).is_err());
+        a.set(&[1; 256], &[1.0; 8]).unwrap();
+        let matrix = vec![0u8; 144];
+        let mut out = vec![0.0; 2];
+        let err = matvec_rows(GgmlType::Q4K, &matrix, 256, 0..2, &a, &mut out).unwrap_err();
+        assert!(err.to_string().contains("144 bytes"), "{err}");
+        assert!(matvec_rows(GgmlType::Q4K, &matrix, 100, 0..1, &a, &mut out).is_err());
+    }
+}
