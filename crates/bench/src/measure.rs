@@ -264,6 +264,13 @@ pub fn run_model<B: Backend>(
         memory.push(rec.end(&model, Phase::Decode, Window::Phase, rss_window)?);
         tests.push(result(TestKind::Tg, plan.n_gen, samples)?);
     }
+    // Where a budget run split its offloaded products with the host, the shares it settled
+    // on (a log line: the tables stay as they are).
+    if let Some(Ok(report)) = model.backend().device_report() {
+        for line in report.lines().filter(|l| l.contains("hybrid offload")) {
+            eprintln!("{}: {}", info.name, line.trim());
+        }
+    }
     Ok(ModelReport {
         info,
         backend: backend_name,

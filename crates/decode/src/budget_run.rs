@@ -70,6 +70,17 @@ pub struct BudgetRequest {
     pub options: ResidentOptions,
 }
 
+/// The link model the planner predicts with: the H200's rates, with the host's cores adding
+/// to zero-copy reads unless the hybrid split is off
+/// ([`crate::backend::gpu::CPU_SHARE_VAR`]).
+pub fn default_link() -> Result<LinkModel> {
+    let link = LinkModel::h200_default();
+    Ok(match crate::backend::gpu::CpuShare::from_env()? {
+        crate::backend::gpu::CpuShare::Off => link.with_host_compute_gbps(0.0),
+        _ => link,
+    })
+}
+
 /// The planner's request for a run of `residency` under `budget`: the estimate's needs plus
 /// [`ESTIMATE_HEADROOM`]. `hipdecode plan` uses it too, so it shows the plan a run carries out.
 pub fn plan_request(
@@ -159,7 +170,7 @@ pub fn prepare(file: &GgufFile, req: &BudgetRequest) -> Result<BudgetRun> {
         .resolve(Some(req.device_total))
         .map_err(|e| invalid(&e))?;
     let residency = resident::estimate(file, &req.options)?;
-    let plan = offload::plan(&plan_request(&residency, budget, LinkModel::h200_default()))
+    let plan = offload::plan(&plan_request(&residency, budget, default_link()?))
         .map_err(|e| invalid(&e))?;
     let mut names = std::collections::HashSet::new();
     let mut device_weight_bytes = 0u64;

@@ -5,6 +5,13 @@ use std::fmt;
 
 const GB: f64 = 1e9;
 
+/// The host compute rate beside zero-copy on the H200's host (16 cores), GB/s; see
+/// docs/benchmark_results/offload-hybrid-2026-12-01.md.
+const HOST_COMPUTE_GBPS: f64 = 0.0;
+
+const H200_ORIGIN: &str = "H200 defaults: HBM 4.4 TB/s measured by a kernel; PCIe Gen5 x16 \
+    zero-copy and copy rates assumed; host compute measured by the hybrid sweep";
+
 /// Read and transfer rates, in bytes per second (decimal GB/s × 10^9).
 ///
 /// The defaults ([`LinkModel::h200_default`]) are figures for an H200 on a PCIe Gen5 x16 host
@@ -24,6 +31,11 @@ pub struct LinkModel {
     /// same link driven by DMA with large transfers, a little above kernel reads. Not measured
     /// here yet.
     pub copy: f64,
+    /// Offloaded decode products computed by the host's cores, reading host memory while the
+    /// GPU reads its share of the same weights across the link (the hybrid split): the two
+    /// rates add for weights read in place. 0 when the split is off. Default:
+    /// [`LinkModel::H200_HOST_COMPUTE_GBPS`].
+    pub host_compute: f64,
     /// Where the numbers come from, printed with the prediction.
     pub origin: String,
 }
@@ -42,25 +54,38 @@ impl LinkModel {
     /// The H200 figures described on each field.
     pub const H200_DEFAULT_GBPS: [f64; 3] = [4400.0, 50.0, 55.0];
 
-    /// The H200 defaults (see the fields), marked as not measured.
+    /// The host's cores' rate on offloaded products beside the GPU's zero-copy reads, GB/s.
+    pub const H200_HOST_COMPUTE_GBPS: f64 = HOST_COMPUTE_GBPS;
+
+    /// The H200 defaults (see the fields), with the hybrid split on.
     pub fn h200_default() -> LinkModel {
         let [hbm, zero_copy, copy] = Self::H200_DEFAULT_GBPS;
-        LinkModel::from_gbps(
-            hbm,
-            zero_copy,
-            copy,
-            "H200 defaults: HBM 4.4 TB/s measured by a kernel; PCIe Gen5 x16 assumed, not measured",
-        )
+        LinkModel::from_gbps(hbm, zero_copy, copy, H200_ORIGIN)
+            .with_host_compute_gbps(Self::H200_HOST_COMPUTE_GBPS)
     }
 
-    /// A model from rates in GB/s (10^9 bytes per second).
+    /// A model from rates in GB/s (10^9 bytes per second), without host compute.
     pub fn from_gbps(device_read: f64, zero_copy_read: f64, copy: f64, origin: &str) -> LinkModel {
         LinkModel {
             device_read: device_read * GB,
             zero_copy_read: zero_copy_read * GB,
             copy: copy * GB,
+            host_compute: 0.0,
             origin: origin.to_string(),
         }
+    }
+
+    /// The same with the host's cores computing offloaded products at `gbps` (0: the split is
+    /// off).
+    pub fn with_host_compute_gbps(mut self, gbps: f64) -> LinkModel {
+        self.host_compute = gbps * GB;
+        self
+    }
+
+    /// The rate at which a token's reads of weights left in host memory are served: the GPU's
+    /// zero-copy reads and the host's cores together.
+    pub fn in_place_read(&self) -> f64 {
+        self.zero_copy_read + self.host_compute
     }
 
     /// Checks that every rate is a positive finite number.
@@ -74,6 +99,12 @@ impl LinkModel {
                 return Err(InvalidLink { what, value });
             }
         }
+        if !(self.host_compute.is_finite() && self.host_compute >= 0.0) {
+            return Err(InvalidLink {
+                what: "host compute rate",
+                value: self.host_compute,
+            });
+        }
         Ok(())
     }
 }
@@ -82,10 +113,11 @@ impl fmt::Display for LinkModel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "device {:.0} GB/s, zero-copy {:.1} GB/s, copy {:.1} GB/s ({})",
+            "device {:.0} GB/s, zero-copy {:.1} GB/s, copy {:.1} GB/s, host compute {:.1} GB/s ({})",
             self.device_read / GB,
             self.zero_copy_read / GB,
             self.copy / GB,
+            self.host_compute / GB,
             self.origin
         )
     }

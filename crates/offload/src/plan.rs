@@ -28,7 +28,8 @@
 //! it takes (see [`LinkModel`]):
 //!
 //! - on the device: `read / device_read`
-//! - read in place from the host: `read / zero_copy_read`
+//! - read in place from the host: `read / (zero_copy_read + host_compute)` (the GPU's zero-copy
+//!   reads and, with the hybrid split, the host's cores sharing the rows)
 //! - streamed: `bytes / copy + read / device_read` (the whole tensor crosses the link, then
 //!   the kernel reads what it needs from the staging copy)
 //!
@@ -754,7 +755,7 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<Plan, PlanError> {
                 footprint: device_footprint(t.bytes)?,
                 read,
                 on_device,
-                zero_copy: fs(read, link.zero_copy_read),
+                zero_copy: fs(read, link.in_place_read()),
                 streamed: fs(t.bytes, link.copy).saturating_add(on_device),
             })
         })

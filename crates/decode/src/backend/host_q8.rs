@@ -104,13 +104,7 @@ pub fn matvec_rows(
     x: &HostActivations,
     out: &mut [f32],
 ) -> Result<()> {
-    let row_bytes = quant::row_bytes(format, cols).filter(|_| quant::is_supported(format));
-    let Some(row_bytes) = row_bytes.filter(|&b| b > 0) else {
-        return Err(DecodeError::InvalidArgument(format!(
-            "host product: {cols} columns of {} are not whole blocks of a supported format",
-            format.name()
-        )));
-    };
+    let row_bytes = checked_row_bytes(format, cols)?;
     let n = rows.len();
     if x.len() != cols || out.len() < n || matrix.len() < rows.end * row_bytes {
         return Err(DecodeError::InvalidArgument(format!(
@@ -121,26 +115,93 @@ pub fn matvec_rows(
             out.len()
         )));
     }
-    // A few chunks per thread balance the pool; each is big enough that scheduling is cheap.
-    let chunk = n.div_ceil(rayon::current_num_threads().max(1) * 4).max(8);
     let base = rows.start;
+    let chunk = chunk_rows(n);
     out[..n]
         .par_chunks_mut(chunk)
         .enumerate()
-        .for_each(|(c, dst)| {
-            let r0 = base + c * chunk;
-            let mut row_f32 = Vec::new();
-            for (i, o) in dst.iter_mut().enumerate() {
-                let r = r0 + i;
-                *o = row_dot(
-                    format,
-                    &matrix[r * row_bytes..(r + 1) * row_bytes],
-                    x,
-                    &mut row_f32,
-                );
-            }
+        .for_each(|(c, dst)| rows_serial(format, matrix, row_bytes, base + c * chunk, x, dst));
+    Ok(())
+}
+
+/// Rows per parallel task for `n` rows: a few tasks per thread balance the pool, and each is
+/// big enough that scheduling is cheap.
+fn chunk_rows(n: usize) -> usize {
+    n.div_ceil(rayon::current_num_threads().max(1) * 4).max(8)
+}
+
+/// One product of a batch for [`matvec_batch`]: rows `first..first + out.len()` of a matrix of
+/// `cols` columns in `format`, against `x`.
+pub struct RowTask<'a> {
+    pub format: GgmlType,
+    pub matrix: &'a [u8],
+    pub cols: usize,
+    pub first: usize,
+    pub x: &'a HostActivations,
+    pub out: &'a mut [f32],
+}
+
+/// Several products in one parallel region (an MoE's experts: one wake-up of the pool instead
+/// of one per product), each split into row chunks.
+pub fn matvec_batch(tasks: Vec<RowTask<'_>>) -> Result<()> {
+    let mut pieces = Vec::new();
+    for t in tasks {
+        let row_bytes = checked_row_bytes(t.format, t.cols)?;
+        let n = t.out.len();
+        if t.x.len() != t.cols || t.matrix.len() < (t.first + n) * row_bytes {
+            return Err(DecodeError::InvalidArgument(format!(
+                "host product: rows {}..{} of {} columns from a matrix of {} bytes, {} activations",
+                t.first,
+                t.first + n,
+                t.cols,
+                t.matrix.len(),
+                t.x.len()
+            )));
+        }
+        let chunk = chunk_rows(n);
+        for (c, dst) in t.out.chunks_mut(chunk).enumerate() {
+            pieces.push((t.format, t.matrix, row_bytes, t.first + c * chunk, t.x, dst));
+        }
+    }
+    pieces
+        .into_par_iter()
+        .for_each(|(format, matrix, row_bytes, r0, x, dst)| {
+            rows_serial(format, matrix, row_bytes, r0, x, dst)
         });
     Ok(())
+}
+
+/// Bytes of one row of `cols` values of `format`, or the error naming the problem.
+fn checked_row_bytes(format: GgmlType, cols: usize) -> Result<usize> {
+    quant::row_bytes(format, cols)
+        .filter(|&b| b > 0 && quant::is_supported(format))
+        .ok_or_else(|| {
+            DecodeError::InvalidArgument(format!(
+                "host product: {cols} columns of {} are not whole blocks of a supported format",
+                format.name()
+            ))
+        })
+}
+
+/// Rows `r0..r0 + dst.len()` on the calling thread; shapes checked by the caller.
+fn rows_serial(
+    format: GgmlType,
+    matrix: &[u8],
+    row_bytes: usize,
+    r0: usize,
+    x: &HostActivations,
+    dst: &mut [f32],
+) {
+    let mut row_f32 = Vec::new();
+    for (i, o) in dst.iter_mut().enumerate() {
+        let r = r0 + i;
+        *o = row_dot(
+            format,
+            &matrix[r * row_bytes..(r + 1) * row_bytes],
+            x,
+            &mut row_f32,
+        );
+    }
 }
 
 /// One row's product with `x`.

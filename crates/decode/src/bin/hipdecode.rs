@@ -76,6 +76,11 @@ struct PlanArgs {
     /// Rate of copies from pinned host memory to the device, GB/s (default: 55).
     #[arg(long)]
     copy_gbps: Option<f64>,
+    /// Rate of the host's cores on offloaded products beside the GPU's zero-copy reads (the
+    /// hybrid split), GB/s; 0 for zero-copy only (default: the H200 host's measured rate, or
+    /// 0 when HIPDECODE_OFFLOAD_CPU_SHARE=off).
+    #[arg(long)]
+    host_compute_gbps: Option<f64>,
     /// List every weight tensor with its rank and placement.
     #[arg(long)]
     tensors: bool,
@@ -481,9 +486,11 @@ fn plan(args: PlanArgs) -> Result<()> {
     let file = decode::open_model(&args.model)?;
     let options = decode::resident::ResidentOptions::from_env(args.context)?;
     let residency = decode::resident::estimate(&file, &options)?;
-    let defaults = LinkModel::h200_default();
-    let given =
-        args.hbm_gbps.is_some() || args.zero_copy_gbps.is_some() || args.copy_gbps.is_some();
+    let defaults = decode::budget_run::default_link()?;
+    let given = args.hbm_gbps.is_some()
+        || args.zero_copy_gbps.is_some()
+        || args.copy_gbps.is_some()
+        || args.host_compute_gbps.is_some();
     let [hbm, zero_copy, copy] = LinkModel::H200_DEFAULT_GBPS;
     let link = if given {
         LinkModel::from_gbps(
@@ -491,6 +498,10 @@ fn plan(args: PlanArgs) -> Result<()> {
             args.zero_copy_gbps.unwrap_or(zero_copy),
             args.copy_gbps.unwrap_or(copy),
             "given on the command line; H200 defaults for the rates not given",
+        )
+        .with_host_compute_gbps(
+            args.host_compute_gbps
+                .unwrap_or(defaults.host_compute / 1e9),
         )
     } else {
         defaults

@@ -166,8 +166,8 @@ pub(super) struct Hybrid {
     setting: CpuShare,
     balance: BTreeMap<Work, Balance>,
     acts: HostActivations,
-    /// The gated activations of one expert, quantized for its down projection.
-    hidden: HostActivations,
+    /// The gated activations of the CPU's experts, quantized for their down projections.
+    hidden: Vec<HostActivations>,
     staging: Option<Staging>,
 }
 
@@ -177,7 +177,7 @@ impl Hybrid {
             setting,
             balance: BTreeMap::new(),
             acts: HostActivations::default(),
-            hidden: HostActivations::default(),
+            hidden: Vec::new(),
             staging: None,
         }
     }
@@ -586,14 +586,16 @@ fn expert_bytes(all: &[u8], e: usize, per_expert: usize) -> Result<&[u8]> {
 /// The CPU's MoE slots for one token: for each `(expert, weight)`,
 /// `sum += weight * down_e · (act(gate_e · x) * (up_e · x))`, the gated values quantized in
 /// groups of 32 as the GPU quantizes them. An id outside the experts adds nothing (as on the
-/// GPU).
+/// GPU). Every slot's gate and up products run in one parallel region, and every down product
+/// in a second: the experts are small, and waking the pool per product would cost more than
+/// reading them.
 fn cpu_experts(
     slots: &[(i32, f32)],
     [gate, up, down]: [&[u8]; 3],
     [gate_f, up_f, down_f]: [GgmlType; 3],
     (n_embd, n_ff, n_expert): (usize, usize, usize),
     act: elementwise::GateActivation,
-    (x, hidden): (&HostActivations, &mut HostActivations),
+    (x, hidden): (&HostActivations, &mut Vec<HostActivations>),
     sum: &mut [f32],
 ) -> Result<()> {
     let bytes = |f: GgmlType, cols: usize, rows: usize| {
@@ -606,28 +608,67 @@ fn cpu_experts(
         bytes(up_f, n_embd, n_ff)?,
         bytes(down_f, n_ff, n_embd)?,
     );
+    let experts: Vec<(usize, f32)> = slots
+        .iter()
+        .filter_map(|&(id, w)| Some((usize::try_from(id).ok().filter(|&e| e < n_expert)?, w)))
+        .collect();
     sum.fill(0.0);
-    let (mut g, mut u, mut y) = (vec![0f32; n_ff], vec![0f32; n_ff], vec![0f32; n_embd]);
-    for &(id, weight) in slots {
-        let Some(e) = usize::try_from(id).ok().filter(|&e| e < n_expert) else {
-            continue;
-        };
-        let expert = |all, b| expert_bytes(all, e, b);
-        host_q8::matvec_rows(gate_f, expert(gate, gate_b)?, n_embd, 0..n_ff, x, &mut g)?;
-        host_q8::matvec_rows(up_f, expert(up, up_b)?, n_embd, 0..n_ff, x, &mut u)?;
-        for (gv, &uv) in g.iter_mut().zip(&u) {
+    if experts.is_empty() {
+        return Ok(());
+    }
+    let s = experts.len();
+    let (mut g, mut u) = (vec![0f32; s * n_ff], vec![0f32; s * n_ff]);
+    let mut tasks = Vec::with_capacity(2 * s);
+    for ((&(e, _), g), u) in experts
+        .iter()
+        .zip(g.chunks_exact_mut(n_ff))
+        .zip(u.chunks_exact_mut(n_ff))
+    {
+        for (format, all, b, out) in [(gate_f, gate, gate_b, g), (up_f, up, up_b, u)] {
+            let matrix = expert_bytes(all, e, b)?;
+            let (cols, first) = (n_embd, 0);
+            tasks.push(host_q8::RowTask {
+                format,
+                matrix,
+                cols,
+                first,
+                x,
+                out,
+            });
+        }
+    }
+    host_q8::matvec_batch(tasks)?;
+    hidden.resize_with(s, HostActivations::default);
+    for (h, (g, u)) in hidden
+        .iter_mut()
+        .zip(g.chunks_exact_mut(n_ff).zip(u.chunks_exact(n_ff)))
+    {
+        for (gv, &uv) in g.iter_mut().zip(u) {
             *gv = act.apply(*gv) * uv;
         }
-        hidden.quantize(&g)?;
-        host_q8::matvec_rows(
-            down_f,
-            expert(down, down_b)?,
-            n_ff,
-            0..n_embd,
-            hidden,
-            &mut y,
-        )?;
-        for (s, &v) in sum.iter_mut().zip(&y) {
+        h.quantize(g)?;
+    }
+    let mut y = vec![0f32; s * n_embd];
+    let mut tasks = Vec::with_capacity(s);
+    for ((&(e, _), x), out) in experts
+        .iter()
+        .zip(hidden.iter())
+        .zip(y.chunks_exact_mut(n_embd))
+    {
+        let matrix = expert_bytes(down, e, down_b)?;
+        let (format, cols, first) = (down_f, n_ff, 0);
+        tasks.push(host_q8::RowTask {
+            format,
+            matrix,
+            cols,
+            first,
+            x,
+            out,
+        });
+    }
+    host_q8::matvec_batch(tasks)?;
+    for (&(_, weight), y) in experts.iter().zip(y.chunks_exact(n_embd)) {
+        for (s, &v) in sum.iter_mut().zip(y) {
             *s += weight * v;
         }
     }
@@ -710,7 +751,7 @@ mod tests {
         let formats = [GgmlType::Q4K; 3];
         let act = elementwise::GateActivation::Silu;
         let run = |slots: &[(i32, f32)]| {
-            let (mut hidden, mut sum) = (HostActivations::default(), vec![f32::NAN; n_embd]);
+            let (mut hidden, mut sum) = (Vec::new(), vec![f32::NAN; n_embd]);
             cpu_experts(
                 slots,
                 [&gate, &up, &down],
