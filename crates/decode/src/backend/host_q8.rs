@@ -204,6 +204,84 @@ fn rows_serial(
     }
 }
 
+/// What [`measure_rate`] saw for one format.
+#[derive(Clone, Debug)]
+pub struct HostRate {
+    pub format: GgmlType,
+    /// Bytes of the matrix.
+    pub bytes: usize,
+    /// Median seconds per product.
+    pub seconds: f64,
+    pub threads: usize,
+}
+
+impl HostRate {
+    /// Weight bytes per second, in GB/s.
+    pub fn gbps(&self) -> f64 {
+        self.bytes as f64 / self.seconds / 1e9
+    }
+}
+
+/// Measures the host cores' rate on [`matvec_rows`]: one product over a matrix of about
+/// `bytes` in `format` (pseudo-random blocks with small finite scales, so the timing does not
+/// depend on the values), 4096 columns, repeated `runs` times after one warm-up; the median.
+/// The matrix is far larger than any cache, so this is the rate at which the cores stream
+/// weights from host memory, as the hybrid offload's host half does.
+pub fn measure_rate(format: GgmlType, bytes: usize, runs: usize) -> Result<HostRate> {
+    const COLS: usize = 4096;
+    let row_bytes = checked_row_bytes(format, COLS)?;
+    let rows = (bytes / row_bytes).max(ROW_QUANTUM_FOR_PROBE);
+    let mut matrix = vec![0u8; rows * row_bytes];
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for b in matrix.iter_mut() {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        *b = (state >> 33) as u8;
+    }
+    // Scales at 2^-12 (f16 0x0C00) keep every block finite.
+    let block = format.type_size();
+    let scale_at: &[usize] = match format {
+        GgmlType::Q6K => &[208],
+        GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+        _ => &[0],
+    };
+    for blk in matrix.chunks_exact_mut(block) {
+        for &at in scale_at {
+            blk[at..at + 2].copy_from_slice(&0x0C00u16.to_le_bytes());
+        }
+    }
+    let x: Vec<f32> = (0..COLS)
+        .map(|i| ((i * 7919) % 201) as f32 / 100.0 - 1.0)
+        .collect();
+    let mut acts = HostActivations::default();
+    acts.quantize(&x)?;
+    let mut out = vec![0f32; rows];
+    matvec_rows(format, &matrix, COLS, 0..rows, &acts, &mut out)?;
+    let mut times: Vec<f64> = (0..runs.max(1))
+        .map(|_| {
+            let t = std::time::Instant::now();
+            matvec_rows(format, &matrix, COLS, 0..rows, &acts, &mut out).map(|()| t.elapsed())
+        })
+        .map(|r| r.map(|d| d.as_secs_f64()))
+        .collect::<Result<_>>()?;
+    times.sort_by(f64::total_cmp);
+    if out.iter().any(|v| !v.is_finite()) {
+        return Err(DecodeError::InvalidArgument(
+            "the host rate probe produced a non-finite product".into(),
+        ));
+    }
+    Ok(HostRate {
+        format,
+        bytes: matrix.len(),
+        seconds: times[times.len() / 2],
+        threads: rayon::current_num_threads(),
+    })
+}
+
+/// The fewest rows the probe multiplies.
+const ROW_QUANTUM_FOR_PROBE: usize = 64;
+
 /// One row's product with `x`.
 fn row_dot(format: GgmlType, row: &[u8], x: &HostActivations, row_f32: &mut Vec<f32>) -> f32 {
     #[cfg(target_arch = "x86_64")]
@@ -506,6 +584,14 @@ mod tests {
             a.sum32[0],
             q.values[..32].iter().map(|&v| i32::from(v)).sum::<i32>()
         );
+    }
+
+    #[test]
+    fn the_rate_probe_measures_a_finite_positive_rate() {
+        let r = measure_rate(GgmlType::Q4K, 1 << 20, 3).unwrap();
+        assert!(r.gbps().is_finite() && r.gbps() > 0.0, "{r:?}");
+        assert!(r.bytes >= 1 << 19, "{r:?}");
+        assert!(measure_rate(GgmlType::Q4K, 1 << 20, 1).is_ok());
     }
 
     #[test]

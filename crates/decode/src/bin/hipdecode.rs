@@ -41,6 +41,9 @@ enum Command {
     /// Measure whether managed memory migrates to the device here (a read kernel over managed
     /// memory written on the host, twice, against device memory); refuses it otherwise.
     ProbeManaged(ProbeArgs),
+    /// Measure how fast the host's cores multiply offloaded weights (the hybrid offload's host
+    /// half, Q4_K and Q6_K), the rate `hipdecode plan --host-compute-gbps` takes. Needs no GPU.
+    ProbeHost(ProbeArgs),
 }
 
 #[derive(clap::Args)]
@@ -194,6 +197,7 @@ fn main() -> ExitCode {
         Command::Profile(args) => profile(args),
         Command::Plan(args) => plan(args),
         Command::ProbeManaged(args) => probe_managed(&args.bytes),
+        Command::ProbeHost(args) => probe_host(&args.bytes),
     }) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -578,6 +582,26 @@ fn probe_managed(bytes: &str) -> Result<()> {
     let gpu = device::probe_gpu()
         .map_err(|reason| anyhow::anyhow!("the managed-memory probe needs a GPU: {reason}"))?;
     print!("{}", decode::managed_probe::probe(&gpu, bytes)?);
+    Ok(())
+}
+
+fn probe_host(bytes: &str) -> Result<()> {
+    let bytes = offload::parse_size("--bytes", bytes)?;
+    let bytes = usize::try_from(bytes).context("--bytes does not fit this machine's words")?;
+    println!(
+        "host product rate (one token, 4096 columns, median of 5, weights streamed from memory):"
+    );
+    for format in [gguf_loader::GgmlType::Q4K, gguf_loader::GgmlType::Q6K] {
+        let r = decode::backend::host_q8::measure_rate(format, bytes, 5)?;
+        println!(
+            "  {:<5} {:>7.1} GB/s  ({:.0} MiB in {:.2} ms, {} threads)",
+            format.name(),
+            r.gbps(),
+            r.bytes as f64 / (1 << 20) as f64,
+            r.seconds * 1e3,
+            r.threads
+        );
+    }
     Ok(())
 }
 

@@ -30,6 +30,7 @@ use rocm_kernels::ops::matvec_q8::{self, Q8Activations};
 use rocm_kernels::ops::moe::{ExpertInput, QuantExperts};
 use rocm_kernels::{DeviceSlice, DeviceSliceMut};
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 /// `auto` (default: the split balances itself), `off` (zero-copy only), or a fixed CPU share
 /// of the offloaded rows between 0 and 0.95.
@@ -169,6 +170,11 @@ pub(super) struct Hybrid {
     /// The gated activations of the CPU's experts, quantized for their down projections.
     hidden: Vec<HostActivations>,
     staging: Option<Staging>,
+    /// What the host's side did: weight bytes it multiplied, time it spent on them, and time it
+    /// waited for the device to hand over activations.
+    cpu_bytes: u64,
+    cpu_time: Duration,
+    wait_time: Duration,
 }
 
 impl Hybrid {
@@ -179,6 +185,9 @@ impl Hybrid {
             acts: HostActivations::default(),
             hidden: Vec::new(),
             staging: None,
+            cpu_bytes: 0,
+            cpu_time: Duration::ZERO,
+            wait_time: Duration::ZERO,
         }
     }
 
@@ -271,9 +280,21 @@ impl Hybrid {
             })
             .collect();
         let staging = self.staging.as_ref().map_or(0, Staging::bytes);
+        let cpu_s = self.cpu_time.as_secs_f64();
+        let rate = if cpu_s > 0.0 {
+            self.cpu_bytes as f64 / cpu_s / 1e9
+        } else {
+            0.0
+        };
         Some(format!(
-            "  hybrid offload ({CPU_SHARE_VAR}={setting}): {}; staging {:.1} KiB pinned\n",
+            "  hybrid offload ({CPU_SHARE_VAR}={setting}): {}; host cores {:.1} GB/s ({:.2} GB \
+             in {:.0} ms), {:.0} ms waiting for the device's activations; staging {:.1} KiB \
+             pinned\n",
             parts.join(", "),
+            rate,
+            self.cpu_bytes as f64 / 1e9,
+            cpu_s * 1e3,
+            self.wait_time.as_secs_f64() * 1e3,
             staging as f64 / 1024.0
         ))
     }
@@ -343,12 +364,19 @@ impl GpuBackend {
 
     /// Waits for the staged activations and makes them the host's.
     fn take_activations(&mut self, cols: usize) -> Result<()> {
-        let Hybrid { acts, staging, .. } = &mut self.hybrid;
+        let Hybrid {
+            acts,
+            staging,
+            wait_time,
+            ..
+        } = &mut self.hybrid;
         let staging = staging.as_ref().expect("staged before");
+        let t = Instant::now();
         staging
             .ready
             .synchronize()
             .map_err(|e| gpu_err("waiting for the activations", e))?;
+        *wait_time += t.elapsed();
         acts.set(
             &staging.values.as_slice::<i8>()[..cols],
             &staging.scales.as_slice::<f32>()[..cols / matvec_q8::GROUP],
@@ -423,10 +451,19 @@ impl GpuBackend {
         self.record(|s| &s.gpu_done, "recording the GPU's share")?;
         self.take_activations(cols)?;
         {
-            let Hybrid { acts, staging, .. } = &mut self.hybrid;
+            let Hybrid {
+                acts,
+                staging,
+                cpu_bytes,
+                cpu_time,
+                ..
+            } = &mut self.hybrid;
             let staging = staging.as_mut().expect("staged before");
             let dst = &mut staging.out.as_mut_slice::<f32>()[..on_cpu];
+            let t = Instant::now();
             host_q8::matvec_rows(format, host, cols, on_gpu..n, acts, dst)?;
+            *cpu_time += t.elapsed();
+            *cpu_bytes += (on_cpu * row_bytes) as u64;
         }
         let cpu_first = self.gpu_still_busy()?;
         self.hybrid.observe(work, cpu_first);
@@ -526,6 +563,8 @@ impl GpuBackend {
                 acts,
                 hidden,
                 staging,
+                cpu_bytes,
+                cpu_time,
                 ..
             } = &mut self.hybrid;
             let staging = staging.as_mut().expect("staged before");
@@ -535,7 +574,8 @@ impl GpuBackend {
                 .collect();
             let sum = &mut staging.out.as_mut_slice::<f32>()[..n_embd];
             let formats = [gate.format(), up.format(), down.format()];
-            cpu_experts(
+            let t = Instant::now();
+            *cpu_bytes += cpu_experts(
                 &slots,
                 hosts,
                 formats,
@@ -544,6 +584,7 @@ impl GpuBackend {
                 (acts, hidden),
                 sum,
             )?;
+            *cpu_time += t.elapsed();
         }
         let cpu_first = self.gpu_still_busy()?;
         self.hybrid.observe(work, cpu_first);
@@ -588,7 +629,7 @@ fn expert_bytes(all: &[u8], e: usize, per_expert: usize) -> Result<&[u8]> {
 /// groups of 32 as the GPU quantizes them. An id outside the experts adds nothing (as on the
 /// GPU). Every slot's gate and up products run in one parallel region, and every down product
 /// in a second: the experts are small, and waking the pool per product would cost more than
-/// reading them.
+/// reading them. Returns the weight bytes read.
 fn cpu_experts(
     slots: &[(i32, f32)],
     [gate, up, down]: [&[u8]; 3],
@@ -597,7 +638,7 @@ fn cpu_experts(
     act: elementwise::GateActivation,
     (x, hidden): (&HostActivations, &mut Vec<HostActivations>),
     sum: &mut [f32],
-) -> Result<()> {
+) -> Result<u64> {
     let bytes = |f: GgmlType, cols: usize, rows: usize| {
         quant::row_bytes(f, cols)
             .map(|b| b * rows)
@@ -614,7 +655,7 @@ fn cpu_experts(
         .collect();
     sum.fill(0.0);
     if experts.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let s = experts.len();
     let (mut g, mut u) = (vec![0f32; s * n_ff], vec![0f32; s * n_ff]);
@@ -672,7 +713,7 @@ fn cpu_experts(
             *s += weight * v;
         }
     }
-    Ok(())
+    Ok((s * (gate_b + up_b + down_b)) as u64)
 }
 
 #[cfg(test)]
