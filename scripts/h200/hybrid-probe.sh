@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # H200: where the hybrid offload's split should sit. bench-decode (tg only) under one budget
 # per model, over the CPU-share settings (off = zero-copy only, auto, fixed shares) and the
-# host thread count; each run's tok/s and the shares `auto` settled on (bench-decode logs the
+# host thread count (SHARES, THREADS and POINTS override the lists); each run's tok/s and the shares `auto` settled on (bench-decode logs the
 # backend's "hybrid offload" line). Output: $OUT/hybrid-probe/{probe.tsv,*.log}.
 # Needs bundle/bin/bench-decode and bundle/xtask (to synthesize the models into /tmp).
 set -o pipefail
@@ -11,6 +11,8 @@ L=/tmp/llama3-8b-q4_k_m.gguf
 Q=/tmp/qwen3-30b-a3b-q4_k_m.gguf
 O=$OUT/hybrid-probe
 mkdir -p $O
+{ lscpu; numactl -H 2>&1; } > $O/host.txt
+[ -x $B/hipdecode ] && $B/hipdecode probe-host --bytes 512MiB | tee $O/probe-host.txt
 [ -f $L ] || bundle/xtask synth-model llama3-8b-q4_k_m -o $L > /dev/null 2>&1 &
 [ -f $Q ] || bundle/xtask synth-model qwen3-30b-a3b-q4_k_m -o $Q > /dev/null 2>&1 &
 wait
@@ -28,7 +30,6 @@ run() {  # model budget share threads
 }
 for spec in ${POINTS:-L:1003 Q:5773}; do
   m=${spec%%:*}; b=${spec#*:}; [ "$m" = L ] && m=$L || m=$Q
-  for share in off auto 0.25 0.5 0.75; do run $m $b $share 16; done
-  run $m $b auto 8
-  run $m $b auto 15
+  for share in ${SHARES:-off auto 0.25 0.5 0.75}; do run $m $b $share 16; done
+  for t in ${THREADS:-8 15}; do run $m $b auto $t; done
 done

@@ -154,7 +154,9 @@ fn greedy_on_gpu(
     n: usize,
 ) -> GreedyRun {
     let mut backend = gpu_backend(device, settings).expect("the GPU backend starts");
-    backend.set_cpu_share(share);
+    backend
+        .set_cpu_share(share)
+        .expect("the split is set before the first step");
     let options = ModelOptions {
         context: CONTEXT,
         ..ModelOptions::default()
@@ -255,6 +257,19 @@ fn offload_matches_resident(test: &str, file: Arc<GgufFile>, prompt: &[u32], n: 
             "{test} ({share:?}): {}",
             got.report
         );
+        // With the shares settled (at once when fixed, after the warm steps under auto), the
+        // host halves ran from the captured graphs.
+        if let Some(line) = hybrid_line {
+            let runs = line
+                .split("queued in graphs (")
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+                .and_then(|r| r.parse::<u64>().ok());
+            assert!(
+                runs.is_some_and(|r| r > 0),
+                "{test} ({share:?}): no host half ran from a graph: {line}"
+            );
+        }
         assert_eq!(pinned, host_bytes, "{test}: pinned bytes are the plan's");
         assert!(on_device + host_bytes >= weights && on_device < want.on_device);
         assert!(

@@ -43,6 +43,7 @@ pub const RUNTIME_FUNCTIONS: &[&str] = &[
     "hipStreamSynchronize",
     "hipStreamQuery",
     "hipStreamWaitEvent",
+    "hipLaunchHostFunc",
     "hipEventCreateWithFlags",
     "hipEventDestroy",
     "hipEventRecord",

@@ -702,3 +702,56 @@ fn raw_copies_are_ordered_on_their_stream() {
         .count();
     assert_eq!(wrong, 0, "{wrong} of {n} values were not input + 1");
 }
+
+/// The host function of `host_function_runs_in_stream_order_and_in_graphs`: adds 1 to the
+/// counter `data` points to.
+unsafe extern "C" fn bump(data: *mut std::ffi::c_void) {
+    // SAFETY: the test passes a pointer to an AtomicU64 that outlives every call.
+    let counter = unsafe { &*(data as *const std::sync::atomic::AtomicU64) };
+    counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
+
+#[test]
+#[serial]
+fn host_function_runs_in_stream_order_and_in_graphs() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let Some(device) = gpu_or_skip("host_function_runs_in_stream_order_and_in_graphs") else {
+        return;
+    };
+    let counter = Box::new(AtomicU64::new(0));
+    let data = &*counter as *const AtomicU64 as *mut std::ffi::c_void;
+    let stream = Stream::new(&device).expect("stream");
+    // Eagerly: once queued, it runs by the time the stream is synchronized.
+    // SAFETY: `bump` neither calls the runtime nor unwinds; the counter outlives the stream's
+    // work (synchronized below).
+    unsafe { stream.launch_host_func(bump, data) }.expect("queue a host function");
+    stream.synchronize().expect("sync");
+    assert_eq!(counter.load(Ordering::SeqCst), 1);
+    // Captured on a side stream forked from the capturing one: not run at capture, then once
+    // per replay.
+    let side = Stream::new(&device).expect("side stream");
+    let (fork, join) = (
+        Event::new_without_timing(&device).expect("event"),
+        Event::new_without_timing(&device).expect("event"),
+    );
+    stream.begin_capture().expect("begin capture");
+    fork.record(&stream).expect("fork");
+    side.wait_event(&fork).expect("side waits");
+    // SAFETY: as above; the counter outlives the graph's replays (synchronized below).
+    unsafe { side.launch_host_func(bump, data) }.expect("captured host function");
+    join.record(&side).expect("join");
+    stream.wait_event(&join).expect("join back");
+    let graph = stream.end_capture().expect("end capture");
+    assert_eq!(
+        counter.load(Ordering::SeqCst),
+        1,
+        "a capture does not run the host node"
+    );
+    let exec = graph.instantiate().expect("instantiate");
+    for _ in 0..3 {
+        // SAFETY: the graph holds no device memory; its host node's data outlives it.
+        unsafe { exec.launch(&stream) }.expect("replay");
+    }
+    stream.synchronize().expect("sync");
+    assert_eq!(counter.load(Ordering::SeqCst), 4, "one run per replay");
+}

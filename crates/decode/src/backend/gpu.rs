@@ -16,6 +16,7 @@
 //! module code), from `mem_get_info` before load and now.
 
 pub mod capture_stream;
+mod host_task;
 mod host_weights;
 mod hybrid;
 mod moe_prefill;
@@ -968,6 +969,7 @@ impl GpuBackend {
     /// The next token as written on the device by [`GpuBackend::argmax_to_step`].
     pub fn read_next_token(&self) -> Result<u32> {
         let id = self.read_i32(self.step.next_token().addr())?;
+        self.hybrid.take_task_error()?;
         u32::try_from(id).map_err(|_| gpu_err("argmax", format!("negative token id {id}")))
     }
 }
@@ -1190,7 +1192,11 @@ impl Backend for GpuBackend {
         // Only decode steps are captured: prefill chunks vary in length and run once each. A
         // step that splits offloaded products with the host waits on the device mid-step, so
         // it cannot be a graph.
-        if !self.use_graphs || key.n_tokens != 1 || self.hybrid_active() {
+        let decode = key.n_tokens == 1;
+        let learning = self
+            .hybrid
+            .begin_step(decode && self.hybrid_active(), self.use_graphs);
+        if !self.use_graphs || !decode || learning {
             return ops(self);
         }
         if let Some(exec) = self.graphs.get(&key) {
