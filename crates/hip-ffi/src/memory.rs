@@ -353,7 +353,14 @@ impl PinnedHostBuffer {
         let (host, device_ptr) = device
             .api
             .host_alloc_mapped(device.ordinal, bytes)
-            .map_err(|e| e.with_detail(pinning_failure_advice(bytes)))?;
+            .map_err(|e| match e.kind {
+                // The advice is about limits and free memory; other failures (a call made
+                // while a stream captures, a bad context) say what they are themselves.
+                ErrorKind::OutOfMemory | ErrorKind::Other => {
+                    e.with_detail(pinning_failure_advice(bytes))
+                }
+                _ => e,
+            })?;
         Ok(PinnedHostBuffer {
             device: *device,
             host,

@@ -193,6 +193,9 @@ pub(super) struct Hybrid {
     /// are then queued, and steps captured).
     decode_steps: u64,
     frozen: bool,
+    /// Whether a step with frozen shares has run eagerly, making every task's pinned staging
+    /// (a capture may not allocate pinned memory).
+    tasks_made: bool,
     /// The queued host halves, by their place in the decode step; graphs point at them, so
     /// they live as long as the backend. Boxed so that growing the list never moves one.
     #[allow(clippy::vec_box)]
@@ -223,6 +226,7 @@ impl Hybrid {
             wait_time: Duration::ZERO,
             decode_steps: 0,
             frozen: false,
+            tasks_made: false,
             tasks: Vec::new(),
             next_task: 0,
             lane: None,
@@ -245,13 +249,14 @@ impl Hybrid {
         self.setting = setting;
         self.balance.clear();
         self.frozen = false;
+        self.tasks_made = false;
         self.decode_steps = 0;
         Ok(())
     }
 
     /// Notes the start of a step: a decode step (one token) with graphs on counts towards
-    /// freezing the shares. Returns whether the step must run eagerly (the shares are still
-    /// being learnt).
+    /// freezing the shares. Returns whether the step must run eagerly: the shares are still
+    /// being learnt, or they have just been frozen and the tasks are not made yet.
     pub(super) fn begin_step(&mut self, decode: bool, graphs: bool) -> bool {
         self.next_task = 0;
         if !decode || self.setting == CpuShare::Off {
@@ -265,7 +270,14 @@ impl Hybrid {
             self.frozen = settled;
         }
         self.decode_steps += 1;
-        !self.frozen
+        if !self.frozen {
+            return true;
+        }
+        // The first step with frozen shares runs eagerly through the queued path, which makes
+        // the tasks; later steps are captured and reuse them.
+        let first = !self.tasks_made;
+        self.tasks_made = true;
+        first
     }
 
     /// The task for the next queued host half of this step, made on the first step that
@@ -274,7 +286,14 @@ impl Hybrid {
         let i = self.next_task;
         self.next_task += 1;
         if i == self.tasks.len() {
-            self.tasks.push(HostTask::new(device, job)?);
+            let task = HostTask::new(device, job).map_err(|e| {
+                DecodeError::Gpu(format!(
+                    "{e} (split product {i} of a decode step has no task yet; tasks are made \
+                     in the eager step before the first capture, so a capture asked for a \
+                     product that step did not have)"
+                ))
+            })?;
+            self.tasks.push(task);
         } else if self.tasks[i].job != job {
             return Err(DecodeError::InvalidArgument(format!(
                 "split product {i} of a decode step changed between captures ({:?} against \
@@ -1036,6 +1055,33 @@ mod tests {
             .report_line()
             .unwrap()
             .contains("Q4_K rows 95% on the CPU"));
+    }
+
+    #[test]
+    fn steps_run_eagerly_until_the_shares_settle_and_the_tasks_exist() {
+        // Fixed: one eager step makes the tasks, then every decode step is captured.
+        let mut h = Hybrid::new(CpuShare::Fixed(0.4));
+        assert!(h.begin_step(true, true), "the step that makes the tasks");
+        assert!(!h.begin_step(true, true));
+        assert!(!h.begin_step(false, true), "prefill is never split");
+        // Auto: the warm steps learn, one more makes the tasks, then captures.
+        let mut h = Hybrid::new(CpuShare::Auto);
+        let eager: Vec<bool> = (0..WARM_STEPS + 3)
+            .map(|_| h.begin_step(true, true))
+            .collect();
+        assert!(
+            eager[..=WARM_STEPS as usize].iter().all(|&e| e),
+            "{eager:?}"
+        );
+        assert!(
+            eager[WARM_STEPS as usize + 1..].iter().all(|&e| !e),
+            "{eager:?}"
+        );
+        // Without graphs every decode step stays eager; off never splits.
+        let mut h = Hybrid::new(CpuShare::Auto);
+        assert!((0..3 * WARM_STEPS).all(|_| h.begin_step(true, false)));
+        let mut h = Hybrid::new(CpuShare::Off);
+        assert!(!h.begin_step(true, true));
     }
 
     #[test]
