@@ -12,7 +12,7 @@
 mod common;
 
 use common::*;
-use decode::backend::gpu::CpuShare;
+use decode::backend::gpu::{CpuShare, SplitMode};
 use decode::backend::Backend;
 use decode::budget_run::{self, BudgetRequest, BudgetRun};
 use decode::device::{gpu_backend, BackendChoice, BackendSettings};
@@ -148,14 +148,14 @@ struct GreedyRun {
 fn greedy_on_gpu(
     device: hip_ffi::Device,
     settings: &BackendSettings,
-    share: CpuShare,
+    (share, mode): (CpuShare, SplitMode),
     file: &Arc<GgufFile>,
     prompt: &[u32],
     n: usize,
 ) -> GreedyRun {
     let mut backend = gpu_backend(device, settings).expect("the GPU backend starts");
     backend
-        .set_cpu_share(share)
+        .set_cpu_share(share, mode)
         .expect("the split is set before the first step");
     let options = ModelOptions {
         context: CONTEXT,
@@ -220,14 +220,23 @@ fn offload_matches_resident(test: &str, file: Arc<GgufFile>, prompt: &[u32], n: 
     eprint!("{test}: {}", run.summary());
 
     let resident = BackendSettings::default();
-    let want = greedy_on_gpu(device, &resident, CpuShare::Off, &file, prompt, n);
+    let off = (CpuShare::Off, SplitMode::Eager);
+    let want = greedy_on_gpu(device, &resident, off, &file, prompt, n);
     assert_eq!(want.pinned, 0, "{test}: the resident run pins no weight");
     let offloaded = BackendSettings {
         gpu_offload: Some(run.offload.clone()),
         ..BackendSettings::default()
     };
-    for share in [CpuShare::Off, CpuShare::Fixed(0.5), CpuShare::Auto] {
-        let got = greedy_on_gpu(device, &offloaded, share, &file, prompt, n);
+    let splits = [
+        off,
+        (CpuShare::Fixed(0.5), SplitMode::Eager),
+        (CpuShare::Auto, SplitMode::Eager),
+        (CpuShare::Fixed(0.5), SplitMode::Graph),
+        (CpuShare::Auto, SplitMode::Graph),
+    ];
+    for split in splits {
+        let (share, mode) = split;
+        let got = greedy_on_gpu(device, &offloaded, split, &file, prompt, n);
         let GreedyRun {
             pinned,
             on_device,
@@ -235,31 +244,31 @@ fn offload_matches_resident(test: &str, file: Arc<GgufFile>, prompt: &[u32], n: 
             ..
         } = got;
         eprintln!(
-            "{test} ({share:?}): {} tokens; pinned {pinned} bytes, device weights {on_device} \
+            "{test} ({split:?}): {} tokens; pinned {pinned} bytes, device weights {on_device} \
              of {}, process device usage {process_used} of a {budget}-byte budget",
             got.tokens.len(),
             want.on_device
         );
         let hybrid_line = got.report.lines().find(|l| l.contains("hybrid offload"));
         eprintln!(
-            "{test} ({share:?}): {}",
+            "{test} ({split:?}): {}",
             hybrid_line.unwrap_or("no hybrid split")
         );
         assert_eq!(
             got.tokens, want.tokens,
-            "{test} ({share:?}): greedy tokens with offload differ from the resident run"
+            "{test} ({split:?}): greedy tokens with offload differ from the resident run"
         );
         assert_eq!(got.tokens.len(), n);
         // The split ran where asked, and only there.
         assert_eq!(
             hybrid_line.is_some(),
             share != CpuShare::Off,
-            "{test} ({share:?}): {}",
+            "{test} ({split:?}): {}",
             got.report
         );
-        // With the shares settled (at once when fixed, after the warm steps under auto), the
-        // host halves ran from the captured graphs.
-        if let Some(line) = hybrid_line {
+        // In graph mode, with the shares settled (at once when fixed, after the warm steps
+        // under auto), the host halves ran from the captured graphs.
+        if let Some(line) = hybrid_line.filter(|_| mode == SplitMode::Graph) {
             let runs = line
                 .split("queued in graphs (")
                 .nth(1)
@@ -267,14 +276,14 @@ fn offload_matches_resident(test: &str, file: Arc<GgufFile>, prompt: &[u32], n: 
                 .and_then(|r| r.parse::<u64>().ok());
             assert!(
                 runs.is_some_and(|r| r > 0),
-                "{test} ({share:?}): no host half ran from a graph: {line}"
+                "{test} ({split:?}): no host half ran from a graph: {line}"
             );
         }
         assert_eq!(pinned, host_bytes, "{test}: pinned bytes are the plan's");
         assert!(on_device + host_bytes >= weights && on_device < want.on_device);
         assert!(
             process_used <= budget,
-            "{test} ({share:?}): the process took {process_used} bytes of device memory, above \
+            "{test} ({split:?}): the process took {process_used} bytes of device memory, above \
              the budget of {budget}"
         );
     }

@@ -337,7 +337,8 @@ pub struct PlannedTensor {
     /// Where it lives.
     pub placement: Placement,
     /// Its place in the ranking (1 = first on the device); tensors that gain nothing from
-    /// the device come last.
+    /// the device come last. One MoE layer's expert stacks share a place: they are placed
+    /// together.
     pub rank: usize,
     /// Bytes it takes on the device when resident: its size rounded as the allocator rounds.
     pub device_footprint: u64,
@@ -603,8 +604,9 @@ struct Ranking {
     slot: u64,
     /// Device bytes of the two buffers, as the allocator rounds them.
     staging: u64,
-    /// Tensor indices in ranking order (only those the device speeds up).
-    order: Vec<usize>,
+    /// Units in ranking order (only those the device speeds up): each a list of tensor
+    /// indices placed together (see [`units`]).
+    order: Vec<Vec<usize>>,
     /// Prefix sums of footprints and of time saved, over `order`.
     size: Vec<u128>,
     saved: Vec<u128>,
@@ -622,7 +624,13 @@ impl Ranking {
         }
     }
 
-    fn new(items: &[Item], tensors: &[WeightTensor], slot: u64, other: u128) -> Option<Ranking> {
+    fn new(
+        items: &[Item],
+        tensors: &[WeightTensor],
+        units: &[Vec<usize>],
+        slot: u64,
+        other: u128,
+    ) -> Option<Ranking> {
         let staging = if slot == 0 {
             0
         } else {
@@ -630,24 +638,34 @@ impl Ranking {
         };
         let saved_by =
             |i: usize| Self::off_cost(items, tensors, slot, i).saturating_sub(items[i].on_device);
-        let mut order: Vec<usize> = (0..items.len()).filter(|&i| saved_by(i) > 0).collect();
+        let unit_saved = |u: &[usize]| {
+            u.iter()
+                .map(|&i| saved_by(i))
+                .fold(0u128, u128::saturating_add)
+        };
+        let unit_size = |u: &[usize]| u.iter().map(|&i| items[i].footprint as u128).sum::<u128>();
+        let mut order: Vec<Vec<usize>> = units
+            .iter()
+            .filter(|u| unit_saved(u) > 0)
+            .cloned()
+            .collect();
         // Time saved per resident byte, descending (compared exactly: a * d vs b * c), then
-        // the smaller tensor, then input order.
-        order.sort_by(|&a, &b| {
-            let (sa, sb) = (saved_by(a), saved_by(b));
-            let (fa, fb) = (items[a].footprint as u128, items[b].footprint as u128);
+        // the smaller unit, then input order.
+        order.sort_by(|a, b| {
+            let (sa, sb) = (unit_saved(a), unit_saved(b));
+            let (fa, fb) = (unit_size(a), unit_size(b));
             (sb.saturating_mul(fa))
                 .cmp(&sa.saturating_mul(fb))
                 .then(fa.cmp(&fb))
-                .then(a.cmp(&b))
+                .then(a[0].cmp(&b[0]))
         });
         let mut size = Vec::with_capacity(order.len() + 1);
         let mut saved = Vec::with_capacity(order.len() + 1);
         size.push(0u128);
         saved.push(0u128);
-        for &i in &order {
-            size.push(size.last()? + items[i].footprint as u128);
-            saved.push(saved.last()?.saturating_add(saved_by(i)));
+        for u in &order {
+            size.push(size.last()? + unit_size(u));
+            saved.push(saved.last()?.saturating_add(unit_saved(u)));
         }
         let all_off = (0..items.len())
             .map(|i| Self::off_cost(items, tensors, slot, i))
@@ -726,7 +744,29 @@ impl Ranking {
     }
 }
 
-/// A set of resident tensors (by position in a ranking), its time per token and its device
+/// The planning units: tensors placed together, by index. One MoE layer's expert stacks
+/// (gate, up, down) form one unit, since the hybrid split computes a layer's experts on the
+/// host only when all three are there; every other tensor is a unit of its own. The units of
+/// equal density would otherwise interleave by size across layers.
+fn units(tensors: &[WeightTensor]) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut by_layer: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
+    for (i, t) in tensors.iter().enumerate() {
+        match (t.kind, t.layer) {
+            (TensorKind::Experts { .. }, Some(layer)) => match by_layer.get(&layer) {
+                Some(&u) => out[u].push(i),
+                None => {
+                    by_layer.insert(layer, out.len());
+                    out.push(vec![i]);
+                }
+            },
+            _ => out.push(vec![i]),
+        }
+    }
+    out
+}
+
+/// A set of resident units (by position in a ranking), its time per token and its device
 /// bytes.
 struct Choice {
     time: u128,
@@ -764,6 +804,7 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<Plan, PlanError> {
             what: "tensor sizes",
         })?;
     let other = other_time_fs(req.other_device_reads_per_token, link);
+    let units = units(req.tensors);
     let mut slots: Vec<u64> = req
         .tensors
         .iter()
@@ -780,7 +821,7 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<Plan, PlanError> {
 
     let mut chosen: Option<(Choice, Ranking)> = None;
     for slot in slots {
-        let Some(ranking) = Ranking::new(&items, req.tensors, slot, other) else {
+        let Some(ranking) = Ranking::new(&items, req.tensors, &units, slot, other) else {
             continue;
         };
         let fixed = minimum as u128 + ranking.staging as u128;
@@ -804,9 +845,11 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<Plan, PlanError> {
     let n = req.tensors.len();
     let mut on_device = vec![false; n];
     let mut rank = vec![usize::MAX; n];
-    for (pos, &i) in ranking.order.iter().enumerate() {
-        rank[i] = pos + 1;
-        on_device[i] = choice.resident[pos];
+    for (pos, unit) in ranking.order.iter().enumerate() {
+        for &i in unit {
+            rank[i] = pos + 1;
+            on_device[i] = choice.resident[pos];
+        }
     }
     let mut next_rank = ranking.order.len();
     let mut tensors = Vec::with_capacity(n);

@@ -183,13 +183,39 @@ fn dense_and_shared_tensors_go_first_then_experts_then_lookups() {
         )
         .unwrap();
         assert_eq!(placed(&p, Placement::Device, is_whole), n_dense, "{m}: {p}");
-        assert_eq!(placed(&p, Placement::Device, is_expert), m as usize, "{m}");
+        // A layer's three expert stacks are placed together (the hybrid split needs all
+        // three on the host), so room for m stacks holds m / 3 whole layers.
+        assert_eq!(
+            placed(&p, Placement::Device, is_expert),
+            m as usize / 3 * 3,
+            "{m}: {}",
+            p.tensor_listing()
+        );
+        for layer in 0..2u32 {
+            let placements: Vec<Placement> = p
+                .tensors
+                .iter()
+                .filter(|t| is_expert(&t.tensor) && t.tensor.layer == Some(layer))
+                .map(|t| t.placement)
+                .collect();
+            assert!(
+                placements.windows(2).all(|w| w[0] == w[1]),
+                "{m}: layer {layer}'s expert stacks split: {placements:?}"
+            );
+        }
         let embd = p
             .tensors
             .iter()
             .find(|t| t.tensor.name == "token_embd.weight")
             .unwrap();
-        assert_ne!(embd.placement, Placement::Device, "{m}");
+        // The lookup table ranks last: it takes the device only with the room whole layers
+        // leave over.
+        let leftover = (m % 3) * expert;
+        assert_eq!(
+            embd.placement == Placement::Device,
+            leftover >= device_footprint(12 * MIB).unwrap(),
+            "{m}"
+        );
     }
     // The ranking itself: every dense or shared tensor ranks above every expert stack, and
     // the lookup table ranks last.
@@ -214,7 +240,12 @@ fn dense_and_shared_tensors_go_first_then_experts_then_lookups() {
         .iter()
         .find(|t| t.tensor.name == "token_embd.weight")
         .unwrap();
-    assert_eq!(embd.rank, tensors.len(), "{}", p.tensor_listing());
+    let last = p.tensors.iter().map(|t| t.rank).max().unwrap();
+    assert_eq!(embd.rank, last, "{}", p.tensor_listing());
+    assert!(
+        p.tensors.iter().filter(|t| t.rank == last).count() == 1,
+        "the lookup table ranks alone"
+    );
 }
 
 #[test]

@@ -23,7 +23,7 @@ mod moe_prefill;
 mod weight_block;
 
 pub use host_weights::{HostPlacement, WeightMemory};
-pub use hybrid::{CpuShare, CPU_SHARE_VAR, MAX_CPU_SHARE};
+pub use hybrid::{CpuShare, SplitMode, CPU_SHARE_VAR, MAX_CPU_SHARE, SPLIT_MODE_VAR};
 pub use weight_block::piece_bytes as weight_piece_bytes;
 
 use super::profile::{self, OpProfile};
@@ -584,7 +584,7 @@ impl GpuBackend {
             capture,
             host_weights: Default::default(),
             weight_block: None,
-            hybrid: hybrid::Hybrid::new(CpuShare::from_env()?),
+            hybrid: hybrid::Hybrid::new(CpuShare::from_env()?, SplitMode::from_env()?),
         };
         // No stale ints a kernel could read before the first step.
         let mut ints = backend.step_ints_mut(StepBlock::ints_len(max_batch));

@@ -15,16 +15,20 @@
 //! The shares settle where both sides finish together, under whatever contention the two put
 //! on host memory.
 //!
-//! Two ways to run a split product:
+//! Two ways to run a split product ([`SPLIT_MODE_VAR`]):
 //!
-//! - **Eagerly**, while `auto` is still learning (the first [`WARM_STEPS`] decode steps) or
-//!   when graphs are off: the host waits for the activations, computes its rows, and sees who
-//!   finished first.
-//! - **Queued**, once the shares are settled (at once for a fixed share): the host half is a
+//! - **Eagerly** (`eager`, the default): the host waits for the activations, computes its rows,
+//!   and sees who finished first; such steps are not captured. On the H200 this is the faster
+//!   of the two: the host's busy wait hands over in microseconds.
+//! - **Queued** (`graph`), once the shares are settled (at once for a fixed share, after
+//!   [`WARM_STEPS`] eager steps under `auto`): the host half is a
 //!   [`host_task::HostTask`] that the runtime runs on its own thread, queued on a lane stream
 //!   between the copy of the activations and the upload of its rows, with events forking from
 //!   and joining back into the step's stream. Nothing waits on the host side, so the decode
 //!   step is captured into a graph (host nodes and all) and replayed like a resident one.
+//!   It saves the launches of the step's other kernels, but each host node costs the
+//!   runtime's hand-over to and from its callback thread; measured on the H200 it was 5-12 %
+//!   slower than eager at low and middle budgets (docs/benchmark_results/offload-hybrid-2026-12-01.md).
 //!
 //! Only decode (one token) splits: prefill products read each weight once for many tokens,
 //! which the GPU does from the link at full rate.
@@ -58,6 +62,33 @@ const AUTO_STEP: f64 = 0.01;
 const ROW_QUANTUM: usize = 16;
 /// Decode steps `auto` runs eagerly to settle the shares before they are frozen into graphs.
 pub const WARM_STEPS: u64 = 8;
+
+/// `eager` (default) or `graph`: how a split product's host half is run (module docs).
+pub const SPLIT_MODE_VAR: &str = "HIPDECODE_OFFLOAD_SPLIT";
+
+/// How a split product's host half runs, from [`SPLIT_MODE_VAR`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitMode {
+    /// The host waits for the activations; steps run eagerly.
+    Eager,
+    /// A host function on a lane stream; steps are captured once the shares settle.
+    Graph,
+}
+
+impl SplitMode {
+    const CHOICES: [(&'static str, SplitMode); 2] =
+        [("eager", SplitMode::Eager), ("graph", SplitMode::Graph)];
+
+    /// Parses a value of [`SPLIT_MODE_VAR`].
+    pub fn parse(value: &str) -> Result<SplitMode> {
+        super::parse_choice(SPLIT_MODE_VAR, "hybrid split mode", &Self::CHOICES, value)
+    }
+
+    /// The mode [`SPLIT_MODE_VAR`] asks for, `eager` when unset.
+    pub fn from_env() -> Result<SplitMode> {
+        super::choice_from_env(SPLIT_MODE_VAR, "hybrid split mode", &Self::CHOICES)
+    }
+}
 
 /// How offloaded decode products are split between GPU and CPU, from [`CPU_SHARE_VAR`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -179,6 +210,7 @@ impl Staging {
 /// The hybrid offload's state in a [`GpuBackend`].
 pub(super) struct Hybrid {
     setting: CpuShare,
+    mode: SplitMode,
     balance: BTreeMap<Work, Balance>,
     acts: HostActivations,
     /// The gated activations of the CPU's experts, quantized for their down projections.
@@ -214,9 +246,10 @@ struct Lane {
 }
 
 impl Hybrid {
-    pub(super) fn new(setting: CpuShare) -> Hybrid {
+    pub(super) fn new(setting: CpuShare, mode: SplitMode) -> Hybrid {
         Hybrid {
             setting,
+            mode,
             balance: BTreeMap::new(),
             acts: HostActivations::default(),
             hidden: Vec::new(),
@@ -239,14 +272,16 @@ impl Hybrid {
 
     /// Sets how products are split from now on (the shares learnt so far are forgotten).
     /// Refused once a step has been queued with frozen shares: graphs hold its tasks.
-    pub(super) fn set_setting(&mut self, setting: CpuShare) -> Result<()> {
+    pub(super) fn set_setting(&mut self, setting: CpuShare, mode: SplitMode) -> Result<()> {
         if !self.tasks.is_empty() {
             return Err(DecodeError::InvalidArgument(format!(
-                "{CPU_SHARE_VAR} can only change before the first decode step with offloaded \
-                 weights is captured; set it right after creating the backend"
+                "{CPU_SHARE_VAR} and {SPLIT_MODE_VAR} can only change before the first decode \
+                 step with offloaded weights is captured; set them right after creating the \
+                 backend"
             )));
         }
         self.setting = setting;
+        self.mode = mode;
         self.balance.clear();
         self.frozen = false;
         self.tasks_made = false;
@@ -262,7 +297,7 @@ impl Hybrid {
         if !decode || self.setting == CpuShare::Off {
             return false;
         }
-        if graphs && !self.frozen {
+        if graphs && self.mode == SplitMode::Graph && !self.frozen {
             let settled = match self.setting {
                 CpuShare::Auto => self.decode_steps >= WARM_STEPS,
                 _ => true,
@@ -462,10 +497,10 @@ impl GpuBackend {
         self.hybrid.setting() != CpuShare::Off && self.host_weights.pinned_bytes() > 0
     }
 
-    /// Sets how offloaded decode products are split (tests and A/B runs; users set
-    /// [`CPU_SHARE_VAR`]).
-    pub fn set_cpu_share(&mut self, setting: CpuShare) -> Result<()> {
-        self.hybrid.set_setting(setting)
+    /// Sets how offloaded decode products are split and how the host half runs (tests and
+    /// A/B runs; users set [`CPU_SHARE_VAR`] and [`SPLIT_MODE_VAR`]).
+    pub fn set_cpu_share(&mut self, setting: CpuShare, mode: SplitMode) -> Result<()> {
+        self.hybrid.set_setting(setting, mode)
     }
 
     /// Copies one token's quantized activations back to the staging, queued on the stream.
@@ -1031,7 +1066,7 @@ mod tests {
 
     #[test]
     fn auto_moves_towards_the_side_that_finished_first() {
-        let mut h = Hybrid::new(CpuShare::Auto);
+        let mut h = Hybrid::new(CpuShare::Auto, SplitMode::Graph);
         let w = Work::Rows(GgmlType::Q4K);
         assert_eq!(h.share(w), AUTO_START);
         h.observe(w, true);
@@ -1046,11 +1081,11 @@ mod tests {
         }
         assert_eq!(h.share(w), MAX_CPU_SHARE);
         // A fixed share stays where it was set; off gives the CPU nothing.
-        let mut f = Hybrid::new(CpuShare::Fixed(0.3));
+        let mut f = Hybrid::new(CpuShare::Fixed(0.3), SplitMode::Graph);
         f.share(w);
         f.observe(w, true);
         assert_eq!(f.share(w), 0.3);
-        assert_eq!(Hybrid::new(CpuShare::Off).share(w), 0.0);
+        assert_eq!(Hybrid::new(CpuShare::Off, SplitMode::Graph).share(w), 0.0);
         assert!(h
             .report_line()
             .unwrap()
@@ -1060,12 +1095,12 @@ mod tests {
     #[test]
     fn steps_run_eagerly_until_the_shares_settle_and_the_tasks_exist() {
         // Fixed: one eager step makes the tasks, then every decode step is captured.
-        let mut h = Hybrid::new(CpuShare::Fixed(0.4));
+        let mut h = Hybrid::new(CpuShare::Fixed(0.4), SplitMode::Graph);
         assert!(h.begin_step(true, true), "the step that makes the tasks");
         assert!(!h.begin_step(true, true));
         assert!(!h.begin_step(false, true), "prefill is never split");
         // Auto: the warm steps learn, one more makes the tasks, then captures.
-        let mut h = Hybrid::new(CpuShare::Auto);
+        let mut h = Hybrid::new(CpuShare::Auto, SplitMode::Graph);
         let eager: Vec<bool> = (0..WARM_STEPS + 3)
             .map(|_| h.begin_step(true, true))
             .collect();
@@ -1078,10 +1113,13 @@ mod tests {
             "{eager:?}"
         );
         // Without graphs every decode step stays eager; off never splits.
-        let mut h = Hybrid::new(CpuShare::Auto);
+        let mut h = Hybrid::new(CpuShare::Auto, SplitMode::Graph);
         assert!((0..3 * WARM_STEPS).all(|_| h.begin_step(true, false)));
-        let mut h = Hybrid::new(CpuShare::Off);
+        let mut h = Hybrid::new(CpuShare::Off, SplitMode::Graph);
         assert!(!h.begin_step(true, true));
+        // Eager mode never freezes: every decode step stays eager.
+        let mut h = Hybrid::new(CpuShare::Fixed(0.4), SplitMode::Eager);
+        assert!((0..3 * WARM_STEPS).all(|_| h.begin_step(true, true)));
     }
 
     #[test]
