@@ -8,11 +8,13 @@
 //! the bulk of a Q4_K_M model, have AVX2 paths (`vpmaddubsw` takes 32 weight-activation pairs
 //! per instruction); every other format goes through a portable path that is slower but exact.
 
+use super::host_pool::{self, HostPool, PoolKind};
 use crate::error::{DecodeError, Result};
 use crate::quant;
 use gguf_loader::GgmlType;
 use rayon::prelude::*;
 use std::ops::Range;
+use std::sync::Mutex;
 
 /// Values per activation scale (the GPU's group).
 pub const GROUP: usize = rocm_kernels::ops::matvec_q8::GROUP;
@@ -117,10 +119,46 @@ pub fn matvec_rows(
     }
     let base = rows.start;
     let chunk = chunk_rows(n);
-    out[..n]
-        .par_chunks_mut(chunk)
+    let pieces = out[..n]
+        .chunks_mut(chunk)
         .enumerate()
-        .for_each(|(c, dst)| rows_serial(format, matrix, row_bytes, base + c * chunk, x, dst));
+        .map(|(c, dst)| (format, matrix, row_bytes, base + c * chunk, x, dst))
+        .collect();
+    run_pieces(pieces)
+}
+
+/// One piece of work: rows `r0..r0 + dst.len()` of a matrix into `dst`.
+type Piece<'a> = (
+    GgmlType,
+    &'a [u8],
+    usize,
+    usize,
+    &'a HostActivations,
+    &'a mut [f32],
+);
+
+/// Runs the pieces on the host pool [`PoolKind::from_env`] names.
+fn run_pieces(pieces: Vec<Piece<'_>>) -> Result<()> {
+    match PoolKind::from_env()? {
+        PoolKind::Rayon => {
+            pieces
+                .into_par_iter()
+                .for_each(|(format, matrix, row_bytes, r0, x, dst)| {
+                    rows_serial(format, matrix, row_bytes, r0, x, dst)
+                })
+        }
+        PoolKind::Spin => {
+            // Each piece is claimed by exactly one participant; the lock is never contended.
+            let pieces: Vec<Mutex<Piece<'_>>> = pieces.into_iter().map(Mutex::new).collect();
+            host_pool::for_each_chunk(HostPool::global(), pieces.len(), 1, &|a, b| {
+                for p in &pieces[a..b] {
+                    let mut p = p.lock().unwrap_or_else(|e| e.into_inner());
+                    let (format, matrix, row_bytes, r0, x, ref mut dst) = *p;
+                    rows_serial(format, matrix, row_bytes, r0, x, dst);
+                }
+            });
+        }
+    }
     Ok(())
 }
 
@@ -163,12 +201,7 @@ pub fn matvec_batch(tasks: Vec<RowTask<'_>>) -> Result<()> {
             pieces.push((t.format, t.matrix, row_bytes, t.first + c * chunk, t.x, dst));
         }
     }
-    pieces
-        .into_par_iter()
-        .for_each(|(format, matrix, row_bytes, r0, x, dst)| {
-            rows_serial(format, matrix, row_bytes, r0, x, dst)
-        });
-    Ok(())
+    run_pieces(pieces)
 }
 
 /// Bytes of one row of `cols` values of `format`, or the error naming the problem.

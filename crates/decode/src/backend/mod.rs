@@ -14,6 +14,7 @@
 
 pub mod cpu;
 pub mod gpu;
+pub mod host_pool;
 pub mod host_q8;
 pub mod kernels;
 mod ops;
