@@ -18,7 +18,6 @@ pub fn known_vars() -> Vec<&'static str> {
         crate::backend::vendor_gemm::PrefillPath::ENV,
         crate::backend::gpu::ATTN_PREFILL_VAR,
         crate::backend::gpu::CPU_SHARE_VAR,
-        crate::backend::gpu::SPLIT_MODE_VAR,
         crate::backend::host_pool::POOL_VAR,
         rocm_kernels::kernels::MATVEC_DEPTH_VAR,
         rocm_kernels::kernels::MATVEC_BLOCKS_PER_SM_VAR,
@@ -64,9 +63,6 @@ pub fn check_vars(vars: &[(String, String)]) -> Result<Vec<String>> {
     }
     if let Some(v) = lookup(crate::backend::gpu::CPU_SHARE_VAR) {
         crate::backend::gpu::CpuShare::parse(&v)?;
-    }
-    if let Some(v) = lookup(crate::backend::gpu::SPLIT_MODE_VAR) {
-        crate::backend::gpu::SplitMode::parse(&v)?;
     }
     if let Some(v) = lookup(crate::backend::host_pool::POOL_VAR) {
         crate::backend::host_pool::PoolKind::parse(&v)?;

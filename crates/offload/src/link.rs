@@ -5,27 +5,30 @@ use std::fmt;
 
 const GB: f64 = 1e9;
 
-/// The host compute rate beside zero-copy on the H200's host (16 cores), GB/s; see
+/// The host compute rate beside zero-copy on the H200's host (16 Sapphire Rapids cores), GB/s:
+/// measured in the middle of hybrid runs, 46 GB/s on the 8B's rows and 35-36 GB/s on the
+/// 30B-A3B's experts (`hipdecode probe-host` alone: 55 on Q4_K, 44 on Q6_K); see
 /// docs/benchmark_results/offload-hybrid-2026-12-01.md.
-const HOST_COMPUTE_GBPS: f64 = 0.0;
+const HOST_COMPUTE_GBPS: f64 = 40.0;
 
-const H200_ORIGIN: &str = "H200 defaults: HBM 4.4 TB/s measured by a kernel; PCIe Gen5 x16 \
-    zero-copy and copy rates assumed; host compute measured by the hybrid sweep";
+const H200_ORIGIN: &str = "H200 defaults: HBM 4.4 TB/s measured by a kernel; zero-copy \
+    50 GB/s and host compute 40 GB/s measured in offloaded runs; copy 55 GB/s assumed";
 
 /// Read and transfer rates, in bytes per second (decimal GB/s × 10^9).
 ///
 /// The defaults ([`LinkModel::h200_default`]) are figures for an H200 on a PCIe Gen5 x16 host
-/// link; they are assumptions until the offload mechanisms exist to measure them, and
-/// measured numbers replace them through the fields (or `hipdecode plan`'s `--hbm-gbps`,
-/// `--zero-copy-gbps` and `--copy-gbps`).
+/// link, measured where a mechanism exists to measure them (the copy rate is assumed: streaming
+/// is not built); other machines pass theirs through the fields (or `hipdecode plan`'s
+/// `--hbm-gbps`, `--zero-copy-gbps`, `--copy-gbps` and `--host-compute-gbps`; `hipdecode
+/// probe-host` measures the host's cores).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LinkModel {
     /// Device memory read by a kernel. Default 4.4 TB/s: the H200's read bandwidth as the
     /// project measured it with a kernel (docs/benchmark_results/gpu-speed-2026-11-30.md).
     pub device_read: f64,
     /// Kernels reading mapped pinned host memory in place ("zero-copy"). Default 50 GB/s:
-    /// PCIe Gen5 x16 carries 64 GB/s raw per direction and about 50 GB/s of reads after
-    /// protocol overhead, when enough reads are in flight. Not measured here yet.
+    /// PCIe Gen5 x16 carries 64 GB/s raw per direction; the 8B shape with every weight read in
+    /// place ran at 12.1 tok/s over 4.3 GB per token on the H200, 52 GB/s.
     pub zero_copy_read: f64,
     /// Copy-engine transfers from pinned host memory to device memory. Default 55 GB/s: the
     /// same link driven by DMA with large transfers, a little above kernel reads. Not measured

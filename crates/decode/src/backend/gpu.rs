@@ -16,14 +16,13 @@
 //! module code), from `mem_get_info` before load and now.
 
 pub mod capture_stream;
-mod host_task;
 mod host_weights;
 mod hybrid;
 mod moe_prefill;
 mod weight_block;
 
 pub use host_weights::{HostPlacement, WeightMemory};
-pub use hybrid::{CpuShare, SplitMode, CPU_SHARE_VAR, MAX_CPU_SHARE, SPLIT_MODE_VAR};
+pub use hybrid::{CpuShare, CPU_SHARE_VAR, MAX_CPU_SHARE};
 pub use weight_block::piece_bytes as weight_piece_bytes;
 
 use super::profile::{self, OpProfile};
@@ -584,7 +583,7 @@ impl GpuBackend {
             capture,
             host_weights: Default::default(),
             weight_block: None,
-            hybrid: hybrid::Hybrid::new(CpuShare::from_env()?, SplitMode::from_env()?),
+            hybrid: hybrid::Hybrid::new(CpuShare::from_env()?),
         };
         // No stale ints a kernel could read before the first step.
         let mut ints = backend.step_ints_mut(StepBlock::ints_len(max_batch));
@@ -969,7 +968,6 @@ impl GpuBackend {
     /// The next token as written on the device by [`GpuBackend::argmax_to_step`].
     pub fn read_next_token(&self) -> Result<u32> {
         let id = self.read_i32(self.step.next_token().addr())?;
-        self.hybrid.take_task_error()?;
         u32::try_from(id).map_err(|_| gpu_err("argmax", format!("negative token id {id}")))
     }
 }
@@ -1192,11 +1190,7 @@ impl Backend for GpuBackend {
         // Only decode steps are captured: prefill chunks vary in length and run once each. A
         // step that splits offloaded products with the host waits on the device mid-step, so
         // it cannot be a graph.
-        let decode = key.n_tokens == 1;
-        let learning = self
-            .hybrid
-            .begin_step(decode && self.hybrid_active(), self.use_graphs);
-        if !self.use_graphs || !decode || learning {
+        if !self.use_graphs || key.n_tokens != 1 || self.hybrid_active() {
             return ops(self);
         }
         if let Some(exec) = self.graphs.get(&key) {

@@ -15,31 +15,21 @@
 //! The shares settle where both sides finish together, under whatever contention the two put
 //! on host memory.
 //!
-//! Two ways to run a split product ([`SPLIT_MODE_VAR`]):
-//!
-//! - **Eagerly** (`eager`, the default): the host waits for the activations, computes its rows,
-//!   and sees who finished first; such steps are not captured. On the H200 this is the faster
-//!   of the two: the host's busy wait hands over in microseconds.
-//! - **Queued** (`graph`), once the shares are settled (at once for a fixed share, after
-//!   [`WARM_STEPS`] eager steps under `auto`): the host half is a
-//!   [`host_task::HostTask`] that the runtime runs on its own thread, queued on a lane stream
-//!   between the copy of the activations and the upload of its rows, with events forking from
-//!   and joining back into the step's stream. Nothing waits on the host side, so the decode
-//!   step is captured into a graph (host nodes and all) and replayed like a resident one.
-//!   It saves the launches of the step's other kernels, but each host node costs the
-//!   runtime's hand-over to and from its callback thread; measured on the H200 it was 5-12 %
-//!   slower than eager at low and middle budgets (docs/benchmark_results/offload-hybrid-2026-12-01.md).
+//! Graph capture and the split do not mix well, measured on the H200: the host half as a
+//! host function in a captured graph (on the runtime's callback thread, forked and joined with
+//! events) was 5-12 % slower than this eager hand-over with rayon, and far slower with the
+//! spinning host pool, whose threads then compete with the runtime's; the eager path won at
+//! every budget tried (docs/benchmark_results/offload-hybrid-2026-12-01.md).
 //!
 //! Only decode (one token) splits: prefill products read each weight once for many tokens,
 //! which the GPU does from the link at full rate.
 
-use super::host_task::{self, HostBytes, HostTask, Job};
 use super::{gate_activation, gpu_err, kerr, GpuBackend, GpuBuffer};
 use crate::backend::host_q8::{self, HostActivations};
 use crate::error::{DecodeError, Result};
 use crate::quant;
 use gguf_loader::GgmlType;
-use hip_ffi::{Device, DevicePtr, Event, PinnedHostBuffer, Stream};
+use hip_ffi::{Device, DevicePtr, Event, PinnedHostBuffer};
 use rocm_kernels::ops::elementwise;
 use rocm_kernels::ops::matvec::QuantMatrix;
 use rocm_kernels::ops::matvec_q8::{self, Q8Activations};
@@ -60,36 +50,6 @@ const AUTO_START: f64 = 0.5;
 const AUTO_STEP: f64 = 0.01;
 /// Rows are split in multiples of this (a GPU block's rows; keeps the host's chunks whole).
 const ROW_QUANTUM: usize = 16;
-/// Decode steps `auto` runs eagerly to settle the shares before they are frozen into graphs.
-pub const WARM_STEPS: u64 = 8;
-
-/// `eager` (default) or `graph`: how a split product's host half is run (module docs).
-pub const SPLIT_MODE_VAR: &str = "HIPDECODE_OFFLOAD_SPLIT";
-
-/// How a split product's host half runs, from [`SPLIT_MODE_VAR`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SplitMode {
-    /// The host waits for the activations; steps run eagerly.
-    Eager,
-    /// A host function on a lane stream; steps are captured once the shares settle.
-    Graph,
-}
-
-impl SplitMode {
-    const CHOICES: [(&'static str, SplitMode); 2] =
-        [("eager", SplitMode::Eager), ("graph", SplitMode::Graph)];
-
-    /// Parses a value of [`SPLIT_MODE_VAR`].
-    pub fn parse(value: &str) -> Result<SplitMode> {
-        super::parse_choice(SPLIT_MODE_VAR, "hybrid split mode", &Self::CHOICES, value)
-    }
-
-    /// The mode [`SPLIT_MODE_VAR`] asks for, `eager` when unset.
-    pub fn from_env() -> Result<SplitMode> {
-        super::choice_from_env(SPLIT_MODE_VAR, "hybrid split mode", &Self::CHOICES)
-    }
-}
-
 /// How offloaded decode products are split between GPU and CPU, from [`CPU_SHARE_VAR`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum CpuShare {
@@ -210,7 +170,6 @@ impl Staging {
 /// The hybrid offload's state in a [`GpuBackend`].
 pub(super) struct Hybrid {
     setting: CpuShare,
-    mode: SplitMode,
     balance: BTreeMap<Work, Balance>,
     acts: HostActivations,
     /// The gated activations of the CPU's experts, quantized for their down projections.
@@ -221,35 +180,12 @@ pub(super) struct Hybrid {
     cpu_bytes: u64,
     cpu_time: Duration,
     wait_time: Duration,
-    /// Decode steps seen with offloaded weights, and whether the shares are frozen (products
-    /// are then queued, and steps captured).
-    decode_steps: u64,
-    frozen: bool,
-    /// Whether a step with frozen shares has run eagerly, making every task's pinned staging
-    /// (a capture may not allocate pinned memory).
-    tasks_made: bool,
-    /// The queued host halves, by their place in the decode step; graphs point at them, so
-    /// they live as long as the backend. Boxed so that growing the list never moves one.
-    #[allow(clippy::vec_box)]
-    tasks: Vec<Box<HostTask>>,
-    next_task: usize,
-    /// The stream the host halves and their uploads queue on, and the events that fork it
-    /// from and join it back into the step's stream.
-    lane: Option<Lane>,
-}
-
-/// The lane stream and its two events.
-struct Lane {
-    stream: Stream,
-    fork: Event,
-    join: Event,
 }
 
 impl Hybrid {
-    pub(super) fn new(setting: CpuShare, mode: SplitMode) -> Hybrid {
+    pub(super) fn new(setting: CpuShare) -> Hybrid {
         Hybrid {
             setting,
-            mode,
             balance: BTreeMap::new(),
             acts: HostActivations::default(),
             hidden: Vec::new(),
@@ -257,12 +193,6 @@ impl Hybrid {
             cpu_bytes: 0,
             cpu_time: Duration::ZERO,
             wait_time: Duration::ZERO,
-            decode_steps: 0,
-            frozen: false,
-            tasks_made: false,
-            tasks: Vec::new(),
-            next_task: 0,
-            lane: None,
         }
     }
 
@@ -271,94 +201,9 @@ impl Hybrid {
     }
 
     /// Sets how products are split from now on (the shares learnt so far are forgotten).
-    /// Refused once a step has been queued with frozen shares: graphs hold its tasks.
-    pub(super) fn set_setting(&mut self, setting: CpuShare, mode: SplitMode) -> Result<()> {
-        if !self.tasks.is_empty() {
-            return Err(DecodeError::InvalidArgument(format!(
-                "{CPU_SHARE_VAR} and {SPLIT_MODE_VAR} can only change before the first decode \
-                 step with offloaded weights is captured; set them right after creating the \
-                 backend"
-            )));
-        }
+    pub(super) fn set_setting(&mut self, setting: CpuShare) {
         self.setting = setting;
-        self.mode = mode;
         self.balance.clear();
-        self.frozen = false;
-        self.tasks_made = false;
-        self.decode_steps = 0;
-        Ok(())
-    }
-
-    /// Notes the start of a step: a decode step (one token) with graphs on counts towards
-    /// freezing the shares. Returns whether the step must run eagerly: the shares are still
-    /// being learnt, or they have just been frozen and the tasks are not made yet.
-    pub(super) fn begin_step(&mut self, decode: bool, graphs: bool) -> bool {
-        self.next_task = 0;
-        if !decode || self.setting == CpuShare::Off {
-            return false;
-        }
-        if graphs && self.mode == SplitMode::Graph && !self.frozen {
-            let settled = match self.setting {
-                CpuShare::Auto => self.decode_steps >= WARM_STEPS,
-                _ => true,
-            };
-            self.frozen = settled;
-        }
-        self.decode_steps += 1;
-        if !self.frozen {
-            return true;
-        }
-        // The first step with frozen shares runs eagerly through the queued path, which makes
-        // the tasks; later steps are captured and reuse them.
-        let first = !self.tasks_made;
-        self.tasks_made = true;
-        first
-    }
-
-    /// The task for the next queued host half of this step, made on the first step that
-    /// queues it; a later step (another graph) reuses it and must ask for the same job.
-    fn task_for(&mut self, device: &Device, job: Job) -> Result<&HostTask> {
-        let i = self.next_task;
-        self.next_task += 1;
-        if i == self.tasks.len() {
-            let task = HostTask::new(device, job).map_err(|e| {
-                DecodeError::Gpu(format!(
-                    "{e} (split product {i} of a decode step has no task yet; tasks are made \
-                     in the eager step before the first capture, so a capture asked for a \
-                     product that step did not have)"
-                ))
-            })?;
-            self.tasks.push(task);
-        } else if self.tasks[i].job != job {
-            return Err(DecodeError::InvalidArgument(format!(
-                "split product {i} of a decode step changed between captures ({:?} against \
-                 {:?}); graphs of one model must split the same products",
-                self.tasks[i].job, job
-            )));
-        }
-        Ok(&self.tasks[i])
-    }
-
-    fn lane(&mut self, device: &Device) -> Result<&Lane> {
-        if self.lane.is_none() {
-            let event =
-                || Event::new_without_timing(device).map_err(|e| gpu_err("creating an event", e));
-            self.lane = Some(Lane {
-                stream: Stream::new(device)
-                    .map_err(|e| gpu_err("creating the hybrid offload's stream", e))?,
-                fork: event()?,
-                join: event()?,
-            });
-        }
-        Ok(self.lane.as_ref().expect("made above"))
-    }
-
-    /// The first error a queued host half hit since the last call.
-    pub(super) fn take_task_error(&self) -> Result<()> {
-        match self.tasks.iter().find_map(|t| t.take_error()) {
-            Some(message) => Err(host_task::task_failed(message)),
-            None => Ok(()),
-        }
     }
 
     /// The CPU's current share of `work`.
@@ -439,15 +284,8 @@ impl Hybrid {
                 )
             })
             .collect();
-        let mut staging = self.staging.as_ref().map_or(0, Staging::bytes);
-        let (mut cpu_time, mut cpu_bytes, mut queued) = (self.cpu_time, self.cpu_bytes, 0);
-        for t in &self.tasks {
-            let (runs, time, bytes) = t.totals();
-            queued += runs;
-            cpu_time += time;
-            cpu_bytes += bytes;
-            staging += t.staging.bytes();
-        }
+        let staging = self.staging.as_ref().map_or(0, Staging::bytes);
+        let (cpu_time, cpu_bytes) = (self.cpu_time, self.cpu_bytes);
         let cpu_s = cpu_time.as_secs_f64();
         let rate = if cpu_s > 0.0 {
             cpu_bytes as f64 / cpu_s / 1e9
@@ -456,15 +294,13 @@ impl Hybrid {
         };
         Some(format!(
             "  hybrid offload ({CPU_SHARE_VAR}={setting}): {}; host cores {:.1} GB/s ({:.2} GB \
-             in {:.0} ms), {:.0} ms waiting for the device's activations in eager steps; {} \
-             host halves queued in graphs ({} runs); staging {:.1} KiB pinned\n",
+             in {:.0} ms), {:.0} ms waiting for the device's activations; staging {:.1} KiB \
+             pinned\n",
             parts.join(", "),
             rate,
             cpu_bytes as f64 / 1e9,
             cpu_s * 1e3,
             self.wait_time.as_secs_f64() * 1e3,
-            self.tasks.len(),
-            queued,
             staging as f64 / 1024.0
         ))
     }
@@ -497,10 +333,10 @@ impl GpuBackend {
         self.hybrid.setting() != CpuShare::Off && self.host_weights.pinned_bytes() > 0
     }
 
-    /// Sets how offloaded decode products are split and how the host half runs (tests and
-    /// A/B runs; users set [`CPU_SHARE_VAR`] and [`SPLIT_MODE_VAR`]).
-    pub fn set_cpu_share(&mut self, setting: CpuShare, mode: SplitMode) -> Result<()> {
-        self.hybrid.set_setting(setting, mode)
+    /// Sets how offloaded decode products are split (tests and A/B runs; users set
+    /// [`CPU_SHARE_VAR`]).
+    pub fn set_cpu_share(&mut self, setting: CpuShare) {
+        self.hybrid.set_setting(setting);
     }
 
     /// Copies one token's quantized activations back to the staging, queued on the stream.
@@ -602,27 +438,6 @@ impl GpuBackend {
         let row_bytes = quant::row_bytes(format, cols)
             .ok_or_else(|| DecodeError::InvalidArgument(format!("{cols} columns of {format}")))?;
         let q = self.q8_activations(x, 1, cols)?.as_const();
-        if self.hybrid.frozen {
-            let job = Job::Rows {
-                format,
-                weights: HostBytes::new(host),
-                cols,
-                first: on_gpu,
-                rows: on_cpu,
-            };
-            let sub = gpu_rows(m, on_gpu, row_bytes)?;
-            let mut head = out
-                .view_mut()
-                .slice_mut(0, on_gpu)
-                .expect("the output holds n values (checked above)");
-            let tail = head.addr() + 4 * on_gpu as u64;
-            let gpu_share = |b: &GpuBackend| {
-                matvec_q8::matvec(&b.kernels, &b.stream, &sub, q, &mut head, 1)
-                    .map_err(kerr("matmul (hybrid, GPU share)"))
-            };
-            self.queue_split(job, (&q, None), tail, gpu_share)?;
-            return Ok(true);
-        }
         self.stage_activations(&q, cols, 0, on_cpu)?;
         self.record(|s| &s.ready, "recording the activations' copy")?;
         let sub = gpu_rows(m, on_gpu, row_bytes)?;
@@ -690,55 +505,6 @@ impl GpuBackend {
         }
         let on_gpu = k - on_cpu;
         let [gate, up, down] = experts;
-        if self.hybrid.frozen {
-            let job = Job::Experts {
-                formats: [gate.format(), up.format(), down.format()],
-                weights: hosts.map(HostBytes::new),
-                n_embd,
-                n_ff,
-                n_expert: shape.n_expert,
-                k,
-                on_gpu,
-                act: gate_activation(act),
-            };
-            let (g, u) = gated;
-            let mut gq = self.moe_q8_scratch(on_gpu.max(1) * n_ff)?;
-            let mut whole = out.view_mut();
-            let gpu_share = |b: &GpuBackend| -> Result<()> {
-                if on_gpu == 0 {
-                    return Ok(());
-                }
-                let (kn, st) = (&b.kernels, &*b.stream);
-                let input = ExpertInput::PerToken;
-                matvec_q8::matvec_id_pair(kn, st, (gate, g), (up, u), ids, 1, on_gpu, xq, input)
-                    .map_err(kerr("moe gate+up (hybrid, GPU share)"))?;
-                let act = gate_activation(act);
-                elementwise::gated_q8(kn, st, g, u.as_const(), on_gpu * n_ff, act, &mut gq)
-                    .map_err(kerr("moe activation (hybrid, GPU share)"))?;
-                let x = gq.as_const();
-                matvec_q8::moe_down(kn, st, down, ids, weights, 1, on_gpu, x, &mut whole)
-                    .map_err(kerr("moe down (hybrid, GPU share)"))
-            };
-            if on_gpu == 0 {
-                // The host's sum is the whole output.
-                let dst = out.view_mut().addr();
-                self.queue_split(job, (&xq, Some((ids, weights))), dst, gpu_share)?;
-                return Ok(true);
-            }
-            let (a, st) = (&*self.alloc, self.stream_id);
-            let part =
-                Self::scratch_buffer(&mut self.scratch.hybrid_moe, a, st, n_embd, "hybrid moe")?;
-            self.queue_split(job, (&xq, Some((ids, weights))), part.addr(), gpu_share)?;
-            elementwise::add(
-                &self.kernels,
-                &self.stream,
-                &mut out.view_mut(),
-                part.as_const(),
-                n_embd,
-            )
-            .map_err(kerr("moe (adding the CPU's slots)"))?;
-            return Ok(true);
-        }
         self.stage_activations(&xq, n_embd, k, n_embd)?;
         {
             let staging = self.hybrid.staging.as_mut().expect("staged above");
@@ -842,81 +608,6 @@ impl GpuBackend {
     }
 }
 
-impl GpuBackend {
-    /// Queues one split product whose shares are frozen: the activations (and routing) are
-    /// copied back into the task's staging; the lane forks from the step's stream, runs the
-    /// task on the host and uploads its outputs to `dst`; `gpu_share` queues the GPU's half on
-    /// the step's stream meanwhile; the step's stream then joins the lane. Nothing here waits,
-    /// so a capture records it all.
-    fn queue_split(
-        &mut self,
-        job: Job,
-        (q, routing): (&Q8Activations, Option<Routing>),
-        dst: u64,
-        gpu_share: impl FnOnce(&GpuBackend) -> Result<()>,
-    ) -> Result<()> {
-        let device = *self.hip.device();
-        let (cols, outputs, k) = (job.cols(), job.outputs(), job.slots());
-        self.hybrid.lane(&device)?;
-        let task: *const HostTask = self.hybrid.task_for(&device, job)?;
-        // SAFETY: the task is boxed in `self.hybrid.tasks`, which only grows while the backend
-        // lives, so the address stays valid; nothing else touches it while the step is
-        // queued.
-        let task = unsafe { &*task };
-        let staging = &task.staging;
-        let copied = (|| {
-            // SAFETY: each destination lies in the task's pinned staging, sized for this job
-            // (`cols` values, `cols / 32` scales, `2k` routing slots) and read only by the
-            // task, which the lane runs after these copies (the fork event orders it); each
-            // source is device memory the backend keeps allocated.
-            unsafe {
-                let values = std::slice::from_raw_parts_mut(staging.values_ptr(), cols);
-                self.stream.copy_to_host_raw(values, q.values.ptr())?;
-                let scales =
-                    std::slice::from_raw_parts_mut(staging.scales_ptr(), cols / matvec_q8::GROUP);
-                self.stream.copy_to_host_raw(scales, q.scales.ptr())?;
-                if let Some((ids, weights)) = routing {
-                    let slots = std::slice::from_raw_parts_mut(staging.routing_ptr(), 2 * k);
-                    let (id_slots, weight_slots) = slots.split_at_mut(k);
-                    self.stream.copy_to_host_raw(id_slots, ids.ptr())?;
-                    self.stream
-                        .copy_to_host_raw(bytemuck_f32(weight_slots), weights.ptr())?;
-                }
-            }
-            Ok(())
-        })();
-        copied.map_err(|e: hip_ffi::HipError| gpu_err("copying activations to the host", e))?;
-        let lane = self.hybrid.lane.as_ref().expect("made above");
-        let forked = lane
-            .fork
-            .record(&self.stream)
-            .and_then(|()| lane.stream.wait_event(&lane.fork))
-            // SAFETY: `run_task` is the task's entry point and does not unwind; the task lives
-            // as long as the backend (see above), longer than any stream or graph running it.
-            .and_then(|()| unsafe {
-                lane.stream
-                    .launch_host_func(host_task::run_task, task as *const HostTask as *mut _)
-            })
-            // SAFETY: the source is the task's output staging, written by the task queued just
-            // before on the same stream and not again until the next run, which a later fork
-            // orders after this copy; `dst` is `outputs` f32 of device memory the caller holds.
-            .and_then(|()| unsafe {
-                let out = std::slice::from_raw_parts(staging.out_ptr(), outputs);
-                lane.stream.copy_from_host_raw(DevicePtr(dst), out)
-            })
-            .and_then(|()| lane.join.record(&lane.stream));
-        forked.map_err(|e| gpu_err("queueing the host half of a split product", e))?;
-        gpu_share(self)?;
-        let lane = self.hybrid.lane.as_ref().expect("made above");
-        self.stream
-            .wait_event(&lane.join)
-            .map_err(|e| gpu_err("joining the host half of a split product", e))
-    }
-}
-
-/// One token's routed slots on the device: expert ids and their weights.
-type Routing = (DeviceSlice<i32>, DeviceSlice<f32>);
-
 /// The first `rows` rows of `m` (`row_bytes` each), the GPU's half of a split product.
 fn gpu_rows(m: &QuantMatrix, rows: usize, row_bytes: usize) -> Result<QuantMatrix> {
     m.data()
@@ -949,7 +640,7 @@ fn expert_bytes(all: &[u8], e: usize, per_expert: usize) -> Result<&[u8]> {
 /// GPU). Every slot's gate and up products run in one parallel region, and every down product
 /// in a second: the experts are small, and waking the pool per product would cost more than
 /// reading them. Returns the weight bytes read.
-pub(super) fn cpu_experts(
+fn cpu_experts(
     slots: &[(i32, f32)],
     [gate, up, down]: [&[u8]; 3],
     [gate_f, up_f, down_f]: [GgmlType; 3],
@@ -1066,7 +757,7 @@ mod tests {
 
     #[test]
     fn auto_moves_towards_the_side_that_finished_first() {
-        let mut h = Hybrid::new(CpuShare::Auto, SplitMode::Graph);
+        let mut h = Hybrid::new(CpuShare::Auto);
         let w = Work::Rows(GgmlType::Q4K);
         assert_eq!(h.share(w), AUTO_START);
         h.observe(w, true);
@@ -1081,45 +772,15 @@ mod tests {
         }
         assert_eq!(h.share(w), MAX_CPU_SHARE);
         // A fixed share stays where it was set; off gives the CPU nothing.
-        let mut f = Hybrid::new(CpuShare::Fixed(0.3), SplitMode::Graph);
+        let mut f = Hybrid::new(CpuShare::Fixed(0.3));
         f.share(w);
         f.observe(w, true);
         assert_eq!(f.share(w), 0.3);
-        assert_eq!(Hybrid::new(CpuShare::Off, SplitMode::Graph).share(w), 0.0);
+        assert_eq!(Hybrid::new(CpuShare::Off).share(w), 0.0);
         assert!(h
             .report_line()
             .unwrap()
             .contains("Q4_K rows 95% on the CPU"));
-    }
-
-    #[test]
-    fn steps_run_eagerly_until_the_shares_settle_and_the_tasks_exist() {
-        // Fixed: one eager step makes the tasks, then every decode step is captured.
-        let mut h = Hybrid::new(CpuShare::Fixed(0.4), SplitMode::Graph);
-        assert!(h.begin_step(true, true), "the step that makes the tasks");
-        assert!(!h.begin_step(true, true));
-        assert!(!h.begin_step(false, true), "prefill is never split");
-        // Auto: the warm steps learn, one more makes the tasks, then captures.
-        let mut h = Hybrid::new(CpuShare::Auto, SplitMode::Graph);
-        let eager: Vec<bool> = (0..WARM_STEPS + 3)
-            .map(|_| h.begin_step(true, true))
-            .collect();
-        assert!(
-            eager[..=WARM_STEPS as usize].iter().all(|&e| e),
-            "{eager:?}"
-        );
-        assert!(
-            eager[WARM_STEPS as usize + 1..].iter().all(|&e| !e),
-            "{eager:?}"
-        );
-        // Without graphs every decode step stays eager; off never splits.
-        let mut h = Hybrid::new(CpuShare::Auto, SplitMode::Graph);
-        assert!((0..3 * WARM_STEPS).all(|_| h.begin_step(true, false)));
-        let mut h = Hybrid::new(CpuShare::Off, SplitMode::Graph);
-        assert!(!h.begin_step(true, true));
-        // Eager mode never freezes: every decode step stays eager.
-        let mut h = Hybrid::new(CpuShare::Fixed(0.4), SplitMode::Eager);
-        assert!((0..3 * WARM_STEPS).all(|_| h.begin_step(true, true)));
     }
 
     #[test]
