@@ -5,9 +5,12 @@
 //!   budget below the plan's pinned bytes is refused, and a budget on the CPU backend is an
 //!   error, not ignored.
 //! - On a GPU: with a budget that leaves most weights in pinned host memory, greedy tokens are
-//!   identical to the fully resident run's (the same kernels read the same bytes, over the host
-//!   link instead of from device memory), on the tiny dense and MoE models and on real Gemma 3
-//!   270M; the pinned bytes are the plan's, and the device holds only the plan's weights.
+//!   identical to the fully resident run's, on the tiny dense and MoE models and on real
+//!   Gemma 3 270M: with zero-copy alone (the same kernels read the same bytes, over the host
+//!   link) and with a fixed hybrid split (the host's cores compute half the rows from the same
+//!   8-bit activations); under the self-balancing split they may part only at a near-tie of
+//!   the resident run's logits. The pinned bytes are the plan's, and the device holds only the
+//!   plan's weights.
 
 mod common;
 
@@ -243,10 +246,20 @@ fn offload_matches_resident(test: &str, file: Arc<GgufFile>, prompt: &[u32], n: 
             "{test} ({share:?}): {}",
             hybrid_line.unwrap_or("no hybrid split")
         );
-        assert_eq!(
-            got.tokens, want.tokens,
-            "{test} ({share:?}): greedy tokens with offload differ from the resident run"
-        );
+        // Zero-copy reads the same bytes with the same kernels: identical. A split computes
+        // some rows on the host, from the same 8-bit activations with exact integer sums, but
+        // meets the group sums in another f32 order; a fixed split must still be identical,
+        // and the self-balancing one (whose rows move between the two from step to step) may
+        // part only where the resident run's top two logits are a near-tie.
+        match share {
+            CpuShare::Auto => {
+                check_parting(test, device, &file, prompt, &want.tokens, &got.tokens);
+            }
+            _ => assert_eq!(
+                got.tokens, want.tokens,
+                "{test} ({share:?}): greedy tokens with offload differ from the resident run"
+            ),
+        }
         assert_eq!(got.tokens.len(), n);
         // The split ran where asked, and only there.
         assert_eq!(
@@ -263,6 +276,48 @@ fn offload_matches_resident(test: &str, file: Arc<GgufFile>, prompt: &[u32], n: 
              the budget of {budget}"
         );
     }
+}
+
+/// Greedy continuations `want` (resident) and `got` (offloaded): equal, or parting only where
+/// the resident run's top two logits are within 1e-3 x max(1, RMS) of each other, as
+/// gpu_backend.rs allows between the CPU and GPU backends.
+fn check_parting(
+    test: &str,
+    device: hip_ffi::Device,
+    file: &Arc<GgufFile>,
+    prompt: &[u32],
+    want: &[u32],
+    got: &[u32],
+) {
+    assert_eq!(got.len(), want.len(), "{test}: token counts");
+    let Some(first) = want.iter().zip(got).position(|(a, b)| a != b) else {
+        return;
+    };
+    let backend = gpu_backend(device, &BackendSettings::default()).expect("the GPU backend");
+    let options = ModelOptions {
+        context: CONTEXT,
+        ..ModelOptions::default()
+    };
+    let mut model = Model::load(file, backend, options).expect("load");
+    let mut context = prompt.to_vec();
+    context.extend(&want[..first]);
+    model.forward(&context).expect("forward");
+    let mut logits = Vec::new();
+    model.last_logits(&mut logits).expect("logits");
+    let mut sorted = logits.clone();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let margin = sorted[0] - sorted[1];
+    let rms = (logits.iter().map(|v| v * v).sum::<f32>() / logits.len() as f32).sqrt();
+    eprintln!(
+        "{test} (Auto): greedy parts at token {first} ({} against {}): resident top-2 margin \
+         {margin:.3e}, rms {rms:.3}",
+        want[first], got[first]
+    );
+    assert!(
+        margin.is_finite() && margin <= 1e-3 * rms.max(1.0),
+        "{test} (Auto): greedy tokens part at token {first} without a near-tie (margin \
+         {margin}): {want:?} against {got:?}"
+    );
 }
 
 #[test]

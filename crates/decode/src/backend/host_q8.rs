@@ -338,7 +338,7 @@ fn row_dot(format: GgmlType, row: &[u8], x: &HostActivations, row_f32: &mut Vec<
     match format {
         GgmlType::Q4K => dot_q4k(row, x),
         GgmlType::Q6K => dot_q6k(row, x),
-        _ => {
+        _ if quant::is_float(format) => {
             row_f32.resize(x.len(), 0.0);
             quant::row_to_f32(format, row, row_f32);
             row_f32
@@ -347,7 +347,33 @@ fn row_dot(format: GgmlType, row: &[u8], x: &HostActivations, row_f32: &mut Vec<
                 .map(|(&w, &a)| w * a)
                 .sum()
         }
+        _ => dot_unpacked(format, row, x),
     }
+}
+
+/// Any other integer format, as the device computes it: per 16 values an exact integer dot
+/// product of the weight integers with the activation bytes, then `scale * dot + offset * sum`
+/// in f32 (the weights' value is `scale * q + offset`), times the activations' group scale.
+/// Exact integer sums keep the host's rows within f32 rounding of the device's, which greedy
+/// decoding needs to stay on the same tokens.
+fn dot_unpacked(format: GgmlType, row: &[u8], x: &HostActivations) -> f32 {
+    let mut u = quant::Unpacked::default();
+    let block = format.block_size();
+    let mut sum = 0.0f32;
+    for (b, blk) in row.chunks_exact(format.type_size()).enumerate() {
+        quant::unpack_block(format, blk, &mut u);
+        for h in 0..block / 16 {
+            let e = b * block + h * 16;
+            let dot: i32 = u.q[h * 16..h * 16 + 16]
+                .iter()
+                .zip(&x.values[e..e + 16])
+                .map(|(&q, &a)| i32::from(q) * i32::from(a))
+                .sum();
+            let group = u.scale[h] * dot as f32 + u.offset[h] * x.sum16[e / 16] as f32;
+            sum += x.scales[e / GROUP] * group;
+        }
+    }
+    sum
 }
 
 #[inline(always)]
