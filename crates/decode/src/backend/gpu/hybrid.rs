@@ -253,8 +253,8 @@ impl Hybrid {
                 ),
                 None => (cols, k, rows),
             };
-            // The old buffers are freed here; freeing pinned memory waits for the device's
-            // queued work, so no copy into or out of them is still pending.
+            // The old buffers are freed here; the caller has synchronized the stream, so no
+            // copy into or out of them is still pending.
             self.staging = None;
             self.staging = Some(Staging::new(device, c, kk, r)?);
         }
@@ -348,6 +348,18 @@ impl GpuBackend {
         rows: usize,
     ) -> Result<()> {
         let device = *self.hip.device();
+        if !self
+            .hybrid
+            .staging
+            .as_ref()
+            .is_some_and(|s| s.fits(cols, k, rows))
+        {
+            // The staging is about to be replaced: the previous product's upload out of it
+            // must have finished first (a few times per model, while the sizes settle).
+            self.stream
+                .synchronize()
+                .map_err(|e| gpu_err("waiting before growing the hybrid staging", e))?;
+        }
         let staging = self.hybrid.staging(&device, cols, k, rows)?;
         // SAFETY: `q` holds at least `cols` values and `cols / 32` scales in device memory
         // that the backend keeps allocated (its activations' 8-bit shadow); the staging lives in
