@@ -67,6 +67,22 @@ struct Shared {
     parked: Mutex<Vec<Option<Thread>>>,
 }
 
+impl Shared {
+    /// Starts a new epoch (a job, or the stop) and unparks the workers that sleep.
+    fn wake_all(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        for t in self
+            .parked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .flatten()
+        {
+            t.unpark();
+        }
+    }
+}
+
 #[derive(Clone, Copy)]
 struct SendPtr(JobPtr);
 // SAFETY: the pointee is `Sync` and outlives every use (the submitter waits for `pending`).
@@ -133,21 +149,16 @@ impl HostPool {
             let erased: JobPtr = unsafe { std::mem::transmute(short) };
             *self.shared.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(SendPtr(erased));
             self.shared.pending.store(n_workers, Ordering::Release);
-            self.shared.epoch.fetch_add(1, Ordering::AcqRel);
-            for t in self
-                .shared
-                .parked
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .iter()
-                .flatten()
-            {
-                t.unpark();
-            }
+            self.shared.wake_all();
         }
-        job(0);
+        // The workers borrow `job` until `pending` is 0: a panic of the caller's share must not
+        // unwind past that, so it is held until they are done.
+        let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(0)));
         while self.shared.pending.load(Ordering::Acquire) > 0 {
             std::hint::spin_loop();
+        }
+        if let Err(panic) = mine {
+            std::panic::resume_unwind(panic);
         }
     }
 }
@@ -155,17 +166,7 @@ impl HostPool {
 impl Drop for HostPool {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        self.shared.epoch.fetch_add(1, Ordering::AcqRel);
-        for t in self
-            .shared
-            .parked
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .flatten()
-        {
-            t.unpark();
-        }
+        self.shared.wake_all();
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
@@ -260,6 +261,34 @@ mod tests {
                 thread::sleep(SPIN * 3);
             }
         }
+    }
+
+    #[test]
+    fn a_panic_of_the_callers_share_waits_for_the_workers_then_unwinds() {
+        let pool = HostPool::new(3);
+        let done = AtomicUsize::new(0);
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.run(&|i| {
+                if i == 0 {
+                    panic!("the caller's share");
+                }
+                // Longer than a panic takes to print, backtrace included.
+                thread::sleep(Duration::from_millis(1500));
+                done.fetch_add(1, Ordering::SeqCst);
+            })
+        }));
+        assert!(caught.is_err());
+        assert_eq!(
+            done.load(Ordering::SeqCst),
+            2,
+            "both workers finished before the unwind"
+        );
+        // The pool still works.
+        let count = AtomicUsize::new(0);
+        pool.run(&|_| {
+            count.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(count.load(Ordering::SeqCst), 3);
     }
 
     #[test]
