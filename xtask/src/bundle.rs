@@ -25,7 +25,46 @@ pub struct Args {
     /// Do not strip the copied binaries.
     #[arg(long)]
     pub no_strip: bool,
+    /// Leave out the test binaries that never touch a GPU ([`CPU_ONLY_TESTS`]; CI runs them)
+    /// and the timing programs no test runs ([`UNUSED_ON_THE_DEVICE`]): the bundle for the
+    /// device machine, whose tool carries at most 64 MiB.
+    #[arg(long)]
+    pub gpu_only: bool,
 }
+
+/// Test binaries (`<package>/<target>`) with no GPU test in them: CI runs them on every
+/// machine, so a bundle for the GPU machine (`--gpu-only`) need not carry them.
+pub const CPU_ONLY_TESTS: &[&str] = &[
+    "decode/gemma_reference",
+    "decode/generation",
+    "decode/hostile_models",
+    "decode/model_spec",
+    "decode/offload_plan",
+    "decode/synthetic_reference",
+    "decode/tokenizer_defaults",
+    "gguf-loader/dequant_vs_gguf_py",
+    "gguf-loader/hostile",
+    "gguf-loader/model_config",
+    "gguf-loader/mutations",
+    "gguf-loader/real_gemma",
+    "gguf-loader/safetensors",
+    "gguf-loader/synth_presets",
+    "offload/offload",
+    "offload/planner",
+    "rocm-alloc/properties",
+    "rocm-alloc/replay",
+    "rocm-alloc/replay_format",
+    "rocm-alloc/semantics",
+    "rocm-alloc/sim_core",
+];
+
+/// Programs (`<package>/<target>`) that measure the host or another runtime and that no test
+/// runs: a `--gpu-only` bundle leaves them out.
+pub const UNUSED_ON_THE_DEVICE: &[&str] = &[
+    "gguf-loader/open_timing",
+    "rocm-alloc/h200_compare",
+    "rocm-alloc/hit_cpu_time",
+];
 
 /// One prebuilt test binary.
 pub struct BundledTest {
@@ -57,8 +96,11 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     let mut tests = Vec::new();
+    let left_out = |a: &Artifact, list: &[&str]| {
+        args.gpu_only && list.contains(&format!("{}/{}", a.package, a.target).as_str())
+    };
     for artifact in &artifacts {
-        if !artifact.is_test {
+        if !artifact.is_test || left_out(artifact, CPU_ONLY_TESTS) {
             continue;
         }
         let file_name = artifact
@@ -90,7 +132,7 @@ pub fn run(args: Args) -> Result<()> {
     let mut programs = Vec::new();
     for artifact in artifacts
         .iter()
-        .filter(|a| !a.is_test && a.target != "xtask")
+        .filter(|a| !a.is_test && a.target != "xtask" && !left_out(a, UNUSED_ON_THE_DEVICE))
     {
         let Some(file_name) = artifact.executable.file_name() else {
             continue;
@@ -523,6 +565,92 @@ pub fn restore_programs(bundle: &Path) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+
+    /// The `--gpu-only` lists name targets that exist, and no listed test binary holds a GPU
+    /// test: a GPU test added to one would otherwise silently leave the device's run.
+    #[test]
+    fn the_gpu_only_lists_name_real_targets_without_gpu_tests() {
+        let root = crate::workspace_root();
+        let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args([
+                "metadata",
+                "--no-deps",
+                "--format-version",
+                "1",
+                "--offline",
+            ])
+            .current_dir(&root)
+            .output()
+            .expect("cargo metadata runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let mut targets = std::collections::HashMap::new();
+        for p in meta["packages"].as_array().unwrap() {
+            for t in p["targets"].as_array().unwrap() {
+                let name = format!(
+                    "{}/{}",
+                    p["name"].as_str().unwrap(),
+                    t["name"].as_str().unwrap()
+                );
+                targets.insert(name, PathBuf::from(t["src_path"].as_str().unwrap()));
+            }
+        }
+        // What a test that reaches a GPU uses: the skip helpers, the requirement switch, the
+        // probe, the GPU backend and allocator device, or `--device gpu` passed as arguments.
+        let gpu_markers = [
+            "gpu_or_skip",
+            "device_or_skip",
+            "REQUIRE_GPU",
+            "probe_gpu",
+            "GpuBackend",
+            "HipDevice",
+            "\"gpu\"",
+        ];
+        for name in UNUSED_ON_THE_DEVICE {
+            assert!(
+                targets.contains_key(*name),
+                "{name} is listed but is no target"
+            );
+        }
+        for name in CPU_ONLY_TESTS {
+            let src = targets
+                .get(*name)
+                .unwrap_or_else(|| panic!("{name} is listed but is no target of the workspace"));
+            // A library's unit tests live in every file of its src folder.
+            let files: Vec<PathBuf> = if src.ends_with("lib.rs") {
+                walk_rs(src.parent().unwrap())
+            } else {
+                vec![src.clone()]
+            };
+            for f in files {
+                let text = std::fs::read_to_string(&f).unwrap();
+                for m in gpu_markers {
+                    assert!(
+                        !text.contains(m),
+                        "{name} is listed as never touching a GPU, but {} mentions {m}",
+                        f.display()
+                    );
+                }
+            }
+        }
+    }
+
+    fn walk_rs(dir: &Path) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                out.extend(walk_rs(&p));
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+        out
+    }
     use super::*;
 
     /// A fresh, empty folder under the system temp dir, removed when dropped.
