@@ -217,6 +217,15 @@ pub fn try_max_abs_diff(got: &[f32], want: &[f32]) -> Result<f32, String> {
 }
 
 /// [`try_max_abs_diff`], failing the test on NaN or a length mismatch.
+/// The gap between the two largest logits and the logits' RMS: where two greedy runs part,
+/// a gap within a small multiple of the RMS is a near-tie that f32 rounding may flip.
+pub fn top2_margin(logits: &[f32]) -> (f32, f32) {
+    let mut sorted = logits.to_vec();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let rms = (logits.iter().map(|v| v * v).sum::<f32>() / logits.len() as f32).sqrt();
+    (sorted[0] - sorted[1], rms)
+}
+
 pub fn max_abs_diff(got: &[f32], want: &[f32]) -> f32 {
     try_max_abs_diff(got, want).unwrap_or_else(|e| panic!("logit comparison failed: {e}"))
 }

@@ -97,10 +97,7 @@ fn check_greedy(
     model.forward(&context).unwrap();
     let mut logits = Vec::new();
     model.last_logits(&mut logits).unwrap();
-    let mut sorted = logits.clone();
-    sorted.sort_by(|a, b| b.total_cmp(a));
-    let margin = sorted[0] - sorted[1];
-    let rms = (logits.iter().map(|v| v * v).sum::<f32>() / logits.len() as f32).sqrt();
+    let (margin, rms) = top2_margin(&logits);
     eprintln!("{what}: greedy parts at token {first}: CPU top-2 margin {margin:.3e}, rms {rms:.3}");
     assert!(
         margin <= tol * rms.max(1.0),

@@ -304,10 +304,7 @@ fn check_parting(
     model.forward(&context).expect("forward");
     let mut logits = Vec::new();
     model.last_logits(&mut logits).expect("logits");
-    let mut sorted = logits.clone();
-    sorted.sort_by(|a, b| b.total_cmp(a));
-    let margin = sorted[0] - sorted[1];
-    let rms = (logits.iter().map(|v| v * v).sum::<f32>() / logits.len() as f32).sqrt();
+    let (margin, rms) = top2_margin(&logits);
     eprintln!(
         "{test} (Auto): greedy parts at token {first} ({} against {}): resident top-2 margin \
          {margin:.3e}, rms {rms:.3}",

@@ -43,7 +43,6 @@ pub const RUNTIME_FUNCTIONS: &[&str] = &[
     "hipStreamSynchronize",
     "hipStreamQuery",
     "hipStreamWaitEvent",
-    "hipLaunchHostFunc",
     "hipEventCreateWithFlags",
     "hipEventDestroy",
     "hipEventRecord",

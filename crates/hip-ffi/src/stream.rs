@@ -2,7 +2,7 @@
 
 use crate::device::{Device, DevicePtr};
 use crate::error::Result;
-use crate::ffi::{Addr, CopyKind, HostFn, RawHandle};
+use crate::ffi::{Addr, CopyKind, RawHandle};
 use crate::memory::DeviceCopy;
 use crate::module::LoadedModule;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -126,24 +126,6 @@ impl Stream {
             self.device
                 .api
                 .stream_wait_event(self.device.ordinal, self.handle, event.handle)
-        }
-    }
-
-    /// Queues `f(data)` to run on a runtime thread once the work queued before it has
-    /// finished; later work waits for it to return. A capture records it as a host node, run
-    /// at every replay.
-    ///
-    /// # Safety
-    /// `f` must not call the GPU runtime and must not unwind (catch panics inside); `data`
-    /// must stay valid, and whatever `f` touches must not be used elsewhere in a conflicting
-    /// way, until every run has returned (synchronize the stream; for a captured graph, until
-    /// its last replay has finished and it is destroyed).
-    pub unsafe fn launch_host_func(&self, f: HostFn, data: *mut std::ffi::c_void) -> Result<()> {
-        // SAFETY: forwarded contract; the handle is live.
-        unsafe {
-            self.device
-                .api
-                .launch_host_func(self.device.ordinal, self.handle, f, data)
         }
     }
 

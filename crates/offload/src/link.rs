@@ -5,12 +5,6 @@ use std::fmt;
 
 const GB: f64 = 1e9;
 
-/// The host compute rate beside zero-copy on the H200's host (16 Sapphire Rapids cores), GB/s:
-/// measured in the middle of hybrid runs, 46 GB/s on the 8B's rows and 35-36 GB/s on the
-/// 30B-A3B's experts (`hipdecode probe-host` alone: 55 on Q4_K, 44 on Q6_K); see
-/// docs/benchmark_results/offload-hybrid-2026-12-01.md.
-const HOST_COMPUTE_GBPS: f64 = 40.0;
-
 const H200_ORIGIN: &str = "H200 defaults: HBM 4.4 TB/s measured by a kernel; zero-copy \
     50 GB/s and host compute 40 GB/s measured in offloaded runs; copy 55 GB/s assumed";
 
@@ -57,8 +51,12 @@ impl LinkModel {
     /// The H200 figures described on each field.
     pub const H200_DEFAULT_GBPS: [f64; 3] = [4400.0, 50.0, 55.0];
 
-    /// The host's cores' rate on offloaded products beside the GPU's zero-copy reads, GB/s.
-    pub const H200_HOST_COMPUTE_GBPS: f64 = HOST_COMPUTE_GBPS;
+    /// The host's cores' rate on offloaded products beside the GPU's zero-copy reads on the
+    /// H200's host (16 Sapphire Rapids cores), GB/s: measured in the middle of hybrid runs,
+    /// 46 GB/s on the 8B's rows and 35-36 GB/s on the 30B-A3B's experts (`hipdecode
+    /// probe-host` alone: 46-55 on Q4_K, 44 on Q6_K); see
+    /// docs/benchmark_results/offload-hybrid-2026-12-01.md.
+    pub const H200_HOST_COMPUTE_GBPS: f64 = 40.0;
 
     /// The H200 defaults (see the fields), with the hybrid split on.
     pub fn h200_default() -> LinkModel {

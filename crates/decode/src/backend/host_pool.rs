@@ -1,7 +1,7 @@
 //! A pool of host threads that spin between jobs: the hybrid offload's host half runs a
-//! product of 50-300 µs after every wait on the device, and a pool whose threads have gone
-//! to sleep in between (rayon's do after a short while) spends a good part of that waking
-//! them. Here the workers poll for the next job for [`SPIN`] after the last one, then park;
+//! share of a product (300-470 µs in the H200 runs) after every wait on the device, and a
+//! pool whose threads have gone to sleep in between (rayon's do after a short while) spends a
+//! good part of that waking them. Here the workers poll for the next job for [`SPIN`] after the last one, then park;
 //! a job wakes the parked ones.
 //!
 //! A job is a function of the participant's index, run once by every participant (the

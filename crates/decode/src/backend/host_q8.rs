@@ -6,7 +6,9 @@
 //! one f32 scale per group, copied back from the device, so both halves of a product multiply
 //! the same numbers and differ only in the order in which f32 group sums meet. Q4_K and Q6_K,
 //! the bulk of a Q4_K_M model, have AVX2 paths (`vpmaddubsw` takes 32 weight-activation pairs
-//! per instruction); every other format goes through a portable path that is slower but exact.
+//! per instruction); the other integer formats go through a portable path with exact integer
+//! sums per 16 values. Float weights are refused: the device never runs them against 8-bit
+//! activations, so no split product has them.
 
 use super::host_pool::{self, HostPool, PoolKind};
 use crate::error::{DecodeError, Result};
@@ -32,8 +34,6 @@ pub struct HostActivations {
     sum32: Vec<i32>,
     /// Sum of the integers of each half group (16 values): Q6_K changes scale every 16.
     sum16: Vec<i32>,
-    /// `value * scale`, for the portable path of the formats without an integer kernel here.
-    dequantized: Vec<f32>,
 }
 
 impl HostActivations {
@@ -61,13 +61,6 @@ impl HostActivations {
         self.sum32.clear();
         self.sum32
             .extend(self.sum16.chunks_exact(2).map(|p| p[0] + p[1]));
-        self.dequantized.clear();
-        self.dequantized.extend(
-            values
-                .iter()
-                .enumerate()
-                .map(|(i, &q)| f32::from(q) * scales[i / GROUP]),
-        );
         Ok(())
     }
 
@@ -204,13 +197,22 @@ pub fn matvec_batch(tasks: Vec<RowTask<'_>>) -> Result<()> {
     run_pieces(pieces)
 }
 
-/// Bytes of one row of `cols` values of `format`, or the error naming the problem.
+/// Bytes of one row of `cols` values of `format`, or the error naming the problem. The formats
+/// are the device's 8-bit-activation ones (`matvec_q8::Q8_FORMATS`): the host half only ever
+/// shares a product the device runs that way.
 fn checked_row_bytes(format: GgmlType, cols: usize) -> Result<usize> {
+    if !rocm_kernels::ops::matvec_q8::supports(format) {
+        return Err(DecodeError::InvalidArgument(format!(
+            "host product: {} has no 8-bit-activation product (the integer formats Q4_0, \
+             Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K have one)",
+            format.name()
+        )));
+    }
     quant::row_bytes(format, cols)
-        .filter(|&b| b > 0 && quant::is_supported(format))
+        .filter(|&b| b > 0)
         .ok_or_else(|| {
             DecodeError::InvalidArgument(format!(
-                "host product: {cols} columns of {} are not whole blocks of a supported format",
+                "host product: {cols} columns of {} are not whole blocks",
                 format.name()
             ))
         })
@@ -225,15 +227,9 @@ fn rows_serial(
     x: &HostActivations,
     dst: &mut [f32],
 ) {
-    let mut row_f32 = Vec::new();
     for (i, o) in dst.iter_mut().enumerate() {
         let r = r0 + i;
-        *o = row_dot(
-            format,
-            &matrix[r * row_bytes..(r + 1) * row_bytes],
-            x,
-            &mut row_f32,
-        );
+        *o = row_dot(format, &matrix[r * row_bytes..(r + 1) * row_bytes], x);
     }
 }
 
@@ -316,7 +312,7 @@ pub fn measure_rate(format: GgmlType, bytes: usize, runs: usize) -> Result<HostR
 const ROW_QUANTUM_FOR_PROBE: usize = 64;
 
 /// One row's product with `x`.
-fn row_dot(format: GgmlType, row: &[u8], x: &HostActivations, row_f32: &mut Vec<f32>) -> f32 {
+fn row_dot(format: GgmlType, row: &[u8], x: &HostActivations) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
         if has_fast_path(format)
@@ -338,15 +334,6 @@ fn row_dot(format: GgmlType, row: &[u8], x: &HostActivations, row_f32: &mut Vec<
     match format {
         GgmlType::Q4K => dot_q4k(row, x),
         GgmlType::Q6K => dot_q6k(row, x),
-        _ if quant::is_float(format) => {
-            row_f32.resize(x.len(), 0.0);
-            quant::row_to_f32(format, row, row_f32);
-            row_f32
-                .iter()
-                .zip(&x.dequantized)
-                .map(|(&w, &a)| w * a)
-                .sum()
-        }
         _ => dot_unpacked(format, row, x),
     }
 }
@@ -663,5 +650,11 @@ mod tests {
         let err = matvec_rows(GgmlType::Q4K, &matrix, 256, 0..2, &a, &mut out).unwrap_err();
         assert!(err.to_string().contains("144 bytes"), "{err}");
         assert!(matvec_rows(GgmlType::Q4K, &matrix, 100, 0..1, &a, &mut out).is_err());
+        let f32_row = vec![0u8; 256 * 4];
+        let err = matvec_rows(GgmlType::F32, &f32_row, 256, 0..1, &a, &mut out).unwrap_err();
+        assert!(
+            err.to_string().contains("no 8-bit-activation product"),
+            "{err}"
+        );
     }
 }

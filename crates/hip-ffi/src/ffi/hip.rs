@@ -463,18 +463,6 @@ impl GpuApi for HipApi {
         }
     }
 
-    unsafe fn launch_host_func(
-        &self,
-        dev: i32,
-        stream: RawHandle,
-        f: super::HostFn,
-        data: *mut c_void,
-    ) -> Result<()> {
-        self.bind(dev)?;
-        // SAFETY: the caller guarantees the stream is live and `data` outlives every call.
-        unsafe { call!(self, hipLaunchHostFunc(Self::stream(stream), Some(f), data)) }
-    }
-
     fn event_create(&self, dev: i32, timing: bool) -> Result<RawHandle> {
         self.bind(dev)?;
         let flags = if timing {

@@ -66,9 +66,6 @@ pub(crate) enum CopyKind {
 /// Source or destination of a copy: host pointers and device addresses travel as integers.
 pub(crate) type Addr = u64;
 
-/// A host function queued on a stream: called with the pointer given at launch.
-pub type HostFn = unsafe extern "C" fn(*mut std::ffi::c_void);
-
 /// The HIP-shaped API both platforms implement. `dev` is the runtime's device ordinal; every
 /// method that touches a device makes it current on the calling thread first.
 pub(crate) trait GpuApi: Send + Sync + 'static {
@@ -153,18 +150,6 @@ pub(crate) trait GpuApi: Send + Sync + 'static {
     /// Both handles are live.
     unsafe fn stream_wait_event(&self, dev: i32, stream: RawHandle, event: RawHandle)
         -> Result<()>;
-    /// Queues `f(data)` on the host after the stream's queued work (`hipLaunchHostFunc` /
-    /// `cuLaunchHostFunc`); a capture records it as a host node.
-    /// # Safety
-    /// `stream` is live; `f` neither calls the runtime nor unwinds; `data` stays valid until
-    /// every run of `f` (each replay of a graph that captured it) has finished.
-    unsafe fn launch_host_func(
-        &self,
-        dev: i32,
-        stream: RawHandle,
-        f: HostFn,
-        data: *mut std::ffi::c_void,
-    ) -> Result<()>;
 
     fn event_create(&self, dev: i32, timing: bool) -> Result<RawHandle>;
     /// # Safety

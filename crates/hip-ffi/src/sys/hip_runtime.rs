@@ -256,9 +256,6 @@ pub struct hipGraphExec {
     _unused: [u8; 0],
 }
 pub type hipGraphExec_t = *mut hipGraphExec;
-pub type hipHostFn_t = ::std::option::Option<
-    unsafe extern "C" fn(userData: *mut ::std::os::raw::c_void),
->;
 pub const hipStreamCaptureModeGlobal: hipStreamCaptureMode = 0;
 pub const hipStreamCaptureModeThreadLocal: hipStreamCaptureMode = 1;
 pub const hipStreamCaptureModeRelaxed: hipStreamCaptureMode = 2;
@@ -538,14 +535,6 @@ pub struct HipRuntime {
         ) -> hipError_t,
         ::libloading::Error,
     >,
-    pub hipLaunchHostFunc: Result<
-        unsafe extern "C" fn(
-            stream: hipStream_t,
-            fn_: hipHostFn_t,
-            userData: *mut ::std::os::raw::c_void,
-        ) -> hipError_t,
-        ::libloading::Error,
-    >,
     pub hipThreadExchangeStreamCaptureMode: Result<
         unsafe extern "C" fn(mode: *mut hipStreamCaptureMode) -> hipError_t,
         ::libloading::Error,
@@ -663,7 +652,6 @@ impl HipRuntime {
         let hipStreamIsCapturing = __library
             .get(b"hipStreamIsCapturing\0")
             .map(|sym| *sym);
-        let hipLaunchHostFunc = __library.get(b"hipLaunchHostFunc\0").map(|sym| *sym);
         let hipThreadExchangeStreamCaptureMode = __library
             .get(b"hipThreadExchangeStreamCaptureMode\0")
             .map(|sym| *sym);
@@ -721,7 +709,6 @@ impl HipRuntime {
             hipStreamBeginCapture,
             hipStreamEndCapture,
             hipStreamIsCapturing,
-            hipLaunchHostFunc,
             hipThreadExchangeStreamCaptureMode,
             hipGraphDestroy,
             hipGraphInstantiate,
@@ -1119,17 +1106,6 @@ impl HipRuntime {
             .hipStreamIsCapturing
             .as_ref()
             .expect("Expected function, got error."))(stream, pCaptureStatus)
-    }
-    pub unsafe fn hipLaunchHostFunc(
-        &self,
-        stream: hipStream_t,
-        fn_: hipHostFn_t,
-        userData: *mut ::std::os::raw::c_void,
-    ) -> hipError_t {
-        (self
-            .hipLaunchHostFunc
-            .as_ref()
-            .expect("Expected function, got error."))(stream, fn_, userData)
     }
     pub unsafe fn hipThreadExchangeStreamCaptureMode(
         &self,

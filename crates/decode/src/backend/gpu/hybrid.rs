@@ -29,7 +29,7 @@ use crate::backend::host_q8::{self, HostActivations};
 use crate::error::{DecodeError, Result};
 use crate::quant;
 use gguf_loader::GgmlType;
-use hip_ffi::{Device, DevicePtr, Event, PinnedHostBuffer};
+use hip_ffi::{Device, DevicePtr, Event, PinnedHostBuffer, Stream};
 use rocm_kernels::ops::elementwise;
 use rocm_kernels::ops::matvec::QuantMatrix;
 use rocm_kernels::ops::matvec_q8::{self, Q8Activations};
@@ -236,14 +236,20 @@ impl Hybrid {
         }
     }
 
+    /// The staging, grown first when it is too small for `cols` activations, `k` routing
+    /// slots and `rows` outputs.
     fn staging(
         &mut self,
         device: &Device,
-        cols: usize,
-        k: usize,
-        rows: usize,
+        stream: &Stream,
+        (cols, k, rows): (usize, usize, usize),
     ) -> Result<&mut Staging> {
         if !self.staging.as_ref().is_some_and(|s| s.fits(cols, k, rows)) {
+            // The previous product's upload out of the old staging must have finished before
+            // it is freed (a few times per model, while the sizes settle).
+            stream
+                .synchronize()
+                .map_err(|e| gpu_err("waiting before growing the hybrid staging", e))?;
             let (c, kk, r) = match &self.staging {
                 // Grown to the largest of each size seen, so it settles after a layer or two.
                 Some(s) => (
@@ -253,8 +259,6 @@ impl Hybrid {
                 ),
                 None => (cols, k, rows),
             };
-            // The old buffers are freed here; the caller has synchronized the stream, so no
-            // copy into or out of them is still pending.
             self.staging = None;
             self.staging = Some(Staging::new(device, c, kk, r)?);
         }
@@ -285,10 +289,9 @@ impl Hybrid {
             })
             .collect();
         let staging = self.staging.as_ref().map_or(0, Staging::bytes);
-        let (cpu_time, cpu_bytes) = (self.cpu_time, self.cpu_bytes);
-        let cpu_s = cpu_time.as_secs_f64();
+        let cpu_s = self.cpu_time.as_secs_f64();
         let rate = if cpu_s > 0.0 {
-            cpu_bytes as f64 / cpu_s / 1e9
+            self.cpu_bytes as f64 / cpu_s / 1e9
         } else {
             0.0
         };
@@ -298,7 +301,7 @@ impl Hybrid {
              pinned\n",
             parts.join(", "),
             rate,
-            cpu_bytes as f64 / 1e9,
+            self.cpu_bytes as f64 / 1e9,
             cpu_s * 1e3,
             self.wait_time.as_secs_f64() * 1e3,
             staging as f64 / 1024.0
@@ -348,19 +351,9 @@ impl GpuBackend {
         rows: usize,
     ) -> Result<()> {
         let device = *self.hip.device();
-        if !self
+        let staging = self
             .hybrid
-            .staging
-            .as_ref()
-            .is_some_and(|s| s.fits(cols, k, rows))
-        {
-            // The staging is about to be replaced: the previous product's upload out of it
-            // must have finished first (a few times per model, while the sizes settle).
-            self.stream
-                .synchronize()
-                .map_err(|e| gpu_err("waiting before growing the hybrid staging", e))?;
-        }
-        let staging = self.hybrid.staging(&device, cols, k, rows)?;
+            .staging(&device, &self.stream, (cols, k, rows))?;
         // SAFETY: `q` holds at least `cols` values and `cols / 32` scales in device memory
         // that the backend keeps allocated (its activations' 8-bit shadow); the staging lives in
         // `self.hybrid` and is read only after `ready`, recorded next, has been reached.
@@ -380,15 +373,40 @@ impl GpuBackend {
         .map_err(|e| gpu_err("copying activations to the host", e))
     }
 
-    /// Waits for the staged activations and makes them the host's.
-    fn take_activations(&mut self, cols: usize) -> Result<()> {
+    fn record(&self, which: fn(&Staging) -> &Event, what: &str) -> Result<()> {
+        let staging = self.hybrid.staging.as_ref().expect("staged before");
+        which(staging)
+            .record(&self.stream)
+            .map_err(|e| gpu_err(what, e))
+    }
+
+    /// The host's half of a split product, once the GPU's half is queued: marks the end of
+    /// the GPU's half, waits for the staged activations, runs `compute` (over the activations,
+    /// the experts' scratch, the staged routing and the output staging; it returns the weight
+    /// bytes it read), and moves `work`'s share by which half finished first. The caller then
+    /// queues the upload of the outputs.
+    fn host_half(
+        &mut self,
+        cols: usize,
+        work: Work,
+        compute: impl FnOnce(
+            &HostActivations,
+            &mut Vec<HostActivations>,
+            &[i32],
+            &mut [f32],
+        ) -> Result<u64>,
+    ) -> Result<()> {
+        self.record(|s| &s.gpu_done, "recording the GPU's share")?;
         let Hybrid {
             acts,
+            hidden,
             staging,
+            cpu_bytes,
+            cpu_time,
             wait_time,
             ..
         } = &mut self.hybrid;
-        let staging = staging.as_ref().expect("staged before");
+        let staging = staging.as_mut().expect("staged before");
         let t = Instant::now();
         staging
             .ready
@@ -398,24 +416,17 @@ impl GpuBackend {
         acts.set(
             &staging.values.as_slice::<i8>()[..cols],
             &staging.scales.as_slice::<f32>()[..cols / matvec_q8::GROUP],
-        )
-    }
-
-    fn record(&self, which: fn(&Staging) -> &Event, what: &str) -> Result<()> {
-        let staging = self.hybrid.staging.as_ref().expect("staged before");
-        which(staging)
-            .record(&self.stream)
-            .map_err(|e| gpu_err(what, e))
-    }
-
-    /// Whether the GPU's share is still running (so the CPU finished first).
-    fn gpu_still_busy(&self) -> Result<bool> {
-        let staging = self.hybrid.staging.as_ref().expect("staged before");
-        staging
+        )?;
+        let t = Instant::now();
+        let routing = staging.routing.as_slice::<i32>();
+        *cpu_bytes += compute(acts, hidden, routing, staging.out.as_mut_slice::<f32>())?;
+        *cpu_time += t.elapsed();
+        let cpu_first = !staging
             .gpu_done
             .query()
-            .map(|done| !done)
-            .map_err(|e| gpu_err("querying the GPU's share", e))
+            .map_err(|e| gpu_err("querying the GPU's share", e))?;
+        self.hybrid.observe(work, cpu_first);
+        Ok(())
     }
 
     /// Queues the upload of the staging's first `len` outputs to `dst`.
@@ -459,25 +470,10 @@ impl GpuBackend {
             .expect("the output holds n values (checked above)");
         matvec_q8::matvec(&self.kernels, &self.stream, &sub, q, &mut head, 1)
             .map_err(kerr("matmul (hybrid, GPU share)"))?;
-        self.record(|s| &s.gpu_done, "recording the GPU's share")?;
-        self.take_activations(cols)?;
-        {
-            let Hybrid {
-                acts,
-                staging,
-                cpu_bytes,
-                cpu_time,
-                ..
-            } = &mut self.hybrid;
-            let staging = staging.as_mut().expect("staged before");
-            let dst = &mut staging.out.as_mut_slice::<f32>()[..on_cpu];
-            let t = Instant::now();
-            host_q8::matvec_rows(format, host, cols, on_gpu..n, acts, dst)?;
-            *cpu_time += t.elapsed();
-            *cpu_bytes += (on_cpu * row_bytes) as u64;
-        }
-        let cpu_first = self.gpu_still_busy()?;
-        self.hybrid.observe(work, cpu_first);
+        self.host_half(cols, work, |acts, _, _, out| {
+            host_q8::matvec_rows(format, host, cols, on_gpu..n, acts, &mut out[..on_cpu])?;
+            Ok((on_cpu * row_bytes) as u64)
+        })?;
         self.upload_cpu_share(head.addr() + 4 * on_gpu as u64, on_cpu)?;
         self.op_done(
             || format!("matvec hybrid {} {on_gpu}+{on_cpu}x{cols}", format.name()),
@@ -567,38 +563,16 @@ impl GpuBackend {
             )
             .map_err(kerr("moe down (hybrid, GPU share)"))?;
         }
-        self.record(|s| &s.gpu_done, "recording the GPU's share")?;
-        self.take_activations(n_embd)?;
-        {
-            let Hybrid {
-                acts,
-                hidden,
-                staging,
-                cpu_bytes,
-                cpu_time,
-                ..
-            } = &mut self.hybrid;
-            let staging = staging.as_mut().expect("staged before");
-            let routing = staging.routing.as_slice::<i32>();
+        let formats = [gate.format(), up.format(), down.format()];
+        let dims = (n_embd, n_ff, shape.n_expert);
+        self.host_half(n_embd, work, |acts, hidden, routing, out| {
             let slots: Vec<(i32, f32)> = (on_gpu..k)
                 .map(|s| (routing[s], f32::from_bits(routing[k + s] as u32)))
                 .collect();
-            let sum = &mut staging.out.as_mut_slice::<f32>()[..n_embd];
-            let formats = [gate.format(), up.format(), down.format()];
-            let t = Instant::now();
-            *cpu_bytes += cpu_experts(
-                &slots,
-                hosts,
-                formats,
-                (n_embd, n_ff, shape.n_expert),
-                gate_activation(act),
-                (acts, hidden),
-                sum,
-            )?;
-            *cpu_time += t.elapsed();
-        }
-        let cpu_first = self.gpu_still_busy()?;
-        self.hybrid.observe(work, cpu_first);
+            let act = gate_activation(act);
+            let sum = &mut out[..n_embd];
+            cpu_experts(&slots, hosts, formats, dims, act, (acts, hidden), sum)
+        })?;
         if on_gpu == 0 {
             self.upload_cpu_share(out.view_mut().addr(), n_embd)?;
         } else {
