@@ -271,9 +271,10 @@ impl BudgetRun {
             "gpu budget {} MiB from {}\n{}\nenforced: the allocator's memory limit is {} MiB \
              (the budget less {} MiB of graph and runtime memory outside the allocator); \
              allocator_slack includes {} MiB of headroom for estimate error\n\
-             host: {} weight tensors ({} MiB) read in place from mapped pinned host memory; \
-             host budget {} MiB ({})\n\
-             streaming is not built: {} tensors streamed (the planner was asked not to choose it)\n",
+             host: {} weight tensors ({} MiB) in mapped pinned host memory, read in place by \
+             decode and {}; host budget {} MiB ({})\n\
+             decode streaming is not built: {} tensors streamed (the planner was asked not to \
+             choose it)\n",
             mib(self.budget),
             self.budget_source,
             self.plan,
@@ -282,6 +283,10 @@ impl BudgetRun {
             mib(ESTIMATE_HEADROOM),
             zero_copy.tensors,
             mib(zero_copy.bytes),
+            match self.plan.tag(PlanTag::OffloadStaging) {
+                0 => "by prefill".to_string(),
+                b => format!("streamed by prefill through {} MiB of device slots", mib(b)),
+            },
             mib(self.offload.host.host_budget),
             self.host_budget_source,
             streamed.tensors,

@@ -12,8 +12,9 @@
 //! allocator's segment tails ([`POOL_TAIL_BYTES`]).
 
 use crate::backend::gpu::{KvType, MatvecPath, DEFAULT_MAX_BATCH, INT8_MAX_ROWS};
+use crate::backend::prefetch::{self, HostPrefill};
 use crate::backend::vendor_gemm::{
-    PrefillPath, LIBRARY_WORKSPACE_BYTES, VENDOR_GEMM_MIN_ROWS, WEIGHT_BLOCK_VALUES,
+    weight_block_values, PrefillPath, LIBRARY_WORKSPACE_BYTES, VENDOR_GEMM_MIN_ROWS,
 };
 use crate::error::{DecodeError, Result};
 use crate::model::{ModelOptions, ModelSpec};
@@ -65,6 +66,9 @@ pub struct ResidentOptions {
     pub vendor_gemm: bool,
     /// Tokens the backend's step block is sized for.
     pub step_block_batch: usize,
+    /// Whether prefill streams weights left in host memory through device slots
+    /// (`HIPDECODE_OFFLOAD_PREFILL`), which the needs then hold.
+    pub stream_prefill: bool,
 }
 
 impl Default for ResidentOptions {
@@ -77,6 +81,7 @@ impl Default for ResidentOptions {
             int8_matvec: true,
             vendor_gemm: true,
             step_block_batch: DEFAULT_MAX_BATCH,
+            stream_prefill: true,
         }
     }
 }
@@ -90,6 +95,7 @@ impl ResidentOptions {
             kv_type: KvType::from_env()?,
             int8_matvec: MatvecPath::from_env()? == MatvecPath::Int8,
             vendor_gemm: PrefillPath::from_env()? != PrefillPath::Kernels,
+            stream_prefill: HostPrefill::from_env()? == HostPrefill::Stream,
             ..ResidentOptions::default()
         })
     }
@@ -205,7 +211,10 @@ pub fn estimate(file: &GgufFile, options: &ResidentOptions) -> Result<Residency>
             "context and batch size must be at least 1".into(),
         ));
     }
-    let (tensors, largest_matrix) = weight_tensors(file, &s)?;
+    let (tensors, matrices) = weight_tensors(file, &s)?;
+    let largest_matrix = matrices.iter().fold((0usize, 0usize), |(v, c), m| {
+        (v.max(m.0.saturating_mul(m.1)), c.max(m.1))
+    });
     let mb = options.max_batch;
     let (e, qd, kd, vd) = (s.n_embd, s.widths.q, s.widths.k, s.widths.v);
     let mut needs = Needs {
@@ -363,7 +372,7 @@ pub fn estimate(file: &GgufFile, options: &ResidentOptions) -> Result<Residency>
     }
     if vendor {
         let (values, cols) = largest_matrix;
-        let block = values.min(WEIGHT_BLOCK_VALUES.max(cols)).max(1);
+        let block = weight_block_values(values, cols);
         needs.add(
             PlanTag::Workspace,
             "vendor GEMM f16 weight block",
@@ -379,6 +388,17 @@ pub fn estimate(file: &GgufFile, options: &ResidentOptions) -> Result<Residency>
             "vendor GEMM library workspace",
             LIBRARY_WORKSPACE_BYTES as u64,
         );
+        if options.stream_prefill {
+            // Sized for any matrix, since the plan decides later which stay on the host.
+            let slot = prefetch::slot_bytes(&matrices, block) as u64;
+            for which in ["first", "second"] {
+                needs.add(
+                    PlanTag::OffloadStaging,
+                    format!("streamed-prefetch slot, {which}"),
+                    device_footprint(slot).ok_or_else(|| overflow("the prefetch slots"))?,
+                );
+            }
+        }
     }
 
     needs.add(
@@ -400,7 +420,9 @@ pub fn estimate(file: &GgufFile, options: &ResidentOptions) -> Result<Residency>
     let rounding = needs
         .buffers
         .iter()
-        .filter(|b| b.tag != PlanTag::Graph)
+        // The staging is counted at its footprint already (the plan leaves it out whole when
+        // every weight fits).
+        .filter(|b| b.tag != PlanTag::Graph && b.tag != PlanTag::OffloadStaging)
         .try_fold(0u64, |acc, b| {
             acc.checked_add(device_footprint(b.bytes)? - b.bytes)
         })
@@ -429,7 +451,7 @@ pub fn estimate(file: &GgufFile, options: &ResidentOptions) -> Result<Residency>
         workspace: needs.total(PlanTag::Workspace)?,
         graph: needs.total(PlanTag::Graph)?,
         allocator_slack: needs.total(PlanTag::AllocatorSlack)?,
-        offload_staging: 0,
+        offload_staging: needs.total(PlanTag::OffloadStaging)?,
     };
     Ok(Residency {
         spec: s,
@@ -460,11 +482,14 @@ fn kv_reads(s: &ModelSpec, slots: &[usize], context: usize, row_bytes: usize) ->
 }
 
 /// The tensors `Model::load` uploads, in its order, with the bytes the GPU backend stores
-/// (vectors as f32, matrices in their file format); and the largest matrix's (values, columns),
-/// which size the vendor GEMM's weight block.
-fn weight_tensors(file: &GgufFile, s: &ModelSpec) -> Result<(Vec<WeightTensor>, (usize, usize))> {
+/// (vectors as f32, matrices in their file format); and each matrix's (rows one product
+/// covers, columns, bytes per row), which size the vendor GEMM's weight block and the streamed
+/// prefetch's slots (a product covers one expert of a stacked MoE tensor).
+type MatrixShape = (usize, usize, usize);
+
+fn weight_tensors(file: &GgufFile, s: &ModelSpec) -> Result<(Vec<WeightTensor>, Vec<MatrixShape>)> {
     let mut out = Vec::new();
-    let mut largest = (0usize, 0usize);
+    let mut matrices = Vec::new();
     let tied = file.tensor("output.weight").is_none();
     let mut add = |name: &str, layer: Option<u32>, kind: TensorKind, required: bool| {
         let Some(info) = file.tensor(name) else {
@@ -481,10 +506,9 @@ fn weight_tensors(file: &GgufFile, s: &ModelSpec) -> Result<(Vec<WeightTensor>, 
         let bytes = if rows == 1 && mats == 1 {
             product(name, &[cols, 4])?
         } else {
-            largest = (
-                largest.0.max(rows.saturating_mul(cols)),
-                largest.1.max(cols),
-            );
+            let row_bytes = usize::try_from(info.n_bytes).map_err(|_| overflow(name))?
+                / rows.saturating_mul(mats).max(1);
+            matrices.push((rows, cols, row_bytes));
             info.n_bytes
         };
         out.push(WeightTensor {
@@ -548,5 +572,5 @@ fn weight_tensors(file: &GgufFile, s: &ModelSpec) -> Result<(Vec<WeightTensor>, 
             }
         }
     }
-    Ok((out, largest))
+    Ok((out, matrices))
 }

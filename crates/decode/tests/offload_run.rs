@@ -16,6 +16,8 @@ mod common;
 
 use common::*;
 use decode::backend::gpu::CpuShare;
+use decode::backend::prefetch::HostPrefill;
+use decode::backend::vendor_gemm::VENDOR_GEMM_MIN_ROWS;
 use decode::backend::Backend;
 use decode::budget_run::{self, BudgetRequest, BudgetRun};
 use decode::device::{gpu_backend, BackendChoice, BackendSettings};
@@ -117,7 +119,14 @@ fn the_allocator_limit_is_the_budget_less_graph_memory_and_nothing_streams() {
     assert_eq!(run.offload.host.names.len(), host.len());
     assert!(host.iter().all(|n| run.offload.host.names.contains(*n)));
     let summary = run.summary();
-    assert!(summary.contains("streaming is not built"), "{summary}");
+    assert!(
+        summary.contains("decode streaming is not built"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("streamed by prefill through"),
+        "the prefill's slots are planned: {summary}"
+    );
     assert!(summary.contains("memory limit"), "{summary}");
 }
 
@@ -314,6 +323,126 @@ fn check_parting(
         margin.is_finite() && margin <= 1e-3 * rms.max(1.0),
         "{test} (Auto): greedy tokens part at token {first} without a near-tie (margin \
          {margin}): {want:?} against {got:?}"
+    );
+}
+
+/// The last position's logits after a prefill of `prompt` on the GPU under `settings`, with
+/// prefill reading host weights as `mode` says, and the device report.
+fn prefill_logits(
+    device: hip_ffi::Device,
+    settings: &BackendSettings,
+    mode: HostPrefill,
+    file: &Arc<GgufFile>,
+    prompt: &[u32],
+) -> (Vec<f32>, String) {
+    let mut backend = gpu_backend(device, settings).expect("the GPU backend starts");
+    backend.set_host_prefill(mode);
+    let options = ModelOptions {
+        context: CONTEXT,
+        ..ModelOptions::default()
+    };
+    let mut model = Model::load(file, backend, options).expect("load");
+    model.forward(prompt).expect("prefill");
+    let mut logits = Vec::new();
+    model.last_logits(&mut logits).expect("logits");
+    let report = model
+        .backend()
+        .device_report()
+        .expect("a device backend")
+        .expect("device report");
+    (logits, report)
+}
+
+/// A prompt long enough for the vendor GEMM's prefill reads the host's weights through the
+/// streamed prefetch: the same dequantizing kernel reads the same bytes from a device slot, so
+/// the logits are bit-identical to reading them in place and to the fully resident run; the
+/// device report counts the staged blocks, and the process stays within the budget.
+fn streamed_prefill_matches_resident(test: &str, file: Arc<GgufFile>) {
+    let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(device) = hip_ffi::testing::device_or_skip(test) else {
+        return;
+    };
+    let (minimum, weights) = minimum_and_weights(&file);
+    let budget = minimum + weights / 5;
+    let run = budget_run::prepare(
+        &file,
+        &BudgetRequest {
+            device_total: device.mem_get_info().expect("device memory").total,
+            ..request(budget, None)
+        },
+    )
+    .expect("plan");
+    assert!(
+        run.plan.tag(offload::PlanTag::OffloadStaging) > 0,
+        "{}",
+        run.plan
+    );
+    let prompt: Vec<u32> = (0..(2 * VENDOR_GEMM_MIN_ROWS) as u32)
+        .map(|i| (i * 37 + 1) % 500)
+        .collect();
+    let (want, _) = prefill_logits(
+        device,
+        &BackendSettings::default(),
+        HostPrefill::Stream,
+        &file,
+        &prompt,
+    );
+    assert!(
+        !want.is_empty() && want.iter().all(|v| v.is_finite()),
+        "{test}"
+    );
+    let offloaded = BackendSettings {
+        gpu_offload: Some(run.offload.clone()),
+        ..BackendSettings::default()
+    };
+    for mode in [HostPrefill::Stream, HostPrefill::InPlace] {
+        let (got, report) = prefill_logits(device, &offloaded, mode, &file, &prompt);
+        let line = report.lines().find(|l| l.contains("streamed prefetch"));
+        eprintln!(
+            "{test} ({mode:?}): {}",
+            line.unwrap_or("no streamed prefetch")
+        );
+        let differ = want
+            .iter()
+            .zip(&got)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert!(
+            got.len() == want.len() && differ == 0,
+            "{test} ({mode:?}): {differ} of {} logits differ from the resident run's",
+            want.len()
+        );
+        match mode {
+            HostPrefill::Stream => {
+                let line = line.unwrap_or_else(|| panic!("{test}: no prefetch line: {report}"));
+                assert!(
+                    !line.contains(" 0 blocks"),
+                    "{test}: nothing was streamed: {line}"
+                );
+            }
+            HostPrefill::InPlace => assert!(line.is_none(), "{test}: {report}"),
+        }
+        let used = report
+            .lines()
+            .find(|l| l.contains("offload_staging"))
+            .unwrap_or("");
+        eprintln!("{test} ({mode:?}): {}", used.trim());
+    }
+}
+
+#[test]
+fn tiny_dense_streamed_prefill_equals_the_resident_run() {
+    streamed_prefill_matches_resident(
+        "tiny_dense_streamed_prefill_equals_the_resident_run",
+        Arc::new(preset_file(Preset::TinyLlama)),
+    );
+}
+
+#[test]
+fn tiny_moe_streamed_prefill_equals_the_resident_run() {
+    streamed_prefill_matches_resident(
+        "tiny_moe_streamed_prefill_equals_the_resident_run",
+        Arc::new(preset_file(Preset::TinyQwen3Moe)),
     );
 }
 

@@ -164,8 +164,9 @@ pub struct ResidentNeeds {
     pub graph: u64,
     /// What the allocator holds beyond the bytes asked of it: rounding, segment tails, cache.
     pub allocator_slack: u64,
-    /// Fixed staging that offload needs whatever it streams (the planner adds the streaming
-    /// double buffer on top).
+    /// Staging that offload needs as soon as one weight stays on the host, whatever the
+    /// placements (the prefill's streamed prefetch); a plan that keeps every weight on the
+    /// device leaves it out. The decode streaming double buffer is planned on top.
     pub offload_staging: u64,
 }
 
@@ -781,7 +782,15 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<Plan, PlanError> {
         t.check()?;
     }
     let minimum = minimum_budget(&req.needs)?;
-    if req.budget < minimum {
+    // Every weight on the device: the host staging is not needed.
+    let all_on_device = req
+        .tensors
+        .iter()
+        .try_fold(minimum - req.needs.offload_staging, |acc, t| {
+            acc.checked_add(device_footprint(t.bytes)?)
+        });
+    let all_fit = all_on_device.is_some_and(|b| req.budget >= b);
+    if req.budget < minimum && !all_fit {
         return Err(below_minimum(req.budget, minimum, &req.needs));
     }
     let link = &req.link;
@@ -837,18 +846,41 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<Plan, PlanError> {
             chosen = Some((choice, ranking));
         }
     }
-    // The staging-free ranking always fits: the budget holds the minimum.
-    let (choice, ranking) = chosen.ok_or(PlanError::Overflow {
-        what: "tensor sizes",
-    })?;
+    // Every weight on the device, without the host staging, when that fits and is not slower
+    // (a link model may read some tensor faster in place). The faster of two choices that are
+    // each monotone in the budget is monotone.
+    let all_time = items
+        .iter()
+        .map(|it| it.on_device)
+        .fold(other, u128::saturating_add);
+    let all_on_device = all_fit && chosen.as_ref().is_none_or(|(c, _)| all_time <= c.time);
+    let (choice, ranking) = match chosen {
+        Some(c) if !all_on_device => c,
+        _ => {
+            // Ranked as without streaming, for the listing.
+            let ranking =
+                Ranking::new(&items, req.tensors, &units, 0, other).ok_or(PlanError::Overflow {
+                    what: "tensor sizes",
+                })?;
+            let resident = vec![true; ranking.order.len()];
+            (
+                Choice {
+                    time: all_time,
+                    size: 0,
+                    resident,
+                },
+                ranking,
+            )
+        }
+    };
 
     let n = req.tensors.len();
-    let mut on_device = vec![false; n];
+    let mut on_device = vec![all_on_device; n];
     let mut rank = vec![usize::MAX; n];
     for (pos, unit) in ranking.order.iter().enumerate() {
         for &i in unit {
             rank[i] = pos + 1;
-            on_device[i] = choice.resident[pos];
+            on_device[i] |= choice.resident[pos];
         }
     }
     let mut next_rank = ranking.order.len();
@@ -909,7 +941,12 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<Plan, PlanError> {
     tags[PlanTag::Workspace.index()] = needs.workspace;
     tags[PlanTag::Graph.index()] = needs.graph;
     tags[PlanTag::AllocatorSlack.index()] = needs.allocator_slack + weight_slack + staging_rounding;
-    tags[PlanTag::OffloadStaging.index()] = needs.offload_staging + 2 * staging_slot;
+    let host_staging = if all_on_device {
+        0
+    } else {
+        needs.offload_staging
+    };
+    tags[PlanTag::OffloadStaging.index()] = host_staging + 2 * staging_slot;
     Ok(Plan {
         budget: req.budget,
         minimum,

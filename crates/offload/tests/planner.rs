@@ -547,3 +547,52 @@ fn without_streaming_no_weight_is_streamed_and_no_staging_is_reserved() {
         assert!(p.time_per_token_fs() >= with.time_per_token_fs());
     }
 }
+
+#[test]
+fn host_staging_is_planned_only_while_a_weight_stays_on_the_host() {
+    // 24 MiB of staging (the prefill's prefetch slots) against 8 MiB of weights: with every
+    // weight on the device the staging is left out, so a budget below the "all on the host"
+    // minimum can still hold the whole model.
+    let tensors: Vec<WeightTensor> = (0..4)
+        .map(|i| tensor(&format!("d{i}"), 2 * MIB, TensorKind::Dense))
+        .collect();
+    let staged = ResidentNeeds {
+        offload_staging: 24 * MIB,
+        ..needs()
+    };
+    let minimum = staged.total().unwrap();
+    let everything = footprints(&tensors, |_| true);
+    let all_on_device = minimum - 24 * MIB + everything;
+    assert!(all_on_device < minimum);
+    let request = |budget| PlanRequest {
+        tensors: &tensors,
+        needs: staged,
+        budget,
+        link: LinkModel::h200_default(),
+        other_device_reads_per_token: MIB,
+        allow_streamed: false,
+    };
+    let p = plan(&request(all_on_device)).unwrap();
+    assert_eq!(placed(&p, Placement::Device, |_| true), 4, "{p}");
+    assert_eq!(p.tag(PlanTag::OffloadStaging), 0, "{p}");
+    assert!(p.total() <= all_on_device, "{p}");
+    // One byte less: no longer all on the device, and below the minimum with the staging.
+    let e = plan(&request(all_on_device - 1)).unwrap_err();
+    assert!(matches!(e, PlanError::BelowMinimum { .. }), "{e}");
+    // From all-on-device up, no staging.
+    let p = plan(&request(minimum)).unwrap();
+    assert_eq!(p.tag(PlanTag::OffloadStaging), 0, "{p}");
+    let bigger = ResidentNeeds {
+        offload_staging: MIB,
+        ..needs()
+    };
+    let p = plan(&PlanRequest {
+        needs: bigger,
+        budget: bigger.total().unwrap() + 2 * MIB,
+        ..request(0)
+    })
+    .unwrap();
+    assert!(placed(&p, Placement::HostZeroCopy, |_| true) > 0, "{p}");
+    assert_eq!(p.tag(PlanTag::OffloadStaging), MIB, "{p}");
+    assert!(p.total() <= bigger.total().unwrap() + 2 * MIB, "{p}");
+}

@@ -25,8 +25,9 @@ pub use host_weights::{HostPlacement, WeightMemory};
 pub use hybrid::{CpuShare, CPU_SHARE_VAR, MAX_CPU_SHARE};
 pub use weight_block::piece_bytes as weight_piece_bytes;
 
+use super::prefetch::{self, HostPrefill};
 use super::profile::{self, OpProfile};
-use super::vendor_gemm::{PrefillPath, VendorGemm, VENDOR_GEMM_MIN_ROWS};
+use super::vendor_gemm::{weight_block_values, PrefillPath, VendorGemm, VENDOR_GEMM_MIN_ROWS};
 use super::{
     Attention, Backend, GateActivation, KvDestination, MoeShape, Rope, StepBounds, StepKey,
     WeightSource,
@@ -468,6 +469,11 @@ pub struct GpuBackend {
     /// Values and columns of the largest weight matrix loaded (one expert of a stacked MoE
     /// tensor), which size the vendor GEMM's buffers.
     largest_matrix: (usize, usize),
+    /// (rows a product covers, columns, bytes per row) of each matrix in pinned host memory:
+    /// what sizes the streamed prefetch's slots.
+    host_matrices: Vec<(usize, usize, usize)>,
+    /// How prefill reads those matrices (`HIPDECODE_OFFLOAD_PREFILL`).
+    host_prefill: HostPrefill,
     /// The current step's first position (for the profile's byte counts) and token count.
     step_pos0: usize,
     step_tokens: usize,
@@ -575,6 +581,8 @@ impl GpuBackend {
             vendor_gemm,
             vendor_gemm_absent,
             largest_matrix: (0, 0),
+            host_matrices: Vec::new(),
+            host_prefill: HostPrefill::from_env()?,
             step_pos0: 0,
             step_tokens: 0,
             profile: None,
@@ -630,6 +638,12 @@ impl GpuBackend {
     /// [`MATVEC_VAR`]).
     pub fn set_matvec_path(&mut self, path: MatvecPath) {
         self.matvec_path = path;
+    }
+
+    /// Sets how prefill reads weights in pinned host memory (before the model loads; tests and
+    /// A/B runs, users set [`prefetch::PREFILL_VAR`]).
+    pub fn set_host_prefill(&mut self, mode: HostPrefill) {
+        self.host_prefill = mode;
     }
 
     /// The matrix-vector path in use.
@@ -962,6 +976,13 @@ impl GpuBackend {
         if let Some(line) = self.hybrid.report_line() {
             out.push_str(&line);
         }
+        if let Some(line) = self
+            .vendor_gemm
+            .as_ref()
+            .and_then(VendorGemm::prefetch_report)
+        {
+            out.push_str(&format!("  {line}\n"));
+        }
         Ok(out)
     }
 
@@ -1046,7 +1067,12 @@ impl Backend for GpuBackend {
             return Ok(GpuWeight::Vector { mem, len: cols });
         }
         let mem = match self.host_weights.place(self.hip.device(), src, src.bytes)? {
-            Some(pinned) => pinned,
+            Some(pinned) => {
+                // A product covers the whole matrix, or one expert of a stacked one.
+                self.host_matrices
+                    .push((rows, cols, src.bytes.len() / (rows * mats).max(1)));
+                pinned
+            }
             None => {
                 let mem = self.device_weight(src.bytes.len(), src.name)?;
                 self.upload(mem.ptr(), src.bytes)?;
@@ -1143,6 +1169,11 @@ impl Backend for GpuBackend {
             if bounds.max_tokens >= VENDOR_GEMM_MIN_ROWS {
                 let (values, cols) = self.largest_matrix;
                 v.reserve(a, st, bounds.max_tokens, values, cols)?;
+                let slot =
+                    prefetch::slot_bytes(&self.host_matrices, weight_block_values(values, cols));
+                if slot > 0 && self.host_prefill == HostPrefill::Stream {
+                    v.reserve_prefetch(a, st, &self.stream, slot)?;
+                }
             }
         }
         if int8 {
@@ -1401,7 +1432,15 @@ impl Backend for GpuBackend {
         }
         if self.matvec_path == MatvecPath::Int8 {
             if let Some(v) = self.vendor_gemm.as_mut().filter(|v| v.takes(&m, rows)) {
-                v.matmul(&self.kernels, &self.stream, &m, x, out, rows)?;
+                v.matmul(
+                    &self.kernels,
+                    &self.stream,
+                    &m,
+                    hybrid::host_bytes(w),
+                    x,
+                    out,
+                    rows,
+                )?;
                 return self.op_done(
                     || {
                         format!(
@@ -1523,7 +1562,8 @@ impl Backend for GpuBackend {
             let (u, _) = up.matrix("moe up")?;
             let (d, _) = down.matrix("moe down")?;
             let format = g.format().name();
-            self.moe_prefill(x, router_logits, [&g, &u, &d], out, shape)?;
+            let hosts = [gate, up, down].map(hybrid::host_bytes);
+            self.moe_prefill(x, router_logits, [&g, &u, &d], hosts, out, shape)?;
             let bytes = g.data().len() + u.data().len() + d.data().len();
             return self.op_done(|| format!("moe vendor gemm {format}"), bytes as u64);
         }

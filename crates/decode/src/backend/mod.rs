@@ -18,6 +18,7 @@ pub mod host_pool;
 pub mod host_q8;
 pub mod kernels;
 mod ops;
+pub mod prefetch;
 pub mod profile;
 pub mod vendor_gemm;
 

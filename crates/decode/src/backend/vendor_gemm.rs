@@ -16,11 +16,12 @@
 //! writing and reading an f16 copy.
 
 use super::gpu::{kerr, parse_choice, GpuBuffer};
+use super::prefetch::Prefetch;
 use crate::error::{DecodeError, Result};
 use hip_ffi::{BlasLt, DevicePtr, GemmPlan, GemmShape, Stream};
 use rocm_alloc::{Allocation, Allocator, StreamId, Tag};
 use rocm_kernels::ops::{dequant, matvec::QuantMatrix};
-use rocm_kernels::{DeviceSliceMut, Kernels};
+use rocm_kernels::{DeviceSlice, DeviceSliceMut, Kernels};
 use std::collections::HashMap;
 
 /// Token rows from which a product runs on the vendor GEMM.
@@ -61,6 +62,28 @@ impl PrefillPath {
     }
 }
 
+/// f16 values of the weight block for a model whose largest matrix has `max_matrix_values`
+/// values and whose widest has `max_cols` columns: whole rows of the widest matrix fit.
+pub fn weight_block_values(max_matrix_values: usize, max_cols: usize) -> usize {
+    max_matrix_values
+        .min(WEIGHT_BLOCK_VALUES.max(max_cols))
+        .max(1)
+}
+
+/// Rows of a `cols`-wide matrix that one block takes when a product covers `rows` rows and the
+/// block holds `block_values`: whole 64-row groups, so each block's result columns start
+/// 256-byte aligned (what the libraries assume of every pointer), unless one block does it all.
+pub fn block_rows(rows: usize, cols: usize, block_values: usize) -> usize {
+    let fit = (block_values / cols.max(1)).max(1);
+    if fit >= rows {
+        rows.max(1)
+    } else if fit < 64 {
+        fit
+    } else {
+        fit - fit % 64
+    }
+}
+
 /// The library handle, its prepared products, and the buffers they use.
 pub(super) struct VendorGemm {
     blas: BlasLt,
@@ -72,6 +95,9 @@ pub(super) struct VendorGemm {
     activations: Option<Allocation>,
     activations_from: Option<(u64, u64, usize)>,
     workspace: Option<Allocation>,
+    /// Device slots that weights in pinned host memory are streamed through
+    /// ([`HostPrefill::Stream`](super::prefetch::HostPrefill)); `None`: read in place.
+    prefetch: Option<Prefetch>,
 }
 
 impl VendorGemm {
@@ -84,6 +110,7 @@ impl VendorGemm {
             activations: None,
             activations_from: None,
             workspace: None,
+            prefetch: None,
         })
     }
 
@@ -109,10 +136,7 @@ impl VendorGemm {
                     reason: e.to_string(),
                 })
         };
-        // Whole rows of the widest matrix fit in the block.
-        let weight_values = max_matrix_values
-            .min(WEIGHT_BLOCK_VALUES.max(max_cols))
-            .max(1);
+        let weight_values = weight_block_values(max_matrix_values, max_cols);
         if weight_values > self.weight_values() {
             self.weights = None;
             self.weights = Some(take(weight_values * 2, "f16 weight block")?);
@@ -127,6 +151,32 @@ impl VendorGemm {
             self.workspace = Some(take(LIBRARY_WORKSPACE_BYTES, "vendor GEMM workspace")?);
         }
         Ok(())
+    }
+
+    /// Takes the streamed-prefetch slots, each of `slot_bytes`, for weights in pinned host
+    /// memory (kept when they are already that large).
+    pub(super) fn reserve_prefetch(
+        &mut self,
+        alloc: &Allocator,
+        stream_id: StreamId,
+        compute: &Stream,
+        slot_bytes: usize,
+    ) -> Result<()> {
+        if self
+            .prefetch
+            .as_ref()
+            .is_some_and(|p| p.slot_bytes() >= slot_bytes)
+        {
+            return Ok(());
+        }
+        self.prefetch = None;
+        self.prefetch = Some(Prefetch::new(alloc, stream_id, compute, slot_bytes)?);
+        Ok(())
+    }
+
+    /// The streamed prefetch's line for the device report, when it is set up.
+    pub(super) fn prefetch_report(&self) -> Option<String> {
+        self.prefetch.as_ref().map(Prefetch::report_line)
     }
 
     /// f16 values the weight block holds (0 before `reserve`).
@@ -150,12 +200,15 @@ impl VendorGemm {
             && self.workspace.is_some()
     }
 
-    /// Queues `out[t][r] = Σ_c m[r][c] · x[t][c]` for `t < rows` on `stream`.
+    /// Queues `out[t][r] = Σ_c m[r][c] · x[t][c]` for `t < rows` on `stream`. `host` is the
+    /// matrix's bytes when it lives in pinned host memory (see [`Self::product`]).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn matmul(
         &mut self,
         kernels: &Kernels,
         stream: &Stream,
         m: &QuantMatrix,
+        host: Option<&[u8]>,
         x: &GpuBuffer,
         out: &mut GpuBuffer,
         rows: usize,
@@ -188,22 +241,40 @@ impl VendorGemm {
         let b = DevicePtr(activations.ptr());
         // SAFETY: the activations hold `rows x cols` f16 (converted above) and `out` `rows` rows
         // of `n_rows` f32 (checked above); both live until the stream has run the products.
-        unsafe { self.product(kernels, stream, m, 0..n_rows, b, rows, out_ptr, n_rows) }
+        unsafe {
+            self.product(
+                kernels,
+                stream,
+                m,
+                host,
+                0..n_rows,
+                b,
+                rows,
+                out_ptr,
+                n_rows,
+            )
+        }
     }
 
     /// Queues `out[t][r - rows.start] = Σ_c m[r][c] · b[t][c]` for `r` in `rows` and `t < n`,
     /// result rows `d_stride` apart, dequantizing the weight rows block by block.
     ///
+    /// `host` is `m`'s bytes when the matrix lives in pinned host memory: with the streamed
+    /// prefetch set up, each block's rows are then copied into a device slot ahead of their
+    /// dequantization (`prefetch.rs`) instead of being read over the link by the kernel.
+    ///
     /// # Safety
     /// `b` holds `n` rows of `m.cols()` f16 and `out` `n` rows of `d_stride >= rows.len()` f32,
     /// both device memory of the stream's device that stays allocated until the stream has run
-    /// the products, and `rows` lies within `m`.
+    /// the products, and `rows` lies within `m`. `host`, when given, is the pinned host memory
+    /// `m` reads, alive and unchanged until the stream has run the products.
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn product(
         &mut self,
         kernels: &Kernels,
         stream: &Stream,
         m: &QuantMatrix,
+        host: Option<&[u8]>,
         rows: std::ops::Range<usize>,
         b: DevicePtr,
         n: usize,
@@ -216,14 +287,14 @@ impl VendorGemm {
                 "vendor GEMM: its buffers are not reserved".into(),
             ));
         };
-        // Blocks of whole 64-row groups, so each block's result columns start 256-byte
-        // aligned (what the libraries assume of every pointer), unless one block does it all.
-        let fit = (self.weight_values() / cols).max(1);
-        let block_rows = if fit >= rows.len() || fit < 64 {
-            fit
-        } else {
-            fit - fit % 64
-        };
+        let block_rows = block_rows(rows.len(), cols, self.weight_values());
+        let row_bytes = m.row_bytes();
+        let host = host.filter(|_| self.prefetch.is_some());
+        if host.is_some_and(|h| h.len() != m.data().len()) {
+            return Err(DecodeError::InvalidArgument(
+                "vendor GEMM: the host copy of a weight is not the matrix's size".into(),
+            ));
+        }
         for start in rows.clone().step_by(block_rows) {
             let end = (start + block_rows).min(rows.end);
             let shape = GemmShape {
@@ -237,8 +308,25 @@ impl VendorGemm {
             // reads it before the next block overwrites it.
             let mut wh =
                 unsafe { DeviceSliceMut::<u16>::from_raw(weights.ptr(), (end - start) * cols) };
-            dequant::dequantize_f16(kernels, stream, m, start..end, &mut wh)
-                .map_err(kerr("weights to f16"))?;
+            match (host, self.prefetch.as_mut()) {
+                (Some(host), Some(prefetch)) => {
+                    let bytes = &host[start * row_bytes..end * row_bytes];
+                    // SAFETY: the caller vouches that `host` stays alive and unchanged until
+                    // the stream has run this product, which waits for the copy.
+                    let staged = unsafe { prefetch.stage(stream, bytes) }?;
+                    // SAFETY: the slot holds this block's bytes (copied before the stream reads
+                    // them, through the event `stage` made it wait for) and is not refilled
+                    // before `release` below, which is recorded after the dequantization.
+                    let data = unsafe { DeviceSlice::<u8>::from_raw(staged.ptr.0, bytes.len()) };
+                    let block = QuantMatrix::new(data, m.format(), end - start, cols)
+                        .map_err(kerr("a staged weight block"))?;
+                    dequant::dequantize_f16(kernels, stream, &block, 0..end - start, &mut wh)
+                        .map_err(kerr("weights to f16"))?;
+                    prefetch.release(stream, staged)?;
+                }
+                _ => dequant::dequantize_f16(kernels, stream, m, start..end, &mut wh)
+                    .map_err(kerr("weights to f16"))?,
+            }
             if !self.plans.contains_key(&shape) {
                 let plan = self
                     .blas

@@ -116,6 +116,7 @@ impl GpuBackend {
         x: &GpuBuffer,
         router_logits: &GpuBuffer,
         [gate, up, down]: [&QuantMatrix; 3],
+        [gate_host, up_host, down_host]: [Option<&[u8]>; 3],
         out: &mut GpuBuffer,
         shape: &MoeShape,
     ) -> Result<()> {
@@ -261,16 +262,18 @@ impl GpuBackend {
         };
         for (e, start, count) in experts() {
             let input = DevicePtr(tokens_ptr + (start * n_embd * 2) as u64);
-            for (w, dst) in [(gate, g_ptr), (up, u_ptr)] {
+            for (w, host, dst) in [(gate, gate_host, g_ptr), (up, up_host, u_ptr)] {
                 let out_at = DevicePtr(dst + (start * n_ff * 4) as u64);
                 // SAFETY: `input` holds this expert's `count` f16 token rows and `out_at` room
                 // for `count` rows of `n_ff` f32 (slots `start..start + count` of the gate/up
-                // scratch); the expert's rows `e * n_ff..` lie inside the stacked matrix.
+                // scratch); the expert's rows `e * n_ff..` lie inside the stacked matrix; a
+                // host copy is the model's pinned weight, alive as long as the backend.
                 unsafe {
                     vendor.product(
                         kn,
                         st,
                         w,
+                        host,
                         e * n_ff..(e + 1) * n_ff,
                         input,
                         count,
@@ -297,7 +300,11 @@ impl GpuBackend {
             let rows_e = e * n_embd..(e + 1) * n_embd;
             // SAFETY: as above, for the down projection: `count` f16 rows of `n_ff` in, `count`
             // f32 rows of `n_embd` out (the gathered token rows are no longer needed).
-            unsafe { vendor.product(kn, st, down, rows_e, input, count, out_at, n_embd) }?;
+            unsafe {
+                vendor.product(
+                    kn, st, down, down_host, rows_e, input, count, out_at, n_embd,
+                )
+            }?;
         }
         // Expert outputs back in (token, choice) order, then combined.
         let sorted_out = rows_of(sorted_ptr, slots, n_embd)?;

@@ -1,0 +1,206 @@
+//! Streamed prefetch: weight rows that live in pinned host memory are copied by the copy
+//! engine into one of two device slots, on a stream of their own, while the compute stream
+//! works on the other slot.
+//!
+//! Prefill reads every weight once per chunk. Read in place (zero-copy), the dequantizing
+//! kernel waits on the link while the matrix cores idle, and the product waits for it; staged,
+//! the copy of the next block overlaps the dequantization and product of this one, so a chunk
+//! costs about the link time of its weights instead of link time plus compute time. The copy
+//! engine also moves bulk bytes at a higher rate than a kernel's scattered zero-copy reads.
+//!
+//! The ordering between the two streams is two events per slot:
+//! - `copied[s]`, recorded on the copy stream after the slot is filled; the compute stream
+//!   waits for it before reading the slot;
+//! - `released[s]`, recorded on the compute stream after the last read of the slot; the copy
+//!   stream waits for it before filling the slot again.
+//!
+//! Both slots are the allocator's (tag `offload_staging`), taken once before the first step and
+//! counted in the plan's resident needs, so streaming never allocates while a run is going.
+
+use crate::error::{DecodeError, Result};
+use hip_ffi::{DevicePtr, Event, Stream};
+use rocm_alloc::{fmt_bytes, Allocation, Allocator, StreamId, Tag};
+
+/// `HIPDECODE_OFFLOAD_PREFILL`: how prefill reads weights that stay in host memory.
+pub const PREFILL_VAR: &str = "HIPDECODE_OFFLOAD_PREFILL";
+
+/// How prefill products read a weight in pinned host memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostPrefill {
+    /// Copied block by block into device slots ahead of use (the default).
+    Stream,
+    /// Read in place over the link by the dequantizing kernel.
+    InPlace,
+}
+
+impl HostPrefill {
+    const CHOICES: [(&'static str, HostPrefill); 2] = [
+        ("stream", HostPrefill::Stream),
+        ("in-place", HostPrefill::InPlace),
+    ];
+
+    /// Parses a value of [`PREFILL_VAR`].
+    pub fn parse(value: &str) -> Result<HostPrefill> {
+        super::gpu::parse_choice(PREFILL_VAR, "offload prefill", &Self::CHOICES, value)
+    }
+
+    /// What [`PREFILL_VAR`] asks for (`stream` when unset).
+    pub fn from_env() -> Result<HostPrefill> {
+        super::gpu::choice_from_env(PREFILL_VAR, "offload prefill", &Self::CHOICES)
+    }
+}
+
+/// The two slots, the copy stream and the events that order them.
+pub(super) struct Prefetch {
+    slots: [Allocation; 2],
+    slot_bytes: usize,
+    copy: Stream,
+    copied: [Event; 2],
+    released: [Event; 2],
+    /// Whether `released[s]` has been recorded since the slot was last filled (a slot handed
+    /// out and not yet released is a bug in the caller).
+    pending_release: [bool; 2],
+    next: usize,
+    staged_bytes: u64,
+    staged_blocks: u64,
+}
+
+/// A slot holding staged rows: read it on the compute stream, then hand it to
+/// [`Prefetch::release`].
+#[derive(Debug)]
+pub(super) struct Staged {
+    slot: usize,
+    /// Device address of the copied bytes.
+    pub ptr: DevicePtr,
+}
+
+impl Prefetch {
+    /// Takes two slots of `slot_bytes` from `alloc` on the compute stream `stream_id`, and a
+    /// copy stream on the compute stream's device.
+    pub(super) fn new(
+        alloc: &Allocator,
+        stream_id: StreamId,
+        compute: &Stream,
+        slot_bytes: usize,
+    ) -> Result<Prefetch> {
+        let take = || {
+            alloc
+                .alloc(slot_bytes.max(1) as u64, stream_id, Tag::OffloadStaging)
+                .map_err(|e| DecodeError::Allocation {
+                    what: format!(
+                        "a streamed-prefetch slot of {}",
+                        fmt_bytes(slot_bytes as u64)
+                    ),
+                    reason: e.to_string(),
+                })
+        };
+        let device = compute.device();
+        let gpu = |what: &str, e: hip_ffi::HipError| {
+            DecodeError::Gpu(format!("streamed prefetch: {what}: {e}"))
+        };
+        let event = || Event::new_without_timing(device).map_err(|e| gpu("an event", e));
+        Ok(Prefetch {
+            slots: [take()?, take()?],
+            slot_bytes,
+            copy: Stream::new(device).map_err(|e| gpu("the copy stream", e))?,
+            copied: [event()?, event()?],
+            released: [event()?, event()?],
+            pending_release: [false; 2],
+            next: 0,
+            staged_bytes: 0,
+            staged_blocks: 0,
+        })
+    }
+
+    /// Bytes one slot holds.
+    pub(super) fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    /// Queues the copy of `host` into the next slot and makes `compute` wait for it.
+    ///
+    /// # Safety
+    /// `host` is pinned host memory that stays alive and unchanged until the copy has run
+    /// (a model's pinned weights do: they are freed with the backend, whose drop waits for the
+    /// device).
+    pub(super) unsafe fn stage(&mut self, compute: &Stream, host: &[u8]) -> Result<Staged> {
+        if host.len() > self.slot_bytes {
+            return Err(DecodeError::InvalidArgument(format!(
+                "streamed prefetch: a block of {} does not fit a slot of {}",
+                fmt_bytes(host.len() as u64),
+                fmt_bytes(self.slot_bytes as u64)
+            )));
+        }
+        let s = self.next;
+        if self.pending_release[s] {
+            return Err(DecodeError::InvalidArgument(
+                "streamed prefetch: a slot was staged again before it was released".into(),
+            ));
+        }
+        let gpu = |what: &str, e: hip_ffi::HipError| {
+            DecodeError::Gpu(format!("streamed prefetch: {what}: {e}"))
+        };
+        // The slot's previous reader must be done; an event never recorded counts as done.
+        self.copy
+            .wait_event(&self.released[s])
+            .map_err(|e| gpu("waiting for the slot's release", e))?;
+        let dst = DevicePtr(self.slots[s].ptr());
+        // SAFETY: the slot holds `slot_bytes >= host.len()` bytes and stays allocated as long
+        // as `self` (whose drop waits for the copy stream); the caller vouches for `host`; the
+        // wait above orders the copy after every read of the slot's previous contents.
+        unsafe { self.copy.copy_from_host_raw(dst, host) }.map_err(|e| gpu("the copy", e))?;
+        self.copied[s]
+            .record(&self.copy)
+            .map_err(|e| gpu("recording the copy", e))?;
+        compute
+            .wait_event(&self.copied[s])
+            .map_err(|e| gpu("waiting for the copy", e))?;
+        self.pending_release[s] = true;
+        self.next ^= 1;
+        self.staged_bytes += host.len() as u64;
+        self.staged_blocks += 1;
+        Ok(Staged { slot: s, ptr: dst })
+    }
+
+    /// Marks the end of `compute`'s reads of `staged`: the slot may be filled again after
+    /// them.
+    pub(super) fn release(&mut self, compute: &Stream, staged: Staged) -> Result<()> {
+        self.released[staged.slot]
+            .record(compute)
+            .map_err(|e| DecodeError::Gpu(format!("streamed prefetch: releasing a slot: {e}")))?;
+        self.pending_release[staged.slot] = false;
+        Ok(())
+    }
+
+    /// One line for the device report.
+    pub(super) fn report_line(&self) -> String {
+        format!(
+            "streamed prefetch: 2 slots of {}; {} copied in {} blocks",
+            fmt_bytes(self.slot_bytes as u64),
+            fmt_bytes(self.staged_bytes),
+            self.staged_blocks
+        )
+    }
+}
+
+impl Drop for Prefetch {
+    fn drop(&mut self) {
+        // The slots go back to the allocator on the compute stream, which has waited for every
+        // copy it read; a copy still running would be one nobody waited for, so finish them.
+        // A failure here means the device is lost, and its memory with it.
+        let _ = self.copy.synchronize();
+    }
+}
+
+/// Bytes of one slot for `matrices` (rows a product covers, columns, bytes per row) when the
+/// vendor GEMM's f16 weight block holds `block_values`: the largest block of rows it stages
+/// (0 when there are none).
+pub fn slot_bytes(matrices: &[(usize, usize, usize)], block_values: usize) -> usize {
+    matrices
+        .iter()
+        .map(|&(rows, cols, row_bytes)| {
+            super::vendor_gemm::block_rows(rows, cols, block_values).min(rows) * row_bytes
+        })
+        .max()
+        .unwrap_or(0)
+}
