@@ -337,6 +337,9 @@ fn prefill_logits(
 ) -> (Vec<f32>, String) {
     let mut backend = gpu_backend(device, settings).expect("the GPU backend starts");
     backend.set_host_prefill(mode);
+    // The last position's logits are one decode-sized product; split with the host's cores,
+    // it would meet its sums in another order than the resident run's kernel.
+    backend.set_cpu_share(CpuShare::Off);
     let options = ModelOptions {
         context: CONTEXT,
         ..ModelOptions::default()
