@@ -20,6 +20,7 @@ pub mod environment;
 pub mod error;
 pub mod fuzzing;
 pub mod generate;
+pub mod link_probe;
 pub mod managed_probe;
 pub mod memory;
 pub mod model;

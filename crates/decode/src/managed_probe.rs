@@ -15,10 +15,11 @@
 //! pass reads at [`MIGRATES_FRACTION`] or more of the device rate.
 
 use crate::error::{DecodeError, Result};
-use hip_ffi::{Device, DeviceBuffer, Event, ManagedBuffer, Stream};
+use crate::link_probe::{read_all, timed_gbps};
+use hip_ffi::{Device, DeviceBuffer, ManagedBuffer, Stream};
 use rocm_kernels::cache::KernelCache;
 use rocm_kernels::ops::sampling;
-use rocm_kernels::{DeviceSlice, DeviceSliceMut, Kernels};
+use rocm_kernels::Kernels;
 
 /// The probe's buffer: large enough that launch overhead (microseconds) is noise next to the
 /// transfer (tens of microseconds on HBM, milliseconds over PCIe), small enough to fit beside
@@ -132,30 +133,11 @@ pub fn probe(device: &Device, bytes: usize) -> Result<ManagedProbe> {
         *v = (i % 1021) as f32;
     }
     let read = |addr: u64| -> Result<f64> {
-        let (start, end) = (
-            Event::new(device).map_err(gpu("an event"))?,
-            Event::new(device).map_err(gpu("an event"))?,
-        );
-        // SAFETY: `addr` is a live buffer of `n` f32 (the device buffer or the managed one,
-        // both alive until this function returns; the stream is synchronised below);
-        // workspace and out are sized for argmax.
-        let (logits, mut ws, mut o) = unsafe {
-            (
-                DeviceSlice::<f32>::from_raw(addr, n),
-                DeviceSliceMut::<u64>::from_raw(workspace.ptr().0, sampling::ARGMAX_WORKSPACE),
-                DeviceSliceMut::<i32>::from_raw(out.ptr().0, 1),
-            )
-        };
-        start.record(&stream).map_err(gpu("recording an event"))?;
-        sampling::argmax(&kernels, &stream, logits, n, &mut ws, &mut o)
-            .map_err(|e| DecodeError::Gpu(format!("managed-memory probe, argmax: {e}")))?;
-        end.record(&stream).map_err(gpu("recording an event"))?;
-        stream.synchronize().map_err(gpu("the read kernel"))?;
-        let ms = end.elapsed_ms_since(&start).map_err(gpu("timing"))? as f64;
-        Ok(if ms > 0.0 {
-            bytes as f64 / (ms * 1e-3) / 1e9
-        } else {
-            f64::INFINITY
+        timed_gbps(device, &stream, bytes, || {
+            // SAFETY: `addr` is a live buffer of `n` f32 (the device buffer or the managed one,
+            // both alive until this function returns; each pass synchronises the stream);
+            // workspace and out are sized for argmax.
+            unsafe { read_all(&kernels, &stream, addr, n, &workspace, &out) }
         })
     };
     // A warm-up pass loads the kernel and warms the caches' translation entries.

@@ -508,3 +508,26 @@ fn the_managed_memory_probe_measures_three_rates_and_gives_a_verdict() {
     assert!(p.device_gbps > 10.0, "{p}");
     assert_eq!(p.verdict().is_ok(), p.migrates());
 }
+
+#[test]
+fn the_link_probe_measures_zero_copy_and_copy_rates_below_device_memory() {
+    let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let test = "the_link_probe_measures_zero_copy_and_copy_rates_below_device_memory";
+    let Some(device) = hip_ffi::testing::device_or_skip(test) else {
+        return;
+    };
+    let err = decode::link_probe::probe(&device, 4096).expect_err("too small");
+    assert!(err.to_string().contains("at least 1 MiB"), "{err}");
+    let p = decode::link_probe::probe(&device, 64 << 20).expect("probe");
+    eprint!("{p}");
+    for rate in [p.device_gbps, p.zero_copy_gbps, p.copy_gbps] {
+        assert!(rate.is_finite() && rate > 0.0, "{p}");
+    }
+    // A discrete card's host link is far slower than its memory; on an APU both are the same
+    // memory, and nothing is asserted between them.
+    if !device.is_integrated().expect("attribute") {
+        assert!(p.zero_copy_gbps < p.device_gbps, "{p}");
+        assert!(p.copy_gbps < p.device_gbps, "{p}");
+    }
+    assert!(p.to_string().contains("copy engine"), "{p}");
+}

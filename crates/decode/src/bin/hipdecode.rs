@@ -44,6 +44,10 @@ enum Command {
     /// Measure how fast the host's cores multiply offloaded weights (the hybrid offload's host
     /// half, Q4_K and Q6_K), the rate `hipdecode plan --host-compute-gbps` takes. Needs no GPU.
     ProbeHost(ProbeArgs),
+    /// Measure the host link: a kernel reading pinned host memory in place (zero-copy) and the
+    /// copy engine moving it to the device, the rates `hipdecode plan --zero-copy-gbps` and
+    /// `--copy-gbps` take.
+    ProbeLink(ProbeArgs),
 }
 
 #[derive(clap::Args)]
@@ -198,6 +202,7 @@ fn main() -> ExitCode {
         Command::Plan(args) => plan(args),
         Command::ProbeManaged(args) => probe_managed(&args.bytes),
         Command::ProbeHost(args) => probe_host(&args.bytes),
+        Command::ProbeLink(args) => probe_link(&args.bytes),
     }) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -582,6 +587,16 @@ fn probe_managed(bytes: &str) -> Result<()> {
     let gpu = device::probe_gpu()
         .map_err(|reason| anyhow::anyhow!("the managed-memory probe needs a GPU: {reason}"))?;
     print!("{}", decode::managed_probe::probe(&gpu, bytes)?);
+    Ok(())
+}
+
+/// `hipdecode probe-link`: the host link's zero-copy and copy rates.
+fn probe_link(bytes: &str) -> Result<()> {
+    let bytes = offload::parse_size("--bytes", bytes)?;
+    let bytes = usize::try_from(bytes).context("--bytes does not fit this machine's words")?;
+    let gpu = device::probe_gpu()
+        .map_err(|reason| anyhow::anyhow!("the link probe needs a GPU: {reason}"))?;
+    print!("{}", decode::link_probe::probe(&gpu, bytes)?);
     Ok(())
 }
 
