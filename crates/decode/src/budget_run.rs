@@ -5,9 +5,9 @@
 //! it into what must be resident and the weights that fit beside it. The run then behaves
 //! like one on a card of that size: the allocator's memory limit is set to the budget less the
 //! graph and runtime memory that the allocator does not see, so a load or step that would
-//! overrun the budget fails there. The weights the plan leaves off the device are read in
-//! place from mapped pinned host memory. Streaming is not built, so the plan is made without
-//! it ([`crate::resident::STREAMING_BUILT`]).
+//! overrun the budget fails there. The weights the plan leaves off the device stay in mapped
+//! pinned host memory: decode reads them in place or streams them into the prefetch slots, as
+//! the plan places each, and prefill streams them all.
 
 use crate::backend::gpu::HostPlacement;
 use crate::error::{DecodeError, Result};
@@ -173,6 +173,7 @@ pub fn prepare(file: &GgufFile, req: &BudgetRequest) -> Result<BudgetRun> {
     let plan = offload::plan(&plan_request(&residency, budget, default_link()?))
         .map_err(|e| invalid(&e))?;
     let mut names = std::collections::HashSet::new();
+    let mut streamed = std::collections::HashSet::new();
     let mut device_weight_bytes = 0u64;
     for t in &plan.tensors {
         match t.placement {
@@ -182,13 +183,10 @@ pub fn prepare(file: &GgufFile, req: &BudgetRequest) -> Result<BudgetRun> {
             Placement::HostZeroCopy => {
                 names.insert(t.tensor.name.clone());
             }
-            // Not asked for (`STREAMING_BUILT` is false); refused rather than run some
-            // other way than the plan says.
+            // Pinned like the zero-copy weights; decode copies them into the slots.
             Placement::Streamed => {
-                return Err(DecodeError::InvalidArgument(format!(
-                    "the plan streams '{}', but streaming is not built",
-                    t.tensor.name
-                )))
+                names.insert(t.tensor.name.clone());
+                streamed.insert(t.tensor.name.clone());
             }
         }
     }
@@ -213,6 +211,8 @@ pub fn prepare(file: &GgufFile, req: &BudgetRequest) -> Result<BudgetRun> {
             memory_limit,
             host: Arc::new(HostPlacement {
                 names,
+                streamed,
+                stream_slot_bytes: plan.staging_slot,
                 device_weight_bytes,
                 host_budget,
             }),
@@ -267,14 +267,20 @@ impl BudgetRun {
     /// and what is not built.
     pub fn summary(&self) -> String {
         let [_, zero_copy, streamed] = self.plan.by_placement();
+        let prefill = match self.plan.tag(PlanTag::OffloadStaging) {
+            0 => "prefill reads them in place".to_string(),
+            b => format!(
+                "prefill streams them through {} MiB of device slots",
+                mib(b)
+            ),
+        };
         format!(
             "gpu budget {} MiB from {}\n{}\nenforced: the allocator's memory limit is {} MiB \
              (the budget less {} MiB of graph and runtime memory outside the allocator); \
              allocator_slack includes {} MiB of headroom for estimate error\n\
              host: {} weight tensors ({} MiB) in mapped pinned host memory, read in place by \
-             decode and {}; host budget {} MiB ({})\n\
-             decode streaming is not built: {} tensors streamed (the planner was asked not to \
-             choose it)\n",
+             decode, and {} ({} MiB) that decode streams into the slots; {prefill}; host \
+             budget {} MiB ({})\n",
             mib(self.budget),
             self.budget_source,
             self.plan,
@@ -283,13 +289,10 @@ impl BudgetRun {
             mib(ESTIMATE_HEADROOM),
             zero_copy.tensors,
             mib(zero_copy.bytes),
-            match self.plan.tag(PlanTag::OffloadStaging) {
-                0 => "by prefill".to_string(),
-                b => format!("streamed by prefill through {} MiB of device slots", mib(b)),
-            },
+            streamed.tensors,
+            mib(streamed.bytes),
             mib(self.offload.host.host_budget),
             self.host_budget_source,
-            streamed.tensors,
         )
     }
 }

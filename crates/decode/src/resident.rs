@@ -45,12 +45,6 @@ pub fn host_mapping_bytes(host_bytes: u64) -> u64 {
 /// allocates in one pass; the Gemma 3 270M run held 17 MiB of cache).
 pub const POOL_TAIL_BYTES: u64 = LARGE_SEGMENT + SMALL_SEGMENT;
 
-/// Whether the GPU backend can stream whole weights into device staging for decode. It cannot
-/// (docs/offload.md, "Not built yet"), so plans for a run never choose the `Streamed`
-/// placement: every weight off the device is read in place by decode (prefill streams its
-/// blocks through the prefetch slots, which the needs hold as `offload_staging`).
-pub const STREAMING_BUILT: bool = false;
-
 /// The settings that size the resident buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ResidentOptions {
@@ -139,7 +133,7 @@ impl Residency {
             budget,
             link,
             other_device_reads_per_token: self.kv_read_per_token,
-            allow_streamed: STREAMING_BUILT,
+            allow_streamed: true,
         }
     }
 }

@@ -66,6 +66,11 @@ const MIB: f64 = (1u64 << 20) as f64;
 /// Femtoseconds per second: per-tensor times are integers in this unit.
 const FS_PER_S: f64 = 1e15;
 
+/// What streaming one tensor costs beyond its bytes, femtoseconds: the copy's launch and the
+/// two event waits that order it between the streams (about 10 µs, assumed). It keeps small
+/// tensors (norms, biases), whose copy would take less than that, read in place.
+pub const STREAM_OVERHEAD_FS: u128 = 10_000_000_000;
+
 /// How a token reads a weight tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TensorKind {
@@ -625,17 +630,22 @@ impl Ranking {
         }
     }
 
+    /// `shared`: device bytes of staging the needs hold already (the prefill's slots), which
+    /// the streaming double buffer reuses.
     fn new(
         items: &[Item],
         tensors: &[WeightTensor],
         units: &[Vec<usize>],
         slot: u64,
         other: u128,
+        shared: u64,
     ) -> Option<Ranking> {
         let staging = if slot == 0 {
             0
         } else {
-            device_footprint(slot)?.checked_mul(2)?
+            device_footprint(slot)?
+                .checked_mul(2)?
+                .saturating_sub(shared)
         };
         let saved_by =
             |i: usize| Self::off_cost(items, tensors, slot, i).saturating_sub(items[i].on_device);
@@ -805,7 +815,9 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<Plan, PlanError> {
                 read,
                 on_device,
                 zero_copy: fs(read, link.in_place_read()),
-                streamed: fs(t.bytes, link.copy).saturating_add(on_device),
+                streamed: fs(t.bytes, link.copy)
+                    .saturating_add(on_device)
+                    .saturating_add(STREAM_OVERHEAD_FS),
             })
         })
         .collect::<Option<Vec<Item>>>()
@@ -830,7 +842,8 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<Plan, PlanError> {
 
     let mut chosen: Option<(Choice, Ranking)> = None;
     for slot in slots {
-        let Some(ranking) = Ranking::new(&items, req.tensors, &units, slot, other) else {
+        let shared = req.needs.offload_staging;
+        let Some(ranking) = Ranking::new(&items, req.tensors, &units, slot, other, shared) else {
             continue;
         };
         let fixed = minimum as u128 + ranking.staging as u128;
@@ -858,10 +871,11 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<Plan, PlanError> {
         Some(c) if !all_on_device => c,
         _ => {
             // Ranked as without streaming, for the listing.
-            let ranking =
-                Ranking::new(&items, req.tensors, &units, 0, other).ok_or(PlanError::Overflow {
+            let ranking = Ranking::new(&items, req.tensors, &units, 0, other, 0).ok_or(
+                PlanError::Overflow {
                     what: "tensor sizes",
-                })?;
+                },
+            )?;
             let resident = vec![true; ranking.order.len()];
             (
                 Choice {
@@ -930,9 +944,11 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<Plan, PlanError> {
         });
     }
     let needs = &req.needs;
-    let staging_rounding = match staging_slot {
+    // The streaming double buffer and the host staging are the same two slots, as large as
+    // the larger need.
+    let stream_staging = match staging_slot {
         0 => 0,
-        s => 2 * (device_footprint(s).unwrap_or(s) - s),
+        s => 2 * device_footprint(s).unwrap_or(s),
     };
     let mut tags = [0u64; PlanTag::COUNT];
     tags[PlanTag::Weights.index()] = weights;
@@ -940,13 +956,13 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<Plan, PlanError> {
     tags[PlanTag::Activations.index()] = needs.activations;
     tags[PlanTag::Workspace.index()] = needs.workspace;
     tags[PlanTag::Graph.index()] = needs.graph;
-    tags[PlanTag::AllocatorSlack.index()] = needs.allocator_slack + weight_slack + staging_rounding;
+    tags[PlanTag::AllocatorSlack.index()] = needs.allocator_slack + weight_slack;
     let host_staging = if all_on_device {
         0
     } else {
         needs.offload_staging
     };
-    tags[PlanTag::OffloadStaging.index()] = host_staging + 2 * staging_slot;
+    tags[PlanTag::OffloadStaging.index()] = host_staging.max(stream_staging);
     Ok(Plan {
         budget: req.budget,
         minimum,

@@ -596,3 +596,41 @@ fn host_staging_is_planned_only_while_a_weight_stays_on_the_host() {
     assert_eq!(p.tag(PlanTag::OffloadStaging), MIB, "{p}");
     assert!(p.total() <= bigger.total().unwrap() + 2 * MIB, "{p}");
 }
+
+#[test]
+fn streaming_shares_the_host_staging_and_small_tensors_stay_in_place() {
+    // Copies four times as fast as reads in place, and the needs already hold two 8 MiB slots
+    // (the prefill's): streaming 8 MiB tensors through them costs no more device memory, and
+    // a 4 KiB vector, whose copy would take less than the per-copy overhead, is read in place.
+    let link = LinkModel::from_gbps(4000.0, 10.0, 40.0, "test");
+    let mut tensors: Vec<WeightTensor> = (0..4)
+        .map(|i| tensor(&format!("d{i}"), 8 * MIB, TensorKind::Dense))
+        .collect();
+    tensors.push(tensor("norm", 4096, TensorKind::Dense));
+    let staged = ResidentNeeds {
+        offload_staging: 16 * MIB,
+        ..needs()
+    };
+    let minimum = staged.total().unwrap();
+    let p = plan(&PlanRequest {
+        tensors: &tensors,
+        needs: staged,
+        budget: minimum,
+        link,
+        other_device_reads_per_token: MIB,
+        allow_streamed: true,
+    })
+    .unwrap();
+    assert_eq!(p.staging_slot, 8 * MIB, "{p}");
+    assert_eq!(p.tag(PlanTag::OffloadStaging), 16 * MIB, "{p}");
+    assert!(p.total() <= minimum, "{p}");
+    let placement = |name: &str| {
+        p.tensors
+            .iter()
+            .find(|t| t.tensor.name == name)
+            .unwrap()
+            .placement
+    };
+    assert_eq!(placement("d0"), Placement::Streamed, "{p}");
+    assert_eq!(placement("norm"), Placement::HostZeroCopy, "{p}");
+}

@@ -25,7 +25,7 @@ pub use host_weights::{HostPlacement, WeightMemory};
 pub use hybrid::{CpuShare, CPU_SHARE_VAR, MAX_CPU_SHARE};
 pub use weight_block::piece_bytes as weight_piece_bytes;
 
-use super::prefetch::{self, HostPrefill};
+use super::prefetch::{self, HostPrefill, Prefetch};
 use super::profile::{self, OpProfile};
 use super::vendor_gemm::{weight_block_values, PrefillPath, VendorGemm, VENDOR_GEMM_MIN_ROWS};
 use super::{
@@ -474,6 +474,9 @@ pub struct GpuBackend {
     host_matrices: Vec<(usize, usize, usize)>,
     /// How prefill reads those matrices (`HIPDECODE_OFFLOAD_PREFILL`).
     host_prefill: HostPrefill,
+    /// The device slots that host weights are streamed through: by prefill's vendor GEMM, and
+    /// by decode for the weights the plan streams. Taken before the first step.
+    prefetch: Option<Prefetch>,
     /// The current step's first position (for the profile's byte counts) and token count.
     step_pos0: usize,
     step_tokens: usize,
@@ -583,6 +586,7 @@ impl GpuBackend {
             largest_matrix: (0, 0),
             host_matrices: Vec::new(),
             host_prefill: HostPrefill::from_env()?,
+            prefetch: None,
             step_pos0: 0,
             step_tokens: 0,
             profile: None,
@@ -976,12 +980,8 @@ impl GpuBackend {
         if let Some(line) = self.hybrid.report_line() {
             out.push_str(&line);
         }
-        if let Some(line) = self
-            .vendor_gemm
-            .as_ref()
-            .and_then(VendorGemm::prefetch_report)
-        {
-            out.push_str(&format!("  {line}\n"));
+        if let Some(p) = &self.prefetch {
+            out.push_str(&format!("  {}\n", p.report_line()));
         }
         Ok(out)
     }
@@ -990,6 +990,30 @@ impl GpuBackend {
     pub fn read_next_token(&self) -> Result<u32> {
         let id = self.read_i32(self.step.next_token().addr())?;
         u32::try_from(id).map_err(|_| gpu_err("argmax", format!("negative token id {id}")))
+    }
+}
+
+impl GpuBackend {
+    /// The host bytes of `w` when the plan streams it for decode.
+    fn streamed_bytes<'w>(&self, w: &'w GpuWeight) -> Option<&'w [u8]> {
+        match w {
+            GpuWeight::Matrix { name, .. } if self.host_weights.streamed(name) => {
+                hybrid::host_bytes(w)
+            }
+            _ => None,
+        }
+    }
+
+    /// Copies a streamed weight whole into the next prefetch slot, ahead of the stream's use.
+    fn stage_whole(&mut self, host: &[u8]) -> Result<prefetch::Staged> {
+        let Some(p) = self.prefetch.as_mut() else {
+            return Err(DecodeError::InvalidArgument(
+                "a weight is planned to stream, but the prefetch slots are not reserved".into(),
+            ));
+        };
+        // SAFETY: `host` is a model weight's pinned memory, alive as long as the backend (whose
+        // drop waits for the device).
+        unsafe { p.stage(&self.stream, host) }
     }
 }
 
@@ -1055,6 +1079,12 @@ impl Backend for GpuBackend {
     fn load_weight(&mut self, src: &WeightSource<'_>) -> Result<GpuWeight> {
         src.check_bytes()?;
         let [cols, rows, mats] = src.dims;
+        if self.host_weights.streamed(src.name) && (rows == 1 || mats > 1) {
+            return Err(DecodeError::InvalidArgument(format!(
+                "the placement streams '{}', but decode streams whole 2-D matrices only (this                  one is {cols} x {rows} x {mats}); plan it to be read in place",
+                src.name
+            )));
+        }
         if rows == 1 && mats == 1 {
             let mut v = vec![0.0f32; cols];
             crate::quant::row_to_f32(src.format, src.bytes, &mut v);
@@ -1165,16 +1195,20 @@ impl Backend for GpuBackend {
                 })?;
             }
         }
+        let mut slot = self.host_weights.stream_slot_bytes() as usize;
         if let Some(v) = self.vendor_gemm.as_mut().filter(|_| int8) {
             if bounds.max_tokens >= VENDOR_GEMM_MIN_ROWS {
                 let (values, cols) = self.largest_matrix;
                 v.reserve(a, st, bounds.max_tokens, values, cols)?;
-                let slot =
-                    prefetch::slot_bytes(&self.host_matrices, weight_block_values(values, cols));
-                if slot > 0 && self.host_prefill == HostPrefill::Stream {
-                    v.reserve_prefetch(a, st, &self.stream, slot)?;
+                if self.host_prefill == HostPrefill::Stream {
+                    let block = weight_block_values(values, cols);
+                    slot = slot.max(prefetch::slot_bytes(&self.host_matrices, block));
                 }
             }
+        }
+        if slot > 0 && self.prefetch.as_ref().is_none_or(|p| p.slot_bytes() < slot) {
+            self.prefetch = None;
+            self.prefetch = Some(Prefetch::new(a, st, &self.stream, slot)?);
         }
         if int8 {
             for &(buf, width) in matmul_inputs {
@@ -1221,7 +1255,11 @@ impl Backend for GpuBackend {
         // Only decode steps are captured: prefill chunks vary in length and run once each. A
         // step that splits offloaded products with the host waits on the device mid-step, so
         // it cannot be a graph.
-        if !self.use_graphs || key.n_tokens != 1 || self.hybrid_active() {
+        if !self.use_graphs
+            || key.n_tokens != 1
+            || self.hybrid_active()
+            || self.host_weights.stream_slot_bytes() > 0
+        {
             return ops(self);
         }
         if let Some(exec) = self.graphs.get(&key) {
@@ -1423,8 +1461,12 @@ impl Backend for GpuBackend {
         rows: usize,
     ) -> Result<()> {
         let (m, _) = w.matrix("matmul")?;
+        let streamed = self.streamed_bytes(w);
         if let Some(host) = hybrid::host_bytes(w).filter(|_| {
-            rows == 1 && self.matvec_path == MatvecPath::Int8 && matvec_q8::supports(m.format())
+            streamed.is_none()
+                && rows == 1
+                && self.matvec_path == MatvecPath::Int8
+                && matvec_q8::supports(m.format())
         }) {
             if self.matvec_split(&m, host, x, out)? {
                 return Ok(());
@@ -1432,15 +1474,10 @@ impl Backend for GpuBackend {
         }
         if self.matvec_path == MatvecPath::Int8 {
             if let Some(v) = self.vendor_gemm.as_mut().filter(|v| v.takes(&m, rows)) {
-                v.matmul(
-                    &self.kernels,
-                    &self.stream,
-                    &m,
-                    hybrid::host_bytes(w),
-                    x,
-                    out,
-                    rows,
-                )?;
+                let host = hybrid::host_bytes(w)
+                    .filter(|_| self.host_prefill == HostPrefill::Stream)
+                    .zip(self.prefetch.as_mut());
+                v.matmul(&self.kernels, &self.stream, &m, host, x, out, rows)?;
                 return self.op_done(
                     || {
                         format!(
@@ -1456,6 +1493,21 @@ impl Backend for GpuBackend {
                 );
             }
         }
+        // A weight the plan streams is copied whole into a slot first, and read there.
+        let staged = match streamed {
+            Some(host) => Some(self.stage_whole(host)?),
+            None => None,
+        };
+        let m = match &staged {
+            Some(s) => {
+                // SAFETY: the slot holds the matrix's bytes (copied before the stream reads
+                // them) and is not refilled before the release below.
+                let data = unsafe { DeviceSlice::<u8>::from_raw(s.ptr.0, m.data().len()) };
+                QuantMatrix::new(data, m.format(), m.rows(), m.cols())
+                    .map_err(kerr("a streamed weight"))?
+            }
+            None => m,
+        };
         let int8 = self.matvec_path == MatvecPath::Int8
             && rows <= INT8_MAX_ROWS
             && matvec_q8::supports(m.format());
@@ -1481,6 +1533,9 @@ impl Backend for GpuBackend {
             )
             .map_err(kerr("matmul"))?;
         }
+        if let (Some(s), Some(p)) = (staged, self.prefetch.as_mut()) {
+            p.release(&self.stream, s)?;
+        }
         let kind = match (int8, rows <= MAX_TOKENS) {
             (true, _) => "matvec int8",
             (false, true) => "matvec f32",
@@ -1504,8 +1559,10 @@ impl Backend for GpuBackend {
         let (m, _) = w.matrix("matmul")?;
         let (m2, _) = w2.matrix("matmul")?;
         // An offloaded weight is split with the host product by product.
-        let offloaded = self.hybrid_active()
-            && (hybrid::host_bytes(w).is_some() || hybrid::host_bytes(w2).is_some());
+        let offloaded = (self.hybrid_active()
+            && (hybrid::host_bytes(w).is_some() || hybrid::host_bytes(w2).is_some()))
+            || self.streamed_bytes(w).is_some()
+            || self.streamed_bytes(w2).is_some();
         let one_launch = !offloaded
             && self.matvec_path == MatvecPath::Int8
             && rows <= INT8_MAX_ROWS

@@ -95,9 +95,6 @@ pub(super) struct VendorGemm {
     activations: Option<Allocation>,
     activations_from: Option<(u64, u64, usize)>,
     workspace: Option<Allocation>,
-    /// Device slots that weights in pinned host memory are streamed through
-    /// ([`HostPrefill::Stream`](super::prefetch::HostPrefill)); `None`: read in place.
-    prefetch: Option<Prefetch>,
 }
 
 impl VendorGemm {
@@ -110,7 +107,6 @@ impl VendorGemm {
             activations: None,
             activations_from: None,
             workspace: None,
-            prefetch: None,
         })
     }
 
@@ -153,32 +149,6 @@ impl VendorGemm {
         Ok(())
     }
 
-    /// Takes the streamed-prefetch slots, each of `slot_bytes`, for weights in pinned host
-    /// memory (kept when they are already that large).
-    pub(super) fn reserve_prefetch(
-        &mut self,
-        alloc: &Allocator,
-        stream_id: StreamId,
-        compute: &Stream,
-        slot_bytes: usize,
-    ) -> Result<()> {
-        if self
-            .prefetch
-            .as_ref()
-            .is_some_and(|p| p.slot_bytes() >= slot_bytes)
-        {
-            return Ok(());
-        }
-        self.prefetch = None;
-        self.prefetch = Some(Prefetch::new(alloc, stream_id, compute, slot_bytes)?);
-        Ok(())
-    }
-
-    /// The streamed prefetch's line for the device report, when it is set up.
-    pub(super) fn prefetch_report(&self) -> Option<String> {
-        self.prefetch.as_ref().map(Prefetch::report_line)
-    }
-
     /// f16 values the weight block holds (0 before `reserve`).
     fn weight_values(&self) -> usize {
         self.weights.as_ref().map_or(0, |a| a.size() as usize / 2)
@@ -201,14 +171,15 @@ impl VendorGemm {
     }
 
     /// Queues `out[t][r] = Σ_c m[r][c] · x[t][c]` for `t < rows` on `stream`. `host` is the
-    /// matrix's bytes when it lives in pinned host memory (see [`Self::product`]).
+    /// matrix's bytes when it lives in pinned host memory, and `prefetch` the slots to stream
+    /// it through (see [`Self::product`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn matmul(
         &mut self,
         kernels: &Kernels,
         stream: &Stream,
         m: &QuantMatrix,
-        host: Option<&[u8]>,
+        host: Option<(&[u8], &mut Prefetch)>,
         x: &GpuBuffer,
         out: &mut GpuBuffer,
         rows: usize,
@@ -259,9 +230,10 @@ impl VendorGemm {
     /// Queues `out[t][r - rows.start] = Σ_c m[r][c] · b[t][c]` for `r` in `rows` and `t < n`,
     /// result rows `d_stride` apart, dequantizing the weight rows block by block.
     ///
-    /// `host` is `m`'s bytes when the matrix lives in pinned host memory: with the streamed
-    /// prefetch set up, each block's rows are then copied into a device slot ahead of their
-    /// dequantization (`prefetch.rs`) instead of being read over the link by the kernel.
+    /// `host` is `m`'s bytes, when the matrix lives in pinned host memory, with the prefetch
+    /// slots to stream them through: each block's rows are then copied into a device slot ahead
+    /// of their dequantization (`prefetch.rs`) instead of being read over the link by the
+    /// kernel. `None`: the kernel reads `m` where it is.
     ///
     /// # Safety
     /// `b` holds `n` rows of `m.cols()` f16 and `out` `n` rows of `d_stride >= rows.len()` f32,
@@ -274,7 +246,7 @@ impl VendorGemm {
         kernels: &Kernels,
         stream: &Stream,
         m: &QuantMatrix,
-        host: Option<&[u8]>,
+        host: Option<(&[u8], &mut Prefetch)>,
         rows: std::ops::Range<usize>,
         b: DevicePtr,
         n: usize,
@@ -289,8 +261,11 @@ impl VendorGemm {
         };
         let block_rows = block_rows(rows.len(), cols, self.weight_values());
         let row_bytes = m.row_bytes();
-        let host = host.filter(|_| self.prefetch.is_some());
-        if host.is_some_and(|h| h.len() != m.data().len()) {
+        let mut host = host;
+        if host
+            .as_ref()
+            .is_some_and(|(h, _)| h.len() != m.data().len())
+        {
             return Err(DecodeError::InvalidArgument(
                 "vendor GEMM: the host copy of a weight is not the matrix's size".into(),
             ));
@@ -308,8 +283,8 @@ impl VendorGemm {
             // reads it before the next block overwrites it.
             let mut wh =
                 unsafe { DeviceSliceMut::<u16>::from_raw(weights.ptr(), (end - start) * cols) };
-            match (host, self.prefetch.as_mut()) {
-                (Some(host), Some(prefetch)) => {
+            match host.as_mut() {
+                Some((host, prefetch)) => {
                     let bytes = &host[start * row_bytes..end * row_bytes];
                     // SAFETY: the caller vouches that `host` stays alive and unchanged until
                     // the stream has run this product, which waits for the copy.
@@ -324,7 +299,7 @@ impl VendorGemm {
                         .map_err(kerr("weights to f16"))?;
                     prefetch.release(stream, staged)?;
                 }
-                _ => dequant::dequantize_f16(kernels, stream, m, start..end, &mut wh)
+                None => dequant::dequantize_f16(kernels, stream, m, start..end, &mut wh)
                     .map_err(kerr("weights to f16"))?,
             }
             if !self.plans.contains_key(&shape) {

@@ -567,12 +567,6 @@ fn plan(args: PlanArgs) -> Result<()> {
     if args.tensors {
         print!("{}", plan.tensor_listing());
     }
-    if !decode::resident::STREAMING_BUILT {
-        println!(
-            "streaming is not built: the planner chooses no streamed placement, and weights \
-             off the device are read in place from pinned host memory"
-        );
-    }
     if args.probe {
         probe_managed(&format!("{}", decode::managed_probe::PROBE_BYTES))?;
     }

@@ -23,6 +23,11 @@ use std::collections::HashSet;
 pub struct HostPlacement {
     /// Tensor names, as the model file spells them.
     pub names: HashSet<String>,
+    /// Those of `names` that decode streams into device slots ahead of use instead of reading
+    /// in place (the plan's `Streamed` placement).
+    pub streamed: HashSet<String>,
+    /// Bytes of one streaming slot: the largest streamed tensor (0 when none streams).
+    pub stream_slot_bytes: u64,
     /// The bytes of the weights the plan keeps on the device, each counted as
     /// [`super::weight_block::piece_bytes`] rounds it: the backend takes them as one allocation
     /// (0: one allocation per weight).
@@ -81,6 +86,16 @@ pub(crate) struct HostWeights {
 }
 
 impl HostWeights {
+    /// Whether decode streams weight `name` into the prefetch slots.
+    pub(crate) fn streamed(&self, name: &str) -> bool {
+        self.placement.streamed.contains(name)
+    }
+
+    /// Bytes of one slot that decode streaming needs (0: nothing streams).
+    pub(crate) fn stream_slot_bytes(&self) -> u64 {
+        self.placement.stream_slot_bytes
+    }
+
     /// Replaces the placement (before any weight is loaded).
     pub(crate) fn set_placement(&mut self, placement: HostPlacement) -> Result<()> {
         if self.tensors > 0 {
@@ -177,6 +192,7 @@ mod tests {
             device_weight_bytes: 0,
             names: names.iter().map(|n| n.to_string()).collect(),
             host_budget,
+            ..HostPlacement::default()
         })
         .unwrap();
         b

@@ -254,6 +254,8 @@ impl GpuBackend {
             &mut tokens_h,
         )
         .map_err(kerr("moe rows to f16"))?;
+        let stream_prefill = self.host_prefill == HostPrefill::Stream;
+        let mut prefetch = self.prefetch.as_mut().filter(|_| stream_prefill);
         let vendor = self.vendor_gemm.as_mut().ok_or_else(not_reserved)?;
         let experts = || {
             (0..n_expert)
@@ -273,7 +275,7 @@ impl GpuBackend {
                         kn,
                         st,
                         w,
-                        host,
+                        host.zip(prefetch.as_deref_mut()),
                         e * n_ff..(e + 1) * n_ff,
                         input,
                         count,
@@ -302,7 +304,15 @@ impl GpuBackend {
             // f32 rows of `n_embd` out (the gathered token rows are no longer needed).
             unsafe {
                 vendor.product(
-                    kn, st, down, down_host, rows_e, input, count, out_at, n_embd,
+                    kn,
+                    st,
+                    down,
+                    down_host.zip(prefetch.as_deref_mut()),
+                    rows_e,
+                    input,
+                    count,
+                    out_at,
+                    n_embd,
                 )
             }?;
         }
