@@ -81,19 +81,31 @@ pub fn default_link() -> Result<LinkModel> {
     })
 }
 
+/// `auto` (default) or `off`: whether the planner may stream weights for decode.
+pub const STREAM_VAR: &str = "HIPDECODE_OFFLOAD_STREAM";
+
+/// Whether decode may stream weights ([`STREAM_VAR`]): the planner then picks streaming per
+/// tensor where its link model says a copy beats reading in place.
+pub fn stream_allowed() -> Result<bool> {
+    const CHOICES: [(&str, bool); 2] = [("auto", true), ("off", false)];
+    crate::backend::gpu::choice_from_env(STREAM_VAR, "decode streaming", &CHOICES)
+}
+
 /// The planner's request for a run of `residency` under `budget`: the estimate's needs plus
-/// [`ESTIMATE_HEADROOM`]. `hipdecode plan` uses it too, so it shows the plan a run carries out.
+/// [`ESTIMATE_HEADROOM`], streaming as [`STREAM_VAR`] allows. `hipdecode plan` uses it too,
+/// so it shows the plan a run carries out.
 pub fn plan_request(
     residency: &resident::Residency,
     budget: u64,
     link: LinkModel,
-) -> offload::PlanRequest<'_> {
+) -> Result<offload::PlanRequest<'_>> {
     let mut request = residency.plan_request(budget, link);
     request.needs.allocator_slack = request
         .needs
         .allocator_slack
         .saturating_add(ESTIMATE_HEADROOM);
-    request
+    request.allow_streamed = stream_allowed()?;
+    Ok(request)
 }
 
 /// The budget from `flag` (named `--gpu-budget`), else from `HIPDECODE_GPU_BUDGET`, with its
@@ -170,7 +182,7 @@ pub fn prepare(file: &GgufFile, req: &BudgetRequest) -> Result<BudgetRun> {
         .resolve(Some(req.device_total))
         .map_err(|e| invalid(&e))?;
     let residency = resident::estimate(file, &req.options)?;
-    let plan = offload::plan(&plan_request(&residency, budget, default_link()?))
+    let plan = offload::plan(&plan_request(&residency, budget, default_link()?)?)
         .map_err(|e| invalid(&e))?;
     let mut names = std::collections::HashSet::new();
     let mut streamed = std::collections::HashSet::new();

@@ -243,7 +243,7 @@ unsafe fn q8_views(base: u64, capacity: usize, values: usize) -> Q8ActivationsMu
 
 /// `value` as one of `choices` (the first is the default), or an error naming the variable, the
 /// value and the accepted words.
-pub(super) fn parse_choice<T: Copy>(
+pub(crate) fn parse_choice<T: Copy>(
     var: &str,
     what: &str,
     choices: &[(&str, T)],
@@ -271,7 +271,7 @@ pub(super) fn parse_choice<T: Copy>(
 }
 
 /// The choice `var` asks for, or the first of `choices` when it is unset.
-pub(super) fn choice_from_env<T: Copy>(var: &str, what: &str, choices: &[(&str, T)]) -> Result<T> {
+pub(crate) fn choice_from_env<T: Copy>(var: &str, what: &str, choices: &[(&str, T)]) -> Result<T> {
     match std::env::var(var) {
         Ok(v) => parse_choice(var, what, choices, &v),
         Err(std::env::VarError::NotPresent) => Ok(choices[0].1),

@@ -515,7 +515,7 @@ fn plan(args: PlanArgs) -> Result<()> {
     } else {
         defaults
     };
-    let plan = offload::plan(&decode::budget_run::plan_request(&residency, bytes, link))?;
+    let plan = offload::plan(&decode::budget_run::plan_request(&residency, bytes, link)?)?;
     let s = &residency.spec;
     let weights: u64 = residency.tensors.iter().map(|t| t.bytes).sum();
     println!(
