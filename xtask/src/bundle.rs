@@ -571,7 +571,7 @@ mod tests {
     #[test]
     fn the_gpu_only_lists_name_real_targets_without_gpu_tests() {
         let root = crate::workspace_root();
-        let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        let out = match Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
             .args([
                 "metadata",
                 "--no-deps",
@@ -581,7 +581,18 @@ mod tests {
             ])
             .current_dir(&root)
             .output()
-            .expect("cargo metadata runs");
+        {
+            Ok(out) => out,
+            // A bundle's run on the GPU machine has no toolchain; the list is checked where
+            // bundles are built.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                eprintln!(
+                    "skipping: cargo is not installed here, and the check reads `cargo metadata`"
+                );
+                return;
+            }
+            Err(e) => panic!("cargo metadata: {e}"),
+        };
         assert!(
             out.status.success(),
             "{}",
