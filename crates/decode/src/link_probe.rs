@@ -56,71 +56,101 @@ impl std::fmt::Display for LinkProbe {
 }
 
 fn gpu(what: &str) -> impl Fn(hip_ffi::HipError) -> DecodeError + '_ {
-    move |e| DecodeError::Gpu(format!("link probe, {what}: {e}"))
+    move |e| DecodeError::Gpu(format!("GPU probe, {what}: {e}"))
 }
 
-/// One pass of `pass`, timed with events on `stream`, as GB/s over `bytes`.
-pub(crate) fn timed_gbps(
-    device: &Device,
-    stream: &Stream,
-    bytes: usize,
-    pass: impl FnOnce() -> Result<()>,
-) -> Result<f64> {
-    let (start, end) = (
-        Event::new(device).map_err(gpu("an event"))?,
-        Event::new(device).map_err(gpu("an event"))?,
-    );
-    start.record(stream).map_err(gpu("recording an event"))?;
-    pass()?;
-    end.record(stream).map_err(gpu("recording an event"))?;
-    stream.synchronize().map_err(gpu("a timed pass"))?;
-    let ms = end.elapsed_ms_since(&start).map_err(gpu("timing"))? as f64;
-    Ok(if ms > 0.0 {
-        bytes as f64 / (ms * 1e-3) / 1e9
-    } else {
-        f64::INFINITY
-    })
+/// What the probes share: the read kernel (rocm-kernels' argmax, which reads every value once
+/// and writes one index), its stream and scratch, and a device buffer of the probe's size.
+pub(crate) struct ReadBench {
+    device: Device,
+    kernels: Kernels,
+    pub(crate) stream: Stream,
+    workspace: DeviceBuffer,
+    out: DeviceBuffer,
+    /// Bytes each pass moves.
+    pub(crate) bytes: usize,
+    /// `bytes` of zeros on the device.
+    pub(crate) on_device: DeviceBuffer,
 }
 
-/// The median of [`PASSES`] timed passes after one warm-up.
-fn median_gbps(
-    device: &Device,
-    stream: &Stream,
-    bytes: usize,
-    mut pass: impl FnMut() -> Result<()>,
-) -> Result<f64> {
-    timed_gbps(device, stream, bytes, &mut pass)?;
-    let mut rates = (0..PASSES)
-        .map(|_| timed_gbps(device, stream, bytes, &mut pass))
-        .collect::<Result<Vec<f64>>>()?;
-    rates.sort_by(f64::total_cmp);
-    Ok(rates[PASSES / 2])
-}
+impl ReadBench {
+    /// Loads the kernels and allocates the buffers for passes of `bytes` (a multiple of 4).
+    pub(crate) fn new(device: &Device, bytes: usize) -> Result<ReadBench> {
+        let cache = KernelCache::from_env().map_err(|e| DecodeError::Gpu(e.to_string()))?;
+        let kernels =
+            Kernels::load(device, &cache).map_err(|e| DecodeError::Gpu(format!("kernels: {e}")))?;
+        let alloc = |n: usize, what: &str| {
+            DeviceBuffer::alloc(device, n).map_err(|e| DecodeError::Gpu(format!("{what}: {e}")))
+        };
+        let mut on_device = alloc(bytes, "a device buffer")?;
+        on_device.memset(0).map_err(gpu("a device buffer"))?;
+        Ok(ReadBench {
+            device: *device,
+            stream: Stream::new(device).map_err(gpu("a stream"))?,
+            workspace: alloc(sampling::ARGMAX_WORKSPACE * 8, "workspace")?,
+            out: alloc(4, "workspace")?,
+            kernels,
+            bytes,
+            on_device,
+        })
+    }
 
-/// Queues rocm-kernels' argmax over the `n` f32 at `addr` (a read of every value).
-///
-/// # Safety
-/// `addr` holds `n` f32 readable by the device, alive until the stream has run the kernel;
-/// `workspace` holds [`sampling::ARGMAX_WORKSPACE`] u64 and `out` one i32, both device memory
-/// used by nothing else meanwhile.
-pub(crate) unsafe fn read_all(
-    kernels: &Kernels,
-    stream: &Stream,
-    addr: u64,
-    n: usize,
-    workspace: &DeviceBuffer,
-    out: &DeviceBuffer,
-) -> Result<()> {
-    // SAFETY: the caller's contract.
-    let (values, mut ws, mut o) = unsafe {
-        (
-            DeviceSlice::<f32>::from_raw(addr, n),
-            DeviceSliceMut::<u64>::from_raw(workspace.ptr().0, sampling::ARGMAX_WORKSPACE),
-            DeviceSliceMut::<i32>::from_raw(out.ptr().0, 1),
+    /// One pass of `pass`, timed with events on the stream, as GB/s over `bytes`.
+    pub(crate) fn timed(&self, pass: impl FnOnce() -> Result<()>) -> Result<f64> {
+        let (start, end) = (
+            Event::new(&self.device).map_err(gpu("an event"))?,
+            Event::new(&self.device).map_err(gpu("an event"))?,
+        );
+        start
+            .record(&self.stream)
+            .map_err(gpu("recording an event"))?;
+        pass()?;
+        end.record(&self.stream)
+            .map_err(gpu("recording an event"))?;
+        self.stream.synchronize().map_err(gpu("a timed pass"))?;
+        let ms = end.elapsed_ms_since(&start).map_err(gpu("timing"))? as f64;
+        Ok(if ms > 0.0 {
+            self.bytes as f64 / (ms * 1e-3) / 1e9
+        } else {
+            f64::INFINITY
+        })
+    }
+
+    /// The median of [`PASSES`] timed passes after one warm-up.
+    fn median(&self, mut pass: impl FnMut() -> Result<()>) -> Result<f64> {
+        self.timed(&mut pass)?;
+        let mut rates = (0..PASSES)
+            .map(|_| self.timed(&mut pass))
+            .collect::<Result<Vec<f64>>>()?;
+        rates.sort_by(f64::total_cmp);
+        Ok(rates[PASSES / 2])
+    }
+
+    /// Queues the read kernel over the `bytes / 4` f32 at `addr`.
+    ///
+    /// # Safety
+    /// `addr` holds `bytes / 4` f32 readable by the device, alive until the stream has run the
+    /// kernel.
+    pub(crate) unsafe fn read(&self, addr: u64) -> Result<()> {
+        // SAFETY: the caller vouches for `addr`; the workspace holds ARGMAX_WORKSPACE u64 and
+        // `out` one i32, device memory only this bench's stream uses.
+        let (values, mut ws, mut o) = unsafe {
+            (
+                DeviceSlice::<f32>::from_raw(addr, self.bytes / 4),
+                DeviceSliceMut::<u64>::from_raw(self.workspace.ptr().0, sampling::ARGMAX_WORKSPACE),
+                DeviceSliceMut::<i32>::from_raw(self.out.ptr().0, 1),
+            )
+        };
+        sampling::argmax(
+            &self.kernels,
+            &self.stream,
+            values,
+            self.bytes / 4,
+            &mut ws,
+            &mut o,
         )
-    };
-    sampling::argmax(kernels, stream, values, n, &mut ws, &mut o)
         .map_err(|e| DecodeError::Gpu(format!("the read kernel (argmax): {e}")))
+    }
 }
 
 /// Runs the probe on `device` with `bytes` (a multiple of 4, at least 1 MiB).
@@ -130,16 +160,7 @@ pub fn probe(device: &Device, bytes: usize) -> Result<LinkProbe> {
             "the link probe moves whole f32 values, at least 1 MiB; got {bytes} bytes"
         )));
     }
-    let cache = KernelCache::from_env().map_err(|e| DecodeError::Gpu(e.to_string()))?;
-    let kernels =
-        Kernels::load(device, &cache).map_err(|e| DecodeError::Gpu(format!("kernels: {e}")))?;
-    let stream = Stream::new(device).map_err(gpu("a stream"))?;
-    let n = bytes / 4;
-    let workspace =
-        DeviceBuffer::alloc(device, sampling::ARGMAX_WORKSPACE * 8).map_err(gpu("workspace"))?;
-    let out = DeviceBuffer::alloc(device, 4).map_err(gpu("workspace"))?;
-    let mut on_device = DeviceBuffer::alloc(device, bytes).map_err(gpu("a device buffer"))?;
-    on_device.memset(0).map_err(gpu("a device buffer"))?;
+    let bench = ReadBench::new(device, bytes)?;
     let mut pinned =
         PinnedHostBuffer::alloc(device, bytes).map_err(|e| DecodeError::Allocation {
             what: format!(
@@ -151,29 +172,25 @@ pub fn probe(device: &Device, bytes: usize) -> Result<LinkProbe> {
     for (i, v) in pinned.as_mut_slice::<f32>().iter_mut().enumerate() {
         *v = (i % 1021) as f32;
     }
-    let device_gbps = median_gbps(device, &stream, bytes, || {
-        // SAFETY: the device buffer holds `n` f32 and lives until this function returns, after
-        // the stream is synchronised; workspace and out are sized for argmax.
-        unsafe { read_all(&kernels, &stream, on_device.ptr().0, n, &workspace, &out) }
+    // Each buffer holds `bytes` and lives until this function returns, and every pass
+    // synchronises the stream before the next.
+    let device_gbps = bench.median(|| {
+        // SAFETY: the device buffer, as above.
+        unsafe { bench.read(bench.on_device.ptr().0) }
     })?;
-    let zero_copy_gbps = median_gbps(device, &stream, bytes, || {
-        // SAFETY: as above, for the mapped pinned buffer's device address.
+    let zero_copy_gbps = bench.median(|| {
+        // SAFETY: the mapped pinned buffer's device address, as above.
+        unsafe { bench.read(pinned.device_ptr().0) }
+    })?;
+    let copy_gbps = bench.median(|| {
+        // SAFETY: the device buffer is the copy's destination and the pinned buffer its source,
+        // as above.
         unsafe {
-            read_all(
-                &kernels,
-                &stream,
-                pinned.device_ptr().0,
-                n,
-                &workspace,
-                &out,
-            )
+            bench
+                .stream
+                .copy_from_host_raw(bench.on_device.ptr(), pinned.as_slice::<u8>())
         }
-    })?;
-    let copy_gbps = median_gbps(device, &stream, bytes, || {
-        // SAFETY: the pinned buffer outlives the pass (each pass synchronises the stream), and
-        // the device buffer holds `bytes`.
-        unsafe { on_device.copy_from_host_async(pinned.as_slice::<u8>(), &stream) }
-            .map_err(gpu("the copy"))
+        .map_err(gpu("the copy"))
     })?;
     Ok(LinkProbe {
         bytes,

@@ -15,11 +15,8 @@
 //! pass reads at [`MIGRATES_FRACTION`] or more of the device rate.
 
 use crate::error::{DecodeError, Result};
-use crate::link_probe::{read_all, timed_gbps};
-use hip_ffi::{Device, DeviceBuffer, ManagedBuffer, Stream};
-use rocm_kernels::cache::KernelCache;
-use rocm_kernels::ops::sampling;
-use rocm_kernels::Kernels;
+use crate::link_probe::ReadBench;
+use hip_ffi::{Device, ManagedBuffer};
 
 /// The probe's buffer: large enough that launch overhead (microseconds) is noise next to the
 /// transfer (tens of microseconds on HBM, milliseconds over PCIe), small enough to fit beside
@@ -116,16 +113,7 @@ pub fn probe(device: &Device, bytes: usize) -> Result<ManagedProbe> {
                 .into(),
         ));
     }
-    let cache = KernelCache::from_env().map_err(|e| DecodeError::Gpu(e.to_string()))?;
-    let kernels =
-        Kernels::load(device, &cache).map_err(|e| DecodeError::Gpu(format!("kernels: {e}")))?;
-    let stream = Stream::new(device).map_err(gpu("a stream"))?;
-    let n = bytes / 4;
-    let workspace =
-        DeviceBuffer::alloc(device, sampling::ARGMAX_WORKSPACE * 8).map_err(gpu("workspace"))?;
-    let out = DeviceBuffer::alloc(device, 4).map_err(gpu("workspace"))?;
-    let mut on_device = DeviceBuffer::alloc(device, bytes).map_err(gpu("a device buffer"))?;
-    on_device.memset(0).map_err(gpu("a device buffer"))?;
+    let bench = ReadBench::new(device, bytes)?;
     let mut managed = ManagedBuffer::alloc(device, bytes).map_err(gpu("managed memory"))?;
     // SAFETY: no device work touches the managed buffer yet (allocation synchronised).
     let host = unsafe { managed.host_slice_mut::<f32>() };
@@ -133,16 +121,13 @@ pub fn probe(device: &Device, bytes: usize) -> Result<ManagedProbe> {
         *v = (i % 1021) as f32;
     }
     let read = |addr: u64| -> Result<f64> {
-        timed_gbps(device, &stream, bytes, || {
-            // SAFETY: `addr` is a live buffer of `n` f32 (the device buffer or the managed one,
-            // both alive until this function returns; each pass synchronises the stream);
-            // workspace and out are sized for argmax.
-            unsafe { read_all(&kernels, &stream, addr, n, &workspace, &out) }
-        })
+        // SAFETY: `addr` is the device buffer or the managed one, both of `bytes` and alive
+        // until this function returns; each pass synchronises the stream.
+        bench.timed(|| unsafe { bench.read(addr) })
     };
     // A warm-up pass loads the kernel and warms the caches' translation entries.
-    read(on_device.ptr().0)?;
-    let device_gbps = read(on_device.ptr().0)?;
+    read(bench.on_device.ptr().0)?;
+    let device_gbps = read(bench.on_device.ptr().0)?;
     let first_gbps = read(managed.ptr().0)?;
     let second_gbps = read(managed.ptr().0)?;
     Ok(ManagedProbe {
