@@ -1081,7 +1081,8 @@ impl Backend for GpuBackend {
         let [cols, rows, mats] = src.dims;
         if self.host_weights.streamed(src.name) && (rows == 1 || mats > 1) {
             return Err(DecodeError::InvalidArgument(format!(
-                "the placement streams '{}', but decode streams whole 2-D matrices only (this                  one is {cols} x {rows} x {mats}); plan it to be read in place",
+                "the placement streams '{}', but decode streams whole 2-D matrices only (this \
+                 one is {cols} x {rows} x {mats}); plan it to be read in place",
                 src.name
             )));
         }
@@ -1254,7 +1255,8 @@ impl Backend for GpuBackend {
     ) -> Result<()> {
         // Only decode steps are captured: prefill chunks vary in length and run once each. A
         // step that splits offloaded products with the host waits on the device mid-step, so
-        // it cannot be a graph.
+        // it cannot be a graph; nor can one that streams weights through the copy stream (its
+        // cross-stream waits are not captured).
         if !self.use_graphs
             || key.n_tokens != 1
             || self.hybrid_active()
