@@ -474,13 +474,9 @@ pub struct GpuBackend {
     host_matrices: Vec<(usize, usize, usize)>,
     /// How prefill reads those matrices (`HIPDECODE_OFFLOAD_PREFILL`).
     host_prefill: HostPrefill,
-    /// The device slots that host weights are streamed through: by prefill's vendor GEMM, by
-    /// decode for the weights the plan streams, and for the GPU's rows of a split product.
-    /// Taken before the first step.
+    /// The device slots that host weights are streamed through: by prefill's vendor GEMM, and
+    /// by decode for the weights the plan streams. Taken before the first step.
     prefetch: Option<Prefetch>,
-    /// Whether the GPU's rows of a split product are streamed through the slots when they
-    /// exist (`HIPDECODE_OFFLOAD_STREAM`), rather than read in place.
-    stream_split: bool,
     /// The current step's first position (for the profile's byte counts) and token count.
     step_pos0: usize,
     step_tokens: usize,
@@ -591,7 +587,6 @@ impl GpuBackend {
             host_matrices: Vec::new(),
             host_prefill: HostPrefill::from_env()?,
             prefetch: None,
-            stream_split: crate::budget_run::stream_allowed()?,
             step_pos0: 0,
             step_tokens: 0,
             profile: None,

@@ -463,46 +463,13 @@ impl GpuBackend {
         let q = self.q8_activations(x, 1, cols)?.as_const();
         self.stage_activations(&q, cols, 0, on_cpu)?;
         self.record(|s| &s.ready, "recording the activations' copy")?;
+        let sub = gpu_rows(m, on_gpu, row_bytes)?;
         let mut head = out
             .view_mut()
             .slice_mut(0, on_gpu)
             .expect("the output holds n values (checked above)");
-        match self.prefetch.as_mut().filter(|_| self.stream_split) {
-            // The GPU's rows cross the link by the copy engine, block by block through the
-            // prefetch slots, rather than by the kernel's reads in place.
-            Some(prefetch) => {
-                let block = prefetch.slot_bytes() / row_bytes;
-                if block == 0 {
-                    return Err(DecodeError::InvalidArgument(format!(
-                        "hybrid split: a row of {row_bytes} bytes does not fit a prefetch slot                          of {}",
-                        prefetch.slot_bytes()
-                    )));
-                }
-                for start in (0..on_gpu).step_by(block) {
-                    let end = (start + block).min(on_gpu);
-                    let bytes = &host[start * row_bytes..end * row_bytes];
-                    // SAFETY: `host` is the model's pinned weight, alive as long as the backend
-                    // (whose drop waits for the device).
-                    let staged = unsafe { prefetch.stage(&self.stream, bytes) }?;
-                    // SAFETY: the slot holds these rows (copied before the stream reads them)
-                    // and is not refilled before the release below.
-                    let data = unsafe { DeviceSlice::<u8>::from_raw(staged.ptr.0, bytes.len()) };
-                    let sub = QuantMatrix::new(data, format, end - start, cols)
-                        .map_err(kerr("a staged block of the GPU's rows"))?;
-                    let mut part = head
-                        .slice_mut(start, end - start)
-                        .expect("the block lies in the GPU's rows");
-                    matvec_q8::matvec(&self.kernels, &self.stream, &sub, q, &mut part, 1)
-                        .map_err(kerr("matmul (hybrid, GPU share, streamed)"))?;
-                    prefetch.release(&self.stream, staged)?;
-                }
-            }
-            None => {
-                let sub = gpu_rows(m, on_gpu, row_bytes)?;
-                matvec_q8::matvec(&self.kernels, &self.stream, &sub, q, &mut head, 1)
-                    .map_err(kerr("matmul (hybrid, GPU share)"))?;
-            }
-        }
+        matvec_q8::matvec(&self.kernels, &self.stream, &sub, q, &mut head, 1)
+            .map_err(kerr("matmul (hybrid, GPU share)"))?;
         self.host_half(cols, work, |acts, _, _, out| {
             host_q8::matvec_rows(format, host, cols, on_gpu..n, acts, &mut out[..on_cpu])?;
             Ok((on_cpu * row_bytes) as u64)
