@@ -663,12 +663,11 @@ fn cpu_experts(
     {
         for (format, all, b, out) in [(gate_f, gate, gate_b, g), (up_f, up, up_b, u)] {
             let matrix = expert_bytes(all, e, b)?;
-            let (cols, first) = (n_embd, 0);
             tasks.push(host_q8::RowTask {
                 format,
                 matrix,
-                cols,
-                first,
+                cols: n_embd,
+                first: 0,
                 x,
                 out,
             });
@@ -693,12 +692,11 @@ fn cpu_experts(
         .zip(y.chunks_exact_mut(n_embd))
     {
         let matrix = expert_bytes(down, e, down_b)?;
-        let (format, cols, first) = (down_f, n_ff, 0);
         tasks.push(host_q8::RowTask {
-            format,
+            format: down_f,
             matrix,
-            cols,
-            first,
+            cols: n_ff,
+            first: 0,
             x,
             out,
         });
