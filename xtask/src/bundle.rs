@@ -565,6 +565,7 @@ pub fn restore_programs(bundle: &Path) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     /// The `--gpu-only` lists name targets that exist, and no listed test binary holds a GPU
     /// test: a GPU test added to one would otherwise silently leave the device's run.
@@ -662,7 +663,6 @@ mod tests {
         }
         out
     }
-    use super::*;
 
     /// A fresh, empty folder under the system temp dir, removed when dropped.
     struct TempDir(PathBuf);

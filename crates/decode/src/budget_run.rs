@@ -87,9 +87,15 @@ pub const STREAM_VAR: &str = "HIPDECODE_OFFLOAD_STREAM";
 /// Whether decode may stream weights ([`STREAM_VAR`]): the planner then picks streaming per
 /// tensor where its link model says a copy beats reading in place.
 pub fn stream_allowed() -> Result<bool> {
-    const CHOICES: [(&str, bool); 2] = [("auto", true), ("off", false)];
-    crate::backend::gpu::choice_from_env(STREAM_VAR, "decode streaming", &CHOICES)
+    crate::backend::gpu::choice_from_env(STREAM_VAR, "decode streaming", &STREAM_CHOICES)
 }
+
+/// Parses a value of [`STREAM_VAR`] (whether it allows streaming).
+pub fn parse_stream(value: &str) -> Result<bool> {
+    crate::backend::gpu::parse_choice(STREAM_VAR, "decode streaming", &STREAM_CHOICES, value)
+}
+
+const STREAM_CHOICES: [(&str, bool); 2] = [("auto", true), ("off", false)];
 
 /// The planner's request for a run of `residency` under `budget`: the estimate's needs plus
 /// [`ESTIMATE_HEADROOM`], streaming as [`STREAM_VAR`] allows. `hipdecode plan` uses it too,

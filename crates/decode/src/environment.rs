@@ -19,6 +19,8 @@ pub fn known_vars() -> Vec<&'static str> {
         crate::backend::gpu::ATTN_PREFILL_VAR,
         crate::backend::gpu::CPU_SHARE_VAR,
         crate::backend::host_pool::POOL_VAR,
+        crate::backend::prefetch::PREFILL_VAR,
+        crate::budget_run::STREAM_VAR,
         rocm_kernels::kernels::MATVEC_DEPTH_VAR,
         rocm_kernels::kernels::MATVEC_BLOCKS_PER_SM_VAR,
         rocm_kernels::kernels::EARLY_LAUNCH_VAR,
@@ -66,6 +68,12 @@ pub fn check_vars(vars: &[(String, String)]) -> Result<Vec<String>> {
     }
     if let Some(v) = lookup(crate::backend::host_pool::POOL_VAR) {
         crate::backend::host_pool::PoolKind::parse(&v)?;
+    }
+    if let Some(v) = lookup(crate::backend::prefetch::PREFILL_VAR) {
+        crate::backend::prefetch::HostPrefill::parse(&v)?;
+    }
+    if let Some(v) = lookup(crate::budget_run::STREAM_VAR) {
+        crate::budget_run::parse_stream(&v)?;
     }
     if let Some(v) = lookup(rocm_kernels::kernels::MATVEC_DEPTH_VAR) {
         rocm_kernels::kernels::matvec_depth(Some(&v))
@@ -157,6 +165,30 @@ mod tests {
         ] {
             let e = check_vars(&vars(&[(var, bad)])).unwrap_err().to_string();
             assert!(e.contains(var) && e.contains(bad), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_offload_switches_are_known_and_checked() {
+        let ok = check_vars(&vars(&[
+            ("HIPDECODE_OFFLOAD_CPU_SHARE", "off"),
+            ("HIPDECODE_HOST_POOL", "rayon"),
+            ("HIPDECODE_OFFLOAD_PREFILL", "in-place"),
+            ("HIPDECODE_OFFLOAD_STREAM", "off"),
+        ]))
+        .unwrap();
+        assert!(ok.is_empty(), "{ok:?}");
+        for (var, bad, accepted) in [
+            ("HIPDECODE_OFFLOAD_CPU_SHARE", "most", "auto"),
+            ("HIPDECODE_HOST_POOL", "tokio", "spin"),
+            ("HIPDECODE_OFFLOAD_PREFILL", "copy", "in-place"),
+            ("HIPDECODE_OFFLOAD_STREAM", "on", "auto"),
+        ] {
+            let e = check_vars(&vars(&[(var, bad)])).unwrap_err().to_string();
+            assert!(
+                e.contains(var) && e.contains(bad) && e.contains(accepted),
+                "{e}"
+            );
         }
     }
 

@@ -476,12 +476,13 @@ fn kv_reads(s: &ModelSpec, slots: &[usize], context: usize, row_bytes: usize) ->
     u64::try_from(sum / c.max(1)).map_err(|_| overflow("the KV reads"))
 }
 
-/// The tensors `Model::load` uploads, in its order, with the bytes the GPU backend stores
-/// (vectors as f32, matrices in their file format); and each matrix's (rows one product
-/// covers, columns, bytes per row), which size the vendor GEMM's weight block and the streamed
-/// prefetch's slots (a product covers one expert of a stacked MoE tensor).
+/// A matrix's (rows one product covers, columns, bytes per row): a product covers one expert
+/// of a stacked MoE tensor.
 type MatrixShape = (usize, usize, usize);
 
+/// The tensors `Model::load` uploads, in its order, with the bytes the GPU backend stores
+/// (vectors as f32, matrices in their file format); and each matrix's shape, which sizes the
+/// vendor GEMM's weight block and the streamed prefetch's slots.
 fn weight_tensors(file: &GgufFile, s: &ModelSpec) -> Result<(Vec<WeightTensor>, Vec<MatrixShape>)> {
     let mut out = Vec::new();
     let mut matrices = Vec::new();

@@ -216,7 +216,6 @@ pub fn try_max_abs_diff(got: &[f32], want: &[f32]) -> Result<f32, String> {
     Ok(max)
 }
 
-/// [`try_max_abs_diff`], failing the test on NaN or a length mismatch.
 /// The gap between the two largest logits and the logits' RMS: where two greedy runs part,
 /// a gap within a small multiple of the RMS is a near-tie that f32 rounding may flip.
 pub fn top2_margin(logits: &[f32]) -> (f32, f32) {
@@ -226,6 +225,7 @@ pub fn top2_margin(logits: &[f32]) -> (f32, f32) {
     (sorted[0] - sorted[1], rms)
 }
 
+/// [`try_max_abs_diff`], failing the test on NaN or a length mismatch.
 pub fn max_abs_diff(got: &[f32], want: &[f32]) -> f32 {
     try_max_abs_diff(got, want).unwrap_or_else(|e| panic!("logit comparison failed: {e}"))
 }

@@ -22,7 +22,8 @@ pub struct LinkModel {
     pub device_read: f64,
     /// Kernels reading mapped pinned host memory in place ("zero-copy"). Default 50 GB/s:
     /// PCIe Gen5 x16 carries 64 GB/s raw per direction; the 8B shape with every weight read in
-    /// place ran at 12.1 tok/s over 4.3 GB per token on the H200, 52 GB/s.
+    /// place ran at 12.2 tok/s over 4.3 GB per token on the H200, 52 GB/s
+    /// (docs/benchmark_results/offload-sweep-2026-11-30.md, 1003 MiB).
     pub zero_copy_read: f64,
     /// Copy-engine transfers from pinned host memory to device memory. Default 55 GB/s:
     /// `hipdecode probe-link` measured 55.5 GB/s on the H200 (512 MiB copies; a kernel's

@@ -793,13 +793,13 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<Plan, PlanError> {
     }
     let minimum = minimum_budget(&req.needs)?;
     // Every weight on the device: the host staging is not needed.
-    let all_on_device = req
+    let all_on_device_bytes = req
         .tensors
         .iter()
         .try_fold(minimum - req.needs.offload_staging, |acc, t| {
             acc.checked_add(device_footprint(t.bytes)?)
         });
-    let all_fit = all_on_device.is_some_and(|b| req.budget >= b);
+    let all_fit = all_on_device_bytes.is_some_and(|b| req.budget >= b);
     if req.budget < minimum && !all_fit {
         return Err(below_minimum(req.budget, minimum, &req.needs));
     }

@@ -1208,6 +1208,7 @@ impl Backend for GpuBackend {
             }
         }
         if slot > 0 && self.prefetch.as_ref().is_none_or(|p| p.slot_bytes() < slot) {
+            // The smaller slots go back first, so the budget never holds both pairs.
             self.prefetch = None;
             self.prefetch = Some(Prefetch::new(a, st, &self.stream, slot)?);
         }
@@ -1500,14 +1501,9 @@ impl Backend for GpuBackend {
             Some(host) => Some(self.stage_whole(host)?),
             None => None,
         };
+        // Released below, after the product that reads it.
         let m = match &staged {
-            Some(s) => {
-                // SAFETY: the slot holds the matrix's bytes (copied before the stream reads
-                // them) and is not refilled before the release below.
-                let data = unsafe { DeviceSlice::<u8>::from_raw(s.ptr.0, m.data().len()) };
-                QuantMatrix::new(data, m.format(), m.rows(), m.cols())
-                    .map_err(kerr("a streamed weight"))?
-            }
+            Some(s) => s.matrix(m.format(), m.rows(), m.cols())?,
             None => m,
         };
         let int8 = self.matvec_path == MatvecPath::Int8

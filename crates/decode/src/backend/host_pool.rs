@@ -1,8 +1,8 @@
 //! A pool of host threads that spin between jobs: the hybrid offload's host half runs a
 //! share of a product (300-470 µs in the H200 runs) after every wait on the device, and a
 //! pool whose threads have gone to sleep in between (rayon's do after a short while) spends a
-//! good part of that waking them. Here the workers poll for the next job for [`SPIN`] after the last one, then park;
-//! a job wakes the parked ones.
+//! good part of that waking them. Here the workers poll for the next job for [`SPIN`] after
+//! the last one, then park; a job wakes the parked ones.
 //!
 //! A job is a function of the participant's index, run once by every participant (the
 //! caller is participant 0) and returned from only when all have finished, so it may borrow
@@ -10,6 +10,11 @@
 //!
 //! [`POOL_VAR`] picks this pool (`spin`, the default) or rayon's (`rayon`) for the host half,
 //! for A/B runs.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::{self, JoinHandle, Thread};
+use std::time::{Duration, Instant};
 
 /// `spin` (default) or `rayon`: the threads that run the hybrid offload's host half.
 pub const POOL_VAR: &str = "HIPDECODE_HOST_POOL";
@@ -42,11 +47,6 @@ impl PoolKind {
         Ok(*KIND.get_or_init(|| k))
     }
 }
-
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::thread::{self, JoinHandle, Thread};
-use std::time::{Duration, Instant};
 
 /// How long an idle worker polls before it parks.
 pub const SPIN: Duration = Duration::from_millis(2);

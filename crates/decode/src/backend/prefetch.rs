@@ -17,9 +17,13 @@
 //! Both slots are the allocator's (tag `offload_staging`), taken once before the first step and
 //! counted in the plan's resident needs, so streaming never allocates while a run is going.
 
+use super::gpu::kerr;
 use crate::error::{DecodeError, Result};
+use gguf_loader::GgmlType;
 use hip_ffi::{DevicePtr, Event, Stream};
 use rocm_alloc::{fmt_bytes, Allocation, Allocator, StreamId, Tag};
+use rocm_kernels::ops::matvec::QuantMatrix;
+use rocm_kernels::DeviceSlice;
 
 /// `HIPDECODE_OFFLOAD_PREFILL`: how prefill reads weights that stay in host memory.
 pub const PREFILL_VAR: &str = "HIPDECODE_OFFLOAD_PREFILL";
@@ -71,7 +75,21 @@ pub(super) struct Prefetch {
 pub(super) struct Staged {
     slot: usize,
     /// Device address of the copied bytes.
-    pub ptr: DevicePtr,
+    ptr: DevicePtr,
+    /// How many bytes were copied.
+    bytes: usize,
+}
+
+impl Staged {
+    /// The staged bytes as a `rows` x `cols` matrix of `format`, for kernels queued on the
+    /// compute stream before the slot's [`Prefetch::release`].
+    pub(super) fn matrix(&self, format: GgmlType, rows: usize, cols: usize) -> Result<QuantMatrix> {
+        // SAFETY: the slot holds `bytes` copied bytes, which the compute stream reads only
+        // after the copy (`stage` made it wait), and the slot is not refilled before the
+        // release that the caller records after its last kernel over this view.
+        let data = unsafe { DeviceSlice::<u8>::from_raw(self.ptr.0, self.bytes) };
+        QuantMatrix::new(data, format, rows, cols).map_err(kerr("a staged weight block"))
+    }
 }
 
 impl Prefetch {
@@ -95,14 +113,12 @@ impl Prefetch {
                 })
         };
         let device = compute.device();
-        let gpu = |what: &str, e: hip_ffi::HipError| {
-            DecodeError::Gpu(format!("streamed prefetch: {what}: {e}"))
-        };
-        let event = || Event::new_without_timing(device).map_err(|e| gpu("an event", e));
+        let event =
+            || Event::new_without_timing(device).map_err(kerr("streamed prefetch: an event"));
         Ok(Prefetch {
             slots: [take()?, take()?],
             slot_bytes,
-            copy: Stream::new(device).map_err(|e| gpu("the copy stream", e))?,
+            copy: Stream::new(device).map_err(kerr("streamed prefetch: the copy stream"))?,
             copied: [event()?, event()?],
             released: [event()?, event()?],
             pending_release: [false; 2],
@@ -137,29 +153,31 @@ impl Prefetch {
                 "streamed prefetch: a slot was staged again before it was released".into(),
             ));
         }
-        let gpu = |what: &str, e: hip_ffi::HipError| {
-            DecodeError::Gpu(format!("streamed prefetch: {what}: {e}"))
-        };
         // The slot's previous reader must be done; an event never recorded counts as done.
         self.copy
             .wait_event(&self.released[s])
-            .map_err(|e| gpu("waiting for the slot's release", e))?;
+            .map_err(kerr("streamed prefetch: waiting for the slot's release"))?;
         let dst = DevicePtr(self.slots[s].ptr());
         // SAFETY: the slot holds `slot_bytes >= host.len()` bytes and stays allocated as long
         // as `self` (whose drop waits for the copy stream); the caller vouches for `host`; the
         // wait above orders the copy after every read of the slot's previous contents.
-        unsafe { self.copy.copy_from_host_raw(dst, host) }.map_err(|e| gpu("the copy", e))?;
+        unsafe { self.copy.copy_from_host_raw(dst, host) }
+            .map_err(kerr("streamed prefetch: the copy"))?;
         self.copied[s]
             .record(&self.copy)
-            .map_err(|e| gpu("recording the copy", e))?;
+            .map_err(kerr("streamed prefetch: recording the copy"))?;
         compute
             .wait_event(&self.copied[s])
-            .map_err(|e| gpu("waiting for the copy", e))?;
+            .map_err(kerr("streamed prefetch: waiting for the copy"))?;
         self.pending_release[s] = true;
         self.next ^= 1;
         self.staged_bytes += host.len() as u64;
         self.staged_blocks += 1;
-        Ok(Staged { slot: s, ptr: dst })
+        Ok(Staged {
+            slot: s,
+            ptr: dst,
+            bytes: host.len(),
+        })
     }
 
     /// Marks the end of `compute`'s reads of `staged`: the slot may be filled again after
@@ -167,7 +185,7 @@ impl Prefetch {
     pub(super) fn release(&mut self, compute: &Stream, staged: Staged) -> Result<()> {
         self.released[staged.slot]
             .record(compute)
-            .map_err(|e| DecodeError::Gpu(format!("streamed prefetch: releasing a slot: {e}")))?;
+            .map_err(kerr("streamed prefetch: releasing a slot"))?;
         self.pending_release[staged.slot] = false;
         Ok(())
     }

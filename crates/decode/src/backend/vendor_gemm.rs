@@ -21,7 +21,7 @@ use crate::error::{DecodeError, Result};
 use hip_ffi::{BlasLt, DevicePtr, GemmPlan, GemmShape, Stream};
 use rocm_alloc::{Allocation, Allocator, StreamId, Tag};
 use rocm_kernels::ops::{dequant, matvec::QuantMatrix};
-use rocm_kernels::{DeviceSlice, DeviceSliceMut, Kernels};
+use rocm_kernels::{DeviceSliceMut, Kernels};
 use std::collections::HashMap;
 
 /// Token rows from which a product runs on the vendor GEMM.
@@ -289,12 +289,8 @@ impl VendorGemm {
                     // SAFETY: the caller vouches that `host` stays alive and unchanged until
                     // the stream has run this product, which waits for the copy.
                     let staged = unsafe { prefetch.stage(stream, bytes) }?;
-                    // SAFETY: the slot holds this block's bytes (copied before the stream reads
-                    // them, through the event `stage` made it wait for) and is not refilled
-                    // before `release` below, which is recorded after the dequantization.
-                    let data = unsafe { DeviceSlice::<u8>::from_raw(staged.ptr.0, bytes.len()) };
-                    let block = QuantMatrix::new(data, m.format(), end - start, cols)
-                        .map_err(kerr("a staged weight block"))?;
+                    // Released below, after the dequantization that reads it.
+                    let block = staged.matrix(m.format(), end - start, cols)?;
                     dequant::dequantize_f16(kernels, stream, &block, 0..end - start, &mut wh)
                         .map_err(kerr("weights to f16"))?;
                     prefetch.release(stream, staged)?;

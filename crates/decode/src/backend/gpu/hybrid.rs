@@ -50,6 +50,7 @@ const AUTO_START: f64 = 0.5;
 const AUTO_STEP: f64 = 0.01;
 /// Rows are split in multiples of this (a GPU block's rows; keeps the host's chunks whole).
 const ROW_QUANTUM: usize = 16;
+
 /// How offloaded decode products are split between GPU and CPU, from [`CPU_SHARE_VAR`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum CpuShare {
