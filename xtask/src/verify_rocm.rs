@@ -15,7 +15,7 @@
 //! "GPU present but unusable: <why>".
 
 use anyhow::{bail, Context, Result};
-use hip_ffi::testing::REQUIRE_GPU_VAR;
+const REQUIRE_GPU_VAR: &str = hip_ffi::knobs::REQUIRE_GPU.name;
 use hip_ffi::{Device, Platform, PlatformKind};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -41,7 +41,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     let require_gpu = args.require_gpu
-        || hip_ffi::testing::env_switch(REQUIRE_GPU_VAR).map_err(anyhow::Error::msg)?;
+        || hip_ffi::knobs::REQUIRE_GPU.read()?;
     let gpu = print_platform_report();
     if args.no_tests {
         return match (&gpu, require_gpu) {
@@ -235,7 +235,7 @@ fn print_platform_report() -> GpuStatus {
     for var in [
         "HIP_VISIBLE_DEVICES",
         "CUDA_VISIBLE_DEVICES",
-        hip_ffi::platform::PLATFORM_OVERRIDE_VAR,
+        hip_ffi::knobs::PLATFORM.name,
         REQUIRE_GPU_VAR,
     ] {
         let value = std::env::var(var).unwrap_or_else(|_| "<unset>".into());

@@ -10,9 +10,9 @@ pub fn known_vars() -> Vec<&'static str> {
     let mut v: Vec<&'static str> = rocm_alloc::limits::ENV_VARS.to_vec();
     v.extend([
         rocm_kernels::cache::CACHE_VAR,
-        hip_ffi::platform::PLATFORM_OVERRIDE_VAR,
-        hip_ffi::testing::REQUIRE_GPU_VAR,
-        hip_ffi::rtc::NVRTC_PATH_VAR,
+        hip_ffi::knobs::PLATFORM.name,
+        hip_ffi::knobs::REQUIRE_GPU.name,
+        hip_ffi::knobs::NVRTC_PATH.name,
         crate::backend::gpu::MATVEC_VAR,
         crate::backend::gpu::KV_TYPE_VAR,
         crate::backend::vendor_gemm::PrefillPath::ENV,
@@ -29,8 +29,8 @@ pub fn known_vars() -> Vec<&'static str> {
         rocm_alloc::TRIM_WINDOW_ENV,
         offload::BUDGET_ENV,
         crate::budget_run::HOST_BUDGET_ENV,
-        hip_ffi::testing::REQUIRE_BLAS_VAR,
-        "HIPDECODE_REQUIRE_RTC",
+        hip_ffi::knobs::REQUIRE_BLAS.name,
+        hip_ffi::knobs::REQUIRE_RTC.name,
         "HIPDECODE_REQUIRE_MODELS",
         "HIPDECODE_MODELS_DIR",
         "HIPDECODE_SYNTH_MODELS",

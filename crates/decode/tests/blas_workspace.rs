@@ -20,7 +20,7 @@ fn the_blas_workspace_is_allocated_through_rocm_alloc_under_the_workspace_tag() 
     let Some(device) = hip_ffi::testing::device_or_skip(test) else {
         return;
     };
-    let require = hip_ffi::testing::env_switch(hip_ffi::testing::REQUIRE_BLAS_VAR).unwrap();
+    let require = hip_ffi::knobs::REQUIRE_BLAS.read().unwrap();
     let backend = GpuBackend::new(device, 64, true).expect("the GPU backend starts");
     let described = backend.describe();
     if !described.contains("BLASLt") {

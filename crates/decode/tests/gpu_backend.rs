@@ -307,7 +307,7 @@ fn profiling_times_every_op_of_a_decode_step() {
 #[test]
 fn a_long_prefill_on_the_vendor_gemm_matches_the_cpu() {
     let _one_at_a_time = gpu_lock();
-    let require = hip_ffi::testing::env_switch(hip_ffi::testing::REQUIRE_BLAS_VAR).unwrap();
+    let require = hip_ffi::knobs::REQUIRE_BLAS.read().unwrap();
     for preset in [Preset::TinyLlama, Preset::TinyQwen3Moe, Preset::TinyGemma3] {
         let test = "a_long_prefill_on_the_vendor_gemm_matches_the_cpu";
         let Some(gpu) = gpu_backend_on(test, MatvecPath::Int8) else {

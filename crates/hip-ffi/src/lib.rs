@@ -30,6 +30,7 @@ pub mod device;
 pub mod error;
 mod ffi;
 pub mod graph;
+pub mod knobs;
 pub mod memory;
 pub mod module;
 pub mod platform;

@@ -1,5 +1,6 @@
 //! Which GPU platform this process can use: AMD (HIP), NVIDIA (CUDA) or none.
 
+use crate::knobs::ForcedPlatform;
 use crate::device::Device;
 use crate::error::{ErrorKind, HipError, Result};
 use crate::ffi::{cuda::CudaApi, hip::HipApi, GpuApi};
@@ -107,8 +108,6 @@ fn cuda_api() -> std::result::Result<&'static CudaApi, String> {
         .clone()
 }
 
-/// Environment variable that forces a platform: `amd`, `nvidia` or `none`.
-pub const PLATFORM_OVERRIDE_VAR: &str = "HIPDECODE_PLATFORM";
 
 impl Platform {
     /// Detects the platform once per process (later calls return the same answer).
@@ -123,14 +122,17 @@ impl Platform {
     }
 
     fn detect_uncached() -> Platform {
-        let forced = std::env::var(PLATFORM_OVERRIDE_VAR)
-            .ok()
-            .map(|v| v.to_ascii_lowercase());
         let mut notes = Vec::new();
-        if let Some(f) = &forced {
-            notes.push(format!("{PLATFORM_OVERRIDE_VAR}={f}"));
+        // A malformed value forces no platform, with the reason in the notes (a program's
+        // start-up check has refused it before this, with the same message).
+        let forced = crate::knobs::PLATFORM.read().unwrap_or_else(|e| {
+            notes.push(e.to_string());
+            Some(ForcedPlatform::None)
+        });
+        if let Some(f) = forced {
+            notes.push(format!("{}={}", crate::knobs::PLATFORM.name, f.name()));
         }
-        let want = |name: &str| forced.as_deref().is_none_or(|f| f == name);
+        let want = |name: &str| forced.is_none_or(|f| f.name() == name);
         let cuda_visible = Visibility::from_env("CUDA_VISIBLE_DEVICES");
         let hip_visible = Visibility::from_env("HIP_VISIBLE_DEVICES");
 

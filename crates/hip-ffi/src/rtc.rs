@@ -25,8 +25,6 @@ use crate::error::{ErrorKind, HipError, Result};
 use crate::ffi::rtc::{self as raw, RtcLibrary};
 use crate::platform::PlatformKind;
 
-/// Environment variable naming the NVRTC library file, or a folder that holds it.
-pub const NVRTC_PATH_VAR: &str = raw::NVRTC_PATH_VAR;
 
 /// A loaded run-time compiler. Cheap to copy; usable from any thread (each compile is its own
 /// program). The library stays loaded for the rest of the process.

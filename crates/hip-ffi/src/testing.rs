@@ -9,29 +9,16 @@
 
 use crate::device::Device;
 use crate::platform::Platform;
+use knobs::Knob;
 
-/// Environment variable that turns a GPU-test skip into a failure: `1` requires a GPU; unset,
-/// empty or `0` allows skipping.
-pub const REQUIRE_GPU_VAR: &str = "HIPDECODE_REQUIRE_GPU";
-
-/// Set to 1 where the vendor GEMM library is installed (the verification machine): its tests,
-/// and the prefill tests that expect it in use, then fail instead of skipping.
-pub const REQUIRE_BLAS_VAR: &str = "HIPDECODE_REQUIRE_BLAS";
-
-/// Reads a `0`/`1` switch: unset, empty and `0` are off, `1` is on, anything else is refused with
-/// a message naming the accepted values.
-pub fn env_switch(var: &str) -> Result<bool, String> {
-    parse_switch(var, std::env::var(var).ok().as_deref())
-}
-
-fn parse_switch(var: &str, value: Option<&str>) -> Result<bool, String> {
-    match value.map(str::trim) {
-        None | Some("") | Some("0") => Ok(false),
-        Some("1") => Ok(true),
-        Some(other) => Err(format!(
-            "{var}={other:?} is not understood; use 1 (required) or 0 / empty / unset (may skip)"
-        )),
-    }
+/// Whether a test switch (`HIPDECODE_REQUIRE_*`) is on.
+///
+/// # Panics
+/// When the variable holds a value other than empty, `0` or `1`, naming the test.
+pub fn required(switch: &Knob<bool>, test_name: &str) -> bool {
+    switch
+        .read()
+        .unwrap_or_else(|e| panic!("{test_name}: {e}"))
 }
 
 /// The first usable GPU for test `test_name`, or `None` after printing `SKIP <test_name>:
@@ -41,14 +28,15 @@ fn parse_switch(var: &str, value: Option<&str>) -> Result<bool, String> {
 /// When `HIPDECODE_REQUIRE_GPU=1` and no GPU is usable (the message says why), or when that
 /// variable holds a value other than empty, `0` or `1`.
 pub fn device_or_skip(test_name: &str) -> Option<Device> {
-    let required = env_switch(REQUIRE_GPU_VAR).unwrap_or_else(|e| panic!("{test_name}: {e}"));
+    let switch = &crate::knobs::REQUIRE_GPU;
+    let required = required(switch, test_name);
     let platform = Platform::detect();
     match platform.device(0) {
         Ok(device) => Some(device),
         Err(e) => {
             let reason = platform.unusable_reason().unwrap_or_else(|| e.to_string());
             if required {
-                panic!("{test_name}: {REQUIRE_GPU_VAR}=1 but no GPU is usable: {reason}");
+                panic!("{test_name}: {}=1 but no GPU is usable: {reason}", switch.name);
             }
             eprintln!("SKIP {test_name}: {reason}");
             None
@@ -58,15 +46,20 @@ pub fn device_or_skip(test_name: &str) -> Option<Device> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use knobs::Env;
 
     #[test]
-    fn switch_accepts_only_zero_one_and_empty() {
-        assert_eq!(parse_switch("V", None), Ok(false));
-        assert_eq!(parse_switch("V", Some("")), Ok(false));
-        assert_eq!(parse_switch("V", Some("0")), Ok(false));
-        assert_eq!(parse_switch("V", Some("1")), Ok(true));
-        let err = parse_switch("V", Some("yes")).expect_err("not a switch value");
-        assert!(err.contains("V=\"yes\"") && err.contains("use 1"), "{err}");
+    fn the_require_switch_accepts_only_zero_one_and_empty() {
+        let knob = &crate::knobs::REQUIRE_GPU;
+        let value = |v: &str| knob.value(&Env::from_pairs([(knob.name, v)]));
+        assert_eq!(knob.value(&Env::default()), Ok(false));
+        assert_eq!(value(""), Ok(false));
+        assert_eq!(value("0"), Ok(false));
+        assert_eq!(value("1"), Ok(true));
+        let err = value("yes").expect_err("not a switch value").to_string();
+        assert!(
+            err.contains("HIPDECODE_REQUIRE_GPU=\"yes\"") && err.contains("use 1"),
+            "{err}"
+        );
     }
 }

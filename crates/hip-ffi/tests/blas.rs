@@ -4,7 +4,8 @@
 //! `HIPDECODE_REQUIRE_BLAS=1` (set on the verification machine, which has it).
 
 use half::f16;
-use hip_ffi::testing::{device_or_skip, env_switch, REQUIRE_BLAS_VAR};
+use hip_ffi::knobs::REQUIRE_BLAS;
+use hip_ffi::testing::device_or_skip;
 use hip_ffi::{BlasLt, DeviceBuffer, DevicePtr, GemmShape, Stream};
 
 fn open_or_skip(test: &str) -> Option<(hip_ffi::Device, BlasLt)> {
@@ -12,7 +13,7 @@ fn open_or_skip(test: &str) -> Option<(hip_ffi::Device, BlasLt)> {
     match BlasLt::open(&device) {
         Ok(blas) => Some((device, blas)),
         Err(reason) => {
-            let required = env_switch(REQUIRE_BLAS_VAR).unwrap_or_else(|e| panic!("{e}"));
+            let required = hip_ffi::testing::required(&REQUIRE_BLAS, test);
             assert!(!required, "{test}: HIPDECODE_REQUIRE_BLAS=1 but {reason}");
             eprintln!("skipping {test}: {reason}");
             None

@@ -3,10 +3,8 @@
 //! Each compiler that is not installed makes its test print `SKIP <test>: <reason>`;
 //! `HIPDECODE_REQUIRE_RTC=1` (set by CI, which installs both) turns that skip into a failure.
 
-use hip_ffi::testing::env_switch;
+use hip_ffi::knobs::REQUIRE_RTC;
 use hip_ffi::{Compiler, ErrorKind, PlatformKind};
-
-const REQUIRE_RTC_VAR: &str = "HIPDECODE_REQUIRE_RTC";
 
 /// A kernel that only compiles when the compiler got the warp size the test expects.
 const SOURCE: &str = r#"
@@ -23,10 +21,10 @@ extern "C" __global__ void scale(float* data, unsigned int n, float factor) {
 "#;
 
 fn compiler_or_skip(test: &str, platform: PlatformKind) -> Option<Compiler> {
-    let required = env_switch(REQUIRE_RTC_VAR).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let required = hip_ffi::testing::required(&REQUIRE_RTC, test);
     match Compiler::load(platform) {
         Ok(compiler) => Some(compiler),
-        Err(e) if required => panic!("{test}: {REQUIRE_RTC_VAR}=1 but {e}"),
+        Err(e) if required => panic!("{test}: {}=1 but {e}", REQUIRE_RTC.name),
         Err(e) => {
             eprintln!("SKIP {test}: {e}");
             None

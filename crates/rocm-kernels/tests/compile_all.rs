@@ -3,7 +3,7 @@
 //! in each code object.
 //!
 //! hiprtc (ROCm 5.2) can crash the process on some architectures, so AMD compiles run in a child
-//! process (this test binary, re-run with `HIPDECODE_COMPILE_ALL_CHILD=<arch>:<wave>:<modules>`),
+//! process (this test binary, re-run with `ROCM_KERNELS_COMPILE_ALL_CHILD=<arch>:<wave>:<modules>`),
 //! which reports one line per module; a crash is reported with the arch and the module it was
 //! compiling, and the modules after it are compiled in a fresh child. NVRTC runs in process.
 //!
@@ -18,8 +18,8 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::Command;
 
-const CHILD_VAR: &str = "HIPDECODE_COMPILE_ALL_CHILD";
-const REQUIRE_VAR: &str = "HIPDECODE_REQUIRE_RTC";
+const CHILD_VAR: &str = "ROCM_KERNELS_COMPILE_ALL_CHILD";
+const REQUIRE_VAR: &str = hip_ffi::knobs::REQUIRE_RTC.name;
 /// Prefix of the child's result lines on stdout.
 const TAG: &str = "@@compile_all";
 const CHILD_TEST: &str = "amd_compile_child_process";
@@ -36,7 +36,7 @@ enum Outcome {
 }
 
 fn required() -> bool {
-    hip_ffi::testing::env_switch(REQUIRE_VAR).unwrap_or_else(|e| panic!("{e}"))
+    hip_ffi::testing::required(&hip_ffi::knobs::REQUIRE_RTC, "compile_all")
 }
 
 /// The entry points of `module` that do not appear in `image` (kernel names are in the symbol

@@ -24,8 +24,8 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-/// Environment variable naming the NVRTC library file, or a folder that holds it.
-pub(crate) const NVRTC_PATH_VAR: &str = "HIPDECODE_NVRTC_PATH";
+/// The variable naming the NVRTC library file, or a folder that holds it.
+const NVRTC_PATH_VAR: &str = crate::knobs::NVRTC_PATH.name;
 
 type NvrtcProgram = *mut c_void;
 /// `nvrtcResult` is a C enum; read as an integer (0 is success).
@@ -164,8 +164,9 @@ fn nvrtc_candidates(override_path: Option<&Path>) -> std::result::Result<Vec<Pat
 }
 
 fn load_nvrtc() -> std::result::Result<RtcLibrary, String> {
-    let override_path = std::env::var_os(NVRTC_PATH_VAR)
-        .filter(|v| !v.is_empty())
+    let override_path = crate::knobs::NVRTC_PATH
+        .read()
+        .map_err(|e| e.to_string())?
         .map(PathBuf::from);
     let candidates = nvrtc_candidates(override_path.as_deref())?;
     let mut problems = Vec::new();
