@@ -40,8 +40,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let require_gpu = args.require_gpu
-        || hip_ffi::knobs::REQUIRE_GPU.read()?;
+    let require_gpu = args.require_gpu || hip_ffi::knobs::REQUIRE_GPU.read()?;
     let gpu = print_platform_report();
     if args.no_tests {
         return match (&gpu, require_gpu) {

@@ -1,9 +1,9 @@
 //! Which GPU platform this process can use: AMD (HIP), NVIDIA (CUDA) or none.
 
-use crate::knobs::ForcedPlatform;
 use crate::device::Device;
 use crate::error::{ErrorKind, HipError, Result};
 use crate::ffi::{cuda::CudaApi, hip::HipApi, GpuApi};
+use crate::knobs::ForcedPlatform;
 use std::fmt;
 use std::sync::OnceLock;
 
@@ -107,7 +107,6 @@ fn cuda_api() -> std::result::Result<&'static CudaApi, String> {
     CUDA.get_or_init(|| CudaApi::load().map(|api| &*Box::leak(Box::new(api))))
         .clone()
 }
-
 
 impl Platform {
     /// Detects the platform once per process (later calls return the same answer).

@@ -16,9 +16,7 @@ use knobs::Knob;
 /// # Panics
 /// When the variable holds a value other than empty, `0` or `1`, naming the test.
 pub fn required(switch: &Knob<bool>, test_name: &str) -> bool {
-    switch
-        .read()
-        .unwrap_or_else(|e| panic!("{test_name}: {e}"))
+    switch.read().unwrap_or_else(|e| panic!("{test_name}: {e}"))
 }
 
 /// The first usable GPU for test `test_name`, or `None` after printing `SKIP <test_name>:
@@ -36,7 +34,10 @@ pub fn device_or_skip(test_name: &str) -> Option<Device> {
         Err(e) => {
             let reason = platform.unusable_reason().unwrap_or_else(|| e.to_string());
             if required {
-                panic!("{test_name}: {}=1 but no GPU is usable: {reason}", switch.name);
+                panic!(
+                    "{test_name}: {}=1 but no GPU is usable: {reason}",
+                    switch.name
+                );
             }
             eprintln!("SKIP {test_name}: {reason}");
             None
