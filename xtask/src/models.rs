@@ -68,12 +68,9 @@ pub struct SynthArgs {
     pub seed: u64,
 }
 
-/// The models directory convention shared by the whole project.
+/// The models directory convention shared by the whole project (gguf-loader defines it).
 pub fn models_dir() -> PathBuf {
-    match std::env::var_os("HIPDECODE_MODELS_DIR") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => crate::workspace_root().join("models"),
-    }
+    gguf_loader::paths::models_dir()
 }
 
 pub fn fetch(args: FetchArgs) -> Result<()> {

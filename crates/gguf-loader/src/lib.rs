@@ -8,6 +8,7 @@ pub mod error;
 pub mod file;
 pub mod fuzzing;
 pub mod inspect;
+pub mod knobs;
 pub mod metadata;
 pub mod model;
 pub mod npy;

@@ -7,10 +7,15 @@ use std::path::PathBuf;
 pub const GEMMA3_270M_FILE: &str = "gemma3-270m-q4_k_m.gguf";
 
 /// The models directory.
+///
+/// # Panics
+/// When `HIPDECODE_MODELS_DIR` is not UTF-8 (the message says so): the tools and tests that
+/// use this folder must not quietly look elsewhere.
 pub fn models_dir() -> PathBuf {
-    match std::env::var_os("HIPDECODE_MODELS_DIR") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"),
+    match crate::knobs::MODELS_DIR.read() {
+        Ok(Some(dir)) => PathBuf::from(dir),
+        Ok(None) => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"),
+        Err(e) => panic!("{e}"),
     }
 }
 
@@ -20,8 +25,14 @@ pub fn gemma3_270m_path() -> PathBuf {
 }
 
 /// Whether real-model tests must run (`HIPDECODE_REQUIRE_MODELS=1`) rather than skip.
+///
+/// # Panics
+/// When the variable holds a value other than empty, `0` or `1`: a test machine's typo must
+/// not turn a requirement into a skip.
 pub fn require_models() -> bool {
-    std::env::var("HIPDECODE_REQUIRE_MODELS").is_ok_and(|v| v == "1")
+    crate::knobs::REQUIRE_MODELS
+        .read()
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The Gemma test model's path if present. When absent: `None` (after printing why the caller
