@@ -7,11 +7,7 @@ use decode::backend::kernels::{matmul, MatrixRef, Precision};
 use std::path::PathBuf;
 
 fn model_path() -> PathBuf {
-    let dir = match std::env::var_os("HIPDECODE_MODELS_DIR") {
-        Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"),
-    };
-    dir.join("gemma3-270m-q4_k_m.gguf")
+    decode::gguf_loader::paths::gemma3_270m_path()
 }
 
 fn kernels(c: &mut Criterion) {

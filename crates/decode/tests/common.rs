@@ -13,7 +13,7 @@ pub fn workspace_root() -> PathBuf {
 }
 
 pub fn require_models() -> bool {
-    std::env::var("HIPDECODE_REQUIRE_MODELS").is_ok_and(|v| v == "1")
+    decode::gguf_loader::paths::require_models()
 }
 
 /// Skips (returns `None` with a printed reason) unless required, in which case it panics.
@@ -24,10 +24,7 @@ pub fn skip(reason: &str) -> Option<()> {
 }
 
 pub fn models_dir() -> PathBuf {
-    match std::env::var_os("HIPDECODE_MODELS_DIR") {
-        Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => workspace_root().join("models"),
-    }
+    decode::gguf_loader::paths::models_dir()
 }
 
 /// The real Gemma 3 270M file, or a printed skip.
