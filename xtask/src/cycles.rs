@@ -49,42 +49,6 @@ const UNTRIAGED: &str =
 /// entries that match nothing.
 const ALLOWED_CYCLES: &[AllowedCycle] = &[
     AllowedCycle {
-        krate: "decode",
-        files: &[
-            "src/backend/gpu.rs",
-            "src/backend/gpu/capture_stream.rs",
-            "src/backend/gpu/hybrid.rs",
-            "src/backend/gpu/moe_prefill.rs",
-            "src/backend/prefetch.rs",
-            "src/backend/vendor_gemm.rs",
-        ],
-        reason: ISSUE_20,
-    },
-    AllowedCycle {
-        krate: "decode",
-        files: &["src/backend/mod.rs", "src/backend/ops.rs", "src/sampler.rs"],
-        reason: ISSUE_20,
-    },
-    AllowedCycle {
-        krate: "decode",
-        files: &["src/budget_run.rs", "src/device.rs"],
-        reason: ISSUE_20,
-    },
-    AllowedCycle {
-        krate: "decode",
-        files: &["src/error.rs", "src/quant.rs"],
-        reason: ISSUE_20,
-    },
-    AllowedCycle {
-        krate: "decode",
-        files: &[
-            "src/tokenizer/bpe.rs",
-            "src/tokenizer/mod.rs",
-            "src/tokenizer/spm.rs",
-        ],
-        reason: UNTRIAGED,
-    },
-    AllowedCycle {
         krate: "gguf-loader",
         files: &["src/quant/dequant.rs", "src/quant/mod.rs"],
         reason: UNTRIAGED,

@@ -3,7 +3,7 @@
 //! Throughput is in weight elements per second. Skips with a message when the model is absent.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use decode::backend::kernels::{matmul, MatrixRef, Precision};
+use decode::backend::cpu::kernels::{matmul, MatrixRef, Precision};
 use std::path::PathBuf;
 
 fn model_path() -> PathBuf {

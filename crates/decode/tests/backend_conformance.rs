@@ -11,11 +11,10 @@ mod common;
 
 use common::{compare, max_abs_diff, preset_file};
 use decode::backend::cpu::CpuBackend;
+use decode::backend::gpu::vendor_gemm::VENDOR_GEMM_MIN_ROWS;
 use decode::backend::gpu::{GpuBackend, KvType, MatvecPath};
-use decode::backend::vendor_gemm::VENDOR_GEMM_MIN_ROWS;
 use decode::backend::{
-    argmax_host, Attention, Backend, GateActivation, MoeShape, Precision, Rope, StepBounds,
-    WeightSource,
+    Attention, Backend, GateActivation, MoeShape, Precision, Rope, StepBounds, WeightSource,
 };
 use decode::gguf_loader::synth::Preset;
 use decode::gguf_loader::GgmlType;
@@ -845,7 +844,7 @@ fn argmax<B: Backend + 'static>(make: impl Fn() -> B) {
         cases.push((vec![-2.5; n], 0, n, format!("all equal n={n}")));
     }
     for (x, row, n, what) in cases {
-        let want = argmax_host(&x[row * n..][..n]);
+        let want = rocm_kernels::reference::sampling::argmax(&x[row * n..][..n]) as u32;
         assert_eq!(go(&mut exact(), &x, row, n), want, "cpu exact: {what}");
         assert_eq!(go(&mut make(), &x, row, n), want, "argmax {what}");
     }

@@ -15,11 +15,12 @@
 mod common;
 
 use common::*;
+use decode::backend::gpu::offload::prefetch::HostPrefill;
+use decode::backend::gpu::vendor_gemm::VENDOR_GEMM_MIN_ROWS;
 use decode::backend::gpu::CpuShare;
-use decode::backend::prefetch::HostPrefill;
-use decode::backend::vendor_gemm::VENDOR_GEMM_MIN_ROWS;
 use decode::backend::Backend;
-use decode::budget_run::{self, BudgetRequest, BudgetRun, GpuOffload};
+use decode::budget_run::{self, BudgetRequest, BudgetRun};
+use decode::device::GpuOffload;
 use decode::device::{gpu_backend, BackendChoice, BackendSettings};
 use decode::gguf_loader::synth::Preset;
 use decode::gguf_loader::GgufFile;

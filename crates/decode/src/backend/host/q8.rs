@@ -10,7 +10,7 @@
 //! sums per 16 values. Float weights are refused: the device never runs them against 8-bit
 //! activations, so no split product has them.
 
-use super::host_pool::{self, HostPool, PoolKind};
+use super::pool::{self as host_pool, HostPool, PoolKind};
 use crate::error::{DecodeError, Result};
 use crate::quant;
 use gguf_loader::GgmlType;
@@ -560,7 +560,7 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::kernels::tests::{random_row, Rng};
+    use crate::backend::cpu::kernels::tests::{random_row, Rng};
     use rocm_kernels::reference::matvec::HostMatrix;
     use rocm_kernels::reference::matvec_q8 as reference;
 
