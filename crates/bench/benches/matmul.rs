@@ -4,18 +4,10 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use decode::backend::kernels::{matmul, MatrixRef, Precision};
-use std::path::PathBuf;
-
-fn model_path() -> PathBuf {
-    let dir = match std::env::var_os("HIPDECODE_MODELS_DIR") {
-        Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"),
-    };
-    dir.join("gemma3-270m-q4_k_m.gguf")
-}
 
 fn kernels(c: &mut Criterion) {
-    let path = model_path();
+    // The models folder the tests and `cargo xtask fetch-model` use.
+    let path = decode::gguf_loader::paths::gemma3_270m_path();
     let Ok(file) = decode::open_model(&path) else {
         eprintln!(
             "skipping: {} is absent (cargo xtask fetch-model gemma3-270m)",
