@@ -4,15 +4,19 @@
 
 mod bindgen;
 mod bundle;
+mod cycles;
 mod demo;
 mod models;
 mod replay;
 mod test;
 mod verify_rocm;
+mod workspace;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use std::path::PathBuf;
+// Defined outside this file so that the subcommands, which this file dispatches to, do not
+// import from it in turn (`cargo xtask cycles` would see a ring through every subcommand).
+pub(crate) use workspace::workspace_root;
 
 #[derive(Parser)]
 #[command(name = "xtask", about = "hipdecode project automation")]
@@ -41,6 +45,9 @@ enum Command {
     /// Replay an allocation trace on a simulated device (gfx1151, discrete-16g, ...): peaks and
     /// whether it fits, with the default limits and with none.
     Replay(replay::Args),
+    /// List each crate's file-level import cycles; fail on any not in the allowlist (with its
+    /// reason) in xtask/src/cycles.rs, and on allowlist entries that match no cycle.
+    Cycles(cycles::Args),
 }
 
 fn main() -> Result<()> {
@@ -53,14 +60,6 @@ fn main() -> Result<()> {
         Command::FetchModel(args) => models::fetch(args),
         Command::SynthModel(args) => models::synth(args),
         Command::Replay(args) => replay::run(args),
+        Command::Cycles(args) => cycles::run(args),
     }
-}
-
-/// The workspace root, found from this crate's manifest directory at build time.
-pub(crate) fn workspace_root() -> PathBuf {
-    let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest_dir
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or(manifest_dir)
 }

@@ -2,7 +2,9 @@
 //!
 //! It installs the Python reference tools the tests compare against, fetches the real test
 //! model, writes the small synthetic `tiny-*` models (as `cargo xtask synth-model` would),
-//! self-tests the references on all of them, then runs the whole workspace's tests. Real-model
+//! self-tests the references on all of them, then runs the whole workspace's tests. Before all
+//! that it checks the crates' import cycles against their allowlist (`cargo xtask cycles`),
+//! which takes a moment and needs nothing installed. Real-model
 //! tests, Python and Rust, are required to run here (`HIPDECODE_REQUIRE_MODELS=1`), so a missing
 //! model fails instead of being skipped.
 
@@ -25,6 +27,9 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     let root = crate::workspace_root();
+    eprintln!("==> check the crates' import cycles against the allowlist");
+    crate::cycles::check(&root)?;
+
     let mut cargo_test = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cargo_test.current_dir(&root).arg("test").arg("--workspace");
     cargo_test.args(&args.cargo_args);

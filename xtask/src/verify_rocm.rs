@@ -237,7 +237,14 @@ fn print_platform_report() -> GpuStatus {
         hip_ffi::knobs::PLATFORM.name,
         REQUIRE_GPU_VAR,
     ] {
-        let value = std::env::var(var).unwrap_or_else(|_| "<unset>".into());
+        let value = match var.strip_prefix(knobs::PREFIX) {
+            Some(_) => knobs::Env::process()
+                .get(var)
+                .map(|v| v.unwrap_or("<unset>").to_string())
+                .unwrap_or_else(|e| e.to_string()),
+            // The runtimes' own variables, which no knob defines.
+            None => std::env::var(var).unwrap_or_else(|_| "<unset>".into()),
+        };
         println!("{var}: {value}");
     }
     let platform = Platform::detect();

@@ -16,8 +16,26 @@ use gguf_loader::GgufFile;
 use offload::{mib, Budget, LinkModel, Placement, Plan, PlanTag};
 use std::sync::Arc;
 
-/// Caps the pinned host memory of offloaded weights (same forms as a budget, no percentage).
-pub const HOST_BUDGET_ENV: &str = "HIPDECODE_HOST_BUDGET";
+pub static HOST_BUDGET: knobs::Knob<Option<u64>> = knobs::Knob {
+    name: "HIPDECODE_HOST_BUDGET",
+    default: "",
+    doc: "caps the pinned host memory of offloaded weights when --host-budget is not given, \
+          in bytes (\"32GiB\"; unset: 90% of the host's available memory)",
+    scope: knobs::Scope::Run,
+    parse: |v| {
+        if v.trim().is_empty() {
+            return Ok(None);
+        }
+        offload::parse_size(HOST_BUDGET.name, v)
+            .map(Some)
+            .map_err(|e| match e {
+                offload::BudgetError::Size { reason, .. } => {
+                    format!("{reason}; accepted forms: {}", offload::budget::SIZE_FORMS)
+                }
+                other => other.to_string(),
+            })
+    },
+};
 
 /// Share of the host's available memory that offloaded weights may pin when no host budget is
 /// given. Pinned pages cannot be swapped or reclaimed, so pinning all of it would leave the
@@ -62,7 +80,7 @@ pub struct BudgetRequest {
     pub budget: Budget,
     /// `--gpu-budget X` or the variable's name.
     pub budget_source: String,
-    /// The host budget as given (`--host-budget`), else [`HOST_BUDGET_ENV`] is read.
+    /// The host budget as given (`--host-budget`), else [`HOST_BUDGET`] is read.
     pub host_budget: Option<String>,
     /// The device's total memory (a percentage budget is a share of it).
     pub device_total: u64,
@@ -72,7 +90,7 @@ pub struct BudgetRequest {
 
 /// The link model the planner predicts with: the H200's rates, with the host's cores adding
 /// to zero-copy reads unless the hybrid split is off
-/// ([`crate::backend::gpu::CPU_SHARE_VAR`]).
+/// ([`crate::backend::gpu::CPU_SHARE`]).
 pub fn default_link() -> Result<LinkModel> {
     let link = LinkModel::h200_default();
     Ok(match crate::backend::gpu::CpuShare::from_env()? {
@@ -81,24 +99,22 @@ pub fn default_link() -> Result<LinkModel> {
     })
 }
 
-/// `auto` (default) or `off`: whether the planner may stream weights for decode.
-pub const STREAM_VAR: &str = "HIPDECODE_OFFLOAD_STREAM";
+pub static OFFLOAD_STREAM: knobs::Knob<bool> = knobs::Knob {
+    name: "HIPDECODE_OFFLOAD_STREAM",
+    default: "auto",
+    doc: "whether the planner may stream weights for decode, copying them into device slots \
+          where its link model says a copy beats reading in place: `auto` or `off`",
+    scope: knobs::Scope::Run,
+    parse: |v| knobs::parse::choice(v, &[("auto", true), ("off", false)]),
+};
 
-/// Whether decode may stream weights ([`STREAM_VAR`]): the planner then picks streaming per
-/// tensor where its link model says a copy beats reading in place.
+/// Whether decode may stream weights ([`OFFLOAD_STREAM`]).
 pub fn stream_allowed() -> Result<bool> {
-    crate::backend::gpu::choice_from_env(STREAM_VAR, "decode streaming", &STREAM_CHOICES)
+    Ok(OFFLOAD_STREAM.read()?)
 }
-
-/// Parses a value of [`STREAM_VAR`] (whether it allows streaming).
-pub fn parse_stream(value: &str) -> Result<bool> {
-    crate::backend::gpu::parse_choice(STREAM_VAR, "decode streaming", &STREAM_CHOICES, value)
-}
-
-const STREAM_CHOICES: [(&str, bool); 2] = [("auto", true), ("off", false)];
 
 /// The planner's request for a run of `residency` under `budget`: the estimate's needs plus
-/// [`ESTIMATE_HEADROOM`], streaming as [`STREAM_VAR`] allows. `hipdecode plan` uses it too,
+/// [`ESTIMATE_HEADROOM`], streaming as [`OFFLOAD_STREAM`] allows. `hipdecode plan` uses it too,
 /// so it shows the plan a run carries out.
 pub fn plan_request(
     residency: &resident::Residency,
@@ -123,9 +139,9 @@ pub fn budget_from(flag: Option<&str>) -> Result<Option<(Budget, String)>> {
             Budget::parse("--gpu-budget", text).map_err(invalid)?,
             format!("--gpu-budget {text}"),
         )),
-        None => Budget::from_env()
-            .map_err(invalid)?
-            .map(|b| (b, offload::BUDGET_ENV.to_string())),
+        None => offload::knobs::GPU_BUDGET
+            .read()?
+            .map(|b| (b, offload::knobs::GPU_BUDGET.name.to_string())),
     })
 }
 
@@ -175,12 +191,12 @@ pub fn for_choice(
 /// A budget below what must be resident is the planner's refusal, naming the minimum.
 pub fn prepare(file: &GgufFile, req: &BudgetRequest) -> Result<BudgetRun> {
     let invalid = |e: &dyn std::fmt::Display| DecodeError::InvalidArgument(e.to_string());
-    if std::env::var_os(rocm_alloc::limits::MEMORY_LIMIT_ENV).is_some() {
+    let memory_limit = &rocm_alloc::knobs::MEMORY_LIMIT;
+    if memory_limit.is_set() {
         return Err(DecodeError::InvalidArgument(format!(
             "{} and a GPU budget are both set; the budget sets the allocator's memory limit \
              itself, so unset {} or drop the budget",
-            rocm_alloc::limits::MEMORY_LIMIT_ENV,
-            rocm_alloc::limits::MEMORY_LIMIT_ENV
+            memory_limit.name, memory_limit.name
         )));
     }
     let budget = req
@@ -216,7 +232,7 @@ pub fn prepare(file: &GgufFile, req: &BudgetRequest) -> Result<BudgetRun> {
              GPU budget",
             mib(plan.host_bytes()),
             mib(host_budget),
-            HOST_BUDGET_ENV
+            HOST_BUDGET.name
         )));
     }
     // Graphs, modules and the runtime's buffers take device memory the allocator never sees;
@@ -248,9 +264,8 @@ fn host_budget(flag: Option<&str>) -> Result<(u64, String)> {
         let bytes = offload::parse_size("--host-budget", text).map_err(invalid)?;
         return Ok((bytes, format!("--host-budget {text}")));
     }
-    if let Ok(text) = std::env::var(HOST_BUDGET_ENV) {
-        let bytes = offload::parse_size(HOST_BUDGET_ENV, &text).map_err(invalid)?;
-        return Ok((bytes, HOST_BUDGET_ENV.to_string()));
+    if let Some(bytes) = HOST_BUDGET.read()? {
+        return Ok((bytes, HOST_BUDGET.name.to_string()));
     }
     let available = std::fs::read_to_string("/proc/meminfo")
         .ok()
@@ -258,7 +273,8 @@ fn host_budget(flag: Option<&str>) -> Result<(u64, String)> {
         .ok_or_else(|| {
             DecodeError::InvalidArgument(format!(
                 "the host's available memory could not be read from /proc/meminfo; give the \
-                 pinned host memory a bound with --host-budget or {HOST_BUDGET_ENV}"
+                 pinned host memory a bound with --host-budget or {}",
+                HOST_BUDGET.name
             ))
         })?;
     let bytes = (available as f64 * HOST_AVAILABLE_SHARE) as u64;

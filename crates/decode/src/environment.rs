@@ -1,135 +1,100 @@
-//! The `HIPDECODE_*` environment variables, checked once at start-up whatever the device: a
-//! malformed limit is an error even on a CPU run that never creates an allocator, and a name
-//! nothing reads (a typo) is a warning listing the names that are read.
+//! The `HIPDECODE_*` variables ("knobs") of every crate the `hipdecode` binary links, gathered
+//! from their tables, and this crate's own table.
+//!
+//! Each knob is defined once, beside the type it sets, in the crate that reads it. The binary
+//! checks them all at start-up whatever the device: a malformed limit is an error even on a CPU
+//! run that never creates an allocator, and a name no table defines (a typo) is a warning that
+//! names the nearest known one. `hipdecode env` lists them, and docs/memory.md carries their
+//! table (checked against [`markdown_table`] by a test).
 
-use crate::error::{DecodeError, Result};
+use crate::error::Result;
+use knobs::{Env, Knob, Scope, Table};
 
-/// Every `HIPDECODE_*` variable the workspace reads, each taken from the crate that reads it;
-/// the test-only switches are listed by name.
-pub fn known_vars() -> Vec<&'static str> {
-    let mut v: Vec<&'static str> = rocm_alloc::limits::ENV_VARS.to_vec();
-    v.extend([
-        rocm_kernels::cache::CACHE_VAR,
-        hip_ffi::knobs::PLATFORM.name,
-        hip_ffi::knobs::REQUIRE_GPU.name,
-        hip_ffi::knobs::NVRTC_PATH.name,
-        crate::backend::gpu::MATVEC_VAR,
-        crate::backend::gpu::KV_TYPE_VAR,
-        crate::backend::vendor_gemm::PrefillPath::ENV,
-        crate::backend::gpu::ATTN_PREFILL_VAR,
-        crate::backend::gpu::CPU_SHARE_VAR,
-        crate::backend::host_pool::POOL_VAR,
-        crate::backend::prefetch::PREFILL_VAR,
-        crate::budget_run::STREAM_VAR,
-        rocm_kernels::kernels::MATVEC_DEPTH_VAR,
-        rocm_kernels::kernels::MATVEC_BLOCKS_PER_SM_VAR,
-        rocm_kernels::kernels::EARLY_LAUNCH_VAR,
-        crate::backend::gpu::capture_stream::CAPTURE_STREAM_VAR,
-        crate::backend::gpu::capture_stream::GRAPH_POOL_VAR,
-        rocm_alloc::TRIM_WINDOW_ENV,
-        offload::BUDGET_ENV,
-        crate::budget_run::HOST_BUDGET_ENV,
-        hip_ffi::knobs::REQUIRE_BLAS.name,
-        hip_ffi::knobs::REQUIRE_RTC.name,
-        "HIPDECODE_REQUIRE_MODELS",
-        "HIPDECODE_MODELS_DIR",
-        "HIPDECODE_SYNTH_MODELS",
-    ]);
-    v
+pub static SYNTH_MODELS: Knob<Option<String>> = Knob {
+    name: "HIPDECODE_SYNTH_MODELS",
+    default: "",
+    doc: "real-shape synthetic models (`cargo xtask synth-model`) the GPU tests also run, \
+          colon-separated paths (they are several GB, so they are made where the GPU is)",
+    scope: Scope::Test,
+    parse: knobs::parse::text,
+};
+
+pub static BLESS_GOLDEN: Knob<Option<String>> = Knob {
+    name: "HIPDECODE_BLESS_GOLDEN",
+    default: "",
+    doc: "a path: the golden-token test writes the committed file with this run's entries \
+          replaced there, instead of comparing",
+    scope: Scope::Test,
+    parse: knobs::parse::text,
+};
+
+/// This crate's knobs.
+pub static TABLE: Table = &[
+    &crate::backend::gpu::MATVEC_PATH,
+    &crate::backend::gpu::KV_TYPE,
+    &crate::backend::vendor_gemm::GPU_PREFILL,
+    &crate::backend::gpu::ATTN_PREFILL,
+    &crate::backend::gpu::capture_stream::CAPTURE_STREAM,
+    &crate::backend::gpu::capture_stream::GRAPH_POOL,
+    &crate::backend::gpu::CPU_SHARE,
+    &crate::backend::host_pool::HOST_POOL,
+    &crate::backend::prefetch::OFFLOAD_PREFILL,
+    &crate::budget_run::OFFLOAD_STREAM,
+    &crate::budget_run::HOST_BUDGET,
+    &SYNTH_MODELS,
+    &BLESS_GOLDEN,
+];
+
+/// The tables of every crate the binary links, lowest first.
+pub fn tables() -> [Table; 6] {
+    [
+        hip_ffi::knobs::TABLE,
+        rocm_alloc::knobs::TABLE,
+        rocm_kernels::knobs::TABLE,
+        gguf_loader::knobs::TABLE,
+        offload::knobs::TABLE,
+        TABLE,
+    ]
 }
 
 /// Checks the process environment; returns warnings to print.
 pub fn check() -> Result<Vec<String>> {
-    let vars: Vec<(String, String)> = std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.to_string_lossy().into_owned())))
-        .collect();
-    check_vars(&vars)
+    check_env(&Env::process())
 }
 
-/// Like [`check`], over the given `(name, value)` pairs.
-pub fn check_vars(vars: &[(String, String)]) -> Result<Vec<String>> {
-    let lookup = |name: &str| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
-    rocm_alloc::limits::check_env_with(&lookup)
-        .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
-    if let Some(v) = lookup(crate::backend::gpu::MATVEC_VAR) {
-        crate::backend::gpu::MatvecPath::parse(&v)?;
-    }
-    if let Some(v) = lookup(crate::backend::gpu::KV_TYPE_VAR) {
-        crate::backend::gpu::KvType::parse(&v)?;
-    }
-    if let Some(v) = lookup(crate::backend::vendor_gemm::PrefillPath::ENV) {
-        crate::backend::vendor_gemm::PrefillPath::parse(&v)?;
-    }
-    if let Some(v) = lookup(crate::backend::gpu::ATTN_PREFILL_VAR) {
-        crate::backend::gpu::AttnPrefill::parse(&v)?;
-    }
-    if let Some(v) = lookup(crate::backend::gpu::CPU_SHARE_VAR) {
-        crate::backend::gpu::CpuShare::parse(&v)?;
-    }
-    if let Some(v) = lookup(crate::backend::host_pool::POOL_VAR) {
-        crate::backend::host_pool::PoolKind::parse(&v)?;
-    }
-    if let Some(v) = lookup(crate::backend::prefetch::PREFILL_VAR) {
-        crate::backend::prefetch::HostPrefill::parse(&v)?;
-    }
-    if let Some(v) = lookup(crate::budget_run::STREAM_VAR) {
-        crate::budget_run::parse_stream(&v)?;
-    }
-    if let Some(v) = lookup(rocm_kernels::kernels::MATVEC_DEPTH_VAR) {
-        rocm_kernels::kernels::matvec_depth(Some(&v))
-            .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
-    }
-    if let Some(v) = lookup(rocm_kernels::kernels::MATVEC_BLOCKS_PER_SM_VAR) {
-        rocm_kernels::kernels::matvec_blocks_per_sm(Some(&v))
-            .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
-    }
-    if let Some(v) = lookup(rocm_kernels::kernels::EARLY_LAUNCH_VAR) {
-        rocm_kernels::kernels::early_launch(Some(&v))
-            .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
-    }
-    if let Some(v) = lookup(crate::backend::gpu::capture_stream::CAPTURE_STREAM_VAR) {
-        crate::backend::gpu::capture_stream::CaptureStream::parse(&v)?;
-    }
-    if let Some(v) = lookup(crate::backend::gpu::capture_stream::GRAPH_POOL_VAR) {
-        crate::backend::gpu::capture_stream::GraphPoolMode::parse(&v)?;
-    }
-    rocm_alloc::trim_window_from_env(&lookup)
-        .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
-    offload::Budget::from_env_with(&|var| lookup(var))
-        .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
-    if let Some(v) = lookup(crate::budget_run::HOST_BUDGET_ENV) {
-        offload::parse_size(crate::budget_run::HOST_BUDGET_ENV, &v)
-            .map_err(|e| DecodeError::InvalidArgument(e.to_string()))?;
-    }
-    let known = known_vars();
-    Ok(vars
-        .iter()
-        .filter(|(k, _)| k.starts_with("HIPDECODE_") && !known.contains(&k.as_str()))
-        .map(|(k, _)| {
-            format!(
-                "{k} is set but nothing reads it (a typo?); the known variables are {}",
-                known.join(", ")
-            )
-        })
-        .collect())
+/// Like [`check`], over `env`.
+pub fn check_env(env: &Env) -> Result<Vec<String>> {
+    Ok(knobs::check(&tables(), env)?)
+}
+
+/// `hipdecode env`: every knob with its value here, or its default.
+pub fn listing(env: &Env) -> String {
+    knobs::listing(&tables(), env)
+}
+
+/// The knob table of docs/memory.md.
+pub fn markdown_table() -> String {
+    knobs::markdown_table(&tables())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+    fn env(pairs: &[(&'static str, &'static str)]) -> Env {
+        Env::from_pairs(pairs.iter().copied())
+    }
+
+    #[test]
+    fn the_tables_are_valid_and_every_name_is_defined_once() {
+        knobs::validate(&tables()).unwrap();
     }
 
     #[test]
     fn the_prefill_switch_is_known_and_checked() {
-        let ok = check_vars(&vars(&[("HIPDECODE_GPU_PREFILL", "kernels")])).unwrap();
+        let ok = check_env(&env(&[("HIPDECODE_GPU_PREFILL", "kernels")])).unwrap();
         assert!(ok.is_empty(), "{ok:?}");
-        let e = check_vars(&vars(&[("HIPDECODE_GPU_PREFILL", "cublas")]))
+        let e = check_env(&env(&[("HIPDECODE_GPU_PREFILL", "cublas")]))
             .unwrap_err()
             .to_string();
         for word in [
@@ -145,7 +110,7 @@ mod tests {
 
     #[test]
     fn the_budget_attention_and_matvec_depth_switches_are_known_and_checked() {
-        let ok = check_vars(&vars(&[
+        let ok = check_env(&env(&[
             ("HIPDECODE_GPU_BUDGET", "8GiB"),
             ("HIPDECODE_HOST_BUDGET", "32GiB"),
             ("HIPDECODE_GPU_ATTN_PREFILL", "per-query"),
@@ -163,14 +128,14 @@ mod tests {
             ("HIPDECODE_MATVEC_BLOCKS_PER_SM", "lots"),
             ("HIPDECODE_GPU_PDL", "on"),
         ] {
-            let e = check_vars(&vars(&[(var, bad)])).unwrap_err().to_string();
+            let e = check_env(&env(&[(var, bad)])).unwrap_err().to_string();
             assert!(e.contains(var) && e.contains(bad), "{e}");
         }
     }
 
     #[test]
     fn the_offload_switches_are_known_and_checked() {
-        let ok = check_vars(&vars(&[
+        let ok = check_env(&env(&[
             ("HIPDECODE_OFFLOAD_CPU_SHARE", "off"),
             ("HIPDECODE_HOST_POOL", "rayon"),
             ("HIPDECODE_OFFLOAD_PREFILL", "in-place"),
@@ -184,7 +149,7 @@ mod tests {
             ("HIPDECODE_OFFLOAD_PREFILL", "copy", "in-place"),
             ("HIPDECODE_OFFLOAD_STREAM", "on", "auto"),
         ] {
-            let e = check_vars(&vars(&[(var, bad)])).unwrap_err().to_string();
+            let e = check_env(&env(&[(var, bad)])).unwrap_err().to_string();
             assert!(
                 e.contains(var) && e.contains(bad) && e.contains(accepted),
                 "{e}"
@@ -194,7 +159,7 @@ mod tests {
 
     #[test]
     fn a_malformed_limit_is_an_error_naming_the_variable_value_and_forms() {
-        let e = check_vars(&vars(&[("HIPDECODE_CACHE_LIMIT", "abc")]))
+        let e = check_env(&env(&[("HIPDECODE_CACHE_LIMIT", "abc")]))
             .unwrap_err()
             .to_string();
         assert!(e.contains("HIPDECODE_CACHE_LIMIT"), "{e}");
@@ -204,9 +169,9 @@ mod tests {
 
     #[test]
     fn the_matvec_path_is_checked_strictly() {
-        assert!(check_vars(&vars(&[("HIPDECODE_GPU_MATVEC", "int8")])).is_ok());
-        assert!(check_vars(&vars(&[("HIPDECODE_GPU_MATVEC", "exact")])).is_ok());
-        let e = check_vars(&vars(&[("HIPDECODE_GPU_MATVEC", "fast")]))
+        assert!(check_env(&env(&[("HIPDECODE_GPU_MATVEC", "int8")])).is_ok());
+        assert!(check_env(&env(&[("HIPDECODE_GPU_MATVEC", "exact")])).is_ok());
+        let e = check_env(&env(&[("HIPDECODE_GPU_MATVEC", "fast")]))
             .unwrap_err()
             .to_string();
         assert!(
@@ -216,15 +181,36 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_name_is_a_warning_listing_the_known_ones() {
-        let w = check_vars(&vars(&[
+    fn an_unknown_name_is_a_warning_naming_the_nearest_known_one() {
+        let w = check_env(&env(&[
             ("HIPDECODE_CACHE_LIMT", "1G"),
             ("HIPDECODE_MEMORY_LIMIT", "50%"),
-            ("PATH", "/bin"),
         ]))
         .unwrap();
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(w[0].contains("HIPDECODE_CACHE_LIMT"), "{}", w[0]);
-        assert!(w[0].contains("HIPDECODE_CACHE_LIMIT"), "{}", w[0]);
+        assert!(
+            w[0].contains("did you mean HIPDECODE_CACHE_LIMIT?"),
+            "{}",
+            w[0]
+        );
+    }
+
+    #[test]
+    fn the_docs_carry_the_current_knob_table() {
+        let doc_path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/memory.md");
+        let doc = std::fs::read_to_string(doc_path).expect("docs/memory.md");
+        let (begin, end) = ("<!-- knobs:begin -->\n", "<!-- knobs:end -->");
+        let start = doc
+            .find(begin)
+            .expect("docs/memory.md has a knobs:begin marker")
+            + begin.len();
+        let stop = doc[start..].find(end).expect("a knobs:end marker") + start;
+        let table = markdown_table();
+        assert!(
+            doc[start..stop] == table,
+            "docs/memory.md's knob table is stale; replace the text between the markers with \
+             `hipdecode env --markdown`:\n{table}"
+        );
     }
 }

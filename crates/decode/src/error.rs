@@ -43,6 +43,9 @@ pub enum DecodeError {
     ContextFull { needed: usize, capacity: usize },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A `HIPDECODE_*` variable holds a value its knob does not accept.
+    #[error(transparent)]
+    Knob(#[from] knobs::KnobError),
     #[error("no usable GPU: {0}. Run with --device cpu, or see docs/install.md")]
     GpuUnavailable(String),
     /// A failure of the GPU runtime, a kernel launch or the device allocator.

@@ -31,7 +31,7 @@ use test_support::models::{gemma_path, workspace_root};
 
 const PROMPT: &str = "The history of computing began with the quick brown fox, 12 lazy dogs and";
 const NEW_TOKENS: usize = 64;
-const BLESS_VAR: &str = "HIPDECODE_BLESS_GOLDEN";
+const BLESS_VAR: &str = decode::environment::BLESS_GOLDEN.name;
 
 fn golden_path() -> PathBuf {
     workspace_root().join("crates/decode/tests/golden/greedy_tokens.json")
@@ -123,7 +123,7 @@ fn run<B: Backend>(key: String, file: &Arc<GgufFile>, backend: &dyn Fn() -> B) -
 
 /// Compares (or, when blessing, records) this run's entries; all mismatches are listed together.
 fn check(results: Vec<Entry>) {
-    let bless = std::env::var_os(BLESS_VAR).filter(|v| !v.is_empty());
+    let bless = decode::environment::BLESS_GOLDEN.read().unwrap();
     if let Some(out) = bless {
         // The tests of this file run on threads of one process and bless into one file: one
         // at a time, each adding to what the other wrote.

@@ -369,7 +369,7 @@ fn no_step_allocates_on_the_device_after_load() {
             // limit as it is.
             let weights = loaded.tag(rocm_alloc::Tag::Weights).current;
             assert!(weights > 0);
-            if std::env::var_os("HIPDECODE_CACHE_LIMIT").is_none() {
+            if !rocm_alloc::knobs::CACHE_LIMIT.is_set() {
                 assert_eq!(
                     loaded.cache_limit,
                     Some(rocm_alloc::limits::DEFAULT_CACHE_LIMIT),
@@ -468,7 +468,7 @@ fn real_gemma_on_the_gpu_matches_the_cpu() {
 /// steps with every logit finite.
 #[test]
 fn real_shape_synthetic_models_on_the_gpu() {
-    let Some(list) = std::env::var_os("HIPDECODE_SYNTH_MODELS") else {
+    let Some(list) = decode::environment::SYNTH_MODELS.read().unwrap() else {
         eprintln!(
             "skipping: HIPDECODE_SYNTH_MODELS names no real-shape synthetic models (they are \
              several GB; make them with `cargo xtask synth-model llama3-8b-q4_k_m`)"

@@ -29,7 +29,7 @@ pub static PLATFORM: Knob<Option<ForcedPlatform>> = Knob {
     parse: |v| match v.trim() {
         "" => Ok(None),
         v => parse::choice(
-            v,
+            &v.to_ascii_lowercase(),
             &[
                 ("amd", ForcedPlatform::Amd),
                 ("nvidia", ForcedPlatform::Nvidia),

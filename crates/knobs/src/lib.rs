@@ -322,7 +322,7 @@ pub mod parse {
         let wanted = value.trim();
         choices
             .iter()
-            .find(|(name, _)| name.eq_ignore_ascii_case(wanted))
+            .find(|(name, _)| *name == wanted)
             .map(|&(_, v)| v)
             .ok_or_else(|| {
                 let names: Vec<String> = choices.iter().map(|(n, _)| format!("'{n}'")).collect();
@@ -367,8 +367,10 @@ mod tests {
         assert_eq!(MODE.value(&Env::default()), Ok(Mode::Fast));
         let env = Env::from_pairs([("HIPDECODE_TEST_MODE", "")]);
         assert_eq!(MODE.value(&env), Ok(Mode::Fast));
-        let env = Env::from_pairs([("HIPDECODE_TEST_MODE", "SLOW")]);
+        let env = Env::from_pairs([("HIPDECODE_TEST_MODE", " slow ")]);
         assert_eq!(MODE.value(&env), Ok(Mode::Slow));
+        let env = Env::from_pairs([("HIPDECODE_TEST_MODE", "SLOW")]);
+        assert!(MODE.value(&env).is_err(), "choices are matched exactly");
         assert_eq!(FLAG.value(&Env::default()), Ok(false));
     }
 

@@ -12,8 +12,8 @@
 use rocm_alloc::limits::{parse_limit, LimitSpec};
 use std::fmt;
 
-/// The environment variable that sets the budget when `--gpu-budget` is not given.
-pub const BUDGET_ENV: &str = "HIPDECODE_GPU_BUDGET";
+/// The variable that sets the budget when `--gpu-budget` is not given ([`crate::knobs`]).
+pub const BUDGET_ENV: &str = crate::knobs::GPU_BUDGET.name;
 
 /// The forms a budget may take, as every error states them.
 pub const BUDGET_FORMS: &str = "a byte count (\"12345\"), a decimal with a binary unit \
@@ -104,20 +104,6 @@ impl Budget {
             Ok(LimitSpec::Bytes(b)) => Ok(Budget::Bytes(b)),
             Ok(LimitSpec::FractionOfDevice(f)) => Ok(Budget::FractionOfDevice(f)),
         }
-    }
-
-    /// The budget `HIPDECODE_GPU_BUDGET` sets, `None` when it is unset.
-    pub fn from_env() -> Result<Option<Budget>, BudgetError> {
-        Self::from_env_with(&|var| std::env::var(var).ok())
-    }
-
-    /// Like [`Budget::from_env`], reading the variable through `lookup`.
-    pub fn from_env_with(
-        lookup: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Option<Budget>, BudgetError> {
-        lookup(BUDGET_ENV)
-            .map(|v| Budget::parse(BUDGET_ENV, &v))
-            .transpose()
     }
 
     /// Whether resolving needs the device's total memory.
@@ -235,22 +221,6 @@ mod tests {
         }
         let e = p("none").unwrap_err().to_string();
         assert!(e.contains("more than 0 bytes"), "{e}");
-    }
-
-    #[test]
-    fn the_variable_is_read_with_the_same_rules() {
-        assert_eq!(Budget::from_env_with(&|_| None), Ok(None));
-        let set = |v: &str| (v == BUDGET_ENV).then(|| "2GiB".to_string());
-        assert_eq!(
-            Budget::from_env_with(&set),
-            Ok(Some(Budget::Bytes(2 << 30)))
-        );
-        let bad = |v: &str| (v == BUDGET_ENV).then(|| "2 GB please".to_string());
-        let e = Budget::from_env_with(&bad).unwrap_err().to_string();
-        assert!(
-            e.contains(BUDGET_ENV) && e.contains("\"2 GB please\""),
-            "{e}"
-        );
     }
 
     #[test]

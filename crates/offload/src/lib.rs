@@ -5,11 +5,12 @@
 //! `HIPDECODE_GPU_BUDGET`) and the planner ([`plan()`]), which reserves what must be resident,
 //! fills the rest with the weights that gain most from the device, and predicts the decode
 //! speed from a link model ([`LinkModel`]). The decode crate carries a plan out with kernels
-//! reading mapped pinned host memory in place (`decode::budget_run`); streamed prefetch into
-//! device staging is not built, so runs plan with [`PlanRequest::allow_streamed`] off.
+//! reading mapped pinned host memory in place, splitting their products with the host's cores,
+//! or streaming them into device slots by the copy engine (`decode::budget_run`).
 //! docs/offload.md says what is and is not there.
 
 pub mod budget;
+pub mod knobs;
 pub mod link;
 pub mod plan;
 

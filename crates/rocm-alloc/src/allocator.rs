@@ -15,7 +15,7 @@ use crate::arena::DecodeArena;
 use crate::block_pool::{
     BlockId, BlockPool, BlockState, GraphPoolId, PoolKey, PoolOwner, SegmentId,
 };
-use crate::config::{self, AllocatorConfig, DEFAULT_TRIM_HOT_WINDOW};
+use crate::config::{AllocatorConfig, DEFAULT_TRIM_HOT_WINDOW};
 use crate::deferred::{PendingFrees, StuckFree};
 use crate::device::{DeviceError, MemoryInfo, RawDevice, StreamId};
 use crate::error::AllocError;
@@ -196,35 +196,33 @@ impl Allocator {
         device: Arc<dyn RawDevice>,
         config: AllocatorConfig,
     ) -> Result<Allocator, AllocError> {
-        let read = config.read_env;
-        Self::with_env_lookup(device, config, &|var| {
-            if read {
-                std::env::var(var).ok()
-            } else {
-                None
-            }
-        })
+        let env = if config.read_env {
+            knobs::Env::process()
+        } else {
+            knobs::Env::default()
+        };
+        Self::with_env(device, config, &env)
     }
 
-    /// Like [`Allocator::new`], reading the environment through `lookup`.
-    pub fn with_env_lookup(
+    /// Like [`Allocator::new`], reading the variables from `env`.
+    pub fn with_env(
         device: Arc<dyn RawDevice>,
         config: AllocatorConfig,
-        lookup: &dyn Fn(&str) -> Option<String>,
+        env: &knobs::Env,
     ) -> Result<Allocator, AllocError> {
         let info = device.memory_info()?;
         // Percentages mean "of what the GPU can use": the total on discrete cards, the
         // carve-out plus GTT on UMA devices (the carve-out alone can be a few hundred MiB).
         let device_total = info.uma.map_or(info.total, |u| u.carve_out + u.gtt);
-        let env_memory = limits::limit_from_env(limits::MEMORY_LIMIT_ENV, lookup)?;
-        let env_cache = limits::limit_from_env(limits::CACHE_LIMIT_ENV, lookup)?;
+        let env_memory = crate::knobs::MEMORY_LIMIT.value(env)?;
+        let env_cache = crate::knobs::CACHE_LIMIT.value(env)?;
         let memory_limit = match config.memory_limit.or(env_memory) {
             Some(spec) => spec.resolve(device_total)?,
             None => Some(limits::default_memory_limit(&info)),
         };
         let cache_spec = config.cache_limit.or(env_cache);
         // The API value wins; the variable applies while the field holds its default.
-        let hot_window = match config::trim_window_from_env(lookup)? {
+        let hot_window = match crate::knobs::TRIM_WINDOW.value(env)? {
             Some(w) if config.trim_hot_window == DEFAULT_TRIM_HOT_WINDOW => w,
             _ => config.trim_hot_window,
         };

@@ -24,9 +24,9 @@ pub enum AllocError {
     /// A limit could not be parsed.
     #[error(transparent)]
     Limit(#[from] LimitParseError),
-    /// The trim window variable could not be parsed.
+    /// One of the crate's variables ([`crate::knobs`]) holds a value it does not accept.
     #[error(transparent)]
-    TrimWindow(#[from] crate::config::TrimWindowParseError),
+    Knob(#[from] knobs::KnobError),
     /// A limit given through the API is out of range.
     #[error(transparent)]
     InvalidLimit(#[from] InvalidLimit),

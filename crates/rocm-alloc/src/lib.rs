@@ -33,6 +33,7 @@ pub mod devices;
 mod error;
 mod free_list;
 mod graph_pool;
+pub mod knobs;
 pub mod limits;
 mod oom;
 pub mod replay;
@@ -46,10 +47,7 @@ pub use allocator::{Allocation, Allocator, TraceLog};
 pub use arena::{ArenaSlice, DecodeArena, ARENA_ALIGN};
 pub use block_pool::{BlockState, GraphPoolId};
 pub use breakdown::ReservedBreakdown;
-pub use config::{
-    parse_trim_window, trim_window_from_env, AllocatorConfig, TrimWindowParseError,
-    DEFAULT_TRIM_HOT_WINDOW, TRIM_WINDOW_ENV,
-};
+pub use config::{AllocatorConfig, DEFAULT_TRIM_HOT_WINDOW};
 pub use device::{DeviceError, EventId, MemoryInfo, RawDevice, StreamId, UmaInfo};
 pub use error::AllocError;
 pub use graph_pool::{CaptureGuard, CaptureTarget, GraphPool};

@@ -1,18 +1,11 @@
-//! Memory and cache limits: their defaults, and the `HIPDECODE_MEMORY_LIMIT` /
-//! `HIPDECODE_CACHE_LIMIT` environment overrides.
+//! Memory and cache limits: their defaults, and the text form that the `HIPDECODE_MEMORY_LIMIT`
+//! / `HIPDECODE_CACHE_LIMIT` variables ([`crate::knobs`]) and the command lines use.
 //!
 //! Precedence, highest first: a value set through the API (`set_*_limit`, or the
 //! [`crate::AllocatorConfig`] fields), then the environment variable, then the default below.
 //! An explicit value always wins over a default.
 
 use crate::device::{MemoryInfo, UmaInfo};
-
-/// Environment variable overriding the memory limit.
-pub const MEMORY_LIMIT_ENV: &str = "HIPDECODE_MEMORY_LIMIT";
-/// Environment variable overriding the cache limit.
-pub const CACHE_LIMIT_ENV: &str = "HIPDECODE_CACHE_LIMIT";
-/// Every environment variable this crate reads; [`check_env`] validates all of them.
-pub const ENV_VARS: [&str; 2] = [MEMORY_LIMIT_ENV, CACHE_LIMIT_ENV];
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -91,16 +84,19 @@ pub struct InvalidLimit {
     pub share: f64,
 }
 
-/// Why a limit string was rejected. The message names the variable, the value and the forms
-/// that are accepted.
+/// The forms a limit's text may take, for the messages that refuse one.
+pub const ACCEPTED_FORMS: &str = "a byte count (\"1073741824\"), a decimal with a binary suffix \
+     K/M/G/T or KiB/MiB/GiB/TiB, any case (\"1.5GiB\", \"512m\"), a percentage of device memory \
+     (\"50%\"), or \"0\"/\"none\" for unbounded";
+
+/// Why a limit string was rejected. The message names where it came from, the value and the
+/// forms that are accepted.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error(
-    "{source_name}={value:?} is not a valid limit ({reason}); accepted forms: a byte count \
-     (\"1073741824\"), a decimal with a binary suffix K/M/G/T or KiB/MiB/GiB/TiB, any case \
-     (\"1.5GiB\", \"512m\"), a percentage of device memory (\"50%\"), or \"0\"/\"none\" for unbounded"
+    "{source_name}={value:?} is not a valid limit ({reason}); accepted forms: {ACCEPTED_FORMS}"
 )]
 pub struct LimitParseError {
-    /// Where the value came from (the environment variable's name, or the API argument).
+    /// Where the value came from (the option's or the variable's name).
     pub source_name: String,
     /// The rejected text.
     pub value: String,
@@ -110,11 +106,21 @@ pub struct LimitParseError {
 
 /// Parses a limit. `source_name` names where the text came from, for the error message.
 pub fn parse_limit(source_name: &str, text: &str) -> Result<LimitSpec, LimitParseError> {
-    let err = |reason: &str| LimitParseError {
+    parse_limit_reason(text).map_err(|reason| LimitParseError {
         source_name: source_name.to_string(),
         value: text.to_string(),
         reason: reason.to_string(),
-    };
+    })
+}
+
+/// Parses a limit; the error is the reason followed by the accepted forms (what a knob's
+/// parser returns).
+pub fn parse_limit_text(text: &str) -> Result<LimitSpec, String> {
+    parse_limit_reason(text).map_err(|reason| format!("{reason}; accepted forms: {ACCEPTED_FORMS}"))
+}
+
+fn parse_limit_reason(text: &str) -> Result<LimitSpec, &'static str> {
+    let err = |reason: &'static str| reason;
     let t = text.trim();
     if t.is_empty() {
         return Err(err("empty value"));
@@ -180,32 +186,6 @@ fn parse_decimal(s: &str) -> Option<f64> {
         s.parse().ok()
     } else {
         None
-    }
-}
-
-/// Parses every `HIPDECODE_*` variable this crate reads ([`ENV_VARS`]) from the process
-/// environment and returns the first error, so a program can reject a bad setting at start-up
-/// even when it never creates an allocator (a CPU run, say). Unset variables are fine.
-pub fn check_env() -> Result<(), LimitParseError> {
-    check_env_with(&|var| std::env::var(var).ok())
-}
-
-/// Like [`check_env`], reading variables through `lookup`.
-pub fn check_env_with(lookup: &dyn Fn(&str) -> Option<String>) -> Result<(), LimitParseError> {
-    for var in ENV_VARS {
-        limit_from_env(var, lookup)?;
-    }
-    Ok(())
-}
-
-/// Reads one limit variable through `lookup` (normally `std::env::var`). Absent → `Ok(None)`.
-pub fn limit_from_env(
-    var: &str,
-    lookup: &dyn Fn(&str) -> Option<String>,
-) -> Result<Option<LimitSpec>, LimitParseError> {
-    match lookup(var) {
-        None => Ok(None),
-        Some(v) => parse_limit(var, &v).map(Some),
     }
 }
 
@@ -276,37 +256,18 @@ mod tests {
     }
 
     #[test]
-    fn check_env_reports_the_first_bad_variable() {
-        assert_eq!(check_env_with(&|_| None), Ok(()));
-        let good = |_: &str| Some("2GiB".to_string());
-        assert_eq!(check_env_with(&good), Ok(()));
-        let bad_cache = |v: &str| (v == CACHE_LIMIT_ENV).then(|| "lots".to_string());
-        let e = check_env_with(&bad_cache).unwrap_err();
-        assert_eq!(e.source_name, CACHE_LIMIT_ENV);
-        assert_eq!(e.value, "lots");
-        assert!(e.to_string().contains("accepted forms"), "{e}");
-        let both_bad = |v: &str| Some(format!("bad-{v}"));
-        let e = check_env_with(&both_bad).unwrap_err();
-        assert_eq!(
-            e.source_name, MEMORY_LIMIT_ENV,
-            "memory limit is checked first"
+    fn the_limit_knobs_read_unset_set_and_bad_values() {
+        use crate::knobs::{CACHE_LIMIT, MEMORY_LIMIT, TABLE};
+        use knobs::Env;
+        assert_eq!(CACHE_LIMIT.value(&Env::default()), Ok(None));
+        let set = Env::from_pairs([(CACHE_LIMIT.name, "1G")]);
+        assert_eq!(CACHE_LIMIT.value(&set), Ok(Some(LimitSpec::Bytes(1 << 30))));
+        let bad = Env::from_pairs([(MEMORY_LIMIT.name, "lots")]);
+        let e = knobs::check(&[TABLE], &bad).unwrap_err().to_string();
+        assert!(
+            e.contains(MEMORY_LIMIT.name) && e.contains("\"lots\"") && e.contains("accepted forms"),
+            "{e}"
         );
-    }
-
-    #[test]
-    fn env_lookup_absent_and_present() {
-        let absent = |_: &str| None;
-        assert_eq!(limit_from_env(CACHE_LIMIT_ENV, &absent), Ok(None));
-        let present = |v: &str| (v == CACHE_LIMIT_ENV).then(|| "1G".to_string());
-        assert_eq!(
-            limit_from_env(CACHE_LIMIT_ENV, &present),
-            Ok(Some(LimitSpec::Bytes(1 << 30)))
-        );
-        let bad = |_: &str| Some("lots".to_string());
-        assert!(limit_from_env(MEMORY_LIMIT_ENV, &bad)
-            .unwrap_err()
-            .to_string()
-            .contains(MEMORY_LIMIT_ENV));
     }
 
     #[test]

@@ -9,8 +9,10 @@ use std::sync::Arc;
 use rocm_alloc::devices::sim::SimDevice;
 use rocm_alloc::{
     AllocError, Allocator, AllocatorConfig, BlockState, CaptureTarget, LimitSpec, PoolName,
-    StrandedReason, StreamId, Tag, TRIM_WINDOW_ENV,
+    StrandedReason, StreamId, Tag,
 };
+
+const TRIM_WINDOW_ENV: &str = rocm_alloc::knobs::TRIM_WINDOW.name;
 
 fn sim() -> (Arc<SimDevice>, Allocator, [StreamId; 2]) {
     let d = Arc::new(SimDevice::discrete(1 << 30));
@@ -135,12 +137,8 @@ fn the_breakdown_partitions_reserved_bytes_exactly() {
 
 fn with_env(vars: &'static [(&'static str, &'static str)]) -> Result<Allocator, AllocError> {
     let d = Arc::new(SimDevice::discrete(1 << 30));
-    let lookup = move |k: &str| {
-        vars.iter()
-            .find(|(n, _)| *n == k)
-            .map(|(_, v)| v.to_string())
-    };
-    Allocator::with_env_lookup(d, AllocatorConfig::default(), &lookup)
+    let env = knobs::Env::from_pairs(vars.iter().copied());
+    Allocator::with_env(d, AllocatorConfig::default(), &env)
 }
 
 #[test]

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use rocm_alloc::devices::sim::{EventFaults, SimConfig, SimDevice};
@@ -345,18 +344,14 @@ fn memory_limit_always_holds_and_lowering_it_is_checked() {
     drop(a);
 }
 
-fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-    let map: HashMap<String, String> = pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    move |k| map.get(k).cloned()
+fn env(pairs: &[(&str, &str)]) -> knobs::Env {
+    knobs::Env::from_pairs(pairs.iter().copied())
 }
 
 #[test]
 fn defaults_are_bounded() {
     let d = Arc::new(SimDevice::discrete(80 << 30));
-    let alloc = Allocator::with_env_lookup(d, AllocatorConfig::default(), &env(&[])).unwrap();
+    let alloc = Allocator::with_env(d, AllocatorConfig::default(), &env(&[])).unwrap();
     assert_eq!(
         alloc.memory_limit(),
         Some(72 << 30),
@@ -374,7 +369,7 @@ fn uma_default_uses_carve_out_gtt_and_host_ram() {
         host_ram: 64 << 30,
     };
     let d = Arc::new(SimDevice::new(SimConfig::uma(uma)));
-    let alloc = Allocator::with_env_lookup(d, AllocatorConfig::default(), &env(&[])).unwrap();
+    let alloc = Allocator::with_env(d, AllocatorConfig::default(), &env(&[])).unwrap();
     // 64 GiB RAM keeps max(4 GiB, 16 GiB) = 16 GiB for the host.
     assert_eq!(
         alloc.memory_limit(),
@@ -389,7 +384,7 @@ fn env_overrides_and_explicit_values_win() {
         ("HIPDECODE_MEMORY_LIMIT", "50%"),
         ("HIPDECODE_CACHE_LIMIT", "1.5GiB"),
     ]);
-    let alloc = Allocator::with_env_lookup(d.clone(), AllocatorConfig::default(), &e).unwrap();
+    let alloc = Allocator::with_env(d.clone(), AllocatorConfig::default(), &e).unwrap();
     assert_eq!(alloc.memory_limit(), Some(40 << 30));
     assert_eq!(alloc.cache_limit(), Some(3 << 29));
     alloc.set_weight_bytes(64 << 30);
@@ -402,14 +397,14 @@ fn env_overrides_and_explicit_values_win() {
         ("HIPDECODE_MEMORY_LIMIT", "none"),
         ("HIPDECODE_CACHE_LIMIT", "0"),
     ]);
-    let alloc = Allocator::with_env_lookup(d.clone(), AllocatorConfig::default(), &e).unwrap();
+    let alloc = Allocator::with_env(d.clone(), AllocatorConfig::default(), &e).unwrap();
     assert_eq!((alloc.memory_limit(), alloc.cache_limit()), (None, None));
     let config = AllocatorConfig {
         memory_limit: Some(LimitSpec::Bytes(1 << 30)),
         ..Default::default()
     };
     let e = env(&[("HIPDECODE_MEMORY_LIMIT", "50%")]);
-    let alloc = Allocator::with_env_lookup(d, config, &e).unwrap();
+    let alloc = Allocator::with_env(d, config, &e).unwrap();
     assert_eq!(
         alloc.memory_limit(),
         Some(1 << 30),
@@ -421,9 +416,9 @@ fn env_overrides_and_explicit_values_win() {
 fn bad_env_value_is_an_error_naming_it() {
     let d = Arc::new(SimDevice::discrete(1 << 30));
     let e = env(&[("HIPDECODE_CACHE_LIMIT", "12 parsecs")]);
-    let err = Allocator::with_env_lookup(d, AllocatorConfig::default(), &e).unwrap_err();
+    let err = Allocator::with_env(d, AllocatorConfig::default(), &e).unwrap_err();
     let msg = err.to_string();
-    assert!(matches!(err, AllocError::Limit(_)));
+    assert!(matches!(err, AllocError::Knob(_)));
     assert!(
         msg.contains("HIPDECODE_CACHE_LIMIT") && msg.contains("12 parsecs") && msg.contains("GiB"),
         "{msg}"

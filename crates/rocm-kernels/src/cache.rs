@@ -4,8 +4,9 @@
 //! compile flag (the wave size included), each length-prefixed so no two inputs collide by
 //! concatenation; see [`CacheKey::new`].
 //!
-//! **Folder**: `$HIPDECODE_KERNEL_CACHE` when set (the value `off` disables the cache; an empty
-//! value, or a folder that cannot be created or written, is an error naming the variable), else
+//! **Folder**: `$HIPDECODE_KERNEL_CACHE` when set ([`crate::knobs::KERNEL_CACHE`]: the value
+//! `off` disables the cache; a folder that cannot be created or written is an error naming the
+//! variable), else
 //! `$XDG_CACHE_HOME/hipdecode/kernels` (when that variable holds an absolute path), else
 //! `$HOME/.cache/hipdecode/kernels`. When the cache was not asked for by name and its default
 //! folder is unusable (no `HOME`, a read-only home), kernels are compiled every time and a
@@ -19,14 +20,15 @@
 //! or the new one, never half of one.
 
 use crate::error::{KernelError, Result};
+use crate::knobs::{CacheSetting, KERNEL_CACHE};
 use sha2::{Digest, Sha256};
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The environment variable that names the cache folder (or `off`).
-pub const CACHE_VAR: &str = "HIPDECODE_KERNEL_CACHE";
+/// The variable that names the cache folder (or `off`).
+pub const CACHE_VAR: &str = KERNEL_CACHE.name;
 
 /// First bytes of every entry file.
 pub const MAGIC: [u8; 8] = *b"HDKCACHE";
@@ -105,38 +107,40 @@ impl KernelCache {
 
     /// The cache the environment asks for (see the module docs).
     pub fn from_env() -> Result<KernelCache> {
-        KernelCache::from_vars(|name| std::env::var_os(name))
+        // The process's XDG_CACHE_HOME and HOME place the default folder.
+        KernelCache::from_setting(KERNEL_CACHE.read()?, |name| std::env::var_os(name))
     }
 
     /// As [`KernelCache::from_env`], reading variables through `var` (so tests need not change
     /// the process environment).
     pub fn from_vars(var: impl Fn(&str) -> Option<OsString>) -> Result<KernelCache> {
-        if let Some(value) = var(CACHE_VAR) {
-            let shown = value.to_string_lossy().into_owned();
-            if shown.trim().is_empty() {
-                return Err(KernelError::Env {
-                    variable: CACHE_VAR,
-                    value: shown,
-                    message: "is empty; set it to a folder for compiled kernels, or to `off` to \
-                              compile every time"
-                        .to_string(),
-                });
+        let value = var(CACHE_VAR).map(|v| v.to_string_lossy().into_owned());
+        let env = knobs::Env::from_pairs(value.as_deref().map(|v| (CACHE_VAR, v)));
+        KernelCache::from_setting(KERNEL_CACHE.value(&env)?, var)
+    }
+
+    /// The cache `setting` asks for; `var` reads XDG_CACHE_HOME and HOME for the default
+    /// folder.
+    pub fn from_setting(
+        setting: CacheSetting,
+        var: impl Fn(&str) -> Option<OsString>,
+    ) -> Result<KernelCache> {
+        match setting {
+            CacheSetting::Off => return Ok(KernelCache::disabled()),
+            CacheSetting::Folder(dir) => {
+                return match prepare_dir(&dir) {
+                    Ok(()) => Ok(KernelCache { dir: Some(dir) }),
+                    Err(reason) => Err(KernelError::Env {
+                        variable: CACHE_VAR,
+                        value: dir.display().to_string(),
+                        message: format!(
+                            "cannot be used as the kernel cache ({reason}); point it at a \
+                             writable folder, or set it to `off`"
+                        ),
+                    }),
+                };
             }
-            if shown.trim() == "off" {
-                return Ok(KernelCache::disabled());
-            }
-            let dir = PathBuf::from(value);
-            return match prepare_dir(&dir) {
-                Ok(()) => Ok(KernelCache { dir: Some(dir) }),
-                Err(reason) => Err(KernelError::Env {
-                    variable: CACHE_VAR,
-                    value: shown,
-                    message: format!(
-                        "cannot be used as the kernel cache ({reason}); point it at a writable \
-                         folder, or set it to `off`"
-                    ),
-                }),
-            };
+            CacheSetting::Default => {}
         }
         let xdg = var("XDG_CACHE_HOME")
             .map(PathBuf::from)

@@ -24,6 +24,9 @@ pub enum KernelError {
         /// The formats that work, for the message.
         supported: &'static str,
     },
+    /// A variable of this crate ([`crate::knobs`]) holds a value it does not accept.
+    #[error(transparent)]
+    Knob(#[from] knobs::KnobError),
     /// An environment variable of this crate holds a value that cannot be used.
     #[error("{variable}={value:?} {message}")]
     Env {

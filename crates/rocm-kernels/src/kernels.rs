@@ -11,82 +11,15 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-/// The variable that sets how many weight pieces a lane of the int8 matrix-vector product loads
-/// before it uses any (`MATVEC_Q8_DEPTH` in `matvec_q8.hip`): a tuning knob for A/B runs.
-pub const MATVEC_DEPTH_VAR: &str = "HIPDECODE_MATVEC_DEPTH";
-/// Depths [`MATVEC_DEPTH_VAR`] accepts.
-const MATVEC_DEPTHS: &[u32] = &[1, 2, 4, 8];
-
-/// The variable that caps the int8 matrix-vector product's grid at this many blocks per
-/// multiprocessor when it runs a warp per row, so each warp strides over several rows (fewer,
-/// longer-lived blocks); unset or 0 gives a block per group of rows. A tuning knob for A/B runs.
-pub const MATVEC_BLOCKS_PER_SM_VAR: &str = "HIPDECODE_MATVEC_BLOCKS_PER_SM";
-/// Largest value [`MATVEC_BLOCKS_PER_SM_VAR`] accepts.
-const MAX_BLOCKS_PER_SM: u32 = 64;
-
-/// Parses a value of [`MATVEC_BLOCKS_PER_SM_VAR`]: unset, empty or 0 means no cap.
-pub fn matvec_blocks_per_sm(value: Option<&str>) -> Result<Option<u32>> {
-    let Some(value) = value.map(str::trim).filter(|v| !v.is_empty()) else {
-        return Ok(None);
-    };
-    match value.parse::<u32>() {
-        Ok(0) => Ok(None),
-        Ok(n) if n <= MAX_BLOCKS_PER_SM => Ok(Some(n)),
-        _ => Err(KernelError::Env {
-            variable: MATVEC_BLOCKS_PER_SM_VAR,
-            value: value.to_string(),
-            message: format!(
-                "is not a block count; use a whole number from 1 to {MAX_BLOCKS_PER_SM}, or 0 \
-                 (or unset) for no cap"
-            ),
-        }),
-    }
-}
-
-/// The variable that turns programmatic dependent launch off (`off`) or leaves it to the device
-/// (`auto`, the default: on where [`Device::supports_programmatic_launch`]): each kernel's
-/// launch then overlaps the end of the kernel before it.
-pub const EARLY_LAUNCH_VAR: &str = "HIPDECODE_GPU_PDL";
-
-/// Parses a value of [`EARLY_LAUNCH_VAR`]: whether the device may launch early.
-pub fn early_launch(value: Option<&str>) -> Result<bool> {
-    match value.map(str::trim) {
-        None | Some("") | Some("auto") => Ok(true),
-        Some("off") => Ok(false),
-        Some(other) => Err(KernelError::Env {
-            variable: EARLY_LAUNCH_VAR,
-            value: other.to_string(),
-            message: "is not a choice; use 'auto' (the default) or 'off'".to_string(),
-        }),
-    }
-}
-
 /// Options every module is compiled with, after the device-derived ones (architecture and
-/// `-DWARP_SIZE`): the tuning defines read from the environment. Part of the cache key, as the
+/// `-DWARP_SIZE`): the tuning defines the knobs ask for. Part of the cache key, as the
 /// device-derived ones are, so a changed knob compiles afresh instead of reusing a stale image.
 fn extra_options() -> Result<Vec<String>> {
     let mut options = Vec::new();
-    if let Some(depth) = matvec_depth(std::env::var(MATVEC_DEPTH_VAR).ok().as_deref())? {
+    if let Some(depth) = crate::knobs::MATVEC_DEPTH.read()? {
         options.push(format!("-DMATVEC_Q8_DEPTH={depth}"));
     }
     Ok(options)
-}
-
-/// Parses a value of [`MATVEC_DEPTH_VAR`]: unset or empty keeps the kernel's default.
-pub fn matvec_depth(value: Option<&str>) -> Result<Option<u32>> {
-    let Some(value) = value.map(str::trim).filter(|v| !v.is_empty()) else {
-        return Ok(None);
-    };
-    match value.parse::<u32>() {
-        Ok(depth) if MATVEC_DEPTHS.contains(&depth) => Ok(Some(depth)),
-        _ => Err(KernelError::Env {
-            variable: MATVEC_DEPTH_VAR,
-            value: value.to_string(),
-            message: format!(
-                "is not a supported depth; use one of {MATVEC_DEPTHS:?}, or unset it for the default"
-            ),
-        }),
-    }
 }
 
 /// The loaded kernels of one device.
@@ -119,8 +52,7 @@ impl Kernels {
         let started = std::time::Instant::now();
         let wave_size = device.warp_size()?;
         let multiprocessors = device.multiprocessor_count()?;
-        let matvec_blocks_per_sm =
-            matvec_blocks_per_sm(std::env::var(MATVEC_BLOCKS_PER_SM_VAR).ok().as_deref())?;
+        let matvec_blocks_per_sm = crate::knobs::MATVEC_BLOCKS_PER_SM.read()?;
         let compiler = Compiler::load(device.platform())?;
         let compiler_version = compiler.version();
         let arch = match device.arch()? {
@@ -175,8 +107,8 @@ impl Kernels {
             images[*i] = Some(image);
         }
 
-        let programmatic = early_launch(std::env::var(EARLY_LAUNCH_VAR).ok().as_deref())?
-            && device.supports_programmatic_launch()?;
+        let programmatic =
+            crate::knobs::EARLY_LAUNCH.read()? && device.supports_programmatic_launch()?;
         let mut functions = HashMap::new();
         for (i, ((module, source, key), image)) in jobs.iter().zip(images).enumerate() {
             let (module, name) = (*module, module.name());
@@ -249,7 +181,7 @@ impl Kernels {
     }
 
     /// The cap on the int8 matrix-vector grid, in blocks per multiprocessor
-    /// ([`MATVEC_BLOCKS_PER_SM_VAR`]); `None` for no cap.
+    /// ([`crate::knobs::MATVEC_BLOCKS_PER_SM`]); `None` for no cap.
     pub fn matvec_blocks_per_sm(&self) -> Option<u32> {
         self.matvec_blocks_per_sm
     }
@@ -307,50 +239,4 @@ fn compile_all(
                 })
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn early_launch_is_auto_unless_turned_off() {
-        assert!(early_launch(None).unwrap());
-        assert!(early_launch(Some("auto")).unwrap());
-        assert!(!early_launch(Some("off")).unwrap());
-        let err = early_launch(Some("on")).unwrap_err().to_string();
-        assert!(
-            err.contains(EARLY_LAUNCH_VAR) && err.contains("'off'"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn matvec_blocks_per_sm_takes_counts_up_to_the_cap() {
-        assert_eq!(matvec_blocks_per_sm(None).unwrap(), None);
-        assert_eq!(matvec_blocks_per_sm(Some("0")).unwrap(), None);
-        assert_eq!(matvec_blocks_per_sm(Some("8")).unwrap(), Some(8));
-        assert_eq!(matvec_blocks_per_sm(Some("64")).unwrap(), Some(64));
-        for bad in ["65", "-1", "many", "2.5"] {
-            let err = matvec_blocks_per_sm(Some(bad)).unwrap_err().to_string();
-            assert!(
-                err.contains(MATVEC_BLOCKS_PER_SM_VAR) && err.contains("1 to 64"),
-                "{bad}: {err}"
-            );
-        }
-    }
-
-    #[test]
-    fn matvec_depth_takes_the_listed_depths_and_names_them_otherwise() {
-        assert_eq!(matvec_depth(None).unwrap(), None);
-        assert_eq!(matvec_depth(Some(" ")).unwrap(), None);
-        assert_eq!(matvec_depth(Some("4")).unwrap(), Some(4));
-        for bad in ["3", "0", "16", "four", "-2"] {
-            let err = matvec_depth(Some(bad)).unwrap_err().to_string();
-            assert!(
-                err.contains(MATVEC_DEPTH_VAR) && err.contains("[1, 2, 4, 8]"),
-                "{bad}: {err}"
-            );
-        }
-    }
 }

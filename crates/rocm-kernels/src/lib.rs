@@ -14,6 +14,7 @@
 pub mod cache;
 pub mod error;
 pub mod kernels;
+pub mod knobs;
 pub mod ops;
 pub mod reference;
 pub mod source;

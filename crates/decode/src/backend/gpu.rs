@@ -22,12 +22,14 @@ mod moe_prefill;
 mod weight_block;
 
 pub use host_weights::{HostPlacement, WeightMemory};
-pub use hybrid::{CpuShare, CPU_SHARE_VAR, MAX_CPU_SHARE};
+pub use hybrid::{CpuShare, CPU_SHARE, MAX_CPU_SHARE};
 pub use weight_block::piece_bytes as weight_piece_bytes;
 
 use super::prefetch::{self, HostPrefill, Prefetch};
 use super::profile::{self, OpProfile};
-use super::vendor_gemm::{weight_block_values, PrefillPath, VendorGemm, VENDOR_GEMM_MIN_ROWS};
+use super::vendor_gemm::{
+    weight_block_values, PrefillPath, VendorGemm, GPU_PREFILL, VENDOR_GEMM_MIN_ROWS,
+};
 use super::{
     Attention, Backend, GateActivation, KvDestination, MoeShape, Rope, StepBounds, StepKey,
     WeightSource,
@@ -36,6 +38,7 @@ use crate::error::{DecodeError, Result};
 use crate::memory::{DeviceMemory, MemoryReport, MemoryTag};
 use gguf_loader::GgmlType;
 use hip_ffi::{Device, DevicePtr, Event, GraphExec, MemInfo, PinnedHostBuffer, Stream};
+use knobs::{Knob, Scope};
 use rocm_alloc::devices::hip::HipDevice;
 use rocm_alloc::{fmt_bytes, Allocation, Allocator, AllocatorConfig, GraphPool, StreamId, Tag};
 use rocm_kernels::cache::KernelCache;
@@ -173,20 +176,19 @@ pub enum KvType {
     F32,
 }
 
-/// Chooses the KV cache's element type: `f16` (default) or `f32`.
-pub const KV_TYPE_VAR: &str = "HIPDECODE_KV_TYPE";
+pub static KV_TYPE: Knob<KvType> = Knob {
+    name: "HIPDECODE_KV_TYPE",
+    default: "f16",
+    doc: "the GPU's KV cache element type: `f16` or `f32` (as the CPU stores it; the exact \
+          comparisons)",
+    scope: Scope::Run,
+    parse: |v| knobs::parse::choice(v, &[("f16", KvType::F16), ("f32", KvType::F32)]),
+};
 
 impl KvType {
-    const CHOICES: [(&'static str, KvType); 2] = [("f16", KvType::F16), ("f32", KvType::F32)];
-
-    /// Parses a value of [`KV_TYPE_VAR`].
-    pub fn parse(value: &str) -> Result<KvType> {
-        parse_choice(KV_TYPE_VAR, "KV cache type", &Self::CHOICES, value)
-    }
-
-    /// The type [`KV_TYPE_VAR`] asks for, or the default (f16) when it is unset.
+    /// The type [`KV_TYPE`] asks for.
     pub fn from_env() -> Result<KvType> {
-        choice_from_env(KV_TYPE_VAR, "KV cache type", &Self::CHOICES)
+        Ok(KV_TYPE.read()?)
     }
 }
 
@@ -241,44 +243,6 @@ unsafe fn q8_views(base: u64, capacity: usize, values: usize) -> Q8ActivationsMu
     }
 }
 
-/// `value` as one of `choices` (the first is the default), or an error naming the variable, the
-/// value and the accepted words.
-pub(crate) fn parse_choice<T: Copy>(
-    var: &str,
-    what: &str,
-    choices: &[(&str, T)],
-    value: &str,
-) -> Result<T> {
-    let value = value.trim();
-    if let Some(&(_, choice)) = choices.iter().find(|(name, _)| *name == value) {
-        return Ok(choice);
-    }
-    let accepted: Vec<String> = choices
-        .iter()
-        .enumerate()
-        .map(|(i, (name, _))| {
-            if i == 0 {
-                format!("'{name}' (default)")
-            } else {
-                format!("'{name}'")
-            }
-        })
-        .collect();
-    Err(DecodeError::InvalidArgument(format!(
-        "{var}={value:?} is not a {what}; use {}",
-        accepted.join(" or ")
-    )))
-}
-
-/// The choice `var` asks for, or the first of `choices` when it is unset.
-pub(crate) fn choice_from_env<T: Copy>(var: &str, what: &str, choices: &[(&str, T)]) -> Result<T> {
-    match std::env::var(var) {
-        Ok(v) => parse_choice(var, what, choices, &v),
-        Err(std::env::VarError::NotPresent) => Ok(choices[0].1),
-        Err(e) => Err(DecodeError::InvalidArgument(format!("{var}: {e}"))),
-    }
-}
-
 /// How decode's matrix-vector products treat activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatvecPath {
@@ -293,51 +257,42 @@ pub enum MatvecPath {
 /// tiled f32 kernels.
 pub const INT8_MAX_ROWS: usize = MAX_TOKENS;
 
-/// Chooses the matrix-vector path: `int8` (default) or `exact`.
-pub const MATVEC_VAR: &str = "HIPDECODE_GPU_MATVEC";
+pub static MATVEC_PATH: Knob<MatvecPath> = Knob {
+    name: "HIPDECODE_GPU_MATVEC",
+    default: "int8",
+    doc: "decode's matrix-vector products on the GPU: `int8` (activations quantized per 32, \
+          integer dot products) or `exact` (f32 activations; the reference path)",
+    scope: Scope::Run,
+    parse: |v| {
+        knobs::parse::choice(
+            v,
+            &[("int8", MatvecPath::Int8), ("exact", MatvecPath::Exact)],
+        )
+    },
+};
 
 impl MatvecPath {
-    const CHOICES: [(&'static str, MatvecPath); 2] =
-        [("int8", MatvecPath::Int8), ("exact", MatvecPath::Exact)];
-
-    /// Parses a value of [`MATVEC_VAR`].
-    pub fn parse(value: &str) -> Result<MatvecPath> {
-        parse_choice(MATVEC_VAR, "matrix-vector path", &Self::CHOICES, value)
-    }
-
-    /// The path [`MATVEC_VAR`] asks for, or the default (int8) when it is unset.
+    /// The path [`MATVEC_PATH`] asks for.
     pub fn from_env() -> Result<MatvecPath> {
-        choice_from_env(MATVEC_VAR, "matrix-vector path", &Self::CHOICES)
+        Ok(MATVEC_PATH.read()?)
     }
 }
 
-/// Chooses the prefill attention kernel: `tiled` (default) or `per-query` (for A/B runs).
-pub const ATTN_PREFILL_VAR: &str = "HIPDECODE_GPU_ATTN_PREFILL";
-
-/// The prefill attention kernel, from [`ATTN_PREFILL_VAR`].
-pub struct AttnPrefill;
-
-impl AttnPrefill {
-    const CHOICES: [(&'static str, attn::PrefillKernel); 2] = [
-        ("tiled", attn::PrefillKernel::Tiled),
-        ("per-query", attn::PrefillKernel::PerQuery),
-    ];
-
-    /// Parses a value of [`ATTN_PREFILL_VAR`].
-    pub fn parse(value: &str) -> Result<attn::PrefillKernel> {
-        parse_choice(
-            ATTN_PREFILL_VAR,
-            "prefill attention kernel",
-            &Self::CHOICES,
-            value,
+pub static ATTN_PREFILL: Knob<attn::PrefillKernel> = Knob {
+    name: "HIPDECODE_GPU_ATTN_PREFILL",
+    default: "tiled",
+    doc: "the prefill attention kernel: `tiled` or `per-query` (for A/B runs)",
+    scope: Scope::Run,
+    parse: |v| {
+        knobs::parse::choice(
+            v,
+            &[
+                ("tiled", attn::PrefillKernel::Tiled),
+                ("per-query", attn::PrefillKernel::PerQuery),
+            ],
         )
-    }
-
-    /// The kernel [`ATTN_PREFILL_VAR`] asks for, or the default (tiled) when it is unset.
-    pub fn from_env() -> Result<attn::PrefillKernel> {
-        choice_from_env(ATTN_PREFILL_VAR, "prefill attention kernel", &Self::CHOICES)
-    }
-}
+    },
+};
 
 /// A resident weight: a (stacked) matrix in its stored format, or a vector converted to f32.
 pub enum GpuWeight {
@@ -555,15 +510,15 @@ impl GpuBackend {
             max_batch,
         };
         let (vendor_gemm, vendor_gemm_absent) = match PrefillPath::from_env()? {
-            PrefillPath::Kernels => (None, Some(format!("{}=kernels", PrefillPath::ENV))),
+            PrefillPath::Kernels => (None, Some(format!("{}=kernels", GPU_PREFILL.name))),
             path => match VendorGemm::open(&kernels) {
                 Ok(v) => (Some(v), None),
                 // Reported by `describe`, which the CLI and bench-decode print.
                 Err(reason) if path == PrefillPath::Auto => (None, Some(reason)),
                 Err(reason) => {
                     return Err(gpu_err(
-                        &format!("{}=vendor", PrefillPath::ENV),
-                        format!("{reason}; install it, or set {}=kernels", PrefillPath::ENV),
+                        &format!("{}=vendor", GPU_PREFILL.name),
+                        format!("{reason}; install it, or set {}=kernels", GPU_PREFILL.name),
                     ))
                 }
             },
@@ -579,7 +534,7 @@ impl GpuBackend {
             mem_before,
             use_graphs,
             matvec_path: MatvecPath::from_env()?,
-            attn_prefill: AttnPrefill::from_env()?,
+            attn_prefill: ATTN_PREFILL.read()?,
             kv_type: KvType::from_env()?,
             vendor_gemm,
             vendor_gemm_absent,
@@ -639,13 +594,13 @@ impl GpuBackend {
     }
 
     /// Switches how matrix-vector products read activations (tests run both paths; users set
-    /// [`MATVEC_VAR`]).
+    /// [`MATVEC_PATH`]).
     pub fn set_matvec_path(&mut self, path: MatvecPath) {
         self.matvec_path = path;
     }
 
     /// Sets how prefill reads weights in pinned host memory (before the model loads; tests and
-    /// A/B runs, users set [`prefetch::PREFILL_VAR`]).
+    /// A/B runs, users set [`prefetch::OFFLOAD_PREFILL`]).
     pub fn set_host_prefill(&mut self, mode: HostPrefill) {
         self.host_prefill = mode;
     }

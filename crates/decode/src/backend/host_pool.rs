@@ -8,7 +8,7 @@
 //! caller is participant 0) and returned from only when all have finished, so it may borrow
 //! from the caller's stack.
 //!
-//! [`POOL_VAR`] picks this pool (`spin`, the default) or rayon's (`rayon`) for the host half,
+//! [`HOST_POOL`] picks this pool (`spin`, the default) or rayon's (`rayon`) for the host half,
 //! for A/B runs.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -16,8 +16,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-/// `spin` (default) or `rayon`: the threads that run the hybrid offload's host half.
-pub const POOL_VAR: &str = "HIPDECODE_HOST_POOL";
+pub static HOST_POOL: knobs::Knob<PoolKind> = knobs::Knob {
+    name: "HIPDECODE_HOST_POOL",
+    default: "spin",
+    doc: "the threads that run the hybrid offload's host half: `spin` (this crate's spinning \
+          pool) or `rayon`",
+    scope: knobs::Scope::Run,
+    parse: |v| knobs::parse::choice(v, &[("spin", PoolKind::Spin), ("rayon", PoolKind::Rayon)]),
+};
 
 /// Which threads run the host half.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,21 +35,13 @@ pub enum PoolKind {
 }
 
 impl PoolKind {
-    const CHOICES: [(&'static str, PoolKind); 2] =
-        [("spin", PoolKind::Spin), ("rayon", PoolKind::Rayon)];
-
-    /// Parses a value of [`POOL_VAR`].
-    pub fn parse(value: &str) -> crate::error::Result<PoolKind> {
-        super::gpu::parse_choice(POOL_VAR, "host pool", &Self::CHOICES, value)
-    }
-
-    /// The pool [`POOL_VAR`] asks for (`spin` when unset), read once.
+    /// The pool [`HOST_POOL`] asks for, read once.
     pub fn from_env() -> crate::error::Result<PoolKind> {
         static KIND: OnceLock<PoolKind> = OnceLock::new();
         if let Some(k) = KIND.get() {
             return Ok(*k);
         }
-        let k = super::gpu::choice_from_env(POOL_VAR, "host pool", &Self::CHOICES)?;
+        let k = HOST_POOL.read()?;
         Ok(*KIND.get_or_init(|| k))
     }
 }

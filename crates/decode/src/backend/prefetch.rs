@@ -25,8 +25,22 @@ use rocm_alloc::{fmt_bytes, Allocation, Allocator, StreamId, Tag};
 use rocm_kernels::ops::matvec::QuantMatrix;
 use rocm_kernels::DeviceSlice;
 
-/// `HIPDECODE_OFFLOAD_PREFILL`: how prefill reads weights that stay in host memory.
-pub const PREFILL_VAR: &str = "HIPDECODE_OFFLOAD_PREFILL";
+pub static OFFLOAD_PREFILL: knobs::Knob<HostPrefill> = knobs::Knob {
+    name: "HIPDECODE_OFFLOAD_PREFILL",
+    default: "stream",
+    doc: "how prefill reads weights left in host memory: `stream` (copied into device slots \
+          ahead of use) or `in-place` (read over the link by the kernel)",
+    scope: knobs::Scope::Run,
+    parse: |v| {
+        knobs::parse::choice(
+            v,
+            &[
+                ("stream", HostPrefill::Stream),
+                ("in-place", HostPrefill::InPlace),
+            ],
+        )
+    },
+};
 
 /// How prefill products read a weight in pinned host memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,19 +52,9 @@ pub enum HostPrefill {
 }
 
 impl HostPrefill {
-    const CHOICES: [(&'static str, HostPrefill); 2] = [
-        ("stream", HostPrefill::Stream),
-        ("in-place", HostPrefill::InPlace),
-    ];
-
-    /// Parses a value of [`PREFILL_VAR`].
-    pub fn parse(value: &str) -> Result<HostPrefill> {
-        super::gpu::parse_choice(PREFILL_VAR, "offload prefill", &Self::CHOICES, value)
-    }
-
-    /// What [`PREFILL_VAR`] asks for (`stream` when unset).
+    /// What [`OFFLOAD_PREFILL`] asks for.
     pub fn from_env() -> Result<HostPrefill> {
-        super::gpu::choice_from_env(PREFILL_VAR, "offload prefill", &Self::CHOICES)
+        Ok(OFFLOAD_PREFILL.read()?)
     }
 }
 

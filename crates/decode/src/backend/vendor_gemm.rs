@@ -15,7 +15,7 @@
 //! the quantized weights once per few tokens (the matrix-vector kernels) moves fewer bytes than
 //! writing and reading an f16 copy.
 
-use super::gpu::{kerr, parse_choice, GpuBuffer};
+use super::gpu::{kerr, GpuBuffer};
 use super::prefetch::Prefetch;
 use crate::error::{DecodeError, Result};
 use hip_ffi::{BlasLt, DevicePtr, GemmPlan, GemmShape, Stream};
@@ -44,21 +44,28 @@ pub enum PrefillPath {
     Kernels,
 }
 
-const PREFILL_CHOICES: [(&str, PrefillPath); 3] = [
-    ("auto", PrefillPath::Auto),
-    ("vendor", PrefillPath::Vendor),
-    ("kernels", PrefillPath::Kernels),
-];
+pub static GPU_PREFILL: knobs::Knob<PrefillPath> = knobs::Knob {
+    name: "HIPDECODE_GPU_PREFILL",
+    default: "auto",
+    doc: "prefill's products on the GPU: `auto` (the vendor GEMM where its library opens), \
+          `vendor` (an error without it) or `kernels` (ours only)",
+    scope: knobs::Scope::Run,
+    parse: |v| {
+        knobs::parse::choice(
+            v,
+            &[
+                ("auto", PrefillPath::Auto),
+                ("vendor", PrefillPath::Vendor),
+                ("kernels", PrefillPath::Kernels),
+            ],
+        )
+    },
+};
 
 impl PrefillPath {
-    pub const ENV: &'static str = "HIPDECODE_GPU_PREFILL";
-
-    pub fn parse(value: &str) -> Result<PrefillPath> {
-        parse_choice(Self::ENV, "prefill path", &PREFILL_CHOICES, value)
-    }
-
+    /// The path [`GPU_PREFILL`] asks for.
     pub fn from_env() -> Result<PrefillPath> {
-        super::gpu::choice_from_env(Self::ENV, "prefill path", &PREFILL_CHOICES)
+        Ok(GPU_PREFILL.read()?)
     }
 }
 

@@ -48,6 +48,16 @@ enum Command {
     /// copy engine moving it to the device, the rates `hipdecode plan --zero-copy-gbps` and
     /// `--copy-gbps` take.
     ProbeLink(ProbeArgs),
+    /// List every HIPDECODE_* variable: its value here (or its default) and what it does,
+    /// then whether the set ones are valid.
+    Env(EnvArgs),
+}
+
+#[derive(clap::Args)]
+struct EnvArgs {
+    /// Print the table docs/memory.md carries instead.
+    #[arg(long)]
+    markdown: bool,
 }
 
 #[derive(clap::Args)]
@@ -195,7 +205,25 @@ struct InspectArgs {
 /// says nothing useful about a missing file or a bad flag.
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match check_environment().and_then(|()| match cli.command {
+    let result = match cli.command {
+        // `env` shows a bad value instead of refusing to start over it.
+        Command::Env(args) => {
+            env(&args);
+            Ok(())
+        }
+        command => check_environment().and_then(|()| dispatch(command)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprint!("{}", error_report(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(command: Command) -> Result<()> {
+    match command {
         Command::Run(args) => run(args),
         Command::Inspect(args) => inspect(args),
         Command::Profile(args) => profile(args),
@@ -203,11 +231,9 @@ fn main() -> ExitCode {
         Command::ProbeManaged(args) => probe_managed(&args.bytes),
         Command::ProbeHost(args) => probe_host(&args.bytes),
         Command::ProbeLink(args) => probe_link(&args.bytes),
-    }) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprint!("{}", error_report(&e));
-            ExitCode::FAILURE
+        Command::Env(args) => {
+            env(&args);
+            Ok(())
         }
     }
 }
@@ -234,6 +260,25 @@ fn check_environment() -> Result<()> {
         eprintln!("warning: {warning}");
     }
     Ok(())
+}
+
+fn env(args: &EnvArgs) {
+    if args.markdown {
+        print!("{}", decode::environment::markdown_table());
+        return;
+    }
+    let env = knobs::Env::process();
+    print!("{}", decode::environment::listing(&env));
+    match decode::environment::check_env(&env) {
+        Ok(warnings) if warnings.is_empty() => println!("\nevery variable set is valid"),
+        Ok(warnings) => {
+            println!();
+            for w in warnings {
+                println!("warning: {w}");
+            }
+        }
+        Err(e) => println!("\nerror: {e}"),
+    }
 }
 
 fn run(args: RunArgs) -> Result<()> {
@@ -459,7 +504,7 @@ fn plan(args: PlanArgs) -> Result<()> {
     use offload::{parse_size, Budget, LinkModel};
     let budget = match &args.gpu_budget {
         Some(text) => Budget::parse("--gpu-budget", text)?,
-        None => Budget::from_env()?.ok_or_else(|| {
+        None => offload::knobs::GPU_BUDGET.read()?.ok_or_else(|| {
             anyhow::anyhow!(
                 "no GPU budget: pass --gpu-budget (e.g. 8GiB, or 75% of the device) or set {}",
                 offload::BUDGET_ENV

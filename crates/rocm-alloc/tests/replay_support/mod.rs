@@ -316,7 +316,10 @@ pub fn traces_dir() -> PathBuf {
 pub fn check_committed(name: &str, trace: &TraceFile) {
     let path = traces_dir().join(name);
     let text = trace.to_text();
-    if std::env::var("HIPDECODE_WRITE_TRACES").is_ok_and(|v| v == "1") {
+    let rewrite = rocm_alloc::knobs::WRITE_TRACES
+        .read()
+        .unwrap_or_else(|e| panic!("{e}"));
+    if rewrite {
         std::fs::write(&path, &text).expect("write the trace");
         return;
     }

@@ -14,7 +14,7 @@
 //! and the allocator's graph pools give the measured bytes. docs/memory.md says how rough the
 //! estimate is.
 
-use super::{choice_from_env, gpu_err, parse_choice, GpuBackend};
+use super::{gpu_err, GpuBackend};
 use crate::error::Result;
 use crate::memory::GraphMemory;
 use hip_ffi::{Device, Event, GraphExec, Stream};
@@ -22,10 +22,39 @@ use rocm_alloc::devices::hip::HipDevice;
 use rocm_alloc::{Allocator, CaptureTarget, GraphPool, StreamId};
 use std::sync::Arc;
 
-/// Chooses the stream decode graphs are captured and replayed on: `current` or `side`.
-pub const CAPTURE_STREAM_VAR: &str = "HIPDECODE_CAPTURE_STREAM";
-/// Chooses the pool a capture allocates from: `private` or `shared`.
-pub const GRAPH_POOL_VAR: &str = "HIPDECODE_GRAPH_POOL";
+pub static CAPTURE_STREAM: knobs::Knob<CaptureStream> = knobs::Knob {
+    name: "HIPDECODE_CAPTURE_STREAM",
+    default: "current",
+    doc: "the stream decode graphs are captured and replayed on: `current` (the backend's) or \
+          `side` (one of their own; the memory study's stranded-workspace case)",
+    scope: knobs::Scope::Run,
+    parse: |v| {
+        knobs::parse::choice(
+            v,
+            &[
+                ("current", CaptureStream::Current),
+                ("side", CaptureStream::Side),
+            ],
+        )
+    },
+};
+
+pub static GRAPH_POOL: knobs::Knob<GraphPoolMode> = knobs::Knob {
+    name: "HIPDECODE_GRAPH_POOL",
+    default: "private",
+    doc: "the pool a capture allocates from: `private` (the graphs' own) or `shared` (the \
+          capturing stream's)",
+    scope: knobs::Scope::Run,
+    parse: |v| {
+        knobs::parse::choice(
+            v,
+            &[
+                ("private", GraphPoolMode::Private),
+                ("shared", GraphPoolMode::Shared),
+            ],
+        )
+    },
+};
 
 /// The stream decode graphs run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,21 +65,6 @@ pub enum CaptureStream {
     Side,
 }
 
-impl CaptureStream {
-    const CHOICES: [(&'static str, CaptureStream); 2] = [
-        ("current", CaptureStream::Current),
-        ("side", CaptureStream::Side),
-    ];
-
-    pub fn parse(value: &str) -> Result<CaptureStream> {
-        parse_choice(CAPTURE_STREAM_VAR, "capture stream", &Self::CHOICES, value)
-    }
-
-    pub fn from_env() -> Result<CaptureStream> {
-        choice_from_env(CAPTURE_STREAM_VAR, "capture stream", &Self::CHOICES)
-    }
-}
-
 /// The pool a capture allocates from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GraphPoolMode {
@@ -58,21 +72,6 @@ pub enum GraphPoolMode {
     Private,
     /// The capturing stream's ordinary pool ([`CaptureTarget::StreamPool`]).
     Shared,
-}
-
-impl GraphPoolMode {
-    const CHOICES: [(&'static str, GraphPoolMode); 2] = [
-        ("private", GraphPoolMode::Private),
-        ("shared", GraphPoolMode::Shared),
-    ];
-
-    pub fn parse(value: &str) -> Result<GraphPoolMode> {
-        parse_choice(GRAPH_POOL_VAR, "graph pool mode", &Self::CHOICES, value)
-    }
-
-    pub fn from_env() -> Result<GraphPoolMode> {
-        choice_from_env(GRAPH_POOL_VAR, "graph pool mode", &Self::CHOICES)
-    }
 }
 
 /// Device bytes assumed per kernel node of an instantiated graph (its launch parameters and
@@ -134,7 +133,7 @@ impl CaptureState {
         alloc: &Allocator,
         main: StreamId,
     ) -> Result<CaptureState> {
-        let (stream, pool) = (CaptureStream::from_env()?, GraphPoolMode::from_env()?);
+        let (stream, pool) = (CAPTURE_STREAM.read()?, GRAPH_POOL.read()?);
         Self::with(hip, device, alloc, main, stream, pool)
     }
 
@@ -189,7 +188,7 @@ struct Probe {
 
 impl GpuBackend {
     /// Sets where decode graphs are captured and which pool a capture allocates from, as
-    /// [`CAPTURE_STREAM_VAR`] and [`GRAPH_POOL_VAR`] do at start-up. Refused once a graph has
+    /// [`CAPTURE_STREAM`] and [`GRAPH_POOL`] do at start-up. Refused once a graph has
     /// been captured: it would replay on the stream it was captured for, without the events
     /// that order the other one.
     pub fn set_capture(&mut self, stream: CaptureStream, pool: GraphPoolMode) -> Result<()> {
@@ -328,25 +327,21 @@ mod tests {
 
     #[test]
     fn both_variables_are_parsed_strictly_with_the_accepted_words() {
-        assert_eq!(CaptureStream::parse("side").unwrap(), CaptureStream::Side);
-        assert_eq!(
-            CaptureStream::parse(" current ").unwrap(),
-            CaptureStream::Current
-        );
-        let e = CaptureStream::parse("sidecar").unwrap_err().to_string();
+        use knobs::Env;
+        let stream = |v| CAPTURE_STREAM.value(&Env::from_pairs([(CAPTURE_STREAM.name, v)]));
+        assert_eq!(stream("side"), Ok(CaptureStream::Side));
+        assert_eq!(stream(" current "), Ok(CaptureStream::Current));
+        assert_eq!(stream(""), Ok(CaptureStream::Current));
+        let e = stream("sidecar").unwrap_err().to_string();
         assert!(
-            e.contains(CAPTURE_STREAM_VAR)
-                && e.contains("'current' (default)")
-                && e.contains("'side'"),
+            e.contains(CAPTURE_STREAM.name) && e.contains("'current'") && e.contains("'side'"),
             "{e}"
         );
-        assert_eq!(
-            GraphPoolMode::parse("shared").unwrap(),
-            GraphPoolMode::Shared
-        );
-        let e = GraphPoolMode::parse("Private").unwrap_err().to_string();
+        let pool = |v| GRAPH_POOL.value(&Env::from_pairs([(GRAPH_POOL.name, v)]));
+        assert_eq!(pool("shared"), Ok(GraphPoolMode::Shared));
+        let e = pool("Private").unwrap_err().to_string();
         assert!(
-            e.contains(GRAPH_POOL_VAR) && e.contains("'private' (default)"),
+            e.contains(GRAPH_POOL.name) && e.contains("'private'"),
             "{e}"
         );
     }

@@ -38,9 +38,15 @@ use rocm_kernels::{DeviceSlice, DeviceSliceMut};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-/// `auto` (default: the split balances itself), `off` (zero-copy only), or a fixed CPU share
-/// of the offloaded rows between 0 and 0.95.
-pub const CPU_SHARE_VAR: &str = "HIPDECODE_OFFLOAD_CPU_SHARE";
+pub static CPU_SHARE: knobs::Knob<CpuShare> = knobs::Knob {
+    name: "HIPDECODE_OFFLOAD_CPU_SHARE",
+    default: "auto",
+    doc: "how offloaded decode products split between GPU and host cores: `auto` (balanced by \
+          measurement), `off` (the GPU reads every offloaded byte) or a host share from 0 to \
+          0.95",
+    scope: knobs::Scope::Run,
+    parse: CpuShare::parse,
+};
 
 /// The largest CPU share: the GPU keeps some rows, so its half of the product keeps the
 /// activations' copy and the upload in order.
@@ -51,7 +57,7 @@ const AUTO_STEP: f64 = 0.01;
 /// Rows are split in multiples of this (a GPU block's rows; keeps the host's chunks whole).
 const ROW_QUANTUM: usize = 16;
 
-/// How offloaded decode products are split between GPU and CPU, from [`CPU_SHARE_VAR`].
+/// How offloaded decode products are split between GPU and CPU, from [`CPU_SHARE`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum CpuShare {
     /// The GPU reads every offloaded byte (zero-copy only).
@@ -63,8 +69,8 @@ pub enum CpuShare {
 }
 
 impl CpuShare {
-    /// Parses a value of [`CPU_SHARE_VAR`].
-    pub fn parse(value: &str) -> Result<CpuShare> {
+    /// Parses a value of [`CPU_SHARE`].
+    fn parse(value: &str) -> std::result::Result<CpuShare, String> {
         let v = value.trim();
         match v {
             "auto" => return Ok(CpuShare::Auto),
@@ -77,24 +83,16 @@ impl CpuShare {
             } else {
                 CpuShare::Fixed(f)
             }),
-            _ => Err(DecodeError::InvalidArgument(format!(
-                "{CPU_SHARE_VAR}={value:?} is not understood; accepted: auto (the default: the \
-                 split balances itself), off (zero-copy only), or a CPU share from 0 to \
-                 {MAX_CPU_SHARE} such as 0.4"
-            ))),
+            _ => Err(format!(
+                "accepted: auto (the split balances itself), off (zero-copy only), or a CPU \
+                 share from 0 to {MAX_CPU_SHARE} such as 0.4"
+            )),
         }
     }
 
-    /// The setting of [`CPU_SHARE_VAR`], `auto` when unset.
+    /// The setting of [`CPU_SHARE`].
     pub fn from_env() -> Result<CpuShare> {
-        match std::env::var(CPU_SHARE_VAR) {
-            Ok(v) => Self::parse(&v),
-            Err(std::env::VarError::NotPresent) => Ok(CpuShare::Auto),
-            Err(std::env::VarError::NotUnicode(v)) => Err(DecodeError::InvalidArgument(format!(
-                "{CPU_SHARE_VAR}={v:?} is not valid Unicode; accepted: auto, off, or 0 to \
-                 {MAX_CPU_SHARE}"
-            ))),
-        }
+        Ok(CPU_SHARE.read()?)
     }
 }
 
@@ -297,9 +295,10 @@ impl Hybrid {
             0.0
         };
         Some(format!(
-            "  hybrid offload ({CPU_SHARE_VAR}={setting}): {}; host cores {:.1} GB/s ({:.2} GB \
+            "  hybrid offload ({}={setting}): {}; host cores {:.1} GB/s ({:.2} GB \
              in {:.0} ms), {:.0} ms waiting for the device's activations; staging {:.1} KiB \
              pinned\n",
+            CPU_SHARE.name,
             parts.join(", "),
             rate,
             self.cpu_bytes as f64 / 1e9,
@@ -338,7 +337,7 @@ impl GpuBackend {
     }
 
     /// Sets how offloaded decode products are split (tests and A/B runs; users set
-    /// [`CPU_SHARE_VAR`]).
+    /// [`CPU_SHARE`]).
     pub fn set_cpu_share(&mut self, setting: CpuShare) {
         self.hybrid.set_setting(setting);
     }
@@ -717,14 +716,16 @@ mod tests {
 
     #[test]
     fn the_setting_parses_strictly() {
-        assert_eq!(CpuShare::parse("auto").unwrap(), CpuShare::Auto);
-        assert_eq!(CpuShare::parse("off").unwrap(), CpuShare::Off);
-        assert_eq!(CpuShare::parse("0").unwrap(), CpuShare::Off);
-        assert_eq!(CpuShare::parse("0.4").unwrap(), CpuShare::Fixed(0.4));
-        for bad in ["", "1", "0.96", "-0.1", "half", "NaN"] {
-            let e = CpuShare::parse(bad).unwrap_err().to_string();
+        let share = |v| CPU_SHARE.value(&knobs::Env::from_pairs([(CPU_SHARE.name, v)]));
+        assert_eq!(share(""), Ok(CpuShare::Auto));
+        assert_eq!(share("auto"), Ok(CpuShare::Auto));
+        assert_eq!(share("off"), Ok(CpuShare::Off));
+        assert_eq!(share("0"), Ok(CpuShare::Off));
+        assert_eq!(share("0.4"), Ok(CpuShare::Fixed(0.4)));
+        for bad in ["1", "0.96", "-0.1", "half", "NaN"] {
+            let e = share(bad).unwrap_err().to_string();
             assert!(
-                e.contains(CPU_SHARE_VAR) && e.contains("accepted"),
+                e.contains(CPU_SHARE.name) && e.contains(bad) && e.contains("accepted"),
                 "{bad}: {e}"
             );
         }

@@ -1,0 +1,50 @@
+//! The `HIPDECODE_*` variables this crate reads (see the `knobs` crate).
+
+use crate::budget::{Budget, BudgetError};
+use knobs::{Knob, Scope, Table};
+
+pub static GPU_BUDGET: Knob<Option<Budget>> = Knob {
+    name: "HIPDECODE_GPU_BUDGET",
+    default: "",
+    doc: "the cap on everything a run takes on the device when --gpu-budget is not given: \
+          bytes (\"12GiB\") or a share of the device (\"75%\"); weights that do not fit are \
+          offloaded (unset: no budget)",
+    scope: Scope::Run,
+    parse: |v| {
+        if v.trim().is_empty() {
+            return Ok(None);
+        }
+        match Budget::parse(GPU_BUDGET.name, v) {
+            Ok(b) => Ok(Some(b)),
+            Err(BudgetError::Parse { reason, .. }) => Err(format!(
+                "{reason}; accepted forms: {}",
+                crate::budget::BUDGET_FORMS
+            )),
+            Err(other) => Err(other.to_string()),
+        }
+    },
+};
+
+pub static TABLE: Table = &[&GPU_BUDGET];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use knobs::Env;
+
+    #[test]
+    fn the_table_is_valid() {
+        knobs::validate(&[TABLE]).unwrap();
+    }
+
+    #[test]
+    fn the_budget_reads_sizes_and_shares_and_refuses_nothing() {
+        let value = |v| GPU_BUDGET.value(&Env::from_pairs([(GPU_BUDGET.name, v)]));
+        assert_eq!(value("8GiB"), Ok(Some(Budget::Bytes(8 << 30))));
+        assert_eq!(value(""), Ok(None));
+        for bad in ["0", "lots", "none"] {
+            let e = value(bad).unwrap_err().to_string();
+            assert!(e.contains(GPU_BUDGET.name) && e.contains(bad), "{e}");
+        }
+    }
+}
