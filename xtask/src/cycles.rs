@@ -55,8 +55,6 @@ const ALLOWED_CYCLES: &[AllowedCycle] = &[
             "src/backend/gpu/capture_stream.rs",
             "src/backend/gpu/hybrid.rs",
             "src/backend/gpu/moe_prefill.rs",
-            "src/backend/host_pool.rs",
-            "src/backend/host_q8.rs",
             "src/backend/prefetch.rs",
             "src/backend/vendor_gemm.rs",
         ],

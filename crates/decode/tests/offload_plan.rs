@@ -24,7 +24,7 @@ const TINY: [Preset; 4] = [
 fn hipdecode() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_hipdecode"));
     // The budget comes from the flag in these tests unless one sets the variable.
-    c.env_remove(offload::BUDGET_ENV);
+    c.env_remove(offload::knobs::GPU_BUDGET.name);
     c
 }
 
@@ -209,7 +209,7 @@ fn budget_forms_and_their_errors() {
         let mut c = hipdecode();
         c.args(["plan", "-m"]).arg(&model).args(args);
         if let Some(v) = env {
-            c.env(offload::BUDGET_ENV, v);
+            c.env(offload::knobs::GPU_BUDGET.name, v);
         }
         c.output().unwrap()
     };
@@ -238,7 +238,7 @@ fn budget_forms_and_their_errors() {
     // Bad values name the value and the accepted forms.
     for (args, env, named) in [
         (&["--gpu-budget", "8 parsecs"][..], None, "--gpu-budget"),
-        (&[][..], Some("lots"), offload::BUDGET_ENV),
+        (&[][..], Some("lots"), offload::knobs::GPU_BUDGET.name),
         (&["--gpu-budget", "0"][..], None, "--gpu-budget"),
         (
             &["--gpu-budget", "50%", "--device-memory", "50%"][..],
@@ -258,7 +258,7 @@ fn budget_forms_and_their_errors() {
     let out = run(&[], None);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("no GPU budget") && stderr.contains(offload::BUDGET_ENV),
+        stderr.contains("no GPU budget") && stderr.contains(offload::knobs::GPU_BUDGET.name),
         "{stderr}"
     );
     // A budget above the device's memory.

@@ -12,9 +12,6 @@
 use rocm_alloc::limits::{parse_limit, LimitSpec};
 use std::fmt;
 
-/// The variable that sets the budget when `--gpu-budget` is not given ([`crate::knobs`]).
-pub const BUDGET_ENV: &str = crate::knobs::GPU_BUDGET.name;
-
 /// The forms a budget may take, as every error states them.
 pub const BUDGET_FORMS: &str = "a byte count (\"12345\"), a decimal with a binary unit \
      K/M/G/T, KB/MB/GB/TB or KiB/MiB/GiB/TiB in any case, every one a power of 1024 \

@@ -14,7 +14,7 @@ pub mod knobs;
 pub mod link;
 pub mod plan;
 
-pub use budget::{parse_size, Budget, BudgetError, BUDGET_ENV, BUDGET_FORMS};
+pub use budget::{parse_size, Budget, BudgetError, BUDGET_FORMS};
 pub use link::{InvalidLink, LinkModel};
 pub use plan::{
     device_footprint, mib, minimum_budget, plan, Placement, PlacementSummary, Plan, PlanError,

@@ -507,13 +507,13 @@ fn plan(args: PlanArgs) -> Result<()> {
         None => offload::knobs::GPU_BUDGET.read()?.ok_or_else(|| {
             anyhow::anyhow!(
                 "no GPU budget: pass --gpu-budget (e.g. 8GiB, or 75% of the device) or set {}",
-                offload::BUDGET_ENV
+                offload::knobs::GPU_BUDGET.name
             )
         })?,
     };
     let budget_source = match &args.gpu_budget {
         Some(text) => format!("--gpu-budget {text}"),
-        None => offload::BUDGET_ENV.to_string(),
+        None => offload::knobs::GPU_BUDGET.name.to_string(),
     };
     let (device_total, device_source) = match &args.device_memory {
         Some(text) => (
