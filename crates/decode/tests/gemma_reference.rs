@@ -8,6 +8,8 @@ use decode::backend::cpu::CpuBackend;
 use decode::backend::Precision;
 use decode::model::{Model, ModelOptions};
 use decode::tokenizer::Tokenizer;
+use test_support::models::gemma_path;
+use test_support::tolerance::compare;
 
 const PROMPTS: [&str; 3] = [
     "The capital of France is",

@@ -409,10 +409,12 @@ mod tests {
 
     #[test]
     fn cpu_experts_add_the_weighted_slots_and_skip_bad_ids() {
-        use crate::backend::cpu::kernels::tests::{random_row, Rng};
-        let mut rng = Rng(7);
+        use crate::backend::cpu::kernels::tests::random_row;
+        use rand::Rng;
+        use test_support::rng::StdRng;
+        let mut rng = test_support::rng::seeded(7);
         let (n_embd, n_ff, n_expert) = (256, 256, 3);
-        let tensor = |rows: usize, cols: usize, rng: &mut Rng| -> Vec<u8> {
+        let tensor = |rows: usize, cols: usize, rng: &mut StdRng| -> Vec<u8> {
             (0..n_expert * rows)
                 .flat_map(|_| random_row(GgmlType::Q4K, cols, rng))
                 .collect()
@@ -420,7 +422,7 @@ mod tests {
         let gate = tensor(n_ff, n_embd, &mut rng);
         let up = tensor(n_ff, n_embd, &mut rng);
         let down = tensor(n_embd, n_ff, &mut rng);
-        let x: Vec<f32> = (0..n_embd).map(|_| rng.f32()).collect();
+        let x: Vec<f32> = (0..n_embd).map(|_| rng.random_range(-1.0..1.0)).collect();
         let mut acts = HostActivations::default();
         acts.quantize(&x).unwrap();
         let formats = [GgmlType::Q4K; 3];
