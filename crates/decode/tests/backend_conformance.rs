@@ -93,6 +93,12 @@ const MATMUL_INT8_TOL: f32 = 3e-2;
 /// 2^-11 relative per value, products summed in f32.
 const MATMUL_F16_TOL: f32 = 2e-3;
 
+/// The mixture-of-experts FFN on the vendor GEMM (`gpu_int8`, prefill): two products in a row
+/// (gate and up, then down), each over f16-rounded inputs and weights, the gated activations
+/// between them rounded to f16 again; so twice a product's bound, and a share of it again for
+/// the largest of the many outputs. Measured on the H200 (2026-12-01): 3.8e-3 x RMS at seed 23.
+const MOE_F16_TOL: f32 = 3.0 * MATMUL_F16_TOL;
+
 /// Attention over an f16 KV cache (`gpu_int8`): keys and values rounded to 11 significant bits,
 /// a relative error of at most 2^-11 per stored value (the caches are compared too).
 const KV_F16_TOL: f32 = 2e-3;
@@ -622,7 +628,11 @@ fn moe<B: Backend + 'static>(make: impl Fn() -> B) {
         let want = go(&mut exact(), [&gate, &up, &down], &x, &logits, &shape);
         let got = go(&mut make(), [&gate, &up, &down], &x, &logits, &shape);
         let what = format!("moe {} x {rows} rows", gate.format.name());
-        check(&what, &got, &want, matmul_tolerance(&probe, rows));
+        let tol = match matmul_tolerance(&probe, rows) {
+            MATMUL_F16_TOL => MOE_F16_TOL,
+            tol => tol,
+        };
+        check(&what, &got, &want, tol);
     }
 }
 
