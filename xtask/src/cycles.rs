@@ -85,11 +85,6 @@ const ALLOWED_CYCLES: &[AllowedCycle] = &[
         reason: UNTRIAGED,
     },
     AllowedCycle {
-        krate: "gguf-loader",
-        files: &["src/quant/dequant.rs", "src/quant/mod.rs"],
-        reason: UNTRIAGED,
-    },
-    AllowedCycle {
         krate: "hip-ffi",
         files: &[
             "src/device.rs",
