@@ -85,22 +85,6 @@ const ALLOWED_CYCLES: &[AllowedCycle] = &[
         reason: UNTRIAGED,
     },
     AllowedCycle {
-        krate: "hip-ffi",
-        files: &[
-            "src/device.rs",
-            "src/ffi/cuda.rs",
-            "src/ffi/hip.rs",
-            "src/ffi/rtc.rs",
-            "src/platform.rs",
-        ],
-        reason: ISSUE_20,
-    },
-    AllowedCycle {
-        krate: "hip-ffi",
-        files: &["src/memory.rs", "src/module.rs", "src/stream.rs"],
-        reason: ISSUE_20,
-    },
-    AllowedCycle {
         krate: "rocm-alloc",
         files: &["src/allocator.rs", "src/arena.rs", "src/graph_pool.rs"],
         reason: UNTRIAGED,
