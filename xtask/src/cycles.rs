@@ -84,16 +84,6 @@ const ALLOWED_CYCLES: &[AllowedCycle] = &[
         ],
         reason: UNTRIAGED,
     },
-    AllowedCycle {
-        krate: "rocm-alloc",
-        files: &["src/allocator.rs", "src/arena.rs", "src/graph_pool.rs"],
-        reason: UNTRIAGED,
-    },
-    AllowedCycle {
-        krate: "rocm-alloc",
-        files: &["src/block_pool.rs", "src/free_list.rs"],
-        reason: UNTRIAGED,
-    },
 ];
 
 pub fn run(_args: Args) -> Result<()> {
