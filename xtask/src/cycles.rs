@@ -35,56 +35,10 @@ struct AllowedCycle {
     reason: &'static str,
 }
 
-/// Rings issue 20 names; the restructure is to break them. Two hold more files than the issue
-/// lists (gpu/capture_stream.rs and gpu/moe_prefill.rs in the backend ring, ops.rs with
-/// backend/mod.rs and sampler.rs): each of those and gpu.rs (or backend/mod.rs) import from one
-/// another, which ties them into the same ring.
-const ISSUE_20: &str = "to be broken by the backend restructure (issue 20)";
-
-/// Rings the first run of this check found beyond issue 20's list.
-const UNTRIAGED: &str =
-    "found by the first run of `cargo xtask cycles`, not in issue 20's list; to be triaged";
-
-/// The rings the check lets pass. Remove an entry when its ring is broken: the check fails on
-/// entries that match nothing.
-const ALLOWED_CYCLES: &[AllowedCycle] = &[
-    AllowedCycle {
-        krate: "decode",
-        files: &[
-            "src/backend/gpu.rs",
-            "src/backend/gpu/capture_stream.rs",
-            "src/backend/gpu/hybrid.rs",
-            "src/backend/gpu/moe_prefill.rs",
-            "src/backend/prefetch.rs",
-            "src/backend/vendor_gemm.rs",
-        ],
-        reason: ISSUE_20,
-    },
-    AllowedCycle {
-        krate: "decode",
-        files: &["src/backend/mod.rs", "src/backend/ops.rs", "src/sampler.rs"],
-        reason: ISSUE_20,
-    },
-    AllowedCycle {
-        krate: "decode",
-        files: &["src/budget_run.rs", "src/device.rs"],
-        reason: ISSUE_20,
-    },
-    AllowedCycle {
-        krate: "decode",
-        files: &["src/error.rs", "src/quant.rs"],
-        reason: ISSUE_20,
-    },
-    AllowedCycle {
-        krate: "decode",
-        files: &[
-            "src/tokenizer/bpe.rs",
-            "src/tokenizer/mod.rs",
-            "src/tokenizer/spm.rs",
-        ],
-        reason: UNTRIAGED,
-    },
-];
+/// The rings the check lets pass, none now: every ring the first run found is broken. An entry
+/// names a ring's files and why it is tolerated; remove it when the ring is broken, since the
+/// check fails on entries that match nothing.
+const ALLOWED_CYCLES: &[AllowedCycle] = &[];
 
 pub fn run(_args: Args) -> Result<()> {
     check(&crate::workspace_root())

@@ -3,15 +3,11 @@
 //! Throughput is in weight elements per second. Skips with a message when the model is absent.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use decode::backend::kernels::{matmul, MatrixRef, Precision};
-use std::path::PathBuf;
-
-fn model_path() -> PathBuf {
-    decode::gguf_loader::paths::gemma3_270m_path()
-}
+use decode::backend::cpu::kernels::{matmul, MatrixRef, Precision};
 
 fn kernels(c: &mut Criterion) {
-    let path = model_path();
+    // The models folder the tests and `cargo xtask fetch-model` use.
+    let path = decode::gguf_loader::paths::gemma3_270m_path();
     let Ok(file) = decode::open_model(&path) else {
         eprintln!(
             "skipping: {} is absent (cargo xtask fetch-model gemma3-270m)",

@@ -10,6 +10,7 @@
 //! the plan places each, and prefill streams them all.
 
 use crate::backend::gpu::HostPlacement;
+use crate::device::{BackendChoice, GpuOffload};
 use crate::error::{DecodeError, Result};
 use crate::resident::{self, ResidentOptions};
 use gguf_loader::GgufFile;
@@ -48,15 +49,6 @@ pub const HOST_AVAILABLE_SHARE: f64 = 0.9;
 /// the load at the allocator's limit. The sweep reports each run's measured peak beside its
 /// budget, which shows how much of this was needed.
 pub const ESTIMATE_HEADROOM: u64 = 32 << 20;
-
-/// What the GPU backend needs to carry out a budget's plan.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GpuOffload {
-    /// The allocator's memory limit in bytes.
-    pub memory_limit: u64,
-    /// The weights read in place from pinned host memory, and the host budget.
-    pub host: Arc<HostPlacement>,
-}
 
 /// A budget's plan and how the run carries it out.
 #[derive(Clone, Debug)]
@@ -148,7 +140,7 @@ pub fn budget_from(flag: Option<&str>) -> Result<Option<(Budget, String)>> {
 /// The budget run for `choice`, when a budget is given (`gpu_budget`, else
 /// `HIPDECODE_GPU_BUDGET`): `None` without one, an error naming the fix on the CPU backend.
 pub fn for_choice(
-    choice: &crate::device::BackendChoice,
+    choice: &BackendChoice,
     file: &GgufFile,
     gpu_budget: Option<&str>,
     host_budget: Option<&str>,
@@ -164,7 +156,7 @@ pub fn for_choice(
         }
         return Ok(None);
     };
-    let crate::device::BackendChoice::Gpu(device) = choice else {
+    let BackendChoice::Gpu(device) = choice else {
         return Err(DecodeError::InvalidArgument(format!(
             "a GPU budget ({budget_source}) applies to the GPU backend, but this run is on the \
              CPU; use --device gpu, or drop the budget"

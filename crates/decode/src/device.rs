@@ -1,10 +1,20 @@
 //! Choosing where a model runs: one enum for the CLI, bench-decode and the tests.
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::gpu::{GpuBackend, DEFAULT_MAX_BATCH};
+use crate::backend::gpu::{GpuBackend, HostPlacement, DEFAULT_MAX_BATCH};
 use crate::backend::{Backend, Precision};
 use crate::error::{DecodeError, Result};
 use std::path::Path;
+use std::sync::Arc;
+
+/// What the GPU backend needs to carry out a budget's plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuOffload {
+    /// The allocator's memory limit in bytes.
+    pub memory_limit: u64,
+    /// The weights read in place from pinned host memory, and the host budget.
+    pub host: Arc<HostPlacement>,
+}
 
 /// What the user asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -114,7 +124,7 @@ pub struct BackendSettings {
     pub gpu_graphs: bool,
     /// GPU: a GPU budget's plan carried out (the allocator's limit, the weights kept in
     /// pinned host memory); see [`crate::budget_run`].
-    pub gpu_offload: Option<crate::budget_run::GpuOffload>,
+    pub gpu_offload: Option<GpuOffload>,
 }
 
 impl Default for BackendSettings {

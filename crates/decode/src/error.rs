@@ -33,8 +33,12 @@ pub enum DecodeError {
     },
     #[error("cannot allocate {what}: {reason}; pass a smaller --ctx (or batch size)")]
     Allocation { what: String, reason: String },
-    #[error("tensor '{name}' is stored as {ty}, which hipdecode cannot read (it reads {supported}); re-quantize the model to Q4_K_M, Q8_0, F16 or F32", supported = crate::quant::supported_names())]
-    UnsupportedTensorType { name: String, ty: String },
+    #[error("tensor '{name}' is stored as {ty}, which hipdecode cannot read (it reads {supported}); re-quantize the model to Q4_K_M, Q8_0, F16 or F32")]
+    UnsupportedTensorType {
+        name: String,
+        ty: String,
+        supported: String,
+    },
     #[error("the tokenizer cannot be built: {0}")]
     Tokenizer(String),
     #[error("token id {id} is outside the vocabulary of {vocab} tokens")]

@@ -63,6 +63,7 @@ pub fn check_supported(name: &str, ty: GgmlType) -> Result<()> {
     Err(DecodeError::UnsupportedTensorType {
         name: name.to_string(),
         ty: ty.name().to_string(),
+        supported: supported_names(),
     })
 }
 

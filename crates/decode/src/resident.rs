@@ -11,11 +11,11 @@
 //! takes. Two figures are not mirrored but assumed: [`GRAPH_AND_RUNTIME_BYTES`] and the
 //! allocator's segment tails ([`POOL_TAIL_BYTES`]).
 
-use crate::backend::gpu::{KvType, MatvecPath, DEFAULT_MAX_BATCH, INT8_MAX_ROWS};
-use crate::backend::prefetch::{self, HostPrefill};
-use crate::backend::vendor_gemm::{
+use crate::backend::gpu::offload::prefetch::{self, HostPrefill};
+use crate::backend::gpu::vendor_gemm::{
     weight_block_values, PrefillPath, LIBRARY_WORKSPACE_BYTES, VENDOR_GEMM_MIN_ROWS,
 };
+use crate::backend::gpu::{KvType, MatvecPath, DEFAULT_MAX_BATCH, INT8_MAX_ROWS};
 use crate::error::{DecodeError, Result};
 use crate::model::{ModelOptions, ModelSpec};
 use gguf_loader::GgufFile;

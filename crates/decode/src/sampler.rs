@@ -71,7 +71,7 @@ impl Sampler {
     /// Picks a token from one row of logits.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         if self.config.is_greedy() {
-            return crate::backend::argmax_host(logits);
+            return rocm_kernels::reference::sampling::argmax(logits) as u32;
         }
         let draw = self.next_draw();
         self.sample_with_draw(logits, draw)
@@ -87,7 +87,7 @@ impl Sampler {
     /// The sampling rule for a given `draw` (see [`Sampler::next_draw`]).
     pub fn sample_with_draw(&mut self, logits: &[f32], draw: f64) -> u32 {
         if self.config.is_greedy() {
-            return crate::backend::argmax_host(logits);
+            return rocm_kernels::reference::sampling::argmax(logits) as u32;
         }
         let c = &mut self.candidates;
         c.clear();

@@ -9,18 +9,20 @@
 
 mod common;
 
-use common::{compare, max_abs_diff, preset_file};
+use common::preset_file;
 use decode::backend::cpu::CpuBackend;
+use decode::backend::gpu::vendor_gemm::VENDOR_GEMM_MIN_ROWS;
 use decode::backend::gpu::{GpuBackend, KvType, MatvecPath};
-use decode::backend::vendor_gemm::VENDOR_GEMM_MIN_ROWS;
 use decode::backend::{
-    argmax_host, Attention, Backend, GateActivation, MoeShape, Precision, Rope, StepBounds,
-    WeightSource,
+    Attention, Backend, GateActivation, MoeShape, Precision, Rope, StepBounds, WeightSource,
 };
 use decode::gguf_loader::synth::Preset;
 use decode::gguf_loader::GgmlType;
 use decode::memory::MemoryTag;
+use rand::Rng;
 use std::any::Any;
+use test_support::rng::{seeded, uniform_vec};
+use test_support::tolerance::{compare, max_abs_diff};
 
 /// Ops whose result is f32 arithmetic on both sides (norms, element-wise ops, rope, attention):
 /// the backends differ only in summation order and transcendental implementations.
@@ -32,10 +34,6 @@ const MATMUL_F32_TOL: f32 = 1e-4;
 /// error of about 2^-15 per value that grows with the row length.
 const MATMUL_FAST_TOL: f32 = 2e-3;
 
-/// One GPU test at a time: a test that ends unloads its kernel modules, which synchronizes the
-/// whole device.
-static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 macro_rules! test_device {
     ($op:ident) => {
         mod $op {
@@ -46,7 +44,7 @@ macro_rules! test_device {
 
             #[test]
             fn gpu() {
-                let _lock = super::GPU.lock().unwrap_or_else(|e| e.into_inner());
+                let _lock = test_support::gpu::gpu_lock();
                 let Some(device) = hip_ffi::testing::device_or_skip(concat!(
                     "backend_conformance::",
                     stringify!($op),
@@ -65,7 +63,7 @@ macro_rules! test_device {
 
             #[test]
             fn gpu_int8() {
-                let _lock = super::GPU.lock().unwrap_or_else(|e| e.into_inner());
+                let _lock = test_support::gpu::gpu_lock();
                 let Some(device) = hip_ffi::testing::device_or_skip(concat!(
                     "backend_conformance::",
                     stringify!($op),
@@ -129,33 +127,6 @@ fn matmul_tolerance<B: Backend + 'static>(be: &B, rows: usize) -> f32 {
 
 fn exact() -> CpuBackend {
     CpuBackend::new(Precision::Exact)
-}
-
-/// xorshift32: deterministic inputs without a dependency.
-struct Rng(u32);
-
-impl Rng {
-    fn new(seed: u32) -> Rng {
-        Rng(seed.wrapping_mul(2654435761).max(1))
-    }
-
-    fn next(&mut self) -> u32 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        self.0 = x;
-        x
-    }
-
-    /// Uniform in [-scale, scale).
-    fn f32(&mut self, scale: f32) -> f32 {
-        ((self.next() >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0) * scale
-    }
-
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.f32(scale)).collect()
-    }
 }
 
 fn upload<B: Backend>(be: &mut B, data: &[f32]) -> B::Buffer {
@@ -281,11 +252,11 @@ fn rms_norm<B: Backend + 'static>(make: impl Fn() -> B) {
             .expect("rms_norm");
         download(be, &out, rows * dim)
     }
-    let mut rng = Rng::new(1);
+    let mut rng = seeded(1);
     for rows in ROWS {
         for dim in WEIGHT_DIMS {
-            let x = rng.vec(rows * dim, 3.0);
-            let w = rng.vec(dim, 1.5);
+            let x = uniform_vec(&mut rng, rows * dim, -3.0, 3.0);
+            let w = uniform_vec(&mut rng, dim, -1.5, 1.5);
             let want = go(&mut exact(), &x, &w, rows, dim);
             let got = go(&mut make(), &x, &w, rows, dim);
             check(&format!("rms_norm {rows}x{dim}"), &got, &want, F32_TOL);
@@ -329,14 +300,14 @@ fn add_rms_norm<B: Backend + 'static>(make: impl Fn() -> B) {
         }
     }
     let probe = make();
-    let mut rng = Rng::new(21);
+    let mut rng = seeded(21);
     for m in matrices(&[GgmlType::Q4K, GgmlType::Q8_0]) {
         let dim = m.dims[0];
         for rows in ROWS {
             for with_y in [false, true] {
-                let x = rng.vec(rows * dim, 3.0);
-                let y = rng.vec(rows * dim, 3.0);
-                let w = rng.vec(dim, 1.5);
+                let x = uniform_vec(&mut rng, rows * dim, -3.0, 3.0);
+                let y = uniform_vec(&mut rng, rows * dim, -3.0, 3.0);
+                let w = uniform_vec(&mut rng, dim, -1.5, 1.5);
                 let y = with_y.then_some(&y[..]);
                 let want = go(&mut exact(), &x, y, &w, &m, rows, dim);
                 let got = go(&mut make(), &x, y, &w, &m, rows, dim);
@@ -369,14 +340,14 @@ fn rms_norm_inplace<B: Backend + 'static>(make: impl Fn() -> B) {
             .expect("rms_norm_inplace");
         download(be, &xb, x.len())
     }
-    let mut rng = Rng::new(2);
+    let mut rng = seeded(2);
     // Per-head norms: rows = tokens x heads.
     for (tokens, heads) in [(1, 4), (3, 2), (17, 4)] {
         for dim in [32, 64, 128, 256] {
             let rows = tokens * heads;
             // One row more than normed, which must stay untouched.
-            let x = rng.vec((rows + 1) * dim, 2.0);
-            let w = rng.vec(dim, 1.5);
+            let x = uniform_vec(&mut rng, (rows + 1) * dim, -2.0, 2.0);
+            let w = uniform_vec(&mut rng, dim, -1.5, 1.5);
             let want = go(&mut exact(), &x, &w, rows, dim);
             let got = go(&mut make(), &x, &w, rows, dim);
             check(
@@ -414,12 +385,12 @@ fn matmul<B: Backend + 'static>(make: impl Fn() -> B) {
         GgmlType::Q6K,
         GgmlType::Q8_0,
     ];
-    let mut rng = Rng::new(3);
+    let mut rng = seeded(3);
     for full in matrices(&formats) {
         for m in [full.rows(7), full] {
             // 17 rows > 8 exercises the GPU's tiled path, 40 its vendor GEMM (on gpu_int8).
             for rows in MATMUL_ROWS {
-                let x = rng.vec(rows * m.dims[0], 1.0);
+                let x = uniform_vec(&mut rng, rows * m.dims[0], -1.0, 1.0);
                 let want = go(&mut exact(), &m, &x, rows);
                 let got = go(&mut make(), &m, &x, rows);
                 let tol = matmul_tolerance(&probe, rows);
@@ -444,11 +415,11 @@ test_device!(dense_rows_of_any_length);
 /// element): loaded, multiplied and embedded like any other, against an f64 reference computed
 /// from the stored values.
 fn dense_rows_of_any_length<B: Backend + 'static>(make: impl Fn() -> B) {
-    let mut rng = Rng::new(12);
+    let mut rng = seeded(12);
     let (n_out, rows) = (5, 3);
     for format in [GgmlType::F16, GgmlType::Bf16] {
         for cols in [7, 301] {
-            let values = rng.vec(n_out * cols, 1.0);
+            let values = uniform_vec(&mut rng, n_out * cols, -1.0, 1.0);
             // Each value's stored bytes and the value they hold.
             let encode = |v: f32| -> ([u8; 2], f32) {
                 if format == GgmlType::F16 {
@@ -472,7 +443,7 @@ fn dense_rows_of_any_length<B: Backend + 'static>(make: impl Fn() -> B) {
             let mut be = make();
             let w = be.load_weight(&m.source()).expect("load a dense matrix");
 
-            let x = rng.vec(rows * cols, 1.0);
+            let x = uniform_vec(&mut rng, rows * cols, -1.0, 1.0);
             let xb = upload(&mut be, &x);
             let mut out = be.alloc(MemoryTag::Activations, rows * n_out).unwrap();
             be.matmul(&w, &xb, &mut out, rows).expect("matmul");
@@ -509,11 +480,11 @@ fn add_bias<B: Backend + 'static>(make: impl Fn() -> B) {
         be.add_bias(&mut xb, &bias, rows).expect("add_bias");
         download(be, &xb, x.len())
     }
-    let mut rng = Rng::new(4);
+    let mut rng = seeded(4);
     for rows in ROWS {
         for dim in WEIGHT_DIMS {
-            let x = rng.vec((rows + 1) * dim, 2.0);
-            let b = rng.vec(dim, 2.0);
+            let x = uniform_vec(&mut rng, (rows + 1) * dim, -2.0, 2.0);
+            let b = uniform_vec(&mut rng, dim, -2.0, 2.0);
             let want = go(&mut exact(), &x, &b, rows);
             let got = go(&mut make(), &x, &b, rows);
             check(&format!("add_bias {rows}x{dim}"), &got, &want, F32_TOL);
@@ -535,11 +506,11 @@ fn gated<B: Backend + 'static>(make: impl Fn() -> B) {
         be.gated(&mut gb, &ub, len, act).expect("gated");
         download(be, &gb, g.len())
     }
-    let mut rng = Rng::new(5);
+    let mut rng = seeded(5);
     for act in [GateActivation::Silu, GateActivation::GeluTanh] {
         for len in [1, 7, 64 * 3, 1152 * 17] {
-            let g = rng.vec(len + 5, 6.0);
-            let u = rng.vec(len + 5, 2.0);
+            let g = uniform_vec(&mut rng, len + 5, -6.0, 6.0);
+            let u = uniform_vec(&mut rng, len + 5, -2.0, 2.0);
             let want = go(&mut exact(), &g, &u, len, act);
             let got = go(&mut make(), &g, &u, len, act);
             check(&format!("gated {act:?} {len}"), &got, &want, F32_TOL);
@@ -566,12 +537,12 @@ fn gated_then_product<B: Backend + 'static>(make: impl Fn() -> B) {
         all
     }
     let probe = make();
-    let mut rng = Rng::new(22);
+    let mut rng = seeded(22);
     for m in matrices(&[GgmlType::Q6K, GgmlType::Q5_0]) {
         for rows in [1, 3] {
             let len = rows * m.dims[0];
-            let g = rng.vec(len, 3.0);
-            let u = rng.vec(len, 2.0);
+            let g = uniform_vec(&mut rng, len, -3.0, 3.0);
+            let u = uniform_vec(&mut rng, len, -2.0, 2.0);
             let want = go(&mut exact(), &g, &u, &m, rows);
             let got = go(&mut make(), &g, &u, &m, rows);
             let what = format!("gated then {} x {rows} rows", m.name);
@@ -635,7 +606,7 @@ fn moe<B: Backend + 'static>(make: impl Fn() -> B) {
         download(be, &out, shape.rows * shape.n_embd)
     }
     let probe = make();
-    let mut rng = Rng::new(23);
+    let mut rng = seeded(23);
     // 40 rows run grouped by expert on the vendor GEMM (gpu_int8).
     for rows in [1, 3, 40] {
         let shape = MoeShape {
@@ -646,8 +617,8 @@ fn moe<B: Backend + 'static>(make: impl Fn() -> B) {
             k: 4.min(n_expert),
             act: GateActivation::Silu,
         };
-        let x = rng.vec(rows * n_embd, 2.0);
-        let logits = rng.vec(rows * n_expert, 3.0);
+        let x = uniform_vec(&mut rng, rows * n_embd, -2.0, 2.0);
+        let logits = uniform_vec(&mut rng, rows * n_expert, -3.0, 3.0);
         let want = go(&mut exact(), [&gate, &up, &down], &x, &logits, &shape);
         let got = go(&mut make(), [&gate, &up, &down], &x, &logits, &shape);
         let what = format!("moe {} x {rows} rows", gate.format.name());
@@ -696,11 +667,11 @@ fn rope_qk_then_store_kv<B: Backend + 'static>(make: impl Fn() -> B) {
         all.extend(download(be, &vc, slots * kd));
         all
     }
-    let mut rng = Rng::new(24);
+    let mut rng = seeded(24);
     for (rows, pos0, slots) in [(1, 0, 8), (3, 11, 8), (17, 40, 64)] {
-        let q = rng.vec(rows * n_head * HD, 2.0);
-        let k = rng.vec(rows * kd, 2.0);
-        let v = rng.vec(rows * vd, 2.0);
+        let q = uniform_vec(&mut rng, rows * n_head * HD, -2.0, 2.0);
+        let k = uniform_vec(&mut rng, rows * kd, -2.0, 2.0);
+        let v = uniform_vec(&mut rng, rows * vd, -2.0, 2.0);
         let want = go(&mut exact(), &q, &k, &v, rows, pos0, slots, &rope);
         let mut be = make();
         let tol = if stores_f16_kv(&be) {
@@ -735,7 +706,7 @@ fn matmul_pair<B: Backend + 'static>(make: impl Fn() -> B) {
         all
     }
     let probe = make();
-    let mut rng = Rng::new(25);
+    let mut rng = seeded(25);
     let found = matrices(&[GgmlType::Q4K, GgmlType::Q8_0, GgmlType::Q5_0]);
     for m in &found {
         let partner = found
@@ -744,7 +715,7 @@ fn matmul_pair<B: Backend + 'static>(make: impl Fn() -> B) {
         let pairs = [Some(m.rows(7)), partner.cloned()];
         for m2 in pairs.into_iter().flatten() {
             for rows in [1, 3] {
-                let x = rng.vec(rows * m.dims[0], 1.0);
+                let x = uniform_vec(&mut rng, rows * m.dims[0], -1.0, 1.0);
                 let want = go(&mut exact(), m, &m2, &x, rows);
                 let got = go(&mut make(), m, &m2, &x, rows);
                 let what = format!("matmul_pair {} with {} x {rows} rows", m.name, m2.name);
@@ -762,10 +733,10 @@ fn add<B: Backend + 'static>(make: impl Fn() -> B) {
         be.add(&mut xb, &yb, len).expect("add");
         download(be, &xb, x.len())
     }
-    let mut rng = Rng::new(6);
+    let mut rng = seeded(6);
     for len in [1, 7, 1000, 1152 * 17] {
-        let x = rng.vec(len + 3, 4.0);
-        let y = rng.vec(len + 3, 4.0);
+        let x = uniform_vec(&mut rng, len + 3, -4.0, 4.0);
+        let y = uniform_vec(&mut rng, len + 3, -4.0, 4.0);
         let want = go(&mut exact(), &x, &y, len);
         let got = go(&mut make(), &x, &y, len);
         check(&format!("add {len}"), &got, &want, F32_TOL);
@@ -787,11 +758,11 @@ fn copy_row<B: Backend + 'static>(make: impl Fn() -> B) {
             .expect("copy_row");
         download(be, &db, dst.len())
     }
-    let mut rng = Rng::new(7);
+    let mut rng = seeded(7);
     for dim in DIMS {
         for rows in [(0, 0), (3, 1), (4, 3)] {
-            let src = rng.vec(5 * dim, 3.0);
-            let dst = rng.vec(4 * dim, 3.0);
+            let src = uniform_vec(&mut rng, 5 * dim, -3.0, 3.0);
+            let dst = uniform_vec(&mut rng, 4 * dim, -3.0, 3.0);
             let want = go(&mut exact(), &src, &dst, rows, dim);
             assert_eq!(&want[rows.1 * dim..][..dim], &src[rows.0 * dim..][..dim]);
             let got = go(&mut make(), &src, &dst, rows, dim);
@@ -807,9 +778,9 @@ fn zero<B: Backend + 'static>(make: impl Fn() -> B) {
         be.zero(&mut xb, len).expect("zero");
         download(be, &xb, x.len())
     }
-    let mut rng = Rng::new(8);
+    let mut rng = seeded(8);
     for len in [1, 7, 1000, 1152 * 17] {
-        let x = rng.vec(len + 9, 3.0);
+        let x = uniform_vec(&mut rng, len + 9, -3.0, 3.0);
         let want = go(&mut exact(), &x, len);
         assert!(want[..len].iter().all(|&v| v == 0.0));
         assert_eq!(want[len..], x[len..]);
@@ -824,11 +795,11 @@ fn argmax<B: Backend + 'static>(make: impl Fn() -> B) {
         let xb = upload(be, x);
         be.argmax(&xb, row, n).expect("argmax")
     }
-    let mut rng = Rng::new(9);
+    let mut rng = seeded(9);
     let mut cases: Vec<(Vec<f32>, usize, usize, String)> = Vec::new();
     for n in [1, 7, 1000, 32_000, 151_936] {
         let rows = 3;
-        let mut x = rng.vec(rows * n, 5.0);
+        let mut x = uniform_vec(&mut rng, rows * n, -5.0, 5.0);
         cases.push((x.clone(), 1, n, format!("random n={n}")));
         // Ties: the first index wins, even across the GPU's reduction blocks.
         if n > 1 {
@@ -845,7 +816,7 @@ fn argmax<B: Backend + 'static>(make: impl Fn() -> B) {
         cases.push((vec![-2.5; n], 0, n, format!("all equal n={n}")));
     }
     for (x, row, n, what) in cases {
-        let want = argmax_host(&x[row * n..][..n]);
+        let want = rocm_kernels::reference::sampling::argmax(&x[row * n..][..n]) as u32;
         assert_eq!(go(&mut exact(), &x, row, n), want, "cpu exact: {what}");
         assert_eq!(go(&mut make(), &x, row, n), want, "argmax {what}");
     }
@@ -861,13 +832,13 @@ fn embed<B: Backend + 'static>(make: impl Fn() -> B) {
         be.embed(&table, n, scale, &mut out).expect("embed");
         download(be, &out, n * m.dims[0])
     }
-    let mut rng = Rng::new(10);
+    let mut rng = seeded(10);
     let (cols, vocab) = (96, 51);
     let mut tables = vec![Matrix {
         name: "random f32 table".into(),
         format: GgmlType::F32,
         dims: [cols, vocab, 1],
-        bytes: f32_bytes(&rng.vec(cols * vocab, 1.0)),
+        bytes: f32_bytes(&uniform_vec(&mut rng, cols * vocab, -1.0, 1.0)),
     }];
     let file = preset_file(Preset::TinyLlama);
     let t = file
@@ -888,7 +859,7 @@ fn embed<B: Backend + 'static>(make: impl Fn() -> B) {
                 .map(|i| match i {
                     0 => vocab - 1,
                     1 => 0,
-                    _ => rng.next() % vocab,
+                    _ => rng.random_range(0..vocab),
                 })
                 .collect();
             for scale in [1.0, (m.dims[0] as f32).sqrt()] {
@@ -930,7 +901,7 @@ fn rope<B: Backend + 'static>(make: impl Fn() -> B) {
         .expect("rope");
         download(be, &xb, x.len())
     }
-    let mut rng = Rng::new(11);
+    let mut rng = seeded(11);
     let mut cases = Vec::new();
     for neox in [false, true] {
         for (head_dim, n_rot) in [(64, 64), (64, 32), (128, 128), (256, 64)] {
@@ -946,17 +917,14 @@ fn rope<B: Backend + 'static>(make: impl Fn() -> B) {
                         position_scale: if head_dim == 128 { 8.0 } else { 1.0 },
                         n_rot,
                     },
-                    factors: (head_dim == 128).then(|| {
-                        (0..n_rot / 2)
-                            .map(|_| 1.0 + rng.f32(1.0).abs() * 7.0)
-                            .collect()
-                    }),
+                    factors: (head_dim == 128)
+                        .then(|| (0..n_rot / 2).map(|_| rng.random_range(1.0..8.0)).collect()),
                 });
             }
         }
     }
     for c in &cases {
-        let x = rng.vec((c.rows + 1) * c.n_heads * c.head_dim, 2.0);
+        let x = uniform_vec(&mut rng, (c.rows + 1) * c.n_heads * c.head_dim, -2.0, 2.0);
         let want = go(&mut exact(), &x, c);
         let got = go(&mut make(), &x, c);
         check(
@@ -1020,12 +988,12 @@ fn attention<B: Backend + 'static>(make: impl Fn() -> B) {
         all.extend(download(be, &v_cache, slots * KD));
         all
     }
-    let mut rng = Rng::new(12);
+    let mut rng = seeded(12);
     let max_pos = 64;
     let inp = Inputs {
-        k: rng.vec(max_pos * KD, 2.0),
-        v: rng.vec(max_pos * KD, 2.0),
-        q: rng.vec(max_pos * QD, 2.0),
+        k: uniform_vec(&mut rng, max_pos * KD, -2.0, 2.0),
+        v: uniform_vec(&mut rng, max_pos * KD, -2.0, 2.0),
+        q: uniform_vec(&mut rng, max_pos * QD, -2.0, 2.0),
     };
     for window in [None, Some(8), Some(5)] {
         for n in ROWS {

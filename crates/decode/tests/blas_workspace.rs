@@ -6,8 +6,8 @@
 mod common;
 
 use common::*;
+use decode::backend::gpu::vendor_gemm::LIBRARY_WORKSPACE_BYTES;
 use decode::backend::gpu::GpuBackend;
-use decode::backend::vendor_gemm::LIBRARY_WORKSPACE_BYTES;
 use decode::backend::Backend;
 use decode::gguf_loader::synth::Preset;
 use decode::model::{Model, ModelOptions};

@@ -13,16 +13,7 @@ use decode::backend::Backend;
 use decode::gguf_loader::synth::Preset;
 use decode::model::{Model, ModelOptions};
 use std::sync::Arc;
-
-/// The tests of this file one at a time: a test that ends unloads its kernel modules, which
-/// synchronizes the whole device, and that is illegal while another thread's stream is
-/// capturing (seen on the H200: a side-stream capture failed with
-/// CUDA_ERROR_STREAM_CAPTURE_INVALIDATED while verify-rocm ran both tests in parallel).
-static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn gpu_lock() -> std::sync::MutexGuard<'static, ()> {
-    GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+use test_support::gpu::gpu_lock;
 
 /// Logits of 6 decode steps after a 5-token prompt (the first step runs the capture, the rest
 /// replay it), and the backend's device memory at the end.

@@ -1,4 +1,6 @@
-//! Shared helpers of the reference tests: locating models and running the Python reference.
+//! Helpers of decode's tests: running the Python reference, and building models to test on.
+//! What every crate's tests share (model paths, the GPU lock, RNGs, comparisons) is in the
+//! `test-support` crate.
 
 #![allow(dead_code)]
 
@@ -7,39 +9,7 @@ use decode::gguf_loader::writer::Value;
 use decode::gguf_loader::{GgmlType, GgufFile, GgufWriter, MetadataArray, MetadataValue};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-pub fn require_models() -> bool {
-    decode::gguf_loader::paths::require_models()
-}
-
-/// Skips (returns `None` with a printed reason) unless required, in which case it panics.
-pub fn skip(reason: &str) -> Option<()> {
-    assert!(!require_models(), "HIPDECODE_REQUIRE_MODELS=1 but {reason}");
-    eprintln!("skipping: {reason}");
-    None
-}
-
-pub fn models_dir() -> PathBuf {
-    decode::gguf_loader::paths::models_dir()
-}
-
-/// The real Gemma 3 270M file, or a printed skip.
-pub fn gemma_path() -> Option<PathBuf> {
-    let p = models_dir().join("gemma3-270m-q4_k_m.gguf");
-    if p.exists() {
-        Some(p)
-    } else {
-        skip(&format!(
-            "{} is absent; run `cargo xtask fetch-model gemma3-270m`",
-            p.display()
-        ))
-        .map(|_| p)
-    }
-}
+use test_support::models::{skip_unless_required, workspace_root};
 
 /// Whether python3 with numpy and gguf (and what the tokenizer reference needs) is usable.
 pub fn python_ready() -> Option<()> {
@@ -50,7 +20,7 @@ pub fn python_ready() -> Option<()> {
     if ok {
         Some(())
     } else {
-        skip(
+        skip_unless_required(
             "python3 with numpy, gguf, sentencepiece and regex is not available; \
               `python3 -m pip install -r tests/reference/requirements.txt`",
         )
@@ -195,45 +165,6 @@ pub fn read_npy_f32(path: &Path) -> (Vec<usize>, Vec<f32>) {
     (shape, data)
 }
 
-/// Largest |got - want| over two slices of equal length. NaN anywhere (in either input, or
-/// from inf - inf) is an error naming the first position: `f32::max` would skip it, so a NaN
-/// logit would pass any tolerance.
-pub fn try_max_abs_diff(got: &[f32], want: &[f32]) -> Result<f32, String> {
-    if got.len() != want.len() {
-        return Err(format!("{} values compared with {}", got.len(), want.len()));
-    }
-    let mut max = 0.0f32;
-    for (i, (a, b)) in got.iter().zip(want).enumerate() {
-        let d = (a - b).abs();
-        if d.is_nan() {
-            return Err(format!("NaN at index {i}: got {a}, want {b}"));
-        }
-        max = max.max(d);
-    }
-    Ok(max)
-}
-
-/// The gap between the two largest logits and the logits' RMS: where two greedy runs part,
-/// a gap within a small multiple of the RMS is a near-tie that f32 rounding may flip.
-pub fn top2_margin(logits: &[f32]) -> (f32, f32) {
-    let mut sorted = logits.to_vec();
-    sorted.sort_by(|a, b| b.total_cmp(a));
-    let rms = (logits.iter().map(|v| v * v).sum::<f32>() / logits.len() as f32).sqrt();
-    (sorted[0] - sorted[1], rms)
-}
-
-/// [`try_max_abs_diff`], failing the test on NaN or a length mismatch.
-pub fn max_abs_diff(got: &[f32], want: &[f32]) -> f32 {
-    try_max_abs_diff(got, want).unwrap_or_else(|e| panic!("logit comparison failed: {e}"))
-}
-
-/// Largest absolute difference, and the reference's RMS, over a set of logit rows.
-pub fn compare(got: &[f32], want: &[f32]) -> (f32, f32) {
-    let max = max_abs_diff(got, want);
-    let rms = (want.iter().map(|v| v * v).sum::<f32>() / want.len() as f32).sqrt();
-    (max, rms)
-}
-
 /// How [`rebuild_gguf`] changes a file.
 #[derive(Default)]
 pub struct Edits {
@@ -352,8 +283,7 @@ pub fn preset_file(preset: Preset) -> GgufFile {
     GgufFile::from_bytes(bytes).expect("a synthetic model opens")
 }
 
+/// Where decode's tests write the models they build.
 pub fn scratch_dir() -> PathBuf {
-    let d = std::env::temp_dir().join("hipdecode-decode-tests");
-    std::fs::create_dir_all(&d).expect("scratch dir");
-    d
+    test_support::models::scratch_dir("decode-tests")
 }

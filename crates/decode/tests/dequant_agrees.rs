@@ -11,6 +11,8 @@ use decode::gguf_loader::quant::dequantize;
 use decode::gguf_loader::synth::Preset;
 use decode::gguf_loader::{GgmlType, GgufFile};
 use decode::quant::{self, row_to_f32};
+use rand::Rng;
+use test_support::models::gemma_path;
 
 /// Compares every row of every tensor whose format decode supports; returns how many rows.
 fn check_file(file: &GgufFile, label: &str) -> usize {
@@ -78,13 +80,7 @@ fn row_dequantization_equals_gguf_loader_on_real_gemma() {
 /// bits make some f16 scales (and dense values) infinite or NaN, so here NaN matches NaN.
 #[test]
 fn row_dequantization_equals_gguf_loader_on_random_rows_of_every_supported_type() {
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut byte = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state >> 24) as u8
-    };
+    let mut rng = test_support::rng::seeded(0x9E37_79B9_7F4A_7C15);
     for format in quant::SUPPORTED {
         let lengths: &[usize] = if quant::is_float(format) {
             &[1, 7, 301]
@@ -93,7 +89,7 @@ fn row_dequantization_equals_gguf_loader_on_random_rows_of_every_supported_type(
         };
         for &cols in lengths {
             let n_bytes = quant::row_bytes(format, cols).expect("whole blocks");
-            let bytes: Vec<u8> = (0..n_bytes).map(|_| byte()).collect();
+            let bytes: Vec<u8> = (0..n_bytes).map(|_| rng.random()).collect();
             let mut want = vec![0f32; cols];
             dequantize(format, &bytes, &mut want).expect("gguf-loader dequantizes it");
             let mut got = vec![0f32; cols];

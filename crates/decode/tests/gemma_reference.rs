@@ -8,6 +8,8 @@ use decode::backend::cpu::CpuBackend;
 use decode::backend::Precision;
 use decode::model::{Model, ModelOptions};
 use decode::tokenizer::Tokenizer;
+use test_support::models::gemma_path;
+use test_support::tolerance::compare;
 
 const PROMPTS: [&str; 3] = [
     "The capital of France is",
@@ -65,7 +67,9 @@ fn gemma_logits_match_the_reference_at_every_position() {
             );
             // The top token agrees at every position.
             for t in 0..ids.len() {
-                let row = |v: &[f32]| decode::backend::argmax_host(&v[t * vocab..(t + 1) * vocab]);
+                let row = |v: &[f32]| {
+                    rocm_kernels::reference::sampling::argmax(&v[t * vocab..(t + 1) * vocab]) as u32
+                };
                 assert_eq!(
                     row(&got),
                     row(&want),

@@ -11,6 +11,7 @@ use decode::gguf_loader::synth::{write_preset, Preset};
 use decode::model::{Model, ModelOptions};
 use decode::sampler::SamplerConfig;
 use decode::DecodeError;
+use test_support::tolerance::max_abs_diff;
 
 fn tiny(preset: Preset, tag: &str, options: ModelOptions) -> Model<CpuBackend> {
     let path = scratch_dir().join(format!("gen-{tag}-{}.gguf", std::process::id()));
@@ -44,7 +45,7 @@ fn decoding_one_token_at_a_time_matches_the_batched_prefill() {
             model.forward(&[tok]).unwrap();
             model.last_logits(&mut row).unwrap();
             let want = &batched[t * vocab..(t + 1) * vocab];
-            let max = common::max_abs_diff(&row, want);
+            let max = max_abs_diff(&row, want);
             assert!(max < 1e-4, "{} position {t}: {max}", preset.name());
         }
         assert_eq!(model.position(), tokens.len());

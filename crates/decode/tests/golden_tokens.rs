@@ -27,6 +27,7 @@ use decode::tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 use std::sync::Arc;
+use test_support::models::{gemma_path, workspace_root};
 
 const PROMPT: &str = "The history of computing began with the quick brown fox, 12 lazy dogs and";
 const NEW_TOKENS: usize = 64;

@@ -24,6 +24,9 @@ use decode::model::{Model, ModelOptions};
 use decode::sampler::SamplerConfig;
 use decode::tokenizer::Tokenizer;
 use std::sync::Arc;
+use test_support::gpu::gpu_lock;
+use test_support::models::gemma_path;
+use test_support::tolerance::{compare, top2_margin};
 
 const GPU_TOL: f32 = 1e-3;
 /// Measured on the H200 (2026-11-30), as max |Δ| / max(1, RMS): 1.4e-2 to 2.4e-2 on the tiny
@@ -37,14 +40,6 @@ const INT8_TOL: f32 = 0.2;
 const VENDOR_GEMM_TOL: f32 = 2e-2;
 
 const PATHS: [(MatvecPath, f32); 2] = [(MatvecPath::Exact, GPU_TOL), (MatvecPath::Int8, INT8_TOL)];
-
-/// One GPU test at a time: a test that ends unloads its kernel modules, which synchronizes the
-/// whole device, and that is illegal while another thread's stream is capturing a graph.
-static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn gpu_lock() -> std::sync::MutexGuard<'static, ()> {
-    GPU.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn gpu_backend(test: &str) -> Option<GpuBackend> {
     gpu_backend_with(test, true)
@@ -523,5 +518,5 @@ fn real_shape_synthetic_models_on_the_gpu() {
 }
 
 fn argmax_last(logits: &[f32], vocab: usize) -> u32 {
-    decode::backend::argmax_host(&logits[logits.len() - vocab..])
+    rocm_kernels::reference::sampling::argmax(&logits[logits.len() - vocab..]) as u32
 }

@@ -4,11 +4,12 @@
 
 mod common;
 
-use common::{gemma_path, preset_file, rebuild_gguf, Edits};
+use common::{preset_file, rebuild_gguf, Edits};
 use decode::gguf_loader::synth::Preset;
 use decode::gguf_loader::writer::Value;
 use decode::gguf_loader::{GgufFile, ModelConfig};
 use decode::model::ModelSpec;
+use test_support::models::gemma_path;
 
 /// `preset` with the metadata `edits` (keys without the architecture prefix) and `layers`
 /// layers (tensors repeated when more than the preset has).

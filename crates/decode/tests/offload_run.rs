@@ -15,11 +15,12 @@
 mod common;
 
 use common::*;
+use decode::backend::gpu::offload::prefetch::HostPrefill;
+use decode::backend::gpu::vendor_gemm::VENDOR_GEMM_MIN_ROWS;
 use decode::backend::gpu::CpuShare;
-use decode::backend::prefetch::HostPrefill;
-use decode::backend::vendor_gemm::VENDOR_GEMM_MIN_ROWS;
 use decode::backend::Backend;
-use decode::budget_run::{self, BudgetRequest, BudgetRun, GpuOffload};
+use decode::budget_run::{self, BudgetRequest, BudgetRun};
+use decode::device::GpuOffload;
 use decode::device::{gpu_backend, BackendChoice, BackendSettings};
 use decode::gguf_loader::synth::Preset;
 use decode::gguf_loader::GgufFile;
@@ -28,12 +29,11 @@ use decode::resident::{self, ResidentOptions};
 use decode::sampler::SamplerConfig;
 use offload::{Budget, Placement};
 use std::sync::Arc;
+use test_support::gpu::gpu_lock;
+use test_support::models::gemma_path;
+use test_support::tolerance::top2_margin;
 
 const CONTEXT: usize = 256;
-
-/// One GPU test at a time (see gpu_backend.rs: a test that ends unloads its modules, which
-/// must not meet another thread's capture).
-static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn options() -> ResidentOptions {
     ResidentOptions::from_env(CONTEXT).expect("the environment's GPU settings are valid")
@@ -207,7 +207,7 @@ fn greedy_on_gpu(
 /// splits the products with the host's cores (a fixed half, and the self-balancing split);
 /// the pinned bytes are the plan's host bytes.
 fn offload_matches_resident(test: &str, file: Arc<GgufFile>, prompt: &[u32], n: usize) {
-    let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let _lock = gpu_lock();
     let Some(device) = hip_ffi::testing::device_or_skip(test) else {
         return;
     };
@@ -362,7 +362,7 @@ fn prefill_logits(
 /// the logits are bit-identical to reading them in place and to the fully resident run; the
 /// device report counts the staged blocks, and the process stays within the budget.
 fn streamed_prefill_matches_resident(test: &str, file: Arc<GgufFile>) {
-    let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let _lock = gpu_lock();
     let Some(device) = hip_ffi::testing::device_or_skip(test) else {
         return;
     };
@@ -455,7 +455,7 @@ fn tiny_moe_streamed_prefill_equals_the_resident_run() {
 /// Greedy tokens equal the resident run's, and the report counts a staged copy per streamed
 /// product.
 fn streamed_decode_matches_resident(test: &str, file: Arc<GgufFile>, prompt: &[u32], n: usize) {
-    let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let _lock = gpu_lock();
     let Some(device) = hip_ffi::testing::device_or_skip(test) else {
         return;
     };
@@ -570,7 +570,7 @@ fn real_gemma_greedy_tokens_with_offload_equal_the_resident_run() {
 
 #[test]
 fn the_managed_memory_probe_measures_three_rates_and_gives_a_verdict() {
-    let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let _lock = gpu_lock();
     let test = "the_managed_memory_probe_measures_three_rates_and_gives_a_verdict";
     let Some(device) = hip_ffi::testing::device_or_skip(test) else {
         return;
@@ -594,7 +594,7 @@ fn the_managed_memory_probe_measures_three_rates_and_gives_a_verdict() {
 
 #[test]
 fn the_link_probe_measures_zero_copy_and_copy_rates_below_device_memory() {
-    let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let _lock = gpu_lock();
     let test = "the_link_probe_measures_zero_copy_and_copy_rates_below_device_memory";
     let Some(device) = hip_ffi::testing::device_or_skip(test) else {
         return;

@@ -10,6 +10,7 @@ use hip_ffi::{
     DeviceBuffer, DevicePtr, ErrorKind, Event, HostRegistration, LaunchConfig, ManagedBuffer,
     PinnedHostBuffer, PlatformKind, Stream,
 };
+use rand::Rng;
 use serial_test::serial;
 
 /// Kernels in the HIP/CUDA common subset; WARP_SIZE comes from the device attribute.
@@ -52,15 +53,8 @@ extern "C" __global__ void count_not_equal(const unsigned char* data, unsigned l
 
 /// A deterministic pseudo-random sequence so inputs are not zeros or a ramp.
 fn noise(n: usize, seed: u32) -> Vec<i32> {
-    let mut state = seed.wrapping_mul(2_654_435_761).max(1);
-    (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 17;
-            state ^= state << 5;
-            (state % 100_000) as i32 - 50_000
-        })
-        .collect()
+    let mut rng = test_support::rng::seeded(seed.into());
+    (0..n).map(|_| rng.random_range(-50_000..50_000)).collect()
 }
 
 #[test]

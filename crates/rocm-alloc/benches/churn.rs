@@ -7,37 +7,28 @@ mod support;
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use rand::Rng;
 use rocm_alloc::{Allocation, Tag};
+use test_support::rng::{seeded, StdRng};
 
-/// xorshift64*: deterministic and dependency-free.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn size(&mut self) -> u64 {
-        // 2^9 .. 2^26 bytes, log-uniform, with a random mantissa.
-        let exp = 9 + self.next() % 18;
-        let base = 1u64 << exp;
-        base + self.next() % base
-    }
+/// 2^9 .. 2^26 bytes, log-uniform, with a random mantissa.
+fn random_size(rng: &mut StdRng) -> u64 {
+    let base = 1u64 << rng.random_range(9..27);
+    base + rng.random_range(0..base)
 }
 
 fn churn(c: &mut Criterion) {
     let (alloc, streams) = support::sim_allocator_two_streams(1 << 40);
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut rng = seeded(0x9E37_79B9_7F4A_7C15);
     let mut live: Vec<Option<Allocation>> = (0..256).map(|_| None).collect();
     c.bench_function("churn/window256_512B-64MiB", |b| {
         b.iter(|| {
-            let slot = (rng.next() % live.len() as u64) as usize;
+            let slot = rng.random_range(0..live.len());
             live[slot] = None;
-            let s = streams[(rng.next() % 2) as usize];
-            let a = alloc.alloc(rng.size(), s, Tag::Activations).unwrap();
+            let s = streams[rng.random_range(0..2)];
+            let a = alloc
+                .alloc(random_size(&mut rng), s, Tag::Activations)
+                .unwrap();
             black_box(a.ptr());
             live[slot] = Some(a);
         })

@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use hip_ffi::{DeviceBuffer, DevicePtr, LaunchConfig};
 use rocm_alloc::devices::hip::HipDevice;
@@ -16,13 +16,7 @@ use rocm_alloc::{
     AllocError, Allocator, AllocatorConfig, CaptureTarget, DeviceError, LimitSpec, RawDevice,
     StreamId, Tag,
 };
-
-static GPU: Mutex<()> = Mutex::new(());
-
-/// Serializes the tests of this binary; a failed test must not block the others.
-fn gpu_lock() -> MutexGuard<'static, ()> {
-    GPU.lock().unwrap_or_else(|e| e.into_inner())
-}
+use test_support::gpu::gpu_lock;
 
 fn device_or_skip(test: &str) -> Option<Arc<HipDevice>> {
     hip_ffi::testing::device_or_skip(test).map(|d| Arc::new(HipDevice::new(d)))

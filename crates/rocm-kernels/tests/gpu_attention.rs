@@ -30,7 +30,10 @@ use rocm_kernels::ops::rope::{rope, RopeParams, RopeShape};
 use rocm_kernels::reference;
 use rocm_kernels::reference::kv_cache::{f32_to_f16_bits, HostKv};
 use rocm_kernels::{DeviceSlice, DeviceSliceMut, Kernels};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::MutexGuard;
+use test_support::gpu::gpu_lock;
+use test_support::rng::{seeded, uniform_vec};
+use test_support::tolerance::try_relative_error;
 
 // ---------------------------------------------------------------------------------------------
 // Harness
@@ -43,14 +46,9 @@ struct Gpu {
     _serial: MutexGuard<'static, ()>,
 }
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
 fn gpu(test: &str) -> Option<Gpu> {
     let device = device_or_skip(test)?;
-    // A test that failed while holding the lock leaves nothing shared behind.
-    let serial = SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let serial = gpu_lock();
     let kernels = common::kernels(test, &device);
     let stream = Stream::new(kernels.device()).expect("stream");
     Some(Gpu {
@@ -193,56 +191,20 @@ impl HostCache {
     }
 }
 
-/// Deterministic values in [-1, 1) (xorshift), so inputs are neither zeros nor a ramp.
-struct Noise(u64);
-
-impl Noise {
-    fn new(seed: u64) -> Noise {
-        Noise(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.next() * scale).collect()
-    }
-}
-
-fn rms(x: &[f32]) -> f32 {
-    (x.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / x.len().max(1) as f64).sqrt() as f32
-}
-
-/// Fails on a non-finite GPU value, or when the max error exceeds `max_rel` or the RMS error
+/// Fails on a non-finite value, or when the max error exceeds `max_rel` or the RMS error
 /// exceeds `rms_rel`, both relative to the RMS of `want`.
 fn assert_close(what: &str, got: &[f32], want: &[f32], max_rel: f32, rms_rel: f32) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    if let Some(i) = got.iter().position(|v| !v.is_finite()) {
-        panic!("{what}: GPU value {i} is {}", got[i]);
-    }
-    let scale = rms(want).max(f32::MIN_POSITIVE);
-    let diff: Vec<f32> = got.iter().zip(want).map(|(g, w)| g - w).collect();
-    let (worst, max_err) = diff
-        .iter()
-        .enumerate()
-        .fold((0, 0.0f32), |(bi, bv), (i, d)| {
-            if d.abs() > bv {
-                (i, d.abs())
-            } else {
-                (bi, bv)
-            }
-        });
-    let rms_err = rms(&diff);
+    let e = try_relative_error(got, want).unwrap_or_else(|e| panic!("{what}: {e}"));
     assert!(
-        max_err <= max_rel * scale && rms_err <= rms_rel * scale,
-        "{what}: max error {max_err:.3e} at {worst} (got {}, want {}), RMS error {rms_err:.3e}; \
-         reference RMS {scale:.3e}, allowed {max_rel:.1e} / {rms_rel:.1e} of it",
-        got[worst],
-        want[worst]
+        e.max_rel() <= f64::from(max_rel) && e.rms_rel() <= f64::from(rms_rel),
+        "{what}: max error {:.3e} at {} (got {}, want {}), RMS error {:.3e}; \
+         reference RMS {:.3e}, allowed {max_rel:.1e} / {rms_rel:.1e} of it",
+        e.max_abs,
+        e.worst,
+        got[e.worst],
+        want[e.worst],
+        e.rms_abs,
+        e.reference_rms
     );
 }
 
@@ -255,7 +217,7 @@ fn rope_matches_the_reference_normal_and_neox_with_factors_scale_and_partial_rot
         return;
     };
     let positions = [0i32, 1, 5, 299, 4096, 32_767];
-    let mut noise = Noise::new(1);
+    let mut noise = seeded(1);
     // (head_dim, n_rot, n_heads)
     for (head_dim, n_rot, n_heads) in [
         (64, 64, 8),
@@ -279,7 +241,7 @@ fn rope_matches_the_reference_normal_and_neox_with_factors_scale_and_partial_rot
                     n_heads,
                     head_dim,
                 };
-                let x = noise.vec(rows * n_heads * head_dim, 2.0);
+                let x = uniform_vec(&mut noise, rows * n_heads * head_dim, -2.0, 2.0);
                 let factors: Vec<f32> =
                     (0..n_rot / 2).map(|i| 1.0 + (i % 7) as f32 * 0.5).collect();
                 let ff = with_factors.then_some(factors.as_slice());
@@ -334,7 +296,7 @@ fn rope_with_the_kv_store_leaves_what_rope_then_store_leave() {
         return;
     };
     use rocm_kernels::ops::rope::{rope_pair, rope_pair_store, KvStore};
-    let mut noise = Noise::new(9);
+    let mut noise = seeded(9);
     // Two decode rows and a prefill-like three at ring positions; full and partial rotation,
     // both pairings, both cache element types, with and without frequency factors.
     let slots = 7;
@@ -356,9 +318,9 @@ fn rope_with_the_kv_store_leaves_what_rope_then_store_leave() {
             position_scale: 1.0,
             n_rot,
         };
-        let q = noise.vec(rows * n_heads * head_dim, 2.0);
-        let k = noise.vec(rows * k_dim, 2.0);
-        let v = noise.vec(rows * dim_v, 1.0);
+        let q = uniform_vec(&mut noise, rows * n_heads * head_dim, -2.0, 2.0);
+        let k = uniform_vec(&mut noise, rows * k_dim, -2.0, 2.0);
+        let v = uniform_vec(&mut noise, rows * dim_v, -1.0, 1.0);
         let ff: Vec<f32> = (0..n_rot / 2).map(|i| 1.0 + (i % 3) as f32).collect();
         let (dpos, dff, dv) = (
             Buf::from(&gpu, &positions),
@@ -446,14 +408,14 @@ fn kv_store_matches_the_reference_bit_for_bit_in_f16_and_f32_with_ring_slots() {
     let Some(gpu) = gpu("kv_store_matches_the_reference") else {
         return;
     };
-    let mut noise = Noise::new(2);
+    let mut noise = seeded(2);
     let slots = 16;
     // Rows at positions 13..20 wrap around the 16-slot ring: slots 13, 14, 15, 0, 1, 2, 3.
     let positions: Vec<i32> = (13..20).collect();
     let rows = positions.len();
     let (dim_k, dim_v) = (2 * 80, 2 * 64);
-    let mut k_src = noise.vec(rows * dim_k, 3.0);
-    let v_src = noise.vec(rows * dim_v, 3.0);
+    let mut k_src = uniform_vec(&mut noise, rows * dim_k, -3.0, 3.0);
+    let v_src = uniform_vec(&mut noise, rows * dim_v, -3.0, 3.0);
     // Values that exercise f16 rounding: ties to even, subnormals, overflow, signed zero.
     let special = [
         1.0 + 2f32.powi(-11),
@@ -530,7 +492,7 @@ fn kv_store_matches_the_reference_bit_for_bit_in_f16_and_f32_with_ring_slots() {
 
         // The one-tensor store writes only its cache.
         let one_pos = [35i32]; // slot 3
-        let one_row = noise.vec(dim_k, 1.0);
+        let one_row = uniform_vec(&mut noise, dim_k, -1.0, 1.0);
         want_k.store(&one_row, &one_pos, 1, dim_k, slots);
         let (src, pos) = (Buf::from(&gpu, &one_row), Buf::from(&gpu, &one_pos));
         store_rows(
@@ -634,7 +596,7 @@ struct Case {
 /// Runs one case with random cache contents in every slot, against the reference reading the
 /// same (rounded) cache, and for f16 also against an f32 reference of the unrounded values.
 fn run_case(gpu: &Gpu, case: Case, seed: u64) {
-    let mut noise = Noise::new(seed);
+    let mut noise = seeded(seed);
     let d = case.head_dim;
     let shape = AttentionShape {
         n_tokens: case.n_tokens,
@@ -647,9 +609,19 @@ fn run_case(gpu: &Gpu, case: Case, seed: u64) {
         slots: case.slots,
     };
     // q twice as large as k so the softmax is not flat.
-    let q = noise.vec(case.n_tokens * case.n_head * d, 2.0 * 3f32.sqrt());
-    let k = noise.vec(case.slots * case.n_head_kv * d, 3f32.sqrt());
-    let v = noise.vec(case.slots * case.n_head_kv * d, 1.0);
+    let q = uniform_vec(
+        &mut noise,
+        case.n_tokens * case.n_head * d,
+        -(2.0 * 3f32.sqrt()),
+        2.0 * 3f32.sqrt(),
+    );
+    let k = uniform_vec(
+        &mut noise,
+        case.slots * case.n_head_kv * d,
+        -3f32.sqrt(),
+        3f32.sqrt(),
+    );
+    let v = uniform_vec(&mut noise, case.slots * case.n_head_kv * d, -1.0, 1.0);
     let positions: Vec<i32> = (0..case.n_tokens).map(|t| (case.pos0 + t) as i32).collect();
 
     let (hk, hv) = (
@@ -834,7 +806,7 @@ fn decode_attention_can_leave_its_output_quantized_as_the_quantizer_would() {
         return;
     };
     use rocm_kernels::ops::matvec_q8::{self, Q8ActivationsMut};
-    let mut noise = Noise::new(41);
+    let mut noise = seeded(41);
     // (head size, whether the combine can quantize): 64 and 128 split evenly into groups of
     // 32; 80 takes the one-thread-per-key kernel, whose output is left for the quantizer.
     for (d, fused) in [(64, true), (128, true), (80, false)] {
@@ -848,9 +820,9 @@ fn decode_attention_can_leave_its_output_quantized_as_the_quantizer_would() {
             window: None,
             slots: 300,
         };
-        let q = noise.vec(8 * d, 3.0);
-        let k = noise.vec(300 * 2 * d, 1.5);
-        let v = noise.vec(300 * 2 * d, 1.0);
+        let q = uniform_vec(&mut noise, 8 * d, -3.0, 3.0);
+        let k = uniform_vec(&mut noise, 300 * 2 * d, -1.5, 1.5);
+        let v = uniform_vec(&mut noise, 300 * 2 * d, -1.0, 1.0);
         let (dq, dpos) = (Buf::from(&gpu, &q), Buf::from(&gpu, &[211i32]));
         let (dk, dv) = (
             Cache::from_f32(&gpu, &k, KvElem::F16),
@@ -1164,15 +1136,15 @@ fn replay_decode_steps(gpu: &Gpu, elem: KvElem, window: Option<usize>, slots: us
     let graph = gpu.stream.end_capture().expect("end capture");
     let exec = graph.instantiate().expect("instantiate");
 
-    let mut noise = Noise::new(500 + slots as u64);
+    let mut noise = seeded(500 + slots as u64);
     let mut hk = HostCache::new(slots * kv_dim, elem);
     let mut hv = HostCache::new(slots * kv_dim, elem);
     for p in 0..steps {
         let positions = [p as i32];
         let (mut hq, mut hkn, hvn) = (
-            noise.vec(n_head * d, 2.0),
-            noise.vec(kv_dim, 2.0),
-            noise.vec(kv_dim, 1.0),
+            uniform_vec(&mut noise, n_head * d, -2.0, 2.0),
+            uniform_vec(&mut noise, kv_dim, -2.0, 2.0),
+            uniform_vec(&mut noise, kv_dim, -1.0, 1.0),
         );
         q.write(gpu, &hq);
         k_new.write(gpu, &hkn);

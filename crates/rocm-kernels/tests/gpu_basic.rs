@@ -4,14 +4,14 @@
 
 mod common;
 
-use common::{download, random, setup, upload, view, view_mut};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use common::{download, setup, upload, view, view_mut};
+use rand::Rng;
 use rocm_kernels::ops::elementwise::{self, GateActivation};
 use rocm_kernels::ops::norm;
 use rocm_kernels::ops::sampling::{self, SamplingParams, ARGMAX_WORKSPACE};
 use rocm_kernels::reference;
 use rocm_kernels::KernelError;
+use test_support::rng::{seeded, uniform_vec, StdRng};
 
 /// Fails unless every |got - want| <= abs + rel * |want| (false for NaN, so NaN fails).
 fn assert_close(got: &[f32], want: &[f32], rel: f32, abs: f32, what: &str) {
@@ -48,11 +48,11 @@ fn rms_norm_matches_the_reference_out_of_place_and_in_place() {
     let Some((k, s)) = setup("rms_norm_matches_the_reference_out_of_place_and_in_place") else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(1);
+    let mut rng = seeded(1);
     for dim in DIMS {
         for rows in ROWS {
-            let x = random(&mut rng, rows * dim, -3.0, 3.0);
-            let w = random(&mut rng, dim, 0.5, 14.0);
+            let x = uniform_vec(&mut rng, rows * dim, -3.0, 3.0);
+            let w = uniform_vec(&mut rng, dim, 0.5, 14.0);
             let eps = 1e-6;
             let mut want = vec![0.0; rows * dim];
             reference::norm::rms_norm(&x, &w, &mut want, rows, dim, eps).unwrap();
@@ -104,7 +104,7 @@ fn per_head_norm_matches_the_reference() {
     let Some((k, s)) = setup("per_head_norm_matches_the_reference") else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(2);
+    let mut rng = seeded(2);
     // (tokens, heads, head_dim): Qwen3 and Gemma 3 shapes, odd ones, and one past the warp path.
     for (tokens, heads, head_dim) in [
         (1, 16, 128),
@@ -115,8 +115,8 @@ fn per_head_norm_matches_the_reference() {
         (1, 2, 300),
     ] {
         let n = tokens * heads;
-        let x = random(&mut rng, n * head_dim, -4.0, 4.0);
-        let w = random(&mut rng, head_dim, 0.1, 2.0);
+        let x = uniform_vec(&mut rng, n * head_dim, -4.0, 4.0);
+        let w = uniform_vec(&mut rng, head_dim, 0.1, 2.0);
         let mut want = x.clone();
         reference::norm::rms_norm_inplace(&mut want, &w, n, head_dim, 1e-6).unwrap();
         let (xb, wb) = (upload(k, &x), upload(k, &w));
@@ -147,17 +147,17 @@ fn query_and_key_norms_in_one_launch_match_two_launches() {
     let Some((k, s)) = setup(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(3);
+    let mut rng = seeded(3);
     // (query vectors, key vectors, head_dim): Qwen3's and Gemma 3's, no keys, and one past the
     // one-warp path (two launches).
     for (qn, kn, dim) in [(32, 4, 128), (4, 1, 256), (5, 0, 64), (3, 2, 300)] {
         let (q, kx) = (
-            random(&mut rng, qn * dim, -4.0, 4.0),
-            random(&mut rng, kn * dim, -4.0, 4.0),
+            uniform_vec(&mut rng, qn * dim, -4.0, 4.0),
+            uniform_vec(&mut rng, kn * dim, -4.0, 4.0),
         );
         let (qw, kw) = (
-            random(&mut rng, dim, 0.1, 2.0),
-            random(&mut rng, dim, 0.1, 2.0),
+            uniform_vec(&mut rng, dim, 0.1, 2.0),
+            uniform_vec(&mut rng, dim, 0.1, 2.0),
         );
         let (qwb, kwb) = (upload(k, &qw), upload(k, &kw));
         let single = |x: &[f32], wb, rows| {
@@ -212,11 +212,11 @@ fn gated_activations_match_the_reference() {
     let Some((k, s)) = setup("gated_activations_match_the_reference") else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(3);
+    let mut rng = seeded(3);
     for act in [GateActivation::Silu, GateActivation::GeluTanh] {
         for len in LENS {
-            let g = random(&mut rng, len, -12.0, 12.0);
-            let u = random(&mut rng, len, -3.0, 3.0);
+            let g = uniform_vec(&mut rng, len, -12.0, 12.0);
+            let u = uniform_vec(&mut rng, len, -3.0, 3.0);
             let mut want = g.clone();
             reference::elementwise::gated(&mut want, &u, len, act).unwrap();
             let (gb, ub) = (upload(k, &g), upload(k, &u));
@@ -244,10 +244,10 @@ fn add_bias_scale_copy_and_zero_match_the_reference_exactly() {
     let Some((k, s)) = setup("add_bias_scale_copy_and_zero_match_the_reference_exactly") else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(4);
+    let mut rng = seeded(4);
     for len in LENS {
-        let x = random(&mut rng, len, -5.0, 5.0);
-        let y = random(&mut rng, len, -5.0, 5.0);
+        let x = uniform_vec(&mut rng, len, -5.0, 5.0);
+        let y = uniform_vec(&mut rng, len, -5.0, 5.0);
         let (xb, yb) = (upload(k, &x), upload(k, &y));
         // One add, one scale: single roundings, the same on both sides.
         let mut want = x.clone();
@@ -269,8 +269,8 @@ fn add_bias_scale_copy_and_zero_match_the_reference_exactly() {
     }
     for dim in DIMS {
         for rows in ROWS {
-            let x = random(&mut rng, rows * dim, -5.0, 5.0);
-            let b = random(&mut rng, dim, -1.0, 1.0);
+            let x = uniform_vec(&mut rng, rows * dim, -5.0, 5.0);
+            let b = uniform_vec(&mut rng, dim, -1.0, 1.0);
             let mut want = x.clone();
             reference::elementwise::add_bias(&mut want, &b, rows, dim).unwrap();
             let (xb, bb) = (upload(k, &x), upload(k, &b));
@@ -288,8 +288,8 @@ fn add_bias_scale_copy_and_zero_match_the_reference_exactly() {
 
             // copy_rows: rows 1.. of a (rows + 2)-row source into a (rows + 3)-row destination at
             // row 2; the other destination rows keep their values.
-            let src = random(&mut rng, (rows + 2) * dim, -5.0, 5.0);
-            let dst = random(&mut rng, (rows + 3) * dim, -5.0, 5.0);
+            let src = uniform_vec(&mut rng, (rows + 2) * dim, -5.0, 5.0);
+            let dst = uniform_vec(&mut rng, (rows + 3) * dim, -5.0, 5.0);
             let mut want = dst.clone();
             reference::elementwise::copy_rows(&src, 1, &mut want, 2, rows, dim).unwrap();
             let (sb, db) = (upload(k, &src), upload(k, &dst));
@@ -316,11 +316,11 @@ fn add_scaled_row_reads_alpha_from_the_device_and_touches_one_row() {
     else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(5);
+    let mut rng = seeded(5);
     for dim in DIMS {
         let rows = 3;
-        let x = random(&mut rng, rows * dim, -5.0, 5.0);
-        let y = random(&mut rng, dim, -5.0, 5.0);
+        let x = uniform_vec(&mut rng, rows * dim, -5.0, 5.0);
+        let y = uniform_vec(&mut rng, dim, -5.0, 5.0);
         let xb = upload(k, &x);
         let yb = upload(k, &y);
         let mut want = x.clone();
@@ -352,14 +352,14 @@ fn add_scaled_row_reads_alpha_from_the_device_and_touches_one_row() {
 fn logit_rows(rng: &mut StdRng) -> Vec<(String, Vec<f32>)> {
     let mut rows = Vec::new();
     for n in [1usize, 7, 1000, 32_000, 151_936, 262_144 + 3] {
-        rows.push((format!("random {n}"), random(rng, n, -12.0, 18.0)));
+        rows.push((format!("random {n}"), uniform_vec(rng, n, -12.0, 18.0)));
     }
-    let mut tie = random(rng, 5000, -1.0, 1.0);
+    let mut tie = uniform_vec(rng, 5000, -1.0, 1.0);
     tie[1234] = 7.0;
     tie[4321] = 7.0;
     tie[4999] = 7.0;
     rows.push(("tie at 1234/4321/4999".into(), tie));
-    let mut nan = random(rng, 3000, -1.0, 1.0);
+    let mut nan = uniform_vec(rng, 3000, -1.0, 1.0);
     nan[0] = f32::NAN;
     nan[17] = f32::NAN;
     nan[2999] = 5.0;
@@ -382,7 +382,7 @@ fn argmax_matches_the_reference_on_every_row() {
     let Some((k, s)) = setup("argmax_matches_the_reference_on_every_row") else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(6);
+    let mut rng = seeded(6);
     let ws = upload(k, &vec![0u64; ARGMAX_WORKSPACE]);
     let out = upload(k, &[-1i32]);
     for (name, row) in logit_rows(&mut rng) {
@@ -422,7 +422,7 @@ fn sampling_picks_the_cpu_samplers_token_for_the_same_draw() {
     let Some((k, s)) = setup("sampling_picks_the_cpu_samplers_token_for_the_same_draw") else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(7);
+    let mut rng = seeded(7);
     let settings = [
         SamplingParams {
             temperature: 0.7,
@@ -518,9 +518,9 @@ fn sampling_time_on_a_gemma_sized_vocabulary() {
     let Some((k, s)) = setup("sampling_time_on_a_gemma_sized_vocabulary") else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(8);
+    let mut rng = seeded(8);
     let n = 262_144;
-    let row = random(&mut rng, n, -12.0, 18.0);
+    let row = uniform_vec(&mut rng, n, -12.0, 18.0);
     let lb = upload(k, &row);
     let ws = upload(k, &vec![0u64; ARGMAX_WORKSPACE]);
     let out = upload(k, &[-1i32]);

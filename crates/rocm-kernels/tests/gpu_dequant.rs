@@ -21,18 +21,18 @@
 
 mod common;
 
-use common::{download, random, setup, upload, view, view_mut};
+use common::{download, setup, upload, view, view_mut};
 use gguf_loader::GgmlType;
 use half::{bf16, f16};
 use hip_ffi::Stream;
-use rand::rngs::StdRng;
-use rand::{Rng, RngCore, SeedableRng};
+use rand::{Rng, RngCore};
 use rocm_kernels::ops::dequant::{self, check_dequantize_f16, check_f32_to_f16};
 use rocm_kernels::ops::matvec::{self, QuantMatrix, WEIGHT_FORMATS};
 use rocm_kernels::reference;
 use rocm_kernels::reference::matvec::HostMatrix;
 use rocm_kernels::{DeviceSlice, KernelError, Kernels};
 use std::ops::Range;
+use test_support::rng::{seeded, uniform_vec, StdRng};
 
 /// Halves the tests fill outputs with, to see what a kernel wrote and what it left: a NaN
 /// pattern no conversion produces (hardware NaNs are 0x7fff or 0x7e00, and ±0x7e00 here).
@@ -79,7 +79,7 @@ const SPECIAL: [f32; 16] = [
 /// it, plus special values in the dense formats and every bit pattern in F16).
 fn random_weights(rng: &mut StdRng, format: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let n = rows * cols;
-    let mut dense = random(rng, n, -1.0, 1.0);
+    let mut dense = uniform_vec(rng, n, -1.0, 1.0);
     for v in dense.iter_mut() {
         if rng.random_range(0..8) == 0 {
             *v = SPECIAL[rng.random_range(0..SPECIAL.len())];
@@ -179,7 +179,7 @@ fn row_ranges(rows: usize) -> Vec<Range<usize>> {
 /// aligned, the 16-bit stores), and checks it against the reference and that nothing outside
 /// was written.
 fn check_format(k: &Kernels, s: &Stream, test: &str, format: GgmlType, offset: usize, seed: u64) {
-    let mut rng = StdRng::seed_from_u64(seed);
+    let mut rng = seeded(seed);
     for rows in [1, 7, 67] {
         for cols in col_counts(format) {
             let bytes = random_weights(&mut rng, format, rows, cols);
@@ -240,7 +240,7 @@ fn single_product_formats_are_bit_exact_at_any_scale() {
     let Some((k, s)) = setup(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(300);
+    let mut rng = seeded(300);
     for (format, scale_at) in [
         (GgmlType::Q4_0, 0),
         (GgmlType::Q5_0, 0),
@@ -279,7 +279,7 @@ fn dequantize_f16_row_ranges_tile_the_matrix() {
     let Some((k, s)) = setup(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(400);
+    let mut rng = seeded(400);
     let (format, rows, cols) = (GgmlType::Q4K, 37, 512);
     let bytes = random_weights(&mut rng, format, rows, cols);
     let wb = upload(k, &bytes);
@@ -303,7 +303,7 @@ fn dequantize_f16_refuses_bad_shapes_without_writing() {
     let Some((k, s)) = setup(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(500);
+    let mut rng = seeded(500);
     let (format, rows, cols) = (GgmlType::Q8_0, 5, 64);
     let bytes = random_weights(&mut rng, format, rows, cols);
     let wb = upload(k, &bytes);
@@ -360,7 +360,7 @@ fn f32_to_f16_matches_the_reference_bit_for_bit() {
     let Some((k, s)) = setup(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(600);
+    let mut rng = seeded(600);
     for n in [1, 7, 8, 9, 30, 4099] {
         // Offset 0: the 16-byte loads and stores; 1: both views only 4- and 2-byte aligned.
         for offset in [0, 1] {

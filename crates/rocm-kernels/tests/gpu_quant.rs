@@ -14,12 +14,11 @@
 
 mod common;
 
-use common::{download, random, setup, upload, view, view_mut};
+use common::{download, setup, upload, view, view_mut};
 use gguf_loader::GgmlType;
 use half::{bf16, f16};
 use hip_ffi::{DeviceBuffer, Stream};
-use rand::rngs::StdRng;
-use rand::{Rng, RngCore, SeedableRng};
+use rand::{Rng, RngCore};
 use rocm_kernels::ops::embed;
 use rocm_kernels::ops::matmul;
 use rocm_kernels::ops::matvec::{self, QuantMatrix, MAX_TOKENS, WEIGHT_FORMATS};
@@ -29,6 +28,8 @@ use rocm_kernels::reference;
 use rocm_kernels::reference::matvec::HostMatrix;
 use rocm_kernels::reference::matvec_q8::HostQ8;
 use rocm_kernels::{DeviceSlice, DeviceSliceMut, KernelError, Kernels};
+use test_support::rng::{seeded, uniform_vec, StdRng};
+use test_support::tolerance::try_relative_error;
 
 /// Byte offsets and ranges of the f16 scale fields of one block, keeping weights near +-0.1.
 fn scale_fields(format: GgmlType) -> &'static [(usize, f32, f32)] {
@@ -47,15 +48,15 @@ fn scale_fields(format: GgmlType) -> &'static [(usize, f32, f32)] {
 fn random_weights(rng: &mut StdRng, format: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let n = rows * cols;
     match format {
-        GgmlType::F32 => random(rng, n, -1.0, 1.0)
+        GgmlType::F32 => uniform_vec(rng, n, -1.0, 1.0)
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect(),
-        GgmlType::F16 => random(rng, n, -1.0, 1.0)
+        GgmlType::F16 => uniform_vec(rng, n, -1.0, 1.0)
             .iter()
             .flat_map(|&v| f16::from_f32(v).to_bits().to_le_bytes())
             .collect(),
-        GgmlType::Bf16 => random(rng, n, -1.0, 1.0)
+        GgmlType::Bf16 => uniform_vec(rng, n, -1.0, 1.0)
             .iter()
             .flat_map(|&v| bf16::from_f32(v).to_bits().to_le_bytes())
             .collect(),
@@ -85,23 +86,18 @@ fn col_counts(format: GgmlType) -> Vec<usize> {
 
 const RMS_TOL: f64 = 1e-4;
 
-/// Fails unless every |got - want| <= tol x RMS(want) (false for NaN, so NaN fails).
+/// Fails unless every |got - want| <= tol x RMS(want), and on any NaN or infinity.
 fn assert_close_rms(got: &[f32], want: &[f32], tol: f64, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    let rms = (want
-        .iter()
-        .map(|&v| f64::from(v) * f64::from(v))
-        .sum::<f64>()
-        / want.len() as f64)
-        .sqrt();
-    let bound = tol * rms.max(1e-30);
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let err = (f64::from(g) - f64::from(w)).abs();
-        assert!(
-            err <= bound,
-            "{what}: [{i}] gpu {g} vs cpu {w}: |err| {err:.3e} > {bound:.3e} ({tol} x RMS {rms:.3e})"
-        );
-    }
+    let e = try_relative_error(got, want).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let i = e.worst;
+    assert!(
+        e.max_rel() <= tol,
+        "{what}: [{i}] gpu {} vs cpu {}: |err| {:.3e} > {tol} x RMS {:.3e}",
+        got[i],
+        want[i],
+        e.max_abs,
+        e.reference_rms
+    );
 }
 
 /// Uploads a random `rows` x `cols` matrix of `format`; returns the buffer and host bytes.
@@ -141,7 +137,7 @@ fn check_products(test: &str, op: ProductOp, tokens: &[usize], seed: u64) {
     let Some((k, s)) = setup(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(seed);
+    let mut rng = seeded(seed);
     for format in WEIGHT_FORMATS {
         for rows in [1, 7, 67] {
             for cols in col_counts(format) {
@@ -149,7 +145,7 @@ fn check_products(test: &str, op: ProductOp, tokens: &[usize], seed: u64) {
                 let w = quant_matrix(&wb, &bytes, format, rows, cols);
                 let host = HostMatrix::new(&bytes, format, rows, cols).unwrap();
                 for &nt in tokens {
-                    let x = random(&mut rng, nt * cols, -1.0, 1.0);
+                    let x = uniform_vec(&mut rng, nt * cols, -1.0, 1.0);
                     let want = reference::matmul::matmul(&host, &x, nt).unwrap();
                     let xb = upload(k, &x);
                     let ob = upload(k, &vec![f32::NAN; nt * rows]);
@@ -187,7 +183,7 @@ fn matvec_splits_long_rows_over_several_warps() {
     let Some((k, s)) = setup(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(11);
+    let mut rng = seeded(11);
     // 4096 columns in few rows: several warps share each row (up to eight).
     for format in [GgmlType::F32, GgmlType::F16, GgmlType::Q4K, GgmlType::Q8_0] {
         for rows in [1, 67] {
@@ -196,7 +192,7 @@ fn matvec_splits_long_rows_over_several_warps() {
             let w = quant_matrix(&wb, &bytes, format, rows, cols);
             let host = HostMatrix::new(&bytes, format, rows, cols).unwrap();
             for nt in [1, 3] {
-                let x = random(&mut rng, nt * cols, -1.0, 1.0);
+                let x = uniform_vec(&mut rng, nt * cols, -1.0, 1.0);
                 let want = reference::matvec::matvec(&host, &x, nt).unwrap();
                 let xb = upload(k, &x);
                 let ob = upload(k, &vec![f32::NAN; nt * rows]);
@@ -243,13 +239,13 @@ fn matmul_covers_several_tiles_of_a_real_shape() {
     let Some((k, s)) = setup(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(4);
+    let mut rng = seeded(4);
     // A Q4_K projection of 2 x 1024 into 200 rows for 130 tokens: 4 x 3 tiles, 32 K steps.
     let (format, rows, cols, nt) = (GgmlType::Q4K, 200, 1024, 130);
     let (wb, bytes) = weights_on_device(k, &mut rng, format, rows, cols);
     let w = quant_matrix(&wb, &bytes, format, rows, cols);
     let host = HostMatrix::new(&bytes, format, rows, cols).unwrap();
-    let x = random(&mut rng, nt * cols, -1.0, 1.0);
+    let x = uniform_vec(&mut rng, nt * cols, -1.0, 1.0);
     let want = reference::matmul::matmul(&host, &x, nt).unwrap();
     let xb = upload(k, &x);
     let ob = upload(k, &vec![f32::NAN; nt * rows]);
@@ -271,7 +267,7 @@ fn products_refuse_short_views_without_launching() {
     let Some((k, s)) = setup(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(5);
+    let mut rng = seeded(5);
     let (wb, bytes) = weights_on_device(k, &mut rng, GgmlType::Q8_0, 4, 64);
     let w = quant_matrix(&wb, &bytes, GgmlType::Q8_0, 4, 64);
     let xb = upload(k, &[0.0f32; 128]);
@@ -292,7 +288,7 @@ fn embed_gathers_every_format_and_zeroes_out_of_range_ids() {
     let Some((k, s)) = setup(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(6);
+    let mut rng = seeded(6);
     let vocab = 5;
     for format in WEIGHT_FORMATS {
         let dim = match format.block_size() {
@@ -359,7 +355,7 @@ fn embed_gathers_every_format_and_zeroes_out_of_range_ids() {
 /// Router logits with ties: row 0 all equal, row 1 every third expert tied at the top and
 /// -0.0 / +0.0 next to each other, the rest random.
 fn router_logits(rng: &mut StdRng, rows: usize, n_expert: usize) -> Vec<f32> {
-    let mut logits = random(rng, rows * n_expert, -4.0, 4.0);
+    let mut logits = uniform_vec(rng, rows * n_expert, -4.0, 4.0);
     logits[..n_expert].fill(1.0);
     if rows > 1 {
         let row = &mut logits[n_expert..2 * n_expert];
@@ -384,7 +380,7 @@ fn routing_matches_the_cpu_rule_with_ties() {
     let Some((k, s)) = setup(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(7);
+    let mut rng = seeded(7);
     for (rows, n_expert, top) in [(5, 8, 2), (3, 128, 8), (4, 200, 7), (3, 64, 64), (1, 1, 1)] {
         let logits = router_logits(&mut rng, rows, n_expert);
         let (want_ids, want_w) = reference::moe::route_top_k(&logits, rows, n_expert, top).unwrap();
@@ -444,7 +440,7 @@ fn expert_products_match_the_reference_for_every_format() {
     let Some((k, s)) = setup(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(8);
+    let mut rng = seeded(8);
     let (n_expert, rows, nt, top) = (5, 9, 3, 2);
     // Pair 4 names expert 9 of 5: a zero row, and no read outside the stack.
     let ids = [4i32, 0, 2, 2, 9, 1];
@@ -464,7 +460,7 @@ fn expert_products_match_the_reference_for_every_format() {
             } else {
                 nt
             };
-            let x = random(&mut rng, x_rows * cols, -1.0, 1.0);
+            let x = uniform_vec(&mut rng, x_rows * cols, -1.0, 1.0);
             let want =
                 reference::moe::matvec_id(&host, n_expert, &ids, nt, top, &x, input).unwrap();
             let xb = upload(k, &x);
@@ -493,11 +489,11 @@ fn weighted_sum_stores_and_adds() {
     let Some((k, s)) = setup(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(9);
+    let mut rng = seeded(9);
     for (nt, top, dim) in [(1, 1, 1), (3, 4, 300), (17, 8, 640)] {
-        let y = random(&mut rng, nt * top * dim, -2.0, 2.0);
-        let w = random(&mut rng, nt * top, 0.0, 1.0);
-        let base = random(&mut rng, nt * dim, -1.0, 1.0);
+        let y = uniform_vec(&mut rng, nt * top * dim, -2.0, 2.0);
+        let w = uniform_vec(&mut rng, nt * top, 0.0, 1.0);
+        let base = uniform_vec(&mut rng, nt * dim, -1.0, 1.0);
         for mode in [Accumulate::Store, Accumulate::Add] {
             let mut want = base.clone();
             reference::moe::weighted_sum(&y, &w, nt, top, dim, &mut want, mode).unwrap();
@@ -529,12 +525,12 @@ fn moe_chain_runs_without_host_sync() {
     let Some((k, s)) = setup(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(10);
+    let mut rng = seeded(10);
     let (nt, n_expert, top, dim, ff) = (3, 8, 2, 256, 256);
     let format = GgmlType::Q4K;
-    let logits = random(&mut rng, nt * n_expert, -3.0, 3.0);
-    let x = random(&mut rng, nt * dim, -1.0, 1.0);
-    let residual = random(&mut rng, nt * dim, -1.0, 1.0);
+    let logits = uniform_vec(&mut rng, nt * n_expert, -3.0, 3.0);
+    let x = uniform_vec(&mut rng, nt * dim, -1.0, 1.0);
+    let residual = uniform_vec(&mut rng, nt * dim, -1.0, 1.0);
     let (up_b, up_bytes) = weights_on_device(k, &mut rng, format, n_expert * ff, dim);
     let (down_b, down_bytes) = weights_on_device(k, &mut rng, format, n_expert * dim, ff);
     let up = QuantExperts::new(view(&up_b, up_bytes.len()), format, n_expert, ff, dim).unwrap();
@@ -658,9 +654,9 @@ fn activation_quantization_matches_the_reference() {
     let Some((k, s)) = setup(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(7);
+    let mut rng = seeded(7);
     for (nt, cols) in [(1, 32), (3, 640), (8, 4096)] {
-        let mut x = random(&mut rng, nt * cols, -3.0, 3.0);
+        let mut x = uniform_vec(&mut rng, nt * cols, -3.0, 3.0);
         // An all-zero group and a group with one large value.
         x[..32].fill(0.0);
         if x.len() >= 64 {
@@ -691,7 +687,7 @@ fn matvec_q8_matches_the_reference_for_every_format() {
     let Some((k, s)) = setup(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(8);
+    let mut rng = seeded(8);
     for format in matvec_q8::Q8_FORMATS {
         // 4096 columns make several warps share a row (two for the k-quants, four for the
         // 32-value blocks), the smaller counts one warp with idle lanes.
@@ -701,7 +697,7 @@ fn matvec_q8_matches_the_reference_for_every_format() {
                 let w = quant_matrix(&wb, &bytes, format, rows, cols);
                 let host = HostMatrix::new(&bytes, format, rows, cols).unwrap();
                 for nt in [1, 3, MAX_TOKENS, 11] {
-                    let x = random(&mut rng, nt * cols, -1.0, 1.0);
+                    let x = uniform_vec(&mut rng, nt * cols, -1.0, 1.0);
                     let (vb, sb, q) = quantize_on_device(k, &s, &x, nt, cols);
                     let want = reference::matvec_q8::matvec(&host, &q, nt).unwrap();
                     let ob = upload(k, &vec![f32::NAN; nt * rows]);
@@ -724,10 +720,10 @@ fn matvec_q8_refuses_formats_without_a_kernel() {
     let Some((k, s)) = setup(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(9);
+    let mut rng = seeded(9);
     let (wb, bytes) = weights_on_device(k, &mut rng, GgmlType::F16, 2, 64);
     let w = quant_matrix(&wb, &bytes, GgmlType::F16, 2, 64);
-    let (vb, sb, _) = quantize_on_device(k, &s, &random(&mut rng, 64, -1.0, 1.0), 1, 64);
+    let (vb, sb, _) = quantize_on_device(k, &s, &uniform_vec(&mut rng, 64, -1.0, 1.0), 1, 64);
     let act = Q8Activations {
         values: view(&vb, 64),
         scales: view(&sb, 2),
@@ -746,7 +742,7 @@ fn int8_expert_products_match_the_reference_of_the_same_activations() {
     let Some((k, s)) = setup(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(10);
+    let mut rng = seeded(10);
     let (n_expert, rows, nt, top) = (5, 9, 3, 2);
     // Pair 4 names expert 9 of 5: a zero row, and no read outside the stack.
     let ids = [4i32, 0, 2, 2, 9, 1];
@@ -763,7 +759,7 @@ fn int8_expert_products_match_the_reference_of_the_same_activations() {
             } else {
                 nt
             };
-            let x = random(&mut rng, x_rows * cols, -1.0, 1.0);
+            let x = uniform_vec(&mut rng, x_rows * cols, -1.0, 1.0);
             let (vb, sb, q) = quantize_on_device(k, &s, &x, x_rows, cols);
             let want =
                 reference::moe::matvec_id(&host, n_expert, &ids, nt, top, &q.dequantized(), input)
@@ -797,7 +793,7 @@ fn int8_expert_pairs_match_two_single_products() {
     let Some((k, s)) = setup(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(13);
+    let mut rng = seeded(13);
     let (n_expert, rows, nt, top) = (4, 11, 2, 2);
     let ids = [3i32, 0, 1, 7];
     let idb = upload(k, &ids);
@@ -810,7 +806,7 @@ fn int8_expert_pairs_match_two_single_products() {
         let ((gb, gn), (ub, un)) = (stack(&mut rng), stack(&mut rng));
         let gate = QuantExperts::new(view(&gb, gn), format, n_expert, rows, cols).unwrap();
         let up = QuantExperts::new(view(&ub, un), format, n_expert, rows, cols).unwrap();
-        let x = random(&mut rng, nt * cols, -1.0, 1.0);
+        let x = uniform_vec(&mut rng, nt * cols, -1.0, 1.0);
         let (vb, sb, _) = quantize_on_device(k, &s, &x, nt, cols);
         let act = || Q8Activations {
             values: view(&vb, x.len()),
@@ -881,7 +877,7 @@ fn moe_down_matches_the_product_and_weighted_sum_it_replaces() {
     let Some((k, s)) = setup(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(14);
+    let mut rng = seeded(14);
     let (n_expert, rows, nt, top) = (5, 13, 3, 4);
     // Token 1's last slot names expert 8 of 5: it adds nothing and reads no weights.
     let ids = [4i32, 0, 2, 1, 3, 3, 0, 8, 1, 2, 4, 0];
@@ -892,7 +888,7 @@ fn moe_down_matches_the_product_and_weighted_sum_it_replaces() {
         let (eb, bytes) = weights_on_device(k, &mut rng, format, n_expert * rows, cols);
         let experts =
             QuantExperts::new(view(&eb, bytes.len()), format, n_expert, rows, cols).unwrap();
-        let x = random(&mut rng, nt * top * cols, -1.0, 1.0);
+        let x = uniform_vec(&mut rng, nt * top * cols, -1.0, 1.0);
         let (vb, sb, _) = quantize_on_device(k, &s, &x, nt * top, cols);
         let act = || Q8Activations {
             values: view(&vb, x.len()),
@@ -961,7 +957,7 @@ fn matvec_q8_pairs_match_two_single_products() {
     let Some((k, s)) = setup(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(12);
+    let mut rng = seeded(12);
     for format in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q5_0] {
         let cols = 4 * format.block_size();
         // Two row counts, either larger: the grid covers the taller matrix.
@@ -971,7 +967,7 @@ fn matvec_q8_pairs_match_two_single_products() {
             let w = quant_matrix(&wb, &bytes, format, rows, cols);
             let w2 = quant_matrix(&wb2, &bytes2, format, rows2, cols);
             for nt in [1, 3] {
-                let x = random(&mut rng, nt * cols, -1.0, 1.0);
+                let x = uniform_vec(&mut rng, nt * cols, -1.0, 1.0);
                 let (vb, sb, q) = quantize_on_device(k, &s, &x, nt, cols);
                 let act = Q8Activations {
                     values: view(&vb, nt * cols),
@@ -1003,7 +999,8 @@ fn matvec_q8_pairs_match_two_single_products() {
         let (wb2, bytes2) = weights_on_device(k, &mut rng, GgmlType::Q8_0, 2, cols);
         let w = quant_matrix(&wb, &bytes, format, 2, cols);
         let w2 = quant_matrix(&wb2, &bytes2, GgmlType::Q8_0, 2, cols);
-        let (vb, sb, _) = quantize_on_device(k, &s, &random(&mut rng, cols, -1.0, 1.0), 1, cols);
+        let (vb, sb, _) =
+            quantize_on_device(k, &s, &uniform_vec(&mut rng, cols, -1.0, 1.0), 1, cols);
         let act = Q8Activations {
             values: view(&vb, cols),
             scales: view(&sb, cols / matvec_q8::GROUP),

@@ -14,13 +14,7 @@
 
 pub mod cpu;
 pub mod gpu;
-pub mod host_pool;
-pub mod host_q8;
-pub mod kernels;
-mod ops;
-pub mod prefetch;
-pub mod profile;
-pub mod vendor_gemm;
+pub mod host;
 
 use crate::error::{DecodeError, Result};
 use crate::memory::{DeviceMemory, MemoryReport, MemoryTag};
@@ -28,7 +22,7 @@ use crate::quant;
 use gguf_loader::{GgmlType, GgufFile, TensorInfo};
 use std::sync::Arc;
 
-pub use kernels::Precision;
+pub use cpu::kernels::Precision;
 
 /// A tensor from the model file, as handed to [`Backend::load_weight`].
 pub struct WeightSource<'a> {
@@ -510,9 +504,4 @@ pub trait Backend: Send {
     ) -> Result<Option<u32>> {
         Ok(None)
     }
-}
-
-/// Index of the largest value of a host slice (the first on ties; NaN never wins).
-pub fn argmax_host(x: &[f32]) -> u32 {
-    ops::argmax(x) as u32
 }

@@ -646,7 +646,7 @@ fn probe_host(bytes: &str) -> Result<()> {
         "host product rate (one token, 4096 columns, median of 5, weights streamed from memory):"
     );
     for format in [gguf_loader::GgmlType::Q4K, gguf_loader::GgmlType::Q6K] {
-        let r = decode::backend::host_q8::measure_rate(format, bytes, 5)?;
+        let r = decode::backend::host::q8::measure_rate(format, bytes, 5)?;
         println!(
             "  {:<5} {:>7.1} GB/s  ({:.0} MiB in {:.2} ms, {} threads)",
             format.name(),

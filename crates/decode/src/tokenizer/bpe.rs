@@ -5,7 +5,7 @@
 //! is merged (every occurrence, left to right) until no ranked pair is left.
 
 use super::pretokenize::{self, Scheme};
-use super::{token_type, Vocabulary};
+use super::vocab::{token_type, Vocabulary};
 use crate::error::{DecodeError, Result};
 use std::collections::HashMap;
 

@@ -6,7 +6,7 @@
 //! symbol that is not a piece is written as its UTF-8 bytes through `<0xXX>` tokens, or the
 //! unknown token when the vocabulary has no byte tokens.
 
-use super::{token_type, Vocabulary};
+use super::vocab::{token_type, Vocabulary};
 use crate::error::{DecodeError, Result};
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};

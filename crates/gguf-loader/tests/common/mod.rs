@@ -4,10 +4,7 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-
-pub fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use test_support::models::workspace_root;
 
 pub fn reference_script(name: &str) -> PathBuf {
     workspace_root().join("tests/reference").join(name)

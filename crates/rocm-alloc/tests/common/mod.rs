@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use rand::Rng;
 use rocm_alloc::{
     AllocError, Allocator, AllocatorConfig, BlockState, LimitSpec, RawDevice, StreamId, Tag,
 };
@@ -235,23 +236,18 @@ pub fn threads_stress(device: Arc<dyn RawDevice>, s: [StreamId; 2]) {
         for t in 0..threads {
             let alloc = alloc.clone();
             scope.spawn(move || {
-                let mut rng = 0x1234_5678_9abc_def0u64 ^ (t * 0x9E37_79B9);
+                let mut rng = test_support::rng::seeded(t);
                 let mut live = Vec::new();
                 for i in 0..3000 {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    let size = 512 << (rng % 14);
-                    let stream = s[(rng >> 20) as usize % 2];
-                    let a = alloc
-                        .alloc(size + rng % 512, stream, Tag::ALL[i % Tag::COUNT])
-                        .unwrap();
-                    if (rng >> 8) % 5 == 0 {
+                    let size = (512 << rng.random_range(0..14)) + rng.random_range(0..512);
+                    let stream = s[rng.random_range(0..2)];
+                    let a = alloc.alloc(size, stream, Tag::ALL[i % Tag::COUNT]).unwrap();
+                    if rng.random_ratio(1, 5) {
                         a.record_stream(s[0]).unwrap();
                     }
                     live.push(a);
                     if live.len() > 24 {
-                        let k = (rng >> 32) as usize % live.len();
+                        let k = rng.random_range(0..live.len());
                         live.swap_remove(k);
                     }
                 }

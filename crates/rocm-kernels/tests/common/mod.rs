@@ -7,8 +7,6 @@
 #![allow(dead_code)]
 
 use hip_ffi::{Device, DeviceBuffer, DeviceCopy, Stream};
-use rand::rngs::StdRng;
-use rand::Rng;
 use rocm_kernels::cache::KernelCache;
 use rocm_kernels::{DeviceSlice, DeviceSliceMut, Kernels};
 use std::sync::OnceLock;
@@ -74,8 +72,4 @@ pub fn download<T: DeviceCopy>(stream: &Stream, buf: &DeviceBuffer, len: usize) 
     let mut all: Vec<T> = buf.to_host_vec().expect("download");
     all.truncate(len);
     all
-}
-
-pub fn random(rng: &mut StdRng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(lo..hi)).collect()
 }

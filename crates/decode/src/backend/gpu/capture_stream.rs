@@ -14,10 +14,10 @@
 //! and the allocator's graph pools give the measured bytes. docs/memory.md says how rough the
 //! estimate is.
 
-use super::{gpu_err, GpuBackend};
+use crate::backend::gpu::error::gpu_err;
 use crate::error::Result;
 use crate::memory::GraphMemory;
-use hip_ffi::{Device, Event, GraphExec, Stream};
+use hip_ffi::{Device, Event, Stream};
 use rocm_alloc::devices::hip::HipDevice;
 use rocm_alloc::{Allocator, CaptureTarget, GraphPool, StreamId};
 use std::sync::Arc;
@@ -91,24 +91,24 @@ pub fn estimate_graph_bytes(kernel_nodes: u64) -> u64 {
 }
 
 /// The side stream and the two events that order it against the main stream.
-pub(super) struct SideStream {
-    id: StreamId,
-    stream: Arc<Stream>,
+pub(crate) struct SideStream {
+    pub(crate) id: StreamId,
+    pub(crate) stream: Arc<Stream>,
     /// Recorded on the main stream; the side stream waits for it before a replay.
-    ready: Event,
+    pub(crate) ready: Event,
     /// Recorded on the side stream after a replay; the main stream waits for it.
-    done: Event,
+    pub(crate) done: Event,
 }
 
 impl SideStream {
-    fn enter(&self, main: &Stream) -> Result<()> {
+    pub(crate) fn enter(&self, main: &Stream) -> Result<()> {
         self.ready
             .record(main)
             .and_then(|()| self.stream.wait_event(&self.ready))
             .map_err(|e| gpu_err("ordering the side stream after the main stream", e))
     }
 
-    fn leave(&self, main: &Stream) -> Result<()> {
+    pub(crate) fn leave(&self, main: &Stream) -> Result<()> {
         self.done
             .record(&self.stream)
             .and_then(|()| main.wait_event(&self.done))
@@ -117,9 +117,9 @@ impl SideStream {
 }
 
 /// The capture settings and the books of what graphs took.
-pub(super) struct CaptureState {
+pub(crate) struct CaptureState {
     pub(super) pool: GraphPoolMode,
-    side: Option<SideStream>,
+    pub(crate) side: Option<SideStream>,
     pub(super) books: GraphMemory,
     /// Outside-the-allocator bytes when the backend had started (set at the end of `new`).
     pub(super) runtime_at_start: u64,
@@ -127,7 +127,7 @@ pub(super) struct CaptureState {
 
 impl CaptureState {
     /// Reads both variables and makes the side stream when asked for.
-    pub(super) fn new(
+    pub(crate) fn new(
         hip: &HipDevice,
         device: &Device,
         alloc: &Allocator,
@@ -139,7 +139,7 @@ impl CaptureState {
 
     /// The given settings. With a side stream the allocator is told which stream is the main
     /// one, so its snapshot lists the side stream's cached blocks as stranded.
-    fn with(
+    pub(crate) fn with(
         hip: &HipDevice,
         device: &Device,
         alloc: &Allocator,
@@ -171,7 +171,7 @@ impl CaptureState {
         })
     }
 
-    fn target<'a>(&self, graph_pool: &'a GraphPool) -> CaptureTarget<'a> {
+    pub(crate) fn target<'a>(&self, graph_pool: &'a GraphPool) -> CaptureTarget<'a> {
         match self.pool {
             GraphPoolMode::Private => CaptureTarget::Private(graph_pool),
             GraphPoolMode::Shared => CaptureTarget::StreamPool,
@@ -180,145 +180,10 @@ impl CaptureState {
 }
 
 /// Free device bytes and the allocator's reserved and graph-pool bytes, read together.
-struct Probe {
-    free: u64,
-    reserved: u64,
-    graph_pools: u64,
-}
-
-impl GpuBackend {
-    /// Sets where decode graphs are captured and which pool a capture allocates from, as
-    /// [`CAPTURE_STREAM`] and [`GRAPH_POOL`] do at start-up. Refused once a graph has
-    /// been captured: it would replay on the stream it was captured for, without the events
-    /// that order the other one.
-    pub fn set_capture(&mut self, stream: CaptureStream, pool: GraphPoolMode) -> Result<()> {
-        if !self.graphs.is_empty() {
-            return Err(crate::error::DecodeError::InvalidArgument(
-                "the capture stream and pool can only change before the first decode graph is \
-                 captured; set them right after creating the backend"
-                    .into(),
-            ));
-        }
-        let books = self.capture.books;
-        let runtime_at_start = self.capture.runtime_at_start;
-        let (hip, device) = (Arc::clone(&self.hip), *self.device());
-        self.capture =
-            CaptureState::with(&hip, &device, &self.alloc, self.stream_id, stream, pool)?;
-        self.capture.books = books;
-        self.capture.runtime_at_start = runtime_at_start;
-        Ok(())
-    }
-
-    fn probe(&self) -> Result<Probe> {
-        let free = self
-            .device()
-            .mem_get_info()
-            .map_err(|e| gpu_err("reading device memory", e))?
-            .free;
-        let snap = self.alloc.snapshot();
-        Ok(Probe {
-            free,
-            reserved: snap.stats.reserved_bytes,
-            graph_pools: snap.breakdown().graph_pools,
-        })
-    }
-
-    /// Records what the process holds outside the allocator now that the backend has started.
-    pub(super) fn note_runtime_at_start(&mut self) -> Result<()> {
-        let p = self.probe()?;
-        let used = self.mem_before.free.saturating_sub(p.free);
-        self.capture.runtime_at_start = used.saturating_sub(p.reserved);
-        Ok(())
-    }
-
-    /// Queues one replay of `exec` on the capture stream, ordered after the main stream's
-    /// queued work and before its later work.
-    ///
-    /// # Safety
-    /// As [`GraphExec::launch`]: every buffer the graph was captured over is still allocated
-    /// at the same address and owned by the model or this backend.
-    pub(super) unsafe fn replay_step(&self, exec: &GraphExec) -> Result<()> {
-        let launch = |stream: &Stream| {
-            // SAFETY: the caller's guarantee; a graph captured on the side stream is replayed
-            // there, ordered by the events around it.
-            unsafe { exec.launch(stream) }.map_err(|e| gpu_err("replaying the step", e))
-        };
-        match &self.capture.side {
-            None => launch(&self.stream),
-            Some(side) => {
-                side.enter(&self.stream)?;
-                launch(&side.stream)?;
-                side.leave(&self.stream)
-            }
-        }
-    }
-
-    /// Captures `ops` into a graph on the capture stream, instantiates it, runs it once and
-    /// adds its memory to the books.
-    pub(super) fn capture_step(
-        &mut self,
-        ops: &mut dyn FnMut(&mut GpuBackend) -> Result<()>,
-    ) -> Result<GraphExec> {
-        self.stream
-            .synchronize()
-            .map_err(|e| gpu_err("waiting for the stream before a capture", e))?;
-        let before = self.probe()?;
-        // With a side stream, the ops queue on it: the backend's stream and its id are
-        // swapped for the side stream's for the capture, and swapped back whatever happens.
-        self.swap_capture_stream();
-        let captured = self.capture_on_current(ops);
-        self.swap_capture_stream();
-        let graph = captured?;
-        let nodes = graph.kernel_nodes();
-        let estimate = estimate_graph_bytes(nodes);
-        let exec = graph
-            .instantiate()
-            .map_err(|e| gpu_err("instantiating the captured step", e))?;
-        drop(graph);
-        // SAFETY: the capture recorded this step's work over buffers the model and this
-        // backend own for their whole lives, without running it, so it runs now.
-        unsafe { self.replay_step(&exec) }?;
-        self.stream
-            .synchronize()
-            .map_err(|e| gpu_err("running the captured step", e))?;
-        let after = self.probe()?;
-        let used = before.free.saturating_sub(after.free);
-        let grown = after.reserved.saturating_sub(before.reserved);
-        let b = &mut self.capture.books;
-        b.captures += 1;
-        b.kernel_nodes += nodes;
-        b.estimate += estimate;
-        b.measured_outside += used.saturating_sub(grown);
-        b.measured_pool += after.graph_pools.saturating_sub(before.graph_pools);
-        Ok(exec)
-    }
-
-    /// The capture itself, on whatever `self.stream` is now.
-    fn capture_on_current(
-        &mut self,
-        ops: &mut dyn FnMut(&mut GpuBackend) -> Result<()>,
-    ) -> Result<hip_ffi::Graph> {
-        let alloc = Arc::clone(&self.alloc);
-        let guard = alloc
-            .begin_capture(self.stream_id, self.capture.target(&self.graph_pool))
-            .map_err(|e| gpu_err("starting a capture in the allocator", e))?;
-        self.stream
-            .begin_capture()
-            .map_err(|e| gpu_err("starting a stream capture", e))?;
-        let recorded = ops(self);
-        // The capture must end whatever the ops did, or the stream stays unusable.
-        let graph = self.stream.end_capture();
-        drop(guard);
-        recorded?;
-        graph.map_err(|e| gpu_err("ending the stream capture", e))
-    }
-
-    fn swap_capture_stream(&mut self) {
-        if let Some(side) = &mut self.capture.side {
-            std::mem::swap(&mut self.stream, &mut side.stream);
-            std::mem::swap(&mut self.stream_id, &mut side.id);
-        }
-    }
+pub(crate) struct Probe {
+    pub(crate) free: u64,
+    pub(crate) reserved: u64,
+    pub(crate) graph_pools: u64,
 }
 
 #[cfg(test)]

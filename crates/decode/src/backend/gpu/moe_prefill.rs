@@ -9,8 +9,21 @@
 //! projections run as products over its rows. The expert outputs are put back in token order
 //! and combined with the routing weights by the decode path's kernel.
 
-use super::*;
-use rocm_kernels::ops::{dequant, embed};
+use crate::backend::gpu::offload::prefetch::HostPrefill;
+use crate::backend::gpu::vendor_gemm::VENDOR_GEMM_MIN_ROWS;
+use crate::backend::gpu::{
+    error::{gpu_err, kerr},
+    shapes::gate_activation,
+    GpuBackend, GpuBuffer, MatvecPath, MoePrefillScratch,
+};
+use crate::backend::MoeShape;
+use crate::error::{DecodeError, Result};
+use gguf_loader::GgmlType;
+use hip_ffi::DevicePtr;
+use rocm_alloc::Tag;
+use rocm_kernels::ops::{dequant, elementwise, embed, matvec::QuantMatrix, moe};
+use rocm_kernels::{DeviceSlice, DeviceSliceMut};
+use std::sync::Arc;
 
 /// Slots of one expert start at a multiple of this, so that every row block a product reads or
 /// writes starts 256-byte aligned: the alignment the vendor libraries' heuristics assume of
@@ -28,25 +41,6 @@ fn slot_alignment(n_embd: usize, n_ff: usize) -> usize {
 /// to [`slot_alignment`].
 fn slots_for(pairs: usize, n_expert: usize, n_embd: usize, n_ff: usize) -> usize {
     pairs + n_expert * (slot_alignment(n_embd, n_ff) - 1)
-}
-
-/// The grouped prefill's buffers (workspace tag), reserved with the rest of the workspace.
-#[derive(Default)]
-pub(super) struct MoePrefillScratch {
-    /// i32: for each slot in expert order its token row (`slots`), then for each (token,
-    /// choice) pair its slot (`pairs`).
-    index: Option<Allocation>,
-    /// f32 `[slots][n_embd]`: the gathered token rows, later the expert outputs in slot order.
-    sorted: Option<Allocation>,
-    /// f16 `[slots][n_embd]` token rows and `[slots][n_ff]` gated activations, the products'
-    /// inputs.
-    tokens_f16: Option<Allocation>,
-    hidden_f16: Option<Allocation>,
-    /// The (token, choice) pairs, slots and widths it was reserved for.
-    pairs: usize,
-    slots: usize,
-    n_embd: usize,
-    n_ff: usize,
 }
 
 impl GpuBackend {

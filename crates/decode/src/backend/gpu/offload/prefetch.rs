@@ -17,7 +17,7 @@
 //! Both slots are the allocator's (tag `offload_staging`), taken once before the first step and
 //! counted in the plan's resident needs, so streaming never allocates while a run is going.
 
-use super::gpu::kerr;
+use crate::backend::gpu::error::kerr;
 use crate::error::{DecodeError, Result};
 use gguf_loader::GgmlType;
 use hip_ffi::{DevicePtr, Event, Stream};
@@ -59,35 +59,35 @@ impl HostPrefill {
 }
 
 /// The two slots, the copy stream and the events that order them.
-pub(super) struct Prefetch {
-    slots: [Allocation; 2],
-    slot_bytes: usize,
-    copy: Stream,
-    copied: [Event; 2],
-    released: [Event; 2],
+pub(crate) struct Prefetch {
+    pub(crate) slots: [Allocation; 2],
+    pub(crate) slot_bytes: usize,
+    pub(crate) copy: Stream,
+    pub(crate) copied: [Event; 2],
+    pub(crate) released: [Event; 2],
     /// Whether `released[s]` has been recorded since the slot was last filled (a slot handed
     /// out and not yet released is a bug in the caller).
-    pending_release: [bool; 2],
-    next: usize,
-    staged_bytes: u64,
-    staged_blocks: u64,
+    pub(crate) pending_release: [bool; 2],
+    pub(crate) next: usize,
+    pub(crate) staged_bytes: u64,
+    pub(crate) staged_blocks: u64,
 }
 
 /// A slot holding staged rows: read it on the compute stream, then hand it to
 /// [`Prefetch::release`].
 #[derive(Debug)]
-pub(super) struct Staged {
-    slot: usize,
+pub(crate) struct Staged {
+    pub(crate) slot: usize,
     /// Device address of the copied bytes.
-    ptr: DevicePtr,
+    pub(crate) ptr: DevicePtr,
     /// How many bytes were copied.
-    bytes: usize,
+    pub(crate) bytes: usize,
 }
 
 impl Staged {
     /// The staged bytes as a `rows` x `cols` matrix of `format`, for kernels queued on the
     /// compute stream before the slot's [`Prefetch::release`].
-    pub(super) fn matrix(&self, format: GgmlType, rows: usize, cols: usize) -> Result<QuantMatrix> {
+    pub(crate) fn matrix(&self, format: GgmlType, rows: usize, cols: usize) -> Result<QuantMatrix> {
         // SAFETY: the slot holds `bytes` copied bytes, which the compute stream reads only
         // after the copy (`stage` made it wait), and the slot is not refilled before the
         // release that the caller records after its last kernel over this view.
@@ -99,7 +99,7 @@ impl Staged {
 impl Prefetch {
     /// Takes two slots of `slot_bytes` from `alloc` on the compute stream `stream_id`, and a
     /// copy stream on the compute stream's device.
-    pub(super) fn new(
+    pub(crate) fn new(
         alloc: &Allocator,
         stream_id: StreamId,
         compute: &Stream,
@@ -133,7 +133,7 @@ impl Prefetch {
     }
 
     /// Bytes one slot holds.
-    pub(super) fn slot_bytes(&self) -> usize {
+    pub(crate) fn slot_bytes(&self) -> usize {
         self.slot_bytes
     }
 
@@ -143,7 +143,7 @@ impl Prefetch {
     /// `host` is pinned host memory that stays alive and unchanged until the copy has run
     /// (a model's pinned weights do: they are freed with the backend, whose drop waits for the
     /// device).
-    pub(super) unsafe fn stage(&mut self, compute: &Stream, host: &[u8]) -> Result<Staged> {
+    pub(crate) unsafe fn stage(&mut self, compute: &Stream, host: &[u8]) -> Result<Staged> {
         if host.len() > self.slot_bytes {
             return Err(DecodeError::InvalidArgument(format!(
                 "streamed prefetch: a block of {} does not fit a slot of {}",
@@ -186,7 +186,7 @@ impl Prefetch {
 
     /// Marks the end of `compute`'s reads of `staged`: the slot may be filled again after
     /// them.
-    pub(super) fn release(&mut self, compute: &Stream, staged: Staged) -> Result<()> {
+    pub(crate) fn release(&mut self, compute: &Stream, staged: Staged) -> Result<()> {
         self.released[staged.slot]
             .record(compute)
             .map_err(kerr("streamed prefetch: releasing a slot"))?;
@@ -195,7 +195,7 @@ impl Prefetch {
     }
 
     /// One line for the device report.
-    pub(super) fn report_line(&self) -> String {
+    pub(crate) fn report_line(&self) -> String {
         format!(
             "streamed prefetch: 2 slots of {}; {} copied in {} blocks",
             fmt_bytes(self.slot_bytes as u64),
@@ -220,9 +220,21 @@ impl Drop for Prefetch {
 pub fn slot_bytes(matrices: &[(usize, usize, usize)], block_values: usize) -> usize {
     matrices
         .iter()
-        .map(|&(rows, cols, row_bytes)| {
-            super::vendor_gemm::block_rows(rows, cols, block_values).min(rows) * row_bytes
-        })
+        .map(|&(rows, cols, row_bytes)| block_rows(rows, cols, block_values).min(rows) * row_bytes)
         .max()
         .unwrap_or(0)
+}
+
+/// Rows of a `cols`-wide matrix that one block takes when a product covers `rows` rows and the
+/// block holds `block_values`: whole 64-row groups, so each block's result columns start
+/// 256-byte aligned (what the libraries assume of every pointer), unless one block does it all.
+pub fn block_rows(rows: usize, cols: usize, block_values: usize) -> usize {
+    let fit = (block_values / cols.max(1)).max(1);
+    if fit >= rows {
+        rows.max(1)
+    } else if fit < 64 {
+        fit
+    } else {
+        fit - fit % 64
+    }
 }

@@ -2,12 +2,15 @@
 //! GPU, and the path CI runs. Buffers are heap vectors; weights are read in place from the
 //! memory-mapped file in their stored format by the fused kernels in [`super::kernels`].
 
-use super::kernels::{self, MatrixRef, Precision};
-use super::{ops, Attention, Backend, ExpertChoice, GateActivation, MoeShape, Rope, WeightSource};
+pub mod kernels;
+mod ops;
+
+use super::{Attention, Backend, ExpertChoice, GateActivation, MoeShape, Rope, WeightSource};
 use crate::error::{DecodeError, Result};
 use crate::memory::{MemoryReport, MemoryTag};
 use crate::quant::{self, Q16Row};
 use gguf_loader::{GgmlType, GgufFile, TensorInfo};
+use kernels::{MatrixRef, Precision};
 use std::sync::Arc;
 
 /// A weight tensor held in host memory in its stored format.
@@ -460,7 +463,7 @@ impl Backend for CpuBackend {
 
     fn argmax(&mut self, x: &Vec<f32>, row: usize, n: usize) -> Result<u32> {
         check_len("argmax", x.len(), (row + 1) * n)?;
-        Ok(ops::argmax(&x[row * n..(row + 1) * n]) as u32)
+        Ok(rocm_kernels::reference::sampling::argmax(&x[row * n..(row + 1) * n]) as u32)
     }
 }
 

@@ -15,10 +15,11 @@
 //! the quantized weights once per few tokens (the matrix-vector kernels) moves fewer bytes than
 //! writing and reading an f16 copy.
 
-use super::gpu::{kerr, GpuBuffer};
-use super::prefetch::Prefetch;
+use crate::backend::gpu::offload::prefetch::{block_rows, Prefetch};
+use crate::backend::gpu::{error::kerr, GpuBuffer};
 use crate::error::{DecodeError, Result};
-use hip_ffi::{BlasLt, DevicePtr, GemmPlan, GemmShape, Stream};
+use hip_ffi::{BlasLt, GemmPlan, GemmShape};
+use hip_ffi::{DevicePtr, Stream};
 use rocm_alloc::{Allocation, Allocator, StreamId, Tag};
 use rocm_kernels::ops::{dequant, matvec::QuantMatrix};
 use rocm_kernels::{DeviceSliceMut, Kernels};
@@ -75,20 +76,6 @@ pub fn weight_block_values(max_matrix_values: usize, max_cols: usize) -> usize {
     max_matrix_values
         .min(WEIGHT_BLOCK_VALUES.max(max_cols))
         .max(1)
-}
-
-/// Rows of a `cols`-wide matrix that one block takes when a product covers `rows` rows and the
-/// block holds `block_values`: whole 64-row groups, so each block's result columns start
-/// 256-byte aligned (what the libraries assume of every pointer), unless one block does it all.
-pub fn block_rows(rows: usize, cols: usize, block_values: usize) -> usize {
-    let fit = (block_values / cols.max(1)).max(1);
-    if fit >= rows {
-        rows.max(1)
-    } else if fit < 64 {
-        fit
-    } else {
-        fit - fit % 64
-    }
 }
 
 /// The library handle, its prepared products, and the buffers they use.

@@ -1,6 +1,6 @@
 //! Plain f32 math the CPU backend is built from: norms, rotary embedding, attention, gates.
 
-use super::{Attention, GateActivation, Rope};
+use crate::backend::{Attention, GateActivation, Rope};
 use rayon::prelude::*;
 
 /// RMSNorm of one vector.
@@ -108,19 +108,6 @@ pub fn softmax(x: &mut [f32]) {
     for v in x.iter_mut() {
         *v /= sum;
     }
-}
-
-/// Index of the largest value (the first on ties); NaN never wins.
-pub fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &v) in x.iter().enumerate() {
-        if v > best_v {
-            best_v = v;
-            best = i;
-        }
-    }
-    best
 }
 
 #[cfg(test)]

@@ -446,35 +446,26 @@ pub fn dot_f32_slice(a: &[f32], b: &[f32]) -> f32 {
 pub(crate) mod tests {
     use super::*;
     use half::{bf16, f16};
-
-    /// A tiny deterministic generator (xorshift) so the tests need no extra crate.
-    pub(crate) struct Rng(pub u64);
-    impl Rng {
-        pub fn next_u64(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        /// Uniform in [-1, 1).
-        pub fn f32(&mut self) -> f32 {
-            (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        }
-    }
+    use rand::Rng;
+    use test_support::rng::StdRng;
 
     /// A random but valid row: random dense values in [-1, 1), or blocks with random integer
     /// fields and small finite scales.
-    pub(crate) fn random_row(format: GgmlType, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    pub(crate) fn random_row(format: GgmlType, cols: usize, rng: &mut StdRng) -> Vec<u8> {
         match format {
-            GgmlType::F32 => return (0..cols).flat_map(|_| rng.f32().to_le_bytes()).collect(),
+            GgmlType::F32 => {
+                return (0..cols)
+                    .flat_map(|_| rng.random_range(-1.0f32..1.0).to_le_bytes())
+                    .collect()
+            }
             GgmlType::F16 => {
                 return (0..cols)
-                    .flat_map(|_| f16::from_f32(rng.f32()).to_le_bytes())
+                    .flat_map(|_| f16::from_f32(rng.random_range(-1.0..1.0)).to_le_bytes())
                     .collect()
             }
             GgmlType::Bf16 => {
                 return (0..cols)
-                    .flat_map(|_| bf16::from_f32(rng.f32()).to_le_bytes())
+                    .flat_map(|_| bf16::from_f32(rng.random_range(-1.0..1.0)).to_le_bytes())
                     .collect()
             }
             _ => {}
@@ -482,18 +473,18 @@ pub(crate) mod tests {
         let bb = format.type_size();
         let mut out = Vec::new();
         for _ in 0..cols / format.block_size() {
-            let mut b: Vec<u8> = (0..bb).map(|_| rng.next_u64() as u8).collect();
+            let mut b: Vec<u8> = (0..bb).map(|_| rng.random()).collect();
             let mut put =
                 |at: usize, v: f32| b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
             match format {
                 GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
-                    put(0, 0.01 + 0.02 * rng.f32().abs())
+                    put(0, rng.random_range(0.01..0.03))
                 }
                 GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => {
-                    put(0, 0.01 + 0.02 * rng.f32().abs());
-                    put(2, 0.01 * rng.f32());
+                    put(0, rng.random_range(0.01..0.03));
+                    put(2, rng.random_range(-0.01..0.01));
                 }
-                GgmlType::Q6K => put(208, 0.001 + 0.002 * rng.f32().abs()),
+                GgmlType::Q6K => put(208, rng.random_range(0.001..0.003)),
                 other => panic!("no random blocks for {other}"),
             }
             out.extend_from_slice(&b);
@@ -536,12 +527,14 @@ pub(crate) mod tests {
 
     /// Both precisions, single-token and batched, AVX2 and portable, against dequantizing
     /// the rows then an f64 dot product.
-    fn check_against_dequantized(format: GgmlType, rows: usize, cols: usize, rng: &mut Rng) {
+    fn check_against_dequantized(format: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) {
         let n_tok = 6;
         let data: Vec<u8> = (0..rows)
             .flat_map(|_| random_row(format, cols, rng))
             .collect();
-        let x: Vec<f32> = (0..n_tok * cols).map(|_| rng.f32()).collect();
+        let x: Vec<f32> = (0..n_tok * cols)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
         let w = MatrixRef {
             format,
             data: &data,
@@ -587,7 +580,7 @@ pub(crate) mod tests {
 
     #[test]
     fn both_precisions_match_dequantize_then_dot_for_every_format() {
-        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let mut rng = test_support::rng::seeded(0x9E37_79B9_7F4A_7C15);
         for format in quant::SUPPORTED {
             check_against_dequantized(format, 37, 512, &mut rng);
         }
@@ -595,7 +588,7 @@ pub(crate) mod tests {
 
     #[test]
     fn dense_rows_of_any_length_multiply() {
-        let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+        let mut rng = test_support::rng::seeded(0x2545_F491_4F6C_DD1D);
         for format in [GgmlType::F32, GgmlType::F16, GgmlType::Bf16] {
             // Shorter than a step, and a step and a bit (MAX_BLOCK is 256).
             for cols in [1, 7, 301] {

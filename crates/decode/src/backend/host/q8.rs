@@ -10,7 +10,7 @@
 //! sums per 16 values. Float weights are refused: the device never runs them against 8-bit
 //! activations, so no split product has them.
 
-use super::host_pool::{self, HostPool, PoolKind};
+use super::pool::{self as host_pool, HostPool, PoolKind};
 use crate::error::{DecodeError, Result};
 use crate::quant;
 use gguf_loader::GgmlType;
@@ -560,7 +560,8 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::kernels::tests::{random_row, Rng};
+    use crate::backend::cpu::kernels::tests::random_row;
+    use rand::Rng;
     use rocm_kernels::reference::matvec::HostMatrix;
     use rocm_kernels::reference::matvec_q8 as reference;
 
@@ -568,7 +569,7 @@ mod tests {
     /// (exact product of the dequantized weights with the same 8-bit activations).
     #[test]
     fn rows_match_the_reference_for_every_quantized_format() {
-        let mut rng = Rng(0x5eed);
+        let mut rng = test_support::rng::seeded(0x5eed);
         let formats = [
             GgmlType::Q4K,
             GgmlType::Q6K,
@@ -582,7 +583,7 @@ mod tests {
             let matrix: Vec<u8> = (0..rows)
                 .flat_map(|_| random_row(format, cols, &mut rng))
                 .collect();
-            let x: Vec<f32> = (0..cols).map(|_| rng.f32() * 3.0 - 1.5).collect();
+            let x: Vec<f32> = (0..cols).map(|_| rng.random_range(-4.5..1.5)).collect();
             let q = reference::quantize(&x).unwrap();
             let w = HostMatrix::new(&matrix, format, rows, cols).unwrap();
             let want = reference::matvec(&w, &q, 1).unwrap();

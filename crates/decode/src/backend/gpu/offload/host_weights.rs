@@ -12,7 +12,7 @@
 //! carries a host budget, a load that would exceed it is refused before pinning, and the
 //! device report prints what is pinned.
 
-use super::super::WeightSource;
+use crate::backend::WeightSource;
 use crate::error::{DecodeError, Result};
 use hip_ffi::{Device, PinnedHostBuffer};
 use rocm_alloc::{fmt_bytes, Allocation};
@@ -80,9 +80,9 @@ impl WeightMemory {
 /// The backend's books of pinned weights.
 #[derive(Default)]
 pub(crate) struct HostWeights {
-    placement: HostPlacement,
-    pinned: u64,
-    tensors: usize,
+    pub(crate) placement: HostPlacement,
+    pub(crate) pinned: u64,
+    pub(crate) tensors: usize,
 }
 
 impl HostWeights {
@@ -132,7 +132,7 @@ impl HostWeights {
     /// Whether weight `name` of `len` bytes goes to the host: `false` when the placement keeps
     /// it on the device, an error when pinning it would pass the host budget (checked before
     /// anything is pinned).
-    fn admit(&self, name: &str, len: u64) -> Result<bool> {
+    pub(crate) fn admit(&self, name: &str, len: u64) -> Result<bool> {
         if !self.placement.names.contains(name) {
             return Ok(false);
         }

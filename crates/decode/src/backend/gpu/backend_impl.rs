@@ -1,0 +1,1080 @@
+//! The [`Backend`] trait on the GPU: each op a rocm-kernels kernel queued on the backend's
+//! stream.
+
+use crate::backend::gpu::offload::prefetch::{self, HostPrefill, Prefetch};
+use crate::backend::gpu::offload::{host_weights, hybrid};
+use crate::backend::gpu::profile::{self, OpProfile};
+use crate::backend::gpu::vendor_gemm::{weight_block_values, VENDOR_GEMM_MIN_ROWS};
+use crate::backend::gpu::{
+    buffer::Elem,
+    error::{gpu_err, kerr},
+    shapes::{attention_shape, gate_activation, rope_kernel_params},
+    GpuBackend, GpuBuffer, GpuWeight, KvType, MatvecPath, INT8_MAX_ROWS,
+};
+use crate::backend::{
+    Attention, Backend, GateActivation, KvDestination, MoeShape, Rope, StepBounds, StepKey,
+    WeightSource,
+};
+use crate::error::{DecodeError, Result};
+use crate::memory::{DeviceMemory, MemoryReport, MemoryTag};
+use hip_ffi::DevicePtr;
+use rocm_alloc::Tag;
+use rocm_kernels::ops::{
+    attention as attn, elementwise, embed, kv_cache, matmul,
+    matvec::MAX_TOKENS,
+    matvec_q8::{self},
+    moe, norm, rope, sampling,
+};
+use rocm_kernels::{DeviceSlice, DeviceSliceMut};
+use std::sync::Arc;
+
+impl Backend for GpuBackend {
+    type Buffer = GpuBuffer;
+    type Weight = GpuWeight;
+
+    fn describe(&self) -> String {
+        format!(
+            "gpu ({}, wave {}, {} matvec, prefill on {})",
+            self.alloc.device_name(),
+            self.kernels.wave_size(),
+            match self.matvec_path {
+                MatvecPath::Int8 => "int8",
+                MatvecPath::Exact => "exact f32",
+            },
+            match (&self.vendor_gemm, &self.vendor_gemm_absent) {
+                (Some(v), _) if self.matvec_path == MatvecPath::Int8 => v.describe(),
+                (Some(_), _) => "kernels (exact path)".into(),
+                (None, Some(why)) => format!("kernels ({why})"),
+                (None, None) => "kernels".into(),
+            }
+        )
+    }
+
+    fn alloc(&mut self, tag: MemoryTag, len: usize) -> Result<GpuBuffer> {
+        let elem = if tag == MemoryTag::KvCache && self.kv_type == KvType::F16 {
+            Elem::F16
+        } else {
+            Elem::F32
+        };
+        let size = if elem == Elem::F16 { 2 } else { 4 };
+        // Whole f32 words, so the zeroing kernel covers an odd count of f16 values too.
+        let bytes = len
+            .checked_mul(size)
+            .map(|b| b.next_multiple_of(4))
+            .ok_or_else(|| DecodeError::Allocation {
+                what: format!("{len} values of {}", tag.name()),
+                reason: "the byte count overflows".into(),
+            })?;
+        let mem = self.device_alloc(tag, bytes, &format!("{len} values of {}", tag.name()))?;
+        // SAFETY: the allocation holds `bytes / 4` f32 words and lives until the buffer made
+        // from it below is dropped; zeroing queues on the backend's stream before any use.
+        let mut words = unsafe { DeviceSliceMut::<f32>::from_raw(mem.ptr(), bytes / 4) };
+        elementwise::zero(&self.kernels, &self.stream, &mut words, bytes / 4)
+            .map_err(kerr("zeroing a new buffer"))?;
+        Ok(GpuBuffer::with_elem(mem, len, elem))
+    }
+
+    fn load_weight(&mut self, src: &WeightSource<'_>) -> Result<GpuWeight> {
+        src.check_bytes()?;
+        let [cols, rows, mats] = src.dims;
+        if self.host_weights.streamed(src.name) && (rows == 1 || mats > 1) {
+            return Err(DecodeError::InvalidArgument(format!(
+                "the placement streams '{}', but decode streams whole 2-D matrices only (this \
+                 one is {cols} x {rows} x {mats}); plan it to be read in place",
+                src.name
+            )));
+        }
+        if rows == 1 && mats == 1 {
+            let mut v = vec![0.0f32; cols];
+            crate::quant::row_to_f32(src.format, src.bytes, &mut v);
+            let bytes = host_weights::f32_bytes(&v);
+            if let Some(mem) = self.host_weights.place(self.hip.device(), src, &bytes)? {
+                return Ok(GpuWeight::Vector { mem, len: cols });
+            }
+            let mem = self.device_weight(cols * 4, src.name)?;
+            self.upload(mem.ptr(), &v)?;
+            return Ok(GpuWeight::Vector { mem, len: cols });
+        }
+        let mem = match self.host_weights.place(self.hip.device(), src, src.bytes)? {
+            Some(pinned) => {
+                // A product covers the whole matrix, or one expert of a stacked one.
+                self.host_matrices
+                    .push((rows, cols, src.bytes.len() / (rows * mats).max(1)));
+                pinned
+            }
+            None => {
+                let mem = self.device_weight(src.bytes.len(), src.name)?;
+                self.upload(mem.ptr(), src.bytes)?;
+                mem
+            }
+        };
+        // One expert of a stacked MoE tensor is the unit the vendor GEMM multiplies.
+        let (values, widest) = self.largest_matrix;
+        self.largest_matrix = (values.max(rows * cols), widest.max(cols));
+        Ok(GpuWeight::Matrix {
+            mem,
+            format: src.format,
+            dims: src.dims,
+            name: src.name.to_string(),
+        })
+    }
+
+    fn device_report(&self) -> Option<Result<String>> {
+        Some(self.device_report_text())
+    }
+
+    fn device_memory(&self) -> Option<Result<DeviceMemory>> {
+        Some(self.device_memory_now())
+    }
+
+    fn reset_device_peaks(&mut self) {
+        self.alloc.reset_peak();
+    }
+
+    fn memory(&self) -> MemoryReport {
+        let stats = self.alloc.stats();
+        let mut report = MemoryReport {
+            location: self.alloc.device_name().to_string(),
+            ..MemoryReport::default()
+        };
+        for (tag, usage) in &stats.per_tag {
+            report.add(*tag, usage.current);
+        }
+        report
+    }
+
+    fn reserve_workspace(
+        &mut self,
+        bounds: &StepBounds,
+        matmul_inputs: &[(&GpuBuffer, usize)],
+    ) -> Result<()> {
+        // Loading is over: the allocator records the weights' bytes for its traces and
+        // reports (the cache limit no longer follows them; docs/memory.md).
+        let stats = self.alloc.stats();
+        let weights = stats
+            .per_tag
+            .iter()
+            .find(|(tag, _)| *tag == Tag::Weights)
+            .map_or(0, |(_, u)| u.current);
+        self.alloc.set_weight_bytes(weights);
+        let alloc = Arc::clone(&self.alloc);
+        let (a, st) = (&*alloc, self.stream_id);
+        let mut attention = 0;
+        for shape in &bounds.decode_attention {
+            let need = attn::decode_workspace_floats(&attention_shape(shape))
+                .map_err(kerr("attention"))?;
+            attention = attention.max(need);
+        }
+        Self::scratch_buffer(
+            &mut self.scratch.attention,
+            a,
+            st,
+            attention,
+            "attention workspace",
+        )?;
+        self.argmax_workspace()?;
+        self.reserve_draw()?;
+        let int8 = self.matvec_path == MatvecPath::Int8;
+        let int8_rows = bounds.max_tokens.min(INT8_MAX_ROWS);
+        if let Some(moe) = &bounds.moe {
+            let pairs = bounds.max_tokens * moe.k;
+            self.moe_ids_scratch(pairs)?;
+            let s = &mut self.scratch;
+            Self::scratch_buffer(&mut s.moe_weights, a, st, pairs, "moe weights")?;
+            Self::scratch_buffer(&mut s.moe_gate, a, st, pairs * moe.n_ff, "moe gate")?;
+            Self::scratch_buffer(&mut s.moe_up, a, st, pairs * moe.n_ff, "moe up")?;
+            Self::scratch_buffer(&mut s.moe_out, a, st, pairs * moe.n_embd, "moe out")?;
+            if int8 {
+                self.moe_q8_scratch(int8_rows * moe.k * moe.n_ff)?;
+            }
+            if int8 && self.vendor_gemm.is_some() && bounds.max_tokens >= VENDOR_GEMM_MIN_ROWS {
+                self.reserve_moe_prefill(&MoeShape {
+                    rows: bounds.max_tokens,
+                    ..*moe
+                })?;
+            }
+        }
+        let mut slot = self.host_weights.stream_slot_bytes() as usize;
+        if let Some(v) = self.vendor_gemm.as_mut().filter(|_| int8) {
+            if bounds.max_tokens >= VENDOR_GEMM_MIN_ROWS {
+                let (values, cols) = self.largest_matrix;
+                v.reserve(a, st, bounds.max_tokens, values, cols)?;
+                if self.host_prefill == HostPrefill::Stream {
+                    let block = weight_block_values(values, cols);
+                    slot = slot.max(prefetch::slot_bytes(&self.host_matrices, block));
+                }
+            }
+        }
+        if slot > 0 && self.prefetch.as_ref().is_none_or(|p| p.slot_bytes() < slot) {
+            // The smaller slots go back first, so the budget never holds both pairs.
+            self.prefetch = None;
+            self.prefetch = Some(Prefetch::new(a, st, &self.stream, slot)?);
+        }
+        if int8 {
+            for &(buf, width) in matmul_inputs {
+                self.reserve_q8_shadow(buf, (int8_rows * width).min(buf.len))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn begin_step(&mut self, pos0: usize, tokens: &[u32]) -> Result<()> {
+        if let Some(p) = &mut self.profile {
+            // The previous step's events are read before its staging is reused.
+            p.finish_step().map_err(|e| gpu_err("profiling", e))?;
+        }
+        self.write_step(pos0, tokens)?;
+        self.step_pos0 = pos0;
+        self.step_tokens = tokens.len();
+        if let Some(p) = &mut self.profile {
+            elementwise::spin(&self.kernels, &self.stream, profile::HEAD_START_CYCLES)
+                .map_err(kerr("profiling head start"))?;
+            let device = *self.kernels.device();
+            p.begin_step(&device, &self.stream)
+                .map_err(|e| gpu_err("profiling", e))?;
+        }
+        Ok(())
+    }
+
+    fn enable_profiling(&mut self) -> bool {
+        self.use_graphs = false;
+        self.profile = Some(OpProfile::default());
+        true
+    }
+
+    fn profile_report(&mut self) -> Option<Result<String>> {
+        let p = self.profile.as_mut()?;
+        Some(p.report().map_err(|e| gpu_err("profiling", e)))
+    }
+
+    fn run_step(
+        &mut self,
+        key: StepKey,
+        ops: &mut dyn FnMut(&mut Self) -> Result<()>,
+    ) -> Result<()> {
+        // Only decode steps are captured: prefill chunks vary in length and run once each. A
+        // step that splits offloaded products with the host waits on the device mid-step, so
+        // it cannot be a graph; nor can one that streams weights through the copy stream (its
+        // cross-stream waits are not captured).
+        if !self.use_graphs
+            || key.n_tokens != 1
+            || self.hybrid_active()
+            || self.host_weights.stream_slot_bytes() > 0
+        {
+            return ops(self);
+        }
+        if let Some(exec) = self.graphs.get(&key) {
+            // SAFETY: the graph was captured from this backend's stream over buffers that the
+            // model and this backend own for their whole lives (weights, KV cache, activations,
+            // the step block, scratch kept in `self.scratch`); none has been freed or moved,
+            // and the step block holds this step's values (written by `begin_step` before).
+            return unsafe { self.replay_step(exec) };
+        }
+        let exec = self.capture_step(ops)?;
+        self.graphs.insert(key, exec);
+        Ok(())
+    }
+
+    fn read(&mut self, src: &GpuBuffer, offset: usize, dst: &mut [f32]) -> Result<()> {
+        if offset + dst.len() > src.len {
+            return Err(DecodeError::InvalidArgument(format!(
+                "read of {} values at {offset} from a buffer of {}",
+                dst.len(),
+                src.len
+            )));
+        }
+        self.stream
+            .synchronize()
+            .map_err(|e| gpu_err("waiting for the stream", e))?;
+        if src.elem == Elem::F16 {
+            let mut halves = vec![0u16; dst.len()];
+            // SAFETY: as below, for `dst.len()` f16 values at `offset`.
+            unsafe {
+                self.stream
+                    .copy_to_host_raw(&mut halves, DevicePtr(src.mem.ptr() + 2 * offset as u64))
+            }
+            .and_then(|()| self.stream.synchronize())
+            .map_err(|e| gpu_err("reading from the device", e))?;
+            for (d, h) in dst.iter_mut().zip(halves) {
+                *d = half::f16::from_bits(h).to_f32();
+            }
+            return Ok(());
+        }
+        // SAFETY: the range lies inside the buffer (checked above); the stream is idle and the
+        // copy is synchronized before `dst` is used.
+        unsafe {
+            self.stream
+                .copy_to_host_raw(dst, DevicePtr(src.mem.ptr() + 4 * offset as u64))
+        }
+        .and_then(|()| self.stream.synchronize())
+        .map_err(|e| gpu_err("reading from the device", e))
+    }
+
+    fn write(&mut self, dst: &mut GpuBuffer, offset: usize, src: &[f32]) -> Result<()> {
+        if offset
+            .checked_add(src.len())
+            .is_none_or(|end| end > dst.len)
+        {
+            return Err(DecodeError::InvalidArgument(format!(
+                "write of {} values at {offset} into a buffer of {}",
+                src.len(),
+                dst.len
+            )));
+        }
+        // SAFETY: the range lies inside the buffer (checked above); the copy is ordered on the
+        // backend's stream after the work already queued, and the stream is synchronized before
+        // returning, so `src` outlives the copy.
+        unsafe {
+            self.stream
+                .copy_from_host_raw(DevicePtr(dst.view_mut().addr() + 4 * offset as u64), src)
+        }
+        .and_then(|()| self.stream.synchronize())
+        .map_err(|e| gpu_err("writing to the device", e))
+    }
+
+    fn embed(
+        &mut self,
+        table: &GpuWeight,
+        n_tokens: usize,
+        scale: f32,
+        out: &mut GpuBuffer,
+    ) -> Result<()> {
+        let (m, _) = table.matrix("embed")?;
+        // No device error flag: `Model::step` refuses out-of-range ids before the step starts.
+        embed::embed(
+            &self.kernels,
+            &self.stream,
+            &m,
+            self.step.tokens(),
+            n_tokens,
+            scale,
+            &mut out.view_mut(),
+            None,
+        )
+        .map_err(kerr("embed"))?;
+        self.op_done(|| "embed".into(), (n_tokens * m.cols() * 8) as u64)
+    }
+
+    fn rms_norm(
+        &mut self,
+        x: &GpuBuffer,
+        weight: &GpuWeight,
+        out: &mut GpuBuffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let w = weight.vector("rms_norm")?;
+        norm::rms_norm(
+            &self.kernels,
+            &self.stream,
+            x.view(),
+            w,
+            &mut out.view_mut(),
+            rows,
+            dim,
+            eps,
+        )
+        .map_err(kerr("rms_norm"))?;
+        self.op_done(|| "rms_norm".into(), (2 * rows * dim * 4) as u64)
+    }
+
+    fn add_rms_norm(
+        &mut self,
+        x: &mut GpuBuffer,
+        y: Option<&GpuBuffer>,
+        weight: &GpuWeight,
+        out: &mut GpuBuffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let residual = y.map(|y| norm::Residual::Add(y.view()));
+        self.add_rms_norm_with(x, residual, weight, out, rows, dim, eps)
+    }
+
+    fn add_normed_rms_norm(
+        &mut self,
+        x: &mut GpuBuffer,
+        (y, y_norm): (&mut GpuBuffer, &GpuWeight),
+        weight: &GpuWeight,
+        out: &mut GpuBuffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let weight_y = y_norm.vector("add_rms_norm (the residual's norm)")?;
+        let y = &mut y.view_mut();
+        let residual = Some(norm::Residual::NormAdd {
+            y,
+            weight: weight_y,
+        });
+        self.add_rms_norm_with(x, residual, weight, out, rows, dim, eps)
+    }
+    fn rms_norm_inplace(
+        &mut self,
+        x: &mut GpuBuffer,
+        weight: &GpuWeight,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let w = weight.vector("rms_norm_inplace")?;
+        norm::rms_norm_inplace(
+            &self.kernels,
+            &self.stream,
+            &mut x.view_mut(),
+            w,
+            rows,
+            dim,
+            eps,
+        )
+        .map_err(kerr("rms_norm_inplace"))?;
+        self.op_done(|| "rms_norm_inplace".into(), (2 * rows * dim * 4) as u64)
+    }
+
+    fn rms_norm_inplace_qk(
+        &mut self,
+        (q, q_norm, q_rows): (&mut GpuBuffer, &GpuWeight, usize),
+        (k, k_norm, k_rows): (&mut GpuBuffer, &GpuWeight, usize),
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let (qw, kw) = (q_norm.vector("q norm")?, k_norm.vector("k norm")?);
+        norm::rms_norm_inplace_pair(
+            &self.kernels,
+            &self.stream,
+            (&mut q.view_mut(), qw, q_rows),
+            (&mut k.view_mut(), kw, k_rows),
+            dim,
+            eps,
+        )
+        .map_err(kerr("rms_norm_inplace q+k"))?;
+        let bytes = 2 * (q_rows + k_rows) * dim * 4;
+        self.op_done(|| "rms_norm_inplace q+k".into(), bytes as u64)
+    }
+
+    fn matmul(
+        &mut self,
+        w: &GpuWeight,
+        x: &GpuBuffer,
+        out: &mut GpuBuffer,
+        rows: usize,
+    ) -> Result<()> {
+        let (m, _) = w.matrix("matmul")?;
+        let streamed = self.streamed_bytes(w);
+        if let Some(host) = hybrid::host_bytes(w).filter(|_| {
+            streamed.is_none()
+                && rows == 1
+                && self.matvec_path == MatvecPath::Int8
+                && matvec_q8::supports(m.format())
+        }) {
+            if self.matvec_split(&m, host, x, out)? {
+                return Ok(());
+            }
+        }
+        if self.matvec_path == MatvecPath::Int8 {
+            if let Some(v) = self.vendor_gemm.as_mut().filter(|v| v.takes(&m, rows)) {
+                let host = hybrid::host_bytes(w)
+                    .filter(|_| self.host_prefill == HostPrefill::Stream)
+                    .zip(self.prefetch.as_mut());
+                v.matmul(&self.kernels, &self.stream, &m, host, x, out, rows)?;
+                return self.op_done(
+                    || {
+                        format!(
+                            "gemm vendor {} {}x{}",
+                            m.format().name(),
+                            m.rows(),
+                            m.cols()
+                        )
+                    },
+                    (m.data().len()
+                        + m.rows() * m.cols() * 4
+                        + rows * (m.rows() * 4 + m.cols() * 2)) as u64,
+                );
+            }
+        }
+        // A weight the plan streams is copied whole into a slot first, and read there.
+        let staged = match streamed {
+            Some(host) => Some(self.stage_whole(host)?),
+            None => None,
+        };
+        // Released below, after the product that reads it.
+        let m = match &staged {
+            Some(s) => s.matrix(m.format(), m.rows(), m.cols())?,
+            None => m,
+        };
+        let int8 = self.matvec_path == MatvecPath::Int8
+            && rows <= INT8_MAX_ROWS
+            && matvec_q8::supports(m.format());
+        if int8 {
+            let q = self.q8_activations(x, rows, m.cols())?;
+            matvec_q8::matvec(
+                &self.kernels,
+                &self.stream,
+                &m,
+                q.as_const(),
+                &mut out.view_mut(),
+                rows,
+            )
+            .map_err(kerr("matmul (int8)"))?;
+        } else {
+            matmul::linear(
+                &self.kernels,
+                &self.stream,
+                &m,
+                x.view(),
+                &mut out.view_mut(),
+                rows,
+            )
+            .map_err(kerr("matmul"))?;
+        }
+        if let (Some(s), Some(p)) = (staged, self.prefetch.as_mut()) {
+            p.release(&self.stream, s)?;
+        }
+        let kind = match (int8, rows <= MAX_TOKENS) {
+            (true, _) => "matvec int8",
+            (false, true) => "matvec f32",
+            (false, false) => "matmul f32",
+        };
+        self.op_done(
+            || format!("{kind} {} {}x{}", m.format().name(), m.rows(), m.cols()),
+            (m.data().len() + rows * (m.rows() + m.cols()) * 4) as u64,
+        )
+    }
+
+    fn matmul_pair(
+        &mut self,
+        w: &GpuWeight,
+        w2: &GpuWeight,
+        x: &GpuBuffer,
+        out: &mut GpuBuffer,
+        out2: &mut GpuBuffer,
+        rows: usize,
+    ) -> Result<()> {
+        let (m, _) = w.matrix("matmul")?;
+        let (m2, _) = w2.matrix("matmul")?;
+        // An offloaded weight is split with the host product by product.
+        let offloaded = (self.hybrid_active()
+            && (hybrid::host_bytes(w).is_some() || hybrid::host_bytes(w2).is_some()))
+            || self.streamed_bytes(w).is_some()
+            || self.streamed_bytes(w2).is_some();
+        let one_launch = !offloaded
+            && self.matvec_path == MatvecPath::Int8
+            && rows <= INT8_MAX_ROWS
+            && matvec_q8::supports(m.format())
+            && m.format() == m2.format()
+            && m.cols() == m2.cols();
+        if !one_launch {
+            self.matmul(w, x, out, rows)?;
+            return self.matmul(w2, x, out2, rows);
+        }
+        let q = self.q8_activations(x, rows, m.cols())?;
+        matvec_q8::matvec_pair(
+            &self.kernels,
+            &self.stream,
+            &m,
+            &mut out.view_mut(),
+            &m2,
+            &mut out2.view_mut(),
+            q.as_const(),
+            rows,
+        )
+        .map_err(kerr("matmul pair (int8)"))?;
+        self.op_done(
+            || {
+                format!(
+                    "matvec int8 pair {} {}+{}x{}",
+                    m.format().name(),
+                    m.rows(),
+                    m2.rows(),
+                    m.cols()
+                )
+            },
+            (m.data().len() + m2.data().len()) as u64,
+        )
+    }
+
+    fn moe(
+        &mut self,
+        x: &GpuBuffer,
+        router_logits: &GpuBuffer,
+        gate: &GpuWeight,
+        up: &GpuWeight,
+        down: &GpuWeight,
+        out: &mut GpuBuffer,
+        shape: &MoeShape,
+    ) -> Result<()> {
+        let experts = |w: &GpuWeight, what: &str| -> Result<moe::QuantExperts> {
+            let (m, dims) = w.matrix(what)?;
+            moe::QuantExperts::new(m.data(), m.format(), dims[2], dims[1], dims[0])
+                .map_err(kerr("moe"))
+        };
+        if self.moe_prefill_applies(shape) {
+            let (g, _) = gate.matrix("moe gate")?;
+            let (u, _) = up.matrix("moe up")?;
+            let (d, _) = down.matrix("moe down")?;
+            let format = g.format().name();
+            let hosts = [gate, up, down].map(hybrid::host_bytes);
+            self.moe_prefill(x, router_logits, [&g, &u, &d], hosts, out, shape)?;
+            let bytes = g.data().len() + u.data().len() + d.data().len();
+            return self.op_done(|| format!("moe vendor gemm {format}"), bytes as u64);
+        }
+        let hosts = [gate, up, down].map(hybrid::host_bytes);
+        let expert_bytes = [gate, up, down]
+            .iter()
+            .map(|w| w.matrix("moe").map(|(m, d)| m.data().len() / d[2].max(1)))
+            .sum::<Result<usize>>()?;
+        let (gate, up, down) = (
+            experts(gate, "moe gate")?,
+            experts(up, "moe up")?,
+            experts(down, "moe down")?,
+        );
+        let MoeShape {
+            rows,
+            n_embd,
+            n_ff,
+            n_expert,
+            k,
+            act,
+        } = *shape;
+        let pairs = rows * k;
+        // Scratch: reserved before the first step (`reserve_workspace`), grown here only for a
+        // caller that skipped that.
+        let mut ids = self.moe_ids_scratch(pairs)?;
+        let (a, s) = (&*self.alloc, self.stream_id);
+        let mut weights =
+            Self::scratch_buffer(&mut self.scratch.moe_weights, a, s, pairs, "moe weights")?;
+        let mut g =
+            Self::scratch_buffer(&mut self.scratch.moe_gate, a, s, pairs * n_ff, "moe gate")?;
+        let mut u = Self::scratch_buffer(&mut self.scratch.moe_up, a, s, pairs * n_ff, "moe up")?;
+        let mut y =
+            Self::scratch_buffer(&mut self.scratch.moe_out, a, s, pairs * n_embd, "moe out")?;
+        // Decode on the int8 path: the token rows come quantized (the norm before left them
+        // so), and the gated activations are quantized for the down projection by the kernel
+        // that computes them.
+        let int8 = self.matvec_path == MatvecPath::Int8
+            && rows <= INT8_MAX_ROWS
+            && [gate.format(), up.format(), down.format()]
+                .iter()
+                .all(|&f| matvec_q8::supports(f))
+            && n_embd % matvec_q8::GROUP == 0
+            && n_ff % matvec_q8::GROUP == 0;
+        let quantized = if int8 {
+            let xq = self.q8_activations(x, rows, n_embd)?.as_const();
+            Some((xq, self.moe_q8_scratch(pairs * n_ff)?))
+        } else {
+            None
+        };
+        // On the int8 path the down projection adds the routing-weighted slots itself, so no
+        // weighted sum follows it.
+        let down_adds_slots = quantized.is_some() && k <= matvec_q8::MOE_DOWN_MAX_K;
+        let (kn, st) = (&self.kernels, &*self.stream);
+        moe::route_top_k(
+            kn,
+            st,
+            router_logits.view(),
+            rows,
+            n_expert,
+            k,
+            &mut ids,
+            &mut weights,
+        )
+        .map_err(kerr("moe routing"))?;
+        let ids = ids.as_const();
+        if let (Some((xq, _)), [Some(hg), Some(hu), Some(hd)]) = (&quantized, hosts) {
+            if down_adds_slots && self.hybrid_active() {
+                let routing = (ids, weights.as_const());
+                let experts = [&gate, &up, &down];
+                let (xq, gated) = (*xq, (&mut g, &mut u));
+                if self.moe_split(experts, [hg, hu, hd], xq, routing, shape, gated, out)? {
+                    let selected = k.min(n_expert);
+                    return self.op_done(
+                        || format!("moe hybrid ({selected} experts of {n_expert}, {k} per token)"),
+                        (selected * expert_bytes) as u64,
+                    );
+                }
+            }
+        }
+        let (kn, st) = (&self.kernels, &*self.stream);
+        match quantized {
+            Some((xq, mut gq)) => {
+                let input = moe::ExpertInput::PerToken;
+                let (gate_out, up_out) = ((&gate, &mut g), (&up, &mut u));
+                if gate.format() == up.format() {
+                    matvec_q8::matvec_id_pair(kn, st, gate_out, up_out, ids, rows, k, xq, input)
+                        .map_err(kerr("moe gate+up"))?;
+                } else {
+                    for (w, dst) in [gate_out, up_out] {
+                        matvec_q8::matvec_id(kn, st, w, ids, rows, k, xq, input, dst)
+                            .map_err(kerr("moe gate/up"))?;
+                    }
+                }
+                let act = gate_activation(act);
+                elementwise::gated_q8(kn, st, &mut g, u.as_const(), pairs * n_ff, act, &mut gq)
+                    .map_err(kerr("moe activation"))?;
+                if down_adds_slots {
+                    let (w, dst) = (weights.as_const(), &mut out.view_mut());
+                    matvec_q8::moe_down(kn, st, &down, ids, w, rows, k, gq.as_const(), dst)
+                        .map_err(kerr("moe down"))?;
+                } else {
+                    let input = moe::ExpertInput::PerSlot;
+                    let x = gq.as_const();
+                    matvec_q8::matvec_id(kn, st, &down, ids, rows, k, x, input, &mut y)
+                        .map_err(kerr("moe down"))?;
+                }
+            }
+            None => {
+                for (w, dst, what) in [(&gate, &mut g, "moe gate"), (&up, &mut u, "moe up")] {
+                    let input = moe::ExpertInput::PerToken;
+                    moe::matvec_id(kn, st, w, ids, rows, k, x.view(), input, dst)
+                        .map_err(kerr(what))?;
+                }
+                let act = gate_activation(act);
+                elementwise::gated(kn, st, &mut g, u.as_const(), pairs * n_ff, act)
+                    .map_err(kerr("moe activation"))?;
+                let input = moe::ExpertInput::PerSlot;
+                moe::matvec_id(kn, st, &down, ids, rows, k, g.as_const(), input, &mut y)
+                    .map_err(kerr("moe down"))?;
+            }
+        }
+        if !down_adds_slots {
+            moe::weighted_sum(
+                kn,
+                st,
+                y.as_const(),
+                weights.as_const(),
+                rows,
+                k,
+                n_embd,
+                &mut out.view_mut(),
+                moe::Accumulate::Store,
+            )
+            .map_err(kerr("moe weighted sum"))?;
+        }
+        // Weights read: the selected experts' rows (at most rows * k distinct experts).
+        let selected = (rows * k).min(n_expert);
+        let path = if int8 { "int8" } else { "f32" };
+        self.op_done(
+            || format!("moe {path} ({selected} experts of {n_expert}, {k} per token)"),
+            (selected * expert_bytes) as u64,
+        )
+    }
+
+    fn add_bias(&mut self, x: &mut GpuBuffer, bias: &GpuWeight, rows: usize) -> Result<()> {
+        let b = bias.vector("add_bias")?;
+        let dim = b.len();
+        elementwise::add_bias(&self.kernels, &self.stream, &mut x.view_mut(), b, rows, dim)
+            .map_err(kerr("add_bias"))?;
+        self.op_done(|| "add_bias".into(), (2 * rows * dim * 4) as u64)
+    }
+
+    fn rope_qk(
+        &mut self,
+        q: &mut GpuBuffer,
+        k: &mut GpuBuffer,
+        rows: usize,
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        rope_params: &Rope,
+        freq_factors: Option<&GpuWeight>,
+    ) -> Result<()> {
+        let heads = (n_head, n_head_kv, head_dim);
+        self.rope_pair_queued(q, k, rows, heads, rope_params, freq_factors, None)?;
+        let values = rows * (n_head + n_head_kv) * head_dim;
+        self.op_done(|| "rope q+k".into(), (2 * values * 4) as u64)
+    }
+
+    fn rope_qk_store_kv(
+        &mut self,
+        q: &mut GpuBuffer,
+        k: &mut GpuBuffer,
+        v: &GpuBuffer,
+        rows: usize,
+        (n_head, n_head_kv, head_dim): (usize, usize, usize),
+        rope_params: &Rope,
+        freq_factors: Option<&GpuWeight>,
+        kv: KvDestination<'_, GpuBuffer>,
+    ) -> Result<()> {
+        // The fused kernel writes keys of the rotated layout only (k_dim = n_head_kv *
+        // head_dim) into caches of one element type; anything else takes the two ops.
+        let fused = kv.k_cache.elem == kv.v_cache.elem && kv.k_dim == n_head_kv * head_dim;
+        if !fused {
+            let heads = (n_head, n_head_kv, head_dim);
+            return crate::backend::rope_qk_then_store_kv(
+                self,
+                q,
+                k,
+                v,
+                rows,
+                heads,
+                rope_params,
+                freq_factors,
+                kv,
+            );
+        }
+        let (v_dim, slots) = (kv.v_dim, kv.slots);
+        let store = rope::KvStore {
+            v: &v.view(),
+            dim_v: v_dim,
+            k_cache: &mut kv.k_cache.kv_view_mut(),
+            v_cache: &mut kv.v_cache.kv_view_mut(),
+            slots,
+        };
+        let heads = (n_head, n_head_kv, head_dim);
+        self.rope_pair_queued(q, k, rows, heads, rope_params, freq_factors, Some(store))?;
+        let values = rows * (n_head + n_head_kv) * head_dim;
+        let stored = rows * (n_head_kv * head_dim + v_dim);
+        self.op_done(
+            || "rope q+k + kv store".into(),
+            ((2 * values + 2 * stored) * 4) as u64,
+        )
+    }
+
+    fn store_kv(
+        &mut self,
+        k: &GpuBuffer,
+        v: &GpuBuffer,
+        k_cache: &mut GpuBuffer,
+        v_cache: &mut GpuBuffer,
+        rows: usize,
+        k_dim: usize,
+        v_dim: usize,
+        slots: usize,
+    ) -> Result<()> {
+        if k_cache.elem != v_cache.elem {
+            self.store_rows(k, k_cache, rows, k_dim, slots)?;
+            return self.store_rows(v, v_cache, rows, v_dim, slots);
+        }
+        let positions = self.step.positions();
+        kv_cache::store_kv(
+            &self.kernels,
+            &self.stream,
+            &k.view(),
+            &v.view(),
+            &mut k_cache.kv_view_mut(),
+            &mut v_cache.kv_view_mut(),
+            &positions,
+            kv_cache::KvStoreShape {
+                rows,
+                dim_k: k_dim,
+                dim_v: v_dim,
+                slots,
+            },
+        )
+        .map_err(kerr("kv store"))?;
+        self.op_done(
+            || "kv store k+v".into(),
+            (2 * rows * (k_dim + v_dim) * 4) as u64,
+        )
+    }
+
+    fn rope(
+        &mut self,
+        x: &mut GpuBuffer,
+        rows: usize,
+        n_heads: usize,
+        head_dim: usize,
+        rope_params: &Rope,
+        freq_factors: Option<&GpuWeight>,
+    ) -> Result<()> {
+        let factors = freq_factors.map(|w| w.vector("rope")).transpose()?;
+        let positions = self.step.positions();
+        rope::rope(
+            &self.kernels,
+            &self.stream,
+            &mut x.view_mut(),
+            &positions,
+            factors.as_ref(),
+            rope::RopeShape {
+                rows,
+                n_heads,
+                head_dim,
+            },
+            &rope_kernel_params(rope_params),
+        )
+        .map_err(kerr("rope"))?;
+        self.op_done(|| "rope".into(), (2 * rows * n_heads * head_dim * 4) as u64)
+    }
+
+    fn store_rows(
+        &mut self,
+        src: &GpuBuffer,
+        cache: &mut GpuBuffer,
+        rows: usize,
+        dim: usize,
+        slots: usize,
+    ) -> Result<()> {
+        let positions = self.step.positions();
+        kv_cache::store_rows(
+            &self.kernels,
+            &self.stream,
+            &src.view(),
+            &mut cache.kv_view_mut(),
+            &positions,
+            rows,
+            dim,
+            slots,
+        )
+        .map_err(kerr("kv store"))?;
+        self.op_done(|| "kv store".into(), (2 * rows * dim * 4) as u64)
+    }
+
+    fn attention(
+        &mut self,
+        q: &GpuBuffer,
+        k_cache: &GpuBuffer,
+        v_cache: &GpuBuffer,
+        out: &mut GpuBuffer,
+        shape: &Attention,
+    ) -> Result<()> {
+        self.attention_queued(q, k_cache, v_cache, out, shape)?;
+        // Keys and values read: every cached position the step's last token sees.
+        let seen = (self.step_pos0 + shape.n_tokens)
+            .min(shape.kv_slots)
+            .min(shape.window.unwrap_or(usize::MAX));
+        let elem_bytes = if k_cache.elem == Elem::F16 { 2 } else { 4 };
+        let kv_bytes = seen * shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v) * elem_bytes;
+        let kind = if shape.n_tokens == 1 {
+            "decode"
+        } else {
+            "prefill"
+        };
+        self.op_done(|| format!("attention {kind}"), kv_bytes as u64)
+    }
+
+    fn gated(
+        &mut self,
+        gate: &mut GpuBuffer,
+        up: &GpuBuffer,
+        len: usize,
+        act: GateActivation,
+    ) -> Result<()> {
+        // Decode: leave the result quantized for the down projection.
+        if self.matvec_path == MatvecPath::Int8
+            && len % matvec_q8::GROUP == 0
+            && self.step_tokens <= INT8_MAX_ROWS
+            && len <= gate.len
+        {
+            let mut q8 = self.q8_shadow(gate, len)?;
+            elementwise::gated_q8(
+                &self.kernels,
+                &self.stream,
+                &mut gate.view_mut(),
+                up.view(),
+                len,
+                gate_activation(act),
+                &mut q8,
+            )
+            .map_err(kerr("gated (int8)"))?;
+            gate.mark_q8_fresh(len);
+            return self.op_done(|| "gated + int8".into(), (4 * len * 4) as u64);
+        }
+        elementwise::gated(
+            &self.kernels,
+            &self.stream,
+            &mut gate.view_mut(),
+            up.view(),
+            len,
+            gate_activation(act),
+        )
+        .map_err(kerr("gated"))?;
+        self.op_done(|| "gated".into(), (3 * len * 4) as u64)
+    }
+
+    fn add(&mut self, x: &mut GpuBuffer, y: &GpuBuffer, len: usize) -> Result<()> {
+        elementwise::add(
+            &self.kernels,
+            &self.stream,
+            &mut x.view_mut(),
+            y.view(),
+            len,
+        )
+        .map_err(kerr("add"))?;
+        self.op_done(|| "add".into(), (3 * len * 4) as u64)
+    }
+
+    fn copy_row(
+        &mut self,
+        src: &GpuBuffer,
+        src_row: usize,
+        dst: &mut GpuBuffer,
+        dst_row: usize,
+        dim: usize,
+    ) -> Result<()> {
+        elementwise::copy_rows(
+            &self.kernels,
+            &self.stream,
+            src.view(),
+            src_row,
+            &mut dst.view_mut(),
+            dst_row,
+            1,
+            dim,
+        )
+        .map_err(kerr("copy_row"))?;
+        self.op_done(|| "copy_row".into(), (2 * dim * 4) as u64)
+    }
+
+    fn zero(&mut self, x: &mut GpuBuffer, len: usize) -> Result<()> {
+        elementwise::zero(&self.kernels, &self.stream, &mut x.view_mut(), len)
+            .map_err(kerr("zero"))?;
+        self.op_done(|| "zero".into(), (len * 4) as u64)
+    }
+
+    fn argmax(&mut self, x: &GpuBuffer, row: usize, n: usize) -> Result<u32> {
+        self.argmax_to_step(x, row, n)?;
+        self.read_next_token()
+    }
+
+    fn sample(
+        &mut self,
+        x: &GpuBuffer,
+        row: usize,
+        n: usize,
+        config: &crate::sampler::SamplerConfig,
+        draw: f64,
+    ) -> Result<Option<u32>> {
+        if n > sampling::MAX_SAMPLE_VOCAB {
+            return Ok(None); // the host samples rows longer than the kernel takes
+        }
+        let logits = x.view().slice(row * n, n).ok_or_else(|| {
+            DecodeError::InvalidArgument(format!("sample row {row} of {n} is out of range"))
+        })?;
+        let mut ws = self.argmax_workspace()?;
+        self.reserve_draw()?;
+        let draw_ptr = self
+            .scratch
+            .draw
+            .as_ref()
+            .map(|a| a.ptr())
+            .unwrap_or_default();
+        // The f64 draw rounded down to f32, so it stays below 1 (see rocm-kernels' sampling).
+        let mut u = draw as f32;
+        if f64::from(u) > draw {
+            u = f32::from_bits(u.to_bits().saturating_sub(1));
+        }
+        self.upload(draw_ptr, &[u])?;
+        // SAFETY: the draw allocation holds one f32 and lives as long as `self`.
+        let draw_view = unsafe { DeviceSlice::<f32>::from_raw(draw_ptr, 1) };
+        let params = sampling::SamplingParams {
+            temperature: config.temperature,
+            top_k: config.top_k,
+            top_p: config.top_p,
+        };
+        let mut out = self.step.next_token();
+        sampling::sample(
+            &self.kernels,
+            &self.stream,
+            logits,
+            n,
+            &params,
+            draw_view,
+            &mut ws,
+            &mut out,
+        )
+        .map_err(kerr("sample"))?;
+        self.read_next_token().map(Some)
+    }
+}

@@ -1,0 +1,170 @@
+//! Device arrays: the backend's f32 (or f16) buffers and their 8-bit shadows.
+
+use rocm_alloc::Allocation;
+use rocm_kernels::ops::{
+    kv_cache,
+    matvec_q8::{self, Q8ActivationsMut},
+};
+use rocm_kernels::{DeviceSlice, DeviceSliceMut};
+use std::cell::RefCell;
+
+/// A device array drawn from the allocator: f32, or f16 for a KV cache that stores half
+/// precision (see [`KvType`]).
+pub struct GpuBuffer {
+    pub(super) mem: Allocation,
+    pub(super) len: usize,
+    pub(super) elem: Elem,
+    /// This buffer among all the backend's buffers.
+    pub(super) id: u64,
+    /// Bumped by every mutable view, so a copy derived from the contents knows when it is
+    /// stale.
+    pub(super) version: u64,
+    /// The 8-bit copy the integer matrix-vector kernels read (see [`Q8Shadow`]).
+    pub(super) q8: RefCell<Option<Q8Shadow>>,
+}
+
+impl GpuBuffer {
+    pub(super) fn new(mem: Allocation, len: usize) -> GpuBuffer {
+        GpuBuffer::with_elem(mem, len, Elem::F32)
+    }
+
+    pub(super) fn with_elem(mem: Allocation, len: usize, elem: Elem) -> GpuBuffer {
+        // Unique for the process's life, unlike the address, which a later buffer may reuse.
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        GpuBuffer {
+            mem,
+            len,
+            elem,
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            version: 0,
+            q8: RefCell::new(None),
+        }
+    }
+
+    /// Values it holds.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Which buffer it is (with [`Self::version`], what a copy derived from it was made from).
+    pub(super) fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub(super) fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub(super) fn view(&self) -> DeviceSlice<f32> {
+        // Only KV caches are f16, and only the KV ops take them (through `kv_view`).
+        assert_eq!(self.elem, Elem::F32, "an f16 KV buffer used as f32");
+        // SAFETY: the allocation holds `len` f32 and lives as long as `self`; kernels using the
+        // view are queued on the backend's one stream, and the allocation returns to the
+        // allocator on that same stream, so its memory is not reused before they run.
+        unsafe { DeviceSlice::from_raw(self.mem.ptr(), self.len) }
+    }
+
+    pub(super) fn view_mut(&mut self) -> DeviceSliceMut<f32> {
+        assert_eq!(self.elem, Elem::F32, "an f16 KV buffer used as f32");
+        self.version += 1;
+        // SAFETY: as in `view`; `&mut self` guarantees no other host-side view of this buffer
+        // is handed to the same launch.
+        unsafe { DeviceSliceMut::from_raw(self.mem.ptr(), self.len) }
+    }
+}
+
+impl GpuBuffer {
+    /// Records that the 8-bit copy now holds the buffer's first `values` values as they are.
+    pub(super) fn mark_q8_fresh(&self, values: usize) {
+        if let Some(s) = self.q8.borrow_mut().as_mut() {
+            s.made_from = Some((self.version, values));
+        }
+    }
+
+    pub(super) fn kv_view(&self) -> kv_cache::KvSlice {
+        // SAFETY: the allocation holds `len` elements of `elem` (see `view`).
+        unsafe {
+            match self.elem {
+                Elem::F32 => {
+                    kv_cache::KvSlice::F32(DeviceSlice::from_raw(self.mem.ptr(), self.len))
+                }
+                Elem::F16 => {
+                    kv_cache::KvSlice::F16(DeviceSlice::from_raw(self.mem.ptr(), self.len))
+                }
+            }
+        }
+    }
+
+    pub(super) fn kv_view_mut(&mut self) -> kv_cache::KvSliceMut {
+        self.version += 1;
+        // SAFETY: as in `kv_view`, with `&mut self` as in `view_mut`.
+        unsafe {
+            match self.elem {
+                Elem::F32 => {
+                    kv_cache::KvSliceMut::F32(DeviceSliceMut::from_raw(self.mem.ptr(), self.len))
+                }
+                Elem::F16 => {
+                    kv_cache::KvSliceMut::F16(DeviceSliceMut::from_raw(self.mem.ptr(), self.len))
+                }
+            }
+        }
+    }
+}
+
+/// Element type of a [`GpuBuffer`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Elem {
+    F32,
+    F16,
+}
+
+/// A buffer's leading rows quantized to 8 bits (`matvec_q8::quantize`), made when a matrix-vector
+/// product first reads the buffer after it changed and shared by every product that reads the
+/// same contents (Q, K and V; gate and up). Host-side bookkeeping decides whether it is fresh;
+/// a step's ops run in the same order at every position, so a captured step re-quantizes
+/// exactly where the eager step did.
+pub(super) struct Q8Shadow {
+    pub(super) mem: Allocation,
+    /// Values it has room for (the scales follow them, 16-byte aligned).
+    pub(super) capacity: usize,
+    /// The buffer version and the count of leading values it was made from.
+    pub(super) made_from: Option<(u64, usize)>,
+}
+
+impl Q8Shadow {
+    pub(super) fn scales_offset(capacity: usize) -> usize {
+        capacity.next_multiple_of(16)
+    }
+
+    pub(super) fn bytes_for(capacity: usize) -> usize {
+        Self::scales_offset(capacity) + capacity / matvec_q8::GROUP * 4
+    }
+
+    /// Views of the first `values` values and their scales.
+    pub(super) fn views(&self, values: usize) -> Q8ActivationsMut {
+        debug_assert!(values <= self.capacity);
+        // SAFETY: the allocation is `bytes_for(capacity)` bytes and lives as long as the buffer
+        // that owns the shadow.
+        unsafe { q8_views(self.mem.ptr(), self.capacity, values) }
+    }
+}
+
+/// Views of the first `values` values and their scales in memory laid out for `capacity`
+/// values: the values, then from the 16-byte aligned `Q8Shadow::scales_offset(capacity)`
+/// their f32 scales, one per 32 values.
+///
+/// # Safety
+/// `base` must point to at least `Q8Shadow::bytes_for(capacity)` bytes that outlive the views,
+/// and `values <= capacity`.
+pub(super) unsafe fn q8_views(base: u64, capacity: usize, values: usize) -> Q8ActivationsMut {
+    // SAFETY: both views lie inside the `bytes_for(capacity)` bytes the caller vouches for.
+    unsafe {
+        Q8ActivationsMut {
+            values: DeviceSliceMut::from_raw(base, values),
+            scales: DeviceSliceMut::from_raw(
+                base + Q8Shadow::scales_offset(capacity) as u64,
+                values / matvec_q8::GROUP,
+            ),
+        }
+    }
+}

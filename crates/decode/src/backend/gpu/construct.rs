@@ -1,0 +1,204 @@
+//! Opening the backend on a device, and its settings and handles.
+
+use crate::backend::gpu::offload::hybrid;
+use crate::backend::gpu::offload::prefetch::HostPrefill;
+use crate::backend::gpu::vendor_gemm::{PrefillPath, VendorGemm, GPU_PREFILL};
+use crate::backend::gpu::{
+    capture_stream, config::ATTN_PREFILL, error::gpu_err, launch::elementwise_zero_i32,
+    weight_block, CpuShare, GpuBackend, HostPlacement, KvType, MatvecPath, Scratch, StepBlock,
+    WeightMemory,
+};
+use crate::error::{DecodeError, Result};
+use hip_ffi::{Device, Event, PinnedHostBuffer, Stream};
+use rocm_alloc::devices::hip::HipDevice;
+use rocm_alloc::{Allocator, AllocatorConfig, StreamId, Tag};
+use rocm_kernels::cache::KernelCache;
+use rocm_kernels::Kernels;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+impl GpuBackend {
+    /// Opens `device`, creates the allocator (limits from the environment, as documented in
+    /// docs/memory.md), compiles or loads the kernels, and reserves the step block.
+    pub fn new(device: Device, max_batch: usize, use_graphs: bool) -> Result<GpuBackend> {
+        Self::with_memory_limit(device, max_batch, use_graphs, None)
+    }
+
+    /// [`GpuBackend::new`] with the allocator's memory limit set to `memory_limit` bytes
+    /// instead of from `HIPDECODE_MEMORY_LIMIT` or the default (a GPU budget's run).
+    pub fn with_memory_limit(
+        device: Device,
+        max_batch: usize,
+        use_graphs: bool,
+        memory_limit: Option<u64>,
+    ) -> Result<GpuBackend> {
+        let mem_before = device
+            .mem_get_info()
+            .map_err(|e| gpu_err("reading device memory", e))?;
+        let hip = Arc::new(HipDevice::new(device));
+        let config = AllocatorConfig {
+            memory_limit: memory_limit.map(rocm_alloc::limits::LimitSpec::Bytes),
+            ..AllocatorConfig::default()
+        };
+        let alloc = Arc::new(
+            Allocator::new(hip.clone(), config)
+                .map_err(|e| gpu_err("creating the allocator", e))?,
+        );
+        let (stream_id, stream) = hip
+            .create_stream()
+            .map_err(|e| gpu_err("creating a stream", e))?;
+        let cache = KernelCache::from_env().map_err(|e| gpu_err("kernel cache", e))?;
+        let kernels = Kernels::load(&device, &cache).map_err(|e| gpu_err("loading kernels", e))?;
+        let max_batch = max_batch.max(1);
+        let ints = alloc
+            .alloc(
+                (StepBlock::ints_len(max_batch) * 4) as u64,
+                stream_id,
+                Tag::Workspace,
+            )
+            .map_err(|e| gpu_err("step block", e))?;
+        let staging = PinnedHostBuffer::alloc(&device, 2 * max_batch * 4)
+            .map_err(|e| gpu_err("pinned staging for the step block", e))?;
+        let copied = Event::new_without_timing(&device).map_err(|e| gpu_err("event", e))?;
+        copied
+            .record(&stream)
+            .map_err(|e| gpu_err("recording an event", e))?;
+        let graph_pool = alloc.new_graph_pool();
+        let capture = capture_stream::CaptureState::new(&hip, &device, &alloc, stream_id)?;
+        let step = StepBlock {
+            ints,
+            staging,
+            copied,
+            max_batch,
+        };
+        let (vendor_gemm, vendor_gemm_absent) = match PrefillPath::from_env()? {
+            PrefillPath::Kernels => (None, Some(format!("{}=kernels", GPU_PREFILL.name))),
+            path => match VendorGemm::open(&kernels) {
+                Ok(v) => (Some(v), None),
+                // Reported by `describe`, which the CLI and bench-decode print.
+                Err(reason) if path == PrefillPath::Auto => (None, Some(reason)),
+                Err(reason) => {
+                    return Err(gpu_err(
+                        &format!("{}=vendor", GPU_PREFILL.name),
+                        format!("{reason}; install it, or set {}=kernels", GPU_PREFILL.name),
+                    ))
+                }
+            },
+        };
+        let mut backend = GpuBackend {
+            hip,
+            alloc,
+            stream_id,
+            stream,
+            kernels,
+            step,
+            scratch: Scratch::default(),
+            mem_before,
+            use_graphs,
+            matvec_path: MatvecPath::from_env()?,
+            attn_prefill: ATTN_PREFILL.read()?,
+            kv_type: KvType::from_env()?,
+            vendor_gemm,
+            vendor_gemm_absent,
+            largest_matrix: (0, 0),
+            host_matrices: Vec::new(),
+            host_prefill: HostPrefill::from_env()?,
+            prefetch: None,
+            step_pos0: 0,
+            step_tokens: 0,
+            profile: None,
+            graphs: HashMap::new(),
+            graph_pool,
+            capture,
+            host_weights: Default::default(),
+            weight_block: None,
+            hybrid: hybrid::Hybrid::new(CpuShare::from_env()?),
+        };
+        // No stale ints a kernel could read before the first step.
+        let mut ints = backend.step_ints_mut(StepBlock::ints_len(max_batch));
+        elementwise_zero_i32(&mut backend, &mut ints)?;
+        backend.note_runtime_at_start()?;
+        Ok(backend)
+    }
+
+    /// Keeps the named weights in mapped pinned host memory, read by the kernels in place
+    /// (the offload plan's zero-copy placement). Call before the model is loaded.
+    pub fn set_host_placement(&mut self, placement: HostPlacement) -> Result<()> {
+        self.host_weights.set_placement(placement)
+    }
+
+    /// Device memory for a weight of `len` bytes: a piece of the budget run's weight block
+    /// (made on the first call) when the plan sized one and the weight fits in what is left,
+    /// else an allocation of its own.
+    pub(super) fn device_weight(&mut self, len: usize, name: &str) -> Result<WeightMemory> {
+        let block_bytes = self.host_weights.device_weight_bytes();
+        if self.weight_block.is_none() && block_bytes > 0 {
+            let bytes = usize::try_from(block_bytes).map_err(|_| {
+                DecodeError::InvalidArgument("the weight block does not fit this host".into())
+            })?;
+            let block = self.device_alloc(Tag::Weights, bytes, "the device weights' block")?;
+            self.weight_block = Some(weight_block::WeightBlock::new(block));
+        }
+        if let Some((block, offset)) = self.weight_block.as_mut().and_then(|b| b.take(len as u64)) {
+            let len = len as u64;
+            return Ok(WeightMemory::Block { block, offset, len });
+        }
+        Ok(WeightMemory::Device(self.device_alloc(
+            Tag::Weights,
+            len,
+            name,
+        )?))
+    }
+
+    /// Bytes of weights pinned in host memory.
+    pub fn pinned_weight_bytes(&self) -> u64 {
+        self.host_weights.pinned_bytes()
+    }
+
+    /// Switches how matrix-vector products read activations (tests run both paths; users set
+    /// [`MATVEC_PATH`]).
+    pub fn set_matvec_path(&mut self, path: MatvecPath) {
+        self.matvec_path = path;
+    }
+
+    /// Sets how prefill reads weights in pinned host memory (before the model loads; tests and
+    /// A/B runs, users set [`prefetch::OFFLOAD_PREFILL`]).
+    pub fn set_host_prefill(&mut self, mode: HostPrefill) {
+        self.host_prefill = mode;
+    }
+
+    /// The matrix-vector path in use.
+    pub fn matvec_path(&self) -> MatvecPath {
+        self.matvec_path
+    }
+
+    /// Sets the element type of KV caches allocated from now on (before a model is loaded).
+    pub fn set_kv_type(&mut self, kv: KvType) {
+        self.kv_type = kv;
+    }
+
+    /// The KV cache element type for new caches.
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
+    }
+
+    /// The allocator, for reports and tests.
+    pub fn allocator(&self) -> &Arc<Allocator> {
+        &self.alloc
+    }
+
+    /// The stream every op is queued on.
+    pub fn stream(&self) -> &Arc<Stream> {
+        &self.stream
+    }
+
+    /// The stream's id in the allocator.
+    pub fn stream_id(&self) -> StreamId {
+        self.stream_id
+    }
+
+    /// The device this backend runs on.
+    pub fn device(&self) -> &Device {
+        self.hip.device()
+    }
+}

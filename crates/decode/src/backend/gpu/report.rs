@@ -1,0 +1,77 @@
+//! What the device holds: the allocator's books and what the process holds outside them.
+
+use crate::backend::gpu::{error::gpu_err, GpuBackend};
+use crate::error::Result;
+use crate::memory::DeviceMemory;
+use rocm_alloc::fmt_bytes;
+
+impl GpuBackend {
+    pub(super) fn device_memory_now(&self) -> Result<DeviceMemory> {
+        let stats = self.alloc.stats();
+        let now = self
+            .device()
+            .mem_get_info()
+            .map_err(|e| gpu_err("reading device memory", e))?;
+        let process_used = self.mem_before.free.saturating_sub(now.free);
+        let snap = self.alloc.snapshot();
+        Ok(DeviceMemory {
+            outside_allocator: process_used.saturating_sub(stats.reserved_bytes),
+            process_used,
+            stats,
+            breakdown: snap.breakdown(),
+            runtime_at_start: self.capture.runtime_at_start,
+            graph: self.capture.books,
+            stranded: snap
+                .stranded_bytes_by_stream()
+                .into_iter()
+                .map(|(s, b)| (s.value(), b))
+                .collect(),
+        })
+    }
+
+    /// The memory report a user reads: per tag the bytes held, then the allocator's reserved,
+    /// cached and peaks, and the device memory the process holds outside the allocator.
+    pub(super) fn device_report_text(&self) -> Result<String> {
+        let DeviceMemory {
+            stats,
+            process_used,
+            outside_allocator,
+            ..
+        } = self.device_memory_now()?;
+        let mut out = String::new();
+        out.push_str(&format!("device memory ({}):\n", self.alloc.device_name()));
+        for (tag, usage) in &stats.per_tag {
+            if usage.current == 0 && usage.peak == 0 {
+                continue;
+            }
+            out.push_str(&format!(
+                "  {:<16} {:>12}   peak {:>12}\n",
+                tag.name(),
+                fmt_bytes(usage.current),
+                fmt_bytes(usage.peak)
+            ));
+        }
+        out.push_str(&format!(
+            "  allocated {:>12}   peak {:>12}\n  reserved  {:>12}   peak {:>12}\n  cached    {:>12}\n",
+            fmt_bytes(stats.active_bytes),
+            fmt_bytes(stats.peak_active_bytes),
+            fmt_bytes(stats.reserved_bytes),
+            fmt_bytes(stats.peak_reserved_bytes),
+            fmt_bytes(stats.cached_bytes),
+        ));
+        out.push_str(&format!(
+            "  process device usage {} (free {} before load)\n  outside the allocator {} (kernel modules, graphs, runtime; the context predates the first reading)\n",
+            fmt_bytes(process_used),
+            fmt_bytes(self.mem_before.free),
+            fmt_bytes(outside_allocator),
+        ));
+        out.push_str(&self.host_weights.report_line());
+        if let Some(line) = self.hybrid.report_line() {
+            out.push_str(&line);
+        }
+        if let Some(p) = &self.prefetch {
+            out.push_str(&format!("  {}\n", p.report_line()));
+        }
+        Ok(out)
+    }
+}

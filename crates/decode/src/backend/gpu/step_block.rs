@@ -1,0 +1,81 @@
+//! The device-side step block: the positions and token ids every kernel of a step reads, and
+//! the token a step picks.
+
+use crate::backend::gpu::{error::gpu_err, GpuBackend, StepBlock};
+use crate::error::{DecodeError, Result};
+use hip_ffi::DevicePtr;
+use rocm_kernels::{DeviceSlice, DeviceSliceMut};
+
+impl StepBlock {
+    pub(super) fn positions(&self) -> DeviceSlice<i32> {
+        // SAFETY: `ints` holds `ints_len(max_batch)` i32 and lives as long as the backend.
+        unsafe { DeviceSlice::from_raw(self.ints.ptr(), self.max_batch) }
+    }
+    pub(super) fn tokens(&self) -> DeviceSlice<i32> {
+        // SAFETY: as above; the tokens follow the positions.
+        unsafe {
+            DeviceSlice::from_raw(self.ints.ptr() + 4 * self.max_batch as u64, self.max_batch)
+        }
+    }
+    pub(super) fn next_token(&self) -> DeviceSliceMut<i32> {
+        // SAFETY: as above; one i32 after the tokens.
+        unsafe { DeviceSliceMut::from_raw(self.ints.ptr() + 8 * self.max_batch as u64, 1) }
+    }
+
+    /// i32 values in the block for steps of up to `max_batch` tokens.
+    pub(super) fn ints_len(max_batch: usize) -> usize {
+        2 * max_batch + 1
+    }
+}
+
+impl GpuBackend {
+    pub(super) fn step_ints_mut(&self, len: usize) -> DeviceSliceMut<i32> {
+        // SAFETY: the step block holds `ints_len(max_batch)` i32 and lives as long as `self`.
+        unsafe { DeviceSliceMut::from_raw(self.step.ints.ptr(), len) }
+    }
+
+    /// Writes the step's positions and token ids into the step block with one copy, ordered on
+    /// the stream.
+    pub(super) fn write_step(&mut self, pos0: usize, tokens: &[u32]) -> Result<()> {
+        let (n, max) = (tokens.len(), self.step.max_batch);
+        if n > max {
+            return Err(DecodeError::InvalidArgument(format!(
+                "a step of {n} tokens is more than the {max} the GPU backend was sized for"
+            )));
+        }
+        let last = pos0 + n;
+        if i32::try_from(last).is_err() {
+            return Err(DecodeError::InvalidArgument(format!(
+                "position {last} does not fit the step block's i32"
+            )));
+        }
+        // The previous copy out of the staging buffer must be done before it is overwritten.
+        self.step
+            .copied
+            .synchronize()
+            .map_err(|e| gpu_err("waiting for the step copy", e))?;
+        let staging = self.step.staging.as_mut_slice::<i32>();
+        for (i, slot) in staging[..n].iter_mut().enumerate() {
+            *slot = (pos0 + i) as i32;
+        }
+        for (slot, &t) in staging[max..max + n].iter_mut().zip(tokens) {
+            *slot = t as i32;
+        }
+        let src = &self.step.staging.as_slice::<i32>()[..max + n];
+        // SAFETY: the copy covers the positions and tokens of the step block (2 * max_batch
+        // i32, of which max + n are written); the staging buffer is pinned and not written
+        // again before `copied` completes.
+        unsafe {
+            self.stream
+                .copy_from_host_raw(DevicePtr(self.step.ints.ptr()), src)
+        }
+        .and_then(|()| self.step.copied.record(&self.stream))
+        .map_err(|e| gpu_err("writing the step block", e))
+    }
+
+    /// The next token as written on the device by [`GpuBackend::argmax_to_step`].
+    pub fn read_next_token(&self) -> Result<u32> {
+        let id = self.read_i32(self.step.next_token().addr())?;
+        u32::try_from(id).map_err(|_| gpu_err("argmax", format!("negative token id {id}")))
+    }
+}

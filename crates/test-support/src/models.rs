@@ -1,0 +1,81 @@
+//! Where tests find the workspace, the models folder and the real test model, and where they
+//! write scratch files.
+//!
+//! The models folder and the real-model requirement are `gguf-loader`'s knobs
+//! (`HIPDECODE_MODELS_DIR`, `HIPDECODE_REQUIRE_MODELS`); this module reads them only through
+//! `gguf_loader`, so a test and `cargo xtask fetch-model` agree on the folder.
+
+use std::path::{Path, PathBuf};
+
+/// The workspace root (the folder of the root `Cargo.toml`).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The models folder: `HIPDECODE_MODELS_DIR`, else `<workspace>/models`.
+pub fn models_dir() -> PathBuf {
+    gguf_loader::paths::models_dir()
+}
+
+/// The real Gemma 3 270M file, or `None` after a printed skip; a panic instead when
+/// `HIPDECODE_REQUIRE_MODELS=1`, so a machine meant to have it cannot skip silently.
+pub fn gemma_path() -> Option<PathBuf> {
+    gguf_loader::paths::gemma3_270m_for_test(&current_test())
+}
+
+/// `None` after printing why the calling test skips; a panic with `reason` instead when
+/// `HIPDECODE_REQUIRE_MODELS=1`. For what a real-model test needs besides the model (the Python
+/// references, for one).
+pub fn skip_unless_required<T>(reason: &str) -> Option<T> {
+    let test = current_test();
+    let switch = &gguf_loader::knobs::REQUIRE_MODELS;
+    assert!(
+        !hip_ffi::testing::required(switch, &test),
+        "{test}: {}=1 but {reason}",
+        switch.name
+    );
+    eprintln!("skipping {test}: {reason}");
+    None
+}
+
+/// `<temp>/hipdecode-<name>`, created: where a crate's tests write the models they build. Test
+/// files put the process id (and the thread where tests share a name) in their file names, so
+/// parallel runs do not collide.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("hipdecode-{name}"));
+    std::fs::create_dir_all(&dir)
+        .unwrap_or_else(|e| panic!("creating the scratch folder {}: {e}", dir.display()));
+    dir
+}
+
+/// The running test's name, for skip messages: the test harness names each test's thread
+/// after the test.
+fn current_test() -> String {
+    std::thread::current()
+        .name()
+        .unwrap_or("this test")
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_workspace_root_holds_the_workspace_manifest() {
+        let manifest = std::fs::read_to_string(workspace_root().join("Cargo.toml")).unwrap();
+        assert!(manifest.contains("[workspace]"), "{manifest}");
+    }
+
+    #[test]
+    fn skip_messages_name_the_test() {
+        assert_eq!(current_test(), "models::tests::skip_messages_name_the_test");
+    }
+
+    #[test]
+    fn scratch_folders_exist_under_the_temp_folder() {
+        let dir = scratch_dir("test-support-tests");
+        assert!(dir.is_dir());
+        assert!(dir.starts_with(std::env::temp_dir()));
+    }
+}
