@@ -35,51 +35,10 @@ struct AllowedCycle {
     reason: &'static str,
 }
 
-/// Rings issue 20 names; the restructure is to break them. Two hold more files than the issue
-/// lists (gpu/capture_stream.rs and gpu/moe_prefill.rs in the backend ring, ops.rs with
-/// backend/mod.rs and sampler.rs): each of those and gpu.rs (or backend/mod.rs) import from one
-/// another, which ties them into the same ring.
-const ISSUE_20: &str = "to be broken by the backend restructure (issue 20)";
-
-/// Rings the first run of this check found beyond issue 20's list.
-const UNTRIAGED: &str =
-    "found by the first run of `cargo xtask cycles`, not in issue 20's list; to be triaged";
-
-/// The rings the check lets pass. Remove an entry when its ring is broken: the check fails on
-/// entries that match nothing.
-const ALLOWED_CYCLES: &[AllowedCycle] = &[
-    AllowedCycle {
-        krate: "gguf-loader",
-        files: &["src/quant/dequant.rs", "src/quant/mod.rs"],
-        reason: UNTRIAGED,
-    },
-    AllowedCycle {
-        krate: "hip-ffi",
-        files: &[
-            "src/device.rs",
-            "src/ffi/cuda.rs",
-            "src/ffi/hip.rs",
-            "src/ffi/rtc.rs",
-            "src/platform.rs",
-        ],
-        reason: ISSUE_20,
-    },
-    AllowedCycle {
-        krate: "hip-ffi",
-        files: &["src/memory.rs", "src/module.rs", "src/stream.rs"],
-        reason: ISSUE_20,
-    },
-    AllowedCycle {
-        krate: "rocm-alloc",
-        files: &["src/allocator.rs", "src/arena.rs", "src/graph_pool.rs"],
-        reason: UNTRIAGED,
-    },
-    AllowedCycle {
-        krate: "rocm-alloc",
-        files: &["src/block_pool.rs", "src/free_list.rs"],
-        reason: UNTRIAGED,
-    },
-];
+/// The rings the check lets pass, none now: every ring the first run found is broken. An entry
+/// names a ring's files and why it is tolerated; remove it when the ring is broken, since the
+/// check fails on entries that match nothing.
+const ALLOWED_CYCLES: &[AllowedCycle] = &[];
 
 pub fn run(_args: Args) -> Result<()> {
     check(&crate::workspace_root())

@@ -16,7 +16,7 @@ use crate::device::{Device, DevicePtr};
 use crate::error::{ErrorKind, HipError, Result};
 use crate::ffi::blaslt::{BlasLtLib, MAX_RESULT_BYTES};
 use crate::ffi::RawHandle;
-use crate::platform::PlatformKind;
+use crate::platform_kind::PlatformKind;
 use crate::stream::Stream;
 use std::sync::OnceLock;
 

@@ -2,7 +2,7 @@
 
 use crate::error::{ErrorKind, HipError, Result};
 use crate::ffi::{Attr, GpuApi};
-use crate::platform::PlatformKind;
+use crate::platform_kind::PlatformKind;
 use crate::sysfs::{self, GttInfo, PciLocation};
 use std::fmt;
 use std::path::Path;

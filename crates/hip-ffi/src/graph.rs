@@ -11,7 +11,8 @@
 use crate::device::Device;
 use crate::error::Result;
 use crate::ffi::RawHandle;
-use crate::module::{Function, LoadedModule};
+use crate::loaded_module::LoadedModule;
+use crate::module::Function;
 use crate::stream::Stream;
 use std::sync::Arc;
 

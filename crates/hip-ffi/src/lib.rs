@@ -8,7 +8,8 @@
 //! * [`sys`]: raw bindgen output (the committed HIP 5.2 bindings, or with the
 //!   `generate-bindings` feature, generated at build time from installed HIP headers).
 //! * `ffi` (private): the only module with foreign calls; one `check` per runtime and per
-//!   compiler turns status codes into [`HipError`].
+//!   compiler turns status codes into [`HipError`]. It imports only what lies below it
+//!   ([`sys`], [`error`], [`knobs`], [`sysfs`] and [`PlatformKind`]), never the safe layer.
 //! * the safe layer: [`Platform`], [`Device`], [`Stream`], [`Event`], [`DeviceBuffer`],
 //!   [`PinnedHostBuffer`], [`HostRegistration`], [`ManagedBuffer`], [`Module`], [`Function`]
 //!   with [`LaunchBuilder`], [`Graph`], [`GraphExec`], and [`rtc::Compiler`], which compiles
@@ -27,13 +28,16 @@
 
 pub mod blas;
 pub mod device;
+mod device_copy;
 pub mod error;
 mod ffi;
 pub mod graph;
 pub mod knobs;
+mod loaded_module;
 pub mod memory;
 pub mod module;
 pub mod platform;
+mod platform_kind;
 pub mod rtc;
 pub mod stream;
 pub mod sys;

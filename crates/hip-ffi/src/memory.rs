@@ -1,26 +1,10 @@
 //! Device, pinned-host and managed memory with RAII ownership.
 
 use crate::device::{Device, DevicePtr};
+pub use crate::device_copy::DeviceCopy;
 use crate::error::{ErrorKind, HipError, Result};
 use crate::ffi::{Addr, CopyKind, RawHandle};
 use crate::stream::Stream;
-
-mod sealed {
-    pub trait Sealed {}
-}
-
-/// Plain numeric types that may be copied byte-for-byte between host and device: every bit
-/// pattern is a valid value and there is no padding. Sealed; implemented for the primitive
-/// integers and floats.
-pub trait DeviceCopy: Copy + Default + sealed::Sealed + 'static {}
-
-macro_rules! device_copy {
-    ($($t:ty),*) => {$(
-        impl sealed::Sealed for $t {}
-        impl DeviceCopy for $t {}
-    )*};
-}
-device_copy!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64);
 
 fn byte_len<T>(slice: &[T]) -> usize {
     std::mem::size_of_val(slice)

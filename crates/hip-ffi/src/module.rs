@@ -18,6 +18,7 @@
 use crate::device::{Device, DevicePtr};
 use crate::error::{ErrorKind, HipError, Result};
 use crate::ffi::RawHandle;
+use crate::loaded_module::LoadedModule;
 use crate::rtc::Compiler;
 use crate::stream::Stream;
 use std::ffi::c_void;
@@ -75,34 +76,6 @@ impl Device {
     ) -> Result<Module> {
         let image = self.compile(source, name, extra_options)?;
         self.load_module(&image)
-    }
-}
-
-/// The loaded code object itself, shared by its [`Module`], its [`Function`]s, capturing
-/// streams and graphs; unloaded when the last of them lets go.
-#[derive(Debug)]
-pub(crate) struct LoadedModule {
-    device: Device,
-    handle: RawHandle,
-}
-
-impl Drop for LoadedModule {
-    fn drop(&mut self) {
-        // Kernels of this module may still be queued or running on any stream; unloading under
-        // them is undefined behaviour, so wait for the whole device first.
-        if let Err(e) = self.device.synchronize() {
-            tracing::warn!("synchronising before a module unload failed: {e}");
-        }
-        // SAFETY: no handle to the module remains (this is the last owner) and, after the
-        // device synchronisation, no kernel of it is queued or running.
-        let result = unsafe {
-            self.device
-                .api
-                .module_unload(self.device.ordinal, self.handle)
-        };
-        if let Err(e) = result {
-            tracing::warn!("unloading a module failed: {e}");
-        }
     }
 }
 

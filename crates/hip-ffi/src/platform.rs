@@ -4,29 +4,9 @@ use crate::device::Device;
 use crate::error::{ErrorKind, HipError, Result};
 use crate::ffi::{cuda::CudaApi, hip::HipApi, GpuApi};
 use crate::knobs::ForcedPlatform;
+pub use crate::platform_kind::PlatformKind;
 use std::fmt;
 use std::sync::OnceLock;
-
-/// The kind of GPU platform found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum PlatformKind {
-    /// AMD GPU through the HIP runtime (`libamdhip64`).
-    Amd,
-    /// NVIDIA GPU through the CUDA driver API (`libcuda`).
-    Nvidia,
-    /// No usable GPU.
-    None,
-}
-
-impl fmt::Display for PlatformKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            PlatformKind::Amd => "AMD (HIP)",
-            PlatformKind::Nvidia => "NVIDIA (CUDA)",
-            PlatformKind::None => "none",
-        })
-    }
-}
 
 /// What a `*_VISIBLE_DEVICES` variable allows.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -23,7 +23,7 @@
 
 use crate::error::{ErrorKind, HipError, Result};
 use crate::ffi::rtc::{self as raw, RtcLibrary};
-use crate::platform::PlatformKind;
+use crate::platform_kind::PlatformKind;
 
 /// A loaded run-time compiler. Cheap to copy; usable from any thread (each compile is its own
 /// program). The library stays loaded for the rest of the process.

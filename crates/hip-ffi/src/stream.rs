@@ -1,10 +1,10 @@
 //! Streams and events.
 
 use crate::device::{Device, DevicePtr};
+use crate::device_copy::DeviceCopy;
 use crate::error::Result;
 use crate::ffi::{Addr, CopyKind, RawHandle};
-use crate::memory::DeviceCopy;
-use crate::module::LoadedModule;
+use crate::loaded_module::LoadedModule;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 

@@ -11,15 +11,13 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::arena::DecodeArena;
-use crate::block_pool::{
-    BlockId, BlockPool, BlockState, GraphPoolId, PoolKey, PoolOwner, SegmentId,
-};
+use crate::block::{BlockId, BlockState, SegmentId};
+use crate::block_pool::{BlockPool, GraphPoolId, PoolKey, PoolOwner};
+use crate::captures::Captures;
 use crate::config::{AllocatorConfig, DEFAULT_TRIM_HOT_WINDOW};
 use crate::deferred::{PendingFrees, StuckFree};
 use crate::device::{DeviceError, MemoryInfo, RawDevice, StreamId};
 use crate::error::AllocError;
-use crate::graph_pool::{CaptureGuard, CaptureTarget, Captures, GraphPool};
 use crate::limits::{self, LimitSpec};
 use crate::oom::{OomCause, OomReport};
 use crate::size_class::{kind_of, round_request, segment_size};
@@ -881,36 +879,25 @@ impl Allocator {
         }
     }
 
-    /// Creates a private pool for graph captures.
-    pub fn new_graph_pool(&self) -> GraphPool {
-        let id = self.lock().captures.new_pool();
-        GraphPool::new(id, self.clone())
+    /// Opens a graph pool's account; [`Allocator::release_graph_pool`] closes it.
+    pub(crate) fn register_graph_pool(&self) -> GraphPoolId {
+        self.lock().captures.new_pool()
     }
 
-    /// Routes allocations on `stream` to `target` until the returned guard is dropped, and
-    /// keeps the allocator from every call a capture forbids meanwhile. Call it before the
-    /// driver's capture begins (`hip_ffi::Stream::begin_capture`) and drop the guard after the
-    /// driver's capture ends.
-    pub fn begin_capture(
+    /// Starts routing allocations on `stream` to `owner`'s pool, unless `stream` is unknown or
+    /// already capturing; [`Allocator::end_capture`] stops it.
+    pub(crate) fn register_capture(
         &self,
         stream: StreamId,
-        target: CaptureTarget<'_>,
-    ) -> Result<CaptureGuard, AllocError> {
+        owner: PoolOwner,
+    ) -> Result<(), AllocError> {
         self.device().check_stream(stream)?;
         let mut st = self.lock();
         if st.captures.is_capturing(stream) {
             return Err(AllocError::AlreadyCapturing(stream));
         }
-        let (owner, pool) = match target {
-            CaptureTarget::Private(p) => (PoolOwner::Graph(p.id()), Some(p.clone())),
-            CaptureTarget::StreamPool => (PoolOwner::Default, None),
-        };
         st.captures.begin(stream, owner);
-        Ok(CaptureGuard {
-            allocator: self.clone(),
-            stream,
-            _pool: pool,
-        })
+        Ok(())
     }
 
     pub(crate) fn end_capture(&self, stream: StreamId) {
@@ -948,19 +935,12 @@ impl Allocator {
         }
     }
 
-    /// Creates a decode arena of `capacity` bytes on `stream`, accounted under `tag`.
-    pub fn new_arena(
-        &self,
-        capacity: u64,
-        stream: StreamId,
-        tag: Tag,
-    ) -> Result<DecodeArena, AllocError> {
-        let backing = self.alloc(capacity, stream, tag)?;
-        self.lock().arena_bytes += backing.block_size();
-        Ok(DecodeArena::new(backing))
+    /// Counts a new decode arena's backing block in the arena bytes.
+    pub(crate) fn arena_created(&self, block_size: u64) {
+        self.lock().arena_bytes += block_size;
     }
 
-    /// Called by a dropped [`DecodeArena`] before its backing allocation is freed.
+    /// Called by a dropped [`crate::DecodeArena`] before its backing allocation is freed.
     pub(crate) fn arena_dropped(&self, block_size: u64) {
         let mut st = self.lock();
         st.arena_bytes = st.arena_bytes.saturating_sub(block_size);

@@ -5,8 +5,10 @@
 //! an addition per allocation. The arena records its high-water mark, including requests it had
 //! to refuse, so the right size can be read off after a warm-up step.
 
-use crate::allocator::Allocation;
+use crate::allocator::{Allocation, Allocator};
+use crate::device::StreamId;
 use crate::error::AllocError;
+use crate::tag::Tag;
 
 /// Alignment of every arena slice, enough for any vector load.
 pub const ARENA_ALIGN: u64 = 256;
@@ -41,7 +43,7 @@ impl Drop for DecodeArena {
 }
 
 impl DecodeArena {
-    pub(crate) fn new(backing: Allocation) -> DecodeArena {
+    fn new(backing: Allocation) -> DecodeArena {
         DecodeArena {
             backing,
             used: 0,
@@ -110,5 +112,19 @@ impl DecodeArena {
     /// Number of resets so far.
     pub fn steps(&self) -> u64 {
         self.resets
+    }
+}
+
+impl Allocator {
+    /// Creates a decode arena of `capacity` bytes on `stream`, accounted under `tag`.
+    pub fn new_arena(
+        &self,
+        capacity: u64,
+        stream: StreamId,
+        tag: Tag,
+    ) -> Result<DecodeArena, AllocError> {
+        let backing = self.alloc(capacity, stream, tag)?;
+        self.arena_created(backing.block_size());
+        Ok(DecodeArena::new(backing))
     }
 }

@@ -6,17 +6,11 @@
 //! sit in one free list per [`PoolKey`] (see [`crate::free_list`]): exact best fit,
 //! deterministic, one binary search per lookup.
 
+use crate::block::{Block, BlockId, BlockState, SegmentId, NIL};
 use crate::device::StreamId;
 use crate::free_list::FreeList;
 use crate::size_class::{should_split, SizeKind};
 use crate::tag::Tag;
-
-/// Index of a block in the slab.
-pub(crate) type BlockId = u32;
-/// Index of a segment in the slab.
-pub(crate) type SegmentId = u32;
-/// "No block": the end of a segment's block list.
-const NIL: BlockId = BlockId::MAX;
 
 /// Identifies a graph's private pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -36,51 +30,6 @@ pub(crate) struct PoolKey {
     pub owner: PoolOwner,
     pub stream: StreamId,
     pub kind: SizeKind,
-}
-
-/// Life-cycle state of a block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BlockState {
-    /// Handed out to a user.
-    Active,
-    /// In a free list, ready for reuse.
-    Free,
-    /// Freed by its user but still in use by another stream; reusable once the recorded
-    /// events complete.
-    PendingFree,
-}
-
-#[derive(Debug)]
-pub(crate) struct Block {
-    pub addr: u64,
-    pub size: u64,
-    pub segment: SegmentId,
-    prev: BlockId,
-    next: BlockId,
-    pub state: BlockState,
-    pub tag: Tag,
-    /// Streams other than the allocating one that used this block (`record_stream`).
-    pub stream_uses: Vec<StreamId>,
-    live: bool,
-}
-
-#[cfg(test)]
-impl Block {
-    /// A lone free block, for free-list tests.
-    pub(crate) fn for_test(addr: u64, size: u64) -> Block {
-        Block {
-            addr,
-            size,
-            segment: 0,
-            prev: NIL,
-            next: NIL,
-            state: BlockState::Free,
-            tag: Tag::Other,
-            stream_uses: Vec::new(),
-            live: true,
-        }
-    }
 }
 
 #[derive(Debug)]

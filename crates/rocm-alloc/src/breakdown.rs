@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use crate::block_pool::BlockState;
+use crate::block::BlockState;
 use crate::snapshot::{PoolName, Snapshot};
 use crate::tag::Tag;
 

@@ -14,7 +14,7 @@
 //!   than risk handing out memory another stream may still read. The failure is returned once,
 //!   naming the block and the stream, and the other entries are unaffected.
 
-use crate::block_pool::BlockId;
+use crate::block::BlockId;
 use crate::device::{DeviceError, EventId, RawDevice, StreamId};
 
 /// One block waiting for other streams.

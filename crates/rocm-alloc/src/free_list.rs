@@ -16,7 +16,7 @@
 //! order and could miss a fitting block, then report out-of-memory while it existed; a B-tree
 //! keyed by (size, address) fixed that but made the cache-hit path 2–3× slower.
 
-use crate::block_pool::{Block, BlockId};
+use crate::block::{Block, BlockId};
 use crate::size_class::{MAX_BLOCK, MIN_BLOCK};
 
 /// Classes below this many units hold exactly one size.

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use crate::allocator::Allocator;
 use crate::block_pool::{GraphPoolId, PoolOwner};
 use crate::device::StreamId;
+use crate::error::AllocError;
 
 /// Where allocations made on a capturing stream come from.
 #[derive(Clone, Copy, Debug)]
@@ -49,7 +50,7 @@ pub struct GraphPool {
 }
 
 impl GraphPool {
-    pub(crate) fn new(id: GraphPoolId, allocator: Allocator) -> GraphPool {
+    fn new(id: GraphPoolId, allocator: Allocator) -> GraphPool {
         GraphPool {
             handle: Arc::new(PoolHandle { id, allocator }),
         }
@@ -73,10 +74,10 @@ impl std::fmt::Debug for GraphPool {
 /// ended or dropped. End the driver's capture first, then this guard: the deferred work done
 /// when the last guard goes (recording events, trimming) is illegal inside a capture.
 pub struct CaptureGuard {
-    pub(crate) allocator: Allocator,
-    pub(crate) stream: StreamId,
+    allocator: Allocator,
+    stream: StreamId,
     /// Keeps the pool alive while capturing even if the caller drops its handle.
-    pub(crate) _pool: Option<GraphPool>,
+    _pool: Option<GraphPool>,
 }
 
 impl CaptureGuard {
@@ -95,64 +96,31 @@ impl Drop for CaptureGuard {
     }
 }
 
-/// Which streams are capturing, and into which pool. Few streams capture at once, so a vector
-/// beats a map; an empty vector costs the allocation path one length check.
-#[derive(Debug, Default)]
-pub(crate) struct Captures {
-    active: Vec<(StreamId, PoolOwner)>,
-    live_pools: Vec<GraphPoolId>,
-    next_pool: u64,
-}
-
-impl Captures {
-    #[inline]
-    pub fn owner_for(&self, stream: StreamId) -> PoolOwner {
-        if self.active.is_empty() {
-            return PoolOwner::Default;
-        }
-        self.active
-            .iter()
-            .find(|(s, _)| *s == stream)
-            .map_or(PoolOwner::Default, |(_, o)| *o)
+impl Allocator {
+    /// Creates a private pool for graph captures.
+    pub fn new_graph_pool(&self) -> GraphPool {
+        let id = self.register_graph_pool();
+        GraphPool::new(id, self.clone())
     }
 
-    pub fn is_capturing(&self, stream: StreamId) -> bool {
-        self.active.iter().any(|(s, _)| *s == stream)
-    }
-
-    /// Whether any stream is capturing: the one flag every capture rule checks.
-    #[inline]
-    pub fn any_active(&self) -> bool {
-        !self.active.is_empty()
-    }
-
-    pub fn begin(&mut self, stream: StreamId, owner: PoolOwner) {
-        self.active.push((stream, owner));
-    }
-
-    /// Ends the capture on `stream`; returns whether that was the last active one.
-    pub fn end(&mut self, stream: StreamId) -> bool {
-        let before = self.active.len();
-        self.active.retain(|(s, _)| *s != stream);
-        before > 0 && self.active.is_empty()
-    }
-
-    pub fn new_pool(&mut self) -> GraphPoolId {
-        self.next_pool += 1;
-        let id = GraphPoolId(self.next_pool);
-        self.live_pools.push(id);
-        id
-    }
-
-    pub fn release_pool(&mut self, id: GraphPoolId) {
-        self.live_pools.retain(|p| *p != id);
-    }
-
-    /// Whether segments of this owner should be returned to the device as soon as they idle.
-    pub fn is_dead(&self, owner: PoolOwner) -> bool {
-        match owner {
-            PoolOwner::Default => false,
-            PoolOwner::Graph(id) => !self.live_pools.contains(&id),
-        }
+    /// Routes allocations on `stream` to `target` until the returned guard is dropped, and
+    /// keeps the allocator from every call a capture forbids meanwhile. Call it before the
+    /// driver's capture begins (`hip_ffi::Stream::begin_capture`) and drop the guard after the
+    /// driver's capture ends.
+    pub fn begin_capture(
+        &self,
+        stream: StreamId,
+        target: CaptureTarget<'_>,
+    ) -> Result<CaptureGuard, AllocError> {
+        let (owner, pool) = match target {
+            CaptureTarget::Private(p) => (PoolOwner::Graph(p.id()), Some(p.clone())),
+            CaptureTarget::StreamPool => (PoolOwner::Default, None),
+        };
+        self.register_capture(stream, owner)?;
+        Ok(CaptureGuard {
+            allocator: self.clone(),
+            stream,
+            _pool: pool,
+        })
     }
 }

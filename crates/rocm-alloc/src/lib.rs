@@ -24,8 +24,10 @@
 
 mod allocator;
 mod arena;
+mod block;
 mod block_pool;
 mod breakdown;
+mod captures;
 mod config;
 mod deferred;
 mod device;
@@ -45,7 +47,8 @@ pub mod trace;
 
 pub use allocator::{Allocation, Allocator, TraceLog};
 pub use arena::{ArenaSlice, DecodeArena, ARENA_ALIGN};
-pub use block_pool::{BlockState, GraphPoolId};
+pub use block::BlockState;
+pub use block_pool::GraphPoolId;
 pub use breakdown::ReservedBreakdown;
 pub use config::{AllocatorConfig, DEFAULT_TRIM_HOT_WINDOW};
 pub use device::{DeviceError, EventId, MemoryInfo, RawDevice, StreamId, UmaInfo};

@@ -4,7 +4,8 @@
 
 use serde::Serialize;
 
-use crate::block_pool::{BlockPool, BlockState, GraphPoolId, PoolOwner};
+use crate::block::BlockState;
+use crate::block_pool::{BlockPool, GraphPoolId, PoolOwner};
 use crate::deferred::StuckFree;
 use crate::device::StreamId;
 use crate::stats::Stats;

@@ -4,7 +4,7 @@
 //! order as gguf-py's `gguf.quants` (for example `(d * scale) * q - (dmin * m)`), so results are
 //! bit-identical to it; the tests check that against gguf-py itself.
 
-use super::{GgmlType, QK_K};
+use super::ggml_type::{GgmlType, QK_K};
 use crate::GgufError;
 use half::{bf16, f16};
 

@@ -9,9 +9,9 @@
 //! The library is probed before anything is called: a missing library, or one that lacks an
 //! entry point, is a reason string for the caller, never a panic.
 
-use super::hip::rocm_library_candidates;
+use super::library_search::{nvidia_library_dirs, rocm_library_candidates};
 use crate::error::{Api, ErrorKind, HipError, Result};
-use crate::platform::PlatformKind;
+use crate::platform_kind::PlatformKind;
 use std::ffi::c_void;
 use std::path::PathBuf;
 
@@ -137,7 +137,7 @@ fn candidates(platform: PlatformKind) -> Vec<PathBuf> {
         PlatformKind::Nvidia => {
             let names = ["libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"];
             let mut out: Vec<PathBuf> = names.iter().map(PathBuf::from).collect();
-            for dir in super::cuda::extra_library_dirs() {
+            for dir in nvidia_library_dirs() {
                 out.extend(names.iter().map(|n| dir.join(n)));
             }
             out

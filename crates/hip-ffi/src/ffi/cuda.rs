@@ -10,6 +10,7 @@
 //! libloading that the library opens, that the driver is new enough and that every symbol used
 //! here exists; after that no cudarc call can hit its panic path.
 
+use super::library_search::nvidia_library_dirs;
 use super::{c_string, Addr, Attr, CopyKind, GpuApi, RawHandle};
 use crate::error::{classify_cuda, Api, HipError, Result};
 use cudarc::driver::sys as cu;
@@ -98,56 +99,7 @@ pub(crate) struct CudaApi {
     contexts: Mutex<Vec<(i32, usize)>>,
 }
 
-/// Directories searched when a library is not on the loader path: CUDA toolkit installs
-/// (NVRTC ships with the toolkit, not the driver) and pip's `nvidia-cuda-nvrtc` wheels.
-pub(crate) fn extra_library_dirs() -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
-        .iter()
-        .filter_map(std::env::var_os)
-        .filter(|v| !v.is_empty())
-        .map(|root| PathBuf::from(root).join("lib64"))
-        .collect();
-    dirs.push(PathBuf::from("/usr/local/cuda/lib64"));
-    dirs.push(PathBuf::from("/usr/local/cuda/targets/x86_64-linux/lib"));
-    for lib_root in python_lib_roots() {
-        let Ok(entries) = std::fs::read_dir(&lib_root) else {
-            continue;
-        };
-        for python in entries.flatten() {
-            if !python.file_name().to_string_lossy().starts_with("python3") {
-                continue;
-            }
-            for packages in ["dist-packages", "site-packages"] {
-                let nvidia = python.path().join(packages).join("nvidia");
-                for sub in ["cuda_nvrtc/lib", "cu13/lib", "cu12/lib"] {
-                    dirs.push(nvidia.join(sub));
-                }
-            }
-        }
-    }
-    dirs
-}
-
-/// Folders that hold `python3.*/{site,dist}-packages`: system, user (`pip install --user`), an
-/// active virtual or conda environment, and pyenv installs.
-fn python_lib_roots() -> Vec<PathBuf> {
-    let mut roots = vec![PathBuf::from("/usr/local/lib"), PathBuf::from("/usr/lib")];
-    for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
-        if let Some(prefix) = std::env::var_os(var).filter(|v| !v.is_empty()) {
-            roots.push(PathBuf::from(prefix).join("lib"));
-        }
-    }
-    if let Some(home) = std::env::var_os("HOME").filter(|v| !v.is_empty()) {
-        let home = PathBuf::from(home);
-        roots.push(home.join(".local/lib"));
-        if let Ok(versions) = std::fs::read_dir(home.join(".pyenv/versions")) {
-            roots.extend(versions.flatten().map(|v| v.path().join("lib")));
-        }
-    }
-    roots
-}
-
-/// Opens a library by cudarc's candidate names (then in [`extra_library_dirs`]), checks the
+/// Opens a library by cudarc's candidate names (then in [`nvidia_library_dirs`]), checks the
 /// driver version it reports (when it exports `cuDriverGetVersion`) against
 /// [`MIN_DRIVER_VERSION`], and reports the symbols it lacks, naming the version found and the
 /// minimum. A library found only by full path is kept loaded, so cudarc's own later `dlopen` by
@@ -155,7 +107,7 @@ fn python_lib_roots() -> Vec<PathBuf> {
 fn probe_library(lib_name: &str, symbols: &[&str]) -> std::result::Result<(), String> {
     let names = cudarc::get_lib_name_candidates(lib_name);
     let by_name = names.iter().map(|n| (PathBuf::from(n), false));
-    let by_path = extra_library_dirs()
+    let by_path = nvidia_library_dirs()
         .into_iter()
         .flat_map(|dir| names.iter().map(move |n| (dir.join(n), true)))
         .filter(|(path, _)| path.is_file())
@@ -355,7 +307,7 @@ fn attribute_id(attr: Attr) -> cu::CUdevice_attribute {
 impl GpuApi for CudaApi {
     fn version_string(&self) -> String {
         let driver = cuda_version_text(self.driver_version);
-        let nvrtc = match super::rtc::library(crate::platform::PlatformKind::Nvidia) {
+        let nvrtc = match super::rtc::library(crate::platform_kind::PlatformKind::Nvidia) {
             Ok(rtc) => rtc.version(),
             Err(_) => "NVRTC not found".to_string(),
         };

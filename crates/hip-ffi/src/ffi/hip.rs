@@ -5,6 +5,7 @@
 //! runtime lacks becomes a clear error at the call, never a panic (bindgen's own wrappers would
 //! panic, so they are not used: [`call!`] reads the looked-up pointer itself).
 
+use super::library_search::rocm_library_candidates;
 use super::{c_string, Addr, Attr, CopyKind, GpuApi, RawHandle};
 use crate::error::{classify_hip, Api, ErrorKind, HipError, Result};
 use crate::sys::runtime as hip;
@@ -47,31 +48,6 @@ pub(crate) struct HipApi {
 /// Library file names tried for the HIP runtime, newest soname first, then under ROCm roots.
 pub(crate) fn runtime_candidates() -> Vec<PathBuf> {
     rocm_library_candidates("libamdhip64")
-}
-
-/// `<stem>.so`, `.so.7`, `.so.6`, `.so.5` by name (the loader's search), then the same under
-/// `$HIP_PATH/lib`, `$ROCM_PATH/lib` and `/opt/rocm/lib`.
-pub(crate) fn rocm_library_candidates(stem: &str) -> Vec<PathBuf> {
-    let names = [
-        format!("{stem}.so"),
-        format!("{stem}.so.7"),
-        format!("{stem}.so.6"),
-        format!("{stem}.so.5"),
-    ];
-    let mut out: Vec<PathBuf> = names.iter().map(PathBuf::from).collect();
-    let mut roots: Vec<PathBuf> = ["HIP_PATH", "ROCM_PATH"]
-        .iter()
-        .filter_map(std::env::var_os)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .collect();
-    roots.push(PathBuf::from("/opt/rocm"));
-    for root in roots {
-        for name in &names {
-            out.push(root.join("lib").join(name));
-        }
-    }
-    out
 }
 
 impl HipApi {
@@ -182,7 +158,7 @@ impl GpuApi for HipApi {
             fmt(runtime),
             fmt(driver),
             self.runtime_path,
-            match super::rtc::library(crate::platform::PlatformKind::Amd) {
+            match super::rtc::library(crate::platform_kind::PlatformKind::Amd) {
                 Ok(rtc) => rtc.version(),
                 Err(_) => "not found".to_string(),
             },

@@ -15,10 +15,10 @@
 //!   looked up here whose status type is a plain integer, so a status value newer than these
 //!   bindings can never be an invalid enum.
 
-use super::hip::rocm_library_candidates;
-use super::{c_string, cuda::extra_library_dirs};
+use super::c_string;
+use super::library_search::{nvidia_library_dirs, rocm_library_candidates};
 use crate::error::{Api, ErrorKind, HipError, Result};
-use crate::platform::PlatformKind;
+use crate::platform_kind::PlatformKind;
 use crate::sys::rtc as hiprtc;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::{Path, PathBuf};
@@ -152,7 +152,7 @@ fn nvrtc_candidates(override_path: Option<&Path>) -> std::result::Result<Vec<Pat
     }
     let names = nvrtc_names();
     let mut out: Vec<PathBuf> = names.iter().map(PathBuf::from).collect();
-    for dir in extra_library_dirs() {
+    for dir in nvidia_library_dirs() {
         for name in &names {
             let path = dir.join(name);
             if path.is_file() {
