@@ -15,17 +15,17 @@ const PASSED: &str = "<passed>";
 /// Reads whose name is not a literal: (file, the call's argument text, what it reads).
 const INDIRECT: &[(&str, &str, &str)] = &[
     (
-        "crates/hip-ffi/src/ffi/hip.rs",
+        "crates/hip-ffi/src/ffi/library_search.rs",
         PASSED,
         "HIP_PATH and ROCM_PATH, where ROCm may live",
     ),
     (
-        "crates/hip-ffi/src/ffi/cuda.rs",
+        "crates/hip-ffi/src/ffi/library_search.rs",
         PASSED,
         "CUDA_HOME and CUDA_PATH, where CUDA may live",
     ),
     (
-        "crates/hip-ffi/src/ffi/cuda.rs",
+        "crates/hip-ffi/src/ffi/library_search.rs",
         "var",
         "VIRTUAL_ENV and CONDA_PREFIX, where pip's NVRTC may live",
     ),
