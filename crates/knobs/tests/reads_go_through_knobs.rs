@@ -17,12 +17,7 @@ const INDIRECT: &[(&str, &str, &str)] = &[
     (
         "crates/hip-ffi/src/ffi/library_search.rs",
         PASSED,
-        "HIP_PATH and ROCM_PATH, where ROCm may live",
-    ),
-    (
-        "crates/hip-ffi/src/ffi/library_search.rs",
-        PASSED,
-        "CUDA_HOME and CUDA_PATH, where CUDA may live",
+        "HIP_PATH and ROCM_PATH, CUDA_HOME and CUDA_PATH: where the runtimes may live",
     ),
     (
         "crates/hip-ffi/src/ffi/library_search.rs",
