@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # H200: the checks of the decode restructure (issue 20). Runs in the background (setsid) and
 # writes under /tmp/check, so a later call collects it:
-#   1. verify-rocm with the GPU and the vendor library required: every GPU test, the golden
-#      tokens of every tiny preset and real Gemma on both GPU paths among them;
-#   2. meanwhile, the two synthetic shapes are written (CPU work);
+#   1. the two synthetic shapes are written (CPU work, about a minute on the H200's host);
+#   2. verify-rocm with the GPU and the vendor library required: every GPU test, the golden
+#      tokens of every tiny preset and real Gemma on both GPU paths, and the real-shape test
+#      over the two synthetic shapes among them;
 #   3. bench-decode -p 512 -n 128 -r 5 --device gpu on Gemma and both shapes, from the parent
-#      commit's bench-decode ($PARENT) and this one's (bundle/bin), alternating, ROUNDS rounds;
+#      commit's bench-decode ($PARENT) and this one's (bundle/bin), alternating, ROUNDS rounds
+#      (ROUNDS=0 skips it);
 #   4. the medians per model, test and arm, with this commit's over the parent's.
 # Needs: the bundle in bundle/, the parent's bench-decode at $PARENT (default /tmp/parent),
 # and real Gemma joined at /tmp/g/gemma3-270m-q4_k_m.gguf. `bash ... collect` packs the logs
@@ -28,10 +30,11 @@ Q=/tmp/qwen3-30b-a3b-q4_k_m.gguf
 echo "started $(date -u +%T)" > $C/status
 [ -f $L ] || bundle/xtask synth-model llama3-8b-q4_k_m -o $L > $C/synth-l.log 2>&1 &
 [ -f $Q ] || bundle/xtask synth-model qwen3-30b-a3b-q4_k_m -o $Q > $C/synth-q.log 2>&1 &
-HIPDECODE_REQUIRE_GPU=1 HIPDECODE_REQUIRE_BLAS=1 bundle/run.sh > $C/verify.log 2>&1
-echo "verify-rocm exit $? at $(date -u +%T)" >> $C/status
 wait
 echo "models written at $(date -u +%T)" >> $C/status
+HIPDECODE_REQUIRE_GPU=1 HIPDECODE_REQUIRE_BLAS=1 HIPDECODE_SYNTH_MODELS=$L:$Q bundle/run.sh \
+  > $C/verify.log 2>&1
+echo "verify-rocm exit $? at $(date -u +%T)" >> $C/status
 for r in $(seq 1 "$ROUNDS"); do
   for arm in parent new; do
     [ $arm = parent ] && B=$PARENT || B=bundle/bin
@@ -41,7 +44,7 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 # Medians over the rounds of each run's median t/s, per model, test and arm.
-python3 - "$C" "$ROUNDS" > $C/speed.md <<'EOF'
+[ "$ROUNDS" -gt 0 ] && python3 - "$C" "$ROUNDS" > $C/speed.md <<'EOF'
 import statistics, sys
 c, rounds = sys.argv[1], int(sys.argv[2])
 runs = {}
