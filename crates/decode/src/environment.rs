@@ -86,6 +86,7 @@ mod tests {
     }
 
     #[test]
+    /// Every crate's table (each name once, with a doc and a default its parser takes).
     fn the_tables_are_valid_and_every_name_is_defined_once() {
         knobs::validate(&tables()).unwrap();
     }

@@ -21,11 +21,3 @@ pub static REQUIRE_MODELS: Knob<bool> = Knob {
 };
 
 pub static TABLE: Table = &[&MODELS_DIR, &REQUIRE_MODELS];
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_table_is_valid() {
-        knobs::validate(&[super::TABLE]).unwrap();
-    }
-}

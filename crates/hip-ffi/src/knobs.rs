@@ -82,11 +82,3 @@ pub static TABLE: Table = &[
     &REQUIRE_BLAS,
     &REQUIRE_RTC,
 ];
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_table_is_valid() {
-        knobs::validate(&[super::TABLE]).unwrap();
-    }
-}

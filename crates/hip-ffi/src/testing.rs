@@ -52,7 +52,7 @@ mod tests {
     #[test]
     fn the_require_switch_accepts_only_zero_one_and_empty() {
         let knob = &crate::knobs::REQUIRE_GPU;
-        let value = |v: &str| knob.value(&Env::from_pairs([(knob.name, v)]));
+        let value = |v: &str| knob.value_of(v);
         assert_eq!(knob.value(&Env::default()), Ok(false));
         assert_eq!(value(""), Ok(false));
         assert_eq!(value("0"), Ok(false));

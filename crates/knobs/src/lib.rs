@@ -76,6 +76,11 @@ impl<T> Knob<T> {
         self.parse_or_default(env.get(self.name)?)
     }
 
+    /// The value the knob takes when its variable holds `text` (unset when empty).
+    pub fn value_of(&self, text: &str) -> Result<T, KnobError> {
+        self.parse_or_default(Some(text).filter(|t| !t.is_empty()))
+    }
+
     /// The knob's value in the process environment (see [`Knob::value`]).
     pub fn read(&self) -> Result<T, KnobError> {
         self.parse_or_default(Env::read_one(self.name)?.as_deref())

@@ -30,16 +30,10 @@ pub static TABLE: Table = &[&GPU_BUDGET];
 #[cfg(test)]
 mod tests {
     use super::*;
-    use knobs::Env;
-
-    #[test]
-    fn the_table_is_valid() {
-        knobs::validate(&[TABLE]).unwrap();
-    }
 
     #[test]
     fn the_budget_reads_sizes_and_shares_and_refuses_nothing() {
-        let value = |v| GPU_BUDGET.value(&Env::from_pairs([(GPU_BUDGET.name, v)]));
+        let value = |v| GPU_BUDGET.value_of(v);
         assert_eq!(value("8GiB"), Ok(Some(Budget::Bytes(8 << 30))));
         assert_eq!(value(""), Ok(None));
         for bad in ["0", "lots", "none"] {

@@ -192,8 +192,7 @@ mod tests {
 
     #[test]
     fn both_variables_are_parsed_strictly_with_the_accepted_words() {
-        use knobs::Env;
-        let stream = |v| CAPTURE_STREAM.value(&Env::from_pairs([(CAPTURE_STREAM.name, v)]));
+        let stream = |v| CAPTURE_STREAM.value_of(v);
         assert_eq!(stream("side"), Ok(CaptureStream::Side));
         assert_eq!(stream(" current "), Ok(CaptureStream::Current));
         assert_eq!(stream(""), Ok(CaptureStream::Current));
@@ -202,7 +201,7 @@ mod tests {
             e.contains(CAPTURE_STREAM.name) && e.contains("'current'") && e.contains("'side'"),
             "{e}"
         );
-        let pool = |v| GRAPH_POOL.value(&Env::from_pairs([(GRAPH_POOL.name, v)]));
+        let pool = |v| GRAPH_POOL.value_of(v);
         assert_eq!(pool("shared"), Ok(GraphPoolMode::Shared));
         let e = pool("Private").unwrap_err().to_string();
         assert!(

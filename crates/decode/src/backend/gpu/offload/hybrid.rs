@@ -331,7 +331,7 @@ mod tests {
 
     #[test]
     fn the_setting_parses_strictly() {
-        let share = |v| CPU_SHARE.value(&knobs::Env::from_pairs([(CPU_SHARE.name, v)]));
+        let share = |v| CPU_SHARE.value_of(v);
         assert_eq!(share(""), Ok(CpuShare::Auto));
         assert_eq!(share("auto"), Ok(CpuShare::Auto));
         assert_eq!(share("off"), Ok(CpuShare::Off));
