@@ -287,7 +287,7 @@ pub fn estimate(file: &GgufFile, options: &ResidentOptions) -> Result<Residency>
         ((2 * options.step_block_batch + 1) * 4) as u64,
     );
     let mut attention = 0usize;
-    for (l, &kv_slots) in s.layers.iter().zip(&slots) {
+    for (l, &slots) in s.layers.iter().zip(&slots) {
         let shape = AttentionShape {
             n_tokens: 1,
             n_head: s.n_head,
@@ -296,7 +296,7 @@ pub fn estimate(file: &GgufFile, options: &ResidentOptions) -> Result<Residency>
             head_dim_v: s.head_dim_v,
             scale: s.attn_scale,
             window: l.window,
-            slots: kv_slots,
+            slots,
         };
         let floats = decode_workspace_floats(&shape)
             .map_err(|e| DecodeError::InvalidArgument(format!("decode attention: {e}")))?;

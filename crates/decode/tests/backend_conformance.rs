@@ -967,7 +967,7 @@ fn attention<B: Backend + 'static>(make: impl Fn() -> B) {
     }
     fn go<C: Backend>(be: &mut C, inp: &Inputs, shape: &Attention, pos0: usize) -> Vec<f32> {
         let n = shape.n_tokens;
-        let slots = shape.kv_slots;
+        let slots = shape.slots;
         let mut k_cache = be.alloc(MemoryTag::KvCache, slots * KD).unwrap();
         let mut v_cache = be.alloc(MemoryTag::KvCache, slots * KD).unwrap();
         let mut kb = be.alloc(MemoryTag::Activations, n * KD).unwrap();
@@ -1008,7 +1008,7 @@ fn attention<B: Backend + 'static>(make: impl Fn() -> B) {
     for window in [None, Some(8), Some(5)] {
         for n in ROWS {
             for pos0 in [0, 11, 40] {
-                let kv_slots = match window {
+                let slots = match window {
                     // A ring cache: position p in slot p % slots, far fewer slots than positions.
                     Some(w) => w + n - 1,
                     None => max_pos,
@@ -1021,7 +1021,7 @@ fn attention<B: Backend + 'static>(make: impl Fn() -> B) {
                     head_dim_v: HEAD_DIM,
                     scale: 1.0 / (HEAD_DIM as f32).sqrt(),
                     window,
-                    kv_slots,
+                    slots,
                 };
                 let want = go(&mut exact(), &inp, &shape, pos0);
                 let mut be = make();
@@ -1032,7 +1032,7 @@ fn attention<B: Backend + 'static>(make: impl Fn() -> B) {
                 };
                 let got = go(&mut be, &inp, &shape, pos0);
                 check(
-                    &format!("attention window {window:?} {n} tokens at {pos0}, {kv_slots} slots"),
+                    &format!("attention window {window:?} {n} tokens at {pos0}, {slots} slots"),
                     &got,
                     &want,
                     tol,

@@ -72,40 +72,13 @@ pub struct MappedTensor<'a> {
     pub info: &'a TensorInfo,
 }
 
-/// Rotary embedding parameters of one layer.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Rope {
-    /// Rotate pairs `(2i, 2i+1)` (Llama) or `(i, i + d/2)` (NeoX: Qwen, Gemma).
-    pub neox: bool,
-    pub freq_base: f32,
-    /// Linear position scaling (positions are divided by this); 1 for none.
-    pub position_scale: f32,
-    /// Number of leading dimensions of each head that rotate (the rest pass through).
-    pub n_rot: usize,
-}
-
-/// Shape of one attention call.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Attention {
-    pub n_tokens: usize,
-    pub n_head: usize,
-    pub n_head_kv: usize,
-    pub head_dim_k: usize,
-    pub head_dim_v: usize,
-    pub scale: f32,
-    /// Sliding window: a query at position p sees keys at positions > p - window.
-    pub window: Option<usize>,
-    /// Rows of the K and V caches; position p is in slot `p % kv_slots` (see `store_rows`).
-    pub kv_slots: usize,
-}
-
-/// The nonlinearity of a gated feed-forward block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GateActivation {
-    Silu,
-    /// GELU, tanh approximation (Gemma).
-    GeluTanh,
-}
+/// Rotary embedding parameters of one layer, shape of one attention call, and the gate
+/// activation of a feed-forward block: rocm-kernels' own types, which its kernels and CPU
+/// references take as they are (a sliding-window layer's cache is a ring of `slots` rows;
+/// position p is in slot `p % slots`, see [`Backend::store_rows`]).
+pub use rocm_kernels::ops::attention::AttentionShape as Attention;
+pub use rocm_kernels::ops::elementwise::GateActivation;
+pub use rocm_kernels::ops::rope::RopeParams as Rope;
 
 /// One routed expert of one token.
 #[derive(Clone, Copy, Debug, PartialEq)]

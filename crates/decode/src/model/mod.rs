@@ -301,7 +301,7 @@ impl<B: Backend> Model<B> {
                 .layers
                 .iter()
                 .zip(&kv.slots)
-                .map(|(l, &kv_slots)| Attention {
+                .map(|(l, &slots)| Attention {
                     n_tokens: 1,
                     n_head: s.n_head,
                     n_head_kv: s.n_head_kv,
@@ -309,7 +309,7 @@ impl<B: Backend> Model<B> {
                     head_dim_v: s.head_dim_v,
                     scale: s.attn_scale,
                     window: l.window,
-                    kv_slots,
+                    slots,
                 })
                 .collect(),
             moe: s.is_moe().then_some(MoeShape {
@@ -547,7 +547,7 @@ impl<B: Backend> Model<B> {
                     head_dim_v: s.head_dim_v,
                     scale: s.attn_scale,
                     window: ls.window,
-                    kv_slots: slots,
+                    slots,
                 };
                 be.attention(&a.q, &kv.k[il], &kv.v[il], &mut a.attn, &shape)?;
                 be.matmul(&layer.wo, &a.attn, &mut a.proj, n)?;

@@ -11,6 +11,8 @@ use crate::memory::{MemoryReport, MemoryTag};
 use crate::quant::{self, Q16Row};
 use gguf_loader::{GgmlType, GgufFile, TensorInfo};
 use kernels::{MatrixRef, Precision};
+use rocm_kernels::ops::rope::RopeShape;
+use rocm_kernels::reference;
 use std::sync::Arc;
 
 /// A weight tensor held in host memory in its stored format.
@@ -92,6 +94,11 @@ impl CpuBackend {
     pub fn precision(&self) -> Precision {
         self.precision
     }
+}
+
+/// A shape rocm-kernels' CPU reference refused (the checks above normally catch it first).
+fn reference_err(e: rocm_kernels::KernelError) -> DecodeError {
+    DecodeError::InvalidArgument(e.to_string())
 }
 
 fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
@@ -230,14 +237,8 @@ impl Backend for CpuBackend {
         check_len("rms_norm weight", w.len(), dim)?;
         check_len("rms_norm input", x.len(), rows * dim)?;
         check_len("rms_norm output", out.len(), rows * dim)?;
-        for (xr, or) in x
-            .chunks_exact(dim)
-            .zip(out.chunks_exact_mut(dim))
-            .take(rows)
-        {
-            ops::rms_norm(xr, w, or, eps);
-        }
-        Ok(())
+        let n = rows * dim;
+        reference::norm::rms_norm(&x[..n], w, &mut out[..n], rows, dim, eps).map_err(reference_err)
     }
 
     fn rms_norm_inplace(
@@ -252,9 +253,11 @@ impl Backend for CpuBackend {
         check_len("rms_norm weight", w.len(), dim)?;
         check_len("rms_norm input", x.len(), rows * dim)?;
         self.row.resize(dim, 0.0);
+        // Row by row through the kept row buffer, so the norm takes no memory the books do
+        // not show.
         for xr in x.chunks_exact_mut(dim).take(rows) {
             self.row.copy_from_slice(xr);
-            ops::rms_norm(&self.row, w, xr, eps);
+            reference::norm::rms_norm(&self.row, w, xr, 1, dim, eps).map_err(reference_err)?;
         }
         Ok(())
     }
@@ -301,7 +304,8 @@ impl Backend for CpuBackend {
             for c in choices {
                 self.matmul_expert(gate, c.expert, x, t, &mut g)?;
                 self.matmul_expert(up, c.expert, x, t, &mut u)?;
-                ops::gated(&mut g, &u, shape.act);
+                reference::elementwise::gated(&mut g, &u, shape.n_ff, shape.act)
+                    .map_err(reference_err)?;
                 self.matmul_expert(down, c.expert, &g, 0, &mut y)?;
                 self.add_scaled_row(out, t, &y, e, c.weight)?;
             }
@@ -334,16 +338,17 @@ impl Backend for CpuBackend {
         if let Some(f) = factors {
             check_len("rope frequency factors", f.len(), rope.n_rot / 2)?;
         }
-        for (r, xr) in x
-            .chunks_exact_mut(n_heads * head_dim)
-            .take(rows)
-            .enumerate()
-        {
-            for head in xr.chunks_exact_mut(head_dim) {
-                ops::rope_head(head, self.step_pos0 + r, rope, factors);
-            }
-        }
-        Ok(())
+        let positions = (0..rows)
+            .map(|r| i32::try_from(self.step_pos0 + r))
+            .collect::<std::result::Result<Vec<i32>, _>>()
+            .map_err(|_| DecodeError::InvalidArgument("a position beyond i32".into()))?;
+        let shape = RopeShape {
+            rows,
+            n_heads,
+            head_dim,
+        };
+        let n = rows * n_heads * head_dim;
+        reference::rope::rope(&mut x[..n], &positions, factors, shape, rope).map_err(reference_err)
     }
 
     fn store_rows(
@@ -391,14 +396,14 @@ impl Backend for CpuBackend {
             Some(w) => (pos0 + 1).saturating_sub(w),
             None => 0,
         };
-        if a.kv_slots == 0 || end - oldest > a.kv_slots {
+        if a.slots == 0 || end - oldest > a.slots {
             return Err(DecodeError::InvalidArgument(format!(
                 "attention over positions {oldest}..{end} needs {} cache slots but has {}",
                 end - oldest,
-                a.kv_slots
+                a.slots
             )));
         }
-        let rows = end.min(a.kv_slots);
+        let rows = end.min(a.slots);
         check_len("attention q", q.len(), a.n_tokens * a.n_head * a.head_dim_k)?;
         check_len(
             "attention k",
@@ -428,8 +433,7 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         check_len("gate", gate.len(), len)?;
         check_len("up", up.len(), len)?;
-        ops::gated(&mut gate[..len], &up[..len], act);
-        Ok(())
+        reference::elementwise::gated(gate, up, len, act).map_err(reference_err)
     }
 
     fn add(&mut self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) -> Result<()> {

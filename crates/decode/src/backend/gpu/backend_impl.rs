@@ -8,7 +8,6 @@ use crate::backend::gpu::vendor_gemm::{weight_block_values, VENDOR_GEMM_MIN_ROWS
 use crate::backend::gpu::{
     buffer::Elem,
     error::{gpu_err, kerr},
-    shapes::{attention_shape, gate_activation, rope_kernel_params},
     GpuBackend, GpuBuffer, GpuWeight, KvType, MatvecPath, INT8_MAX_ROWS,
 };
 use crate::backend::{
@@ -161,8 +160,7 @@ impl Backend for GpuBackend {
         let (a, st) = (&*alloc, self.stream_id);
         let mut attention = 0;
         for shape in &bounds.decode_attention {
-            let need = attn::decode_workspace_floats(&attention_shape(shape))
-                .map_err(kerr("attention"))?;
+            let need = attn::decode_workspace_floats(shape).map_err(kerr("attention"))?;
             attention = attention.max(need);
         }
         Self::scratch_buffer(
@@ -710,7 +708,6 @@ impl Backend for GpuBackend {
                             .map_err(kerr("moe gate/up"))?;
                     }
                 }
-                let act = gate_activation(act);
                 elementwise::gated_q8(kn, st, &mut g, u.as_const(), pairs * n_ff, act, &mut gq)
                     .map_err(kerr("moe activation"))?;
                 if down_adds_slots {
@@ -730,7 +727,6 @@ impl Backend for GpuBackend {
                     moe::matvec_id(kn, st, w, ids, rows, k, x.view(), input, dst)
                         .map_err(kerr(what))?;
                 }
-                let act = gate_activation(act);
                 elementwise::gated(kn, st, &mut g, u.as_const(), pairs * n_ff, act)
                     .map_err(kerr("moe activation"))?;
                 let input = moe::ExpertInput::PerSlot;
@@ -892,7 +888,7 @@ impl Backend for GpuBackend {
                 n_heads,
                 head_dim,
             },
-            &rope_kernel_params(rope_params),
+            rope_params,
         )
         .map_err(kerr("rope"))?;
         self.op_done(|| "rope".into(), (2 * rows * n_heads * head_dim * 4) as u64)
@@ -932,7 +928,7 @@ impl Backend for GpuBackend {
         self.attention_queued(q, k_cache, v_cache, out, shape)?;
         // Keys and values read: every cached position the step's last token sees.
         let seen = (self.step_pos0 + shape.n_tokens)
-            .min(shape.kv_slots)
+            .min(shape.slots)
             .min(shape.window.unwrap_or(usize::MAX));
         let elem_bytes = if k_cache.elem == Elem::F16 { 2 } else { 4 };
         let kv_bytes = seen * shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v) * elem_bytes;
@@ -964,7 +960,7 @@ impl Backend for GpuBackend {
                 &mut gate.view_mut(),
                 up.view(),
                 len,
-                gate_activation(act),
+                act,
                 &mut q8,
             )
             .map_err(kerr("gated (int8)"))?;
@@ -977,7 +973,7 @@ impl Backend for GpuBackend {
             &mut gate.view_mut(),
             up.view(),
             len,
-            gate_activation(act),
+            act,
         )
         .map_err(kerr("gated"))?;
         self.op_done(|| "gated".into(), (3 * len * 4) as u64)

@@ -3,7 +3,6 @@
 
 use crate::backend::gpu::{
     error::{gpu_err, kerr},
-    shapes::{attention_shape, rope_kernel_params},
     GpuBackend, GpuBuffer, GpuWeight, MatvecPath, INT8_MAX_ROWS,
 };
 use crate::backend::{Attention, Rope};
@@ -99,7 +98,7 @@ impl GpuBackend {
                 n_heads: n_head,
                 head_dim,
             },
-            &rope_kernel_params(rope_params),
+            rope_params,
             store,
         )
         .map_err(kerr(what))
@@ -172,7 +171,7 @@ impl GpuBackend {
         out: &mut GpuBuffer,
         shape: &Attention,
     ) -> Result<()> {
-        let s = attention_shape(shape);
+        let s = *shape;
         let positions = self.step.positions();
         let k = k_cache.kv_view();
         let v = v_cache.kv_view();

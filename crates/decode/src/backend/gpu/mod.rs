@@ -28,7 +28,6 @@ pub mod offload;
 pub mod profile;
 mod report;
 mod scratch;
-mod shapes;
 mod step_block;
 pub mod vendor_gemm;
 mod weight;

@@ -13,7 +13,6 @@ use crate::backend::gpu::offload::prefetch::HostPrefill;
 use crate::backend::gpu::vendor_gemm::VENDOR_GEMM_MIN_ROWS;
 use crate::backend::gpu::{
     error::{gpu_err, kerr},
-    shapes::gate_activation,
     GpuBackend, GpuBuffer, MatvecPath, MoePrefillScratch,
 };
 use crate::backend::MoeShape;
@@ -279,15 +278,8 @@ impl GpuBackend {
                 }?;
             }
         }
-        elementwise::gated(
-            kn,
-            st,
-            &mut g,
-            u.as_const(),
-            slots * n_ff,
-            gate_activation(act),
-        )
-        .map_err(kerr("moe activation"))?;
+        elementwise::gated(kn, st, &mut g, u.as_const(), slots * n_ff, act)
+            .map_err(kerr("moe activation"))?;
         dequant::f32_to_f16(kn, st, g.as_const(), slots * n_ff, &mut hidden_h)
             .map_err(kerr("moe hidden to f16"))?;
         for (e, start, count) in experts() {

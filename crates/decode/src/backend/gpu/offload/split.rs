@@ -5,7 +5,6 @@
 use crate::backend::gpu::offload::hybrid::*;
 use crate::backend::gpu::{
     error::{gpu_err, kerr},
-    shapes::gate_activation,
     CpuShare, GpuBackend, GpuBuffer,
 };
 use crate::backend::host::q8::{self as host_q8, HostActivations};
@@ -240,7 +239,6 @@ impl GpuBackend {
                 ExpertInput::PerToken,
             )
             .map_err(kerr("moe gate+up (hybrid, GPU share)"))?;
-            let act = gate_activation(act);
             elementwise::gated_q8(kn, st, g, u.as_const(), on_gpu * n_ff, act, &mut gq)
                 .map_err(kerr("moe activation (hybrid, GPU share)"))?;
             matvec_q8::moe_down(
@@ -262,7 +260,6 @@ impl GpuBackend {
             let slots: Vec<(i32, f32)> = (on_gpu..k)
                 .map(|s| (routing[s], f32::from_bits(routing[k + s] as u32)))
                 .collect();
-            let act = gate_activation(act);
             let sum = &mut out[..n_embd];
             cpu_experts(&slots, hosts, formats, dims, act, (acts, hidden), sum)
         })?;
