@@ -1,7 +1,7 @@
 //! Choosing where a model runs: one enum for the CLI, bench-decode and the tests.
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::gpu::{GpuBackend, HostPlacement, DEFAULT_MAX_BATCH};
+use crate::backend::gpu::{GpuBackend, GpuConfig, HostPlacement, DEFAULT_MAX_BATCH};
 use crate::backend::{Backend, Precision};
 use crate::error::{DecodeError, Result};
 use std::path::Path;
@@ -125,6 +125,9 @@ pub struct BackendSettings {
     /// GPU: a GPU budget's plan carried out (the allocator's limit, the weights kept in
     /// pinned host memory); see [`crate::budget_run`].
     pub gpu_offload: Option<GpuOffload>,
+    /// GPU: the knobs' settings, read once by the program; `None` reads the process
+    /// environment when the backend opens.
+    pub gpu_config: Option<GpuConfig>,
 }
 
 impl Default for BackendSettings {
@@ -134,6 +137,7 @@ impl Default for BackendSettings {
             gpu_max_batch: DEFAULT_MAX_BATCH,
             gpu_graphs: true,
             gpu_offload: None,
+            gpu_config: None,
         }
     }
 }
@@ -166,8 +170,12 @@ impl BackendChoice {
 /// The GPU backend on `device` as `settings` ask, a GPU budget's plan included.
 pub fn gpu_backend(device: hip_ffi::Device, settings: &BackendSettings) -> Result<GpuBackend> {
     let limit = settings.gpu_offload.as_ref().map(|o| o.memory_limit);
-    let mut backend =
-        GpuBackend::with_memory_limit(device, settings.gpu_max_batch, settings.gpu_graphs, limit)?;
+    let config = match settings.gpu_config {
+        Some(config) => config,
+        None => GpuConfig::from_process()?,
+    };
+    let (max_batch, graphs) = (settings.gpu_max_batch, settings.gpu_graphs);
+    let mut backend = GpuBackend::with_config(device, max_batch, graphs, limit, &config)?;
     if let Some(offload) = &settings.gpu_offload {
         backend.set_host_placement((*offload.host).clone())?;
     }

@@ -15,7 +15,7 @@ use crate::backend::gpu::offload::prefetch::{self, HostPrefill};
 use crate::backend::gpu::vendor_gemm::{
     weight_block_values, PrefillPath, LIBRARY_WORKSPACE_BYTES, VENDOR_GEMM_MIN_ROWS,
 };
-use crate::backend::gpu::{KvType, MatvecPath, DEFAULT_MAX_BATCH, INT8_MAX_ROWS};
+use crate::backend::gpu::{GpuConfig, KvType, MatvecPath, DEFAULT_MAX_BATCH, INT8_MAX_ROWS};
 use crate::error::{DecodeError, Result};
 use crate::model::{ModelOptions, ModelSpec};
 use gguf_loader::GgufFile;
@@ -85,14 +85,20 @@ impl ResidentOptions {
     /// The defaults for `context`, with the KV type, the matrix-vector path and the prefill
     /// path taken from the variables the GPU backend reads.
     pub fn from_env(context: usize) -> Result<ResidentOptions> {
-        Ok(ResidentOptions {
+        Ok(Self::for_config(context, &GpuConfig::from_process()?))
+    }
+
+    /// The defaults for `context`, with the KV type, the matrix-vector path and the prefill
+    /// path of `config`, as a GPU backend opened with it allocates.
+    pub fn for_config(context: usize, config: &GpuConfig) -> ResidentOptions {
+        ResidentOptions {
             context,
-            kv_type: KvType::from_env()?,
-            int8_matvec: MatvecPath::from_env()? == MatvecPath::Int8,
-            vendor_gemm: PrefillPath::from_env()? != PrefillPath::Kernels,
-            stream_prefill: HostPrefill::from_env()? == HostPrefill::Stream,
+            kv_type: config.kv_type,
+            int8_matvec: config.matvec_path == MatvecPath::Int8,
+            vendor_gemm: config.prefill_path != PrefillPath::Kernels,
+            stream_prefill: config.host_prefill == HostPrefill::Stream,
             ..ResidentOptions::default()
-        })
+        }
     }
 }
 

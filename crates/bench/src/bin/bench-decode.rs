@@ -53,6 +53,7 @@ fn main() -> Result<()> {
         // Before any model is read, so a CPU run fails at once.
         alloc_trace::refuse_cpu(&choice.backend)?;
     }
+    let gpu_config = decode::backend::gpu::GpuConfig::from_process()?;
     let settings = BackendSettings {
         cpu_precision: if args.exact {
             Precision::Exact
@@ -60,6 +61,9 @@ fn main() -> Result<()> {
             Precision::Fast
         },
         gpu_graphs: !args.no_graph,
+        // Read once: every model of the run is planned for and opens its backend with the
+        // same settings.
+        gpu_config: Some(gpu_config),
         ..BackendSettings::default()
     };
     let plan = Plan {
@@ -79,7 +83,7 @@ fn main() -> Result<()> {
         let options = decode::resident::ResidentOptions {
             max_batch: plan.n_prompt.clamp(1, plan.max_batch.max(1)),
             step_block_batch: settings.gpu_max_batch,
-            ..decode::resident::ResidentOptions::from_env(context)?
+            ..decode::resident::ResidentOptions::for_config(context, &gpu_config)
         };
         let budget_run = decode::budget_run::for_choice(
             &choice.backend,

@@ -3,6 +3,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use decode::backend::gpu::GpuConfig;
 use decode::backend::{Backend, Precision};
 use decode::device::{self, BackendSettings, DeviceRequest, WithBackend};
 use decode::generate::{generate, StopReason};
@@ -301,12 +302,14 @@ fn run(args: RunArgs) -> Result<()> {
     sampler.validate()?;
     let file = decode::open_model(&args.model)?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
+    // Read once: the plan prices what the backend then opens with.
+    let gpu_config = GpuConfig::from_process()?;
     let budget_run = decode::budget_run::for_choice(
         &choice.backend,
         &file,
         args.gpu_budget.as_deref(),
         args.host_budget.as_deref(),
-        decode::resident::ResidentOptions::from_env(args.ctx)?,
+        decode::resident::ResidentOptions::for_config(args.ctx, &gpu_config),
     )?;
     if let Some(b) = &budget_run {
         eprint!("{}", b.summary());
@@ -319,6 +322,7 @@ fn run(args: RunArgs) -> Result<()> {
         },
         gpu_graphs: !args.no_graph,
         gpu_offload: budget_run.map(|b| b.offload),
+        gpu_config: Some(gpu_config),
         ..BackendSettings::default()
     };
     choice.backend.run(
@@ -336,8 +340,12 @@ fn profile(args: ProfileArgs) -> Result<()> {
     anyhow::ensure!(args.steps > 0, "--steps must be at least 1");
     let choice = device::choose(args.device)?;
     let file = decode::open_model(&args.model)?;
+    let settings = BackendSettings {
+        gpu_config: Some(GpuConfig::from_process()?),
+        ..BackendSettings::default()
+    };
     choice.backend.run(
-        BackendSettings::default(),
+        settings,
         Profiling {
             args: &args,
             file: &file,

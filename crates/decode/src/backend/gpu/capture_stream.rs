@@ -126,17 +126,6 @@ pub(crate) struct CaptureState {
 }
 
 impl CaptureState {
-    /// Reads both variables and makes the side stream when asked for.
-    pub(crate) fn new(
-        hip: &HipDevice,
-        device: &Device,
-        alloc: &Allocator,
-        main: StreamId,
-    ) -> Result<CaptureState> {
-        let (stream, pool) = (CAPTURE_STREAM.read()?, GRAPH_POOL.read()?);
-        Self::with(hip, device, alloc, main, stream, pool)
-    }
-
     /// The given settings. With a side stream the allocator is told which stream is the main
     /// one, so its snapshot lists the side stream's cached blocks as stranded.
     pub(crate) fn with(

@@ -1,7 +1,14 @@
-//! The GPU backend's choices of path and precision, each set by its knob.
+//! The GPU backend's choices of path and precision, each set by its knob, and [`GpuConfig`],
+//! all of them read once.
 
+use crate::backend::gpu::capture_stream::{
+    CaptureStream, GraphPoolMode, CAPTURE_STREAM, GRAPH_POOL,
+};
+use crate::backend::gpu::offload::hybrid::{CpuShare, CPU_SHARE};
+use crate::backend::gpu::offload::prefetch::{HostPrefill, OFFLOAD_PREFILL};
+use crate::backend::gpu::vendor_gemm::{PrefillPath, GPU_PREFILL};
 use crate::error::Result;
-use knobs::{Knob, Scope};
+use knobs::{Env, Knob, Scope};
 use rocm_kernels::ops::{attention as attn, matvec::MAX_TOKENS};
 
 /// How the KV cache stores keys and values.
@@ -21,13 +28,6 @@ pub static KV_TYPE: Knob<KvType> = Knob {
     scope: Scope::Run,
     parse: |v| knobs::parse::choice(v, &[("f16", KvType::F16), ("f32", KvType::F32)]),
 };
-
-impl KvType {
-    /// The type [`KV_TYPE`] asks for.
-    pub fn from_env() -> Result<KvType> {
-        Ok(KV_TYPE.read()?)
-    }
-}
 
 /// How decode's matrix-vector products treat activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,13 +57,6 @@ pub static MATVEC_PATH: Knob<MatvecPath> = Knob {
     },
 };
 
-impl MatvecPath {
-    /// The path [`MATVEC_PATH`] asks for.
-    pub fn from_env() -> Result<MatvecPath> {
-        Ok(MATVEC_PATH.read()?)
-    }
-}
-
 pub static ATTN_PREFILL: Knob<attn::PrefillKernel> = Knob {
     name: "HIPDECODE_GPU_ATTN_PREFILL",
     default: "tiled",
@@ -79,3 +72,64 @@ pub static ATTN_PREFILL: Knob<attn::PrefillKernel> = Knob {
         )
     },
 };
+
+/// Every setting of the GPU backend that a knob sets, read from one environment snapshot: a
+/// program reads it once at start-up and passes it down (through
+/// [`crate::device::BackendSettings`]), so a run's backends all see the same settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GpuConfig {
+    pub matvec_path: MatvecPath,
+    pub kv_type: KvType,
+    pub attn_prefill: attn::PrefillKernel,
+    pub prefill_path: PrefillPath,
+    pub host_prefill: HostPrefill,
+    pub cpu_share: CpuShare,
+    pub capture_stream: CaptureStream,
+    pub graph_pool: GraphPoolMode,
+}
+
+impl GpuConfig {
+    /// The settings `env` asks for (the knobs' defaults where it sets nothing).
+    pub fn from_env(env: &Env) -> Result<GpuConfig> {
+        Ok(GpuConfig {
+            matvec_path: MATVEC_PATH.value(env)?,
+            kv_type: KV_TYPE.value(env)?,
+            attn_prefill: ATTN_PREFILL.value(env)?,
+            prefill_path: GPU_PREFILL.value(env)?,
+            host_prefill: OFFLOAD_PREFILL.value(env)?,
+            cpu_share: CPU_SHARE.value(env)?,
+            capture_stream: CAPTURE_STREAM.value(env)?,
+            graph_pool: GRAPH_POOL.value(env)?,
+        })
+    }
+
+    /// The settings of the process environment now.
+    pub fn from_process() -> Result<GpuConfig> {
+        Self::from_env(&Env::process())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_config_reads_every_knob_from_one_snapshot() {
+        let defaults = GpuConfig::from_env(&Env::default()).unwrap();
+        assert_eq!(defaults.matvec_path, MatvecPath::Int8);
+        assert_eq!(defaults.kv_type, KvType::F16);
+        let env = Env::from_pairs([
+            (MATVEC_PATH.name, "exact"),
+            (KV_TYPE.name, "f32"),
+            (CAPTURE_STREAM.name, "side"),
+        ]);
+        let set = GpuConfig::from_env(&env).unwrap();
+        assert_eq!(set.matvec_path, MatvecPath::Exact);
+        assert_eq!(set.kv_type, KvType::F32);
+        assert_eq!(set.capture_stream, CaptureStream::Side);
+        assert_eq!(set.graph_pool, defaults.graph_pool);
+        let bad = Env::from_pairs([(GPU_PREFILL.name, "cublas")]);
+        let e = GpuConfig::from_env(&bad).unwrap_err().to_string();
+        assert!(e.contains(GPU_PREFILL.name) && e.contains("cublas"), "{e}");
+    }
+}

@@ -4,9 +4,8 @@ use crate::backend::gpu::offload::hybrid;
 use crate::backend::gpu::offload::prefetch::HostPrefill;
 use crate::backend::gpu::vendor_gemm::{PrefillPath, VendorGemm, GPU_PREFILL};
 use crate::backend::gpu::{
-    capture_stream, config::ATTN_PREFILL, error::gpu_err, launch::elementwise_zero_i32,
-    weight_block, CpuShare, GpuBackend, HostPlacement, KvType, MatvecPath, Scratch, StepBlock,
-    WeightMemory,
+    capture_stream, error::gpu_err, launch::elementwise_zero_i32, weight_block, GpuBackend,
+    GpuConfig, HostPlacement, KvType, MatvecPath, Scratch, StepBlock, WeightMemory,
 };
 use crate::error::{DecodeError, Result};
 use hip_ffi::{Device, Event, PinnedHostBuffer, Stream};
@@ -19,7 +18,8 @@ use std::sync::Arc;
 
 impl GpuBackend {
     /// Opens `device`, creates the allocator (limits from the environment, as documented in
-    /// docs/memory.md), compiles or loads the kernels, and reserves the step block.
+    /// docs/memory.md), compiles or loads the kernels, and reserves the step block; the
+    /// settings are the process environment's ([`GpuConfig::from_process`]).
     pub fn new(device: Device, max_batch: usize, use_graphs: bool) -> Result<GpuBackend> {
         Self::with_memory_limit(device, max_batch, use_graphs, None)
     }
@@ -32,16 +32,28 @@ impl GpuBackend {
         use_graphs: bool,
         memory_limit: Option<u64>,
     ) -> Result<GpuBackend> {
+        let config = GpuConfig::from_process()?;
+        Self::with_config(device, max_batch, use_graphs, memory_limit, &config)
+    }
+
+    /// [`GpuBackend::with_memory_limit`] with the settings given (read once by the program).
+    pub fn with_config(
+        device: Device,
+        max_batch: usize,
+        use_graphs: bool,
+        memory_limit: Option<u64>,
+        config: &GpuConfig,
+    ) -> Result<GpuBackend> {
         let mem_before = device
             .mem_get_info()
             .map_err(|e| gpu_err("reading device memory", e))?;
         let hip = Arc::new(HipDevice::new(device));
-        let config = AllocatorConfig {
+        let alloc_config = AllocatorConfig {
             memory_limit: memory_limit.map(rocm_alloc::limits::LimitSpec::Bytes),
             ..AllocatorConfig::default()
         };
         let alloc = Arc::new(
-            Allocator::new(hip.clone(), config)
+            Allocator::new(hip.clone(), alloc_config)
                 .map_err(|e| gpu_err("creating the allocator", e))?,
         );
         let (stream_id, stream) = hip
@@ -64,14 +76,21 @@ impl GpuBackend {
             .record(&stream)
             .map_err(|e| gpu_err("recording an event", e))?;
         let graph_pool = alloc.new_graph_pool();
-        let capture = capture_stream::CaptureState::new(&hip, &device, &alloc, stream_id)?;
+        let capture = capture_stream::CaptureState::with(
+            &hip,
+            &device,
+            &alloc,
+            stream_id,
+            config.capture_stream,
+            config.graph_pool,
+        )?;
         let step = StepBlock {
             ints,
             staging,
             copied,
             max_batch,
         };
-        let (vendor_gemm, vendor_gemm_absent) = match PrefillPath::from_env()? {
+        let (vendor_gemm, vendor_gemm_absent) = match config.prefill_path {
             PrefillPath::Kernels => (None, Some(format!("{}=kernels", GPU_PREFILL.name))),
             path => match VendorGemm::open(&kernels) {
                 Ok(v) => (Some(v), None),
@@ -95,14 +114,14 @@ impl GpuBackend {
             scratch: Scratch::default(),
             mem_before,
             use_graphs,
-            matvec_path: MatvecPath::from_env()?,
-            attn_prefill: ATTN_PREFILL.read()?,
-            kv_type: KvType::from_env()?,
+            matvec_path: config.matvec_path,
+            attn_prefill: config.attn_prefill,
+            kv_type: config.kv_type,
             vendor_gemm,
             vendor_gemm_absent,
             largest_matrix: (0, 0),
             host_matrices: Vec::new(),
-            host_prefill: HostPrefill::from_env()?,
+            host_prefill: config.host_prefill,
             prefetch: None,
             step_pos0: 0,
             step_tokens: 0,
@@ -112,7 +131,7 @@ impl GpuBackend {
             capture,
             host_weights: Default::default(),
             weight_block: None,
-            hybrid: hybrid::Hybrid::new(CpuShare::from_env()?),
+            hybrid: hybrid::Hybrid::new(config.cpu_share),
         };
         // No stale ints a kernel could read before the first step.
         let mut ints = backend.step_ints_mut(StepBlock::ints_len(max_batch));

@@ -34,7 +34,9 @@ mod weight;
 mod weight_block;
 
 pub use buffer::GpuBuffer;
-pub use config::{KvType, MatvecPath, ATTN_PREFILL, INT8_MAX_ROWS, KV_TYPE, MATVEC_PATH};
+pub use config::{
+    GpuConfig, KvType, MatvecPath, ATTN_PREFILL, INT8_MAX_ROWS, KV_TYPE, MATVEC_PATH,
+};
 pub use offload::host_weights::{HostPlacement, WeightMemory};
 pub use offload::hybrid::{CpuShare, CPU_SHARE, MAX_CPU_SHARE};
 pub use weight::GpuWeight;

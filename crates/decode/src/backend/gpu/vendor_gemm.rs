@@ -63,13 +63,6 @@ pub static GPU_PREFILL: knobs::Knob<PrefillPath> = knobs::Knob {
     },
 };
 
-impl PrefillPath {
-    /// The path [`GPU_PREFILL`] asks for.
-    pub fn from_env() -> Result<PrefillPath> {
-        Ok(GPU_PREFILL.read()?)
-    }
-}
-
 /// f16 values of the weight block for a model whose largest matrix has `max_matrix_values`
 /// values and whose widest has `max_cols` columns: whole rows of the widest matrix fit.
 pub fn weight_block_values(max_matrix_values: usize, max_cols: usize) -> usize {

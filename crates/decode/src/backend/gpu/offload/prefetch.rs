@@ -51,13 +51,6 @@ pub enum HostPrefill {
     InPlace,
 }
 
-impl HostPrefill {
-    /// What [`OFFLOAD_PREFILL`] asks for.
-    pub fn from_env() -> Result<HostPrefill> {
-        Ok(OFFLOAD_PREFILL.read()?)
-    }
-}
-
 /// The two slots, the copy stream and the events that order them.
 pub(crate) struct Prefetch {
     pub(crate) slots: [Allocation; 2],
