@@ -198,21 +198,17 @@ pub fn prepare(file: &GgufFile, req: &BudgetRequest) -> Result<BudgetRun> {
     let residency = resident::estimate(file, &req.options)?;
     let plan = offload::plan(&plan_request(&residency, budget, default_link()?)?)
         .map_err(|e| invalid(&e))?;
-    let mut names = std::collections::HashSet::new();
-    let mut streamed = std::collections::HashSet::new();
+    let mut host = std::collections::HashMap::new();
     let mut device_weight_bytes = 0u64;
     for t in &plan.tensors {
         match t.placement {
             Placement::Device => {
                 device_weight_bytes += crate::backend::gpu::weight_piece_bytes(t.tensor.bytes);
             }
-            Placement::HostZeroCopy => {
-                names.insert(t.tensor.name.clone());
-            }
-            // Pinned like the zero-copy weights; decode copies them into the slots.
-            Placement::Streamed => {
-                names.insert(t.tensor.name.clone());
-                streamed.insert(t.tensor.name.clone());
+            // Both are pinned; decode reads the first in place and copies the second into the
+            // prefetch slots, as each weight's read path (chosen at load) says.
+            Placement::HostZeroCopy | Placement::Streamed => {
+                host.insert(t.tensor.name.clone(), t.placement);
             }
         }
     }
@@ -236,8 +232,7 @@ pub fn prepare(file: &GgufFile, req: &BudgetRequest) -> Result<BudgetRun> {
         offload: GpuOffload {
             memory_limit,
             host: Arc::new(HostPlacement {
-                names,
-                streamed,
+                placements: host,
                 stream_slot_bytes: plan.staging_slot,
                 device_weight_bytes,
                 host_budget,

@@ -75,7 +75,7 @@ fn an_impossible_budget_is_refused_with_the_minimum() {
         .tensors
         .iter()
         .all(|t| t.placement == Placement::HostZeroCopy));
-    assert_eq!(run.offload.host.names.len(), run.plan.tensors.len());
+    assert_eq!(run.offload.host.placements.len(), run.plan.tensors.len());
 }
 
 #[test]
@@ -116,8 +116,10 @@ fn the_allocator_limit_is_the_budget_less_graph_memory_and_nothing_streams() {
         .map(|t| t.tensor.name.as_str())
         .collect();
     assert!(!host.is_empty());
-    assert_eq!(run.offload.host.names.len(), host.len());
-    assert!(host.iter().all(|n| run.offload.host.names.contains(*n)));
+    assert_eq!(run.offload.host.placements.len(), host.len());
+    assert!(host
+        .iter()
+        .all(|n| run.offload.host.placements[*n] == Placement::HostZeroCopy));
     let summary = run.summary();
     // The tiny model's tensors are far below what a copy's fixed cost pays for.
     assert!(
@@ -167,7 +169,7 @@ fn greedy_on_gpu(
     n: usize,
 ) -> GreedyRun {
     let mut backend = gpu_backend(device, settings).expect("the GPU backend starts");
-    backend.set_cpu_share(share);
+    backend.set_cpu_share(share).expect("before the load");
     let options = ModelOptions {
         context: CONTEXT,
         ..ModelOptions::default()
@@ -340,7 +342,9 @@ fn prefill_logits(
     backend.set_host_prefill(mode);
     // The last position's logits are one decode-sized product; split with the host's cores,
     // it would meet its sums in another order than the resident run's kernel.
-    backend.set_cpu_share(CpuShare::Off);
+    backend
+        .set_cpu_share(CpuShare::Off)
+        .expect("before the load");
     let options = ModelOptions {
         context: CONTEXT,
         ..ModelOptions::default()
@@ -469,19 +473,24 @@ fn streamed_decode_matches_resident(test: &str, file: Arc<GgufFile>, prompt: &[u
     // The embedding table is looked up (a kernel reads its rows in place), and is a product's
     // operand only when it is also the output: left out, each marked matrix is one product per
     // step.
-    host.streamed = host
-        .names
+    for (name, placement) in host.placements.iter_mut() {
+        if matrix(name) && name != "token_embd.weight" {
+            *placement = Placement::Streamed;
+        }
+    }
+    let streamed: Vec<&String> = host
+        .placements
         .iter()
-        .filter(|n| matrix(n) && n.as_str() != "token_embd.weight")
-        .cloned()
+        .filter(|(_, p)| **p == Placement::Streamed)
+        .map(|(n, _)| n)
         .collect();
-    host.stream_slot_bytes = host
-        .streamed
+    host.stream_slot_bytes = streamed
         .iter()
         .map(|n| file.tensor(n).expect("a planned tensor").n_bytes)
         .max()
         .unwrap_or(0);
-    assert!(!host.streamed.is_empty(), "{test}: {}", run.plan);
+    let n_streamed = streamed.len();
+    assert!(n_streamed > 0, "{test}: {}", run.plan);
     let resident = BackendSettings::default();
     let want = greedy_on_gpu(device, &resident, CpuShare::Off, &file, prompt, n);
     let streamed = BackendSettings {
@@ -498,11 +507,7 @@ fn streamed_decode_matches_resident(test: &str, file: Arc<GgufFile>, prompt: &[u
         .lines()
         .find(|l| l.contains("streamed prefetch"))
         .unwrap_or_else(|| panic!("{test}: no prefetch line: {}", got.report));
-    eprintln!(
-        "{test}: {} streamed matrices; {}",
-        host.streamed.len(),
-        line.trim()
-    );
+    eprintln!("{test}: {n_streamed} streamed matrices; {}", line.trim());
     assert_eq!(
         got.tokens, want.tokens,
         "{test}: greedy tokens with streamed weights differ from the resident run"
@@ -516,9 +521,8 @@ fn streamed_decode_matches_resident(test: &str, file: Arc<GgufFile>, prompt: &[u
     // Every step (the prefill, then one per token after the first) copies every streamed
     // matrix at least once.
     assert!(
-        blocks >= n as u64 * host.streamed.len() as u64,
-        "{test}: {blocks} staged copies for {} streamed matrices over {n} tokens",
-        host.streamed.len()
+        blocks >= n as u64 * n_streamed as u64,
+        "{test}: {blocks} staged copies for {n_streamed} streamed matrices over {n} tokens"
     );
 }
 

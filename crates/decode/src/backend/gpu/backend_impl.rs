@@ -1,14 +1,14 @@
 //! The [`Backend`] trait on the GPU: each op a rocm-kernels kernel queued on the backend's
 //! stream.
 
+use crate::backend::gpu::offload::host_weights;
 use crate::backend::gpu::offload::prefetch::{self, HostPrefill, Prefetch};
-use crate::backend::gpu::offload::{host_weights, hybrid};
 use crate::backend::gpu::profile::{self, OpProfile};
 use crate::backend::gpu::vendor_gemm::{weight_block_values, VENDOR_GEMM_MIN_ROWS};
 use crate::backend::gpu::{
     buffer::Elem,
     error::{gpu_err, kerr},
-    GpuBackend, GpuBuffer, GpuWeight, KvType, MatvecPath, INT8_MAX_ROWS,
+    CpuShare, GpuBackend, GpuBuffer, GpuWeight, KvType, MatvecPath, ReadPath, INT8_MAX_ROWS,
 };
 use crate::backend::{
     Attention, Backend, GateActivation, KvDestination, MoeShape, Rope, StepBounds, StepKey,
@@ -17,6 +17,7 @@ use crate::backend::{
 use crate::error::{DecodeError, Result};
 use crate::memory::{DeviceMemory, MemoryReport, MemoryTag};
 use hip_ffi::DevicePtr;
+use offload::Placement;
 use rocm_alloc::Tag;
 use rocm_kernels::ops::{
     attention as attn, elementwise, embed, kv_cache, matmul,
@@ -76,7 +77,8 @@ impl Backend for GpuBackend {
     fn load_weight(&mut self, src: &WeightSource<'_>) -> Result<GpuWeight> {
         src.check_bytes()?;
         let [cols, rows, mats] = src.dims;
-        if self.host_weights.streamed(src.name) && (rows == 1 || mats > 1) {
+        let placement = self.host_weights.placement_of(src.name);
+        if placement == Placement::Streamed && (rows == 1 || mats > 1) {
             return Err(DecodeError::InvalidArgument(format!(
                 "the placement streams '{}', but decode streams whole 2-D matrices only (this \
                  one is {cols} x {rows} x {mats}); plan it to be read in place",
@@ -94,17 +96,22 @@ impl Backend for GpuBackend {
             self.upload(mem.ptr(), &v)?;
             return Ok(GpuWeight::Vector { mem, len: cols });
         }
-        let mem = match self.host_weights.place(self.hip.device(), src, src.bytes)? {
+        let (mem, read) = match self.host_weights.place(self.hip.device(), src, src.bytes)? {
             Some(pinned) => {
                 // A product covers the whole matrix, or one expert of a stacked one.
                 self.host_matrices
                     .push((rows, cols, src.bytes.len() / (rows * mats).max(1)));
-                pinned
+                let read = match placement {
+                    Placement::Streamed => ReadPath::Streamed,
+                    _ if self.hybrid.setting() != CpuShare::Off => ReadPath::Split,
+                    _ => ReadPath::ZeroCopy,
+                };
+                (pinned, read)
             }
             None => {
                 let mem = self.device_weight(src.bytes.len(), src.name)?;
                 self.upload(mem.ptr(), src.bytes)?;
-                mem
+                (mem, ReadPath::Resident)
             }
         };
         // One expert of a stacked MoE tensor is the unit the vendor GEMM multiplies.
@@ -115,6 +122,7 @@ impl Backend for GpuBackend {
             format: src.format,
             dims: src.dims,
             name: src.name.to_string(),
+            read,
         })
     }
 
@@ -460,12 +468,9 @@ impl Backend for GpuBackend {
         rows: usize,
     ) -> Result<()> {
         let (m, _) = w.matrix("matmul")?;
-        let streamed = self.streamed_bytes(w);
-        if let Some(host) = hybrid::host_bytes(w).filter(|_| {
-            streamed.is_none()
-                && rows == 1
-                && self.matvec_path == MatvecPath::Int8
-                && matvec_q8::supports(m.format())
+        let streamed = w.host_bytes_for(ReadPath::Streamed);
+        if let Some(host) = w.host_bytes_for(ReadPath::Split).filter(|_| {
+            rows == 1 && self.matvec_path == MatvecPath::Int8 && matvec_q8::supports(m.format())
         }) {
             if self.matvec_split(&m, host, x, out)? {
                 return Ok(());
@@ -473,7 +478,8 @@ impl Backend for GpuBackend {
         }
         if self.matvec_path == MatvecPath::Int8 {
             if let Some(v) = self.vendor_gemm.as_mut().filter(|v| v.takes(&m, rows)) {
-                let host = hybrid::host_bytes(w)
+                let host = w
+                    .host_bytes()
                     .filter(|_| self.host_prefill == HostPrefill::Stream)
                     .zip(self.prefetch.as_mut());
                 v.matmul(&self.kernels, &self.stream, &m, host, x, out, rows)?;
@@ -553,10 +559,9 @@ impl Backend for GpuBackend {
         let (m, _) = w.matrix("matmul")?;
         let (m2, _) = w2.matrix("matmul")?;
         // An offloaded weight is split with the host product by product.
-        let offloaded = (self.hybrid_active()
-            && (hybrid::host_bytes(w).is_some() || hybrid::host_bytes(w2).is_some()))
-            || self.streamed_bytes(w).is_some()
-            || self.streamed_bytes(w2).is_some();
+        let offloaded = [w, w2]
+            .iter()
+            .any(|w| matches!(w.read_path(), ReadPath::Split | ReadPath::Streamed));
         let one_launch = !offloaded
             && self.matvec_path == MatvecPath::Int8
             && rows <= INT8_MAX_ROWS
@@ -613,12 +618,12 @@ impl Backend for GpuBackend {
             let (u, _) = up.matrix("moe up")?;
             let (d, _) = down.matrix("moe down")?;
             let format = g.format().name();
-            let hosts = [gate, up, down].map(hybrid::host_bytes);
+            let hosts = [gate, up, down].map(GpuWeight::host_bytes);
             self.moe_prefill(x, router_logits, [&g, &u, &d], hosts, out, shape)?;
             let bytes = g.data().len() + u.data().len() + d.data().len();
             return self.op_done(|| format!("moe vendor gemm {format}"), bytes as u64);
         }
-        let hosts = [gate, up, down].map(hybrid::host_bytes);
+        let hosts = [gate, up, down].map(GpuWeight::host_bytes);
         let expert_bytes = [gate, up, down]
             .iter()
             .map(|w| w.matrix("moe").map(|(m, d)| m.data().len() / d[2].max(1)))

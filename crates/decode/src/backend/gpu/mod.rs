@@ -39,7 +39,7 @@ pub use config::{
 };
 pub use offload::host_weights::{HostPlacement, WeightMemory};
 pub use offload::hybrid::{CpuShare, CPU_SHARE, MAX_CPU_SHARE};
-pub use weight::GpuWeight;
+pub use weight::{GpuWeight, ReadPath};
 pub use weight_block::piece_bytes as weight_piece_bytes;
 
 use super::StepKey;

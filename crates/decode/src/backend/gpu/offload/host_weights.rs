@@ -15,17 +15,17 @@
 use crate::backend::WeightSource;
 use crate::error::{DecodeError, Result};
 use hip_ffi::{Device, PinnedHostBuffer};
+use offload::Placement;
 use rocm_alloc::{fmt_bytes, Allocation};
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 /// Which weights stay in host memory, and how much host memory they may pin.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HostPlacement {
-    /// Tensor names, as the model file spells them.
-    pub names: HashSet<String>,
-    /// Those of `names` that decode streams into device slots ahead of use instead of reading
-    /// in place (the plan's `Streamed` placement).
-    pub streamed: HashSet<String>,
+    /// The plan's placement of each tensor kept in host memory, by the name the model file
+    /// spells (a tensor not named here goes to the device): read in place, or streamed into
+    /// device slots ahead of each decode product.
+    pub placements: HashMap<String, Placement>,
     /// Bytes of one streaming slot: the largest streamed tensor (0 when none streams).
     pub stream_slot_bytes: u64,
     /// The bytes of the weights the plan keeps on the device, each counted as
@@ -86,9 +86,13 @@ pub(crate) struct HostWeights {
 }
 
 impl HostWeights {
-    /// Whether decode streams weight `name` into the prefetch slots.
-    pub(crate) fn streamed(&self, name: &str) -> bool {
-        self.placement.streamed.contains(name)
+    /// The plan's placement of weight `name`.
+    pub(crate) fn placement_of(&self, name: &str) -> Placement {
+        self.placement
+            .placements
+            .get(name)
+            .copied()
+            .unwrap_or(Placement::Device)
     }
 
     /// Bytes of one slot that decode streaming needs (0: nothing streams).
@@ -133,7 +137,7 @@ impl HostWeights {
     /// it on the device, an error when pinning it would pass the host budget (checked before
     /// anything is pinned).
     pub(crate) fn admit(&self, name: &str, len: u64) -> Result<bool> {
-        if !self.placement.names.contains(name) {
+        if self.placement_of(name) == Placement::Device {
             return Ok(false);
         }
         let after = self.pinned.saturating_add(len);
@@ -190,7 +194,10 @@ mod tests {
         let mut b = HostWeights::default();
         b.set_placement(HostPlacement {
             device_weight_bytes: 0,
-            names: names.iter().map(|n| n.to_string()).collect(),
+            placements: names
+                .iter()
+                .map(|n| (n.to_string(), Placement::HostZeroCopy))
+                .collect(),
             host_budget,
             ..HostPlacement::default()
         })

@@ -314,17 +314,6 @@ pub(crate) fn cpu_rows(rows: usize, share: f64) -> usize {
     want.min(rows - ROW_QUANTUM)
 }
 
-/// The host bytes of an offloaded weight, when it is one.
-pub(crate) fn host_bytes(w: &super::GpuWeight) -> Option<&[u8]> {
-    match w {
-        super::GpuWeight::Matrix {
-            mem: super::WeightMemory::Host(p),
-            ..
-        } => Some(p.as_slice::<u8>()),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

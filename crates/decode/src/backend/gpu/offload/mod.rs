@@ -6,21 +6,11 @@ pub mod hybrid;
 pub mod prefetch;
 mod split;
 
-use crate::backend::gpu::{GpuBackend, GpuWeight, WeightMemory};
+use crate::backend::gpu::GpuBackend;
 use crate::backend::MoeShape;
 use crate::error::{DecodeError, Result};
 
 impl GpuBackend {
-    /// The host bytes of `w` when the plan streams it for decode.
-    pub(crate) fn streamed_bytes<'w>(&self, w: &'w GpuWeight) -> Option<&'w [u8]> {
-        match w {
-            GpuWeight::Matrix { name, .. } if self.host_weights.streamed(name) => {
-                hybrid::host_bytes(w)
-            }
-            _ => None,
-        }
-    }
-
     /// Copies a streamed weight whole into the next prefetch slot, ahead of the stream's use.
     pub(crate) fn stage_whole(&mut self, host: &[u8]) -> Result<prefetch::Staged> {
         let Some(p) = self.prefetch.as_mut() else {

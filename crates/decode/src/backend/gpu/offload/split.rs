@@ -29,9 +29,18 @@ impl GpuBackend {
     }
 
     /// Sets how offloaded decode products are split (tests and A/B runs; users set
-    /// [`CPU_SHARE`]).
-    pub fn set_cpu_share(&mut self, setting: CpuShare) {
+    /// [`CPU_SHARE`]). Refused once a host weight is loaded: each weight's read path, split
+    /// or in place, was chosen then.
+    pub fn set_cpu_share(&mut self, setting: CpuShare) -> Result<()> {
+        if self.host_weights.tensors > 0 {
+            return Err(DecodeError::InvalidArgument(
+                "the hybrid split must be set before the model's weights are loaded (each \
+                 weight's read path is chosen when it loads)"
+                    .into(),
+            ));
+        }
         self.hybrid.set_setting(setting);
+        Ok(())
     }
 
     /// Copies one token's quantized activations back to the staging, queued on the stream.
