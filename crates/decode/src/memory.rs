@@ -90,20 +90,10 @@ pub struct GraphMemory {
     pub measured_pool: u64,
 }
 
-/// Formats bytes with a binary unit, e.g. `241.3 MiB`.
+/// Formats bytes with a binary unit and one decimal, e.g. `241.3 MiB`: the reports' form of
+/// rocm-alloc's formatter.
 pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
+    rocm_alloc::fmt_bytes_decimals(b, 1)
 }
 
 impl fmt::Display for MemoryReport {

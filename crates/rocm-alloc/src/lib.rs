@@ -55,7 +55,7 @@ pub use device::{DeviceError, EventId, MemoryInfo, RawDevice, StreamId, UmaInfo}
 pub use error::AllocError;
 pub use graph_pool::{CaptureGuard, CaptureTarget, GraphPool};
 pub use limits::{InvalidLimit, LimitParseError, LimitSpec};
-pub use oom::{fmt_bytes, OomCause, OomReport};
+pub use oom::{fmt_bytes, fmt_bytes_decimals, OomCause, OomReport};
 pub use snapshot::{
     BlockInfo, PoolName, SegmentInfo, Snapshot, StrandedBlock, StrandedReason, StuckBlock,
 };

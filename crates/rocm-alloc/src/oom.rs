@@ -85,8 +85,14 @@ impl OomReport {
     }
 }
 
-/// Formats a byte count with a binary unit.
+/// Formats a byte count with a binary unit and two decimals, e.g. `241.25 MiB`.
 pub fn fmt_bytes(b: u64) -> String {
+    fmt_bytes_decimals(b, 2)
+}
+
+/// Formats a byte count with a binary unit and `decimals` decimals (whole bytes below 1 KiB):
+/// the one byte formatter of the workspace, which every report uses.
+pub fn fmt_bytes_decimals(b: u64, decimals: usize) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = b as f64;
     let mut u = 0;
@@ -97,7 +103,7 @@ pub fn fmt_bytes(b: u64) -> String {
     if u == 0 {
         format!("{b} B")
     } else {
-        format!("{v:.2} {}", UNITS[u])
+        format!("{v:.decimals$} {}", UNITS[u])
     }
 }
 
