@@ -13,8 +13,8 @@ pub enum DecodeError {
     },
     #[error("the model file is not usable: {0}")]
     Gguf(#[from] gguf_loader::GgufError),
-    #[error("architecture '{0}' is not supported; supported are llama, qwen2, qwen3, qwen3moe and gemma3")]
-    UnsupportedArchitecture(String),
+    #[error("architecture '{name}' is not supported; supported are {supported}")]
+    UnsupportedArchitecture { name: String, supported: String },
     #[error("tensor '{name}' is missing from the model; the file is incomplete or of another architecture")]
     MissingTensor { name: String },
     #[error(

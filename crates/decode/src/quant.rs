@@ -29,29 +29,18 @@ pub const GROUP: usize = 16;
 pub const ACT_BLOCK: usize = 32;
 const I16_MAX: f32 = 32767.0;
 
-/// Every weight type the CPU kernels read, in ggml id order (the GPU kernels read the same set).
-pub const SUPPORTED: [GgmlType; 11] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-    GgmlType::Bf16,
-];
+/// Every weight type the backends read: the GPU kernels' list, which the CPU kernels read too
+/// (a test of `kernels` multiplies every one of them).
+pub const SUPPORTED: [GgmlType; 11] = rocm_kernels::ops::matvec::WEIGHT_FORMATS;
 
 /// Whether the CPU kernels read `ty`.
 pub fn is_supported(ty: GgmlType) -> bool {
     SUPPORTED.contains(&ty)
 }
 
-/// The supported types' names, for messages: "F32, F16, Q4_0, …".
+/// The supported types' names, for messages: "F32, F16, BF16, Q4_0, …".
 pub fn supported_names() -> String {
-    SUPPORTED.map(GgmlType::name).join(", ")
+    rocm_kernels::ops::matvec::weight_format_names()
 }
 
 /// Refuses a tensor `name` stored as a type the kernels cannot read, naming the type and the
@@ -463,7 +452,7 @@ mod tests {
         }
         assert_eq!(
             supported_names(),
-            "F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16"
+            "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K"
         );
     }
 

@@ -141,10 +141,8 @@ pub enum GgufError {
         reason: String,
     },
 
-    #[error(
-        "architecture {name:?} is not supported (supported: llama, qwen2, qwen3, qwen3moe, gemma3)"
-    )]
-    UnsupportedArchitecture { name: String },
+    #[error("architecture {name:?} is not supported (supported: {supported})")]
+    UnsupportedArchitecture { name: String, supported: String },
 
     #[error("{what}: expected {expected} bytes, got {actual}")]
     SizeMismatch {

@@ -19,19 +19,28 @@ pub enum Architecture {
 }
 
 impl Architecture {
+    /// Every architecture, the one list the messages and checks read.
+    pub const ALL: [Architecture; 5] = [
+        Architecture::Llama,
+        Architecture::Qwen2,
+        Architecture::Qwen3,
+        Architecture::Qwen3Moe,
+        Architecture::Gemma3,
+    ];
+
+    /// The names of [`Architecture::ALL`], for messages: "llama, qwen2, ...".
+    pub fn names() -> String {
+        Self::ALL.map(Architecture::name).join(", ")
+    }
+
     pub fn from_name(name: &str) -> Result<Architecture, GgufError> {
-        Ok(match name {
-            "llama" => Architecture::Llama,
-            "qwen2" => Architecture::Qwen2,
-            "qwen3" => Architecture::Qwen3,
-            "qwen3moe" => Architecture::Qwen3Moe,
-            "gemma3" => Architecture::Gemma3,
-            other => {
-                return Err(GgufError::UnsupportedArchitecture {
-                    name: other.to_owned(),
-                })
-            }
-        })
+        Self::ALL
+            .into_iter()
+            .find(|a| a.name() == name)
+            .ok_or_else(|| GgufError::UnsupportedArchitecture {
+                name: name.to_owned(),
+                supported: Self::names(),
+            })
     }
 
     /// Whether the architecture has sliding-window attention layers. Of the families here only

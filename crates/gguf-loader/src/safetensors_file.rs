@@ -73,6 +73,7 @@ pub fn architecture_from_config(
         };
         return arch.ok_or_else(|| GgufError::UnsupportedArchitecture {
             name: format!("{model_type} (model_type in {})", path.display()),
+            supported: Architecture::names(),
         });
     }
     let first = config
@@ -94,6 +95,7 @@ pub fn architecture_from_config(
         other => {
             return Err(GgufError::UnsupportedArchitecture {
                 name: format!("{other} (architectures in {})", path.display()),
+                supported: Architecture::names(),
             })
         }
     })

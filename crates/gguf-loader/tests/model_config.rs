@@ -161,7 +161,7 @@ fn inconsistent_values_are_errors() {
         .contains("exceeds the expert count 4"));
     let e = ModelConfig::from_gguf(&file("mamba", &[], &[])).unwrap_err();
     assert!(
-        matches!(e, GgufError::UnsupportedArchitecture { ref name } if name == "mamba"),
+        matches!(e, GgufError::UnsupportedArchitecture { ref name, .. } if name == "mamba"),
         "{e}"
     );
 }

@@ -191,8 +191,12 @@ impl ResidentNeeds {
     }
 }
 
-/// The tags a plan accounts for. All but `AllocatorSlack` are rocm-alloc tags; slack is what
-/// the allocator reserves beyond its blocks, which its report shows as reserved minus active.
+/// The tags a plan accounts for. All but `AllocatorSlack` are rocm-alloc tags ([`PlanTag::alloc_tag`]
+/// maps them); slack is what the allocator reserves beyond its blocks, which its report shows as
+/// reserved minus active. That line is why this cannot be rocm-alloc's `Tag` itself: no
+/// allocation carries it, so the allocator's enum has no place for it, and giving it one would
+/// let a buffer be tagged as slack. rocm-alloc's `Other` has no plan line: nothing the plan
+/// prices is untagged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PlanTag {
     Weights,

@@ -22,7 +22,7 @@ pub enum KernelError {
         /// The format asked for.
         format: gguf_loader::GgmlType,
         /// The formats that work, for the message.
-        supported: &'static str,
+        supported: String,
     },
     /// A variable of this crate ([`crate::knobs`]) holds a value it does not accept.
     #[error(transparent)]

@@ -49,15 +49,14 @@ pub struct ModelSpec {
 impl ModelSpec {
     pub fn from_gguf(file: &GgufFile) -> Result<ModelSpec> {
         let arch_name = file.get_str("general.architecture")?.to_string();
-        let c = ModelConfig::from_gguf(file).map_err(|e| match e {
-            e if matches!(
-                arch_name.as_str(),
-                "llama" | "qwen2" | "qwen3" | "qwen3moe" | "gemma3"
-            ) =>
-            {
-                DecodeError::Gguf(e)
+        let c = ModelConfig::from_gguf(file).map_err(|e| {
+            match gguf_loader::model::Architecture::from_name(&arch_name) {
+                Ok(_) => DecodeError::Gguf(e),
+                Err(_) => DecodeError::UnsupportedArchitecture {
+                    name: arch_name.clone(),
+                    supported: gguf_loader::model::Architecture::names(),
+                },
             }
-            _ => DecodeError::UnsupportedArchitecture(arch_name.clone()),
         })?;
         let key = |k: &str| format!("{arch_name}.{k}");
         // Before anything is sized by a count from the metadata.

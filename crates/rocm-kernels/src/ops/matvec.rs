@@ -37,8 +37,10 @@ pub const WEIGHT_FORMATS: [GgmlType; 11] = [
     GgmlType::Q6K,
 ];
 
-/// [`WEIGHT_FORMATS`] for error messages.
-pub(crate) const SUPPORTED: &str = "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K";
+/// [`WEIGHT_FORMATS`]' names, for messages: "F32, F16, BF16, Q4_0, ...".
+pub fn weight_format_names() -> String {
+    WEIGHT_FORMATS.map(GgmlType::name).join(", ")
+}
 
 /// Most tokens one matvec launch takes (the kernel keeps one accumulator per token).
 pub const MAX_TOKENS: usize = 8;
@@ -58,7 +60,7 @@ pub(crate) fn format_entry(
     let unsupported = || KernelError::UnsupportedFormat {
         op,
         format,
-        supported: SUPPORTED,
+        supported: weight_format_names(),
     };
     let index = WEIGHT_FORMATS
         .iter()
@@ -156,7 +158,7 @@ impl QuantMatrix {
             return Err(KernelError::UnsupportedFormat {
                 op: OP,
                 format,
-                supported: SUPPORTED,
+                supported: weight_format_names(),
             });
         }
         check_shape(

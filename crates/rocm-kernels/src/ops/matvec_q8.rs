@@ -45,10 +45,10 @@ fn format_index(op: &'static str, format: GgmlType) -> Result<usize> {
     Q8_FORMATS
         .iter()
         .position(|&f| f == format)
-        .ok_or(KernelError::UnsupportedFormat {
+        .ok_or_else(|| KernelError::UnsupportedFormat {
             op,
             format,
-            supported: "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K",
+            supported: Q8_FORMATS.map(GgmlType::name).join(", "),
         })
 }
 

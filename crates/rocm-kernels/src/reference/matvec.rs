@@ -25,7 +25,7 @@ impl<'a> HostMatrix<'a> {
             return Err(KernelError::UnsupportedFormat {
                 op: OP,
                 format,
-                supported: "every format gguf-loader dequantizes",
+                supported: "every format gguf-loader dequantizes".into(),
             });
         }
         check_matrix(OP, format, rows, cols, bytes.len())?;
