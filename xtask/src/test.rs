@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::Command;
 
 /// Makes a missing model a test failure instead of a skip (Rust and Python tests read it).
-const REQUIRE_MODELS_VAR: &str = "HIPDECODE_REQUIRE_MODELS";
+const REQUIRE_MODELS_VAR: &str = gguf_loader::knobs::REQUIRE_MODELS.name;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -60,12 +60,15 @@ impl OomReport {
         let mut h = match cause {
             OomCause::MemoryLimit => format!(
                 "the allocator's memory limit stops this {}-byte request; raise it with \
-                 HIPDECODE_MEMORY_LIMIT (e.g. \"95%\") or Allocator::set_memory_limit if the device has room",
-                requested
+                 {} (e.g. \"95%\") or Allocator::set_memory_limit if the device has room",
+                requested,
+                crate::knobs::MEMORY_LIMIT.name
             ),
-            OomCause::Device => "the device has no more memory; reduce the context length, the batch, or \
+            OomCause::Device => {
+                "the device has no more memory; reduce the context length, the batch, or \
                                  offload weights to host memory"
-                .to_string(),
+                    .to_string()
+            }
         };
         if capture_active {
             h.push_str(
