@@ -104,13 +104,18 @@ impl Platform {
         let mut notes = Vec::new();
         // A malformed value forces no platform, with the reason in the notes (a program's
         // start-up check has refused it before this, with the same message).
-        let forced = crate::knobs::PLATFORM.read().unwrap_or_else(|e| {
-            notes.push(e.to_string());
-            Some(ForcedPlatform::None)
-        });
-        if let Some(f) = forced {
-            notes.push(format!("{}={}", crate::knobs::PLATFORM.name, f.name()));
-        }
+        let forced = match crate::knobs::PLATFORM.read() {
+            Ok(forced) => {
+                if let Some(f) = forced {
+                    notes.push(format!("{}={}", crate::knobs::PLATFORM.name, f.name()));
+                }
+                forced
+            }
+            Err(e) => {
+                notes.push(e.to_string());
+                Some(ForcedPlatform::None)
+            }
+        };
         let want = |name: &str| forced.is_none_or(|f| f.name() == name);
         let cuda_visible = Visibility::from_env("CUDA_VISIBLE_DEVICES");
         let hip_visible = Visibility::from_env("HIP_VISIBLE_DEVICES");

@@ -125,8 +125,7 @@ impl<T> AnyKnob for Knob<T> {
         self.scope
     }
     fn check(&self, value: &str) -> Result<(), KnobError> {
-        self.parse_or_default(Some(value).filter(|v| !v.is_empty()))
-            .map(drop)
+        self.value_of(value).map(drop)
     }
 }
 
@@ -242,11 +241,9 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
-fn default_label(knob: &dyn AnyKnob) -> &'static str {
-    match knob.default_text() {
-        "" => "unset",
-        d => d,
-    }
+/// The default as the listing and the docs show it: "unset" where unset means none.
+fn default_label(knob: &dyn AnyKnob) -> Option<&'static str> {
+    Some(knob.default_text()).filter(|d| !d.is_empty())
 }
 
 /// Each knob with its value in `env` (or its default), for `hipdecode env`.
@@ -258,7 +255,7 @@ pub fn listing(tables: &[Table], env: &Env) -> String {
         for knob in all(tables).filter(|k| k.scope() == scope) {
             let value = match env.get(knob.name()) {
                 Ok(Some(v)) => format!("= {v}"),
-                Ok(None) => format!("(default: {})", default_label(knob)),
+                Ok(None) => format!("(default: {})", default_label(knob).unwrap_or("unset")),
                 Err(e) => format!("({e})"),
             };
             let _ = writeln!(out, "  {:width$}  {value}", knob.name());
@@ -277,10 +274,7 @@ pub fn markdown_table(tables: &[Table]) -> String {
             out,
             "| `{}` | {} | {} | {} |",
             knob.name(),
-            match knob.default_text() {
-                "" => "unset".to_string(),
-                d => format!("`{d}`"),
-            },
+            default_label(knob).map_or("unset".to_string(), |d| format!("`{d}`")),
             knob.scope().label(),
             knob.doc().replace('|', "\\|")
         );

@@ -71,6 +71,9 @@ pub struct CpuBackend {
     /// The current step's first position and tokens (from `begin_step`).
     step_pos0: usize,
     step_tokens: Vec<u32>,
+    /// The positions of the step's rows, as rocm-kernels' rope reference takes them (made once
+    /// per step, not per layer).
+    step_positions: Vec<i32>,
     act_q: Vec<Q16Row>,
     row: Vec<f32>,
 }
@@ -88,6 +91,7 @@ impl CpuBackend {
             row: Vec::new(),
             step_pos0: 0,
             step_tokens: Vec::new(),
+            step_positions: Vec::new(),
         }
     }
 
@@ -193,7 +197,18 @@ impl Backend for CpuBackend {
     }
 
     fn begin_step(&mut self, pos0: usize, tokens: &[u32]) -> Result<()> {
+        let end = pos0.saturating_add(tokens.len());
+        if i32::try_from(end).is_err() {
+            return Err(DecodeError::InvalidArgument(format!(
+                "a step from position {pos0} of {} tokens passes the largest position, {}",
+                tokens.len(),
+                i32::MAX
+            )));
+        }
         self.step_pos0 = pos0;
+        // In range: `end` fits an i32, checked above.
+        self.step_positions.clear();
+        self.step_positions.extend((pos0..end).map(|p| p as i32));
         self.step_tokens.clear();
         self.step_tokens.extend_from_slice(tokens);
         Ok(())
@@ -338,17 +353,15 @@ impl Backend for CpuBackend {
         if let Some(f) = factors {
             check_len("rope frequency factors", f.len(), rope.n_rot / 2)?;
         }
-        let positions = (0..rows)
-            .map(|r| i32::try_from(self.step_pos0 + r))
-            .collect::<std::result::Result<Vec<i32>, _>>()
-            .map_err(|_| DecodeError::InvalidArgument("a position beyond i32".into()))?;
+        check_len("rope positions", self.step_positions.len(), rows)?;
+        let positions = &self.step_positions[..rows];
         let shape = RopeShape {
             rows,
             n_heads,
             head_dim,
         };
         let n = rows * n_heads * head_dim;
-        reference::rope::rope(&mut x[..n], &positions, factors, shape, rope).map_err(reference_err)
+        reference::rope::rope(&mut x[..n], positions, factors, shape, rope).map_err(reference_err)
     }
 
     fn store_rows(
