@@ -10,8 +10,9 @@ use crate::timeline::Timeline;
 use crate::{process_memory, reset_peak_rss};
 use anyhow::{bail, Context, Result};
 use decode::backend::Backend;
+use decode::context::ContextOptions;
 use decode::memory::{MemoryReport, MemoryTag};
-use decode::model::{Model, ModelOptions};
+use decode::session::Session;
 use decode::GgufFile;
 use std::path::Path;
 use std::sync::Arc;
@@ -147,7 +148,7 @@ impl Recorder<'_> {
     /// Ends a phase: the memory report, from the device counters where the backend has them.
     fn end<B: Backend>(
         &mut self,
-        model: &Model<B>,
+        model: &Session<B>,
         phase: Phase,
         device_window: Window,
         rss_window: Window,
@@ -189,13 +190,14 @@ pub fn run_model<B: Backend>(
     // Load. The bench still owns the backend here, so its peaks can start a window.
     backend.reset_device_peaks();
     let rss_window = rec.begin(Phase::Load, &backend.memory());
-    let options = ModelOptions {
+    let options = ContextOptions {
         // One position spare, as llama-bench sizes its context; --ctx asks for more.
         context: (plan.n_prompt + plan.n_gen + 1).max(plan.context.unwrap_or(0)),
         max_batch: plan.n_prompt.clamp(1, plan.max_batch.max(1)),
         all_logits: false,
+        sequences: 1,
     };
-    let mut model = Model::load(file, backend, options)
+    let mut model = Session::load(file, backend, options)
         .with_context(|| format!("loading {}", path.display()))?;
     let mut memory = vec![rec.end(&model, Phase::Load, Window::Phase, rss_window)?];
     let backend_name = model.backend().describe();
@@ -249,7 +251,7 @@ pub fn run_model<B: Backend>(
             let mut next = first;
             let t = Instant::now();
             for _ in 0..plan.n_gen {
-                model.forward(&[next])?;
+                model.decode(next)?;
                 next = model.last_argmax()?;
                 if rec.per_call() {
                     // Only with --svg: a counter read per token, inside the timed loop.

@@ -10,7 +10,8 @@ use serde_json::{json, Value};
 /// A stretch of the benchmark whose memory is reported on its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
-    /// `Model::load`: weights, KV cache and activation buffers.
+    /// `Session::load`: weights (`Model::load`), then the KV cache and activation buffers
+    /// (`Context::new`).
     Load,
     /// Every pp run (warm-up included).
     Prefill,

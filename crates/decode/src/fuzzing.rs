@@ -4,7 +4,8 @@
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::Precision;
-use crate::model::{Model, ModelOptions};
+use crate::context::ContextOptions;
+use crate::session::Session;
 use crate::tokenizer::{TextStream, Tokenizer};
 use gguf_loader::GgufFile;
 use std::sync::Arc;
@@ -19,12 +20,13 @@ pub fn load_model(data: &[u8]) -> bool {
     let Ok(file) = GgufFile::from_bytes(data.to_vec()) else {
         return false;
     };
-    let options = ModelOptions {
+    let options = ContextOptions {
         context: 8,
         max_batch: 2,
         all_logits: false,
+        sequences: 1,
     };
-    let Ok(mut model) = Model::load(&Arc::new(file), CpuBackend::new(Precision::Fast), options)
+    let Ok(mut model) = Session::load(&Arc::new(file), CpuBackend::new(Precision::Fast), options)
     else {
         return false;
     };
@@ -32,7 +34,7 @@ pub fn load_model(data: &[u8]) -> bool {
     let tokens = [0, vocab.saturating_sub(1)];
     if model.forward(&tokens).is_ok() {
         let _ = model.last_argmax();
-        let _ = model.forward(&[1 % vocab.max(1)]);
+        let _ = model.decode(1 % vocab.max(1));
     }
     true
 }

@@ -3,8 +3,8 @@
 
 use crate::backend::Backend;
 use crate::error::{DecodeError, Result};
-use crate::model::Model;
-use crate::sampler::{Sampler, SamplerConfig};
+use crate::sampler::SamplerConfig;
+use crate::session::Session;
 use std::time::{Duration, Instant};
 
 /// Why generation ended.
@@ -46,8 +46,9 @@ impl GenerationReport {
 
 /// Generates up to `max_new` tokens after `prompt`, calling `on_token` for each as it comes.
 /// Stops early when `is_stop` says so (the stop token is reported and kept in the result).
+/// Sampling starts from `sampler`'s seed at each call.
 pub fn generate<B: Backend>(
-    model: &mut Model<B>,
+    session: &mut Session<B>,
     prompt: &[u32],
     max_new: usize,
     sampler: SamplerConfig,
@@ -59,22 +60,8 @@ pub fn generate<B: Backend>(
             "the prompt is empty; give at least one token (most models want BOS first)".into(),
         ));
     }
-    let mut sampler = Sampler::new(sampler)?;
-    let mut logits = Vec::new();
-    let mut pick = |model: &mut Model<B>| -> Result<u32> {
-        if sampler.config().is_greedy() {
-            return model.last_argmax();
-        }
-        // On the backend where it can (the logits stay on the device), else on the host; the
-        // same draw either way.
-        let draw = sampler.next_draw();
-        let config = *sampler.config();
-        if let Some(token) = model.last_sample(&config, draw)? {
-            return Ok(token);
-        }
-        model.last_logits(&mut logits)?;
-        Ok(sampler.sample_with_draw(&logits, draw))
-    };
+    sampler.validate()?;
+    session.restart_sampler();
     let mut report = GenerationReport {
         prompt_tokens: prompt.len(),
         tokens: Vec::new(),
@@ -86,8 +73,7 @@ pub fn generate<B: Backend>(
         return Ok(report);
     }
     let t0 = Instant::now();
-    model.forward(prompt)?;
-    let mut next = pick(model)?;
+    let mut next = session.prefill_and_sample(prompt, &sampler)?;
     report.prefill = t0.elapsed();
     let t1 = Instant::now();
     loop {
@@ -100,12 +86,11 @@ pub fn generate<B: Backend>(
         if report.tokens.len() >= max_new {
             break;
         }
-        if model.position() + 1 > model.options().context {
+        if session.position() + 1 > session.options().context {
             report.stop = StopReason::ContextFull;
             break;
         }
-        model.forward(&[next])?;
-        next = pick(model)?;
+        next = session.decode_and_sample(next, &sampler)?;
     }
     report.decode = t1.elapsed();
     Ok(report)

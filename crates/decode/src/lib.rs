@@ -1,7 +1,10 @@
 //! Token generation for Llama, Qwen3, Qwen3-MoE and Gemma 3: model, KV cache, sampler and tokenizer.
 //!
 //! - [`backend`]: the compute interface and the CPU backend with fused quantized kernels.
-//! - [`model`]: the per-architecture graph over a backend, with its KV cache.
+//! - [`model`]: a model's weights, shared, and the per-architecture forward pass of a step.
+//! - [`context`]: the KV cache and activations of a set of sequences; [`batch`]: one step's
+//!   rows (sequence, position, prefill or decode, what each wants back).
+//! - [`session`]: one sequence over a model and a context, a prompt or a token at a time.
 //! - [`tokenizer`]: SentencePiece-style and byte-level BPE tokenizers built from GGUF metadata.
 //! - [`sampler`]: greedy, temperature, top-k and top-p sampling with a seed.
 //! - [`generate`]: prefill, then decode, streaming tokens.
@@ -14,7 +17,9 @@
 //! describes the design, the tolerances against the reference and the measured speed.
 
 pub mod backend;
+pub mod batch;
 pub mod budget_run;
+pub mod context;
 pub mod device;
 pub mod environment;
 pub mod error;
@@ -27,6 +32,7 @@ pub mod model;
 pub mod quant;
 pub mod resident;
 pub mod sampler;
+pub mod session;
 pub mod tokenizer;
 
 pub use error::{DecodeError, Result};

@@ -16,8 +16,9 @@ use crate::backend::gpu::vendor_gemm::{
     weight_block_values, PrefillPath, LIBRARY_WORKSPACE_BYTES, VENDOR_GEMM_MIN_ROWS,
 };
 use crate::backend::gpu::{GpuConfig, KvType, MatvecPath, DEFAULT_MAX_BATCH, INT8_MAX_ROWS};
+use crate::context::ContextOptions;
 use crate::error::{DecodeError, Result};
-use crate::model::{ModelOptions, ModelSpec};
+use crate::model::ModelSpec;
 use gguf_loader::GgufFile;
 use offload::{
     device_footprint, LinkModel, PlanRequest, PlanTag, ResidentNeeds, TensorKind, WeightTensor,
@@ -71,7 +72,7 @@ impl Default for ResidentOptions {
     fn default() -> Self {
         ResidentOptions {
             context: 2048,
-            max_batch: ModelOptions::default().max_batch,
+            max_batch: ContextOptions::default().max_batch,
             kv_type: KvType::F16,
             int8_matvec: true,
             vendor_gemm: true,

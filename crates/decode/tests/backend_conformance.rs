@@ -16,6 +16,7 @@ use decode::backend::gpu::{GpuBackend, KvType, MatvecPath};
 use decode::backend::{
     Attention, Backend, GateActivation, MoeShape, Precision, Rope, StepBounds, WeightSource,
 };
+use decode::batch::{RowOutput, StepBatch};
 use decode::gguf_loader::synth::Preset;
 use decode::gguf_loader::GgmlType;
 use decode::memory::MemoryTag;
@@ -133,6 +134,17 @@ fn matmul_tolerance<B: Backend + 'static>(be: &B, rows: usize) -> f32 {
 
 fn exact() -> CpuBackend {
     CpuBackend::new(Precision::Exact)
+}
+
+/// A step of one sequence from `pos0` with `tokens`. These op tests stand a one-row step for a
+/// decode step (so a GPU backend takes its decode kernels) and a longer one for a prefill
+/// chunk, as a model's steps are.
+fn step_at(pos0: usize, tokens: &[u32]) -> StepBatch {
+    if let [token] = tokens {
+        StepBatch::decode(0, pos0, *token, RowOutput::Nothing)
+    } else {
+        StepBatch::prefill(0, pos0, tokens, RowOutput::Nothing)
+    }
 }
 
 fn upload<B: Backend>(be: &mut B, data: &[f32]) -> B::Buffer {
@@ -467,7 +479,7 @@ fn dense_rows_of_any_length<B: Backend + 'static>(make: impl Fn() -> B) {
 
             let tokens = [4u32, 0, 2];
             let mut emb = be.alloc(MemoryTag::Activations, 3 * cols).unwrap();
-            be.begin_step(0, &tokens).expect("begin_step");
+            be.begin_step(&step_at(0, &tokens)).expect("begin_step");
             be.embed(&w, 3, 1.0, &mut emb).expect("embed");
             let want: Vec<f32> = tokens
                 .iter()
@@ -530,7 +542,8 @@ test_device!(gated_then_product);
 fn gated_then_product<B: Backend + 'static>(make: impl Fn() -> B) {
     fn go<C: Backend>(be: &mut C, g: &[f32], u: &[f32], m: &Matrix, rows: usize) -> Vec<f32> {
         let len = rows * m.dims[0];
-        be.begin_step(0, &vec![0; rows]).expect("begin_step");
+        be.begin_step(&step_at(0, &vec![0; rows]))
+            .expect("begin_step");
         let mut gb = upload(be, g);
         let ub = upload(be, u);
         be.gated(&mut gb, &ub, len, GateActivation::Silu)
@@ -602,7 +615,8 @@ fn moe<B: Backend + 'static>(make: impl Fn() -> B) {
             moe: Some(*shape),
         };
         be.reserve_workspace(&bounds, &[]).expect("reserve");
-        be.begin_step(0, &vec![0; shape.rows]).expect("begin_step");
+        be.begin_step(&step_at(0, &vec![0; shape.rows]))
+            .expect("begin_step");
         let xb = upload(be, x);
         let lb = upload(be, logits);
         let mut out = be
@@ -661,7 +675,8 @@ fn rope_qk_then_store_kv<B: Backend + 'static>(make: impl Fn() -> B) {
         rope: &Rope,
     ) -> Vec<f32> {
         let (n_head, n_kv, kd) = (4, 2, 2 * HD);
-        be.begin_step(pos0, &vec![0; rows]).expect("begin_step");
+        be.begin_step(&step_at(pos0, &vec![0; rows]))
+            .expect("begin_step");
         let mut qb = upload(be, q);
         let mut kb = upload(be, k);
         let vb = upload(be, v);
@@ -838,7 +853,7 @@ fn embed<B: Backend + 'static>(make: impl Fn() -> B) {
         let table = be.load_weight(&m.source()).expect("load the table");
         let n = tokens.len();
         let mut out = be.alloc(MemoryTag::Activations, n * m.dims[0]).unwrap();
-        be.begin_step(5, tokens).expect("begin_step");
+        be.begin_step(&step_at(5, tokens)).expect("begin_step");
         be.embed(&table, n, scale, &mut out).expect("embed");
         download(be, &out, n * m.dims[0])
     }
@@ -899,7 +914,8 @@ fn rope<B: Backend + 'static>(make: impl Fn() -> B) {
     fn go<C: Backend>(be: &mut C, x: &[f32], c: &Case) -> Vec<f32> {
         let factors = c.factors.as_ref().map(|f| load_vector(be, "rope_freqs", f));
         let mut xb = upload(be, x);
-        be.begin_step(c.pos0, &vec![0; c.rows]).expect("begin_step");
+        be.begin_step(&step_at(c.pos0, &vec![0; c.rows]))
+            .expect("begin_step");
         be.rope(
             &mut xb,
             c.rows,
@@ -978,7 +994,8 @@ fn attention<B: Backend + 'static>(make: impl Fn() -> B) {
         let mut p = 0;
         while p <= pos0 {
             let rows = if p == pos0 { n } else { n.min(pos0 - p) };
-            be.begin_step(p, &vec![0; rows]).expect("begin_step");
+            be.begin_step(&step_at(p, &vec![0; rows]))
+                .expect("begin_step");
             be.write(&mut kb, 0, &inp.k[p * KD..][..rows * KD]).unwrap();
             be.write(&mut vb, 0, &inp.v[p * KD..][..rows * KD]).unwrap();
             be.store_rows(&kb, &mut k_cache, rows, KD, slots)

@@ -9,8 +9,9 @@ use common::*;
 use decode::backend::gpu::vendor_gemm::LIBRARY_WORKSPACE_BYTES;
 use decode::backend::gpu::GpuBackend;
 use decode::backend::Backend;
+use decode::context::ContextOptions;
 use decode::gguf_loader::synth::Preset;
-use decode::model::{Model, ModelOptions};
+use decode::session::Session;
 use rocm_alloc::{BlockState, Tag};
 use std::sync::Arc;
 
@@ -33,12 +34,13 @@ fn the_blas_workspace_is_allocated_through_rocm_alloc_under_the_workspace_tag() 
     }
     let alloc = Arc::clone(backend.allocator());
     let file = Arc::new(preset_file(Preset::TinyLlama));
-    let options = ModelOptions {
+    let options = ContextOptions {
         context: 128,
         max_batch: 64,
         all_logits: false,
+        sequences: 1,
     };
-    let mut model = Model::load(&file, backend, options).expect("load");
+    let mut model = Session::load(&file, backend, options).expect("load");
 
     // The library's workspace: one active block of exactly its size, tagged workspace.
     let snap = alloc.snapshot();
@@ -61,7 +63,7 @@ fn the_blas_workspace_is_allocated_through_rocm_alloc_under_the_workspace_tag() 
     // A prefill of 48 tokens runs its products on the library. Nothing new is allocated in
     // the allocator, and the device memory outside it grows by less than one workspace: had
     // the library taken its workspace itself, that alone would be 32 MiB.
-    let outside = |m: &Model<GpuBackend>| {
+    let outside = |m: &Session<GpuBackend>| {
         m.backend()
             .device_memory()
             .expect("a device backend")

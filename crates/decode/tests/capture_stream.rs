@@ -10,8 +10,9 @@ use common::*;
 use decode::backend::gpu::capture_stream::{CaptureStream, GraphPoolMode};
 use decode::backend::gpu::GpuBackend;
 use decode::backend::Backend;
+use decode::context::ContextOptions;
 use decode::gguf_loader::synth::Preset;
-use decode::model::{Model, ModelOptions};
+use decode::session::Session;
 use std::sync::Arc;
 use test_support::gpu::gpu_lock;
 
@@ -23,17 +24,18 @@ fn decode_logits(
 ) -> (Vec<f32>, decode::memory::DeviceMemory, Option<u64>) {
     let main = backend.stream_id().value();
     let alloc = Arc::clone(backend.allocator());
-    let options = ModelOptions {
+    let options = ContextOptions {
         context: 64,
         max_batch: 8,
         all_logits: false,
+        sequences: 1,
     };
-    let mut model = Model::load(file, backend, options).expect("load");
+    let mut model = Session::load(file, backend, options).expect("load");
     model.forward(&[1, 5, 9, 13, 17]).expect("prompt");
     let mut all = Vec::new();
     let mut next = model.last_argmax().expect("argmax");
     for _ in 0..6 {
-        model.forward(&[next]).expect("decode step");
+        model.decode(next).expect("decode step");
         let mut logits = Vec::new();
         model.last_logits(&mut logits).expect("logits");
         all.extend_from_slice(&logits);
@@ -109,13 +111,14 @@ fn the_capture_cannot_move_after_a_graph_exists() {
         return;
     };
     let backend = GpuBackend::new(device, 8, true).expect("the GPU backend starts");
-    let options = ModelOptions {
+    let options = ContextOptions {
         context: 16,
         max_batch: 8,
         all_logits: false,
+        sequences: 1,
     };
-    let mut model = Model::load(&file, backend, options).expect("load");
-    model.forward(&[3]).expect("a decode step, captured");
+    let mut model = Session::load(&file, backend, options).expect("load");
+    model.decode(3).expect("a decode step, captured");
     let e = model
         .backend_mut()
         .set_capture(CaptureStream::Side, GraphPoolMode::Private)

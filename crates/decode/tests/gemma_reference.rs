@@ -6,7 +6,8 @@ mod common;
 use common::*;
 use decode::backend::cpu::CpuBackend;
 use decode::backend::Precision;
-use decode::model::{Model, ModelOptions};
+use decode::context::ContextOptions;
+use decode::session::Session;
 use decode::tokenizer::Tokenizer;
 use test_support::models::gemma_path;
 use test_support::tolerance::compare;
@@ -24,15 +25,16 @@ const EXACT_TOL: f32 = 1e-4;
 /// Fast path (activations quantized to 16 bits per block of 32 before every weight product).
 const FAST_TOL: f32 = 2e-3;
 
-fn load(path: &std::path::Path, precision: Precision, all_logits: bool) -> Model<CpuBackend> {
+fn load(path: &std::path::Path, precision: Precision, all_logits: bool) -> Session<CpuBackend> {
     let file = decode::open_model(path).expect("open gemma");
-    Model::load(
+    Session::load(
         &file,
         CpuBackend::new(precision),
-        ModelOptions {
+        ContextOptions {
             context: 256,
             max_batch: 32,
             all_logits,
+            sequences: 1,
         },
     )
     .expect("load gemma")

@@ -6,27 +6,29 @@ mod common;
 use common::scratch_dir;
 use decode::backend::cpu::CpuBackend;
 use decode::backend::Precision;
+use decode::context::ContextOptions;
 use decode::generate::{generate, StopReason};
 use decode::gguf_loader::synth::{write_preset, Preset};
-use decode::model::{Model, ModelOptions};
 use decode::sampler::SamplerConfig;
+use decode::session::Session;
 use decode::DecodeError;
 use test_support::tolerance::max_abs_diff;
 
-fn tiny(preset: Preset, tag: &str, options: ModelOptions) -> Model<CpuBackend> {
+fn tiny(preset: Preset, tag: &str, options: ContextOptions) -> Session<CpuBackend> {
     let path = scratch_dir().join(format!("gen-{tag}-{}.gguf", std::process::id()));
     write_preset(preset, &path, 3).unwrap();
     let file = decode::open_model(&path).unwrap();
-    let model = Model::load(&file, CpuBackend::new(Precision::Exact), options).unwrap();
+    let model = Session::load(&file, CpuBackend::new(Precision::Exact), options).unwrap();
     std::fs::remove_file(&path).ok();
     model
 }
 
-fn opts(context: usize, all_logits: bool) -> ModelOptions {
-    ModelOptions {
+fn opts(context: usize, all_logits: bool) -> ContextOptions {
+    ContextOptions {
         context,
         max_batch: 16,
         all_logits,
+        sequences: 1,
     }
 }
 
@@ -42,7 +44,7 @@ fn decoding_one_token_at_a_time_matches_the_batched_prefill() {
         let vocab = model.spec().vocab;
         let mut row = Vec::new();
         for (t, &tok) in tokens.iter().enumerate() {
-            model.forward(&[tok]).unwrap();
+            model.decode(tok).unwrap();
             model.last_logits(&mut row).unwrap();
             let want = &batched[t * vocab..(t + 1) * vocab];
             let max = max_abs_diff(&row, want);
@@ -129,7 +131,7 @@ fn seeded_sampling_repeats_and_the_context_bound_is_enforced() {
 fn out_of_vocabulary_tokens_are_rejected() {
     let mut model = tiny(Preset::TinyLlama, "oov", opts(16, false));
     let vocab = model.spec().vocab as u32;
-    match model.forward(&[vocab]) {
+    match model.decode(vocab) {
         Err(DecodeError::TokenOutOfRange { id, .. }) => assert_eq!(id, vocab),
         other => panic!("expected TokenOutOfRange, got {other:?}"),
     }

@@ -19,10 +19,11 @@ use common::*;
 use decode::backend::cpu::CpuBackend;
 use decode::backend::gpu::{GpuBackend, KvType, MatvecPath};
 use decode::backend::{Backend, Precision};
+use decode::context::ContextOptions;
 use decode::gguf_loader::synth::Preset;
 use decode::gguf_loader::GgufFile;
-use decode::model::{Model, ModelOptions};
 use decode::sampler::SamplerConfig;
+use decode::session::Session;
 use decode::tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
@@ -96,12 +97,12 @@ struct Entry {
 fn run<B: Backend>(key: String, file: &Arc<GgufFile>, backend: &dyn Fn() -> B) -> Entry {
     let tok = Tokenizer::from_gguf(file).expect("tokenizer");
     let prompt = tok.encode(PROMPT, tok.vocab().bos.is_some());
-    let options = ModelOptions {
+    let options = ContextOptions {
         context: 256,
-        ..ModelOptions::default()
+        ..ContextOptions::default()
     };
     let continuation = |sampler: SamplerConfig| {
-        let mut model = Model::load(file, backend(), options).expect("load");
+        let mut model = Session::load(file, backend(), options).expect("load");
         decode::generate::generate(
             &mut model,
             &prompt,

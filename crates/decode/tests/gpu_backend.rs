@@ -18,10 +18,11 @@ use common::*;
 use decode::backend::cpu::CpuBackend;
 use decode::backend::gpu::{GpuBackend, KvType, MatvecPath};
 use decode::backend::{Backend, Precision};
+use decode::context::ContextOptions;
 use decode::gguf_loader::synth::Preset;
 use decode::gguf_loader::GgufFile;
-use decode::model::{Model, ModelOptions};
 use decode::sampler::SamplerConfig;
+use decode::session::Session;
 use decode::tokenizer::Tokenizer;
 use std::sync::Arc;
 use test_support::gpu::gpu_lock;
@@ -81,10 +82,10 @@ fn check_greedy(
         near_ties_allowed,
         "{what}: greedy continuations differ at token {first}: {cpu:?} vs {gpu:?}"
     );
-    let mut model = Model::load(
+    let mut model = Session::load(
         file,
         CpuBackend::new(Precision::Exact),
-        ModelOptions::default(),
+        ContextOptions::default(),
     )
     .unwrap();
     let mut context = prompt.to_vec();
@@ -100,16 +101,17 @@ fn check_greedy(
     );
 }
 
-fn options(max_batch: usize) -> ModelOptions {
-    ModelOptions {
+fn options(max_batch: usize) -> ContextOptions {
+    ContextOptions {
         context: 128,
         max_batch,
         all_logits: true,
+        sequences: 1,
     }
 }
 
 fn logits_of<B: Backend>(file: &Arc<GgufFile>, backend: B, tokens: &[u32]) -> Vec<f32> {
-    let mut model = Model::load(file, backend, options(10)).expect("load");
+    let mut model = Session::load(file, backend, options(10)).expect("load");
     let mut all = model.forward_all_logits(tokens).expect("prefill");
     // Decode steps after the prefill: the one-token path (split-KV attention, matvec). On the
     // GPU the first runs eagerly, the second is captured, the rest replay the graph.
@@ -120,12 +122,12 @@ fn logits_of<B: Backend>(file: &Arc<GgufFile>, backend: B, tokens: &[u32]) -> Ve
 }
 
 fn greedy<B: Backend>(file: &Arc<GgufFile>, backend: B, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut model = Model::load(
+    let mut model = Session::load(
         file,
         backend,
-        ModelOptions {
+        ContextOptions {
             context: 256,
-            ..ModelOptions::default()
+            ..ContextOptions::default()
         },
     )
     .expect("load");
@@ -239,7 +241,7 @@ fn sampled<B: Backend>(
     prompt: &[u32],
     config: SamplerConfig,
 ) -> Vec<u32> {
-    let mut model = Model::load(file, backend, options(8)).expect("load");
+    let mut model = Session::load(file, backend, options(8)).expect("load");
     decode::generate::generate(&mut model, prompt, 24, config, &|_| false, &mut |_| {})
         .expect("generate")
         .tokens
@@ -263,11 +265,11 @@ fn profiling_times_every_op_of_a_decode_step() {
 
     let mut gpu = gpu_backend(test).unwrap();
     gpu.enable_profiling();
-    let mut model = Model::load(&file, gpu, options(8)).unwrap();
+    let mut model = Session::load(&file, gpu, options(8)).unwrap();
     model.forward(&prompt).unwrap();
     let mut next = model.last_argmax().unwrap();
     for _ in 0..3 {
-        model.forward(&[next]).unwrap();
+        model.decode(next).unwrap();
         next = model.last_argmax().unwrap();
     }
     let report = model.backend_mut().profile_report().unwrap().unwrap();
@@ -315,13 +317,13 @@ fn a_long_prefill_on_the_vendor_gemm_matches_the_cpu() {
             "HIPDECODE_REQUIRE_BLAS=1 but prefill does not run on the vendor GEMM: {described}"
         );
         let file = Arc::new(preset_file(preset));
-        let vocab = Model::load(&file, CpuBackend::new(Precision::Exact), options(64))
+        let vocab = Session::load(&file, CpuBackend::new(Precision::Exact), options(64))
             .unwrap()
             .spec()
             .vocab as u32;
         let tokens: Vec<u32> = (0..48u32).map(|i| 1 + (i * 37) % (vocab - 1)).collect();
         let run = |backend| -> Vec<f32> {
-            let mut model = Model::load(&file, backend, options(64)).expect("load");
+            let mut model = Session::load(&file, backend, options(64)).expect("load");
             model.forward_all_logits(&tokens).expect("prefill")
         };
         let want = run_cpu(&file, &tokens);
@@ -336,7 +338,7 @@ fn a_long_prefill_on_the_vendor_gemm_matches_the_cpu() {
 }
 
 fn run_cpu(file: &Arc<GgufFile>, tokens: &[u32]) -> Vec<f32> {
-    let mut model = Model::load(file, CpuBackend::new(Precision::Exact), options(64)).unwrap();
+    let mut model = Session::load(file, CpuBackend::new(Precision::Exact), options(64)).unwrap();
     model.forward_all_logits(tokens).unwrap()
 }
 
@@ -359,11 +361,11 @@ fn no_step_allocates_on_the_device_after_load() {
             };
             let alloc = Arc::clone(gpu.allocator());
             let file = Arc::new(preset_file(preset));
-            let options = ModelOptions {
+            let options = ContextOptions {
                 context: 96,
-                ..ModelOptions::default()
+                ..ContextOptions::default()
             };
-            let mut model = Model::load(&file, gpu, options).unwrap();
+            let mut model = Session::load(&file, gpu, options).unwrap();
             let loaded = alloc.stats();
             // Loading told the allocator the weights' size, which leaves the default cache
             // limit as it is.
@@ -388,7 +390,7 @@ fn no_step_allocates_on_the_device_after_load() {
                 ..SamplerConfig::default()
             };
             for step in 0..12 {
-                model.forward(&[next]).unwrap();
+                model.decode(next).unwrap();
                 next = if step < 6 {
                     model.last_argmax().unwrap()
                 } else {
@@ -483,18 +485,19 @@ fn real_shape_synthetic_models_on_the_gpu() {
         let file = decode::open_model(&path).unwrap();
         let label = path.display().to_string();
         let prompt = [1u32, 1000];
-        let options = ModelOptions {
+        let options = ContextOptions {
             context: 128,
             max_batch: 2,
             all_logits: true,
+            sequences: 1,
         };
-        let mut cpu = Model::load(&file, CpuBackend::new(Precision::Exact), options).unwrap();
+        let mut cpu = Session::load(&file, CpuBackend::new(Precision::Exact), options).unwrap();
         let want = cpu.forward_all_logits(&prompt).unwrap();
         drop(cpu);
         for (path, tol) in PATHS {
             let what = format!("{label} {path:?}");
             let backend = gpu_backend_on(&label, path).unwrap();
-            let mut gpu = Model::load(&file, backend, options).unwrap();
+            let mut gpu = Session::load(&file, backend, options).unwrap();
             let got = gpu.forward_all_logits(&prompt).unwrap();
             let (max, rms) = compare(&got, &want);
             eprintln!("{what}: first 2 positions, max |gpu - cpu| {max:.3e}, cpu rms {rms:.3}");
@@ -503,7 +506,7 @@ fn real_shape_synthetic_models_on_the_gpu() {
                 "{what}: max diff {max} > {tol} x max(rms {rms}, 1)"
             );
         }
-        let mut gpu = Model::load(&file, gpu_backend(&label).unwrap(), options).unwrap();
+        let mut gpu = Session::load(&file, gpu_backend(&label).unwrap(), options).unwrap();
         let got = gpu.forward_all_logits(&prompt).unwrap();
         let mut next = argmax_last(&got, gpu.spec().vocab);
         for step in 0..64 {

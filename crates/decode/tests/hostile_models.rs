@@ -8,14 +8,19 @@ mod common;
 use common::{preset_file, rebuild_gguf, Edits};
 use decode::backend::cpu::CpuBackend;
 use decode::backend::Precision;
+use decode::context::ContextOptions;
 use decode::gguf_loader::synth::Preset;
 use decode::gguf_loader::writer::Value;
 use decode::gguf_loader::GgmlType;
-use decode::model::{Model, ModelOptions};
+use decode::session::Session;
 use decode::DecodeError;
 use std::sync::Arc;
 
-fn load(preset: Preset, edits: &[(&str, Value)], options: ModelOptions) -> Result<(), DecodeError> {
+fn load(
+    preset: Preset,
+    edits: &[(&str, Value)],
+    options: ContextOptions,
+) -> Result<(), DecodeError> {
     let file = rebuild_gguf(
         &preset_file(preset),
         &Edits {
@@ -26,14 +31,15 @@ fn load(preset: Preset, edits: &[(&str, Value)], options: ModelOptions) -> Resul
             ..Default::default()
         },
     );
-    Model::load(&Arc::new(file), CpuBackend::new(Precision::Fast), options).map(drop)
+    Session::load(&Arc::new(file), CpuBackend::new(Precision::Fast), options).map(drop)
 }
 
-fn small() -> ModelOptions {
-    ModelOptions {
+fn small() -> ContextOptions {
+    ContextOptions {
         context: 32,
         max_batch: 4,
         all_logits: false,
+        sequences: 1,
     }
 }
 
@@ -80,7 +86,7 @@ fn a_tensor_of_a_type_decode_cannot_read_is_refused_naming_the_type_and_the_supp
                 ..Default::default()
             },
         );
-        let e = Model::load(&Arc::new(file), CpuBackend::new(Precision::Fast), small())
+        let e = Session::load(&Arc::new(file), CpuBackend::new(Precision::Fast), small())
             .map(drop)
             .expect_err("the model must be refused");
         let msg = e.to_string();
@@ -233,7 +239,7 @@ fn a_context_whose_cache_size_overflows_is_an_allocation_error() {
     let e = load(
         Preset::TinyQwen3,
         &[("qwen3.context_length", Value::U64(1 << 62))],
-        ModelOptions {
+        ContextOptions {
             context: 1 << 62,
             ..small()
         },

@@ -6,9 +6,10 @@ mod common;
 use decode::backend::cpu::CpuBackend;
 use decode::backend::gpu::KvType;
 use decode::backend::Precision;
+use decode::context::ContextOptions;
 use decode::gguf_loader::synth::{write_preset, Preset};
-use decode::model::{Model, ModelOptions};
 use decode::resident::{estimate, ResidentOptions};
+use decode::session::Session;
 use decode::MemoryTag;
 use offload::{LinkModel, Placement, PlanTag};
 use std::process::Command;
@@ -54,12 +55,12 @@ fn the_estimate_matches_what_a_load_allocates() {
                 ..ResidentOptions::default()
             };
             let r = estimate(&file, &options).unwrap();
-            let model = Model::load(
+            let model = Session::load(
                 &file,
                 CpuBackend::new(Precision::Fast),
-                ModelOptions {
+                ContextOptions {
                     context,
-                    ..ModelOptions::default()
+                    ..ContextOptions::default()
                 },
             )
             .unwrap();

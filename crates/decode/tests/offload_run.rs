@@ -20,13 +20,14 @@ use decode::backend::gpu::vendor_gemm::VENDOR_GEMM_MIN_ROWS;
 use decode::backend::gpu::CpuShare;
 use decode::backend::Backend;
 use decode::budget_run::{self, BudgetRequest, BudgetRun};
+use decode::context::ContextOptions;
 use decode::device::GpuOffload;
 use decode::device::{gpu_backend, BackendChoice, BackendSettings};
 use decode::gguf_loader::synth::Preset;
 use decode::gguf_loader::GgufFile;
-use decode::model::{Model, ModelOptions};
 use decode::resident::{self, ResidentOptions};
 use decode::sampler::SamplerConfig;
+use decode::session::Session;
 use offload::{Budget, Placement};
 use std::sync::Arc;
 use test_support::gpu::gpu_lock;
@@ -170,11 +171,11 @@ fn greedy_on_gpu(
 ) -> GreedyRun {
     let mut backend = gpu_backend(device, settings).expect("the GPU backend starts");
     backend.set_cpu_share(share).expect("before the load");
-    let options = ModelOptions {
+    let options = ContextOptions {
         context: CONTEXT,
-        ..ModelOptions::default()
+        ..ContextOptions::default()
     };
-    let mut model = Model::load(file, backend, options).expect("load");
+    let mut model = Session::load(file, backend, options).expect("load");
     let report = decode::generate::generate(
         &mut model,
         prompt,
@@ -306,11 +307,11 @@ fn check_parting(
         return;
     };
     let backend = gpu_backend(device, &BackendSettings::default()).expect("the GPU backend");
-    let options = ModelOptions {
+    let options = ContextOptions {
         context: CONTEXT,
-        ..ModelOptions::default()
+        ..ContextOptions::default()
     };
-    let mut model = Model::load(file, backend, options).expect("load");
+    let mut model = Session::load(file, backend, options).expect("load");
     let mut context = prompt.to_vec();
     context.extend(&want[..first]);
     model.forward(&context).expect("forward");
@@ -345,11 +346,11 @@ fn prefill_logits(
     backend
         .set_cpu_share(CpuShare::Off)
         .expect("before the load");
-    let options = ModelOptions {
+    let options = ContextOptions {
         context: CONTEXT,
-        ..ModelOptions::default()
+        ..ContextOptions::default()
     };
-    let mut model = Model::load(file, backend, options).expect("load");
+    let mut model = Session::load(file, backend, options).expect("load");
     model.forward(prompt).expect("prefill");
     let mut logits = Vec::new();
     model.last_logits(&mut logits).expect("logits");

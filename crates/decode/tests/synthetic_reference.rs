@@ -7,9 +7,10 @@ mod common;
 use common::*;
 use decode::backend::cpu::CpuBackend;
 use decode::backend::Precision;
+use decode::context::ContextOptions;
 use decode::gguf_loader::synth::{write_preset, Preset};
 use decode::gguf_loader::writer::Value;
-use decode::model::{Model, ModelOptions};
+use decode::session::Session;
 use decode::tokenizer::Tokenizer;
 use std::path::PathBuf;
 use test_support::tolerance::compare;
@@ -53,14 +54,15 @@ fn check(preset: Preset) {
     tokens.truncate(24);
     let (want, vocab) = reference_logits(&path, &tokens, &scratch_dir());
     for (precision, tol) in [(Precision::Exact, EXACT_TOL), (Precision::Fast, FAST_TOL)] {
-        let mut model = Model::load(
+        let mut model = Session::load(
             &file,
             CpuBackend::new(precision),
-            ModelOptions {
+            ContextOptions {
                 context: 64,
                 // Smaller than the sequence, so chunked prefill is exercised too.
                 max_batch: 10,
                 all_logits: true,
+                sequences: 1,
             },
         )
         .unwrap();
@@ -126,13 +128,14 @@ fn tiny_gemma3_at_27b_depth_uses_the_27b_attention_scale() {
     let path = scratch_dir().join(format!("gemma3-62-layers-{}.gguf", std::process::id()));
     std::fs::write(&path, rebuild_gguf_bytes(&file, &edits)).unwrap();
     let tokens: Vec<u32> = vec![2, 300, 301, 302, 400, 401, 402, 450, 460, 470, 480, 500];
-    let mut model = Model::load(
+    let mut model = Session::load(
         &std::sync::Arc::new(deep),
         CpuBackend::new(Precision::Exact),
-        ModelOptions {
+        ContextOptions {
             context: 64,
             max_batch: 16,
             all_logits: true,
+            sequences: 1,
         },
     )
     .unwrap();

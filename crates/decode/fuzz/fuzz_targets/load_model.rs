@@ -1,4 +1,4 @@
-//! Arbitrary bytes as a model: `Model::load` on the CPU backend, then two tokens forward. Errors
+//! Arbitrary bytes as a model: `Session::load` on the CPU backend, then two tokens forward. Errors
 //! are fine; a panic, an allocation abort or a hang is a bug.
 #![no_main]
 

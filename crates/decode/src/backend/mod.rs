@@ -18,6 +18,8 @@ pub mod host;
 
 use crate::error::{DecodeError, Result};
 use crate::memory::{DeviceMemory, MemoryReport, MemoryTag};
+
+pub use crate::batch::{Phase, StepBatch};
 use crate::quant;
 use gguf_loader::{GgmlType, GgufFile, TensorInfo};
 use std::sync::Arc;
@@ -90,9 +92,12 @@ pub struct ExpertChoice {
 /// What makes two steps' op sequences the same: a captured step replays only for its key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct StepKey {
+    /// The batch's phase, as stated by it ([`StepBatch::phase`]).
+    pub phase: Phase,
+    /// Rows in the step.
     pub n_tokens: usize,
-    /// Logits for every token of the step, or only the last.
-    pub all_logits: bool,
+    /// Rows whose logits the step computes.
+    pub n_outputs: usize,
 }
 
 /// Shape of one [`Backend::moe`] call.
@@ -208,10 +213,17 @@ pub trait Backend: Send {
         Ok(())
     }
 
-    /// Called before each step with its first position and its tokens (see the module docs).
-    /// Ops read both from here (a GPU backend writes them into its device-side step block), so
-    /// none of them takes a position or token ids.
-    fn begin_step(&mut self, pos0: usize, tokens: &[u32]) -> Result<()>;
+    /// Sequences one step may carry rows of (a context holds at most this many). A backend
+    /// that runs one sequence per step says 1.
+    fn max_sequences(&self) -> usize {
+        usize::MAX
+    }
+    /// Called before each step with its batch: each row's token, sequence and position, and
+    /// the step's phase (see the module docs). Ops read them from here (a GPU backend writes
+    /// them into its device-side step block), so none of them takes a position or token ids.
+    /// A backend refuses a batch it cannot run (rows of several sequences on one that runs
+    /// one) here, before any op.
+    fn begin_step(&mut self, batch: &StepBatch) -> Result<()>;
     /// Runs one step's ops. The default runs them at once. A GPU backend may capture them into
     /// a graph the first time a warm step of this `key` runs and replay the graph afterwards,
     /// so the ops must depend on nothing but the key, the buffers' contents and the step
@@ -354,8 +366,8 @@ pub trait Backend: Send {
     ) -> Result<()>;
     /// `x[r] += bias` for `rows` rows.
     fn add_bias(&mut self, x: &mut Self::Buffer, bias: &Self::Weight, rows: usize) -> Result<()>;
-    /// Rotates `rows` rows of `n_heads` heads of `head_dim`, row r at the step's position
-    /// `pos0 + r`.
+    /// Rotates `rows` rows of `n_heads` heads of `head_dim`, row r at the position of the
+    /// step's row r.
     fn rope(
         &mut self,
         x: &mut Self::Buffer,
@@ -417,10 +429,10 @@ pub trait Backend: Send {
         let heads = (n_head, n_head_kv, head_dim);
         rope_qk_then_store_kv(self, q, k, v, rows, heads, rope, freq_factors, kv)
     }
-    /// Writes `rows` rows of `dim` from `src` into `cache` for the step's positions
-    /// `pos0..pos0 + rows`.
-    /// The cache has `slots` rows and position p goes to slot `p % slots`: a full-length cache
-    /// is never wrapped, a sliding-window layer's cache is a ring.
+    /// Writes `rows` rows of `dim` from `src` into `cache` at the step's rows' sequences and
+    /// positions. The cache holds a segment of `slots` rows per sequence, and position p of
+    /// sequence s goes to row `s * slots + p % slots`: a full-length segment is never wrapped,
+    /// a sliding-window layer's is a ring.
     fn store_rows(
         &mut self,
         src: &Self::Buffer,
@@ -430,7 +442,8 @@ pub trait Backend: Send {
         slots: usize,
     ) -> Result<()>;
     /// Causal attention of `q` against the cached keys and values (GQA when
-    /// `n_head_kv < n_head`); writes `[n_tokens][n_head * head_dim_v]` to `out`.
+    /// `n_head_kv < n_head`): each row against its own sequence's segment, up to its position;
+    /// writes `[n_tokens][n_head * head_dim_v]` to `out`.
     fn attention(
         &mut self,
         q: &Self::Buffer,

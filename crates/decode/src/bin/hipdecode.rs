@@ -5,12 +5,13 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use decode::backend::gpu::GpuConfig;
 use decode::backend::{Backend, Precision};
+use decode::context::ContextOptions;
 use decode::device::{self, BackendSettings, DeviceRequest, WithBackend};
 use decode::generate::{generate, StopReason};
 use decode::gguf_loader;
 use decode::memory::human_bytes;
-use decode::model::{Model, ModelOptions};
 use decode::sampler::SamplerConfig;
+use decode::session::Session;
 use decode::tokenizer::{TextStream, Tokenizer};
 use std::io::Write;
 use std::path::PathBuf;
@@ -371,12 +372,12 @@ impl WithBackend for Profiling<'_> {
         );
         // Prefill in chunks as long as bench-decode's, so the prefill profile is the one it
         // measures.
-        let options = ModelOptions {
+        let options = ContextOptions {
             context: args.prompt_tokens + args.steps + 1,
             max_batch: decode::backend::gpu::DEFAULT_MAX_BATCH,
             ..Default::default()
         };
-        let mut model = Model::load(file, backend, options)?;
+        let mut model = Session::load(file, backend, options)?;
         let vocab = model.spec().vocab as u32;
         let prompt: Vec<u32> = (0..args.prompt_tokens.max(1) as u32)
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % vocab)
@@ -400,7 +401,7 @@ impl WithBackend for Profiling<'_> {
             model.backend_mut().enable_profiling();
             let mut next = model.last_argmax()?;
             for _ in 0..args.steps {
-                model.forward(&[next])?;
+                model.decode(next)?;
                 next = model.last_argmax()?;
             }
             format!(
@@ -440,11 +441,11 @@ impl WithBackend for Generation<'_> {
             tokenizer,
             sampler,
         } = self;
-        let options = ModelOptions {
+        let options = ContextOptions {
             context: args.ctx,
             ..Default::default()
         };
-        let mut model = Model::load(file, backend, options)?;
+        let mut model = Session::load(file, backend, options)?;
         let prompt = tokenizer.encode(&args.prompt, !args.no_bos && tokenizer.vocab().add_bos);
         eprintln!(
             "{} on {}: {} prompt tokens, context {}",

@@ -5,7 +5,9 @@
 pub mod kernels;
 mod ops;
 
-use super::{Attention, Backend, ExpertChoice, GateActivation, MoeShape, Rope, WeightSource};
+use super::{
+    Attention, Backend, ExpertChoice, GateActivation, MoeShape, Rope, StepBatch, WeightSource,
+};
 use crate::error::{DecodeError, Result};
 use crate::memory::{MemoryReport, MemoryTag};
 use crate::quant::{self, Q16Row};
@@ -64,13 +66,27 @@ impl CpuWeight {
     }
 }
 
+/// One sequence's rows in a step.
+struct SeqSpan {
+    seq: usize,
+    first: usize,
+    last: usize,
+    rows: usize,
+}
+
 /// The CPU backend.
 pub struct CpuBackend {
     precision: Precision,
     books: MemoryReport,
-    /// The current step's first position and tokens (from `begin_step`).
-    step_pos0: usize,
+    /// The current step's tokens (from `begin_step`).
     step_tokens: Vec<u32>,
+    /// Each row's position and the first cache row of its sequence's segment, in segment
+    /// units: row r's keys go to segment `step_rows[r].1` (times a layer's slots).
+    step_rows: Vec<(usize, usize)>,
+    /// Per sequence of the step: its first and last position in it (the ring checks).
+    step_spans: Vec<SeqSpan>,
+    /// Attention's (position, first slot) per row, rebuilt per call from `step_rows`.
+    row_places: Vec<(usize, usize)>,
     /// The positions of the step's rows, as rocm-kernels' rope reference takes them (made once
     /// per step, not per layer).
     step_positions: Vec<i32>,
@@ -89,8 +105,10 @@ impl CpuBackend {
             },
             act_q: Vec::new(),
             row: Vec::new(),
-            step_pos0: 0,
             step_tokens: Vec::new(),
+            step_rows: Vec::new(),
+            step_spans: Vec::new(),
+            row_places: Vec::new(),
             step_positions: Vec::new(),
         }
     }
@@ -196,21 +214,36 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn begin_step(&mut self, pos0: usize, tokens: &[u32]) -> Result<()> {
-        let end = pos0.saturating_add(tokens.len());
-        if i32::try_from(end).is_err() {
-            return Err(DecodeError::InvalidArgument(format!(
-                "a step from position {pos0} of {} tokens passes the largest position, {}",
-                tokens.len(),
-                i32::MAX
-            )));
-        }
-        self.step_pos0 = pos0;
-        // In range: `end` fits an i32, checked above.
-        self.step_positions.clear();
-        self.step_positions.extend((pos0..end).map(|p| p as i32));
+    fn begin_step(&mut self, batch: &StepBatch) -> Result<()> {
         self.step_tokens.clear();
-        self.step_tokens.extend_from_slice(tokens);
+        self.step_tokens.extend_from_slice(batch.tokens());
+        self.step_positions.clear();
+        self.step_rows.clear();
+        self.step_spans.clear();
+        for (&pos, &seq) in batch.positions().iter().zip(batch.sequences()) {
+            // The rope reference takes i32 positions.
+            let Ok(p) = i32::try_from(pos) else {
+                return Err(DecodeError::InvalidArgument(format!(
+                    "a row at position {pos} passes the largest position, {}",
+                    i32::MAX
+                )));
+            };
+            self.step_positions.push(p);
+            self.step_rows.push((pos, seq));
+            match self.step_spans.iter_mut().find(|s| s.seq == seq) {
+                Some(span) => {
+                    span.first = span.first.min(pos);
+                    span.last = span.last.max(pos);
+                    span.rows += 1;
+                }
+                None => self.step_spans.push(SeqSpan {
+                    seq,
+                    first: pos,
+                    last: pos,
+                    rows: 1,
+                }),
+            }
+        }
         Ok(())
     }
 
@@ -372,17 +405,23 @@ impl Backend for CpuBackend {
         dim: usize,
         slots: usize,
     ) -> Result<()> {
-        let pos0 = self.step_pos0;
         check_len("store_rows source", src.len(), rows * dim)?;
-        check_len("store_rows cache", cache.len(), slots * dim)?;
-        if rows > slots {
-            return Err(DecodeError::ContextFull {
-                needed: rows,
-                capacity: slots,
-            });
+        check_len("store_rows rows", self.step_rows.len(), rows)?;
+        for span in &self.step_spans {
+            if span.rows > slots {
+                return Err(DecodeError::ContextFull {
+                    needed: span.rows,
+                    capacity: slots,
+                });
+            }
+            check_len(
+                "store_rows cache",
+                cache.len(),
+                (span.seq + 1) * slots * dim,
+            )?;
         }
-        for (r, row) in src.chunks_exact(dim).take(rows).enumerate() {
-            let slot = (pos0 + r) % slots;
+        for (row, &(pos, seq)) in src.chunks_exact(dim).zip(&self.step_rows).take(rows) {
+            let slot = seq * slots + pos % slots;
             cache[slot * dim..(slot + 1) * dim].copy_from_slice(row);
         }
         Ok(())
@@ -402,38 +441,42 @@ impl Backend for CpuBackend {
                 a.n_head, a.n_head_kv
             )));
         }
-        let pos0 = self.step_pos0;
-        let end = pos0 + a.n_tokens;
-        // The oldest key any query of this call reads must still be in the ring.
-        let oldest = match a.window {
-            Some(w) => (pos0 + 1).saturating_sub(w),
-            None => 0,
-        };
-        if a.slots == 0 || end - oldest > a.slots {
-            return Err(DecodeError::InvalidArgument(format!(
-                "attention over positions {oldest}..{end} needs {} cache slots but has {}",
-                end - oldest,
-                a.slots
-            )));
+        check_len("attention rows", self.step_rows.len(), a.n_tokens)?;
+        let k_stride = a.n_head_kv * a.head_dim_k;
+        let v_stride = a.n_head_kv * a.head_dim_v;
+        for span in &self.step_spans {
+            // The oldest key the sequence's first row reads must still be in its ring after
+            // its last row's key is stored.
+            let oldest = match a.window {
+                Some(w) => (span.first + 1).saturating_sub(w),
+                None => 0,
+            };
+            let end = span.last + 1;
+            if a.slots == 0 || end - oldest > a.slots {
+                return Err(DecodeError::InvalidArgument(format!(
+                    "attention over positions {oldest}..{end} needs {} cache slots but has {}",
+                    end - oldest,
+                    a.slots
+                )));
+            }
+            let rows = span.seq * a.slots + end.min(a.slots);
+            check_len("attention k", k_cache.len(), rows * k_stride)?;
+            check_len("attention v", v_cache.len(), rows * v_stride)?;
         }
-        let rows = end.min(a.slots);
         check_len("attention q", q.len(), a.n_tokens * a.n_head * a.head_dim_k)?;
-        check_len(
-            "attention k",
-            k_cache.len(),
-            rows * a.n_head_kv * a.head_dim_k,
-        )?;
-        check_len(
-            "attention v",
-            v_cache.len(),
-            rows * a.n_head_kv * a.head_dim_v,
-        )?;
         check_len(
             "attention out",
             out.len(),
             a.n_tokens * a.n_head * a.head_dim_v,
         )?;
-        ops::attention(q, k_cache, v_cache, out, a, pos0);
+        let rows = &mut self.row_places;
+        rows.clear();
+        rows.extend(
+            self.step_rows[..a.n_tokens]
+                .iter()
+                .map(|&(pos, seq)| (pos, seq * a.slots)),
+        );
+        ops::attention(q, k_cache, v_cache, out, a, rows);
         Ok(())
     }
 

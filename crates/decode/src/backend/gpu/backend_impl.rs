@@ -11,8 +11,8 @@ use crate::backend::gpu::{
     CpuShare, GpuBackend, GpuBuffer, GpuWeight, KvType, MatvecPath, ReadPath, INT8_MAX_ROWS,
 };
 use crate::backend::{
-    Attention, Backend, GateActivation, KvDestination, MoeShape, Rope, StepBounds, StepKey,
-    WeightSource,
+    Attention, Backend, GateActivation, KvDestination, MoeShape, Phase, Rope, StepBatch,
+    StepBounds, StepKey, WeightSource,
 };
 use crate::error::{DecodeError, Result};
 use crate::memory::{DeviceMemory, MemoryReport, MemoryTag};
@@ -224,7 +224,26 @@ impl Backend for GpuBackend {
         Ok(())
     }
 
-    fn begin_step(&mut self, pos0: usize, tokens: &[u32]) -> Result<()> {
+    fn max_sequences(&self) -> usize {
+        1
+    }
+
+    fn begin_step(&mut self, batch: &StepBatch) -> Result<()> {
+        // The kernels store and read one KV segment at consecutive positions; rows of several
+        // sequences (or gaps) would be stored and attended silently wrong, so they are refused.
+        let (Some(&seq), Some(&pos0)) = (batch.sequences().first(), batch.positions().first())
+        else {
+            return Err(DecodeError::InvalidArgument(
+                "an empty step batch: give at least one row".into(),
+            ));
+        };
+        if seq != 0 || !batch.is_one_run() {
+            return Err(DecodeError::InvalidArgument(
+                "the GPU backend runs one sequence's consecutive rows per step; a step over                  several sequences or positions needs the batching work still to come (a paged                  KV cache and batched decode kernels)"
+                    .into(),
+            ));
+        }
+        let tokens = batch.tokens();
         if let Some(p) = &mut self.profile {
             // The previous step's events are read before its staging is reused.
             p.finish_step().map_err(|e| gpu_err("profiling", e))?;
@@ -232,6 +251,7 @@ impl Backend for GpuBackend {
         self.write_step(pos0, tokens)?;
         self.step_pos0 = pos0;
         self.step_tokens = tokens.len();
+        self.step_phase = batch.phase();
         if let Some(p) = &mut self.profile {
             elementwise::spin(&self.kernels, &self.stream, profile::HEAD_START_CYCLES)
                 .map_err(kerr("profiling head start"))?;
@@ -263,7 +283,7 @@ impl Backend for GpuBackend {
         // it cannot be a graph; nor can one that streams weights through the copy stream (its
         // cross-stream waits are not captured).
         if !self.use_graphs
-            || key.n_tokens != 1
+            || key.phase != Phase::Decode
             || self.hybrid_active()
             || self.host_weights.stream_slot_bytes() > 0
         {
@@ -937,10 +957,9 @@ impl Backend for GpuBackend {
             .min(shape.window.unwrap_or(usize::MAX));
         let elem_bytes = if k_cache.elem == Elem::F16 { 2 } else { 4 };
         let kv_bytes = seen * shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v) * elem_bytes;
-        let kind = if shape.n_tokens == 1 {
-            "decode"
-        } else {
-            "prefill"
+        let kind = match self.step_phase {
+            Phase::Decode => "decode",
+            Phase::Prefill => "prefill",
         };
         self.op_done(|| format!("attention {kind}"), kv_bytes as u64)
     }

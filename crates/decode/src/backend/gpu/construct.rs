@@ -7,6 +7,7 @@ use crate::backend::gpu::{
     capture_stream, error::gpu_err, launch::elementwise_zero_i32, weight_block, GpuBackend,
     GpuConfig, HostPlacement, KvType, MatvecPath, Scratch, StepBlock, WeightMemory,
 };
+use crate::backend::Phase;
 use crate::error::{DecodeError, Result};
 use hip_ffi::{Device, Event, PinnedHostBuffer, Stream};
 use rocm_alloc::devices::hip::HipDevice;
@@ -125,6 +126,7 @@ impl GpuBackend {
             prefetch: None,
             step_pos0: 0,
             step_tokens: 0,
+            step_phase: Phase::Prefill,
             profile: None,
             graphs: HashMap::new(),
             graph_pool,

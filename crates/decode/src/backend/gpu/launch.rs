@@ -5,7 +5,7 @@ use crate::backend::gpu::{
     error::{gpu_err, kerr},
     GpuBackend, GpuBuffer, GpuWeight, MatvecPath, INT8_MAX_ROWS,
 };
-use crate::backend::{Attention, Rope};
+use crate::backend::{Attention, Phase, Rope};
 use crate::error::{DecodeError, Result};
 use hip_ffi::DevicePtr;
 use rocm_alloc::{Allocation, Tag};
@@ -175,7 +175,9 @@ impl GpuBackend {
         let positions = self.step.positions();
         let k = k_cache.kv_view();
         let v = v_cache.kv_view();
-        if shape.n_tokens == 1 {
+        // Decode rows take the split decode kernel (one row per sequence); prefill rows the
+        // prefill kernel, whatever their count.
+        if self.step_phase == Phase::Decode && shape.n_tokens == 1 {
             let need = attn::decode_workspace_floats(&s).map_err(kerr("attention"))?;
             let (a, st) = (&*self.alloc, self.stream_id);
             let mut ws = Self::scratch_buffer(

@@ -42,7 +42,7 @@ pub use offload::hybrid::{CpuShare, CPU_SHARE, MAX_CPU_SHARE};
 pub use weight::{GpuWeight, ReadPath};
 pub use weight_block::piece_bytes as weight_piece_bytes;
 
-use super::StepKey;
+use super::{Phase, StepKey};
 use hip_ffi::{Event, GraphExec, MemInfo, PinnedHostBuffer, Stream};
 use offload::prefetch::{HostPrefill, Prefetch};
 use offload::{host_weights, hybrid};
@@ -149,6 +149,8 @@ pub struct GpuBackend {
     /// The current step's first position (for the profile's byte counts) and token count.
     step_pos0: usize,
     step_tokens: usize,
+    /// The current step's phase: decode steps take the decode kernels and are captured.
+    step_phase: Phase,
     /// Per-op timing, when profiling (steps then run eagerly).
     profile: Option<OpProfile>,
     /// Captured steps by key.

@@ -1,0 +1,349 @@
+//! A context: the KV cache and activation buffers for a set of sequences over one shared
+//! [`Model`], and each sequence's length and sampler.
+//!
+//! The model's weights are read-only once loaded, so any number of contexts may run over one
+//! model; a context's buffers are sized at creation for its bounds (positions per sequence,
+//! rows per step, sequences) and never move, which lets a GPU backend replay captured steps
+//! over them. [`Model::step`] runs a [`crate::batch::StepBatch`] through a context.
+
+mod kv_cache;
+
+pub use kv_cache::KvCache;
+
+use crate::backend::{Attention, Backend, MoeShape, StepBounds};
+use crate::batch::SeqId;
+use crate::error::{DecodeError, Result};
+use crate::memory::MemoryTag;
+use crate::model::Model;
+use crate::sampler::{Sampler, SamplerConfig};
+
+/// The bounds a context is created for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContextOptions {
+    /// Positions each sequence's KV cache holds (clamped to the model's trained context).
+    pub context: usize,
+    /// Most rows one step carries (the prefill chunk, or the decode rows of every sequence).
+    pub max_batch: usize,
+    /// Keep logits for every row of a step, not just the rows that ask (reference checks).
+    pub all_logits: bool,
+    /// Sequences the context holds at once.
+    pub sequences: usize,
+}
+
+impl Default for ContextOptions {
+    fn default() -> Self {
+        ContextOptions {
+            context: 4096,
+            max_batch: 64,
+            all_logits: false,
+            sequences: 1,
+        }
+    }
+}
+
+/// Per-step activation buffers, allocated once at the largest batch so their addresses never
+/// change between steps.
+pub(crate) struct Activations<B: Backend> {
+    pub(crate) x: B::Buffer,
+    pub(crate) xn: B::Buffer,
+    pub(crate) q: B::Buffer,
+    pub(crate) k: B::Buffer,
+    pub(crate) v: B::Buffer,
+    pub(crate) attn: B::Buffer,
+    pub(crate) proj: B::Buffer,
+    pub(crate) gate: B::Buffer,
+    pub(crate) up: B::Buffer,
+    pub(crate) router: B::Buffer,
+    pub(crate) logits: B::Buffer,
+}
+
+/// One sequence's state in its context.
+#[derive(Default)]
+struct Sequence {
+    /// Positions filled.
+    len: usize,
+    /// The sampler of its [`crate::batch::RowOutput::Sample`] rows, made from the first such
+    /// row's settings and seed and kept while they stay the same.
+    sampler: Option<Sampler>,
+}
+
+/// A token drawn for a row that asked for one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sampled {
+    /// The row's index in its step.
+    pub row: usize,
+    pub seq: SeqId,
+    pub token: u32,
+}
+
+/// The KV cache, activations and sequence table of a set of sequences.
+pub struct Context<B: Backend> {
+    pub(crate) kv: KvCache<B>,
+    pub(crate) act: Activations<B>,
+    options: ContextOptions,
+    sequences: Vec<Sequence>,
+    /// Rows of the logits buffer, and values per row.
+    logit_rows: usize,
+    vocab: usize,
+    /// The last step's rows that have logits, in the logits buffer's order.
+    pub(crate) outputs: Vec<(usize, SeqId)>,
+}
+
+impl<B: Backend> Context<B> {
+    /// Allocates the KV cache and activations for `options` on `backend`, which must be the
+    /// backend `model` was loaded on, and takes the backend's per-step workspace for them.
+    pub fn new(model: &Model<B>, backend: &mut B, options: ContextOptions) -> Result<Context<B>> {
+        let s = model.spec();
+        if options.max_batch == 0 || options.context == 0 || options.sequences == 0 {
+            return Err(DecodeError::InvalidArgument(
+                "context, batch size and sequence count must be at least 1".into(),
+            ));
+        }
+        let most = backend.max_sequences();
+        if options.sequences > most {
+            return Err(DecodeError::InvalidArgument(format!(
+                "a context of {} sequences: {} runs {most} at a time; batched steps over several \
+                 sequences on it come with the batching work (paged KV cache and batched \
+                 decode), so use one sequence per context until then",
+                options.sequences,
+                backend.describe()
+            )));
+        }
+        let (e, qd, kd, vd) = (s.n_embd, s.widths.q, s.widths.k, s.widths.v);
+        let context = options.context.min(s.context_length.max(1));
+        let mb = options.max_batch;
+        let slots = s
+            .layers
+            .iter()
+            .map(|l| match l.window {
+                Some(w) => context.min(w.saturating_add(mb - 1)),
+                None => context,
+            })
+            .collect();
+        let kv = KvCache::new(backend, slots, context, options.sequences, (kd, vd))?;
+        // MoE layers have no dense FFN here, so feed_forward_length sizes nothing for them.
+        let ff = if s.is_moe() { s.n_ff_expert } else { s.n_ff };
+        let logit_rows = if options.all_logits {
+            mb
+        } else {
+            options.sequences.min(mb)
+        };
+        let mut a = |what: &str, rows: usize, width: usize| {
+            let n = rows
+                .checked_mul(width)
+                .ok_or_else(|| DecodeError::Allocation {
+                    what: format!("the {what} activations"),
+                    reason: format!("{rows} rows of {width} values overflow"),
+                })?;
+            backend.alloc(MemoryTag::Activations, n)
+        };
+        let act = Activations {
+            x: a("residual", mb, e)?,
+            xn: a("normalized", mb, e.max(qd))?,
+            q: a("query", mb, qd)?,
+            k: a("key", mb, kd)?,
+            v: a("value", mb, vd)?,
+            attn: a("attention", mb, s.widths.o)?,
+            proj: a("projection", mb, e)?,
+            gate: a("FFN gate", mb, ff)?,
+            up: a("FFN up", mb, ff)?,
+            router: a("router", mb, s.n_expert.max(1))?,
+            logits: a("logits", logit_rows, s.vocab)?,
+        };
+        let bounds = StepBounds {
+            max_tokens: mb,
+            decode_attention: s
+                .layers
+                .iter()
+                .zip(&kv.slots)
+                .map(|(l, &slots)| Attention {
+                    n_tokens: 1,
+                    n_head: s.n_head,
+                    n_head_kv: s.n_head_kv,
+                    head_dim_k: s.head_dim_k,
+                    head_dim_v: s.head_dim_v,
+                    scale: s.attn_scale,
+                    window: l.window,
+                    slots,
+                })
+                .collect(),
+            moe: s.is_moe().then_some(MoeShape {
+                rows: mb,
+                n_embd: e,
+                n_ff: s.n_ff_expert,
+                n_expert: s.n_expert,
+                k: s.n_expert_used,
+                act: s.gate,
+            }),
+        };
+        // The buffers matrix products read: the normalized rows (Q/K/V, gate/up, router,
+        // output), the attention output and, in a dense FFN, the gated activations.
+        let mut matmul_inputs = vec![(&act.xn, e.max(qd)), (&act.attn, s.widths.o)];
+        if !s.is_moe() {
+            matmul_inputs.push((&act.gate, ff));
+        }
+        backend.reserve_workspace(&bounds, &matmul_inputs)?;
+        Ok(Context {
+            kv,
+            act,
+            options: ContextOptions { context, ..options },
+            sequences: (0..options.sequences)
+                .map(|_| Sequence::default())
+                .collect(),
+            logit_rows,
+            vocab: s.vocab,
+            outputs: Vec::new(),
+        })
+    }
+
+    /// The bounds, with the context clamped to the model's.
+    pub fn options(&self) -> &ContextOptions {
+        &self.options
+    }
+
+    /// Positions each sequence can hold.
+    pub fn capacity(&self) -> usize {
+        self.kv.capacity()
+    }
+
+    /// Positions sequence `seq` has filled (0 for a sequence the context does not hold).
+    pub fn len(&self, seq: SeqId) -> usize {
+        self.sequences.get(seq).map_or(0, |s| s.len)
+    }
+
+    /// Sequences the context holds.
+    pub fn sequences(&self) -> usize {
+        self.sequences.len()
+    }
+
+    /// Rows of logits one step can keep.
+    pub fn logit_rows(&self) -> usize {
+        self.logit_rows
+    }
+
+    /// Empties sequence `seq` (its next row starts at position 0) and drops its sampler; the
+    /// memory stays allocated.
+    pub fn clear(&mut self, seq: SeqId) {
+        if let Some(s) = self.sequences.get_mut(seq) {
+            *s = Sequence::default();
+        }
+        self.outputs.retain(|&(_, s)| s != seq);
+    }
+
+    /// Starts sequence `seq`'s sampling stream again from its seed at its next sampled row.
+    pub fn restart_sampler(&mut self, seq: SeqId) {
+        if let Some(s) = self.sequences.get_mut(seq) {
+            s.sampler = None;
+        }
+    }
+
+    /// The last step's logits of row `row` of that step, copied to the host.
+    pub fn read_logits(&self, backend: &mut B, row: usize, out: &mut Vec<f32>) -> Result<()> {
+        let index = self.output_index(row)?;
+        let vocab = self.vocab;
+        out.resize(vocab, 0.0);
+        backend.read(&self.act.logits, index * vocab, out)
+    }
+
+    /// Where row `row` of the last step is in the logits buffer.
+    pub(crate) fn output_index(&self, row: usize) -> Result<usize> {
+        self.outputs
+            .iter()
+            .position(|&(r, _)| r == row)
+            .ok_or_else(|| {
+                DecodeError::InvalidArgument(format!(
+                    "row {row} of the last step kept no logits (rows that did: {:?}); mark it \
+                     RowOutput::Logits or Sample",
+                    self.outputs.iter().map(|&(r, _)| r).collect::<Vec<_>>()
+                ))
+            })
+    }
+
+    /// Checks `batch` against the context before anything runs: sequences it holds, each
+    /// sequence's rows at its next positions within its capacity, room for the rows and their
+    /// logits.
+    pub(crate) fn check_batch(&self, batch: &crate::batch::StepBatch, vocab: usize) -> Result<()> {
+        if batch.is_empty() {
+            return Err(DecodeError::InvalidArgument(
+                "an empty step batch: give at least one row".into(),
+            ));
+        }
+        if batch.len() > self.options.max_batch {
+            return Err(DecodeError::InvalidArgument(format!(
+                "a step of {} rows in a context made for at most {} (ContextOptions::max_batch)",
+                batch.len(),
+                self.options.max_batch
+            )));
+        }
+        let outputs = if self.options.all_logits {
+            batch.len()
+        } else {
+            batch.n_outputs()
+        };
+        if outputs > self.logit_rows {
+            return Err(DecodeError::InvalidArgument(format!(
+                "{outputs} rows of the step want logits but the context keeps {} per step (one \
+                 per sequence)",
+                self.logit_rows
+            )));
+        }
+        let mut next: Vec<usize> = self.sequences.iter().map(|s| s.len).collect();
+        for row in batch.rows() {
+            if row.token as usize >= vocab {
+                return Err(DecodeError::TokenOutOfRange {
+                    id: row.token,
+                    vocab,
+                });
+            }
+            let Some(expected) = next.get_mut(row.seq) else {
+                return Err(DecodeError::InvalidArgument(format!(
+                    "a row of sequence {} in a context of {} sequences",
+                    row.seq,
+                    self.sequences.len()
+                )));
+            };
+            if row.pos != *expected {
+                return Err(DecodeError::InvalidArgument(format!(
+                    "a row of sequence {} at position {} where its next position is {}: a \
+                     sequence's rows come in order from its length",
+                    row.seq, row.pos, *expected
+                )));
+            }
+            if row.pos >= self.capacity() {
+                return Err(DecodeError::ContextFull {
+                    needed: row.pos + 1,
+                    capacity: self.capacity(),
+                });
+            }
+            *expected += 1;
+        }
+        Ok(())
+    }
+
+    /// Records a step that ran: each sequence's new length and the rows whose logits the
+    /// logits buffer holds.
+    pub(crate) fn finish_step(&mut self, batch: &crate::batch::StepBatch) {
+        for &seq in batch.sequences() {
+            self.sequences[seq].len += 1;
+        }
+        self.outputs.clear();
+        if self.options.all_logits {
+            self.outputs
+                .extend(batch.sequences().iter().copied().enumerate());
+        } else {
+            let seqs = batch.sequences();
+            self.outputs
+                .extend(batch.output_rows().map(|r| (r, seqs[r])));
+        }
+    }
+
+    /// Sequence `seq`'s sampler for `config`, made anew when it has none or other settings.
+    pub(crate) fn sampler(&mut self, seq: SeqId, config: &SamplerConfig) -> Result<&mut Sampler> {
+        let slot = &mut self.sequences[seq].sampler;
+        if slot.as_ref().is_none_or(|s| s.config() != config) {
+            *slot = Some(Sampler::new(*config)?);
+        }
+        slot.as_mut()
+            .ok_or_else(|| DecodeError::InvalidArgument(format!("sequence {seq} has no sampler")))
+    }
+}
