@@ -981,7 +981,15 @@ fn attention<B: Backend + 'static>(make: impl Fn() -> B) {
         v: Vec<f32>,
         q: Vec<f32>,
     }
-    fn go<C: Backend>(be: &mut C, inp: &Inputs, shape: &Attention, pos0: usize) -> Vec<f32> {
+    /// `prefill` makes the step under test a prompt chunk even of one row (the prefill
+    /// kernels), else a one-row step is a decode step.
+    fn go<C: Backend>(
+        be: &mut C,
+        inp: &Inputs,
+        shape: &Attention,
+        pos0: usize,
+        prefill: bool,
+    ) -> Vec<f32> {
         let n = shape.n_tokens;
         let slots = shape.slots;
         let mut k_cache = be.alloc(MemoryTag::KvCache, slots * KD).unwrap();
@@ -994,8 +1002,12 @@ fn attention<B: Backend + 'static>(make: impl Fn() -> B) {
         let mut p = 0;
         while p <= pos0 {
             let rows = if p == pos0 { n } else { n.min(pos0 - p) };
-            be.begin_step(&step_at(p, &vec![0; rows]))
-                .expect("begin_step");
+            let batch = if p == pos0 && prefill {
+                StepBatch::prefill(0, p, &vec![0; rows], RowOutput::Nothing)
+            } else {
+                step_at(p, &vec![0; rows])
+            };
+            be.begin_step(&batch).expect("begin_step");
             be.write(&mut kb, 0, &inp.k[p * KD..][..rows * KD]).unwrap();
             be.write(&mut vb, 0, &inp.v[p * KD..][..rows * KD]).unwrap();
             be.store_rows(&kb, &mut k_cache, rows, KD, slots)
@@ -1040,20 +1052,27 @@ fn attention<B: Backend + 'static>(make: impl Fn() -> B) {
                     window,
                     slots,
                 };
-                let want = go(&mut exact(), &inp, &shape, pos0);
-                let mut be = make();
-                let tol = if stores_f16_kv(&be) {
-                    KV_F16_TOL
-                } else {
-                    F32_TOL
-                };
-                let got = go(&mut be, &inp, &shape, pos0);
-                check(
-                    &format!("attention window {window:?} {n} tokens at {pos0}, {slots} slots"),
-                    &got,
-                    &want,
-                    tol,
-                );
+                // A one-row step runs as a decode step and as a one-token prompt chunk.
+                for prefill in [false, true].into_iter().filter(|&p| !p || n == 1) {
+                    let want = go(&mut exact(), &inp, &shape, pos0, prefill);
+                    let mut be = make();
+                    let tol = if stores_f16_kv(&be) {
+                        KV_F16_TOL
+                    } else {
+                        F32_TOL
+                    };
+                    let got = go(&mut be, &inp, &shape, pos0, prefill);
+                    let phase = if prefill { "prefill" } else { "step" };
+                    check(
+                        &format!(
+                            "attention window {window:?} {n} tokens at {pos0}, {slots} slots \
+                             ({phase})"
+                        ),
+                        &got,
+                        &want,
+                        tol,
+                    );
+                }
             }
         }
     }
