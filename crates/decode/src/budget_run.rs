@@ -2,17 +2,20 @@
 //! it, and the weights it keeps in pinned host memory.
 //!
 //! The budget caps everything the run takes on the device. The plan (`offload::plan`) splits
-//! it into what must be resident and the weights that fit beside it. The run then behaves
+//! it into what must be resident (the model's [`crate::layout::ModelLayout`], priced without
+//! headroom: its figures are the ones the load allocates) and the weights that fit beside it. The run then behaves
 //! like one on a card of that size: the allocator's memory limit is set to the budget less the
 //! graph and runtime memory that the allocator does not see, so a load or step that would
 //! overrun the budget fails there. The weights the plan leaves off the device stay in mapped
 //! pinned host memory: decode reads them in place or streams them into the prefetch slots, as
-//! the plan places each, and prefill streams them all.
+//! the plan places each, and prefill streams them through the prefill's device slots (or reads
+//! them in place with `HIPDECODE_OFFLOAD_PREFILL=in-place`). [`BudgetRun::summary`] prints the
+//! plan, the limit and where the host weights are read.
 
 use crate::backend::gpu::HostPlacement;
 use crate::device::{BackendChoice, GpuOffload};
 use crate::error::{DecodeError, Result};
-use crate::resident::{self, ResidentOptions};
+use crate::layout::{LayoutOptions, ModelLayout};
 use gguf_loader::GgufFile;
 use offload::{mib, Budget, LinkModel, Placement, Plan, PlanTag};
 use std::sync::Arc;
@@ -43,13 +46,6 @@ pub static HOST_BUDGET: knobs::Knob<Option<u64>> = knobs::Knob {
 /// rest of the system (and this process's own file cache for the model) nothing.
 pub const HOST_AVAILABLE_SHARE: f64 = 0.9;
 
-/// Budget kept unplanned, counted under `allocator_slack`: the resident estimate
-/// ([`crate::resident`]) mirrors the backend's allocations but has not been checked against a
-/// GPU load, and a plan fills its budget to the byte, so an estimate a few MiB low would fail
-/// the load at the allocator's limit. The sweep reports each run's measured peak beside its
-/// budget, which shows how much of this was needed.
-pub const ESTIMATE_HEADROOM: u64 = 32 << 20;
-
 /// A budget's plan and how the run carries it out.
 #[derive(Clone, Debug)]
 pub struct BudgetRun {
@@ -77,7 +73,7 @@ pub struct BudgetRequest {
     /// The device's total memory (a percentage budget is a share of it).
     pub device_total: u64,
     /// The run's context and batch, which size what must be resident.
-    pub options: ResidentOptions,
+    pub options: LayoutOptions,
 }
 
 /// The link model the planner predicts with: the H200's rates, with the host's cores adding
@@ -105,19 +101,15 @@ pub fn stream_allowed() -> Result<bool> {
     Ok(OFFLOAD_STREAM.read()?)
 }
 
-/// The planner's request for a run of `residency` under `budget`: the estimate's needs plus
-/// [`ESTIMATE_HEADROOM`], streaming as [`OFFLOAD_STREAM`] allows. `hipdecode plan` uses it too,
-/// so it shows the plan a run carries out.
+/// The planner's request for a run of `layout` under `budget`: the layout's needs as they
+/// are, streaming as [`OFFLOAD_STREAM`] allows. `hipdecode plan` uses it too, so it shows the
+/// plan a run carries out.
 pub fn plan_request(
-    residency: &resident::Residency,
+    layout: &ModelLayout,
     budget: u64,
     link: LinkModel,
 ) -> Result<offload::PlanRequest<'_>> {
-    let mut request = residency.plan_request(budget, link);
-    request.needs.allocator_slack = request
-        .needs
-        .allocator_slack
-        .saturating_add(ESTIMATE_HEADROOM);
+    let mut request = layout.plan_request(budget, link);
     request.allow_streamed = stream_allowed()?;
     Ok(request)
 }
@@ -144,7 +136,7 @@ pub fn for_choice(
     file: &GgufFile,
     gpu_budget: Option<&str>,
     host_budget: Option<&str>,
-    options: ResidentOptions,
+    options: LayoutOptions,
 ) -> Result<Option<BudgetRun>> {
     let Some((budget, budget_source)) = budget_from(gpu_budget)? else {
         if host_budget.is_some() {
@@ -195,9 +187,9 @@ pub fn prepare(file: &GgufFile, req: &BudgetRequest) -> Result<BudgetRun> {
         .budget
         .resolve(Some(req.device_total))
         .map_err(|e| invalid(&e))?;
-    let residency = resident::estimate(file, &req.options)?;
-    let plan = offload::plan(&plan_request(&residency, budget, default_link()?)?)
-        .map_err(|e| invalid(&e))?;
+    let layout = ModelLayout::new(file, &req.options)?;
+    let plan =
+        offload::plan(&plan_request(&layout, budget, default_link()?)?).map_err(|e| invalid(&e))?;
     let mut host = std::collections::HashMap::new();
     let mut device_weight_bytes = 0u64;
     for t in &plan.tensors {
@@ -285,7 +277,7 @@ fn mem_available(meminfo: &str) -> Option<u64> {
 
 impl BudgetRun {
     /// The report printed before the run: the plan per tag and placement, how it is enforced,
-    /// and what is not built.
+    /// and where the weights left off the device are read.
     pub fn summary(&self) -> String {
         let [_, zero_copy, streamed] = self.plan.by_placement();
         let prefill = match self.plan.tag(PlanTag::OffloadStaging) {
@@ -297,8 +289,7 @@ impl BudgetRun {
         };
         format!(
             "gpu budget {} MiB from {}\n{}\nenforced: the allocator's memory limit is {} MiB \
-             (the budget less {} MiB of graph and runtime memory outside the allocator); \
-             allocator_slack includes {} MiB of headroom for estimate error\n\
+             (the budget less {} MiB of graph and runtime memory outside the allocator)\n\
              host: {} weight tensors ({} MiB) in mapped pinned host memory, read in place by \
              decode, and {} ({} MiB) that decode streams into the slots; {prefill}; host \
              budget {} MiB ({})\n",
@@ -307,7 +298,6 @@ impl BudgetRun {
             self.plan,
             mib(self.offload.memory_limit),
             mib(self.plan.tag(PlanTag::Graph)),
-            mib(ESTIMATE_HEADROOM),
             zero_copy.tensors,
             mib(zero_copy.bytes),
             streamed.tensors,

@@ -10,7 +10,8 @@
 //! - [`generate`]: prefill, then decode, streaming tokens.
 //! - [`device`]: `--device auto|cpu|gpu`; [`memory`]: bytes per purpose.
 //! - [`environment`]: the `HIPDECODE_*` variables, checked at start-up.
-//! - [`resident`]: a model's weights and resident GPU needs, as the offload planner sees them.
+//! - [`layout`]: every buffer a model needs, by tag, for given bounds: what the load allocates
+//!   and what the offload planner prices.
 //! - [`fuzzing`]: the hostile-input harnesses of the fuzz targets in `fuzz/`.
 //!
 //! The `hipdecode` binary (`run`, `inspect`) is in `src/bin/hipdecode.rs`; docs/decode.md
@@ -25,12 +26,12 @@ pub mod environment;
 pub mod error;
 pub mod fuzzing;
 pub mod generate;
+pub mod layout;
 pub mod link_probe;
 pub mod managed_probe;
 pub mod memory;
 pub mod model;
 pub mod quant;
-pub mod resident;
 pub mod sampler;
 pub mod session;
 pub mod tokenizer;

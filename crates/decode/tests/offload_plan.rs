@@ -1,19 +1,12 @@
-//! The offload planner on real model files: the resident estimate against what a load
-//! allocates, and `hipdecode plan` end to end on tiny synthetic models.
+//! The offload planner on real model files: the layout's needs, and `hipdecode plan` end to
+//! end on tiny synthetic models (the layout against what a load allocates is `layout.rs`).
 
 mod common;
 
-use decode::backend::cpu::CpuBackend;
-use decode::backend::gpu::KvType;
-use decode::backend::Precision;
-use decode::context::ContextOptions;
 use decode::gguf_loader::synth::{write_preset, Preset};
-use decode::resident::{estimate, ResidentOptions};
-use decode::session::Session;
-use decode::MemoryTag;
+use decode::layout::{LayoutOptions, ModelLayout};
 use offload::{LinkModel, Placement, PlanTag};
 use std::process::Command;
-use std::sync::Arc;
 
 const TINY: [Preset; 4] = [
     Preset::TinyLlama,
@@ -39,61 +32,10 @@ fn tiny_model(preset: Preset, tag: &str) -> std::path::PathBuf {
     path
 }
 
-/// With an f32 cache and f32 activations (what the CPU backend allocates), the estimate's KV
-/// cache and activations are exactly the CPU load's, and its weights are the load's minus the
-/// file bytes of the vectors the backends widen to f32: the tensor list is the load's list.
-#[test]
-fn the_estimate_matches_what_a_load_allocates() {
-    for preset in TINY {
-        let file = Arc::new(common::preset_file(preset));
-        for context in [5, 64, 2048] {
-            let options = ResidentOptions {
-                context,
-                kv_type: KvType::F32,
-                int8_matvec: false,
-                vendor_gemm: false,
-                ..ResidentOptions::default()
-            };
-            let r = estimate(&file, &options).unwrap();
-            let model = Session::load(
-                &file,
-                CpuBackend::new(Precision::Fast),
-                ContextOptions {
-                    context,
-                    ..ContextOptions::default()
-                },
-            )
-            .unwrap();
-            let mem = model.memory();
-            let what = format!("{} at context {context}", preset.name());
-            assert_eq!(r.context, model.options().context, "{what}");
-            assert_eq!(r.needs.kv_cache, mem.get(MemoryTag::KvCache), "{what}");
-            assert_eq!(
-                r.needs.activations,
-                mem.get(MemoryTag::Activations),
-                "{what}"
-            );
-            let vectors_in_file: u64 = r
-                .tensors
-                .iter()
-                .map(|t| file.tensor(&t.name).unwrap())
-                .filter(|info| info.dims.iter().skip(1).all(|&d| d == 1))
-                .map(|info| info.n_bytes)
-                .sum();
-            let weights: u64 = r.tensors.iter().map(|t| t.bytes).sum();
-            assert_eq!(
-                weights + vectors_in_file,
-                mem.get(MemoryTag::Weights),
-                "{what}"
-            );
-        }
-    }
-}
-
 #[test]
 fn the_gpu_defaults_halve_the_cache_and_ring_the_sliding_layers() {
     let file = common::preset_file(Preset::TinyGemma3);
-    let r = estimate(&file, &ResidentOptions::default()).unwrap();
+    let r = ModelLayout::new(&file, &LayoutOptions::default()).unwrap();
     let s = &r.spec;
     // f16, one K and one V row per slot; sliding layers hold window + max_batch - 1 slots.
     let row = (s.widths.k + s.widths.v) as u64 * 2;
@@ -110,11 +52,11 @@ fn the_gpu_defaults_halve_the_cache_and_ring_the_sliding_layers() {
     assert_eq!(r.needs.kv_cache, expect);
     // The vendor GEMM's library workspace is the largest part of a tiny model's workspace.
     assert!(r.needs.workspace > 32 << 20);
-    let kernels_only = ResidentOptions {
+    let kernels_only = LayoutOptions {
         vendor_gemm: false,
-        ..ResidentOptions::default()
+        ..LayoutOptions::default()
     };
-    let r2 = estimate(&file, &kernels_only).unwrap();
+    let r2 = ModelLayout::new(&file, &kernels_only).unwrap();
     assert!(r2.needs.workspace + (32 << 20) <= r.needs.workspace);
     assert!(r.buffers.iter().any(|b| b.tag == PlanTag::Graph));
 }
@@ -125,7 +67,7 @@ fn the_gpu_defaults_halve_the_cache_and_ring_the_sliding_layers() {
 fn plans_of_real_models_fit_and_never_slow_down() {
     for preset in TINY {
         let file = common::preset_file(preset);
-        let r = estimate(&file, &ResidentOptions::default()).unwrap();
+        let r = ModelLayout::new(&file, &LayoutOptions::default()).unwrap();
         let minimum = r.needs.total().unwrap();
         let weights: u64 = r.tensors.iter().map(|t| t.bytes).sum();
         let mut last = f64::NEG_INFINITY;

@@ -25,7 +25,7 @@ use decode::device::GpuOffload;
 use decode::device::{gpu_backend, BackendChoice, BackendSettings};
 use decode::gguf_loader::synth::Preset;
 use decode::gguf_loader::GgufFile;
-use decode::resident::{self, ResidentOptions};
+use decode::layout::{LayoutOptions, ModelLayout};
 use decode::sampler::SamplerConfig;
 use decode::session::Session;
 use offload::{Budget, Placement};
@@ -36,8 +36,8 @@ use test_support::tolerance::top2_margin;
 
 const CONTEXT: usize = 256;
 
-fn options() -> ResidentOptions {
-    ResidentOptions::from_env(CONTEXT).expect("the environment's GPU settings are valid")
+fn options() -> LayoutOptions {
+    LayoutOptions::from_env(CONTEXT).expect("the environment's GPU settings are valid")
 }
 
 fn request(budget: u64, host_budget: Option<&str>) -> BudgetRequest {
@@ -50,13 +50,13 @@ fn request(budget: u64, host_budget: Option<&str>) -> BudgetRequest {
     }
 }
 
-/// The minimum budget of a budget run (the estimate plus the headroom) and the weights'
-/// bytes of `file`.
+/// The minimum budget of a budget run (the layout's needs, with no headroom beside them) and
+/// the weights' bytes of `file`.
 fn minimum_and_weights(file: &GgufFile) -> (u64, u64) {
-    let r = resident::estimate(file, &options()).expect("estimate");
-    let estimate = offload::minimum_budget(&r.needs).expect("minimum");
+    let r = ModelLayout::new(file, &options()).expect("layout");
+    let needs = offload::minimum_budget(&r.needs).expect("minimum");
     let run = budget_run::prepare(file, &request(1 << 40, Some("1GiB"))).expect("plan");
-    assert_eq!(run.plan.minimum, estimate + budget_run::ESTIMATE_HEADROOM);
+    assert_eq!(run.plan.minimum, needs);
     (run.plan.minimum, r.tensors.iter().map(|t| t.bytes).sum())
 }
 

@@ -80,10 +80,10 @@ fn main() -> Result<()> {
         let file = decode::open_model(path)?;
         // The plan is made for the run's own context and batch, as `run_model` loads it.
         let context = plan.n_prompt + plan.n_gen + 1;
-        let options = decode::resident::ResidentOptions {
+        let options = decode::layout::LayoutOptions {
             max_batch: plan.n_prompt.clamp(1, plan.max_batch.max(1)),
             step_block_batch: settings.gpu_max_batch,
-            ..decode::resident::ResidentOptions::for_config(context, &gpu_config)
+            ..decode::layout::LayoutOptions::for_config(context, &gpu_config)
         };
         let budget_run = decode::budget_run::for_choice(
             &choice.backend,

@@ -103,7 +103,7 @@ struct PlanArgs {
     /// List every weight tensor with its rank and placement.
     #[arg(long)]
     tensors: bool,
-    /// List the resident buffers behind the per-tag needs.
+    /// List the buffers behind the per-tag needs (the layout's, in the load's order).
     #[arg(long)]
     buffers: bool,
     /// Also run the managed-memory probe on the GPU (as `hipdecode probe-managed`).
@@ -310,7 +310,7 @@ fn run(args: RunArgs) -> Result<()> {
         &file,
         args.gpu_budget.as_deref(),
         args.host_budget.as_deref(),
-        decode::resident::ResidentOptions::for_config(args.ctx, &gpu_config),
+        decode::layout::LayoutOptions::for_config(args.ctx, &gpu_config),
     )?;
     if let Some(b) = &budget_run {
         eprint!("{}", b.summary());
@@ -547,8 +547,8 @@ fn plan(args: PlanArgs) -> Result<()> {
     };
     let bytes = budget.resolve(device_total)?;
     let file = decode::open_model(&args.model)?;
-    let options = decode::resident::ResidentOptions::from_env(args.context)?;
-    let residency = decode::resident::estimate(&file, &options)?;
+    let options = decode::layout::LayoutOptions::from_env(args.context)?;
+    let layout = decode::layout::ModelLayout::new(&file, &options)?;
     let defaults = decode::budget_run::default_link()?;
     let given = args.hbm_gbps.is_some()
         || args.zero_copy_gbps.is_some()
@@ -569,20 +569,20 @@ fn plan(args: PlanArgs) -> Result<()> {
     } else {
         defaults
     };
-    let plan = offload::plan(&decode::budget_run::plan_request(&residency, bytes, link)?)?;
-    let s = &residency.spec;
-    let weights: u64 = residency.tensors.iter().map(|t| t.bytes).sum();
+    let plan = offload::plan(&decode::budget_run::plan_request(&layout, bytes, link)?)?;
+    let s = &layout.spec;
+    let weights: u64 = layout.tensors.iter().map(|t| t.bytes).sum();
     println!(
         "model    {} ({}, {} layers, {} weight tensors, {} MiB of weights on the GPU backend)",
         args.model.display(),
         s.arch_name,
         s.n_layers,
-        residency.tensors.len(),
+        layout.tensors.len(),
         offload::mib(weights)
     );
     println!(
         "run      context {} (KV {}), batch {}, {} products, vendor GEMM buffers {}",
-        residency.context,
+        layout.context,
         match options.kv_type {
             decode::backend::gpu::KvType::F16 => "f16",
             decode::backend::gpu::KvType::F32 => "f32",
@@ -608,10 +608,22 @@ fn plan(args: PlanArgs) -> Result<()> {
     );
     println!("{plan}");
     if args.buffers {
-        println!("resident buffers (estimates; compare with the allocator's report of a GPU run):");
-        for b in &residency.buffers {
+        println!(
+            "buffers (the layout the load allocates, in its order; the allocator's slack \
+             from replaying them):"
+        );
+        let beside_weights = layout
+            .buffers
+            .iter()
+            .filter(|b| b.presence != decode::layout::Presence::Weight);
+        for b in beside_weights {
+            let when = match b.presence {
+                decode::layout::Presence::ReplacedBy(_) => " (replaced at load; cached)",
+                decode::layout::Presence::WithHostWeights => " (when a weight is on the host)",
+                _ => "",
+            };
             println!(
-                "  {:<16} {:>10} MiB  {}",
+                "  {:<16} {:>10} MiB  {}{when}",
                 b.tag.name(),
                 offload::mib(b.bytes),
                 b.what

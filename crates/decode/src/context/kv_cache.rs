@@ -5,7 +5,7 @@
 //! smaller than the context: on Gemma 3 that is 15 of 18 layers.
 
 use crate::backend::Backend;
-use crate::error::{DecodeError, Result};
+use crate::error::Result;
 use crate::memory::MemoryTag;
 
 pub struct KvCache<B: Backend> {
@@ -31,16 +31,9 @@ impl<B: Backend> KvCache<B> {
         let mut k = Vec::with_capacity(slots.len());
         let mut v = Vec::with_capacity(slots.len());
         for &n in &slots {
-            for (buffers, dim, what) in [(&mut k, k_dim, "keys"), (&mut v, v_dim, "values")] {
-                let len = n
-                    .checked_mul(dim)
-                    .and_then(|l| l.checked_mul(sequences))
-                    .ok_or_else(|| DecodeError::Allocation {
-                        what: format!("the KV cache {what}"),
-                        reason: format!(
-                            "{sequences} sequences of {n} positions of {dim} values overflow"
-                        ),
-                    })?;
+            for (buffers, dim) in [(&mut k, k_dim), (&mut v, v_dim)] {
+                // The layout's rule, which `ModelLayout` lists.
+                let len = crate::layout::context::kv_values(n, sequences, dim)?;
                 buffers.push(backend.alloc(MemoryTag::KvCache, len)?);
             }
         }

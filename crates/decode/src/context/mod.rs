@@ -13,6 +13,7 @@ pub use kv_cache::KvCache;
 use crate::backend::{Attention, Backend, MoeShape, StepBounds};
 use crate::batch::SeqId;
 use crate::error::{DecodeError, Result};
+use crate::layout::context::{self as layout, Activation as Act};
 use crate::memory::MemoryTag;
 use crate::model::Model;
 use crate::sampler::{Sampler, SamplerConfig};
@@ -55,6 +56,24 @@ pub(crate) struct Activations<B: Backend> {
     pub(crate) up: B::Buffer,
     pub(crate) router: B::Buffer,
     pub(crate) logits: B::Buffer,
+}
+
+impl<B: Backend> Activations<B> {
+    fn get(&self, which: Act) -> &B::Buffer {
+        match which {
+            Act::Residual => &self.x,
+            Act::Normalized => &self.xn,
+            Act::Query => &self.q,
+            Act::Key => &self.k,
+            Act::Value => &self.v,
+            Act::Attention => &self.attn,
+            Act::Projection => &self.proj,
+            Act::FfnGate => &self.gate,
+            Act::FfnUp => &self.up,
+            Act::Router => &self.router,
+            Act::Logits => &self.logits,
+        }
+    }
 }
 
 /// One sequence's state in its context.
@@ -109,46 +128,27 @@ impl<B: Backend> Context<B> {
                 backend.describe()
             )));
         }
-        let (e, qd, kd, vd) = (s.n_embd, s.widths.q, s.widths.k, s.widths.v);
-        let context = options.context.min(s.context_length.max(1));
+        let (e, kd, vd) = (s.n_embd, s.widths.k, s.widths.v);
+        // The sizes are the layout's (`crate::layout::context`), which `ModelLayout` lists.
+        let context = layout::clamp_context(s, options.context);
         let mb = options.max_batch;
-        let slots = s
-            .layers
-            .iter()
-            .map(|l| match l.window {
-                Some(w) => context.min(w.saturating_add(mb - 1)),
-                None => context,
-            })
-            .collect();
+        let slots = layout::kv_slots(s, context, mb);
         let kv = KvCache::new(backend, slots, context, options.sequences, (kd, vd))?;
-        // MoE layers have no dense FFN here, so feed_forward_length sizes nothing for them.
-        let ff = if s.is_moe() { s.n_ff_expert } else { s.n_ff };
-        let logit_rows = if options.all_logits {
-            mb
-        } else {
-            options.sequences.min(mb)
-        };
-        let mut a = |what: &str, rows: usize, width: usize| {
-            let n = rows
-                .checked_mul(width)
-                .ok_or_else(|| DecodeError::Allocation {
-                    what: format!("the {what} activations"),
-                    reason: format!("{rows} rows of {width} values overflow"),
-                })?;
-            backend.alloc(MemoryTag::Activations, n)
-        };
+        let sizes = layout::activations(s, mb, options.sequences, options.all_logits)?;
+        let logit_rows = sizes.logit_rows();
+        let mut a = |which| backend.alloc(MemoryTag::Activations, sizes.values(which));
         let act = Activations {
-            x: a("residual", mb, e)?,
-            xn: a("normalized", mb, e.max(qd))?,
-            q: a("query", mb, qd)?,
-            k: a("key", mb, kd)?,
-            v: a("value", mb, vd)?,
-            attn: a("attention", mb, s.widths.o)?,
-            proj: a("projection", mb, e)?,
-            gate: a("FFN gate", mb, ff)?,
-            up: a("FFN up", mb, ff)?,
-            router: a("router", mb, s.n_expert.max(1))?,
-            logits: a("logits", logit_rows, s.vocab)?,
+            x: a(Act::Residual)?,
+            xn: a(Act::Normalized)?,
+            q: a(Act::Query)?,
+            k: a(Act::Key)?,
+            v: a(Act::Value)?,
+            attn: a(Act::Attention)?,
+            proj: a(Act::Projection)?,
+            gate: a(Act::FfnGate)?,
+            up: a(Act::FfnUp)?,
+            router: a(Act::Router)?,
+            logits: a(Act::Logits)?,
         };
         let bounds = StepBounds {
             max_tokens: mb,
@@ -176,12 +176,10 @@ impl<B: Backend> Context<B> {
                 act: s.gate,
             }),
         };
-        // The buffers matrix products read: the normalized rows (Q/K/V, gate/up, router,
-        // output), the attention output and, in a dense FFN, the gated activations.
-        let mut matmul_inputs = vec![(&act.xn, e.max(qd)), (&act.attn, s.widths.o)];
-        if !s.is_moe() {
-            matmul_inputs.push((&act.gate, ff));
-        }
+        // The buffers matrix products read, as the layout lists them.
+        let matmul_inputs: Vec<_> = (sizes.matmul_inputs.iter())
+            .map(|&(which, width)| (act.get(which), width))
+            .collect();
         backend.reserve_workspace(&bounds, &matmul_inputs)?;
         Ok(Context {
             kv,

@@ -2,9 +2,8 @@
 //! stream.
 
 use crate::backend::gpu::offload::host_weights;
-use crate::backend::gpu::offload::prefetch::{self, HostPrefill, Prefetch};
+use crate::backend::gpu::offload::prefetch::{HostPrefill, Prefetch};
 use crate::backend::gpu::profile::{self, OpProfile};
-use crate::backend::gpu::vendor_gemm::{weight_block_values, VENDOR_GEMM_MIN_ROWS};
 use crate::backend::gpu::{
     buffer::Elem,
     error::{gpu_err, kerr},
@@ -15,12 +14,13 @@ use crate::backend::{
     StepBounds, StepKey, WeightSource,
 };
 use crate::error::{DecodeError, Result};
+use crate::layout::workspace;
 use crate::memory::{DeviceMemory, MemoryReport, MemoryTag};
 use hip_ffi::DevicePtr;
 use offload::Placement;
 use rocm_alloc::Tag;
 use rocm_kernels::ops::{
-    attention as attn, elementwise, embed, kv_cache, matmul,
+    elementwise, embed, kv_cache, matmul,
     matvec::MAX_TOKENS,
     matvec_q8::{self},
     moe, norm, rope, sampling,
@@ -166,11 +166,9 @@ impl Backend for GpuBackend {
         self.alloc.set_weight_bytes(weights);
         let alloc = Arc::clone(&self.alloc);
         let (a, st) = (&*alloc, self.stream_id);
-        let mut attention = 0;
-        for shape in &bounds.decode_attention {
-            let need = attn::decode_workspace_floats(shape).map_err(kerr("attention"))?;
-            attention = attention.max(need);
-        }
+        // Every size below is the layout's (`crate::layout::workspace`), which `ModelLayout`
+        // lists in this same order.
+        let attention = workspace::attention_partials_floats(&bounds.decode_attention)?;
         Self::scratch_buffer(
             &mut self.scratch.attention,
             a,
@@ -181,19 +179,20 @@ impl Backend for GpuBackend {
         self.argmax_workspace()?;
         self.reserve_draw()?;
         let int8 = self.matvec_path == MatvecPath::Int8;
-        let int8_rows = bounds.max_tokens.min(INT8_MAX_ROWS);
+        let vendor =
+            workspace::vendor_gemm_applies(int8, self.vendor_gemm.is_some(), bounds.max_tokens);
         if let Some(moe) = &bounds.moe {
-            let pairs = bounds.max_tokens * moe.k;
-            self.moe_ids_scratch(pairs)?;
+            let m = workspace::moe_scratch(bounds.max_tokens, moe.n_embd, moe.n_ff, moe.k)?;
+            self.moe_ids_scratch(m.pairs)?;
             let s = &mut self.scratch;
-            Self::scratch_buffer(&mut s.moe_weights, a, st, pairs, "moe weights")?;
-            Self::scratch_buffer(&mut s.moe_gate, a, st, pairs * moe.n_ff, "moe gate")?;
-            Self::scratch_buffer(&mut s.moe_up, a, st, pairs * moe.n_ff, "moe up")?;
-            Self::scratch_buffer(&mut s.moe_out, a, st, pairs * moe.n_embd, "moe out")?;
+            Self::scratch_buffer(&mut s.moe_weights, a, st, m.pairs, "moe weights")?;
+            Self::scratch_buffer(&mut s.moe_gate, a, st, m.hidden_floats, "moe gate")?;
+            Self::scratch_buffer(&mut s.moe_up, a, st, m.hidden_floats, "moe up")?;
+            Self::scratch_buffer(&mut s.moe_out, a, st, m.out_floats, "moe out")?;
             if int8 {
-                self.moe_q8_scratch(int8_rows * moe.k * moe.n_ff)?;
+                self.moe_q8_scratch(m.q8_values)?;
             }
-            if int8 && self.vendor_gemm.is_some() && bounds.max_tokens >= VENDOR_GEMM_MIN_ROWS {
+            if vendor {
                 self.reserve_moe_prefill(&MoeShape {
                     rows: bounds.max_tokens,
                     ..*moe
@@ -201,14 +200,12 @@ impl Backend for GpuBackend {
             }
         }
         let mut slot = self.host_weights.stream_slot_bytes() as usize;
-        if let Some(v) = self.vendor_gemm.as_mut().filter(|_| int8) {
-            if bounds.max_tokens >= VENDOR_GEMM_MIN_ROWS {
-                let (values, cols) = self.largest_matrix;
-                v.reserve(a, st, bounds.max_tokens, values, cols)?;
-                if self.host_prefill == HostPrefill::Stream {
-                    let block = weight_block_values(values, cols);
-                    slot = slot.max(prefetch::slot_bytes(&self.host_matrices, block));
-                }
+        if let Some(v) = self.vendor_gemm.as_mut().filter(|_| vendor) {
+            let (values, cols) = self.largest_matrix;
+            v.reserve(a, st, bounds.max_tokens, values, cols)?;
+            if self.host_prefill == HostPrefill::Stream {
+                let block = workspace::weight_block_values(values, cols);
+                slot = slot.max(workspace::prefetch_slot_bytes(&self.host_matrices, block));
             }
         }
         if slot > 0 && self.prefetch.as_ref().is_none_or(|p| p.slot_bytes() < slot) {
@@ -218,7 +215,8 @@ impl Backend for GpuBackend {
         }
         if int8 {
             for &(buf, width) in matmul_inputs {
-                self.reserve_q8_shadow(buf, (int8_rows * width).min(buf.len))?;
+                let capacity = workspace::q8_input_capacity(bounds.max_tokens, width, buf.len);
+                self.reserve_q8_shadow(buf, capacity)?;
             }
         }
         Ok(())

@@ -1,5 +1,6 @@
 //! Device arrays: the backend's f32 (or f16) buffers and their 8-bit shadows.
 
+use crate::layout::workspace;
 use rocm_alloc::Allocation;
 use rocm_kernels::ops::{
     kv_cache,
@@ -133,11 +134,11 @@ pub(super) struct Q8Shadow {
 
 impl Q8Shadow {
     pub(super) fn scales_offset(capacity: usize) -> usize {
-        capacity.next_multiple_of(16)
+        workspace::q8_scales_offset(capacity)
     }
 
     pub(super) fn bytes_for(capacity: usize) -> usize {
-        Self::scales_offset(capacity) + capacity / matvec_q8::GROUP * 4
+        workspace::q8_shadow_bytes(capacity)
     }
 
     /// Views of the first `values` values and their scales.

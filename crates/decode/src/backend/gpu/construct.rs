@@ -65,7 +65,7 @@ impl GpuBackend {
         let max_batch = max_batch.max(1);
         let ints = alloc
             .alloc(
-                (StepBlock::ints_len(max_batch) * 4) as u64,
+                crate::layout::workspace::step_block_bytes(max_batch)? as u64,
                 stream_id,
                 Tag::Workspace,
             )
@@ -196,6 +196,12 @@ impl GpuBackend {
     /// Sets the element type of KV caches allocated from now on (before a model is loaded).
     pub fn set_kv_type(&mut self, kv: KvType) {
         self.kv_type = kv;
+    }
+
+    /// Whether the vendor GEMM's library opened (so prefill reserves its buffers; the layout
+    /// assumes it does unless `HIPDECODE_GPU_PREFILL=kernels`).
+    pub fn has_vendor_gemm(&self) -> bool {
+        self.vendor_gemm.is_some()
     }
 
     /// The KV cache element type for new caches.

@@ -17,6 +17,9 @@ use crate::backend::gpu::{
 };
 use crate::backend::MoeShape;
 use crate::error::{DecodeError, Result};
+// Each expert's slots are padded so every row block starts 256-byte aligned; the rule and the
+// buffers' sizes are the layout's (`layout::workspace::moe_prefill`).
+use crate::layout::workspace::{moe_prefill_slots as slots_for, moe_slot_alignment};
 use gguf_loader::GgmlType;
 use hip_ffi::DevicePtr;
 use rocm_alloc::Tag;
@@ -24,31 +27,14 @@ use rocm_kernels::ops::{dequant, elementwise, embed, matvec::QuantMatrix, moe};
 use rocm_kernels::{DeviceSlice, DeviceSliceMut};
 use std::sync::Arc;
 
-/// Slots of one expert start at a multiple of this, so that every row block a product reads or
-/// writes starts 256-byte aligned: the alignment the vendor libraries' heuristics assume of
-/// every pointer unless told otherwise.
-fn slot_alignment(n_embd: usize, n_ff: usize) -> usize {
-    let aligned = |p: usize| {
-        [n_embd * 2, n_embd * 4, n_ff * 2, n_ff * 4]
-            .iter()
-            .all(|b| p * b % 256 == 0)
-    };
-    (1..=256).find(|&p| aligned(p)).unwrap_or(256)
-}
-
-/// Slots for `pairs` (token, choice) pairs over `n_expert` experts, each expert's slots padded
-/// to [`slot_alignment`].
-fn slots_for(pairs: usize, n_expert: usize, n_embd: usize, n_ff: usize) -> usize {
-    pairs + n_expert * (slot_alignment(n_embd, n_ff) - 1)
-}
-
 impl GpuBackend {
     /// Takes the grouped prefill's buffers for MoE steps of up to `shape.rows` tokens, and
     /// grows the gate and up scratch to its padded slots.
     pub(super) fn reserve_moe_prefill(&mut self, shape: &MoeShape) -> Result<()> {
         let (n_embd, n_ff) = (shape.n_embd, shape.n_ff);
         let pairs = shape.rows * shape.k;
-        let slots = slots_for(pairs, shape.n_expert, n_embd, n_ff);
+        let sizes = crate::layout::workspace::moe_prefill(pairs, shape.n_expert, n_embd, n_ff)?;
+        let slots = sizes.slots;
         let s = &self.scratch.moe_prefill;
         if s.pairs >= pairs && s.slots >= slots && s.n_embd >= n_embd && s.n_ff >= n_ff {
             return Ok(());
@@ -56,14 +42,14 @@ impl GpuBackend {
         self.scratch.moe_prefill = MoePrefillScratch::default();
         let alloc = Arc::clone(&self.alloc);
         let (a, st) = (&*alloc, self.stream_id);
-        Self::scratch_buffer(&mut self.scratch.moe_gate, a, st, slots * n_ff, "moe gate")?;
-        Self::scratch_buffer(&mut self.scratch.moe_up, a, st, slots * n_ff, "moe up")?;
-        let index = self.device_alloc(Tag::Workspace, (slots + pairs) * 4, "moe prefill index")?;
-        let sorted = self.device_alloc(Tag::Workspace, slots * n_embd * 4, "moe prefill rows")?;
-        let tokens_f16 =
-            self.device_alloc(Tag::Workspace, slots * n_embd * 2, "moe prefill f16 rows")?;
-        let hidden_f16 =
-            self.device_alloc(Tag::Workspace, slots * n_ff * 2, "moe prefill f16 hidden")?;
+        let hidden = sizes.hidden_floats;
+        Self::scratch_buffer(&mut self.scratch.moe_gate, a, st, hidden, "moe gate")?;
+        Self::scratch_buffer(&mut self.scratch.moe_up, a, st, hidden, "moe up")?;
+        let ws = Tag::Workspace;
+        let index = self.device_alloc(ws, sizes.index_bytes, "moe prefill index")?;
+        let sorted = self.device_alloc(ws, sizes.rows_bytes, "moe prefill rows")?;
+        let tokens_f16 = self.device_alloc(ws, sizes.f16_rows_bytes, "moe prefill f16 rows")?;
+        let hidden_f16 = self.device_alloc(ws, sizes.f16_hidden_bytes, "moe prefill f16 hidden")?;
         self.scratch.moe_prefill = MoePrefillScratch {
             index: Some(index),
             sorted: Some(sorted),
@@ -122,7 +108,7 @@ impl GpuBackend {
             act,
         } = *shape;
         let pairs = rows * k;
-        let align = slot_alignment(n_embd, n_ff);
+        let align = moe_slot_alignment(n_embd, n_ff);
         let slots = slots_for(pairs, n_expert, n_embd, n_ff);
         if x.len < rows * n_embd || out.len < rows * n_embd {
             return Err(DecodeError::InvalidArgument(format!(

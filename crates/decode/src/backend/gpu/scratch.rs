@@ -6,6 +6,7 @@ use crate::backend::gpu::{
     GpuBackend, GpuBuffer, INT8_MAX_ROWS,
 };
 use crate::error::{DecodeError, Result};
+use crate::layout::workspace;
 use rocm_alloc::{Allocator, StreamId, Tag};
 use rocm_kernels::ops::{
     matvec_q8::{self, Q8ActivationsMut},
@@ -48,7 +49,7 @@ impl GpuBackend {
     /// Gives `buf` an 8-bit shadow of at least `values` values (rounded down to whole groups),
     /// replacing a smaller one.
     pub(super) fn reserve_q8_shadow(&self, buf: &GpuBuffer, values: usize) -> Result<()> {
-        let capacity = values - values % matvec_q8::GROUP;
+        let capacity = workspace::q8_capacity(values);
         let mut slot = buf.q8.borrow_mut();
         if slot.as_ref().is_some_and(|s| s.capacity >= capacity) {
             return Ok(());
@@ -77,8 +78,9 @@ impl GpuBackend {
             .is_none_or(|a| (a.size() as usize) < pairs * 4)
         {
             self.scratch.moe_ids = None;
+            let bytes = workspace::moe_ids_bytes(pairs);
             self.scratch.moe_ids =
-                Some(self.device_alloc(Tag::Workspace, pairs.max(1) * 4, "moe expert ids")?);
+                Some(self.device_alloc(Tag::Workspace, bytes, "moe expert ids")?);
         }
         let base = self
             .scratch
@@ -160,7 +162,8 @@ impl GpuBackend {
     /// The sampler's one-value uniform draw on the device.
     pub(super) fn reserve_draw(&mut self) -> Result<()> {
         if self.scratch.draw.is_none() {
-            self.scratch.draw = Some(self.device_alloc(Tag::Workspace, 4, "sampling draw")?);
+            self.scratch.draw =
+                Some(self.device_alloc(Tag::Workspace, workspace::DRAW_BYTES, "sampling draw")?);
         }
         Ok(())
     }
@@ -170,7 +173,7 @@ impl GpuBackend {
         if self.scratch.argmax.is_none() {
             self.scratch.argmax = Some(self.device_alloc(
                 Tag::Workspace,
-                sampling::ARGMAX_WORKSPACE * 8,
+                workspace::ARGMAX_BYTES,
                 "argmax workspace",
             )?);
         }

@@ -22,9 +22,9 @@ impl StepBlock {
         unsafe { DeviceSliceMut::from_raw(self.ints.ptr() + 8 * self.max_batch as u64, 1) }
     }
 
-    /// i32 values in the block for steps of up to `max_batch` tokens.
+    /// i32 values in the block for steps of up to `max_batch` tokens (the layout's rule).
     pub(super) fn ints_len(max_batch: usize) -> usize {
-        2 * max_batch + 1
+        crate::layout::workspace::step_block_ints(max_batch)
     }
 }
 

@@ -15,23 +15,20 @@
 //! the quantized weights once per few tokens (the matrix-vector kernels) moves fewer bytes than
 //! writing and reading an f16 copy.
 
-use crate::backend::gpu::offload::prefetch::{block_rows, Prefetch};
+use crate::backend::gpu::offload::prefetch::Prefetch;
+use crate::layout::workspace::block_rows;
+// The sizes are the layout's, which `ModelLayout` lists too.
 use crate::backend::gpu::{error::kerr, GpuBuffer};
 use crate::error::{DecodeError, Result};
+pub use crate::layout::workspace::{
+    LIBRARY_WORKSPACE_BYTES, VENDOR_GEMM_MIN_ROWS, WEIGHT_BLOCK_VALUES,
+};
 use hip_ffi::{BlasLt, GemmPlan, GemmShape};
 use hip_ffi::{DevicePtr, Stream};
 use rocm_alloc::{Allocation, Allocator, StreamId, Tag};
 use rocm_kernels::ops::{dequant, matvec::QuantMatrix};
 use rocm_kernels::{DeviceSliceMut, Kernels};
 use std::collections::HashMap;
-
-/// Token rows from which a product runs on the vendor GEMM.
-pub const VENDOR_GEMM_MIN_ROWS: usize = 32;
-/// The most weight values dequantized at once (32 MiB of f16).
-pub const WEIGHT_BLOCK_VALUES: usize = 16 << 20;
-/// Workspace offered to the library for one product (what cuBLASLt's documentation advises for
-/// Hopper; hipBLASLt uses less).
-pub const LIBRARY_WORKSPACE_BYTES: usize = 32 << 20;
 
 /// Where prefill products run: `HIPDECODE_GPU_PREFILL`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,14 +59,6 @@ pub static GPU_PREFILL: knobs::Knob<PrefillPath> = knobs::Knob {
         )
     },
 };
-
-/// f16 values of the weight block for a model whose largest matrix has `max_matrix_values`
-/// values and whose widest has `max_cols` columns: whole rows of the widest matrix fit.
-pub fn weight_block_values(max_matrix_values: usize, max_cols: usize) -> usize {
-    max_matrix_values
-        .min(WEIGHT_BLOCK_VALUES.max(max_cols))
-        .max(1)
-}
 
 /// The library handle, its prepared products, and the buffers they use.
 pub(super) struct VendorGemm {
@@ -119,19 +108,19 @@ impl VendorGemm {
                     reason: e.to_string(),
                 })
         };
-        let weight_values = weight_block_values(max_matrix_values, max_cols);
-        if weight_values > self.weight_values() {
+        let sizes =
+            crate::layout::workspace::vendor_gemm_buffers(max_rows, max_matrix_values, max_cols)?;
+        if sizes.weight_values > self.weight_values() {
             self.weights = None;
-            self.weights = Some(take(weight_values * 2, "f16 weight block")?);
+            self.weights = Some(take(sizes.weight_bytes(), "f16 weight block")?);
         }
-        let activation_values = max_rows * max_cols;
-        if activation_values > self.activation_values() {
+        if sizes.activation_values > self.activation_values() {
             self.activations = None;
             self.activations_from = None;
-            self.activations = Some(take(activation_values * 2, "f16 activations")?);
+            self.activations = Some(take(sizes.activation_bytes(), "f16 activations")?);
         }
         if self.workspace.is_none() {
-            self.workspace = Some(take(LIBRARY_WORKSPACE_BYTES, "vendor GEMM workspace")?);
+            self.workspace = Some(take(sizes.library_bytes, "vendor GEMM workspace")?);
         }
         Ok(())
     }

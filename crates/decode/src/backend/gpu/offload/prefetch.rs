@@ -206,28 +206,3 @@ impl Drop for Prefetch {
         let _ = self.copy.synchronize();
     }
 }
-
-/// Bytes of one slot for `matrices` (rows a product covers, columns, bytes per row) when the
-/// vendor GEMM's f16 weight block holds `block_values`: the largest block of rows it stages
-/// (0 when there are none).
-pub fn slot_bytes(matrices: &[(usize, usize, usize)], block_values: usize) -> usize {
-    matrices
-        .iter()
-        .map(|&(rows, cols, row_bytes)| block_rows(rows, cols, block_values).min(rows) * row_bytes)
-        .max()
-        .unwrap_or(0)
-}
-
-/// Rows of a `cols`-wide matrix that one block takes when a product covers `rows` rows and the
-/// block holds `block_values`: whole 64-row groups, so each block's result columns start
-/// 256-byte aligned (what the libraries assume of every pointer), unless one block does it all.
-pub fn block_rows(rows: usize, cols: usize, block_values: usize) -> usize {
-    let fit = (block_values / cols.max(1)).max(1);
-    if fit >= rows {
-        rows.max(1)
-    } else if fit < 64 {
-        fit
-    } else {
-        fit - fit % 64
-    }
-}

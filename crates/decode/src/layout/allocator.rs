@@ -1,0 +1,86 @@
+//! What the allocator makes of a layout's buffers: the buffers replayed, in the load's order,
+//! on rocm-alloc's own allocator over its simulated device. The per-tag figures are then the
+//! allocator's block sizes (its rounding, and the remainders it does not split off), and the
+//! peak reserved bytes include every segment tail and every buffer freed and cached during the
+//! load: the same rules as the run's, applied by the same code, instead of a rule copied here.
+
+use crate::error::{DecodeError, Result};
+use crate::memory::MemoryTag;
+use rocm_alloc::devices::sim::SimDevice;
+use rocm_alloc::{Allocation, Allocator, AllocatorConfig, LimitSpec};
+use std::sync::Arc;
+
+/// One allocation of the replay.
+#[derive(Clone, Copy, Debug)]
+pub struct Request {
+    pub tag: MemoryTag,
+    /// Bytes asked of the allocator.
+    pub bytes: u64,
+    /// The earlier request (by position in the replay) freed just before this one is made:
+    /// a buffer the load replaces by a larger one.
+    pub frees: Option<usize>,
+}
+
+/// The allocator's figures after the replay.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllocatorView {
+    /// Bytes of live blocks per tag, as `Stats::per_tag` reports them (in `MemoryTag::ALL`
+    /// order).
+    pub per_tag: [u64; MemoryTag::COUNT],
+    /// The most the allocator reserved from the device during the replay.
+    pub peak_reserved: u64,
+}
+
+impl AllocatorView {
+    pub fn get(&self, tag: MemoryTag) -> u64 {
+        self.per_tag[tag.index()]
+    }
+}
+
+/// A simulated device far larger than any real one: the replay never runs out.
+const SIMULATED_BYTES: u64 = 1 << 48;
+
+/// Replays `requests` in order on a fresh allocator with the run's settings (the cache limit
+/// and trim window from the environment, as `GpuBackend::new` reads them; no memory limit).
+pub fn replay(requests: &[Request]) -> Result<AllocatorView> {
+    let failed = |e: &dyn std::fmt::Display| DecodeError::Allocation {
+        what: "the layout's replay on the simulated allocator".into(),
+        reason: e.to_string(),
+    };
+    let device = Arc::new(SimDevice::discrete(SIMULATED_BYTES));
+    let stream = device.create_stream();
+    let alloc = Allocator::new(
+        device,
+        AllocatorConfig {
+            memory_limit: Some(LimitSpec::Unbounded),
+            ..AllocatorConfig::default()
+        },
+    )
+    .map_err(|e| failed(&e))?;
+    let mut live: Vec<Option<Allocation>> = Vec::with_capacity(requests.len());
+    for r in requests {
+        if let Some(i) = r.frees {
+            let slot = live.get_mut(i).ok_or_else(|| {
+                DecodeError::InvalidArgument(format!(
+                    "the layout's replay frees request {i} before it is made"
+                ))
+            })?;
+            *slot = None;
+        }
+        let a = alloc
+            .alloc(r.bytes.max(1), stream, r.tag)
+            .map_err(|e| failed(&e))?;
+        live.push(Some(a));
+    }
+    let stats = alloc.stats();
+    let mut per_tag = [0u64; MemoryTag::COUNT];
+    for (tag, usage) in &stats.per_tag {
+        per_tag[tag.index()] = usage.current;
+    }
+    let view = AllocatorView {
+        per_tag,
+        peak_reserved: stats.peak_reserved_bytes,
+    };
+    drop(live);
+    Ok(view)
+}

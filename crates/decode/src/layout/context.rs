@@ -1,0 +1,209 @@
+//! What a context holds besides the weights: the KV cache of each layer and the activation
+//! buffers a step writes. `Model::load` sizes both with these functions, and
+//! [`super::ModelLayout`] lists the same buffers, so the estimate is the allocation.
+//!
+//! A context holds `n_seq` sequences. Each layer's KV buffers hold `n_seq` blocks of that
+//! layer's slots (one block per sequence); the activations hold the step's rows, at most
+//! `max_batch` over all sequences, and the logits one row per sequence (every row of the step
+//! with `all_logits`).
+
+use super::bytes::overflow;
+use crate::backend::gpu::KvType;
+use crate::error::{DecodeError, Result};
+use crate::model::ModelSpec;
+
+/// The positions a context keeps: the requested context, clamped to the model's trained one.
+pub fn clamp_context(spec: &ModelSpec, context: usize) -> usize {
+    context.min(spec.context_length.max(1))
+}
+
+/// KV slots per sequence of each layer for a context of `context` positions (already
+/// clamped) and steps of up to `max_batch` tokens: the context on a full layer; on a
+/// sliding-window layer a ring of `window + max_batch - 1` slots (enough for a whole prefill
+/// chunk) when that is smaller.
+pub fn kv_slots(spec: &ModelSpec, context: usize, max_batch: usize) -> Vec<usize> {
+    spec.layers
+        .iter()
+        .map(|l| match l.window {
+            Some(w) => context.min(w.saturating_add(max_batch.saturating_sub(1))),
+            None => context,
+        })
+        .collect()
+}
+
+/// Values of one layer's key (or value) buffer: `n_seq` sequences of `slots` rows of `dim`.
+pub fn kv_values(slots: usize, n_seq: usize, dim: usize) -> Result<usize> {
+    slots
+        .checked_mul(n_seq)
+        .and_then(|rows| rows.checked_mul(dim))
+        .ok_or_else(|| DecodeError::Allocation {
+            what: "the KV cache".into(),
+            reason: format!("{n_seq} sequences of {slots} positions of {dim} values overflow"),
+        })
+}
+
+/// Bytes of one KV value on the GPU backend.
+pub fn kv_elem_bytes(kv_type: KvType) -> usize {
+    match kv_type {
+        KvType::F16 => 2,
+        KvType::F32 => 4,
+    }
+}
+
+/// Bytes the GPU backend asks for a buffer of `values` values of `elem_bytes`: whole f32
+/// words, so the zeroing kernel covers an odd count of f16 values too.
+pub fn gpu_buffer_bytes(values: usize, elem_bytes: usize) -> Option<usize> {
+    values
+        .checked_mul(elem_bytes)
+        .and_then(|b| b.checked_next_multiple_of(4))
+}
+
+/// The activation buffers of a step, in `Model::load`'s order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Residual,
+    Normalized,
+    Query,
+    Key,
+    Value,
+    Attention,
+    Projection,
+    FfnGate,
+    FfnUp,
+    Router,
+    Logits,
+}
+
+impl Activation {
+    pub const ALL: [Activation; 11] = [
+        Activation::Residual,
+        Activation::Normalized,
+        Activation::Query,
+        Activation::Key,
+        Activation::Value,
+        Activation::Attention,
+        Activation::Projection,
+        Activation::FfnGate,
+        Activation::FfnUp,
+        Activation::Router,
+        Activation::Logits,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::Residual => "residual",
+            Activation::Normalized => "normalized",
+            Activation::Query => "query",
+            Activation::Key => "key",
+            Activation::Value => "value",
+            Activation::Attention => "attention",
+            Activation::Projection => "projection",
+            Activation::FfnGate => "FFN gate",
+            Activation::FfnUp => "FFN up",
+            Activation::Router => "router",
+            Activation::Logits => "logits",
+        }
+    }
+}
+
+/// The activation buffers' sizes (f32 values each), and which of them matrix products read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActivationSizes {
+    values: [usize; 11],
+    logit_rows: usize,
+    /// The buffers matrix products read, with their row width: the normalized rows (Q/K/V,
+    /// gate/up, router, output), the attention output and, in a dense FFN, the gated
+    /// activations. A GPU backend keeps an 8-bit copy of each.
+    pub matmul_inputs: Vec<(Activation, usize)>,
+}
+
+impl ActivationSizes {
+    /// f32 values of `which`.
+    pub fn values(&self, which: Activation) -> usize {
+        self.values[which as usize]
+    }
+
+    /// Rows of the logits buffer.
+    pub fn logit_rows(&self) -> usize {
+        self.logit_rows
+    }
+}
+
+/// The activation buffers of a context of `n_seq` sequences whose steps carry up to
+/// `max_batch` tokens.
+pub fn activations(
+    s: &ModelSpec,
+    max_batch: usize,
+    n_seq: usize,
+    all_logits: bool,
+) -> Result<ActivationSizes> {
+    let (e, qd, kd, vd) = (s.n_embd, s.widths.q, s.widths.k, s.widths.v);
+    // MoE layers have no dense FFN here, so feed_forward_length sizes nothing for them.
+    let ff = if s.is_moe() { s.n_ff_expert } else { s.n_ff };
+    // One row per sequence (no more than a step carries), or every row of the step.
+    let logit_rows = if all_logits {
+        max_batch
+    } else {
+        n_seq.min(max_batch)
+    };
+    let shape = |which: Activation| match which {
+        Activation::Residual | Activation::Projection => (max_batch, e),
+        Activation::Normalized => (max_batch, e.max(qd)),
+        Activation::Query => (max_batch, qd),
+        Activation::Key => (max_batch, kd),
+        Activation::Value => (max_batch, vd),
+        Activation::Attention => (max_batch, s.widths.o),
+        Activation::FfnGate | Activation::FfnUp => (max_batch, ff),
+        Activation::Router => (max_batch, s.n_expert.max(1)),
+        Activation::Logits => (logit_rows, s.vocab),
+    };
+    let mut values = [0usize; 11];
+    for which in Activation::ALL {
+        let (rows, width) = shape(which);
+        values[which as usize] = rows
+            .checked_mul(width)
+            .filter(|n| n.checked_mul(4).is_some())
+            .ok_or_else(|| DecodeError::Allocation {
+                what: format!("the {} activations", which.name()),
+                reason: format!("{rows} rows of {width} values overflow"),
+            })?;
+    }
+    let mut matmul_inputs = vec![
+        (Activation::Normalized, e.max(qd)),
+        (Activation::Attention, s.widths.o),
+    ];
+    if !s.is_moe() {
+        matmul_inputs.push((Activation::FfnGate, ff));
+    }
+    Ok(ActivationSizes {
+        values,
+        logit_rows,
+        matmul_inputs,
+    })
+}
+
+/// KV bytes a decode token reads, averaged over positions `0..context`: a full layer reads
+/// every position so far, a sliding-window layer at most its window (and its ring).
+pub fn kv_reads(s: &ModelSpec, slots: &[usize], context: usize, row_bytes: usize) -> Result<u64> {
+    let c = context as u128;
+    let mut sum = 0u128;
+    for (l, &n) in s.layers.iter().zip(slots) {
+        let w = l.window.map_or(n, |w| w.min(n)) as u128;
+        // Σ_{p=0}^{c-1} min(p + 1, w)
+        let reads = if w >= c {
+            c * (c + 1) / 2
+        } else {
+            w * (w + 1) / 2 + (c - w) * w
+        };
+        sum = reads
+            .checked_mul(row_bytes as u128)
+            .and_then(|r| sum.checked_add(r))
+            .ok_or_else(|| overflow("the KV reads"))?;
+    }
+    u64::try_from(sum / c.max(1)).map_err(|_| overflow("the KV reads"))
+}
+
+/// Bytes of a KV buffer of `values` values on `elem_bytes`, checked.
+pub fn kv_buffer_bytes(values: usize, elem_bytes: usize) -> Result<usize> {
+    gpu_buffer_bytes(values, elem_bytes).ok_or_else(|| overflow("the KV cache"))
+}

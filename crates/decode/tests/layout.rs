@@ -1,0 +1,172 @@
+//! The layout against what a load allocates, per tag.
+//!
+//! - On the CPU, for every tiny preset at several contexts, with one and two sequences, with
+//!   and without every row's logits: the layout's bytes per tag equal the CPU backend's books
+//!   (`memory()`) exactly.
+//! - On a GPU, for every tiny preset and each model in `HIPDECODE_SYNTH_MODELS` at contexts
+//!   4096 and 32768: the layout replayed on the allocator equals the backend's allocator per
+//!   tag (its `per_tag` current bytes, block sizes after its rounding), and its peak reserved
+//!   bytes. What the runtime takes outside the allocator is a measured figure: printed beside
+//!   the device's reading, not asserted.
+
+mod common;
+
+use decode::backend::cpu::CpuBackend;
+use decode::backend::gpu::{GpuBackend, GpuConfig, DEFAULT_MAX_BATCH};
+use decode::backend::{Backend, Precision};
+use decode::context::{Context, ContextOptions};
+use decode::gguf_loader::synth::Preset;
+use decode::layout::{LayoutOptions, ModelLayout, Presence};
+use decode::model::Model;
+use decode::session::Session;
+use decode::MemoryTag;
+use offload::PlanTag;
+use std::sync::Arc;
+use test_support::gpu::gpu_lock;
+
+const TINY: [Preset; 4] = [
+    Preset::TinyLlama,
+    Preset::TinyQwen3,
+    Preset::TinyQwen3Moe,
+    Preset::TinyGemma3,
+];
+
+#[test]
+fn the_layout_is_what_a_cpu_load_books_per_tag() {
+    for preset in TINY {
+        let file = Arc::new(common::preset_file(preset));
+        let cases = [5, 64, 2048]
+            .into_iter()
+            .flat_map(|c| [(c, 1, false), (c, 1, true), (c, 2, false)]);
+        for (context, sequences, all_logits) in cases {
+            let options = ContextOptions {
+                context,
+                all_logits,
+                sequences,
+                ..ContextOptions::default()
+            };
+            let layout = ModelLayout::new(&file, &LayoutOptions::cpu(&options)).unwrap();
+            let mut backend = CpuBackend::new(Precision::Fast);
+            let model = Model::load(&file, &mut backend).unwrap();
+            let ctx = Context::new(&model, &mut backend, options).unwrap();
+            let mem = backend.memory();
+            let what = format!(
+                "{} at context {context}, {sequences} sequences, all_logits {all_logits}",
+                preset.name()
+            );
+            assert_eq!(layout.context, ctx.options().context, "{what}");
+            for tag in MemoryTag::ALL {
+                assert_eq!(
+                    layout.requested(tag),
+                    mem.get(tag),
+                    "{what}: {} (layout against the CPU's books)",
+                    tag.name()
+                );
+            }
+            // The planner's view is the same list: the weights' tensors, and needs with no
+            // workspace, graph or slack on the CPU.
+            assert_eq!(layout.tensors.len(), file.tensors().len(), "{what}");
+            assert_eq!(layout.needs.kv_cache, mem.get(MemoryTag::KvCache), "{what}");
+            assert_eq!(layout.needs.workspace, 0, "{what}");
+        }
+    }
+}
+
+/// Per tag, the layout's bytes asked, the layout replayed on the allocator, and the allocator's
+/// report of the real load; fails on any tag where the last two differ.
+fn compare_on_the_gpu(
+    label: &str,
+    file: &Arc<decode::GgufFile>,
+    device: hip_ffi::Device,
+    context: usize,
+) {
+    let config = GpuConfig::from_process().expect("the GPU settings are valid");
+    let backend = GpuBackend::with_config(device, DEFAULT_MAX_BATCH, true, None, &config)
+        .expect("the GPU backend starts");
+    let model_options = ContextOptions {
+        context,
+        ..ContextOptions::default()
+    };
+    let options = LayoutOptions {
+        vendor_gemm: backend.has_vendor_gemm(),
+        ..LayoutOptions::gpu(&model_options, &config, DEFAULT_MAX_BATCH)
+    };
+    let layout = ModelLayout::new(file, &options).expect("layout");
+    let view = layout.replay(true).expect("replay");
+    let model = Session::load(file, backend, model_options).expect("load");
+    let stats = model.backend().allocator().stats();
+    let what = format!("{label} at context {context}");
+    eprintln!("{what}:");
+    eprintln!(
+        "  {:<16} {:>14} {:>14} {:>14}",
+        "tag", "layout asked", "layout blocks", "allocator"
+    );
+    let mut differ = Vec::new();
+    for tag in MemoryTag::ALL {
+        let (asked, blocks, real) = (layout.requested(tag), view.get(tag), stats.tag(tag).current);
+        eprintln!("  {:<16} {asked:>14} {blocks:>14} {real:>14}", tag.name());
+        if blocks != real {
+            differ.push(format!("{}: layout {blocks}, allocator {real}", tag.name()));
+        }
+    }
+    eprintln!(
+        "  {:<16} {:>14} {:>14} {:>14}",
+        "peak reserved", "", view.peak_reserved, stats.peak_reserved_bytes
+    );
+    if view.peak_reserved != stats.peak_reserved_bytes {
+        differ.push(format!(
+            "peak reserved: layout {}, allocator {}",
+            view.peak_reserved, stats.peak_reserved_bytes
+        ));
+    }
+    // Outside the allocator: measured constants, reported beside the device's reading.
+    let outside: u64 = layout
+        .buffers
+        .iter()
+        .filter(|b| b.presence == Presence::OutsideAllocator && !b.what.starts_with("page tables"))
+        .map(|b| b.bytes)
+        .sum();
+    let measured = model
+        .backend()
+        .device_memory()
+        .expect("a device")
+        .map(|m| m.outside_allocator)
+        .unwrap_or_default();
+    eprintln!(
+        "  {:<16} {:>14} {:>14} {:>14}  (measured constants; not asserted)",
+        PlanTag::Graph.name(),
+        outside,
+        "",
+        measured
+    );
+    assert!(differ.is_empty(), "{what}: {}", differ.join("; "));
+}
+
+#[test]
+fn the_layout_is_what_a_gpu_load_allocates_per_tag() {
+    let test = "the_layout_is_what_a_gpu_load_allocates_per_tag";
+    let _one_at_a_time = gpu_lock();
+    let Some(device) = hip_ffi::testing::device_or_skip(test) else {
+        return;
+    };
+    for preset in TINY {
+        let file = Arc::new(common::preset_file(preset));
+        for context in [64, 2048] {
+            compare_on_the_gpu(preset.name(), &file, device, context);
+        }
+    }
+    let Some(list) = decode::environment::SYNTH_MODELS.read().unwrap() else {
+        eprintln!(
+            "{test}: HIPDECODE_SYNTH_MODELS names no real-shape synthetic models; the 8B and \
+             30B-A3B shapes were not compared (make them with `cargo xtask synth-model \
+             llama3-8b-q4_k_m`)"
+        );
+        return;
+    };
+    for path in std::env::split_paths(&list) {
+        let file = decode::open_model(&path).unwrap();
+        for context in [4096, 32768] {
+            compare_on_the_gpu(&path.display().to_string(), &file, device, context);
+        }
+    }
+}
