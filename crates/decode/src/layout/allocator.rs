@@ -84,3 +84,57 @@ pub fn replay(requests: &[Request]) -> Result<AllocatorView> {
     drop(live);
     Ok(view)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rocm_alloc::size_class::{MIN_BLOCK, SMALL_SEGMENT};
+
+    #[test]
+    fn blocks_are_rounded_and_a_replaced_buffer_stays_cached() {
+        let kv = MemoryTag::KvCache;
+        let ws = MemoryTag::Workspace;
+        let view = replay(&[
+            Request {
+                tag: kv,
+                bytes: 100,
+                frees: None,
+            },
+            Request {
+                tag: ws,
+                bytes: 1000,
+                frees: None,
+            },
+            // Replaces the workspace buffer: freed first, cached in the small segment.
+            Request {
+                tag: ws,
+                bytes: 3000,
+                frees: Some(1),
+            },
+        ])
+        .unwrap();
+        assert_eq!(view.get(kv), MIN_BLOCK);
+        assert_eq!(view.get(ws), 3072);
+        assert_eq!(view.peak_reserved, SMALL_SEGMENT);
+        let err = replay(&[Request {
+            tag: ws,
+            bytes: 1,
+            frees: Some(3),
+        }])
+        .unwrap_err();
+        assert!(err.to_string().contains("before it is made"), "{err}");
+    }
+
+    #[test]
+    fn a_large_buffer_takes_its_own_segment() {
+        let view = replay(&[Request {
+            tag: MemoryTag::Weights,
+            bytes: (10 << 20) + 1,
+            frees: None,
+        }])
+        .unwrap();
+        // Rounded to 512 bytes; its segment to 2 MiB, whose remainder (over 1 MiB) is split off.
+        assert_eq!(view.get(MemoryTag::Weights), (10 << 20) + 512);
+        assert_eq!(view.peak_reserved, 12 << 20);
+    }
+}
