@@ -1,5 +1,5 @@
 //! What a context holds besides the weights: the KV cache of each layer and the activation
-//! buffers a step writes. `Model::load` sizes both with these functions, and
+//! buffers a step writes. `Context::new` sizes both with these functions, and
 //! [`super::ModelLayout`] lists the same buffers, so the estimate is the allocation.
 //!
 //! A context holds `n_seq` sequences. Each layer's KV buffers hold `n_seq` blocks of that
@@ -58,7 +58,7 @@ pub fn gpu_buffer_bytes(values: usize, elem_bytes: usize) -> Option<usize> {
         .and_then(|b| b.checked_next_multiple_of(4))
 }
 
-/// The activation buffers of a step, in `Model::load`'s order.
+/// The activation buffers of a step, in `Context::new`'s order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
     Residual,

@@ -1,7 +1,7 @@
 //! One layout for loading and estimating: every buffer a model needs on a backend, by tag,
 //! with what it is for, for given bounds ([`LayoutOptions`]).
 //!
-//! The allocating code reads its sizes from this module's functions: `Model::load` sizes the
+//! The allocating code reads its sizes from this module's functions: `Context::new` sizes the
 //! KV cache and the activations with [`context`], and the GPU backend sizes its step block and
 //! every workspace buffer with [`workspace`]. [`ModelLayout::new`] lists the same figures from
 //! the model file alone, with no device, for the offload planner and `hipdecode plan`, so
