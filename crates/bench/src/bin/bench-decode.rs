@@ -81,7 +81,11 @@ fn main() -> Result<()> {
         // The plan is made for the run's own context and batch, as `run_model` loads it.
         let context = plan.n_prompt + plan.n_gen + 1;
         let options = decode::layout::LayoutOptions {
-            max_batch: plan.n_prompt.clamp(1, plan.max_batch.max(1)),
+            bounds: decode::context::ContextOptions {
+                context,
+                max_batch: plan.n_prompt.clamp(1, plan.max_batch.max(1)),
+                ..Default::default()
+            },
             step_block_batch: settings.gpu_max_batch,
             ..decode::layout::LayoutOptions::for_config(context, &gpu_config)
         };

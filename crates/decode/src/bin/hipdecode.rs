@@ -587,7 +587,7 @@ fn plan(args: PlanArgs) -> Result<()> {
             decode::backend::gpu::KvType::F16 => "f16",
             decode::backend::gpu::KvType::F32 => "f32",
         },
-        options.max_batch,
+        options.bounds.max_batch,
         if options.int8_matvec { "int8" } else { "exact" },
         if options.vendor_gemm {
             "reserved"

@@ -48,15 +48,9 @@ pub enum Target {
 /// The bounds and settings that size a model's buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LayoutOptions {
-    /// Positions the KV cache holds per sequence (clamped to the model's trained context, as
-    /// the load does).
-    pub context: usize,
-    /// Most tokens one step carries (the prefill chunk); sizes activations and workspace.
-    pub max_batch: usize,
-    /// Sequences a context holds: KV rows per layer and logit rows scale with it.
-    pub n_seq: usize,
-    /// Logits for every row of a step, not one per sequence (reference checks).
-    pub all_logits: bool,
+    /// The context's bounds: positions per sequence (clamped to the model's trained context,
+    /// as the load does), rows per step, sequences, and whether every row keeps logits.
+    pub bounds: ContextOptions,
     /// The backend.
     pub target: Target,
     /// The GPU's KV cache element type (`HIPDECODE_KV_TYPE`); the CPU's is f32.
@@ -78,10 +72,10 @@ impl Default for LayoutOptions {
     /// The GPU backend's defaults, with a context of 2048 (`hipdecode run`'s).
     fn default() -> Self {
         LayoutOptions {
-            context: 2048,
-            max_batch: ContextOptions::default().max_batch,
-            n_seq: 1,
-            all_logits: false,
+            bounds: ContextOptions {
+                context: 2048,
+                ..ContextOptions::default()
+            },
             target: Target::Gpu,
             kv_type: KvType::F16,
             int8_matvec: true,
@@ -103,7 +97,10 @@ impl LayoutOptions {
     /// path of `config`, as a GPU backend opened with it allocates.
     pub fn for_config(context: usize, config: &GpuConfig) -> LayoutOptions {
         LayoutOptions {
-            context,
+            bounds: ContextOptions {
+                context,
+                ..ContextOptions::default()
+            },
             kv_type: config.kv_type,
             int8_matvec: config.matvec_path == MatvecPath::Int8,
             vendor_gemm: config.prefill_path != PrefillPath::Kernels,
@@ -115,10 +112,7 @@ impl LayoutOptions {
     /// What the CPU backend allocates for a context made with `options`.
     pub fn cpu(options: &ContextOptions) -> LayoutOptions {
         LayoutOptions {
-            context: options.context,
-            max_batch: options.max_batch,
-            n_seq: options.sequences,
-            all_logits: options.all_logits,
+            bounds: *options,
             target: Target::Cpu,
             kv_type: KvType::F32,
             int8_matvec: false,
@@ -132,9 +126,7 @@ impl LayoutOptions {
     /// and a step block of `step_block_batch` tokens.
     pub fn gpu(options: &ContextOptions, config: &GpuConfig, step_block_batch: usize) -> Self {
         LayoutOptions {
-            max_batch: options.max_batch,
-            n_seq: options.sequences,
-            all_logits: options.all_logits,
+            bounds: *options,
             step_block_batch,
             ..Self::for_config(options.context, config)
         }
@@ -223,14 +215,14 @@ impl ModelLayout {
     pub fn new(file: &GgufFile, options: &LayoutOptions) -> Result<ModelLayout> {
         let s = ModelSpec::from_gguf(file)?;
         let o = options;
-        if o.max_batch == 0 || o.context == 0 || o.n_seq == 0 {
+        if o.bounds.max_batch == 0 || o.bounds.context == 0 || o.bounds.sequences == 0 {
             return Err(DecodeError::InvalidArgument(
                 "context, batch size and sequences must be at least 1".into(),
             ));
         }
         let gpu = o.target == Target::Gpu;
         let (weights, matrices) = weights::loaded_weights(file, &s)?;
-        let mb = o.max_batch;
+        let mb = o.bounds.max_batch;
         let (kd, vd) = (s.widths.k, s.widths.v);
         let mut lines = Lines(Vec::new());
 
@@ -245,7 +237,7 @@ impl ModelLayout {
         }
 
         // `Context::new`: the KV cache, then the activations.
-        let context = context::clamp_context(&s, o.context);
+        let context = context::clamp_context(&s, o.bounds.context);
         let slots = context::kv_slots(&s, context, mb);
         let elem = if gpu {
             context::kv_elem_bytes(o.kv_type)
@@ -254,13 +246,13 @@ impl ModelLayout {
         };
         for (il, &n) in slots.iter().enumerate() {
             for (dim, what) in [(kd, "keys"), (vd, "values")] {
-                let values = context::kv_values(n, o.n_seq, dim)?;
+                let values = context::kv_values(n, o.bounds.sequences, dim)?;
                 let bytes = context::kv_buffer_bytes(values, elem)?;
                 lines.add(PlanTag::KvCache, format!("layer {il} {what}"), bytes);
             }
         }
         let kv_read_per_token = context::kv_reads(&s, &slots, context, (kd + vd) * elem)?;
-        let act = context::activations(&s, mb, o.n_seq, o.all_logits)?;
+        let act = context::activations(&s, mb, o.bounds.sequences, o.bounds.all_logits)?;
         for which in Activation::ALL {
             // `activations` checked that the bytes fit.
             lines.add(PlanTag::Activations, which.name(), act.values(which) * 4);
@@ -456,7 +448,7 @@ fn gpu_workspace(
     act: &context::ActivationSizes,
 ) -> Result<()> {
     use workspace as w;
-    let mb = o.max_batch;
+    let mb = o.bounds.max_batch;
     let ws = PlanTag::Workspace;
     let attention = w::attention_partials_floats(decode_attention)?;
     lines.add(ws, "split-attention partials", attention.max(1) * 4);

@@ -57,14 +57,12 @@ impl Backend for GpuBackend {
             Elem::F32
         };
         let size = if elem == Elem::F16 { 2 } else { 4 };
-        // Whole f32 words, so the zeroing kernel covers an odd count of f16 values too.
-        let bytes = len
-            .checked_mul(size)
-            .map(|b| b.next_multiple_of(4))
-            .ok_or_else(|| DecodeError::Allocation {
+        let bytes = crate::layout::context::gpu_buffer_bytes(len, size).ok_or_else(|| {
+            DecodeError::Allocation {
                 what: format!("{len} values of {}", tag.name()),
                 reason: "the byte count overflows".into(),
-            })?;
+            }
+        })?;
         let mem = self.device_alloc(tag, bytes, &format!("{len} values of {}", tag.name()))?;
         // SAFETY: the allocation holds `bytes / 4` f32 words and lives until the buffer made
         // from it below is dropped; zeroing queues on the backend's stream before any use.
