@@ -3,8 +3,9 @@
 # writes under /tmp/check, so a later call collects it:
 #   1. the two synthetic shapes are written (CPU work, about a minute on the H200's host);
 #   2. verify-rocm with the GPU and the vendor library required: every GPU test, the golden
-#      tokens of every tiny preset and real Gemma on both GPU paths, and the real-shape test
-#      over the two synthetic shapes among them;
+#      tokens of every tiny preset and real Gemma on both GPU paths, and the real-shape and
+#      layout tests over the two synthetic shapes among them; then the layout test alone with
+#      its per-tag tables printed;
 #   3. bench-decode -p 512 -n 128 -r 5 --device gpu on Gemma and both shapes, from the parent
 #      commit's bench-decode ($PARENT) and this one's (bundle/bin), alternating, ROUNDS rounds
 #      (ROUNDS=0 skips it);
@@ -35,6 +36,12 @@ echo "models written at $(date -u +%T)" >> $C/status
 HIPDECODE_REQUIRE_GPU=1 HIPDECODE_REQUIRE_BLAS=1 HIPDECODE_SYNTH_MODELS=$L:$Q bundle/run.sh \
   > $C/verify.log 2>&1
 echo "verify-rocm exit $? at $(date -u +%T)" >> $C/status
+# The layout test again with its per-tag tables printed (verify-rocm keeps passing output).
+for t in bundle/tests/layout-*; do
+  HIPDECODE_REQUIRE_GPU=1 HIPDECODE_SYNTH_MODELS=$L:$Q $t --nocapture --test-threads 1 \
+    > $C/layout.log 2>&1
+  echo "layout tables exit $? at $(date -u +%T)" >> $C/status
+done
 for r in $(seq 1 "$ROUNDS"); do
   for arm in parent new; do
     [ $arm = parent ] && B=$PARENT || B=bundle/bin
