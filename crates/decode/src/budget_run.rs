@@ -12,7 +12,7 @@
 //! them in place with `HIPDECODE_OFFLOAD_PREFILL=in-place`). [`BudgetRun::summary`] prints the
 //! plan, the limit and where the host weights are read.
 
-use crate::backend::gpu::HostPlacement;
+use crate::backend::gpu::{CpuShare, HostPlacement};
 use crate::device::{BackendChoice, GpuOffload};
 use crate::error::{DecodeError, Result};
 use crate::layout::{LayoutOptions, ModelLayout};
@@ -74,17 +74,20 @@ pub struct BudgetRequest {
     pub device_total: u64,
     /// The run's context and batch, which size what must be resident.
     pub options: LayoutOptions,
+    /// How offloaded products split with the host (the run's GPU config), which the link
+    /// model predicts with.
+    pub cpu_share: CpuShare,
 }
 
 /// The link model the planner predicts with: the H200's rates, with the host's cores adding
-/// to zero-copy reads unless the hybrid split is off
-/// ([`crate::backend::gpu::CPU_SHARE`]).
-pub fn default_link() -> Result<LinkModel> {
+/// to zero-copy reads unless the hybrid split is off (`cpu_share`, the run's
+/// [`crate::backend::gpu::GpuConfig::cpu_share`]).
+pub fn default_link(cpu_share: CpuShare) -> LinkModel {
     let link = LinkModel::h200_default();
-    Ok(match crate::backend::gpu::CpuShare::from_env()? {
-        crate::backend::gpu::CpuShare::Off => link.with_host_compute_gbps(0.0),
+    match cpu_share {
+        CpuShare::Off => link.with_host_compute_gbps(0.0),
         _ => link,
-    })
+    }
 }
 
 pub static OFFLOAD_STREAM: knobs::Knob<bool> = knobs::Knob {
@@ -137,6 +140,7 @@ pub fn for_choice(
     gpu_budget: Option<&str>,
     host_budget: Option<&str>,
     options: LayoutOptions,
+    cpu_share: CpuShare,
 ) -> Result<Option<BudgetRun>> {
     let Some((budget, budget_source)) = budget_from(gpu_budget)? else {
         if host_budget.is_some() {
@@ -166,6 +170,7 @@ pub fn for_choice(
             host_budget: host_budget.map(str::to_string),
             device_total,
             options,
+            cpu_share,
         },
     )
     .map(Some)
@@ -188,8 +193,8 @@ pub fn prepare(file: &GgufFile, req: &BudgetRequest) -> Result<BudgetRun> {
         .resolve(Some(req.device_total))
         .map_err(|e| invalid(&e))?;
     let layout = ModelLayout::new(file, &req.options)?;
-    let plan =
-        offload::plan(&plan_request(&layout, budget, default_link()?)?).map_err(|e| invalid(&e))?;
+    let plan = offload::plan(&plan_request(&layout, budget, default_link(req.cpu_share))?)
+        .map_err(|e| invalid(&e))?;
     let mut host = std::collections::HashMap::new();
     let mut device_weight_bytes = 0u64;
     for t in &plan.tensors {

@@ -17,7 +17,7 @@ mod common;
 use common::*;
 use decode::backend::gpu::offload::prefetch::HostPrefill;
 use decode::backend::gpu::vendor_gemm::VENDOR_GEMM_MIN_ROWS;
-use decode::backend::gpu::CpuShare;
+use decode::backend::gpu::{CpuShare, GpuConfig};
 use decode::backend::Backend;
 use decode::budget_run::{self, BudgetRequest, BudgetRun};
 use decode::context::ContextOptions;
@@ -36,8 +36,12 @@ use test_support::tolerance::top2_margin;
 
 const CONTEXT: usize = 256;
 
+fn config() -> GpuConfig {
+    GpuConfig::from_process().expect("the environment's GPU settings are valid")
+}
+
 fn options() -> LayoutOptions {
-    LayoutOptions::from_env(CONTEXT).expect("the environment's GPU settings are valid")
+    LayoutOptions::for_config(CONTEXT, &config())
 }
 
 fn request(budget: u64, host_budget: Option<&str>) -> BudgetRequest {
@@ -47,6 +51,7 @@ fn request(budget: u64, host_budget: Option<&str>) -> BudgetRequest {
         host_budget: host_budget.map(str::to_string),
         device_total: 1 << 40,
         options: options(),
+        cpu_share: config().cpu_share,
     }
 }
 
@@ -137,13 +142,27 @@ fn the_allocator_limit_is_the_budget_less_graph_memory_and_nothing_streams() {
 #[test]
 fn a_budget_on_the_cpu_backend_is_an_error_not_ignored() {
     let file = preset_file(Preset::TinyLlama);
-    let err = budget_run::for_choice(&BackendChoice::Cpu, &file, Some("1GiB"), None, options())
-        .expect_err("the CPU backend has no device budget")
-        .to_string();
+    let err = budget_run::for_choice(
+        &BackendChoice::Cpu,
+        &file,
+        Some("1GiB"),
+        None,
+        options(),
+        config().cpu_share,
+    )
+    .expect_err("the CPU backend has no device budget")
+    .to_string();
     assert!(err.contains("--device gpu"), "{err}");
-    let err = budget_run::for_choice(&BackendChoice::Cpu, &file, None, Some("1GiB"), options())
-        .expect_err("a host budget alone means nothing")
-        .to_string();
+    let err = budget_run::for_choice(
+        &BackendChoice::Cpu,
+        &file,
+        None,
+        Some("1GiB"),
+        options(),
+        config().cpu_share,
+    )
+    .expect_err("a host budget alone means nothing")
+    .to_string();
     assert!(err.contains("--gpu-budget"), "{err}");
 }
 

@@ -95,6 +95,7 @@ fn main() -> Result<()> {
             args.gpu_budget.as_deref(),
             args.host_budget.as_deref(),
             options,
+            gpu_config.cpu_share,
         )?;
         if let Some(b) = &budget_run {
             eprint!("{}: {}", path.display(), b.summary());

@@ -311,6 +311,7 @@ fn run(args: RunArgs) -> Result<()> {
         args.gpu_budget.as_deref(),
         args.host_budget.as_deref(),
         decode::layout::LayoutOptions::for_config(args.ctx, &gpu_config),
+        gpu_config.cpu_share,
     )?;
     if let Some(b) = &budget_run {
         eprint!("{}", b.summary());
@@ -547,9 +548,10 @@ fn plan(args: PlanArgs) -> Result<()> {
     };
     let bytes = budget.resolve(device_total)?;
     let file = decode::open_model(&args.model)?;
-    let options = decode::layout::LayoutOptions::from_env(args.context)?;
+    let gpu_config = decode::backend::gpu::GpuConfig::from_process()?;
+    let options = decode::layout::LayoutOptions::for_config(args.context, &gpu_config);
     let layout = decode::layout::ModelLayout::new(&file, &options)?;
-    let defaults = decode::budget_run::default_link()?;
+    let defaults = decode::budget_run::default_link(gpu_config.cpu_share);
     let given = args.hbm_gbps.is_some()
         || args.zero_copy_gbps.is_some()
         || args.copy_gbps.is_some()

@@ -10,7 +10,7 @@ mod kv_cache;
 
 pub use kv_cache::KvCache;
 
-use crate::backend::{Attention, Backend, MoeShape, StepBounds};
+use crate::backend::Backend;
 use crate::batch::SeqId;
 use crate::error::{DecodeError, Result};
 use crate::layout::context::{self as layout, Activation as Act};
@@ -128,7 +128,7 @@ impl<B: Backend> Context<B> {
                 backend.describe()
             )));
         }
-        let (e, kd, vd) = (s.n_embd, s.widths.k, s.widths.v);
+        let (kd, vd) = (s.widths.k, s.widths.v);
         // The sizes are the layout's (`crate::layout::context`), which `ModelLayout` lists.
         let context = layout::clamp_context(s, options.context);
         let mb = options.max_batch;
@@ -150,32 +150,7 @@ impl<B: Backend> Context<B> {
             router: a(Act::Router)?,
             logits: a(Act::Logits)?,
         };
-        let bounds = StepBounds {
-            max_tokens: mb,
-            decode_attention: s
-                .layers
-                .iter()
-                .zip(&kv.slots)
-                .map(|(l, &slots)| Attention {
-                    n_tokens: 1,
-                    n_head: s.n_head,
-                    n_head_kv: s.n_head_kv,
-                    head_dim_k: s.head_dim_k,
-                    head_dim_v: s.head_dim_v,
-                    scale: s.attn_scale,
-                    window: l.window,
-                    slots,
-                })
-                .collect(),
-            moe: s.is_moe().then_some(MoeShape {
-                rows: mb,
-                n_embd: e,
-                n_ff: s.n_ff_expert,
-                n_expert: s.n_expert,
-                k: s.n_expert_used,
-                act: s.gate,
-            }),
-        };
+        let bounds = layout::step_bounds(s, &kv.slots, mb);
         // The buffers matrix products read, as the layout lists them.
         let matmul_inputs: Vec<_> = (sizes.matmul_inputs.iter())
             .map(|&(which, width)| (act.get(which), width))

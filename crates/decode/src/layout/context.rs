@@ -9,6 +9,7 @@
 
 use super::bytes::overflow;
 use crate::backend::gpu::KvType;
+use crate::backend::{Attention, MoeShape, StepBounds};
 use crate::error::{DecodeError, Result};
 use crate::model::ModelSpec;
 
@@ -29,6 +30,38 @@ pub fn kv_slots(spec: &ModelSpec, context: usize, max_batch: usize) -> Vec<usize
             None => context,
         })
         .collect()
+}
+
+/// The largest step of a context whose layers hold `slots` rows per sequence, steps carry at
+/// most `max_batch` rows: what the backend reserves its workspace for.
+pub fn step_bounds(spec: &ModelSpec, slots: &[usize], max_batch: usize) -> StepBounds {
+    let s = spec;
+    StepBounds {
+        max_tokens: max_batch,
+        decode_attention: s
+            .layers
+            .iter()
+            .zip(slots)
+            .map(|(l, &slots)| Attention {
+                n_tokens: 1,
+                n_head: s.n_head,
+                n_head_kv: s.n_head_kv,
+                head_dim_k: s.head_dim_k,
+                head_dim_v: s.head_dim_v,
+                scale: s.attn_scale,
+                window: l.window,
+                slots,
+            })
+            .collect(),
+        moe: s.is_moe().then_some(MoeShape {
+            rows: max_batch,
+            n_embd: s.n_embd,
+            n_ff: s.n_ff_expert,
+            n_expert: s.n_expert,
+            k: s.n_expert_used,
+            act: s.gate,
+        }),
+    }
 }
 
 /// Values of one layer's key (or value) buffer: `n_seq` sequences of `slots` rows of `dim`.

@@ -88,12 +88,6 @@ impl Default for LayoutOptions {
 
 impl LayoutOptions {
     /// The GPU defaults for `context`, with the KV type, the matrix-vector path and the prefill
-    /// path taken from the variables the GPU backend reads.
-    pub fn from_env(context: usize) -> Result<LayoutOptions> {
-        Ok(Self::for_config(context, &GpuConfig::from_process()?))
-    }
-
-    /// The GPU defaults for `context`, with the KV type, the matrix-vector path and the prefill
     /// path of `config`, as a GPU backend opened with it allocates.
     pub fn for_config(context: usize, config: &GpuConfig) -> LayoutOptions {
         LayoutOptions {
@@ -258,22 +252,8 @@ impl ModelLayout {
             lines.add(PlanTag::Activations, which.name(), act.values(which) * 4);
         }
         if gpu {
-            let decode_attention: Vec<Attention> = s
-                .layers
-                .iter()
-                .zip(&slots)
-                .map(|(l, &slots)| Attention {
-                    n_tokens: 1,
-                    n_head: s.n_head,
-                    n_head_kv: s.n_head_kv,
-                    head_dim_k: s.head_dim_k,
-                    head_dim_v: s.head_dim_v,
-                    scale: s.attn_scale,
-                    window: l.window,
-                    slots,
-                })
-                .collect();
-            gpu_workspace(&mut lines, &s, o, &decode_attention, &matrices, &act)?;
+            let bounds = context::step_bounds(&s, &slots, mb);
+            gpu_workspace(&mut lines, &s, o, &bounds.decode_attention, &matrices, &act)?;
         }
 
         // Outside the allocator, and the allocator's own.

@@ -84,11 +84,6 @@ impl CpuShare {
             )),
         }
     }
-
-    /// The setting of [`CPU_SHARE`].
-    pub fn from_env() -> Result<CpuShare> {
-        Ok(CPU_SHARE.read()?)
-    }
 }
 
 /// What one share is kept for: the rows of products over one weight format, or MoE slots.
