@@ -5,6 +5,8 @@
 //! - [`context`]: the KV cache and activations of a set of sequences; [`batch`]: one step's
 //!   rows (sequence, position, prefill or decode, what each wants back).
 //! - [`session`]: one sequence over a model and a context, a prompt or a token at a time.
+//! - [`kv`]: the paged KV cache's books: blocks under a byte budget, block tables, prefix
+//!   sharing and the prefix cache.
 //! - [`tokenizer`]: SentencePiece-style and byte-level BPE tokenizers built from GGUF metadata.
 //! - [`sampler`]: greedy, temperature, top-k and top-p sampling with a seed.
 //! - [`generate`]: prefill, then decode, streaming tokens.
@@ -26,6 +28,7 @@ pub mod environment;
 pub mod error;
 pub mod fuzzing;
 pub mod generate;
+pub mod kv;
 pub mod layout;
 pub mod link_probe;
 pub mod managed_probe;

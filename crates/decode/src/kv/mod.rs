@@ -1,0 +1,16 @@
+//! The paged KV cache's books: fixed-size blocks of positions under a byte budget, each
+//! sequence's table of blocks, blocks shared between sequences with the same prefix, and the
+//! blocks of finished sequences kept as a prefix cache.
+//!
+//! This module decides which block holds which positions; it holds no device memory. The
+//! context that owns the KV storage asks it for blocks as its sequences grow, copies a block
+//! when [`BlockPool::reserve`] says a shared block must be copied before it is written
+//! (copy-on-write), and maps a position to its slot through the sequence's [`SeqBlocks`].
+//!
+//! - [`pool`]: [`BlockPool`], the blocks, their reference counts and the budget.
+//! - [`prefix`]: the keys the prefix cache finds full blocks by.
+
+pub mod pool;
+pub mod prefix;
+
+pub use pool::{BlockCopy, BlockId, BlockPool, PoolError, PoolStats, SeqBlocks};
