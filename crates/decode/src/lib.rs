@@ -36,6 +36,7 @@ pub mod memory;
 pub mod model;
 pub mod quant;
 pub mod sampler;
+pub mod scheduler;
 pub mod session;
 pub mod tokenizer;
 

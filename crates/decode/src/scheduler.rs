@@ -1,0 +1,427 @@
+//! Continuous batching: which sequences run in the next step, and which of their rows.
+//!
+//! Requests wait in arrival order. Each step the scheduler fills a [`StepBatch`] under a
+//! per-step token limit: first one decode row for every running sequence that is generating
+//! (oldest first), then prompt chunks of running sequences still prefilling, then new
+//! sequences admitted first come, first served while the context has a sequence slot and the
+//! KV pool has blocks for the whole prompt. A sequence's blocks come from the [`BlockPool`]:
+//! when a decode row finds the pool full, the most recently admitted sequence that has no row
+//! in the step yet is preempted (its blocks go back, and it waits at the head of the queue to
+//! be recomputed from its tokens so far), so the oldest running sequence always advances and
+//! every admitted sequence finishes. A request that could never fit the budget is refused at
+//! submission, naming the bytes it needs.
+//!
+//! The scheduler holds no device memory and runs no model: [`Scheduler::plan_step`] says what
+//! to run, the engine runs it (copying the blocks [`StepPlan::copies`] names first), and
+//! [`Scheduler::finish_step`] takes the sampled tokens and reports what happened.
+
+use crate::batch::{BatchRow, RowKind, RowOutput, SeqId, StepBatch};
+use crate::kv::{BlockCopy, BlockId, BlockPool, PoolError, SeqBlocks};
+use crate::sampler::SamplerConfig;
+use std::collections::VecDeque;
+
+/// A request's handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+/// What to generate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub sampler: SamplerConfig,
+    /// Tokens to generate at most.
+    pub max_new: usize,
+    /// Tokens that end the generation (kept in its output).
+    pub stop: Vec<u32>,
+}
+
+/// The bounds a scheduler works in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Sequences running at once (the context's sequence slots).
+    pub max_running: usize,
+    /// Rows one step carries at most (decode rows and prompt tokens together).
+    pub step_tokens: usize,
+    /// Positions one sequence may reach (the model's or the context's length).
+    pub max_positions: usize,
+}
+
+/// The default per-step token limit: the GPU's prefill chunk, a step's largest batch.
+pub const DEFAULT_STEP_TOKENS: usize = 64;
+
+/// Why a request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    Stop,
+    TokenLimit,
+    ContextFull,
+    Cancelled,
+}
+
+/// What a finished step produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    Token { id: RequestId, token: u32 },
+    Finished { id: RequestId, reason: Finish },
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScheduleError {
+    #[error(
+        "a request of {tokens} positions (prompt and new tokens) needs {needed_bytes} bytes of \
+         KV cache but the budget is {budget_bytes} bytes, so it could never run; shorten the \
+         prompt or the token limit, or raise the KV budget"
+    )]
+    NeverFits {
+        tokens: usize,
+        needed_bytes: u64,
+        budget_bytes: u64,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// One step to run.
+#[derive(Debug, Default)]
+pub struct StepPlan {
+    /// The rows; a row's `seq` is the sequence's slot in the context.
+    pub batch: StepBatch,
+    /// The request of each row.
+    pub requests: Vec<RequestId>,
+    /// Blocks to copy before the step writes (copy-on-write of shared blocks).
+    pub copies: Vec<BlockCopy>,
+    /// Requests preempted while planning: their slots were cleared and they wait to be
+    /// recomputed.
+    pub preempted: Vec<RequestId>,
+}
+
+struct Sequence {
+    id: RequestId,
+    request: Request,
+    /// Prompt and generated tokens.
+    tokens: Vec<u32>,
+    generated: usize,
+    /// Positions whose keys and values are written.
+    computed: usize,
+    blocks: SeqBlocks,
+    /// Its slot in the context while running.
+    slot: Option<SeqId>,
+    /// When it was (last) admitted: preemption takes the latest.
+    admitted: u64,
+    cancelled: bool,
+}
+
+impl Sequence {
+    /// Positions to compute before the next token can be sampled.
+    fn to_prefill(&self) -> usize {
+        self.tokens.len() - self.computed
+    }
+}
+
+/// The scheduler over one context's sequence slots and one KV pool.
+pub struct Scheduler {
+    config: SchedulerConfig,
+    pool: BlockPool,
+    waiting: VecDeque<Sequence>,
+    /// In admission order, oldest first.
+    running: Vec<Sequence>,
+    free_slots: Vec<SeqId>,
+    next_id: u64,
+    clock: u64,
+    /// Requests cancelled while waiting, reported at the next step.
+    ended: Vec<Event>,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig, pool: BlockPool) -> Result<Scheduler, ScheduleError> {
+        if config.max_running == 0 || config.step_tokens < config.max_running {
+            return Err(ScheduleError::Invalid(format!(
+                "a step of {} tokens for {} running sequences: the per-step token limit must \
+                 hold one decode row of each",
+                config.step_tokens, config.max_running
+            )));
+        }
+        Ok(Scheduler {
+            free_slots: (0..config.max_running).rev().collect(),
+            config,
+            pool,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_id: 0,
+            clock: 0,
+            ended: Vec::new(),
+        })
+    }
+
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// Requests not finished yet (running or waiting).
+    pub fn pending(&self) -> usize {
+        self.waiting.len() + self.running.len()
+    }
+
+    /// The block table of the sequence running in context slot `slot`.
+    pub fn blocks(&self, slot: SeqId) -> Option<&[Option<BlockId>]> {
+        self.running
+            .iter()
+            .find(|s| s.slot == Some(slot))
+            .map(|s| s.blocks.blocks())
+    }
+
+    /// Queues `request`; it is refused when it could never fit the KV budget, even alone.
+    pub fn submit(&mut self, request: Request) -> Result<RequestId, ScheduleError> {
+        if request.prompt.is_empty() || request.max_new == 0 {
+            return Err(ScheduleError::Invalid(
+                "a request needs a prompt of at least one token and at least one new token".into(),
+            ));
+        }
+        // Its last token is sampled, not stored, so it needs one position less.
+        let positions = (request.prompt.len() + request.max_new)
+            .saturating_sub(1)
+            .clamp(request.prompt.len(), self.config.max_positions.max(1));
+        if request.prompt.len() > self.config.max_positions {
+            return Err(ScheduleError::Invalid(format!(
+                "a prompt of {} tokens in a context of {} positions",
+                request.prompt.len(),
+                self.config.max_positions
+            )));
+        }
+        let stats = self.pool.stats();
+        let blocks = self.pool.blocks_for(positions);
+        if blocks > stats.budget_blocks {
+            return Err(ScheduleError::NeverFits {
+                tokens: positions,
+                needed_bytes: blocks as u64 * stats.bytes_per_block,
+                budget_bytes: stats.budget_blocks as u64 * stats.bytes_per_block,
+            });
+        }
+        let id = RequestId(self.next_id);
+        self.next_id += 1;
+        self.waiting.push_back(Sequence {
+            id,
+            tokens: request.prompt.clone(),
+            request,
+            generated: 0,
+            computed: 0,
+            blocks: SeqBlocks::default(),
+            slot: None,
+            admitted: 0,
+            cancelled: false,
+        });
+        Ok(id)
+    }
+
+    /// Cancels a request: it leaves at the next step, and its blocks are free after it.
+    pub fn cancel(&mut self, id: RequestId) {
+        if let Some(s) = self
+            .running
+            .iter_mut()
+            .chain(self.waiting.iter_mut())
+            .find(|s| s.id == id)
+        {
+            s.cancelled = true;
+        }
+    }
+
+    /// Takes a running sequence out: its blocks go back (its full prompt blocks into the
+    /// prefix cache) and its slot is free.
+    fn retire(&mut self, index: usize) -> Sequence {
+        let mut s = self.running.remove(index);
+        let blocks = std::mem::take(&mut s.blocks);
+        self.pool.release(blocks);
+        if let Some(slot) = s.slot.take() {
+            self.free_slots.push(slot);
+        }
+        s
+    }
+
+    /// Preempts running sequence `index`: what it computed goes into the prefix cache (so its
+    /// recomputation may find it there), its blocks back to the pool, and it waits at the head
+    /// of the queue to be recomputed from its tokens so far.
+    fn preempt(&mut self, index: usize, plan: &mut StepPlan) {
+        let s = &mut self.running[index];
+        let computed = s.tokens[..s.computed].to_vec();
+        self.pool.register(&mut s.blocks, &computed);
+        // Its `computed` is set again at admission, from what the prefix cache still holds.
+        let s = self.retire(index);
+        plan.preempted.push(s.id);
+        self.waiting.push_front(s);
+    }
+
+    /// The most recently admitted running sequence after position `after` in the running list.
+    fn youngest_after(&self, after: usize) -> Option<usize> {
+        (after + 1..self.running.len()).max_by_key(|&i| self.running[i].admitted)
+    }
+
+    /// The next step (empty when nothing can run).
+    pub fn plan_step(&mut self) -> StepPlan {
+        let mut plan = StepPlan::default();
+        // Cancelled requests leave now.
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].cancelled {
+                let s = self.retire(i);
+                self.ended.push(Event::Finished {
+                    id: s.id,
+                    reason: Finish::Cancelled,
+                });
+            } else {
+                i += 1;
+            }
+        }
+        let ended = &mut self.ended;
+        self.waiting.retain(|s| {
+            if s.cancelled {
+                ended.push(Event::Finished {
+                    id: s.id,
+                    reason: Finish::Cancelled,
+                });
+            }
+            !s.cancelled
+        });
+        let mut budget = self.config.step_tokens;
+        // Decode rows, oldest first; a full pool preempts the youngest sequence after this one.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            if self.running[i].to_prefill() != 1 || self.running[i].generated == 0 {
+                i += 1;
+                continue;
+            }
+            match self.grow(i, 1, &mut plan) {
+                Some(()) => {
+                    self.push_rows(i, 1, RowKind::Decode, &mut plan);
+                    budget -= 1;
+                    i += 1;
+                }
+                // The youngest after it goes, or, when it is the youngest, itself.
+                None => match self.youngest_after(i) {
+                    Some(victim) => self.preempt(victim, &mut plan),
+                    None => self.preempt(i, &mut plan),
+                },
+            }
+        }
+        // Prompt chunks of running sequences, oldest first: their blocks were taken whole at
+        // admission, so a chunk never waits for the pool.
+        for i in 0..self.running.len() {
+            let s = &self.running[i];
+            if budget == 0 || (s.generated > 0 && s.to_prefill() == 1) {
+                continue;
+            }
+            let n = s.to_prefill().min(budget);
+            self.push_rows(i, n, RowKind::Prefill, &mut plan);
+            budget -= n;
+        }
+        // New sequences, first come first served, while a slot and the whole prompt fit.
+        while budget > 0 && !self.free_slots.is_empty() {
+            let Some(front) = self.waiting.front() else {
+                break;
+            };
+            let mut found = self
+                .pool
+                .lookup(&front.tokens, front.tokens.len().saturating_sub(1));
+            let need = self.pool.blocks_for(front.tokens.len()) - found.held();
+            if !self.pool.can_take(need) {
+                self.pool.release(std::mem::take(&mut found));
+                break;
+            }
+            let Some(mut s) = self.waiting.pop_front() else {
+                break;
+            };
+            s.computed = found.len();
+            s.blocks = found;
+            // The whole prompt's blocks now (checked above), so its later chunks never wait.
+            match self.pool.reserve(&mut s.blocks, s.tokens.len()) {
+                Ok(copies) => plan.copies.extend(copies),
+                Err(_) => {
+                    self.pool.release(std::mem::take(&mut s.blocks));
+                    self.waiting.push_front(s);
+                    break;
+                }
+            }
+            s.slot = self.free_slots.pop();
+            self.clock += 1;
+            s.admitted = self.clock;
+            self.running.push(s);
+            let i = self.running.len() - 1;
+            let n = self.running[i].to_prefill().min(budget);
+            self.push_rows(i, n, RowKind::Prefill, &mut plan);
+            budget -= n;
+        }
+        plan
+    }
+
+    /// Room for `n` more positions of running sequence `i`; `None` when the pool is full.
+    fn grow(&mut self, i: usize, n: usize, plan: &mut StepPlan) -> Option<()> {
+        let s = &mut self.running[i];
+        let len = s.computed + n;
+        match self.pool.reserve(&mut s.blocks, len) {
+            Ok(copies) => {
+                plan.copies.extend(copies);
+                Some(())
+            }
+            Err(PoolError::Full { .. }) | Err(PoolError::Invalid(_)) => None,
+        }
+    }
+
+    /// The rows of running sequence `i`'s next `n` positions; its last row samples when it
+    /// completes what must be computed before the next token.
+    fn push_rows(&mut self, i: usize, n: usize, kind: RowKind, plan: &mut StepPlan) {
+        let s = &mut self.running[i];
+        let Some(slot) = s.slot else {
+            return;
+        };
+        for k in 0..n {
+            let pos = s.computed + k;
+            let output = if pos + 1 == s.tokens.len() {
+                RowOutput::Sample(s.request.sampler)
+            } else {
+                RowOutput::Nothing
+            };
+            plan.batch.push(BatchRow {
+                seq: slot,
+                pos,
+                token: s.tokens[pos],
+                kind,
+                output,
+            });
+            plan.requests.push(s.id);
+        }
+        s.computed += n;
+    }
+
+    /// Takes the tokens sampled for `plan`'s rows (in the order of the rows that asked) and
+    /// returns what happened: new tokens and finished requests.
+    pub fn finish_step(&mut self, plan: &StepPlan, sampled: &[u32]) -> Vec<Event> {
+        let mut events = std::mem::take(&mut self.ended);
+        let asked = plan.batch.output_rows().map(|r| plan.requests[r]);
+        for (id, &token) in asked.zip(sampled) {
+            let Some(i) = self.running.iter().position(|s| s.id == id) else {
+                continue;
+            };
+            let s = &mut self.running[i];
+            s.tokens.push(token);
+            s.generated += 1;
+            events.push(Event::Token { id, token });
+            let reason = if s.request.stop.contains(&token) {
+                Some(Finish::Stop)
+            } else if s.generated >= s.request.max_new {
+                Some(Finish::TokenLimit)
+            } else if s.tokens.len() > self.config.max_positions {
+                Some(Finish::ContextFull)
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                let prompt = s.request.prompt.len();
+                let tokens = s.tokens[..prompt.min(s.computed)].to_vec();
+                self.pool.register(&mut self.running[i].blocks, &tokens);
+                self.retire(i);
+                events.push(Event::Finished { id, reason });
+            }
+        }
+        events
+    }
+}

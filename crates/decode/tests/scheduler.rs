@@ -1,0 +1,225 @@
+//! The scheduler and the KV block pool under random arrivals, lengths, budgets and
+//! cancellations, with a stand-in model whose next token is a function of the request and the
+//! position (so recomputation after a preemption must give the same tokens). Every step: the
+//! pool stays within its budget and each block is held exactly by the tables that name it;
+//! the batch fits the step's token limit, decode rows come before prompt chunks, and each
+//! sequence's rows are its next positions. At the end every admitted request has finished
+//! within a step bound the test computes (no livelock from preemption, no starvation), with
+//! the tokens the stand-in model gives, no block is held, and a cancelled request's blocks
+//! were free after the step that followed its cancellation.
+
+use decode::batch::RowKind;
+use decode::kv::BlockPool;
+use decode::sampler::SamplerConfig;
+use decode::scheduler::SchedulerConfig;
+use decode::scheduler::{Event, Finish, Request, RequestId, ScheduleError, Scheduler};
+use proptest::prelude::*;
+use std::collections::HashMap;
+
+const BLOCK: usize = 4;
+const BYTES_PER_BLOCK: u64 = 1000;
+const MAX_POSITIONS: usize = 48;
+
+/// The stand-in model's token after `pos` positions of request `id`.
+fn next_token(id: RequestId, pos: usize) -> u32 {
+    ((id.0 as u32).wrapping_mul(2_654_435_761) ^ (pos as u32).wrapping_mul(40_503)) % 1000
+}
+
+#[derive(Clone, Debug)]
+struct Arrival {
+    at_step: usize,
+    prompt: usize,
+    prompt_len: usize,
+    max_new: usize,
+    /// Cancel it this many steps after it arrives.
+    cancel_after: Option<usize>,
+    stop: Option<u32>,
+}
+
+fn arrival() -> impl Strategy<Value = Arrival> {
+    (
+        0..12usize,
+        0..3usize,
+        1..24usize,
+        1..12usize,
+        prop::option::weighted(0.15, 0..6usize),
+        prop::option::weighted(0.2, 0..1000u32),
+    )
+        .prop_map(
+            |(at_step, prompt, prompt_len, max_new, cancel_after, stop)| Arrival {
+                at_step,
+                prompt,
+                prompt_len,
+                max_new,
+                cancel_after,
+                stop,
+            },
+        )
+}
+
+fn prompt_tokens(which: usize, len: usize) -> Vec<u32> {
+    // Prompts 0 and 1 share their first 8 tokens (two blocks); prompt 2 shares nothing.
+    (0..len as u32)
+        .map(|i| match which {
+            0 => 5000 + i,
+            1 if i < 8 => 5000 + i,
+            1 => 6000 + i,
+            _ => 7000 + i,
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+    #[test]
+    fn every_admitted_request_finishes_within_budget_and_bound(
+        arrivals in prop::collection::vec(arrival(), 1..16),
+        budget_blocks in 3u64..24,
+        max_running in 1usize..5,
+        extra_tokens in 0usize..12,
+    ) {
+        let pool = BlockPool::new(BLOCK, BYTES_PER_BLOCK, budget_blocks * BYTES_PER_BLOCK, 2).unwrap();
+        let config = SchedulerConfig {
+            max_running,
+            step_tokens: max_running + extra_tokens,
+            max_positions: MAX_POSITIONS,
+        };
+        let mut sched = Scheduler::new(config, pool).unwrap();
+        let mut ids: Vec<Option<RequestId>> = vec![None; arrivals.len()];
+        let mut outputs: HashMap<RequestId, Vec<u32>> = HashMap::new();
+        let mut finished: HashMap<RequestId, Finish> = HashMap::new();
+        let mut cancelled_at: HashMap<RequestId, usize> = HashMap::new();
+        let mut work = 0usize;
+        let last_arrival = arrivals.iter().map(|a| a.at_step).max().unwrap_or(0);
+        let mut step = 0usize;
+        loop {
+            for (k, a) in arrivals.iter().enumerate() {
+                if a.at_step == step {
+                    let request = Request {
+                        prompt: prompt_tokens(a.prompt, a.prompt_len),
+                        sampler: SamplerConfig::default(),
+                        max_new: a.max_new,
+                        stop: a.stop.into_iter().collect(),
+                    };
+                    let positions = (a.prompt_len + a.max_new - 1).min(MAX_POSITIONS);
+                    match sched.submit(request) {
+                        Ok(id) => {
+                            prop_assert!(positions.div_ceil(BLOCK) as u64 <= budget_blocks);
+                            ids[k] = Some(id);
+                            work += a.prompt_len + a.max_new;
+                        }
+                        Err(e @ ScheduleError::NeverFits { .. }) => {
+                            prop_assert!(positions.div_ceil(BLOCK) as u64 > budget_blocks);
+                            prop_assert!(e.to_string().contains("bytes"), "{}", e);
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                if let (Some(id), Some(after)) = (ids[k], a.cancel_after) {
+                    if a.at_step + after == step && !finished.contains_key(&id) {
+                        sched.cancel(id);
+                        cancelled_at.insert(id, step);
+                    }
+                }
+            }
+            let plan = sched.plan_step();
+            // The batch: within the limit, decode rows first, each slot's rows consecutive.
+            prop_assert!(plan.batch.len() <= config.step_tokens);
+            let mut seen_prefill = false;
+            let mut slot_next: HashMap<usize, usize> = HashMap::new();
+            let mut slot_request: HashMap<usize, RequestId> = HashMap::new();
+            for (r, row) in plan.batch.rows().enumerate() {
+                match row.kind {
+                    RowKind::Prefill => seen_prefill = true,
+                    RowKind::Decode => prop_assert!(!seen_prefill, "a decode row after a prompt chunk"),
+                }
+                if let Some(&next) = slot_next.get(&row.seq) {
+                    prop_assert_eq!(row.pos, next);
+                }
+                slot_next.insert(row.seq, row.pos + 1);
+                let owner = *slot_request.entry(row.seq).or_insert(plan.requests[r]);
+                prop_assert_eq!(owner, plan.requests[r], "two requests in one slot");
+                prop_assert!(row.pos < MAX_POSITIONS);
+                let table = sched.blocks(row.seq).unwrap_or(&[]);
+                prop_assert!(
+                    matches!(table.get(row.pos / BLOCK), Some(Some(_))),
+                    "row at position {} of slot {} has no block", row.pos, row.seq
+                );
+            }
+            // The pool: within budget, each block held by exactly the tables naming it.
+            let stats = sched.pool().stats();
+            prop_assert!(stats.committed <= stats.budget_blocks);
+            let mut held = vec![0u32; stats.committed];
+            for slot in 0..max_running {
+                for id in sched.blocks(slot).unwrap_or(&[]).iter().flatten() {
+                    held[id.0 as usize] += 1;
+                }
+            }
+            prop_assert_eq!(sched.pool().reference_counts(), held);
+            // A cancelled request holds nothing once a step has been planned after it.
+            for (&id, &at) in &cancelled_at {
+                if at <= step {
+                    prop_assert!(!plan.requests.contains(&id), "a cancelled request still runs");
+                }
+            }
+            // The stand-in model samples for the rows that asked.
+            let sampled: Vec<u32> = plan
+                .batch
+                .output_rows()
+                .map(|r| next_token(plan.requests[r], plan.batch.row(r).pos + 1))
+                .collect();
+            for event in sched.finish_step(&plan, &sampled) {
+                match event {
+                    Event::Token { id, token } => outputs.entry(id).or_default().push(token),
+                    Event::Finished { id, reason } => {
+                        prop_assert!(finished.insert(id, reason).is_none(), "finished twice");
+                    }
+                }
+            }
+            step += 1;
+            if step > last_arrival && sched.pending() == 0 {
+                break;
+            }
+            prop_assert!(step <= last_arrival + work + 2, "not finished within {} steps", last_arrival + work + 2);
+        }
+        // Every admitted request finished with the stand-in model's tokens.
+        for (k, a) in arrivals.iter().enumerate() {
+            let Some(id) = ids[k] else { continue };
+            let reason = finished.get(&id).copied();
+            prop_assert!(reason.is_some(), "request {} never finished", k);
+            let got = outputs.get(&id).cloned().unwrap_or_default();
+            let want: Vec<u32> = (0..got.len()).map(|g| next_token(id, a.prompt_len + g)).collect();
+            prop_assert_eq!(&got, &want, "request {} got other tokens", k);
+            match reason {
+                Some(Finish::Cancelled) => prop_assert!(cancelled_at.contains_key(&id)),
+                Some(Finish::Stop) => prop_assert_eq!(got.last().copied(), a.stop),
+                Some(Finish::TokenLimit) => prop_assert_eq!(got.len(), a.max_new),
+                Some(Finish::ContextFull) => prop_assert_eq!(a.prompt_len + got.len(), MAX_POSITIONS + 1),
+                None => {}
+            }
+        }
+        prop_assert_eq!(sched.pool().stats().in_use, 0, "blocks still held at the end");
+    }
+}
+
+#[test]
+fn a_request_that_can_never_fit_is_refused_with_its_bytes() {
+    let pool = BlockPool::new(16, 1 << 20, 4 << 20, 1).unwrap();
+    let config = SchedulerConfig {
+        max_running: 2,
+        step_tokens: 64,
+        max_positions: 4096,
+    };
+    let mut sched = Scheduler::new(config, pool).unwrap();
+    let request = Request {
+        prompt: vec![1; 60],
+        sampler: SamplerConfig::default(),
+        max_new: 10,
+        stop: Vec::new(),
+    };
+    let e = sched.submit(request).unwrap_err().to_string();
+    assert!(
+        e.contains("69 positions") && e.contains("5242880 bytes") && e.contains("4194304 bytes"),
+        "{e}"
+    );
+}
