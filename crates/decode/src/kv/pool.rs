@@ -120,6 +120,29 @@ pub struct PoolStats {
     pub free: usize,
 }
 
+impl std::fmt::Display for PoolStats {
+    /// One line for a memory report: blocks by state, then their bytes.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let bytes =
+            |blocks: usize| rocm_alloc::fmt_bytes_decimals(blocks as u64 * self.bytes_per_block, 1);
+        write!(
+            f,
+            "KV pool: {} blocks in use ({} shared), {} cached, {} free of {} committed, budget \
+             {} blocks of {} positions; in use {}, committed {} of {}",
+            self.in_use,
+            self.shared,
+            self.cached,
+            self.free,
+            self.committed,
+            self.budget_blocks,
+            self.block_len,
+            bytes(self.in_use),
+            bytes(self.committed),
+            bytes(self.budget_blocks),
+        )
+    }
+}
+
 /// The blocks of a paged KV cache under a byte budget.
 pub struct BlockPool {
     block_len: usize,
@@ -469,6 +492,11 @@ mod tests {
         assert!(e.to_string().contains("1 more blocks"), "{e}");
         assert_eq!(a.len(), 20, "a refused reserve changes nothing");
         assert_eq!(p.slot(&a, 5), Some(4 + 1));
+        assert_eq!(
+            p.stats().to_string(),
+            "KV pool: 5 blocks in use (0 shared), 0 cached, 0 free of 5 committed, budget 5 \
+             blocks of 4 positions; in use 500 B, committed 500 B of 500 B"
+        );
         p.release(a);
         assert_eq!(p.stats().free, 5);
     }
