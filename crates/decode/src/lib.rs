@@ -9,7 +9,8 @@
 //!   sharing and the prefix cache.
 //! - [`tokenizer`]: SentencePiece-style and byte-level BPE tokenizers built from GGUF metadata.
 //! - [`sampler`]: greedy, temperature, top-k and top-p sampling with a seed.
-//! - [`generate`]: prefill, then decode, streaming tokens.
+//! - [`generate`]: prefill, then decode, streaming tokens; [`generate_many`]: several prompts
+//!   at once through one context's sequences, taking turns.
 //! - [`device`]: `--device auto|cpu|gpu`; [`memory`]: bytes per purpose.
 //! - [`environment`]: the `HIPDECODE_*` variables, checked at start-up.
 //! - [`layout`]: every buffer a model needs, by tag, for given bounds: what the load allocates
@@ -28,6 +29,7 @@ pub mod environment;
 pub mod error;
 pub mod fuzzing;
 pub mod generate;
+pub mod generate_many;
 pub mod kv;
 pub mod layout;
 pub mod link_probe;
