@@ -38,6 +38,19 @@ fn trace_capacity(s: &str) -> Result<usize, String> {
     at_least(1, "--alloc-trace-capacity", s)
 }
 
+fn batch_size(s: &str) -> Result<usize, String> {
+    at_least(1, "a batch size B of --npl", s)
+}
+
+fn npp(s: &str) -> Result<usize, String> {
+    // A sequence's first token is drawn from its prompt's last row.
+    at_least(1, "--npp (every sequence needs a prompt)", s)
+}
+
+fn ntg(s: &str) -> Result<usize, String> {
+    at_least(1, "--ntg (S_TG needs a decode step)", s)
+}
+
 fn rounds(s: &str) -> Result<usize, String> {
     // One round has no spread, so the noise rule would have nothing to stand on.
     at_least(2, "--rounds (a spread needs two samples per arm)", s)
@@ -133,6 +146,23 @@ pub struct Args {
     /// HIPDECODE_HOST_BUDGET, else 90% of the host's available memory.
     #[arg(long, value_name = "BYTES")]
     pub host_budget: Option<String>,
+    /// Batched mode, like llama-batched-bench's -npl: for each batch size B (comma-separated),
+    /// B sequences of --npp prompt tokens each are prefilled, then --ntg decode steps of B
+    /// rows run. Replaces the pp/tg tests.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        value_parser = batch_size,
+        conflicts_with_all = ["ab", "sweep", "svg", "alloc_trace", "gpu_budget", "host_budget", "n_prompt", "n_gen", "ctx"]
+    )]
+    pub npl: Vec<usize>,
+    /// Batched mode: prompt tokens of each sequence (llama-batched-bench's -npp).
+    #[arg(long, value_name = "N", default_value_t = 128, value_parser = npp, requires = "npl")]
+    pub npp: usize,
+    /// Batched mode: decode steps after the prompts (llama-batched-bench's -ntg).
+    #[arg(long, value_name = "N", default_value_t = 128, value_parser = ntg, requires = "npl")]
+    pub ntg: usize,
     /// Events the --alloc-trace ring keeps; a run with more writes a file marked incomplete.
     #[arg(long, value_name = "N", default_value_t = crate::alloc_trace::DEFAULT_CAPACITY, value_parser = trace_capacity, requires = "alloc_trace")]
     pub alloc_trace_capacity: usize,
@@ -159,6 +189,11 @@ impl Args {
             ));
         }
         Ok(())
+    }
+
+    /// Whether `--npl` asks for the batched mode.
+    pub fn batched(&self) -> bool {
+        !self.npl.is_empty()
     }
 
     /// The output format, with the old `--json` folded in.
@@ -312,6 +347,32 @@ mod tests {
         assert!(e.contains("ARM_B") || e.contains("2 values"), "{e}");
         assert!(parse(&["-m", "a", "--rounds", "3"]).is_err());
         assert!(parse(&["-m", "a", "--ab", "", "", "--svg", "x.svg"]).is_err());
+    }
+
+    #[test]
+    fn batched_mode_takes_a_list_of_batch_sizes_and_refuses_bad_ones() {
+        let a = parse(&["-m", "a", "--npl", "1,8,32,64"]).unwrap();
+        assert!(a.batched());
+        assert_eq!(
+            (a.npl.as_slice(), a.npp, a.ntg),
+            (&[1, 8, 32, 64][..], 128, 128)
+        );
+        let a = parse(&["-m", "a", "--npl", "2", "--npp", "16", "--ntg", "4"]).unwrap();
+        assert_eq!((a.npl.as_slice(), a.npp, a.ntg), (&[2][..], 16, 4));
+        assert!(!parse(&["-m", "a"]).unwrap().batched());
+        let e = parse(&["-m", "a", "--npl", "0"]).unwrap_err();
+        assert!(
+            e.contains("batch size B of --npl must be at least 1, got 0"),
+            "{e}"
+        );
+        let e = parse(&["-m", "a", "--npl", "1,x"]).unwrap_err();
+        assert!(e.contains("'x' is not a whole number"), "{e}");
+        let e = parse(&["-m", "a", "--npl", "1", "--npp", "0"]).unwrap_err();
+        assert!(e.contains("--npp"), "{e}");
+        // --npp without --npl, and pp/tg flags beside it, are refused rather than ignored.
+        assert!(parse(&["-m", "a", "--npp", "16"]).is_err());
+        assert!(parse(&["-m", "a", "--npl", "1", "-p", "16"]).is_err());
+        assert!(parse(&["-m", "a", "--npl", "1", "--ab", "", ""]).is_err());
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //!
 //! - [`cli`]: the command line (llama-bench's flags, and the old ones as aliases).
 //! - [`measure`]: pp and tg tests on a loaded model, memory per phase.
+//! - [`batched`]: `--npl`, llama-batched-bench's measurement (B sequences' prompts, then
+//!   decode steps of B rows); [`batched_report`]: its md, json and csv output.
 //! - [`stats`]: mean, sample standard deviation, median, MAD of the repetitions.
 //! - [`model_info`]: the model, size and params columns.
 //! - [`phase_memory`]: bytes per tag, allocator and process memory per phase; [`explain`]:
@@ -22,6 +24,8 @@
 pub mod ab;
 pub mod alloc_trace;
 pub mod arms;
+pub mod batched;
+pub mod batched_report;
 pub mod cli;
 pub mod curve;
 pub mod explain;

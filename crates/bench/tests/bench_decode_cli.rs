@@ -1,5 +1,6 @@
 //! `bench-decode` end to end on the CPU, against a tiny synthetic model: the JSON report, the
-//! Markdown tables with the SVG timeline, an --ab run, and clear errors for bad flags.
+//! Markdown tables with the SVG timeline, an --ab run, the batched mode (`--npl`) in every
+//! format, and clear errors for bad flags; on a GPU, the batched mode's refusal of B > 1.
 
 use decode::gguf_loader::synth::{write_preset, Preset};
 use serde_json::Value;
@@ -314,4 +315,187 @@ fn a_gpu_budget_on_the_cpu_is_an_error_not_ignored() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("is not a valid GPU budget"), "{stderr}");
+}
+
+/// The batched rows of a tiny model on the CPU, as JSON objects.
+fn batched_json(model: &Path, npl: &str, npp: &str, ntg: &str) -> Vec<Value> {
+    let out = bench(&[
+        "-m",
+        model.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--npl",
+        npl,
+        "--npp",
+        npp,
+        "--ntg",
+        ntg,
+        "-o",
+        "json",
+    ]);
+    let v: Value = serde_json::from_str(&ok(&out)).expect("JSON output");
+    v.as_array().expect("an array of rows").clone()
+}
+
+#[test]
+fn batched_mode_prints_a_row_per_batch_size_in_every_format() {
+    let tiny = TinyModel::new("batched");
+    let model = tiny.path();
+    let rows = batched_json(model, "1,3,4", "12", "5");
+    assert_eq!(rows.len(), 3);
+    for (row, b) in rows.iter().zip([1u64, 3, 4]) {
+        assert_eq!(row["b"], b, "{row}");
+        assert_eq!(
+            (row["pp"].as_u64(), row["tg"].as_u64()),
+            (Some(12), Some(5))
+        );
+        assert_eq!(row["n_kv"].as_u64(), Some(b * (12 + 5)), "{row}");
+        for key in ["t_pp", "s_pp", "t_tg", "s_tg", "t", "s"] {
+            assert!(positive_finite(&row[key]), "{key} in {row}");
+        }
+        // The rates are the times' (llama-batched-bench's definitions).
+        let f = |k: &str| row[k].as_f64().unwrap();
+        assert!((f("s_tg") - (b * 5) as f64 / f("t_tg")).abs() <= 1e-9 * f("s_tg"));
+        assert!((f("s_pp") - (b * 12) as f64 / f("t_pp")).abs() <= 1e-9 * f("s_pp"));
+        assert!((f("t") - f("t_pp") - f("t_tg")).abs() <= 1e-9 * f("t"));
+        assert!(row["peak_device_bytes"].is_null(), "no device on the CPU");
+    }
+    // The tiny Llama has no sliding-window layers: B sequences take B times one's KV cache.
+    let kv = |i: usize| rows[i]["kv_bytes"].as_u64().unwrap();
+    assert!(kv(0) > 0);
+    assert_eq!((kv(1), kv(2)), (3 * kv(0), 4 * kv(0)));
+
+    let m = model.to_str().unwrap();
+    let base = [
+        "-m",
+        m,
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--npl",
+        "1,2",
+        "--npp",
+        "6",
+        "--ntg",
+        "3",
+        "-o",
+    ];
+    let md = ok(&bench(&[&base[..], &["md"]].concat()));
+    let header = md.lines().next().expect("a header line");
+    for col in [
+        "PP",
+        "TG",
+        "B",
+        "N_KV",
+        "T_PP s",
+        "S_PP t/s",
+        "T_TG s",
+        "S_TG t/s",
+        "T s",
+        "S t/s",
+        "KV bytes",
+        "peak device",
+    ] {
+        assert!(header.contains(&format!(" {col} |")), "{col} in {header}");
+    }
+    let cells = |line: &str| -> Vec<String> {
+        line.trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().to_string())
+            .collect()
+    };
+    let data: Vec<Vec<String>> = md.lines().skip(2).take(2).map(cells).collect();
+    for (row, b) in data.iter().zip(["1", "2"]) {
+        // model, backend, PP, TG, B, N_KV, ..., peak device.
+        assert_eq!(
+            &row[2..6],
+            &["6", "3", b, if b == "1" { "9" } else { "18" }]
+        );
+        for rate in [7, 9, 11] {
+            let v: f64 = row[rate].parse().expect("a rate");
+            assert!(v.is_finite() && v > 0.0, "{row:?}");
+        }
+        assert_eq!(row[13], "n/a", "{row:?}");
+    }
+
+    let csv = ok(&bench(&[&base[..], &["csv"]].concat()));
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 3, "{csv}");
+    let head: Vec<&str> = lines[0].split(',').collect();
+    let col = |name: &str| head.iter().position(|h| *h == name).expect(name);
+    for (line, b) in lines[1..].iter().zip(["1", "2"]) {
+        // The backend's description holds a comma and is quoted; split after it.
+        let tail = line.rsplit_once('"').expect("a quoted backend").1;
+        let fields: Vec<&str> = tail.trim_start_matches(',').split(',').collect();
+        let at = |name: &str| fields[col(name) - col("pp")];
+        assert_eq!((at("pp"), at("tg"), at("b")), ("6", "3", b), "{line}");
+        assert_eq!(at("n_kv"), if b == "1" { "9" } else { "18" }, "{line}");
+        for rate in ["s_pp", "s_tg", "s"] {
+            let v: f64 = at(rate).parse().expect("a rate");
+            assert!(v.is_finite() && v > 0.0, "{rate} in {line}");
+        }
+        assert_eq!(at("peak_device_bytes"), "", "{line}");
+    }
+}
+
+#[test]
+fn batched_mode_refuses_bad_flags_clearly() {
+    let tiny = TinyModel::new("batched-flags");
+    let m = tiny.path().to_str().unwrap();
+    for (args, expected) in [
+        (
+            vec!["-m", m, "--npl", "0"],
+            "a batch size B of --npl must be at least 1, got 0",
+        ),
+        (vec!["-m", m, "--npl", "x"], "'x' is not a whole number"),
+        (vec!["-m", m, "--npl", "1,,2"], "is not a whole number"),
+        (vec!["-m", m, "--npl", "1", "--ntg", "0"], "--ntg"),
+        (vec!["-m", m, "--npp", "8"], "--npl"),
+        (
+            vec!["-m", m, "--npl", "2", "-p", "8"],
+            "cannot be used with",
+        ),
+    ] {
+        let out = bench(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn batched_mode_on_the_gpu_refuses_more_than_one_sequence() {
+    let test = "batched_mode_on_the_gpu_refuses_more_than_one_sequence";
+    let _lock = test_support::gpu::gpu_lock();
+    if hip_ffi::testing::device_or_skip(test).is_none() {
+        return;
+    }
+    let tiny = TinyModel::new("batched-gpu");
+    let m = tiny.path().to_str().unwrap();
+    let args = [
+        "-m", m, "--device", "gpu", "--npl", "1,2", "--npp", "8", "--ntg", "4",
+    ];
+    let out = bench(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "B = 2 ran on the GPU: {stderr}");
+    assert!(
+        stderr.contains("B = 2") && stderr.contains("batching"),
+        "the refusal names the row and the batching work: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // B = 1 runs, and reports the device's peak.
+    let one = [
+        "-m", m, "--device", "gpu", "--npl", "1", "--npp", "8", "--ntg", "4", "-o", "json",
+    ];
+    let v: Value = serde_json::from_str(&ok(&bench(&one))).expect("JSON output");
+    let row = &v[0];
+    assert_eq!(
+        (row["b"].as_u64(), row["n_kv"].as_u64()),
+        (Some(1), Some(12))
+    );
+    assert!(positive_finite(&row["s_tg"]) && positive_finite(&row["peak_device_bytes"]));
 }

@@ -5,10 +5,11 @@
 //! docs/bench-decode.md describes it; the logic is in the `bench` library.
 
 use anyhow::{Context, Result};
+use bench::batched::{BatchedPlan, BatchedReport};
 use bench::cli::{Args, Format};
 use bench::measure::{run_model, ModelReport, Plan};
 use bench::timeline::Timeline;
-use bench::{ab, alloc_trace, report, svg, sweep};
+use bench::{ab, alloc_trace, batched, batched_report, report, svg, sweep};
 use clap::Parser;
 use decode::backend::{Backend, Precision};
 use decode::device::{self, BackendSettings, WithBackend};
@@ -66,6 +67,9 @@ fn main() -> Result<()> {
         gpu_config: Some(gpu_config),
         ..BackendSettings::default()
     };
+    if args.batched() {
+        return run_batched(&args, &choice, settings);
+    }
     let plan = Plan {
         n_prompt: args.n_prompt,
         n_gen: args.n_gen,
@@ -142,6 +146,55 @@ fn main() -> Result<()> {
         eprintln!("wrote the memory timeline to {}", path.display());
     }
     Ok(())
+}
+
+/// `--npl`: every model's batched rows, printed in the chosen format.
+fn run_batched(
+    args: &Args,
+    choice: &device::DeviceChoice,
+    settings: BackendSettings,
+) -> Result<()> {
+    let plan = BatchedPlan {
+        npp: args.npp,
+        ntg: args.ntg,
+        npl: args.npl.clone(),
+        warmup: args.warmup,
+        max_batch: settings.gpu_max_batch,
+    };
+    let mut reports = Vec::new();
+    for path in &args.models {
+        let file = decode::open_model(path)?;
+        let work = Batched {
+            path,
+            file: &file,
+            plan: &plan,
+        };
+        reports.push(choice.backend.run(settings.clone(), work)??);
+    }
+    match args.format() {
+        Format::Md => print!("{}", batched_report::markdown_report(&reports)),
+        Format::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&batched_report::json_report(&reports))?
+        ),
+        Format::Csv => print!("{}", batched_report::csv_report(&reports)),
+    }
+    Ok(())
+}
+
+/// One model's batched rows, on whichever backend was chosen.
+struct Batched<'a> {
+    path: &'a Path,
+    file: &'a Arc<GgufFile>,
+    plan: &'a BatchedPlan,
+}
+
+impl WithBackend for Batched<'_> {
+    type Output = Result<BatchedReport>;
+
+    fn run<B: Backend>(self, backend: B) -> Result<BatchedReport> {
+        batched::run_batched(self.path, self.file, backend, self.plan)
+    }
 }
 
 /// One model's measurement, on whichever backend was chosen.
