@@ -6,9 +6,9 @@
 //!
 //! Each request ends as [`crate::generate::generate`] would end it run alone on a
 //! [`crate::session::Session`]: the same stop rules in the same order, the sampler started
-//! from its seed, the first token drawn from the prompt's last row. This is the small,
-//! fixed-slot forerunner of issue 21's scheduler (no KV budget, no preemption): the slots are
-//! the context's sequences, sized when it was made.
+//! from its seed, the first token drawn from the prompt's last row. Its slots are the context's
+//! sequences, sized when the context was made: it does not drive [`crate::scheduler`] (no KV
+//! budget, no preemption), whose engine loop can take its place under the same API.
 
 use crate::backend::Backend;
 use crate::batch::{BatchRow, RowKind, RowOutput, SeqId, StepBatch};
