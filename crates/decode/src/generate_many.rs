@@ -1,23 +1,25 @@
-//! Generation for several prompts at once through one [`Context`] of N sequences: each step
-//! carries one decode row per running sequence first, then prompt chunks of the sequences
-//! still reading their prompts, up to the context's `max_batch` rows. A sequence that stops
-//! leaves the batch and its slot is cleared for the next waiting request (first come, first
-//! served), so more requests than sequences take their turns.
+//! Generation for several prompts at once through one [`Context`] of N sequences, in the steps
+//! [`crate::scheduler::Scheduler`] plans: one decode row per running sequence first, then
+//! prompt chunks of the sequences still reading their prompts, up to the context's
+//! `max_batch` rows. A sequence that stops leaves the batch and its slot goes to the next
+//! waiting request (first come, first served), so more requests than sequences take turns.
 //!
 //! Each request ends as [`crate::generate::generate`] would end it run alone on a
 //! [`crate::session::Session`]: the same stop rules in the same order, the sampler started
-//! from its seed, the first token drawn from the prompt's last row. Its slots are the context's
-//! sequences, sized when the context was made: it does not drive [`crate::scheduler`] (no KV
-//! budget, no preemption), whose engine loop can take its place under the same API.
+//! from its seed, the first token drawn from the prompt's last row.
 
 use crate::backend::Backend;
-use crate::batch::{BatchRow, RowKind, RowOutput, SeqId, StepBatch};
+use crate::batch::{Phase, SeqId};
 use crate::context::Context;
 use crate::error::{DecodeError, Result};
 use crate::generate::StopReason;
+use crate::kv::BlockPool;
 use crate::model::Model;
 use crate::sampler::SamplerConfig;
-use std::collections::VecDeque;
+use crate::scheduler::{
+    Event, Finish, Request as ScheduledRequest, RequestId, Scheduler, SchedulerConfig,
+};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,15 +31,6 @@ pub enum Stop {
     Tokens(Vec<u32>),
     /// When the predicate says so (e.g. the tokenizer's end-of-generation test).
     When(Arc<dyn Fn(u32) -> bool + Send + Sync>),
-}
-
-impl Stop {
-    fn is_stop(&self, token: u32) -> bool {
-        match self {
-            Stop::Tokens(ids) => ids.contains(&token),
-            Stop::When(f) => f(token),
-        }
-    }
 }
 
 impl std::fmt::Debug for Stop {
@@ -96,23 +89,28 @@ impl ManyReport {
     }
 }
 
-/// A request holding a sequence.
-struct Running {
+/// Positions per block of the scheduler's books here. The storage is the context's own
+/// segments, so the block length only sets the books' grain.
+const BLOCK_LEN: usize = 16;
+
+/// A request the scheduler runs, and its timings.
+struct Tracked {
     request: usize,
-    /// Prompt tokens already in the cache.
-    prefilled: usize,
-    /// The token drawn last, which the next decode row feeds (`None` while prefilling).
-    next: Option<u32>,
-    /// The step it last had a decode row in, so decode rows take turns when the context
-    /// has more sequences than `max_batch` rows.
-    last_step: usize,
     started: Option<Instant>,
     first_token: Option<Instant>,
+    /// Set when its stop predicate ended it (it is then cancelled in the scheduler).
+    stopped: bool,
 }
 
 /// Generates for every request through `ctx`'s sequences, calling `on_token(request index,
 /// token)` for each token as it is drawn. Every sequence of `ctx` is taken over: a request
 /// starts its sequence at position 0 (what the context held there is cleared).
+///
+/// The steps are [`Scheduler`]'s: one decode row per generating sequence first, then prompt
+/// chunks, then admissions first come, first served, within the context's `max_batch` rows.
+/// Its block pool's budget is the context's whole KV storage (every sequence at full
+/// length), so no request waits for blocks or is preempted here, and the prefix cache is off:
+/// the storage is the context's fixed segments, not the pool's blocks.
 ///
 /// Requests are checked before any step runs (an empty prompt, a bad sampler setting, a
 /// token outside the vocabulary, a prompt longer than a sequence holds are each an
@@ -143,12 +141,48 @@ pub fn generate_many<B: Backend>(
             decode: Duration::ZERO,
         })
         .collect();
-    // A request for no tokens runs nothing, as `generate` returns at once for it.
-    let mut waiting: VecDeque<usize> = (0..requests.len())
-        .filter(|&i| requests[i].max_new > 0)
-        .collect();
-    let mut slots: Vec<Option<Running>> = (0..ctx.sequences()).map(|_| None).collect();
     let max_batch = ctx.options().max_batch;
+    let running = ctx.sequences().min(max_batch);
+    let blocks_per_seq = capacity.div_ceil(BLOCK_LEN);
+    let budget = (running * blocks_per_seq) as u64;
+    let unsupported = |e: &dyn std::fmt::Display| DecodeError::InvalidArgument(e.to_string());
+    // One "byte" per block: these books bound nothing the storage does not already hold.
+    let pool = BlockPool::new(BLOCK_LEN, 1, budget, blocks_per_seq).map_err(|e| unsupported(&e))?;
+    let config = SchedulerConfig {
+        max_running: running,
+        step_tokens: max_batch,
+        max_positions: capacity,
+        prefix_cache: false,
+    };
+    let mut scheduler = Scheduler::new(config, pool).map_err(|e| unsupported(&e))?;
+    let mut tracked: HashMap<RequestId, Tracked> = HashMap::new();
+    // A request for no tokens runs nothing, as `generate` returns at once for it.
+    for (i, r) in requests.iter().enumerate() {
+        if r.max_new == 0 {
+            continue;
+        }
+        let stop = match &r.stop {
+            Stop::Tokens(ids) => ids.clone(),
+            Stop::When(_) => Vec::new(),
+        };
+        let id = scheduler
+            .submit(ScheduledRequest {
+                prompt: r.prompt.clone(),
+                sampler: r.sampler,
+                max_new: r.max_new,
+                stop,
+            })
+            .map_err(|e| DecodeError::InvalidArgument(format!("request {i}: {e}")))?;
+        tracked.insert(
+            id,
+            Tracked {
+                request: i,
+                started: None,
+                first_token: None,
+                stopped: false,
+            },
+        );
+    }
     let mut run = ManyReport {
         requests: Vec::new(),
         steps: 0,
@@ -156,123 +190,77 @@ pub fn generate_many<B: Backend>(
         prefill_steps: Duration::ZERO,
         decode_steps: Duration::ZERO,
     };
-    let mut batch = StepBatch::new();
-    loop {
-        // Admission, first come first served, into any free sequence.
-        for (seq, slot) in slots.iter_mut().enumerate() {
-            if slot.is_none() {
-                let Some(request) = waiting.pop_front() else {
-                    break;
-                };
-                ctx.clear(seq);
-                reports[request].seq = Some(seq);
-                reports[request].queued = t_start.elapsed();
-                *slot = Some(Running {
-                    request,
-                    prefilled: 0,
-                    next: None,
-                    last_step: 0,
-                    started: None,
-                    first_token: None,
-                });
-            }
-        }
-        if slots.iter().all(Option::is_none) {
-            break;
-        }
-        batch.clear();
-        // Decode rows first (issue 21's order), the longest-waiting first where they do not
-        // all fit.
-        let mut decoders: Vec<SeqId> = (0..slots.len())
-            .filter(|&s| slots[s].as_ref().is_some_and(|r| r.next.is_some()))
-            .collect();
-        decoders.sort_by_key(|&s| slots[s].as_ref().map_or(0, |r| r.last_step));
-        for &seq in decoders.iter().take(max_batch) {
-            let Some(r) = slots[seq].as_mut() else {
-                continue;
-            };
-            let Some(token) = r.next else { continue };
-            r.last_step = run.steps + 1;
-            batch.push(BatchRow {
-                seq,
-                pos: ctx.len(seq),
-                token,
-                kind: RowKind::Decode,
-                output: RowOutput::Sample(requests[r.request].sampler),
-            });
-        }
-        // Then prompt chunks, in admission order of the slots' requests, while rows are left.
-        let mut prefilling: Vec<SeqId> = (0..slots.len())
-            .filter(|&s| slots[s].as_ref().is_some_and(|r| r.next.is_none()))
-            .collect();
-        prefilling.sort_by_key(|&s| slots[s].as_ref().map_or(0, |r| r.request));
+    while scheduler.pending() > 0 {
+        let plan = scheduler.plan_step();
         let step_start = Instant::now();
-        let mut has_prefill = false;
-        for seq in prefilling {
-            let room = max_batch - batch.len();
-            if room == 0 {
-                break;
-            }
-            let Some(r) = slots[seq].as_mut() else {
-                continue;
-            };
-            let prompt = &requests[r.request].prompt;
-            let take = room.min(prompt.len() - r.prefilled);
-            let end = r.prefilled + take;
-            let last = if end == prompt.len() {
-                RowOutput::Sample(requests[r.request].sampler)
-            } else {
-                RowOutput::Nothing
-            };
-            batch.push_prefill(seq, r.prefilled, &prompt[r.prefilled..end], last);
-            r.prefilled = end;
-            r.started.get_or_insert(step_start);
-            has_prefill = true;
-        }
-        let sampled = model.step(backend, ctx, &batch)?;
-        let step_time = step_start.elapsed();
-        let now = Instant::now();
-        run.steps += 1;
-        run.rows += batch.len();
-        if has_prefill {
-            run.prefill_steps += step_time;
-        } else {
-            run.decode_steps += step_time;
-        }
-        for s in sampled {
-            let Some(r) = slots[s.seq].as_mut() else {
-                return Err(DecodeError::InvalidArgument(format!(
-                    "a token was drawn for sequence {}, which runs no request",
-                    s.seq
-                )));
-            };
-            let request = &requests[r.request];
-            let report = &mut reports[r.request];
-            if r.first_token.is_none() {
-                r.first_token = Some(now);
-                report.prefill = r.started.map_or(Duration::ZERO, |t| now - t);
-            }
-            report.tokens.push(s.token);
-            on_token(r.request, s.token);
-            // The order of `generate`'s checks, so each request ends as it would alone.
-            let stop = if request.stop.is_stop(s.token) {
-                Some(StopReason::EndOfSequence)
-            } else if report.tokens.len() >= request.max_new {
-                Some(StopReason::TokenLimit)
-            } else if ctx.len(s.seq) + 1 > capacity {
-                Some(StopReason::ContextFull)
-            } else {
-                None
-            };
-            match stop {
-                Some(reason) => {
-                    report.stop = reason;
-                    report.decode = r.first_token.map_or(Duration::ZERO, |t| now - t);
-                    slots[s.seq] = None;
-                    // Its slot is free for a waiting request from the next step on.
-                    ctx.clear(s.seq);
+        // A sequence's first row at position 0 starts a request in its slot: the slot's last
+        // request is cleared (its keys and its sampler).
+        for (r, row) in plan.batch.rows().enumerate() {
+            if row.pos == 0 {
+                ctx.clear(row.seq);
+                if let Some(t) = tracked.get_mut(&plan.requests[r]) {
+                    reports[t.request].seq = Some(row.seq);
+                    reports[t.request].queued = step_start - t_start;
+                    t.started.get_or_insert(step_start);
                 }
-                None => r.next = Some(s.token),
+            }
+        }
+        let sampled = if plan.batch.is_empty() {
+            Vec::new()
+        } else {
+            model.step(backend, ctx, &plan.batch)?
+        };
+        let now = Instant::now();
+        if !plan.batch.is_empty() {
+            run.steps += 1;
+            run.rows += plan.batch.len();
+            if plan.batch.phase() == Phase::Decode {
+                run.decode_steps += now - step_start;
+            } else {
+                run.prefill_steps += now - step_start;
+            }
+        }
+        let tokens: Vec<u32> = sampled.iter().map(|s| s.token).collect();
+        for event in scheduler.finish_step(&plan, &tokens) {
+            match event {
+                Event::Token { id, token } => {
+                    let Some(t) = tracked.get_mut(&id) else {
+                        continue;
+                    };
+                    if t.stopped {
+                        continue;
+                    }
+                    let report = &mut reports[t.request];
+                    if t.first_token.is_none() {
+                        t.first_token = Some(now);
+                        report.prefill = t.started.map_or(Duration::ZERO, |s| now - s);
+                    }
+                    report.tokens.push(token);
+                    report.decode = t.first_token.map_or(Duration::ZERO, |f| now - f);
+                    on_token(t.request, token);
+                    // A predicate stop is checked first, as `generate` checks it.
+                    if let Stop::When(f) = &requests[t.request].stop {
+                        if f(token) {
+                            t.stopped = true;
+                            report.stop = StopReason::EndOfSequence;
+                            scheduler.cancel(id);
+                        }
+                    }
+                }
+                Event::Finished { id, reason } => {
+                    let Some(t) = tracked.get(&id) else {
+                        continue;
+                    };
+                    if !t.stopped {
+                        reports[t.request].stop = match reason {
+                            Finish::Stop => StopReason::EndOfSequence,
+                            Finish::TokenLimit => StopReason::TokenLimit,
+                            Finish::ContextFull => StopReason::ContextFull,
+                            // Only its own predicate cancels a request here.
+                            Finish::Cancelled => StopReason::EndOfSequence,
+                        };
+                    }
+                }
             }
         }
     }

@@ -44,6 +44,9 @@ pub struct SchedulerConfig {
     pub step_tokens: usize,
     /// Positions one sequence may reach (the model's or the context's length).
     pub max_positions: usize,
+    /// Whether prompts start from blocks the prefix cache holds. Off where the KV storage is
+    /// not the pool's blocks, so a found block would not hold the sequence's keys.
+    pub prefix_cache: bool,
 }
 
 /// The default per-step token limit: the GPU's prefill chunk, a step's largest batch.
@@ -242,9 +245,11 @@ impl Scheduler {
     /// recomputation may find it there), its blocks back to the pool, and it waits at the head
     /// of the queue to be recomputed from its tokens so far.
     fn preempt(&mut self, index: usize, plan: &mut StepPlan) {
-        let s = &mut self.running[index];
-        let computed = s.tokens[..s.computed].to_vec();
-        self.pool.register(&mut s.blocks, &computed);
+        if self.config.prefix_cache {
+            let s = &mut self.running[index];
+            let computed = s.tokens[..s.computed].to_vec();
+            self.pool.register(&mut s.blocks, &computed);
+        }
         // Its `computed` is set again at admission, from what the prefix cache still holds.
         let s = self.retire(index);
         plan.preempted.push(s.id);
@@ -319,9 +324,12 @@ impl Scheduler {
             let Some(front) = self.waiting.front() else {
                 break;
             };
-            let mut found = self
-                .pool
-                .lookup(&front.tokens, front.tokens.len().saturating_sub(1));
+            let mut found = if self.config.prefix_cache {
+                self.pool
+                    .lookup(&front.tokens, front.tokens.len().saturating_sub(1))
+            } else {
+                SeqBlocks::default()
+            };
             let need = self.pool.blocks_for(front.tokens.len()) - found.held();
             if !self.pool.can_take(need) {
                 self.pool.release(std::mem::take(&mut found));
@@ -415,9 +423,11 @@ impl Scheduler {
                 None
             };
             if let Some(reason) = reason {
-                let prompt = s.request.prompt.len();
-                let tokens = s.tokens[..prompt.min(s.computed)].to_vec();
-                self.pool.register(&mut self.running[i].blocks, &tokens);
+                if self.config.prefix_cache {
+                    let prompt = s.request.prompt.len();
+                    let tokens = s.tokens[..prompt.min(s.computed)].to_vec();
+                    self.pool.register(&mut self.running[i].blocks, &tokens);
+                }
                 self.retire(i);
                 events.push(Event::Finished { id, reason });
             }

@@ -77,12 +77,14 @@ proptest! {
         budget_blocks in 3u64..24,
         max_running in 1usize..5,
         extra_tokens in 0usize..12,
+        prefix_cache in any::<bool>(),
     ) {
         let pool = BlockPool::new(BLOCK, BYTES_PER_BLOCK, budget_blocks * BYTES_PER_BLOCK, 2).unwrap();
         let config = SchedulerConfig {
             max_running,
             step_tokens: max_running + extra_tokens,
             max_positions: MAX_POSITIONS,
+            prefix_cache,
         };
         let mut sched = Scheduler::new(config, pool).unwrap();
         let mut ids: Vec<Option<RequestId>> = vec![None; arrivals.len()];
@@ -209,6 +211,7 @@ fn a_request_that_can_never_fit_is_refused_with_its_bytes() {
         max_running: 2,
         step_tokens: 64,
         max_positions: 4096,
+        prefix_cache: true,
     };
     let mut sched = Scheduler::new(config, pool).unwrap();
     let request = Request {
