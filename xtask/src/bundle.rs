@@ -83,6 +83,16 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         root.join(&args.out)
     };
+    // The previous bundle's binaries go first: their names carry build hashes, so a stale one
+    // would never be overwritten and would ride along to the device, past the size a call
+    // carries.
+    for dir in ["tests", "bin"] {
+        let path = out.join(dir);
+        if path.exists() {
+            std::fs::remove_dir_all(&path)
+                .with_context(|| format!("clearing {}", path.display()))?;
+        }
+    }
     std::fs::create_dir_all(out.join("tests"))
         .with_context(|| format!("creating {}", out.display()))?;
 

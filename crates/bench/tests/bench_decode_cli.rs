@@ -499,3 +499,20 @@ fn batched_mode_on_the_gpu_refuses_more_than_one_sequence() {
     );
     assert!(positive_finite(&row["s_tg"]) && positive_finite(&row["peak_device_bytes"]));
 }
+
+#[test]
+fn a_failed_run_prints_its_message_and_causes_without_a_backtrace() {
+    let missing = std::env::temp_dir().join(format!("no-such-model-{}.gguf", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_bench-decode"))
+        .env("RUST_BACKTRACE", "1")
+        .arg("-m")
+        .arg(&missing)
+        .args(["--device", "cpu", "-p", "4", "-n", "2"])
+        .output()
+        .expect("bench-decode runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    assert!(stderr.contains("no-such-model"), "{stderr}");
+    assert!(!stderr.to_lowercase().contains("backtrace"), "{stderr}");
+}

@@ -27,6 +27,7 @@ pub mod context;
 pub mod device;
 pub mod environment;
 pub mod error;
+pub mod error_report;
 pub mod fuzzing;
 pub mod generate;
 pub mod generate_many;

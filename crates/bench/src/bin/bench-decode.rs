@@ -17,7 +17,13 @@ use decode::GgufFile;
 use std::path::Path;
 use std::sync::Arc;
 
-fn main() -> Result<()> {
+/// Errors are printed as `error:` and `caused by:` lines with exit status 1
+/// ([`decode::error_report`]), never returned from `main`.
+fn main() -> std::process::ExitCode {
+    decode::error_report::exit(run())
+}
+
+fn run() -> Result<()> {
     let args = Args::parse();
     if let Err(message) = args.validate() {
         // The same shape of error clap gives for a bad value, and its exit code.

@@ -202,26 +202,18 @@ struct InspectArgs {
     npy: Option<PathBuf>,
 }
 
-/// Errors are printed as `error:` and `caused by:` lines with exit status 1, never returned
-/// from `main`: that would print anyhow's backtrace whenever `RUST_BACKTRACE` is set, which
-/// says nothing useful about a missing file or a bad flag.
+/// Errors are printed as `error:` and `caused by:` lines with exit status 1
+/// ([`decode::error_report`]), never returned from `main`.
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
+    decode::error_report::exit(match cli.command {
         // `env` shows a bad value instead of refusing to start over it.
         Command::Env(args) => {
             env(&args);
             Ok(())
         }
         command => check_environment().and_then(|()| dispatch(command)),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprint!("{}", error_report(&e));
-            ExitCode::FAILURE
-        }
-    }
+    })
 }
 
 fn dispatch(command: Command) -> Result<()> {
@@ -238,21 +230,6 @@ fn dispatch(command: Command) -> Result<()> {
             Ok(())
         }
     }
-}
-
-/// The error and its causes, one per line. A cause whose text the line above already
-/// includes is left out.
-fn error_report(e: &anyhow::Error) -> String {
-    let mut out = format!("error: {e}\n");
-    let mut shown = e.to_string();
-    for cause in e.chain().skip(1) {
-        let text = cause.to_string();
-        if !shown.contains(&text) {
-            out.push_str(&format!("caused by: {text}\n"));
-        }
-        shown = text;
-    }
-    out
 }
 
 /// Every `HIPDECODE_*` variable is checked whatever the device, so a bad limit is not silently
