@@ -13,12 +13,9 @@ use crate::batch::{Phase, SeqId};
 use crate::context::Context;
 use crate::error::{DecodeError, Result};
 use crate::generate::StopReason;
-use crate::kv::BlockPool;
 use crate::model::Model;
 use crate::sampler::SamplerConfig;
-use crate::scheduler::{
-    Event, Finish, Request as ScheduledRequest, RequestId, Scheduler, SchedulerConfig,
-};
+use crate::scheduler::{Event, Finish, Request as ScheduledRequest, RequestId};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -89,10 +86,6 @@ impl ManyReport {
     }
 }
 
-/// Positions per block of the scheduler's books here. The storage is the context's own
-/// segments, so the block length only sets the books' grain.
-const BLOCK_LEN: usize = 16;
-
 /// A request the scheduler runs, and its timings.
 struct Tracked {
     request: usize,
@@ -106,7 +99,7 @@ struct Tracked {
 /// token)` for each token as it is drawn. Every sequence of `ctx` is taken over: a request
 /// starts its sequence at position 0 (what the context held there is cleared).
 ///
-/// The steps are [`Scheduler`]'s: one decode row per generating sequence first, then prompt
+/// The steps are [`crate::scheduler::Scheduler`]'s: one decode row per generating sequence first, then prompt
 /// chunks, then admissions first come, first served, within the context's `max_batch` rows.
 /// Its block pool's budget is the context's whole KV storage (every sequence at full
 /// length), so no request waits for blocks or is preempted here, and the prefix cache is off:
@@ -141,20 +134,7 @@ pub fn generate_many<B: Backend>(
             decode: Duration::ZERO,
         })
         .collect();
-    let max_batch = ctx.options().max_batch;
-    let running = ctx.sequences().min(max_batch);
-    let blocks_per_seq = capacity.div_ceil(BLOCK_LEN);
-    let budget = (running * blocks_per_seq) as u64;
-    let unsupported = |e: &dyn std::fmt::Display| DecodeError::InvalidArgument(e.to_string());
-    // One "byte" per block: these books bound nothing the storage does not already hold.
-    let pool = BlockPool::new(BLOCK_LEN, 1, budget, blocks_per_seq).map_err(|e| unsupported(&e))?;
-    let config = SchedulerConfig {
-        max_running: running,
-        step_tokens: max_batch,
-        max_positions: capacity,
-        prefix_cache: false,
-    };
-    let mut scheduler = Scheduler::new(config, pool).map_err(|e| unsupported(&e))?;
+    let mut scheduler = crate::engine::scheduler_for(ctx)?;
     let mut tracked: HashMap<RequestId, Tracked> = HashMap::new();
     // A request for no tokens runs nothing, as `generate` returns at once for it.
     for (i, r) in requests.iter().enumerate() {
@@ -193,11 +173,9 @@ pub fn generate_many<B: Backend>(
     while scheduler.pending() > 0 {
         let plan = scheduler.plan_step();
         let step_start = Instant::now();
-        // A sequence's first row at position 0 starts a request in its slot: the slot's last
-        // request is cleared (its keys and its sampler).
+        // A sequence's first row at position 0 starts its request (`run_plan` clears the slot).
         for (r, row) in plan.batch.rows().enumerate() {
             if row.pos == 0 {
-                ctx.clear(row.seq);
                 if let Some(t) = tracked.get_mut(&plan.requests[r]) {
                     reports[t.request].seq = Some(row.seq);
                     reports[t.request].queued = step_start - t_start;
@@ -205,11 +183,7 @@ pub fn generate_many<B: Backend>(
                 }
             }
         }
-        let sampled = if plan.batch.is_empty() {
-            Vec::new()
-        } else {
-            model.step(backend, ctx, &plan.batch)?
-        };
+        let tokens = crate::engine::run_plan(model, backend, ctx, &plan)?;
         let now = Instant::now();
         if !plan.batch.is_empty() {
             run.steps += 1;
@@ -220,7 +194,6 @@ pub fn generate_many<B: Backend>(
                 run.prefill_steps += now - step_start;
             }
         }
-        let tokens: Vec<u32> = sampled.iter().map(|s| s.token).collect();
         for event in scheduler.finish_step(&plan, &tokens) {
             match event {
                 Event::Token { id, token } => {

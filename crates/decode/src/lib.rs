@@ -25,6 +25,7 @@ pub mod batch;
 pub mod budget_run;
 pub mod context;
 pub mod device;
+pub mod engine;
 pub mod environment;
 pub mod error;
 pub mod error_report;

@@ -1,0 +1,295 @@
+//! The engine: a model, its context and backend on a thread of their own, running the
+//! scheduler's steps while requests arrive from other threads. [`Engine::submit`] returns a
+//! [`RequestHandle`] that streams the request's tokens and can cancel it; a handle dropped
+//! before its request ends cancels it too. A step that fails ends the requests in it with the
+//! error; the engine goes on with the others, so no request can stop it.
+
+use crate::backend::Backend;
+use crate::context::Context;
+use crate::error::{DecodeError, Result};
+use crate::kv::{BlockPool, PoolStats};
+use crate::model::Model;
+use crate::scheduler::{Event, Finish, Request, RequestId, Scheduler, SchedulerConfig, StepPlan};
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+/// Runs `plan` through `ctx`: a sequence whose first row in the step is position 0 starts a
+/// new request in its slot, so the slot's last request is cleared first (its keys and its
+/// sampler). Returns the sampled tokens in the order of the rows that asked.
+pub fn run_plan<B: Backend>(
+    model: &Model<B>,
+    backend: &mut B,
+    ctx: &mut Context<B>,
+    plan: &StepPlan,
+) -> Result<Vec<u32>> {
+    if plan.batch.is_empty() {
+        return Ok(Vec::new());
+    }
+    for row in plan.batch.rows().filter(|r| r.pos == 0) {
+        ctx.clear(row.seq);
+    }
+    let sampled = model.step(backend, ctx, &plan.batch)?;
+    Ok(sampled.into_iter().map(|s| s.token).collect())
+}
+
+/// The scheduler for a context whose KV storage is its own fixed segments: its books budget
+/// every sequence at full length, so nothing waits for blocks or is preempted, and its prefix
+/// cache is off (a found block would not hold the sequence's keys in those segments).
+pub fn scheduler_for<B: Backend>(ctx: &Context<B>) -> Result<Scheduler> {
+    const BLOCK_LEN: usize = 16;
+    let max_batch = ctx.options().max_batch;
+    let running = ctx.sequences().min(max_batch);
+    let blocks_per_seq = ctx.capacity().div_ceil(BLOCK_LEN);
+    let invalid = |e: &dyn std::fmt::Display| DecodeError::InvalidArgument(e.to_string());
+    // One "byte" per block: these books bound nothing the storage does not already hold.
+    let budget = (running * blocks_per_seq) as u64;
+    let pool = BlockPool::new(BLOCK_LEN, 1, budget, blocks_per_seq).map_err(|e| invalid(&e))?;
+    let config = SchedulerConfig {
+        max_running: running,
+        step_tokens: max_batch,
+        max_positions: ctx.capacity(),
+        prefix_cache: false,
+    };
+    Scheduler::new(config, pool).map_err(|e| invalid(&e))
+}
+
+/// What a handle receives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Update {
+    Token(u32),
+    Finished(Finish),
+    /// The step the request was in failed; the request is over.
+    Failed(String),
+}
+
+enum Command {
+    Submit(Request, mpsc::Sender<Result<RequestHandleParts>>),
+    Cancel(RequestId),
+    Stats(mpsc::Sender<PoolStats>),
+    Shutdown,
+}
+
+struct RequestHandleParts {
+    id: RequestId,
+    updates: mpsc::Receiver<Update>,
+}
+
+/// A submitted request: its updates as they come, and its cancellation.
+pub struct RequestHandle {
+    id: RequestId,
+    updates: mpsc::Receiver<Update>,
+    commands: mpsc::Sender<Command>,
+    ended: bool,
+}
+
+impl RequestHandle {
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// The next update, waiting for it; `None` once the request has ended.
+    pub fn next_update(&mut self) -> Option<Update> {
+        if self.ended {
+            return None;
+        }
+        let update = self.updates.recv().ok();
+        if !matches!(update, Some(Update::Token(_))) {
+            self.ended = true;
+        }
+        update
+    }
+
+    /// Cancels the request: it leaves at the engine's next step.
+    pub fn cancel(&self) {
+        // A stopped engine has nothing left to cancel.
+        let _ = self.commands.send(Command::Cancel(self.id));
+    }
+
+    /// Waits for the end: every token, and how it ended.
+    pub fn collect(mut self) -> (Vec<u32>, Update) {
+        let mut tokens = Vec::new();
+        loop {
+            match self.next_update() {
+                Some(Update::Token(t)) => tokens.push(t),
+                Some(end) => return (tokens, end),
+                None => return (tokens, Update::Failed("the engine stopped".into())),
+            }
+        }
+    }
+}
+
+impl Drop for RequestHandle {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.cancel();
+        }
+    }
+}
+
+/// A model serving requests on its own thread.
+pub struct Engine {
+    commands: mpsc::Sender<Command>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Engine {
+    /// Starts the engine's thread over `model`, `ctx` and the `backend` they live on.
+    pub fn start<B: Backend + 'static>(
+        model: Model<B>,
+        backend: B,
+        ctx: Context<B>,
+    ) -> Result<Engine>
+    where
+        Model<B>: Send,
+        Context<B>: Send,
+    {
+        let scheduler = scheduler_for(&ctx)?;
+        let (commands, inbox) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("hipdecode-engine".into())
+            .spawn(move || serve(model, backend, ctx, scheduler, inbox))
+            .map_err(|e| DecodeError::InvalidArgument(format!("starting the engine: {e}")))?;
+        Ok(Engine {
+            commands,
+            thread: Some(thread),
+        })
+    }
+
+    /// Queues a request; refused when the scheduler refuses it (an empty prompt, no new
+    /// tokens, a prompt longer than a sequence holds).
+    pub fn submit(&self, request: Request) -> Result<RequestHandle> {
+        let (reply, answer) = mpsc::channel();
+        let stopped = || DecodeError::InvalidArgument("the engine has stopped".into());
+        self.commands
+            .send(Command::Submit(request, reply))
+            .map_err(|_| stopped())?;
+        let parts = answer.recv().map_err(|_| stopped())??;
+        Ok(RequestHandle {
+            id: parts.id,
+            updates: parts.updates,
+            commands: self.commands.clone(),
+            ended: false,
+        })
+    }
+
+    /// The scheduler's block pool now.
+    pub fn pool_stats(&self) -> Result<PoolStats> {
+        let (reply, answer) = mpsc::channel();
+        let stopped = || DecodeError::InvalidArgument("the engine has stopped".into());
+        self.commands
+            .send(Command::Stats(reply))
+            .map_err(|_| stopped())?;
+        answer.recv().map_err(|_| stopped())
+    }
+}
+
+impl Drop for Engine {
+    /// Stops the thread after its current step; requests still running end as failed.
+    fn drop(&mut self) {
+        let _ = self.commands.send(Command::Shutdown);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The engine's loop: take commands (waiting for one when idle), plan a step, run it, send the
+/// updates.
+fn serve<B: Backend>(
+    model: Model<B>,
+    mut backend: B,
+    mut ctx: Context<B>,
+    mut scheduler: Scheduler,
+    inbox: mpsc::Receiver<Command>,
+) {
+    let mut senders: HashMap<RequestId, mpsc::Sender<Update>> = HashMap::new();
+    loop {
+        let idle = scheduler.pending() == 0;
+        let first = if idle {
+            match inbox.recv() {
+                Ok(c) => Some(c),
+                Err(_) => return,
+            }
+        } else {
+            None
+        };
+        for command in first
+            .into_iter()
+            .chain(inbox.try_iter().collect::<Vec<_>>())
+        {
+            match command {
+                Command::Submit(request, reply) => match scheduler.submit(request) {
+                    Ok(id) => {
+                        let (tx, updates) = mpsc::channel();
+                        senders.insert(id, tx);
+                        if reply.send(Ok(RequestHandleParts { id, updates })).is_err() {
+                            // The submitter is gone before it got its handle.
+                            senders.remove(&id);
+                            scheduler.cancel(id);
+                        }
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(DecodeError::InvalidArgument(e.to_string())));
+                    }
+                },
+                Command::Cancel(id) => scheduler.cancel(id),
+                Command::Stats(reply) => {
+                    let _ = reply.send(scheduler.pool().stats());
+                }
+                Command::Shutdown => {
+                    for (_, tx) in senders.drain() {
+                        let _ = tx.send(Update::Failed("the engine stopped".into()));
+                    }
+                    return;
+                }
+            }
+        }
+        let plan = scheduler.plan_step();
+        let sampled = match run_plan(&model, &mut backend, &mut ctx, &plan) {
+            Ok(sampled) => sampled,
+            Err(e) => {
+                // The step's requests end with the error (they leave at the next step); the
+                // others go on.
+                for id in dedup(&plan.requests) {
+                    scheduler.cancel(id);
+                    if let Some(tx) = senders.remove(&id) {
+                        let _ = tx.send(Update::Failed(e.to_string()));
+                    }
+                }
+                for &slot in plan.batch.sequences() {
+                    ctx.clear(slot);
+                }
+                Vec::new()
+            }
+        };
+        // After a failed step no row has a token, so only earlier cancellations are reported.
+        let events = scheduler.finish_step(&plan, &sampled);
+        for event in events {
+            match event {
+                Event::Token { id, token } => {
+                    let gone = senders
+                        .get(&id)
+                        .is_some_and(|tx| tx.send(Update::Token(token)).is_err());
+                    if gone {
+                        // Its handle was dropped: nobody waits for it.
+                        senders.remove(&id);
+                        scheduler.cancel(id);
+                    }
+                }
+                Event::Finished { id, reason } => {
+                    if let Some(tx) = senders.remove(&id) {
+                        let _ = tx.send(Update::Finished(reason));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn dedup(ids: &[RequestId]) -> Vec<RequestId> {
+    let mut out = ids.to_vec();
+    out.sort();
+    out.dedup();
+    out
+}

@@ -1,0 +1,148 @@
+//! The engine on its own thread: requests submitted from several threads stream the tokens
+//! each gets when run alone, a cancelled request ends as cancelled and its blocks are free
+//! after the engine's next step, a dropped handle cancels its request, and a bad request is
+//! refused without stopping the engine.
+
+mod common;
+
+use common::preset_file;
+use decode::backend::cpu::CpuBackend;
+use decode::backend::Precision;
+use decode::context::{Context, ContextOptions};
+use decode::engine::{Engine, Update};
+use decode::gguf_loader::synth::Preset;
+use decode::model::Model;
+use decode::sampler::SamplerConfig;
+use decode::scheduler::{Finish, Request};
+use decode::session::Session;
+use std::sync::Arc;
+
+fn options(sequences: usize) -> ContextOptions {
+    ContextOptions {
+        context: 64,
+        max_batch: 16,
+        all_logits: false,
+        sequences,
+    }
+}
+
+fn sampler(seed: u64) -> SamplerConfig {
+    SamplerConfig {
+        temperature: 1.0,
+        top_k: 20,
+        top_p: 0.95,
+        seed,
+    }
+}
+
+#[test]
+fn requests_from_several_threads_stream_their_own_tokens_and_cancel() {
+    let file = Arc::new(preset_file(Preset::TinyQwen3));
+    let vocab = {
+        let mut be = CpuBackend::new(Precision::Exact);
+        Model::load(&file, &mut be).unwrap().spec().vocab as u32
+    };
+    let requests: Vec<Request> = (0..4u32)
+        .map(|i| Request {
+            prompt: (0..3 + 2 * i).map(|t| (t * 7 + i) % vocab).collect(),
+            sampler: if i % 2 == 0 {
+                SamplerConfig::default()
+            } else {
+                sampler(i as u64)
+            },
+            max_new: 6 + i as usize,
+            stop: Vec::new(),
+        })
+        .collect();
+    let alone: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|r| {
+            let backend = CpuBackend::new(Precision::Exact);
+            let mut s = Session::load(&file, backend, options(1)).unwrap();
+            decode::generate::generate(
+                &mut s,
+                &r.prompt,
+                r.max_new,
+                r.sampler,
+                &|_| false,
+                &mut |_| {},
+            )
+            .unwrap()
+            .tokens
+        })
+        .collect();
+
+    let mut be = CpuBackend::new(Precision::Exact);
+    let model = Model::load(&file, &mut be).unwrap();
+    let ctx = Context::new(&model, &mut be, options(3)).unwrap();
+    let engine = Arc::new(Engine::start(model, be, ctx).unwrap());
+    let threads: Vec<_> = requests
+        .iter()
+        .cloned()
+        .map(|r| {
+            let engine = Arc::clone(&engine);
+            std::thread::spawn(move || engine.submit(r).unwrap().collect())
+        })
+        .collect();
+    for (i, t) in threads.into_iter().enumerate() {
+        let (tokens, end) = t.join().unwrap();
+        assert_eq!(tokens, alone[i], "request {i}");
+        assert_eq!(end, Update::Finished(Finish::TokenLimit), "request {i}");
+    }
+
+    // Cancelled after its first token: it ends as cancelled, and once the engine has run a
+    // step after it, its blocks are back.
+    let long = Request {
+        prompt: vec![1, 2, 3],
+        sampler: SamplerConfig::default(),
+        max_new: 40,
+        stop: Vec::new(),
+    };
+    let mut handle = engine.submit(long.clone()).unwrap();
+    assert!(matches!(handle.next_update(), Some(Update::Token(_))));
+    handle.cancel();
+    let (_, end) = handle.collect();
+    assert_eq!(end, Update::Finished(Finish::Cancelled));
+    assert_eq!(
+        engine.pool_stats().unwrap().in_use,
+        0,
+        "the cancelled request's blocks"
+    );
+
+    // A dropped handle cancels its request too.
+    let dropped = engine.submit(long.clone()).unwrap();
+    drop(dropped);
+    let after = engine
+        .submit(Request { max_new: 2, ..long })
+        .unwrap()
+        .collect();
+    assert_eq!(after.1, Update::Finished(Finish::TokenLimit));
+    assert_eq!(
+        engine.pool_stats().unwrap().in_use,
+        0,
+        "the dropped request's blocks"
+    );
+
+    // A bad request is refused; the engine goes on.
+    let e = engine
+        .submit(Request {
+            prompt: Vec::new(),
+            sampler: SamplerConfig::default(),
+            max_new: 1,
+            stop: Vec::new(),
+        })
+        .err()
+        .expect("an empty prompt is refused")
+        .to_string();
+    assert!(e.contains("prompt"), "{e}");
+    let ok = engine
+        .submit(Request {
+            prompt: vec![4],
+            sampler: SamplerConfig::default(),
+            max_new: 1,
+            stop: Vec::new(),
+        })
+        .unwrap()
+        .collect();
+    assert_eq!(ok.0.len(), 1);
+}
