@@ -204,8 +204,10 @@ fn serve<B: Backend>(
     inbox: mpsc::Receiver<Command>,
 ) {
     let mut senders: HashMap<RequestId, mpsc::Sender<Update>> = HashMap::new();
+    // A step that ran nothing and reported nothing: wait for a command rather than spin.
+    let mut stalled = false;
     loop {
-        let idle = scheduler.pending() == 0;
+        let idle = scheduler.pending() == 0 || stalled;
         let first = if idle {
             match inbox.recv() {
                 Ok(c) => Some(c),
@@ -265,6 +267,7 @@ fn serve<B: Backend>(
         };
         // After a failed step no row has a token, so only earlier cancellations are reported.
         let events = scheduler.finish_step(&plan, &sampled);
+        stalled = plan.batch.is_empty() && events.is_empty();
         for event in events {
             match event {
                 Event::Token { id, token } => {
