@@ -9,7 +9,9 @@ use crate::context::Context;
 use crate::error::{DecodeError, Result};
 use crate::kv::{BlockPool, PoolStats};
 use crate::model::Model;
-use crate::scheduler::{Event, Finish, Request, RequestId, Scheduler, SchedulerConfig, StepPlan};
+use crate::scheduler::{
+    Event, Finish, Request, RequestId, Scheduler, SchedulerConfig, SequenceUsage, StepPlan,
+};
 use std::collections::HashMap;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -54,6 +56,13 @@ pub fn scheduler_for<B: Backend>(ctx: &Context<B>) -> Result<Scheduler> {
     Scheduler::new(config, pool).map_err(|e| invalid(&e))
 }
 
+/// The KV books of an engine: the pool, and what each running sequence holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvUsage {
+    pub pool: PoolStats,
+    pub sequences: Vec<SequenceUsage>,
+}
+
 /// What a handle receives.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Update {
@@ -66,7 +75,7 @@ pub enum Update {
 enum Command {
     Submit(Request, mpsc::Sender<Result<RequestHandleParts>>),
     Cancel(RequestId),
-    Stats(mpsc::Sender<PoolStats>),
+    Stats(mpsc::Sender<KvUsage>),
     Shutdown,
 }
 
@@ -173,8 +182,8 @@ impl Engine {
         })
     }
 
-    /// The scheduler's block pool now.
-    pub fn pool_stats(&self) -> Result<PoolStats> {
+    /// The scheduler's block pool and each running sequence's share of it, now.
+    pub fn kv_usage(&self) -> Result<KvUsage> {
         let (reply, answer) = mpsc::channel();
         let stopped = || DecodeError::InvalidArgument("the engine has stopped".into());
         self.commands
@@ -237,7 +246,10 @@ fn serve<B: Backend>(
                 },
                 Command::Cancel(id) => scheduler.cancel(id),
                 Command::Stats(reply) => {
-                    let _ = reply.send(scheduler.pool().stats());
+                    let _ = reply.send(KvUsage {
+                        pool: scheduler.pool().stats(),
+                        sequences: scheduler.usage(),
+                    });
                 }
                 Command::Shutdown => {
                     for (_, tx) in senders.drain() {

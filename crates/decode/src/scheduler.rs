@@ -122,6 +122,18 @@ impl Sequence {
     }
 }
 
+/// One running sequence's share of the KV pool, for the memory report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SequenceUsage {
+    pub id: RequestId,
+    pub slot: SeqId,
+    /// Positions whose keys and values are written.
+    pub positions: usize,
+    /// Blocks its table holds (a block shared with another sequence counts for each).
+    pub blocks: usize,
+    pub bytes: u64,
+}
+
 /// The scheduler over one context's sequence slots and one KV pool.
 pub struct Scheduler {
     config: SchedulerConfig,
@@ -172,6 +184,24 @@ impl Scheduler {
             .iter()
             .find(|s| s.slot == Some(slot))
             .map(|s| s.blocks.blocks())
+    }
+
+    /// Each running sequence's blocks and bytes, oldest first.
+    pub fn usage(&self) -> Vec<SequenceUsage> {
+        let bytes_per_block = self.pool.stats().bytes_per_block;
+        self.running
+            .iter()
+            .filter_map(|s| {
+                let blocks = s.blocks.held();
+                Some(SequenceUsage {
+                    id: s.id,
+                    slot: s.slot?,
+                    positions: s.computed,
+                    blocks,
+                    bytes: blocks as u64 * bytes_per_block,
+                })
+            })
+            .collect()
     }
 
     /// Queues `request`; it is refused when it could never fit the KV budget, even alone.

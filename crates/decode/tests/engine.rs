@@ -100,11 +100,17 @@ fn requests_from_several_threads_stream_their_own_tokens_and_cancel() {
     };
     let mut handle = engine.submit(long.clone()).unwrap();
     assert!(matches!(handle.next_update(), Some(Update::Token(_))));
+    let usage = engine.kv_usage().unwrap();
+    // Running, or just finished its step: while it runs its blocks are in the report.
+    if let Some(u) = usage.sequences.iter().find(|u| u.id == handle.id()) {
+        assert!(u.blocks >= 1 && u.positions >= 3, "{u:?}");
+        assert_eq!(usage.pool.in_use, u.blocks);
+    }
     handle.cancel();
     let (_, end) = handle.collect();
     assert_eq!(end, Update::Finished(Finish::Cancelled));
     assert_eq!(
-        engine.pool_stats().unwrap().in_use,
+        engine.kv_usage().unwrap().pool.in_use,
         0,
         "the cancelled request's blocks"
     );
@@ -118,7 +124,7 @@ fn requests_from_several_threads_stream_their_own_tokens_and_cancel() {
         .collect();
     assert_eq!(after.1, Update::Finished(Finish::TokenLimit));
     assert_eq!(
-        engine.pool_stats().unwrap().in_use,
+        engine.kv_usage().unwrap().pool.in_use,
         0,
         "the dropped request's blocks"
     );

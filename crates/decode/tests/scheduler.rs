@@ -158,6 +158,12 @@ proptest! {
                 }
             }
             prop_assert_eq!(sched.pool().reference_counts(), held);
+            for u in sched.usage() {
+                let table = sched.blocks(u.slot).unwrap_or(&[]);
+                prop_assert_eq!(u.blocks, table.iter().flatten().count());
+                prop_assert_eq!(u.bytes, u.blocks as u64 * BYTES_PER_BLOCK);
+                prop_assert!(u.blocks >= u.positions.div_ceil(BLOCK));
+            }
             // A cancelled request holds nothing once a step has been planned after it.
             for (&id, &at) in &cancelled_at {
                 if at <= step {
