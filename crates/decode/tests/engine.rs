@@ -95,7 +95,7 @@ fn requests_from_several_threads_stream_their_own_tokens_and_cancel() {
     let long = Request {
         prompt: vec![1, 2, 3],
         sampler: SamplerConfig::default(),
-        max_new: 40,
+        max_new: 60,
         stop: Vec::new(),
     };
     let mut handle = engine.submit(long.clone()).unwrap();
