@@ -4,7 +4,7 @@
 //! - `llama`: SentencePiece-style (Gemma). The GGUF scores are merge priorities: the pair whose
 //!   merged piece scores highest is merged first. Spaces are written `▁`; characters with no
 //!   piece fall back to `<0xXX>` byte tokens. See [`spm`].
-//! - `gpt2`: byte-level BPE (Llama 3, Qwen) with ranked merges and a pre-tokenizer chosen by
+//! - `gpt2`: byte-level BPE (Llama 3, Qwen, SmolLM2) with ranked merges and a pre-tokenizer chosen by
 //!   `tokenizer.ggml.pre`. See [`bpe`].
 //!
 //! Both are written here rather than on the `tokenizers` crate: its Unigram model would read

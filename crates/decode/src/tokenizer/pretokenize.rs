@@ -4,6 +4,9 @@
 //! - GPT-2: `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
 //! - Llama 3: `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
 //! - Qwen 2/3: as Llama 3 with single digits (`\p{N}`).
+//! - StarCoder (also SmolLM2's `smollm`): every digit apart (`\p{N}`), then GPT-2's pattern
+//!   within each stretch between digits, as llama.cpp applies its two expressions one after
+//!   the other (so a look-ahead sees the stretch's end, not the digit after it).
 //!
 //! A scanner instead of a regex engine because of the look-ahead `(?!\S)`. Letters are
 //! `char::is_alphabetic` minus numerics, which differs from `\p{L}` only for the few marks that
@@ -16,6 +19,7 @@ pub enum Scheme {
     Gpt2,
     Llama3,
     Qwen2,
+    StarCoder,
 }
 
 impl Scheme {
@@ -24,8 +28,10 @@ impl Scheme {
             "default" | "gpt2" | "gpt-2" => Ok(Scheme::Gpt2),
             "llama-bpe" | "llama3" | "llama-v3" | "smaug-bpe" => Ok(Scheme::Llama3),
             "qwen2" | "qwen3" | "qwen35" => Ok(Scheme::Qwen2),
+            "starcoder" | "smollm" => Ok(Scheme::StarCoder),
             other => Err(DecodeError::Tokenizer(format!(
-                "pre-tokenizer '{other}' (tokenizer.ggml.pre) is not supported; supported: default, gpt2, llama-bpe, qwen2"
+                "pre-tokenizer '{other}' (tokenizer.ggml.pre) is not supported; supported: \
+                 default, gpt2, llama-bpe, qwen2, starcoder, smollm"
             ))),
         }
     }
@@ -46,6 +52,9 @@ fn is_newline(c: char) -> bool {
 
 /// Splits `text` into pre-tokens.
 pub fn split(scheme: Scheme, text: &str) -> Vec<&str> {
+    if scheme == Scheme::StarCoder {
+        return split_digits_then_gpt2(text);
+    }
     let chars: Vec<(usize, char)> = text.char_indices().collect();
     let n = chars.len();
     let at = |i: usize| chars.get(i).map(|&(_, c)| c);
@@ -63,6 +72,25 @@ pub fn split(scheme: Scheme, text: &str) -> Vec<&str> {
         debug_assert!(end > i);
         out.push(&text[byte(i)..byte(end)]);
         i = end;
+    }
+    out
+}
+
+/// StarCoder's two passes: each digit alone, and GPT-2's split of every stretch between.
+fn split_digits_then_gpt2(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut stretch = 0;
+    for (b, c) in text.char_indices() {
+        if is_number(c) {
+            if stretch < b {
+                out.extend(split(Scheme::Gpt2, &text[stretch..b]));
+            }
+            out.push(&text[b..b + c.len_utf8()]);
+            stretch = b + c.len_utf8();
+        }
+    }
+    if stretch < text.len() {
+        out.extend(split(Scheme::Gpt2, &text[stretch..]));
     }
     out
 }
@@ -97,7 +125,8 @@ fn match_at(
         }
     }
     match scheme {
-        Scheme::Gpt2 => {
+        // Split before scanning (`split_digits_then_gpt2`), which scans its stretches as GPT-2.
+        Scheme::Gpt2 | Scheme::StarCoder => {
             let body = if c == ' ' { i + 1 } else { i };
             if at(body).is_some_and(is_letter) {
                 return run(body, &is_letter);
@@ -168,5 +197,15 @@ mod tests {
         assert_eq!(split(Scheme::Qwen2, "a 42"), vec!["a", " ", "4", "2"]);
         assert_eq!(split(Scheme::Llama3, "I'M"), vec!["I", "'M"]);
         assert_eq!(split(Scheme::Llama3, "x  \n y"), vec!["x", "  \n", " y"]);
+    }
+
+    #[test]
+    fn starcoder_splits_digits_first_then_each_stretch_as_gpt2() {
+        // GPT-2 alone would give "a", " ", " 12"; the stretch "a  " ends before the digit.
+        assert_eq!(split(Scheme::StarCoder, "a  12"), vec!["a", "  ", "1", "2"]);
+        assert_eq!(
+            split(Scheme::StarCoder, "w048 7tuijk"),
+            vec!["w", "0", "4", "8", " ", "7", "tuijk"]
+        );
     }
 }
