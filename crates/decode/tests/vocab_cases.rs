@@ -17,7 +17,7 @@ fn data(name: &str) -> PathBuf {
 
 #[test]
 fn starcoder_cases_encode_as_llama_cpp_encodes_them() {
-    let file = GgufFile::open(&data("ggml-vocab-starcoder.gguf")).expect("the vocabulary opens");
+    let file = GgufFile::open(data("ggml-vocab-starcoder.gguf")).expect("the vocabulary opens");
     let tok = Tokenizer::from_gguf(&file).expect("the starcoder pre-tokenizer is supported");
     let inputs = std::fs::read_to_string(data("ggml-vocab-starcoder.gguf.inp")).unwrap();
     let outputs = std::fs::read_to_string(data("ggml-vocab-starcoder.gguf.out")).unwrap();
@@ -46,7 +46,7 @@ fn starcoder_cases_encode_as_llama_cpp_encodes_them() {
 
 #[test]
 fn an_unknown_pre_tokenizer_is_refused_naming_the_supported_ones() {
-    let file = GgufFile::open(&data("ggml-vocab-starcoder.gguf")).expect("the vocabulary opens");
+    let file = GgufFile::open(data("ggml-vocab-starcoder.gguf")).expect("the vocabulary opens");
     let edited = common::rebuild_gguf(
         &file,
         &common::Edits {
