@@ -35,13 +35,17 @@ pub struct Args {
 /// Test binaries (`<package>/<target>`) with no GPU test in them: CI runs them on every
 /// machine, so a bundle for the GPU machine (`--gpu-only`) need not carry them.
 pub const CPU_ONLY_TESTS: &[&str] = &[
+    "decode/engine",
     "decode/gemma_reference",
     "decode/generation",
     "decode/hostile_models",
+    "decode/kv_pool",
     "decode/model_spec",
     "decode/offload_plan",
+    "decode/scheduler",
     "decode/synthetic_reference",
     "decode/tokenizer_defaults",
+    "decode/vocab_cases",
     "gguf-loader/dequant_vs_gguf_py",
     "gguf-loader/hostile",
     "gguf-loader/model_config",
