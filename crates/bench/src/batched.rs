@@ -13,7 +13,6 @@ use anyhow::{bail, Context as _, Result};
 use decode::backend::Backend;
 use decode::batch::{BatchRow, RowKind, RowOutput, StepBatch};
 use decode::context::{Context, ContextOptions};
-use decode::memory::MemoryTag;
 use decode::model::Model;
 use decode::sampler::SamplerConfig;
 use decode::GgufFile;
@@ -137,7 +136,6 @@ fn measure<B: Backend>(
     // than every prompt row at once would only size activations nothing fills.
     let max_batch = plan.max_batch.max(b).min(b * plan.npp).max(1);
     backend.reset_device_peaks();
-    let kv_before = backend.memory().get(MemoryTag::KvCache);
     let options = ContextOptions {
         context: positions,
         max_batch,
@@ -146,10 +144,7 @@ fn measure<B: Backend>(
     };
     // A backend that runs fewer sequences per step refuses here, with its reason.
     let mut ctx = Context::new(model, backend, options)?;
-    let kv_bytes = backend
-        .memory()
-        .get(MemoryTag::KvCache)
-        .saturating_sub(kv_before);
+    let kv_bytes = ctx.kv_bytes();
     if ctx.capacity() < positions {
         bail!(
             "the model holds {} positions per sequence, but --npp {} --ntg {} needs {positions}",

@@ -37,16 +37,20 @@ pub fn run_plan<B: Backend>(
 
 /// The scheduler for a context whose KV storage is its own fixed segments: its books budget
 /// every sequence at full length, so nothing waits for blocks or is preempted, and its prefix
-/// cache is off (a found block would not hold the sequence's keys in those segments).
+/// cache is off (a found block would not hold the sequence's keys in those segments). A
+/// block's bytes are the context's KV bytes shared evenly over its blocks, so the books'
+/// bytes are the storage's (window layers' rings averaged in).
 pub fn scheduler_for<B: Backend>(ctx: &Context<B>) -> Result<Scheduler> {
     const BLOCK_LEN: usize = 16;
     let max_batch = ctx.options().max_batch;
     let running = ctx.sequences().min(max_batch);
     let blocks_per_seq = ctx.capacity().div_ceil(BLOCK_LEN);
     let invalid = |e: &dyn std::fmt::Display| DecodeError::InvalidArgument(e.to_string());
-    // One "byte" per block: these books bound nothing the storage does not already hold.
-    let budget = (running * blocks_per_seq) as u64;
-    let pool = BlockPool::new(BLOCK_LEN, 1, budget, blocks_per_seq).map_err(|e| invalid(&e))?;
+    let all_blocks = (ctx.sequences() * blocks_per_seq) as u64;
+    let bytes_per_block = ctx.kv_bytes().div_ceil(all_blocks.max(1)).max(1);
+    let budget = running as u64 * blocks_per_seq as u64 * bytes_per_block;
+    let pool = BlockPool::new(BLOCK_LEN, bytes_per_block, budget, blocks_per_seq)
+        .map_err(|e| invalid(&e))?;
     let config = SchedulerConfig {
         max_running: running,
         step_tokens: max_batch,

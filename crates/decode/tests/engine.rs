@@ -11,7 +11,7 @@ use decode::backend::Precision;
 use decode::context::{Context, ContextOptions};
 use decode::engine::{Engine, Update};
 use decode::gguf_loader::synth::Preset;
-use decode::model::Model;
+use decode::model::{Model, ModelSpec};
 use decode::sampler::SamplerConfig;
 use decode::scheduler::{Finish, Request};
 use decode::session::Session;
@@ -38,10 +38,7 @@ fn sampler(seed: u64) -> SamplerConfig {
 #[test]
 fn requests_from_several_threads_stream_their_own_tokens_and_cancel() {
     let file = Arc::new(preset_file(Preset::TinyQwen3));
-    let vocab = {
-        let mut be = CpuBackend::new(Precision::Exact);
-        Model::load(&file, &mut be).unwrap().spec().vocab as u32
-    };
+    let vocab = ModelSpec::from_gguf(&file).expect("spec").vocab as u32;
     let requests: Vec<Request> = (0..4u32)
         .map(|i| Request {
             prompt: (0..3 + 2 * i).map(|t| (t * 7 + i) % vocab).collect(),

@@ -16,7 +16,7 @@ use decode::context::{Context, ContextOptions};
 use decode::generate::{generate, StopReason};
 use decode::generate_many::{generate_many, ManyReport, Request, Stop};
 use decode::gguf_loader::synth::Preset;
-use decode::model::Model;
+use decode::model::{Model, ModelSpec};
 use decode::sampler::SamplerConfig;
 use decode::session::Session;
 use decode::{DecodeError, GgufFile};
@@ -120,10 +120,7 @@ fn every_request_gets_the_tokens_it_gets_alone_on_every_tiny_model() {
     for preset in Preset::ALL.into_iter().filter(|p| p.is_tiny()) {
         let name = preset.name();
         let file = Arc::new(preset_file(preset));
-        let vocab = {
-            let mut be = CpuBackend::new(Precision::Exact);
-            Model::load(&file, &mut be).expect("load").spec().vocab as u32
-        };
+        let vocab = ModelSpec::from_gguf(&file).expect("spec").vocab as u32;
         let exact = || CpuBackend::new(Precision::Exact);
         // (requests, sequences, max_batch): one alone; three in three sequences; eight in
         // three (they wait their turn); eight in eight with fewer rows per step than
@@ -391,10 +388,7 @@ fn on_the_gpu_one_sequence_runs_as_generate_and_two_are_refused() {
     };
     let file = Arc::new(preset_file(Preset::TinyLlama));
     let gpu = || GpuBackend::new(device, 16, true).expect("the GPU backend starts");
-    let vocab = {
-        let mut be = gpu();
-        Model::load(&file, &mut be).expect("load").spec().vocab as u32
-    };
+    let vocab = ModelSpec::from_gguf(&file).expect("spec").vocab as u32;
     let reqs = requests(3, vocab);
     check_against_alone("gpu", &file, gpu, options(48, 16, 1), &reqs);
     let mut be = gpu();

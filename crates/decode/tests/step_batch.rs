@@ -13,7 +13,7 @@ use decode::backend::{Backend, Precision};
 use decode::batch::{BatchRow, RowKind, RowOutput, StepBatch};
 use decode::context::{Context, ContextOptions};
 use decode::gguf_loader::synth::Preset;
-use decode::model::Model;
+use decode::model::{Model, ModelSpec};
 use decode::sampler::SamplerConfig;
 use decode::session::Session;
 use decode::GgufFile;
@@ -99,10 +99,7 @@ fn two_sequences_in_one_step_match_each_run_alone() {
     for preset in Preset::ALL.into_iter().filter(|p| p.is_tiny()) {
         let name = preset.name();
         let file = Arc::new(preset_file(preset));
-        let vocab = {
-            let mut be = CpuBackend::new(Precision::Exact);
-            Model::load(&file, &mut be).expect("load").spec().vocab as u32
-        };
+        let vocab = ModelSpec::from_gguf(&file).expect("spec").vocab as u32;
         // Sequence 0: a 9-token prompt; sequence 1: a 3-token prompt, then 2 more prompt
         // tokens while sequence 0 decodes (a mixed step).
         let p0: Vec<u32> = (0..9).map(|i| (i * 7 + 3) % vocab).collect();

@@ -103,6 +103,8 @@ pub struct Context<B: Backend> {
     sequences: Vec<Sequence>,
     /// Rows of the logits buffer, and values per row.
     logit_rows: usize,
+    /// Bytes its KV cache took in the backend's books.
+    kv_bytes: u64,
     vocab: usize,
     /// The last step's rows that have logits, in the logits buffer's order.
     pub(crate) outputs: Vec<(usize, SeqId)>,
@@ -133,7 +135,12 @@ impl<B: Backend> Context<B> {
         let context = layout::clamp_context(s, options.context);
         let mb = options.max_batch;
         let slots = layout::kv_slots(s, context, mb);
+        let kv_before = backend.memory().get(MemoryTag::KvCache);
         let kv = KvCache::new(backend, slots, context, options.sequences, (kd, vd))?;
+        let kv_bytes = backend
+            .memory()
+            .get(MemoryTag::KvCache)
+            .saturating_sub(kv_before);
         let sizes = layout::activations(s, mb, options.sequences, options.all_logits)?;
         let logit_rows = sizes.logit_rows();
         let mut a = |which| backend.alloc(MemoryTag::Activations, sizes.values(which));
@@ -164,6 +171,7 @@ impl<B: Backend> Context<B> {
                 .map(|_| Sequence::default())
                 .collect(),
             logit_rows,
+            kv_bytes,
             vocab: s.vocab,
             outputs: Vec::new(),
         })
@@ -187,6 +195,12 @@ impl<B: Backend> Context<B> {
     /// Sequences the context holds.
     pub fn sequences(&self) -> usize {
         self.sequences.len()
+    }
+
+    /// Bytes the context's KV cache holds, as the backend books them (its element type and
+    /// rounding included).
+    pub fn kv_bytes(&self) -> u64 {
+        self.kv_bytes
     }
 
     /// Rows of logits one step can keep.

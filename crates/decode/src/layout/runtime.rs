@@ -1,6 +1,7 @@
-//! Device memory a run takes outside the allocator, which no buffer of the layout can give
-//! exactly before the run: each is a named line with the size measured on the H200, and where
-//! it was measured.
+//! Device memory a run takes that no buffer of the layout can give exactly before the run:
+//! the costs outside the allocator, each a named line with the size measured on the H200 and
+//! where it was measured, and one bound derived from the allocator's segment size (the device
+//! weights' block, last).
 
 use rocm_alloc::size_class::LARGE_SEGMENT;
 
@@ -32,8 +33,8 @@ pub fn host_mapping_bytes(host_bytes: u64) -> u64 {
 
 /// What the device weights of a budget run can add to the allocator's segments beyond their
 /// own footprint. They are one block (`backend/gpu/weight_block.rs`) taken right after the
-/// step block; the plan decides its size after the layout is made. A block of 10 MiB or more
-/// has a segment of its own and adds nothing; a smaller one shares the segments the other
+/// step block; the plan decides its size after the layout is made. A block of
+/// `MIN_LARGE_ALLOC` (10 MiB) or more has a segment of its own and adds nothing; a smaller one shares the segments the other
 /// buffers then fill, which can end a segment earlier and open one more: at most one shared
 /// large segment.
 pub const SMALL_WEIGHT_BLOCK_BYTES: u64 = LARGE_SEGMENT;
