@@ -141,6 +141,7 @@ fn measure<B: Backend>(
         max_batch,
         all_logits: false,
         sequences: b,
+        kv_blocks: None,
     };
     // A backend that runs fewer sequences per step refuses here, with its reason.
     let mut ctx = Context::new(model, backend, options)?;

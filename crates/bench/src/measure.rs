@@ -196,6 +196,7 @@ pub fn run_model<B: Backend>(
         max_batch: plan.n_prompt.clamp(1, plan.max_batch.max(1)),
         all_logits: false,
         sequences: 1,
+        kv_blocks: None,
     };
     let mut model = Session::load(file, backend, options)
         .with_context(|| format!("loading {}", path.display()))?;

@@ -16,46 +16,74 @@ use std::collections::HashMap;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-/// Runs `plan` through `ctx`: a sequence whose first row in the step is position 0 starts a
-/// new request in its slot, so the slot's last request is cleared first (its keys and its
-/// sampler). Returns the sampled tokens in the order of the rows that asked.
+/// Runs `plan` through `ctx`: the sequences that start in this step are restarted in their
+/// slots (at the prefix their blocks already hold), every sequence of the step gets the blocks
+/// `scheduler` gave it, shared blocks the step writes are copied first, then the step runs.
+/// Returns the sampled tokens in the order of the rows that asked.
 pub fn run_plan<B: Backend>(
     model: &Model<B>,
     backend: &mut B,
     ctx: &mut Context<B>,
+    scheduler: &Scheduler,
     plan: &StepPlan,
 ) -> Result<Vec<u32>> {
+    for &(seq, len) in &plan.started {
+        ctx.start(seq, len)?;
+    }
     if plan.batch.is_empty() {
         return Ok(Vec::new());
     }
-    for row in plan.batch.rows().filter(|r| r.pos == 0) {
-        ctx.clear(row.seq);
+    let mut seen = Vec::new();
+    for &seq in plan.batch.sequences() {
+        if seen.contains(&seq) {
+            continue;
+        }
+        seen.push(seq);
+        let blocks = scheduler.blocks(seq).unwrap_or_default();
+        ctx.set_blocks(seq, blocks.iter().map(|b| b.map(|id| id.0)))?;
     }
+    let copies: Vec<(usize, usize)> = (plan.copies.iter())
+        .map(|c| (c.from.index(), c.to.index()))
+        .collect();
+    ctx.copy_blocks(backend, &copies)?;
     let sampled = model.step(backend, ctx, &plan.batch)?;
     Ok(sampled.into_iter().map(|s| s.token).collect())
 }
 
-/// The scheduler for a context whose KV storage is its own fixed segments: its books budget
-/// every sequence at full length, so nothing waits for blocks or is preempted, and its prefix
-/// cache is off (a found block would not hold the sequence's keys in those segments). A
-/// block's bytes are the context's KV bytes shared evenly over its blocks, so the books'
-/// bytes are the storage's (window layers' rings averaged in).
+/// The scheduler over a context's paged KV storage: its pool is the context's pool of blocks
+/// (the full-context layers'), so the blocks it hands out are the storage the steps write. A
+/// block's bytes are those layers' share of the context's KV bytes; the window layers' rings
+/// are each sequence's own and outside the pool. The prefix cache is on when every layer is in
+/// the pool (a ring holds only a window of a prefix's keys, so a found prefix would lack them).
 pub fn scheduler_for<B: Backend>(ctx: &Context<B>) -> Result<Scheduler> {
-    const BLOCK_LEN: usize = 16;
+    let plan = ctx.kv_plan();
     let max_batch = ctx.options().max_batch;
     let running = ctx.sequences().min(max_batch);
-    let blocks_per_seq = ctx.capacity().div_ceil(BLOCK_LEN);
     let invalid = |e: &dyn std::fmt::Display| DecodeError::InvalidArgument(e.to_string());
-    let all_blocks = (ctx.sequences() * blocks_per_seq) as u64;
-    let bytes_per_block = ctx.kv_bytes().div_ceil(all_blocks.max(1)).max(1);
-    let budget = running as u64 * blocks_per_seq as u64 * bytes_per_block;
-    let pool = BlockPool::new(BLOCK_LEN, bytes_per_block, budget, blocks_per_seq)
-        .map_err(|e| invalid(&e))?;
+    // Rows of storage of every layer, and of the pool's layers: their share of the bytes.
+    let (mut all_rows, mut pool_rows) = (0u128, 0u128);
+    for il in 0..plan.slots.len() {
+        let rows = plan.rows(il)? as u128;
+        all_rows += rows;
+        if plan.groups[il] == crate::kv::KvGroup::POOL {
+            pool_rows += rows;
+        }
+    }
+    let pool_bytes = (ctx.kv_bytes() as u128 * pool_rows / all_rows.max(1)) as u64;
+    let blocks = plan.pool_blocks as u64;
+    let bytes_per_block = pool_bytes.div_ceil(blocks.max(1)).max(1);
+    let pool = BlockPool::new(
+        plan.block,
+        bytes_per_block,
+        blocks * bytes_per_block,
+        plan.pool_slots / plan.block,
+    )
+    .map_err(|e| invalid(&e))?;
     let config = SchedulerConfig {
         max_running: running,
         step_tokens: max_batch,
         max_positions: ctx.capacity(),
-        prefix_cache: false,
+        prefix_cache: plan.ring_slots.is_empty(),
     };
     Scheduler::new(config, pool).map_err(|e| invalid(&e))
 }
@@ -264,7 +292,7 @@ fn serve<B: Backend>(
             }
         }
         let plan = scheduler.plan_step();
-        let sampled = match run_plan(&model, &mut backend, &mut ctx, &plan) {
+        let sampled = match run_plan(&model, &mut backend, &mut ctx, &scheduler, &plan) {
             Ok(sampled) => sampled,
             Err(e) => {
                 // The step's requests end with the error (they leave at the next step); the

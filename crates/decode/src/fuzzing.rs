@@ -25,6 +25,7 @@ pub fn load_model(data: &[u8]) -> bool {
         max_batch: 2,
         all_logits: false,
         sequences: 1,
+        kv_blocks: None,
     };
     let Ok(mut model) = Session::load(&Arc::new(file), CpuBackend::new(Precision::Fast), options)
     else {

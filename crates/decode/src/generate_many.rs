@@ -173,9 +173,11 @@ pub fn generate_many<B: Backend>(
     while scheduler.pending() > 0 {
         let plan = scheduler.plan_step();
         let step_start = Instant::now();
-        // A sequence's first row at position 0 starts its request (`run_plan` clears the slot).
+        // The sequences that start in this step (`run_plan` restarts their slots): a started
+        // slot's first row is its request's.
         for (r, row) in plan.batch.rows().enumerate() {
-            if row.pos == 0 {
+            let first = plan.batch.rows().position(|o| o.seq == row.seq) == Some(r);
+            if first && plan.started.iter().any(|&(slot, _)| slot == row.seq) {
                 if let Some(t) = tracked.get_mut(&plan.requests[r]) {
                     reports[t.request].seq = Some(row.seq);
                     reports[t.request].queued = step_start - t_start;
@@ -183,7 +185,7 @@ pub fn generate_many<B: Backend>(
                 }
             }
         }
-        let tokens = crate::engine::run_plan(model, backend, ctx, &plan)?;
+        let tokens = crate::engine::run_plan(model, backend, ctx, &scheduler, &plan)?;
         let now = Instant::now();
         if !plan.batch.is_empty() {
             run.steps += 1;

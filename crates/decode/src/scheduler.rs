@@ -97,6 +97,9 @@ pub struct StepPlan {
     /// Requests preempted while planning: their slots were cleared and they wait to be
     /// recomputed.
     pub preempted: Vec<RequestId>,
+    /// Slots whose sequence starts in this step, each with the positions its blocks already
+    /// hold (a prefix found in the prefix cache; 0 without): the context restarts them there.
+    pub started: Vec<(SeqId, usize)>,
 }
 
 struct Sequence {
@@ -380,6 +383,9 @@ impl Scheduler {
                 }
             }
             s.slot = self.free_slots.pop();
+            if let Some(slot) = s.slot {
+                plan.started.push((slot, s.computed));
+            }
             self.clock += 1;
             s.admitted = self.clock;
             self.running.push(s);

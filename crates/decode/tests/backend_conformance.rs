@@ -14,7 +14,8 @@ use decode::backend::cpu::CpuBackend;
 use decode::backend::gpu::vendor_gemm::VENDOR_GEMM_MIN_ROWS;
 use decode::backend::gpu::{GpuBackend, KvType, MatvecPath};
 use decode::backend::{
-    Attention, Backend, GateActivation, MoeShape, Precision, Rope, StepBounds, WeightSource,
+    Attention, Backend, BlockTables, GateActivation, KvGroup, KvLayer, MoeShape, Precision, Rope,
+    StepBounds, WeightSource,
 };
 use decode::batch::{RowOutput, StepBatch};
 use decode::gguf_loader::synth::Preset;
@@ -144,6 +145,19 @@ fn step_at(pos0: usize, tokens: &[u32]) -> StepBatch {
         StepBatch::decode(0, pos0, *token, RowOutput::Nothing)
     } else {
         StepBatch::prefill(0, pos0, tokens, RowOutput::Nothing)
+    }
+}
+
+/// One sequence's table over a cache of `slots` rows in order (blocks of one row, so any
+/// slot count is whole blocks): the unpaged layout the ops below are checked on.
+fn one_table(slots: usize) -> BlockTables {
+    BlockTables::new(1, 1, slots, slots, &[]).expect("tables")
+}
+
+fn pool_layer(slots: usize) -> KvLayer {
+    KvLayer {
+        slots,
+        group: KvGroup::POOL,
     }
 }
 
@@ -387,6 +401,7 @@ fn matmul<B: Backend + 'static>(make: impl Fn() -> B) {
             max_tokens: MATMUL_ROWS[MATMUL_ROWS.len() - 1],
             decode_attention: Vec::new(),
             moe: None,
+            table_entries: 0,
         };
         be.reserve_workspace(&bounds, &[]).expect("reserve");
         let xb = upload(be, x);
@@ -479,7 +494,8 @@ fn dense_rows_of_any_length<B: Backend + 'static>(make: impl Fn() -> B) {
 
             let tokens = [4u32, 0, 2];
             let mut emb = be.alloc(MemoryTag::Activations, 3 * cols).unwrap();
-            be.begin_step(&step_at(0, &tokens)).expect("begin_step");
+            be.begin_step(&step_at(0, &tokens), &one_table(1))
+                .expect("begin_step");
             be.embed(&w, 3, 1.0, &mut emb).expect("embed");
             let want: Vec<f32> = tokens
                 .iter()
@@ -542,7 +558,7 @@ test_device!(gated_then_product);
 fn gated_then_product<B: Backend + 'static>(make: impl Fn() -> B) {
     fn go<C: Backend>(be: &mut C, g: &[f32], u: &[f32], m: &Matrix, rows: usize) -> Vec<f32> {
         let len = rows * m.dims[0];
-        be.begin_step(&step_at(0, &vec![0; rows]))
+        be.begin_step(&step_at(0, &vec![0; rows]), &one_table(1))
             .expect("begin_step");
         let mut gb = upload(be, g);
         let ub = upload(be, u);
@@ -613,9 +629,10 @@ fn moe<B: Backend + 'static>(make: impl Fn() -> B) {
             max_tokens: shape.rows,
             decode_attention: Vec::new(),
             moe: Some(*shape),
+            table_entries: 0,
         };
         be.reserve_workspace(&bounds, &[]).expect("reserve");
-        be.begin_step(&step_at(0, &vec![0; shape.rows]))
+        be.begin_step(&step_at(0, &vec![0; shape.rows]), &one_table(1))
             .expect("begin_step");
         let xb = upload(be, x);
         let lb = upload(be, logits);
@@ -675,7 +692,7 @@ fn rope_qk_then_store_kv<B: Backend + 'static>(make: impl Fn() -> B) {
         rope: &Rope,
     ) -> Vec<f32> {
         let (n_head, n_kv, kd) = (4, 2, 2 * HD);
-        be.begin_step(&step_at(pos0, &vec![0; rows]))
+        be.begin_step(&step_at(pos0, &vec![0; rows]), &one_table(slots))
             .expect("begin_step");
         let mut qb = upload(be, q);
         let mut kb = upload(be, k);
@@ -684,7 +701,7 @@ fn rope_qk_then_store_kv<B: Backend + 'static>(make: impl Fn() -> B) {
         let mut vc = be.alloc(MemoryTag::KvCache, slots * kd).unwrap();
         be.rope_qk(&mut qb, &mut kb, rows, n_head, n_kv, HD, rope, None)
             .expect("rope_qk");
-        be.store_kv(&kb, &vb, &mut kc, &mut vc, rows, kd, kd, slots)
+        be.store_kv(&kb, &vb, &mut kc, &mut vc, rows, kd, kd, pool_layer(slots))
             .expect("store_kv");
         let mut all = download(be, &qb, q.len());
         all.extend(download(be, &kb, k.len()));
@@ -853,7 +870,8 @@ fn embed<B: Backend + 'static>(make: impl Fn() -> B) {
         let table = be.load_weight(&m.source()).expect("load the table");
         let n = tokens.len();
         let mut out = be.alloc(MemoryTag::Activations, n * m.dims[0]).unwrap();
-        be.begin_step(&step_at(5, tokens)).expect("begin_step");
+        be.begin_step(&step_at(5, tokens), &one_table(1))
+            .expect("begin_step");
         be.embed(&table, n, scale, &mut out).expect("embed");
         download(be, &out, n * m.dims[0])
     }
@@ -914,7 +932,7 @@ fn rope<B: Backend + 'static>(make: impl Fn() -> B) {
     fn go<C: Backend>(be: &mut C, x: &[f32], c: &Case) -> Vec<f32> {
         let factors = c.factors.as_ref().map(|f| load_vector(be, "rope_freqs", f));
         let mut xb = upload(be, x);
-        be.begin_step(&step_at(c.pos0, &vec![0; c.rows]))
+        be.begin_step(&step_at(c.pos0, &vec![0; c.rows]), &one_table(1))
             .expect("begin_step");
         be.rope(
             &mut xb,
@@ -1007,12 +1025,13 @@ fn attention<B: Backend + 'static>(make: impl Fn() -> B) {
             } else {
                 step_at(p, &vec![0; rows])
             };
-            be.begin_step(&batch).expect("begin_step");
+            be.begin_step(&batch, &one_table(slots))
+                .expect("begin_step");
             be.write(&mut kb, 0, &inp.k[p * KD..][..rows * KD]).unwrap();
             be.write(&mut vb, 0, &inp.v[p * KD..][..rows * KD]).unwrap();
-            be.store_rows(&kb, &mut k_cache, rows, KD, slots)
+            be.store_rows(&kb, &mut k_cache, rows, KD, pool_layer(slots))
                 .expect("store k");
-            be.store_rows(&vb, &mut v_cache, rows, KD, slots)
+            be.store_rows(&vb, &mut v_cache, rows, KD, pool_layer(slots))
                 .expect("store v");
             if p == pos0 {
                 break;
@@ -1020,7 +1039,7 @@ fn attention<B: Backend + 'static>(make: impl Fn() -> B) {
             p += rows;
         }
         be.write(&mut qb, 0, &inp.q[pos0 * QD..][..n * QD]).unwrap();
-        be.attention(&qb, &k_cache, &v_cache, &mut out, shape)
+        be.attention(&qb, &k_cache, &v_cache, &mut out, shape, KvGroup::POOL)
             .expect("attention");
         let mut all = download(be, &out, n * QD);
         all.extend(download(be, &k_cache, slots * KD));

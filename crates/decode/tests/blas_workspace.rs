@@ -39,6 +39,7 @@ fn the_blas_workspace_is_allocated_through_rocm_alloc_under_the_workspace_tag() 
         max_batch: 64,
         all_logits: false,
         sequences: 1,
+        kv_blocks: None,
     };
     let mut model = Session::load(&file, backend, options).expect("load");
 

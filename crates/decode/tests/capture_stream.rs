@@ -29,6 +29,7 @@ fn decode_logits(
         max_batch: 8,
         all_logits: false,
         sequences: 1,
+        kv_blocks: None,
     };
     let mut model = Session::load(file, backend, options).expect("load");
     model.forward(&[1, 5, 9, 13, 17]).expect("prompt");
@@ -116,6 +117,7 @@ fn the_capture_cannot_move_after_a_graph_exists() {
         max_batch: 8,
         all_logits: false,
         sequences: 1,
+        kv_blocks: None,
     };
     let mut model = Session::load(&file, backend, options).expect("load");
     model.decode(3).expect("a decode step, captured");

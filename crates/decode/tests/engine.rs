@@ -23,6 +23,7 @@ fn options(sequences: usize) -> ContextOptions {
         max_batch: 16,
         all_logits: false,
         sequences,
+        kv_blocks: None,
     }
 }
 

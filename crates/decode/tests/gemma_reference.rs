@@ -35,6 +35,7 @@ fn load(path: &std::path::Path, precision: Precision, all_logits: bool) -> Sessi
             max_batch: 32,
             all_logits,
             sequences: 1,
+            kv_blocks: None,
         },
     )
     .expect("load gemma")

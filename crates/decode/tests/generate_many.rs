@@ -2,14 +2,15 @@
 //! tokens `generate` gives it run alone on a one-sequence session, with the same settings;
 //! more requests than sequences take turns in the freed slots. On the CPU's exact path a row's
 //! logits are bitwise the same whatever else shares its step. Real Gemma 3 270M runs 8
-//! requests of 16 tokens. On a GPU, a one-sequence context runs generate_many as generate
-//! runs, and a context of two is refused with an error naming the batching work.
+//! requests of 16 tokens. A prompt whose prefix an earlier request computed skips that
+//! prefill (the prefix cache) and still gets its tokens. On a GPU's exact path, a context of
+//! one and of three sequences runs generate_many as generate runs.
 
 mod common;
 
 use common::preset_file;
 use decode::backend::cpu::CpuBackend;
-use decode::backend::gpu::GpuBackend;
+use decode::backend::gpu::{GpuBackend, KvType, MatvecPath};
 use decode::backend::{Backend, Precision};
 use decode::batch::{BatchRow, RowKind, RowOutput, StepBatch};
 use decode::context::{Context, ContextOptions};
@@ -28,6 +29,7 @@ fn options(context: usize, max_batch: usize, sequences: usize) -> ContextOptions
         max_batch,
         all_logits: false,
         sequences,
+        kv_blocks: None,
     }
 }
 
@@ -380,25 +382,50 @@ fn real_gemma_runs_eight_requests_of_sixteen_tokens_as_each_runs_alone() {
 }
 
 #[test]
-fn on_the_gpu_one_sequence_runs_as_generate_and_two_are_refused() {
-    let test = "on_the_gpu_one_sequence_runs_as_generate_and_two_are_refused";
+fn a_cached_prefix_skips_its_prefill_and_keeps_the_tokens() {
+    // One sequence, so the second request runs after the first has finished and left its
+    // full blocks in the prefix cache; both share a 40-token prefix (two full blocks of 16).
+    let file = Arc::new(preset_file(Preset::TinyLlama));
+    let vocab = ModelSpec::from_gguf(&file).expect("spec").vocab as u32;
+    let shared: Vec<u32> = (0..40).map(|j| (j * 13 + 5) % vocab).collect();
+    let reqs: Vec<Request> = [vec![1, 2], vec![3, 4, 5]]
+        .into_iter()
+        .map(|tail| Request {
+            prompt: shared.iter().copied().chain(tail).collect(),
+            sampler: SamplerConfig::default(),
+            max_new: 4,
+            stop: Stop::Tokens(Vec::new()),
+        })
+        .collect();
+    let exact = || CpuBackend::new(Precision::Exact);
+    let report = check_against_alone("prefix", &file, exact, options(64, 16, 1), &reqs);
+    // Without the cache: 42 + 43 prompt rows and 3 + 3 decode rows. The second prompt's first
+    // 32 positions are found, so only its last 11 are computed.
+    assert_eq!(report.rows, 42 + 3 + (43 - 32) + 3, "rows run");
+}
+
+#[test]
+fn on_the_gpu_one_and_three_sequences_run_as_generate() {
+    let test = "on_the_gpu_one_and_three_sequences_run_as_generate";
     let _lock = test_support::gpu::gpu_lock();
     let Some(device) = hip_ffi::testing::device_or_skip(test) else {
         return;
     };
     let file = Arc::new(preset_file(Preset::TinyLlama));
-    let gpu = || GpuBackend::new(device, 16, true).expect("the GPU backend starts");
+    let gpu = || {
+        let mut be = GpuBackend::new(device, 16, true).expect("the GPU backend starts");
+        be.set_matvec_path(MatvecPath::Exact);
+        be.set_kv_type(KvType::F32);
+        be
+    };
     let vocab = ModelSpec::from_gguf(&file).expect("spec").vocab as u32;
-    let reqs = requests(3, vocab);
-    check_against_alone("gpu", &file, gpu, options(48, 16, 1), &reqs);
-    let mut be = gpu();
-    let model = Model::load(&file, &mut be).expect("load");
-    let e = Context::new(&model, &mut be, options(48, 16, 2))
-        .err()
-        .expect("two sequences are refused")
-        .to_string();
-    assert!(
-        e.contains("batching"),
-        "{e:?} does not name the batching work"
+    let reqs = requests(5, vocab);
+    check_against_alone("gpu, one sequence", &file, gpu, options(48, 16, 1), &reqs);
+    check_against_alone(
+        "gpu, three sequences",
+        &file,
+        gpu,
+        options(48, 16, 3),
+        &reqs,
     );
 }

@@ -29,6 +29,7 @@ fn opts(context: usize, all_logits: bool) -> ContextOptions {
         max_batch: 16,
         all_logits,
         sequences: 1,
+        kv_blocks: None,
     }
 }
 
@@ -63,8 +64,11 @@ fn sliding_window_layers_keep_only_a_window_of_keys() {
     let window = s.layers.iter().find_map(|l| l.window).unwrap() as u64;
     assert!(windowed > 0 && window + 15 < 64);
     let full = s.n_layers as u64 - windowed;
-    // Full layers hold 64 positions; window layers window + max_batch - 1.
-    let want = per_slot * (full * 64 + windowed * (window + 15));
+    // Full layers hold 64 positions; window layers window + max_batch - 1, in whole KV blocks.
+    let block = decode::kv::BLOCK_POSITIONS as u64;
+    let ring = (window + 15).next_multiple_of(block);
+    assert!(ring < 64, "the ring is smaller than the context");
+    let want = per_slot * (full * 64 + windowed * ring);
     assert_eq!(model.memory().get(decode::MemoryTag::KvCache), want);
 }
 

@@ -107,6 +107,7 @@ fn options(max_batch: usize) -> ContextOptions {
         max_batch,
         all_logits: true,
         sequences: 1,
+        kv_blocks: None,
     }
 }
 
@@ -490,6 +491,7 @@ fn real_shape_synthetic_models_on_the_gpu() {
             max_batch: 2,
             all_logits: true,
             sequences: 1,
+            kv_blocks: None,
         };
         let mut cpu = Session::load(&file, CpuBackend::new(Precision::Exact), options).unwrap();
         let want = cpu.forward_all_logits(&prompt).unwrap();

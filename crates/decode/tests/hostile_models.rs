@@ -40,6 +40,7 @@ fn small() -> ContextOptions {
         max_batch: 4,
         all_logits: false,
         sequences: 1,
+        kv_blocks: None,
     }
 }
 

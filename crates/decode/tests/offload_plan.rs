@@ -37,14 +37,16 @@ fn the_gpu_defaults_halve_the_cache_and_ring_the_sliding_layers() {
     let file = common::preset_file(Preset::TinyGemma3);
     let r = ModelLayout::new(&file, &LayoutOptions::default()).unwrap();
     let s = &r.spec;
-    // f16, one K and one V row per slot; sliding layers hold window + max_batch - 1 slots.
+    // f16, one K and one V row per slot; sliding layers hold window + max_batch - 1 slots, in
+    // whole KV blocks.
     let row = (s.widths.k + s.widths.v) as u64 * 2;
+    let block = decode::kv::BLOCK_POSITIONS;
     let expect: u64 = s
         .layers
         .iter()
         .map(|l| match l.window {
-            Some(w) => r.context.min(w + 63) as u64,
-            None => r.context as u64,
+            Some(w) => r.context.min(w + 63).next_multiple_of(block) as u64,
+            None => r.context.next_multiple_of(block) as u64,
         })
         .map(|slots| slots * row)
         .sum();

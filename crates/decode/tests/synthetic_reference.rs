@@ -63,6 +63,7 @@ fn check(preset: Preset) {
                 max_batch: 10,
                 all_logits: true,
                 sequences: 1,
+                kv_blocks: None,
             },
         )
         .unwrap();
@@ -136,6 +137,7 @@ fn tiny_gemma3_at_27b_depth_uses_the_27b_attention_scale() {
             max_batch: 16,
             all_logits: true,
             sequences: 1,
+            kv_blocks: None,
         },
     )
     .unwrap();

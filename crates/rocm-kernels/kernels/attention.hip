@@ -5,7 +5,8 @@
 // `[slots][n_head_kv][dv]` in f16 (u16 bits) or f32; out `[n_tokens][n_head][dv]` f32. Query
 // head h reads KV head h / (n_head / n_head_kv). Query token t is at positions[t] (device
 // memory) and sees the keys at positions [first, p] with first = max(0, p - window + 1) (or 0
-// without a window); position j lives in slot j % slots.
+// without a window); position j lives in slot j % slots, and slot s in the cache row that the
+// token's block table gives when the cache is paged (kv_pages.h).
 //
 // One kernel serves both paths. A block takes one query token (grid x), a group of at most
 // ATTN_MAX_HEADS query heads that share one KV head (grid y), and one split of the key range
@@ -18,6 +19,7 @@
 //    length, so a captured graph replays at any position: a split past the current length
 //    writes a neutral partial (max = -inf, sum = 0) that the combine skips.
 #include "portability.h"
+#include "kv_pages.h"
 
 // Query heads per block (the GQA group is split into sub-groups of at most this many).
 #define ATTN_MAX_HEADS 8
@@ -67,7 +69,8 @@ template <typename T>
 DEVICE void attn_core(const float* q, const T* k_cache, const T* v_cache, const i32* positions,
                       float* out, float* part_ms, float* part_acc, u32 n_head, u32 n_head_kv,
                       u32 dk, u32 dv, u32 slots, u32 window, float scale, u32 heads_per_block,
-                      u32 n_split, u32 keys_per_split, float* smem, float* red) {
+                      u32 n_split, u32 keys_per_split, float* smem, float* red,
+                      KV_PAGES_PARAMS) {
     const u32 n_threads = blockDim.x;
     const u32 tid = threadIdx.x;
     const u32 t = blockIdx.x;
@@ -81,6 +84,7 @@ DEVICE void attn_core(const float* q, const T* k_cache, const T* v_cache, const 
 
     // The keys this query sees, as offsets [0, n_keys) from `first`, and this split's share.
     const i64 pos = (i64)positions[t];
+    const KvPages pages = kv_pages(KV_PAGES_ARGS, t);
     i64 first = 0;
     if (window > 0 && pos - (i64)window + 1 > 0) first = pos - (i64)window + 1;
     const i64 n_keys = pos - first + 1;
@@ -133,8 +137,8 @@ DEVICE void attn_core(const float* q, const T* k_cache, const T* v_cache, const 
 #pragma unroll
         for (u32 g = 0; g < ATTN_MAX_HEADS; ++g) s[g] = 0.0f;
         if (valid) {
-            const u32 slot = (u32)(first + jj) % slots;
-            const T* kr = k_head + (u64)slot * k_row;
+            const u64 row = kv_row(pages, (u32)(first + jj) % slots);
+            const T* kr = k_head + row * k_row;
             for (u32 d = 0; d < dk; ++d) {
                 const float kd = kv_load(kr, d);
 #pragma unroll
@@ -182,8 +186,8 @@ DEVICE void attn_core(const float* q, const T* k_cache, const T* v_cache, const 
 #pragma unroll
                 for (u32 g = 0; g < ATTN_MAX_HEADS; ++g) acc[it][g] *= alpha[g];
                 for (u32 j = r; j < n_tile; j += rows_par) {
-                    const u32 slot = (slot0 + j) % slots;
-                    const float vd = kv_load(v_head + (u64)slot * v_row, d);
+                    const u64 row = kv_row(pages, (slot0 + j) % slots);
+                    const float vd = kv_load(v_head + row * v_row, d);
 #pragma unroll
                     for (u32 g = 0; g < ATTN_MAX_HEADS; ++g) {
                         if (g < nh) acc[it][g] += p_sh[g * n_threads + j] * vd;
@@ -240,25 +244,27 @@ DEVICE void attn_core(const float* q, const T* k_cache, const T* v_cache, const 
 KERNEL void attn_f16(const float* q, const u16* k_cache, const u16* v_cache,
                      const i32* positions, float* out, float* part_ms, float* part_acc,
                      u32 n_head, u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window,
-                     float scale, u32 heads_per_block, u32 n_split, u32 keys_per_split) {
+                     float scale, u32 heads_per_block, u32 n_split, u32 keys_per_split,
+                     KV_PAGES_PARAMS) {
     KERNEL_PROLOGUE();
     extern __shared__ float attn_smem[];
     __shared__ float red[ATTN_MAX_HEADS * 32];
     attn_core<u16>(q, k_cache, v_cache, positions, out, part_ms, part_acc, n_head, n_head_kv, dk,
                    dv, slots, window, scale, heads_per_block, n_split, keys_per_split, attn_smem,
-                   red);
+                   red, KV_PAGES_ARGS);
 }
 
 KERNEL void attn_f32(const float* q, const float* k_cache, const float* v_cache,
                      const i32* positions, float* out, float* part_ms, float* part_acc,
                      u32 n_head, u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window,
-                     float scale, u32 heads_per_block, u32 n_split, u32 keys_per_split) {
+                     float scale, u32 heads_per_block, u32 n_split, u32 keys_per_split,
+                     KV_PAGES_PARAMS) {
     KERNEL_PROLOGUE();
     extern __shared__ float attn_smem[];
     __shared__ float red[ATTN_MAX_HEADS * 32];
     attn_core<float>(q, k_cache, v_cache, positions, out, part_ms, part_acc, n_head, n_head_kv,
                      dk, dv, slots, window, scale, heads_per_block, n_split, keys_per_split,
-                     attn_smem, red);
+                     attn_smem, red, KV_PAGES_ARGS);
 }
 
 // Prefill, tiled: a block takes ATTN_TQ consecutive query tokens of one head (grid x: token
@@ -266,9 +272,10 @@ KERNEL void attn_f32(const float* q, const float* k_cache, const float* v_cache,
 // row is read once per query tile instead of once per query. 256 threads: thread (r, c) =
 // (tid / 16, tid % 16) scores query r against key c of the tile, then owns output dimensions
 // c, c + 16, ... of query r. A row's 16 threads are an aligned group of lanes in a wave of 32
-// or of 64, so its shuffles stay inside one wave either way. Positions of the chunk's tokens
-// ascend (one sequence), so the tile sees
-// the keys from its first query's first visible position to its last query's position.
+// or of 64, so its shuffles stay inside one wave either way. The launch's tokens are one
+// sequence's, at ascending positions (the host launches each sequence's run of a step apart),
+// so the tile sees the keys from its first query's first visible position to its last query's
+// position, through its first token's block table.
 //
 // Dynamic shared memory (floats): q [ATTN_TQ][dk + 1], the K then V tile [ATTN_TK][max(dk + 1,
 // dv)], and the probabilities [ATTN_TQ][ATTN_TK]. The rows of dk + 1 keep the 16 keys' reads of
@@ -285,7 +292,7 @@ template <typename T>
 DEVICE void attn_prefill_tiled(const float* q, const T* k_cache, const T* v_cache,
                                const i32* positions, float* out, u32 n_tokens, u32 n_head,
                                u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window,
-                               float scale, float* smem) {
+                               float scale, float* smem, KV_PAGES_PARAMS) {
     const u32 tid = threadIdx.x;
     const u32 r = tid / ATTN_TK;  // this thread's query row (and the K/V row it loads)
     const u32 c = tid % ATTN_TK;  // this thread's key column (and first dimension it loads)
@@ -313,6 +320,7 @@ DEVICE void attn_prefill_tiled(const float* q, const T* k_cache, const T* v_cach
     const i64 pos_lo = (i64)positions[t0];
     const i64 k_lo = (window > 0 && pos_lo - (i64)window + 1 > 0) ? pos_lo - (i64)window + 1 : 0;
     const i64 k_hi = (i64)positions[t0 + n_rows - 1];
+    const KvPages pages = kv_pages(KV_PAGES_ARGS, t0);
 
     const u64 k_row = (u64)n_head_kv * dk;
     const u64 v_row = (u64)n_head_kv * dv;
@@ -331,7 +339,7 @@ DEVICE void attn_prefill_tiled(const float* q, const T* k_cache, const T* v_cach
         // This thread loads key row r of the tile (positions are i32, so u32 slot math).
         const i64 lp = kt + r;
         const bool load_valid = lp <= k_hi;
-        const u64 slot = load_valid ? (u64)((u32)lp % slots) : 0;
+        const u64 slot = load_valid ? kv_row(pages, (u32)lp % slots) : 0;
         {
             const T* kr = k_head + slot * k_row;
             for (u32 d = c; d < dk; d += ATTN_TK)
@@ -399,20 +407,22 @@ DEVICE void attn_prefill_tiled(const float* q, const T* k_cache, const T* v_cach
 
 KERNEL void attn_prefill_f16(const float* q, const u16* k_cache, const u16* v_cache,
                              const i32* positions, float* out, u32 n_tokens, u32 n_head,
-                             u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window, float scale) {
+                             u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window, float scale,
+                             KV_PAGES_PARAMS) {
     KERNEL_PROLOGUE();
     extern __shared__ float attn_smem[];
     attn_prefill_tiled<u16>(q, k_cache, v_cache, positions, out, n_tokens, n_head, n_head_kv, dk,
-                            dv, slots, window, scale, attn_smem);
+                            dv, slots, window, scale, attn_smem, KV_PAGES_ARGS);
 }
 
 KERNEL void attn_prefill_f32(const float* q, const float* k_cache, const float* v_cache,
                              const i32* positions, float* out, u32 n_tokens, u32 n_head,
-                             u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window, float scale) {
+                             u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window, float scale,
+                             KV_PAGES_PARAMS) {
     KERNEL_PROLOGUE();
     extern __shared__ float attn_smem[];
     attn_prefill_tiled<float>(q, k_cache, v_cache, positions, out, n_tokens, n_head, n_head_kv,
-                              dk, dv, slots, window, scale, attn_smem);
+                              dk, dv, slots, window, scale, attn_smem, KV_PAGES_ARGS);
 }
 
 // Merges the splits of one (token, head) per block: out = sum_s acc_s e^(m_s - M) /
@@ -565,7 +575,8 @@ DEVICE void attn_decode_core(const float* q, const T* k_cache, const T* v_cache,
                              const i32* positions, float* out, float* part_ms, float* part_acc,
                              u32 n_head, u32 n_head_kv, u32 d, u32 slots, u32 window,
                              float scale, u32 heads_per_block, u32 n_split,
-                             u32 keys_per_split, float* sm_acc, float* sm_ml) {
+                             u32 keys_per_split, float* sm_acc, float* sm_ml,
+                             KV_PAGES_PARAMS) {
     const u32 lane = threadIdx.x % WARP_SIZE;
     const u32 warp = threadIdx.x / WARP_SIZE;
     const u32 n_warps = blockDim.x / WARP_SIZE;
@@ -579,6 +590,7 @@ DEVICE void attn_decode_core(const float* q, const T* k_cache, const T* v_cache,
     const u32 nh = heads_per_block < group_end - h0 ? heads_per_block : group_end - h0;
 
     const i64 pos = (i64)positions[t];
+    const KvPages pages = kv_pages(KV_PAGES_ARGS, t);
     i64 first = 0;
     if (window > 0 && pos - (i64)window + 1 > 0) first = pos - (i64)window + 1;
     const i64 n_keys = pos - first + 1;
@@ -634,8 +646,8 @@ DEVICE void attn_decode_core(const float* q, const T* k_cache, const T* v_cache,
     for (i64 j = k_begin + warp; j < k_end; j += 2 * (i64)n_warps) {
         const i64 j2 = j + n_warps;
         const bool two = j2 < k_end;
-        const u64 slot = (u64)((first + j) % (i64)slots);
-        const u64 slot2 = (u64)((first + (two ? j2 : j)) % (i64)slots);
+        const u64 slot = kv_row(pages, (u32)((first + j) % (i64)slots));
+        const u64 slot2 = kv_row(pages, (u32)((first + (two ? j2 : j)) % (i64)slots));
         float kr[DPL], vr[DPL], kr2[DPL], vr2[DPL];
         kv_row_part<T, DPL>(k_head + slot * row, lane, kr);
         kv_row_part<T, DPL>(v_head + slot * row, lane, vr);
@@ -689,7 +701,7 @@ DEVICE void attn_decode_core(const float* q, const T* k_cache, const T* v_cache,
     KERNEL void name(const float* q, const T* k_cache, const T* v_cache, const i32* positions, \
                      float* out, float* part_ms, float* part_acc, u32 n_head, u32 n_head_kv,   \
                      u32 d, u32 slots, u32 window, float scale, u32 heads_per_block,           \
-                     u32 n_split, u32 keys_per_split) {                                        \
+                     u32 n_split, u32 keys_per_split, KV_PAGES_PARAMS) {                       \
         KERNEL_PROLOGUE();                                                                     \
         /* Declared here once: per instantiation below they would add up. */                  \
         __shared__ float sm_acc[ATTN_DEC_WARPS * ATTN_DEC_HEADS * 8 * WARP_SIZE];              \
@@ -699,25 +711,25 @@ DEVICE void attn_decode_core(const float* q, const T* k_cache, const T* v_cache,
                 attn_decode_core<T, 1>(q, k_cache, v_cache, positions, out, part_ms, part_acc, \
                                        n_head, n_head_kv, d, slots, window, scale,             \
                                        heads_per_block, n_split, keys_per_split, sm_acc,       \
-                                       sm_ml);                                                 \
+                                       sm_ml, KV_PAGES_ARGS);                                  \
                 break;                                                                         \
             case 2:                                                                            \
                 attn_decode_core<T, 2>(q, k_cache, v_cache, positions, out, part_ms, part_acc, \
                                        n_head, n_head_kv, d, slots, window, scale,             \
                                        heads_per_block, n_split, keys_per_split, sm_acc,       \
-                                       sm_ml);                                                 \
+                                       sm_ml, KV_PAGES_ARGS);                                  \
                 break;                                                                         \
             case 4:                                                                            \
                 attn_decode_core<T, 4>(q, k_cache, v_cache, positions, out, part_ms, part_acc, \
                                        n_head, n_head_kv, d, slots, window, scale,             \
                                        heads_per_block, n_split, keys_per_split, sm_acc,       \
-                                       sm_ml);                                                 \
+                                       sm_ml, KV_PAGES_ARGS);                                  \
                 break;                                                                         \
             case 8:                                                                            \
                 attn_decode_core<T, 8>(q, k_cache, v_cache, positions, out, part_ms, part_acc, \
                                        n_head, n_head_kv, d, slots, window, scale,             \
                                        heads_per_block, n_split, keys_per_split, sm_acc,       \
-                                       sm_ml);                                                 \
+                                       sm_ml, KV_PAGES_ARGS);                                  \
                 break;                                                                         \
             default:                                                                           \
                 break;                                                                         \

@@ -1,10 +1,12 @@
 // Stores of new K/V rows into a layer's cache.
 //
 // The cache has `slots` rows; the row of position p goes to slot p % slots (a ring for
-// sliding-window layers, never wrapped for a full-length cache). Positions are read from device
-// memory. One launch stores up to two tensors (K and V): blockIdx.z picks which, blockIdx.x is
+// sliding-window layers, never wrapped for a full-length cache), and the slot's row is found
+// through the token's block table when the cache is paged (kv_pages.h). Positions are read from
+// device memory. One launch stores up to two tensors (K and V): blockIdx.z picks which, blockIdx.x is
 // the row, and y covers the row's `dim` values in blocks of blockDim.x.
 #include "portability.h"
+#include "kv_pages.h"
 
 DEVICE u32 kv_slot(i32 pos, u32 slots) {
     // Positions are never negative; the unsigned remainder keeps even a bad one in range.
@@ -12,7 +14,8 @@ DEVICE u32 kv_slot(i32 pos, u32 slots) {
 }
 
 KERNEL void kv_store_f16(u16* dst0, const float* src0, u32 dim0, u16* dst1, const float* src1,
-                         u32 dim1, const i32* positions, u32 rows, u32 slots) {
+                         u32 dim1, const i32* positions, u32 rows, u32 slots,
+                         KV_PAGES_PARAMS) {
     KERNEL_PROLOGUE();
     const u32 row = blockIdx.x;
     const bool second = blockIdx.z == 1;
@@ -21,13 +24,13 @@ KERNEL void kv_store_f16(u16* dst0, const float* src0, u32 dim0, u16* dst1, cons
     const u32 dim = second ? dim1 : dim0;
     const u32 c = blockIdx.y * blockDim.x + threadIdx.x;
     if (row >= rows || c >= dim) return;
-    const u32 slot = kv_slot(positions[row], slots);
-    dst[(u64)slot * dim + c] = f32_to_f16(src[(u64)row * dim + c]);
+    const u64 slot = kv_row(kv_pages(KV_PAGES_ARGS, row), kv_slot(positions[row], slots));
+    dst[slot * dim + c] = f32_to_f16(src[(u64)row * dim + c]);
 }
 
 KERNEL void kv_store_f32(float* dst0, const float* src0, u32 dim0, float* dst1,
                          const float* src1, u32 dim1, const i32* positions, u32 rows,
-                         u32 slots) {
+                         u32 slots, KV_PAGES_PARAMS) {
     KERNEL_PROLOGUE();
     const u32 row = blockIdx.x;
     const bool second = blockIdx.z == 1;
@@ -36,6 +39,6 @@ KERNEL void kv_store_f32(float* dst0, const float* src0, u32 dim0, float* dst1,
     const u32 dim = second ? dim1 : dim0;
     const u32 c = blockIdx.y * blockDim.x + threadIdx.x;
     if (row >= rows || c >= dim) return;
-    const u32 slot = kv_slot(positions[row], slots);
-    dst[(u64)slot * dim + c] = src[(u64)row * dim + c];
+    const u64 slot = kv_row(kv_pages(KV_PAGES_ARGS, row), kv_slot(positions[row], slots));
+    dst[slot * dim + c] = src[(u64)row * dim + c];
 }

@@ -9,6 +9,7 @@
 // the same order), except that freq_base^e and sin/cos are evaluated in double and rounded once,
 // so they are at least as accurate as the CPU's f32 libm calls.
 #include "portability.h"
+#include "kv_pages.h"
 
 // Blocks (row, chunk): grid.x is the row, grid.y cuts the row's (head, pair) items into chunks
 // of blockDim.x. Each block first computes every pair's angle once into shared memory
@@ -58,7 +59,8 @@ KERNEL void rope_f32(float* x, const i32* positions, const float* freq_factors,
 
 // rope_f32 of a layer's queries (x, n_heads) and keys (x2, n_heads2) with the new K and V rows
 // stored in the layer's caches in the same launch, so decode spends one kernel, not two, between
-// the Q/K/V products and attention. Row r goes to slot positions[r] % slots: the rotated key
+// the Q/K/V products and attention. Row r goes to slot positions[r] % slots (through its block
+// table when the cache is paged, kv_pages.h): the rotated key
 // row (rotated pairs, then the dimensions from n_rot on as they are) to k_cache, the value row
 // v[r] (dim_v values) to v_cache. The keys stay rotated in x2 too, as rope_f32 leaves them.
 // Items per row: the (head, pair) rotations of both tensors, then n_heads2 * (head_dim - n_rot)
@@ -71,7 +73,7 @@ DEVICE void rope_store_impl(float* x, const i32* positions, const float* freq_fa
                             u32 has_freq_factors, u32 rows, u32 n_heads, u32 head_dim, u32 n_rot,
                             float freq_base, float position_scale, u32 neox, float* x2,
                             u32 n_heads2, const float* v, u32 dim_v, T* k_cache, T* v_cache,
-                            u32 slots) {
+                            u32 slots, KV_PAGES_PARAMS) {
     __shared__ float sin_sh[ROPE_MAX_PAIRS];
     __shared__ float cos_sh[ROPE_MAX_PAIRS];
     const u32 row = blockIdx.x;
@@ -90,7 +92,7 @@ DEVICE void rope_store_impl(float* x, const i32* positions, const float* freq_fa
     }
     __syncthreads();
     // Positions are never negative; the unsigned remainder keeps even a bad one in range.
-    const u64 slot = (u64)((u32)pos % slots);
+    const u64 slot = kv_row(kv_pages(KV_PAGES_ARGS, row), (u32)pos % slots);
     const u32 k_dim = n_heads2 * head_dim;
     const u32 rot_items = (n_heads + n_heads2) * n_pairs;
     const u32 pass = head_dim - n_rot;
@@ -136,11 +138,12 @@ DEVICE void rope_store_impl(float* x, const i32* positions, const float* freq_fa
     KERNEL void name(float* x, const i32* positions, const float* freq_factors,                 \
                      u32 has_freq_factors, u32 rows, u32 n_heads, u32 head_dim, u32 n_rot,      \
                      float freq_base, float position_scale, u32 neox, float* x2, u32 n_heads2,  \
-                     const float* v, u32 dim_v, T* k_cache, T* v_cache, u32 slots) {            \
+                     const float* v, u32 dim_v, T* k_cache, T* v_cache, u32 slots,              \
+                     KV_PAGES_PARAMS) {                                                         \
         KERNEL_PROLOGUE();                                                                      \
         rope_store_impl<T>(x, positions, freq_factors, has_freq_factors, rows, n_heads,         \
                            head_dim, n_rot, freq_base, position_scale, neox, x2, n_heads2, v,   \
-                           dim_v, k_cache, v_cache, slots);                                     \
+                           dim_v, k_cache, v_cache, slots, KV_PAGES_ARGS);                      \
     }
 
 // Entry points rope_store_f16 and rope_store_f32.

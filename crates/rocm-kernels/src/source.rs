@@ -42,6 +42,7 @@ pub enum KernelModule {
 
 const PORTABILITY_H: &str = include_str!("../kernels/portability.h");
 const QUANT_H: &str = include_str!("../kernels/quant.h");
+const KV_PAGES_H: &str = include_str!("../kernels/kv_pages.h");
 
 impl KernelModule {
     /// Every module, in a fixed order.
@@ -234,6 +235,14 @@ impl KernelModule {
         }
     }
 
+    /// Whether the module reads or writes K/V caches (and so needs `kv_pages.h`).
+    fn touches_kv_cache(self) -> bool {
+        matches!(
+            self,
+            KernelModule::KvCache | KernelModule::Rope | KernelModule::Attention
+        )
+    }
+
     /// Whether the module reads quantized weight blocks (and so needs `quant.h`).
     fn reads_quantized(self) -> bool {
         matches!(
@@ -256,12 +265,16 @@ impl KernelModule {
         if self.reads_quantized() {
             parts.push(QUANT_H);
         }
+        if self.touches_kv_cache() {
+            parts.push(KV_PAGES_H);
+        }
         parts.push(self.body());
         for part in parts {
             for line in part.lines() {
                 let trimmed = line.trim();
                 if trimmed.starts_with("#include \"portability.h\"")
                     || trimmed.starts_with("#include \"quant.h\"")
+                    || trimmed.starts_with("#include \"kv_pages.h\"")
                     || trimmed == "#pragma once"
                 {
                     continue;

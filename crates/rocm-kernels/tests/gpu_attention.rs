@@ -24,7 +24,7 @@ use rocm_kernels::ops::attention::{
     decode_workspace_floats, AttentionShape, PrefillKernel,
 };
 use rocm_kernels::ops::kv_cache::{
-    store_kv, store_rows, KvElem, KvSlice, KvSliceMut, KvStoreShape,
+    store_kv, store_rows, KvElem, KvPages, KvSlice, KvSliceMut, KvStoreShape,
 };
 use rocm_kernels::ops::rope::{rope, RopeParams, RopeShape};
 use rocm_kernels::reference;
@@ -181,10 +181,10 @@ impl HostCache {
     fn store(&mut self, src: &[f32], positions: &[i32], rows: usize, dim: usize, slots: usize) {
         match self {
             HostCache::F16(c) => {
-                reference::kv_cache::store_rows_f16(c, src, positions, rows, dim, slots)
+                reference::kv_cache::store_rows_f16(c, src, positions, None, rows, dim, slots)
             }
             HostCache::F32(c) => {
-                reference::kv_cache::store_rows_f32(c, src, positions, rows, dim, slots)
+                reference::kv_cache::store_rows_f32(c, src, positions, None, rows, dim, slots)
             }
         }
         .expect("reference store");
@@ -354,6 +354,7 @@ fn rope_with_the_kv_store_leaves_what_rope_then_store_leave() {
             &mut kc1.view_mut(),
             &mut vc1.view_mut(),
             &dpos.view(),
+            None,
             KvStoreShape {
                 rows,
                 dim_k: k_dim,
@@ -382,6 +383,7 @@ fn rope_with_the_kv_store_leaves_what_rope_then_store_leave() {
                 k_cache: &mut kc2.view_mut(),
                 v_cache: &mut vc2.view_mut(),
                 slots,
+                pages: None,
             }),
         )
         .expect("rope_pair_store");
@@ -462,6 +464,7 @@ fn kv_store_matches_the_reference_bit_for_bit_in_f16_and_f32_with_ring_slots() {
             &mut dk.view_mut(),
             &mut dv.view_mut(),
             &dpos.view(),
+            None,
             shape,
         )
         .expect("store_kv");
@@ -501,6 +504,7 @@ fn kv_store_matches_the_reference_bit_for_bit_in_f16_and_f32_with_ring_slots() {
             &src.view(),
             &mut dk.view_mut(),
             &pos.view(),
+            None,
             1,
             dim_k,
             slots,
@@ -535,6 +539,7 @@ fn kv_store_refuses_short_views_and_mixed_element_types() {
         &mut cache16.view_mut(),
         &mut cache32.view_mut(),
         &pos.view(),
+        None,
         shape,
     )
     .expect_err("mixed element types");
@@ -548,6 +553,7 @@ fn kv_store_refuses_short_views_and_mixed_element_types() {
         &k,
         &mut cache16.view_mut(),
         &pos.view(),
+        None,
         4,
         8,
         17,
@@ -560,6 +566,7 @@ fn kv_store_refuses_short_views_and_mixed_element_types() {
         &k,
         &mut cache16.view_mut(),
         &pos.view(),
+        None,
         5,
         8,
         16,
@@ -629,7 +636,7 @@ fn run_case(gpu: &Gpu, case: Case, seed: u64) {
         HostCache::from_f32(&v, case.elem),
     );
     let mut want = vec![0.0; case.n_tokens * case.n_head * d];
-    reference::attention::attention(&q, hk.kv(), hv.kv(), &positions, &mut want, &shape)
+    reference::attention::attention(&q, hk.kv(), hv.kv(), &positions, None, &mut want, &shape)
         .expect("reference attention");
 
     let (dq, dpos) = (Buf::from(gpu, &q), Buf::from(gpu, &positions));
@@ -650,6 +657,7 @@ fn run_case(gpu: &Gpu, case: Case, seed: u64) {
                 &dk.view(),
                 &dv.view(),
                 &dpos.view(),
+                None,
                 &mut dout.view_mut(),
                 &mut ws.view_mut(),
                 &shape,
@@ -671,6 +679,7 @@ fn run_case(gpu: &Gpu, case: Case, seed: u64) {
                 &dk.view(),
                 &dv.view(),
                 &dpos.view(),
+                None,
                 &mut dout.view_mut(),
                 &shape,
             )
@@ -688,6 +697,7 @@ fn run_case(gpu: &Gpu, case: Case, seed: u64) {
             HostKv::F32(&k),
             HostKv::F32(&v),
             &positions,
+            None,
             &mut exact,
             &shape,
         )
@@ -842,6 +852,7 @@ fn decode_attention_can_leave_its_output_quantized_as_the_quantizer_would() {
                         &dk.view(),
                         &dv.view(),
                         &dpos.view(),
+                        None,
                         &mut out.view_mut(),
                         &mut ws.view_mut(),
                         &shape,
@@ -861,6 +872,7 @@ fn decode_attention_can_leave_its_output_quantized_as_the_quantizer_would() {
                         &dk.view(),
                         &dv.view(),
                         &dpos.view(),
+                        None,
                         &mut out.view_mut(),
                         &mut ws.view_mut(),
                         &shape,
@@ -1003,6 +1015,7 @@ fn attention_refuses_bad_shapes_and_a_short_workspace() {
         &k.view(),
         &v16.view(),
         &pos.view(),
+        None,
         &mut out.view_mut(),
         &mut ws.view_mut(),
         &shape,
@@ -1016,6 +1029,7 @@ fn attention_refuses_bad_shapes_and_a_short_workspace() {
         &k.view(),
         &v32.view(),
         &pos.view(),
+        None,
         &mut out.view_mut(),
         &shape,
     )
@@ -1034,6 +1048,7 @@ fn attention_refuses_bad_shapes_and_a_short_workspace() {
         &k.view(),
         &v16.view(),
         &pos.view(),
+        None,
         &mut out.view_mut(),
         &bad
     )
@@ -1118,6 +1133,7 @@ fn replay_decode_steps(gpu: &Gpu, elem: KvElem, window: Option<usize>, slots: us
         &mut k_cache.view_mut(),
         &mut v_cache.view_mut(),
         &pos.view(),
+        None,
         store,
     )
     .expect("store");
@@ -1128,6 +1144,7 @@ fn replay_decode_steps(gpu: &Gpu, elem: KvElem, window: Option<usize>, slots: us
         &k_cache.view(),
         &v_cache.view(),
         &pos.view(),
+        None,
         &mut out.view_mut(),
         &mut ws.view_mut(),
         &shape,
@@ -1161,7 +1178,7 @@ fn replay_decode_steps(gpu: &Gpu, elem: KvElem, window: Option<usize>, slots: us
         hk.store(&hkn, &positions, 1, kv_dim, slots);
         hv.store(&hvn, &positions, 1, kv_dim, slots);
         let mut want = vec![0.0; n_head * d];
-        reference::attention::attention(&hq, hk.kv(), hv.kv(), &positions, &mut want, &shape)
+        reference::attention::attention(&hq, hk.kv(), hv.kv(), &positions, None, &mut want, &shape)
             .expect("reference");
         // GPU and CPU rope give q and k that differ in the last bits (more at larger positions),
         // and in an f16 cache such a difference can move a stored value by one f16 ulp, so the
@@ -1185,4 +1202,290 @@ fn a_captured_decode_step_replays_at_new_positions() {
     // window 32 that wraps many times.
     replay_decode_steps(&gpu, KvElem::F16, None, 600, 600);
     replay_decode_steps(&gpu, KvElem::F32, Some(32), 32, 200);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Paged caches: several sequences' blocks in one pool, through block tables
+
+/// A pool of `n_blocks` blocks of `block` rows, and for each sequence a table of `table_len`
+/// distinct blocks taken in a scrambled order (so no sequence's blocks are in order or
+/// adjacent), the rest left to other sequences or unused.
+struct Pool {
+    block: usize,
+    table_len: usize,
+    n_blocks: usize,
+    tables: Vec<i32>,
+}
+
+impl Pool {
+    fn new(sequences: usize, table_len: usize, block: usize, spare: usize) -> Pool {
+        let n_blocks = sequences * table_len + spare;
+        // A fixed permutation of the blocks: i * 7 mod n (7 is prime to every n used here).
+        let order: Vec<i32> = (0..n_blocks)
+            .map(|i| ((i * 7 + 3) % n_blocks) as i32)
+            .collect();
+        Pool {
+            block,
+            table_len,
+            n_blocks,
+            tables: order[..sequences * table_len].to_vec(),
+        }
+    }
+
+    fn rows(&self) -> usize {
+        self.n_blocks * self.block
+    }
+
+    fn host<'a>(&'a self, seqs: &'a [i32]) -> reference::kv_cache::HostPages<'a> {
+        reference::kv_cache::HostPages {
+            seqs,
+            tables: &self.tables,
+            table_len: self.table_len,
+            block: self.block,
+        }
+    }
+}
+
+#[test]
+fn paged_stores_and_attention_read_each_sequences_own_blocks() {
+    let Some(gpu) = gpu("paged_stores_and_attention_read_each_sequences_own_blocks") else {
+        return;
+    };
+    let mut noise = seeded(40);
+    // Three sequences of 64 slots (tables of 4 blocks of 16) in a pool of 16 blocks; head
+    // sizes for the one-warp-per-key decode kernel (64) and the one-thread-per-key one (80).
+    let (block, table_len, n_seq) = (16, 4, 3);
+    let slots = block * table_len;
+    let pool = Pool::new(n_seq, table_len, block, 4);
+    let dev_tables = Buf::from(&gpu, &pool.tables);
+    for (d, elem) in [(64, KvElem::F16), (80, KvElem::F32), (64, KvElem::F32)] {
+        let (n_head, n_head_kv) = (8, 2);
+        let kv_dim = n_head_kv * d;
+        let what = format!("head dim {d}, {elem:?}");
+        // Every sequence's history, stored through its table by the paged K/V store: rows of
+        // sequence s at positions 0..len[s], one launch with the sequences' rows interleaved.
+        let lens = [37usize, 5, 64];
+        let mut positions = Vec::new();
+        let mut seqs = Vec::new();
+        for p in 0..64 {
+            for (s, &len) in lens.iter().enumerate() {
+                if p < len {
+                    positions.push(p as i32);
+                    seqs.push(s as i32);
+                }
+            }
+        }
+        let rows = positions.len();
+        let k_src = uniform_vec(&mut noise, rows * kv_dim, -1.7, 1.7);
+        let v_src = uniform_vec(&mut noise, rows * kv_dim, -1.0, 1.0);
+        // The pool starts as garbage: a row read from the wrong block shows.
+        let init = uniform_vec(&mut noise, pool.rows() * kv_dim, -50.0, 50.0);
+        let mut want_k = HostCache::from_f32(&init, elem);
+        let mut want_v = HostCache::from_f32(&init, elem);
+        let host = pool.host(&seqs);
+        for (want, src) in [(&mut want_k, &k_src), (&mut want_v, &v_src)] {
+            match want {
+                HostCache::F16(c) => reference::kv_cache::store_rows_f16(
+                    c,
+                    src,
+                    &positions,
+                    Some(&host),
+                    rows,
+                    kv_dim,
+                    slots,
+                ),
+                HostCache::F32(c) => reference::kv_cache::store_rows_f32(
+                    c,
+                    src,
+                    &positions,
+                    Some(&host),
+                    rows,
+                    kv_dim,
+                    slots,
+                ),
+            }
+            .expect("paged reference store");
+        }
+        let (dpos, dseqs) = (Buf::from(&gpu, &positions), Buf::from(&gpu, &seqs));
+        let pages = KvPages {
+            seqs: dseqs.view(),
+            tables: dev_tables.view(),
+            table_len,
+            block,
+        };
+        let (ks, vs) = (Buf::from(&gpu, &k_src), Buf::from(&gpu, &v_src));
+        let mut dk = Cache::from_f32(&gpu, &init, elem);
+        let mut dv = Cache::from_f32(&gpu, &init, elem);
+        store_kv(
+            gpu.kernels,
+            &gpu.stream,
+            &ks.view(),
+            &vs.view(),
+            &mut dk.view_mut(),
+            &mut dv.view_mut(),
+            &dpos.view(),
+            Some(&pages),
+            KvStoreShape {
+                rows,
+                dim_k: kv_dim,
+                dim_v: kv_dim,
+                slots,
+            },
+        )
+        .expect("paged store_kv");
+        let host_bits = |c: &HostCache| match c {
+            HostCache::F16(v) => v.iter().map(|&b| u32::from(b)).collect::<Vec<_>>(),
+            HostCache::F32(v) => v.iter().map(|b| b.to_bits()).collect(),
+        };
+        assert_eq!(dk.bits(&gpu), host_bits(&want_k), "{what}: paged K store");
+        assert_eq!(dv.bits(&gpu), host_bits(&want_v), "{what}: paged V store");
+
+        // Decode: one query per sequence at its last position, in one launch.
+        let q_pos: Vec<i32> = lens.iter().map(|&l| l as i32 - 1).collect();
+        let q_seqs: Vec<i32> = (0..n_seq as i32).collect();
+        let shape = AttentionShape {
+            n_tokens: n_seq,
+            n_head,
+            n_head_kv,
+            head_dim_k: d,
+            head_dim_v: d,
+            scale: 1.0 / (d as f32).sqrt(),
+            window: None,
+            slots,
+        };
+        let q = uniform_vec(&mut noise, n_seq * n_head * d, -3.0, 3.0);
+        let mut want = vec![0.0; n_seq * n_head * d];
+        let q_host = pool.host(&q_seqs);
+        reference::attention::attention(
+            &q,
+            want_k.kv(),
+            want_v.kv(),
+            &q_pos,
+            Some(&q_host),
+            &mut want,
+            &shape,
+        )
+        .expect("paged reference attention");
+        let (dq, dqpos, dqseqs) = (
+            Buf::from(&gpu, &q),
+            Buf::from(&gpu, &q_pos),
+            Buf::from(&gpu, &q_seqs),
+        );
+        let q_pages = KvPages {
+            seqs: dqseqs.view(),
+            ..pages
+        };
+        let need = decode_workspace_floats(&shape).expect("workspace size");
+        let mut ws = Buf::from(&gpu, &vec![f32::NAN; need.max(1)]);
+        let mut out = Buf::from(&gpu, &vec![f32::NAN; want.len()]);
+        attention_decode(
+            gpu.kernels,
+            &gpu.stream,
+            &dq.view(),
+            &dk.view(),
+            &dv.view(),
+            &dqpos.view(),
+            Some(&q_pages),
+            &mut out.view_mut(),
+            &mut ws.view_mut(),
+            &shape,
+        )
+        .expect("paged attention_decode");
+        assert_close(
+            &format!("{what}: paged decode"),
+            &out.read(&gpu),
+            &want,
+            5e-5,
+            1e-5,
+        );
+
+        // Prefill, both kernels: sequence 0's last 20 positions as one run, through its table.
+        let run: Vec<i32> = (17..37).collect();
+        let run_seqs = vec![0i32; run.len()];
+        let shape = AttentionShape {
+            n_tokens: run.len(),
+            ..shape
+        };
+        let q = uniform_vec(&mut noise, run.len() * n_head * d, -3.0, 3.0);
+        let mut want = vec![0.0; q.len() / d * d];
+        let run_host = pool.host(&run_seqs);
+        reference::attention::attention(
+            &q,
+            want_k.kv(),
+            want_v.kv(),
+            &run,
+            Some(&run_host),
+            &mut want,
+            &shape,
+        )
+        .expect("paged reference prefill");
+        let (dq, drun, drun_seqs) = (
+            Buf::from(&gpu, &q),
+            Buf::from(&gpu, &run),
+            Buf::from(&gpu, &run_seqs),
+        );
+        let run_pages = KvPages {
+            seqs: drun_seqs.view(),
+            ..pages
+        };
+        for kernel in [PrefillKernel::Tiled, PrefillKernel::PerQuery] {
+            let mut out = Buf::from(&gpu, &vec![f32::NAN; want.len()]);
+            attention_prefill_on(
+                gpu.kernels,
+                &gpu.stream,
+                kernel,
+                &dq.view(),
+                &dk.view(),
+                &dv.view(),
+                &drun.view(),
+                Some(&run_pages),
+                &mut out.view_mut(),
+                &shape,
+            )
+            .expect("paged attention_prefill");
+            assert_close(
+                &format!("{what}: paged prefill {kernel:?}"),
+                &out.read(&gpu),
+                &want,
+                5e-5,
+                1e-5,
+            );
+        }
+    }
+}
+
+#[test]
+fn paged_calls_refuse_tables_that_do_not_cover_the_slots() {
+    let Some(gpu) = gpu("paged_calls_refuse_tables_that_do_not_cover_the_slots") else {
+        return;
+    };
+    let (src, pos) = (Buf::from(&gpu, &[0.0f32; 8]), Buf::from(&gpu, &[0i32]));
+    let tables = Buf::from(&gpu, &[0i32, 1]);
+    let mut cache = Cache::from_f32(&gpu, &[0.0; 64], KvElem::F32);
+    let store = |pages: &KvPages, cache: &mut Cache, slots: usize| {
+        store_rows(
+            gpu.kernels,
+            &gpu.stream,
+            &src.view(),
+            &mut cache.view_mut(),
+            &pos.view(),
+            Some(pages),
+            1,
+            8,
+            slots,
+        )
+    };
+    let pages = KvPages {
+        seqs: pos.view(),
+        tables: tables.view(),
+        table_len: 2,
+        block: 4,
+    };
+    // Two blocks of 4 cover 8 slots, not 9.
+    let err = store(&pages, &mut cache, 9).expect_err("slots past the table");
+    assert!(err.to_string().contains("9 slots"), "{err}");
+    let odd = KvPages { block: 3, ..pages };
+    let err = store(&odd, &mut cache, 6).expect_err("a block of 3");
+    assert!(err.to_string().contains("power of two"), "{err}");
+    assert!(store(&pages, &mut cache, 8).is_ok());
 }

@@ -20,6 +20,7 @@ use crate::error::{DecodeError, Result};
 use crate::memory::{DeviceMemory, MemoryReport, MemoryTag};
 
 pub use crate::batch::{Phase, StepBatch};
+pub use crate::kv::{BlockTables, KvGroup};
 use crate::quant;
 use gguf_loader::{GgmlType, GgufFile, TensorInfo};
 use std::sync::Arc;
@@ -119,10 +120,12 @@ pub struct MoeShape {
 pub struct StepBounds {
     /// Tokens in the longest step (a prefill chunk).
     pub max_tokens: usize,
-    /// A decode step's attention call (one token) of every layer.
+    /// The largest decode step's attention call (a row per sequence) of every layer.
     pub decode_attention: Vec<Attention>,
     /// The MoE call of the longest step, for MoE models.
     pub moe: Option<MoeShape>,
+    /// Entries of the context's block tables, every group's together.
+    pub table_entries: usize,
 }
 
 /// [`Backend::rope_qk_store_kv`] as two ops: [`Backend::rope_qk`], then [`Backend::store_kv`]
@@ -145,9 +148,20 @@ pub fn rope_qk_then_store_kv<B: Backend + ?Sized>(
         v_cache,
         k_dim,
         v_dim,
-        slots,
+        layer,
     } = kv;
-    be.store_kv(k, v, k_cache, v_cache, rows, k_dim, v_dim, slots)
+    be.store_kv(k, v, k_cache, v_cache, rows, k_dim, v_dim, layer)
+}
+
+/// Where a layer's sequences keep their KV rows: `slots` per sequence, through the block
+/// tables of `group` ([`BlockTables`]): slot s of sequence q is row `table[s / block] * block
+/// + s % block` of the layer's buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvLayer {
+    /// Slots per sequence; position p is in slot `p % slots` (a ring on a sliding-window
+    /// layer, never wrapped on a full one).
+    pub slots: usize,
+    pub group: KvGroup,
 }
 
 /// Where [`Backend::rope_qk_store_kv`] stores a layer's new K and V rows.
@@ -160,8 +174,8 @@ pub struct KvDestination<'a, B> {
     pub k_dim: usize,
     /// Values per value row.
     pub v_dim: usize,
-    /// Rows of each cache.
-    pub slots: usize,
+    /// The layer's slots and block tables.
+    pub layer: KvLayer,
 }
 
 /// The compute interface. Every op takes its shapes explicitly and works on the leading rows
@@ -213,17 +227,12 @@ pub trait Backend: Send {
         Ok(())
     }
 
-    /// Sequences one step may carry rows of (a context holds at most this many). A backend
-    /// that runs one sequence per step says 1.
-    fn max_sequences(&self) -> usize {
-        usize::MAX
-    }
-    /// Called before each step with its batch: each row's token, sequence and position, and
-    /// the step's phase (see the module docs). Ops read them from here (a GPU backend writes
-    /// them into its device-side step block), so none of them takes a position or token ids.
-    /// A backend refuses a batch it cannot run (rows of several sequences on one that runs
-    /// one) here, before any op.
-    fn begin_step(&mut self, batch: &StepBatch) -> Result<()>;
+    /// Called before each step with its batch (each row's token, sequence and position, and
+    /// the step's phase; see the module docs) and the context's block tables. Ops read them
+    /// from here (a GPU backend writes them into device memory its kernels read), so none of
+    /// them takes a position, a token id or a table. A backend refuses a batch it cannot run
+    /// here, before any op.
+    fn begin_step(&mut self, batch: &StepBatch, tables: &BlockTables) -> Result<()>;
     /// Runs one step's ops. The default runs them at once. A GPU backend may capture them into
     /// a graph the first time a warm step of this `key` runs and replay the graph afterwards,
     /// so the ops must depend on nothing but the key, the buffers' contents and the step
@@ -395,7 +404,7 @@ pub trait Backend: Send {
         self.rope(k, rows, n_head_kv, head_dim, rope, freq_factors)
     }
     /// [`Backend::store_rows`] of a layer's keys (`k_dim` per row) and values (`v_dim`) into
-    /// their caches of `slots` rows; the default runs the two, a GPU backend one kernel.
+    /// their caches; the default runs the two, a GPU backend one kernel.
     #[allow(clippy::too_many_arguments)]
     fn store_kv(
         &mut self,
@@ -406,10 +415,10 @@ pub trait Backend: Send {
         rows: usize,
         k_dim: usize,
         v_dim: usize,
-        slots: usize,
+        layer: KvLayer,
     ) -> Result<()> {
-        self.store_rows(k, k_cache, rows, k_dim, slots)?;
-        self.store_rows(v, v_cache, rows, v_dim, slots)
+        self.store_rows(k, k_cache, rows, k_dim, layer)?;
+        self.store_rows(v, v_cache, rows, v_dim, layer)
     }
     /// A layer's [`Backend::rope_qk`] followed by its [`Backend::store_kv`]: `q` and `k`
     /// rotated in place, then the rotated keys and the values `v` stored in `kv`'s caches.
@@ -430,20 +439,20 @@ pub trait Backend: Send {
         rope_qk_then_store_kv(self, q, k, v, rows, heads, rope, freq_factors, kv)
     }
     /// Writes `rows` rows of `dim` from `src` into `cache` at the step's rows' sequences and
-    /// positions. The cache holds a segment of `slots` rows per sequence, and position p of
-    /// sequence s goes to row `s * slots + p % slots`: a full-length segment is never wrapped,
-    /// a sliding-window layer's is a ring.
+    /// positions: position p of a sequence to its slot `p % layer.slots`, which is the cache row
+    /// its block table in `layer.group` gives (the step's tables, from `begin_step`).
     fn store_rows(
         &mut self,
         src: &Self::Buffer,
         cache: &mut Self::Buffer,
         rows: usize,
         dim: usize,
-        slots: usize,
+        layer: KvLayer,
     ) -> Result<()>;
     /// Causal attention of `q` against the cached keys and values (GQA when
-    /// `n_head_kv < n_head`): each row against its own sequence's segment, up to its position;
-    /// writes `[n_tokens][n_head * head_dim_v]` to `out`.
+    /// `n_head_kv < n_head`): each row against its own sequence's slots, up to its position,
+    /// through that sequence's block table in `group`; writes `[n_tokens][n_head *
+    /// head_dim_v]` to `out`.
     fn attention(
         &mut self,
         q: &Self::Buffer,
@@ -451,6 +460,16 @@ pub trait Backend: Send {
         v_cache: &Self::Buffer,
         out: &mut Self::Buffer,
         shape: &Attention,
+        group: KvGroup,
+    ) -> Result<()>;
+    /// Copies whole blocks of `block_values` values inside `cache`: for each `(from, to)`,
+    /// block `to` becomes a copy of block `from` (a shared block copied before a sequence
+    /// writes into it).
+    fn copy_blocks(
+        &mut self,
+        cache: &mut Self::Buffer,
+        copies: &[(usize, usize)],
+        block_values: usize,
     ) -> Result<()>;
     /// `gate = act(gate) * up` over `len` values.
     fn gated(

@@ -29,6 +29,12 @@ pub struct ContextOptions {
     pub all_logits: bool,
     /// Sequences the context holds at once.
     pub sequences: usize,
+    /// Blocks of [`crate::kv::BLOCK_POSITIONS`] positions in the pool of the full-context
+    /// layers' KV storage. `None`: every sequence's whole context, each sequence given its
+    /// blocks at creation. With fewer, no sequence holds a block until the caller hands it
+    /// blocks with [`Context::set_blocks`] (what a scheduler over a [`crate::kv::BlockPool`]
+    /// of that many blocks does).
+    pub kv_blocks: Option<usize>,
 }
 
 impl Default for ContextOptions {
@@ -38,6 +44,7 @@ impl Default for ContextOptions {
             max_batch: 64,
             all_logits: false,
             sequences: 1,
+            kv_blocks: None,
         }
     }
 }
@@ -105,6 +112,8 @@ pub struct Context<B: Backend> {
     logit_rows: usize,
     /// Bytes its KV cache took in the backend's books.
     kv_bytes: u64,
+    /// Values per key row and per value row.
+    kv_dims: (usize, usize),
     vocab: usize,
     /// The last step's rows that have logits, in the logits buffer's order.
     pub(crate) outputs: Vec<(usize, SeqId)>,
@@ -120,23 +129,25 @@ impl<B: Backend> Context<B> {
                 "context, batch size and sequence count must be at least 1".into(),
             ));
         }
-        let most = backend.max_sequences();
-        if options.sequences > most {
-            return Err(DecodeError::InvalidArgument(format!(
-                "a context of {} sequences: {} runs {most} at a time; batched steps over several \
-                 sequences on it come with the batching work (paged KV cache and batched \
-                 decode), so use one sequence per context until then",
-                options.sequences,
-                backend.describe()
-            )));
-        }
         let (kd, vd) = (s.widths.k, s.widths.v);
         // The sizes are the layout's (`crate::layout::context`), which `ModelLayout` lists.
         let context = layout::clamp_context(s, options.context);
         let mb = options.max_batch;
-        let slots = layout::kv_slots(s, context, mb);
+        let plan = layout::kv_plan(
+            s,
+            context,
+            mb,
+            options.sequences,
+            crate::kv::BLOCK_POSITIONS,
+            options.kv_blocks,
+        )?;
+        if plan.pool_blocks == 0 {
+            return Err(DecodeError::InvalidArgument(
+                "a KV pool of 0 blocks holds nothing: give at least one block".into(),
+            ));
+        }
         let kv_before = backend.memory().get(MemoryTag::KvCache);
-        let kv = KvCache::new(backend, slots, context, options.sequences, (kd, vd))?;
+        let kv = KvCache::new(backend, plan, context, (kd, vd))?;
         let kv_bytes = backend
             .memory()
             .get(MemoryTag::KvCache)
@@ -157,7 +168,7 @@ impl<B: Backend> Context<B> {
             router: a(Act::Router)?,
             logits: a(Act::Logits)?,
         };
-        let bounds = layout::step_bounds(s, &kv.slots, mb);
+        let bounds = layout::step_bounds(s, kv.plan(), mb);
         // The buffers matrix products read, as the layout lists them.
         let matmul_inputs: Vec<_> = (sizes.matmul_inputs.iter())
             .map(|&(which, width)| (act.get(which), width))
@@ -172,6 +183,7 @@ impl<B: Backend> Context<B> {
                 .collect(),
             logit_rows,
             kv_bytes,
+            kv_dims: (kd, vd),
             vocab: s.vocab,
             outputs: Vec::new(),
         })
@@ -203,6 +215,52 @@ impl<B: Backend> Context<B> {
         self.kv_bytes
     }
 
+    /// The KV storage's paging: block size, groups, and the pool's blocks.
+    pub fn kv_plan(&self) -> &crate::layout::context::KvPlan {
+        self.kv.plan()
+    }
+
+    /// The block tables.
+    pub fn block_tables(&self) -> &crate::kv::BlockTables {
+        self.kv.tables()
+    }
+
+    /// Sets sequence `seq`'s blocks of the full-context layers' pool: `blocks[i]` holds its
+    /// positions `i * block ..`, `None` where it holds none (a row there is refused). Refuses a
+    /// block the pool does not have.
+    pub fn set_blocks(
+        &mut self,
+        seq: SeqId,
+        blocks: impl IntoIterator<Item = Option<u32>>,
+    ) -> Result<()> {
+        self.kv.tables.set_pool_blocks(seq, blocks)
+    }
+
+    /// Copies pool blocks in every full-context layer's keys and values: for each `(from, to)`,
+    /// block `to` becomes block `from` (copy-on-write of a shared block).
+    pub fn copy_blocks(&mut self, backend: &mut B, copies: &[(usize, usize)]) -> Result<()> {
+        if copies.is_empty() {
+            return Ok(());
+        }
+        let plan = self.kv.plan();
+        let blocks = plan.pool_blocks;
+        if let Some(&(from, to)) = copies.iter().find(|&&(f, t)| f >= blocks || t >= blocks) {
+            return Err(DecodeError::InvalidArgument(format!(
+                "a copy of block {from} to block {to} in a pool of {blocks} blocks"
+            )));
+        }
+        let block = plan.block;
+        let (kd, vd) = self.kv_dims;
+        for (il, layer) in self.kv.layers.iter().enumerate() {
+            if layer.group != crate::kv::KvGroup::POOL {
+                continue;
+            }
+            backend.copy_blocks(&mut self.kv.k[il], copies, block * kd)?;
+            backend.copy_blocks(&mut self.kv.v[il], copies, block * vd)?;
+        }
+        Ok(())
+    }
+
     /// Rows of logits one step can keep.
     pub fn logit_rows(&self) -> usize {
         self.logit_rows
@@ -215,6 +273,29 @@ impl<B: Backend> Context<B> {
             *s = Sequence::default();
         }
         self.outputs.retain(|&(_, s)| s != seq);
+    }
+
+    /// Starts sequence `seq` anew with its first `len` positions already in its blocks (a
+    /// prefix another sequence computed, found in the prefix cache): its next row is at `len`,
+    /// and its sampler is dropped.
+    pub fn start(&mut self, seq: SeqId, len: usize) -> Result<()> {
+        if len > self.capacity() {
+            return Err(DecodeError::ContextFull {
+                needed: len,
+                capacity: self.capacity(),
+            });
+        }
+        self.clear(seq);
+        match self.sequences.get_mut(seq) {
+            Some(s) => {
+                s.len = len;
+                Ok(())
+            }
+            None => Err(DecodeError::InvalidArgument(format!(
+                "sequence {seq} in a context of {} sequences",
+                self.sequences.len()
+            ))),
+        }
     }
 
     /// Starts sequence `seq`'s sampling stream again from its seed at its next sampled row.
@@ -301,6 +382,14 @@ impl<B: Backend> Context<B> {
                     needed: row.pos + 1,
                     capacity: self.capacity(),
                 });
+            }
+            let pool = crate::kv::KvGroup::POOL;
+            if self.kv.tables.row(pool, row.seq, row.pos).is_none() {
+                return Err(DecodeError::InvalidArgument(format!(
+                    "sequence {}'s position {} has no KV block: give the sequence its blocks \
+                     with Context::set_blocks first",
+                    row.seq, row.pos
+                )));
             }
             *expected += 1;
         }

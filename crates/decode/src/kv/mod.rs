@@ -9,8 +9,12 @@
 //!
 //! - [`pool`]: [`BlockPool`], the blocks, their reference counts and the budget.
 //! - [`prefix`]: the keys the prefix cache finds full blocks by.
+//! - [`tables`]: [`BlockTables`], which block holds each sequence's slots, as the context and
+//!   the backends' kernels read them.
 
 pub mod pool;
 pub mod prefix;
+pub mod tables;
 
 pub use pool::{BlockCopy, BlockId, BlockPool, PoolError, PoolStats, SeqBlocks};
+pub use tables::{BlockTables, KvGroup, BLOCK_POSITIONS};

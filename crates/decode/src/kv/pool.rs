@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashMap};
 pub struct BlockId(pub u32);
 
 impl BlockId {
-    fn index(self) -> usize {
+    pub fn index(self) -> usize {
         self.0 as usize
     }
 }

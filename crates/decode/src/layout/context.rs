@@ -2,15 +2,17 @@
 //! buffers a step writes. `Context::new` sizes both with these functions, and
 //! [`super::ModelLayout`] lists the same buffers, so the estimate is the allocation.
 //!
-//! A context holds `n_seq` sequences. Each layer's KV buffers hold `n_seq` blocks of that
-//! layer's slots (one block per sequence); the activations hold the step's rows, at most
-//! `max_batch` over all sequences, and the logits one row per sequence (every row of the step
-//! with `all_logits`).
+//! A context holds `n_seq` sequences. Its KV storage is paged ([`KvPlan`]): the layers that
+//! hold the whole context share a pool of blocks, by default enough for every sequence at full
+//! length, and each ring-buffered sliding-window layer holds a run of blocks per sequence; the
+//! activations hold the step's rows, at most `max_batch` over all sequences, and the logits one
+//! row per sequence (every row of the step with `all_logits`).
 
 use super::bytes::overflow;
 use crate::backend::gpu::KvType;
 use crate::backend::{Attention, MoeShape, StepBounds};
 use crate::error::{DecodeError, Result};
+use crate::kv::{BlockTables, KvGroup};
 use crate::model::ModelSpec;
 
 /// The positions a context keeps: the requested context, clamped to the model's trained one.
@@ -22,7 +24,7 @@ pub fn clamp_context(spec: &ModelSpec, context: usize) -> usize {
 /// clamped) and steps of up to `max_batch` tokens: the context on a full layer; on a
 /// sliding-window layer a ring of `window + max_batch - 1` slots (enough for a whole prefill
 /// chunk) when that is smaller.
-pub fn kv_slots(spec: &ModelSpec, context: usize, max_batch: usize) -> Vec<usize> {
+fn kv_slots(spec: &ModelSpec, context: usize, max_batch: usize) -> Vec<usize> {
     spec.layers
         .iter()
         .map(|l| match l.window {
@@ -32,18 +34,23 @@ pub fn kv_slots(spec: &ModelSpec, context: usize, max_batch: usize) -> Vec<usize
         .collect()
 }
 
-/// The largest step of a context whose layers hold `slots` rows per sequence, steps carry at
-/// most `max_batch` rows: what the backend reserves its workspace for.
-pub fn step_bounds(spec: &ModelSpec, slots: &[usize], max_batch: usize) -> StepBounds {
+/// The largest step of a context with KV storage `kv` and steps of at most `max_batch` rows:
+/// what the backend reserves its workspace for.
+pub fn step_bounds(spec: &ModelSpec, kv: &KvPlan, max_batch: usize) -> StepBounds {
     let s = spec;
+    let table_entries = std::iter::once(kv.pool_slots)
+        .chain(kv.ring_slots.iter().copied())
+        .map(|slots| slots / kv.block * kv.sequences)
+        .sum();
     StepBounds {
         max_tokens: max_batch,
         decode_attention: s
             .layers
             .iter()
-            .zip(slots)
+            .zip(&kv.slots)
             .map(|(l, &slots)| Attention {
-                n_tokens: 1,
+                // A decode step carries a row per sequence, up to the step's rows.
+                n_tokens: max_batch.min(kv.sequences).max(1),
                 n_head: s.n_head,
                 n_head_kv: s.n_head_kv,
                 head_dim_k: s.head_dim_k,
@@ -61,18 +68,112 @@ pub fn step_bounds(spec: &ModelSpec, slots: &[usize], max_batch: usize) -> StepB
             k: s.n_expert_used,
             act: s.gate,
         }),
+        table_entries,
     }
 }
 
-/// Values of one layer's key (or value) buffer: `n_seq` sequences of `slots` rows of `dim`.
-pub fn kv_values(slots: usize, n_seq: usize, dim: usize) -> Result<usize> {
-    slots
-        .checked_mul(n_seq)
-        .and_then(|rows| rows.checked_mul(dim))
-        .ok_or_else(|| DecodeError::Allocation {
-            what: "the KV cache".into(),
-            reason: format!("{n_seq} sequences of {slots} positions of {dim} values overflow"),
-        })
+/// How a context's KV storage is paged: the block size, each layer's slots per sequence and
+/// group, and the blocks of each group's buffers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvPlan {
+    /// Positions per block.
+    pub block: usize,
+    pub sequences: usize,
+    /// Slots per sequence of each layer (whole blocks).
+    pub slots: Vec<usize>,
+    /// Each layer's group: [`KvGroup::POOL`], or ring group `1 + i` of `ring_slots[i]`.
+    pub groups: Vec<KvGroup>,
+    /// Slots per sequence of the pool's layers: the context in whole blocks.
+    pub pool_slots: usize,
+    /// Blocks in each of the pool's layers' buffers.
+    pub pool_blocks: usize,
+    /// Slots per sequence of each ring group.
+    pub ring_slots: Vec<usize>,
+}
+
+impl KvPlan {
+    /// Rows of layer `layer`'s key (and value) buffer.
+    pub fn rows(&self, layer: usize) -> Result<usize> {
+        let rows = match self.groups[layer] {
+            KvGroup::POOL => self.pool_blocks.checked_mul(self.block),
+            _ => self.slots[layer].checked_mul(self.sequences),
+        };
+        rows.ok_or_else(|| overflow("the KV cache"))
+    }
+
+    /// Values of layer `layer`'s key (or value) buffer of `dim` values per row.
+    pub fn values(&self, layer: usize, dim: usize) -> Result<usize> {
+        let rows = self.rows(layer)?;
+        rows.checked_mul(dim)
+            .ok_or_else(|| DecodeError::Allocation {
+                what: "the KV cache".into(),
+                reason: format!("{rows} positions of {dim} values overflow"),
+            })
+    }
+
+    /// The tables this storage starts with.
+    pub fn tables(&self) -> Result<BlockTables> {
+        BlockTables::new(
+            self.block,
+            self.sequences,
+            self.pool_slots,
+            self.pool_blocks,
+            &self.ring_slots,
+        )
+    }
+}
+
+/// The paged KV storage of a context of `context` positions (already clamped) per sequence,
+/// steps of up to `max_batch` rows and `sequences` sequences, in blocks of `block` positions:
+/// a ring layer's slots (see [`kv_slots`]) and the context rounded up to whole blocks, and a
+/// pool of `pool_blocks` blocks (by default every sequence's whole context).
+pub fn kv_plan(
+    spec: &ModelSpec,
+    context: usize,
+    max_batch: usize,
+    sequences: usize,
+    block: usize,
+    pool_blocks: Option<usize>,
+) -> Result<KvPlan> {
+    if !block.is_power_of_two() {
+        return Err(DecodeError::InvalidArgument(format!(
+            "a KV block of {block} positions: the block length must be a power of two"
+        )));
+    }
+    let whole = |n: usize| n.div_ceil(block).max(1).checked_mul(block);
+    let pool_slots = whole(context).ok_or_else(|| overflow("the KV cache"))?;
+    let mut ring_slots: Vec<usize> = Vec::new();
+    let mut slots = Vec::new();
+    let mut groups = Vec::new();
+    for n in kv_slots(spec, context, max_batch) {
+        let n = whole(n).ok_or_else(|| overflow("the KV cache"))?;
+        if n >= pool_slots {
+            slots.push(pool_slots);
+            groups.push(KvGroup::POOL);
+        } else {
+            let i = match ring_slots.iter().position(|&r| r == n) {
+                Some(i) => i,
+                None => {
+                    ring_slots.push(n);
+                    ring_slots.len() - 1
+                }
+            };
+            slots.push(n);
+            groups.push(KvGroup(1 + i));
+        }
+    }
+    let all = (pool_slots / block)
+        .checked_mul(sequences)
+        .ok_or_else(|| overflow("the KV cache"))?;
+    Ok(KvPlan {
+        block,
+        sequences,
+        slots,
+        groups,
+        pool_slots,
+        pool_blocks: pool_blocks.unwrap_or(all),
+        ring_slots,
+    })
 }
 
 /// Bytes of one KV value on the GPU backend.

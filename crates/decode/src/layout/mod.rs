@@ -232,28 +232,37 @@ impl ModelLayout {
 
         // `Context::new`: the KV cache, then the activations.
         let context = context::clamp_context(&s, o.bounds.context);
-        let slots = context::kv_slots(&s, context, mb);
+        let kv = context::kv_plan(
+            &s,
+            context,
+            mb,
+            o.bounds.sequences,
+            crate::kv::BLOCK_POSITIONS,
+            o.bounds.kv_blocks,
+        )?;
+        let slots = &kv.slots;
         let elem = if gpu {
             context::kv_elem_bytes(o.kv_type)
         } else {
             4
         };
-        for (il, &n) in slots.iter().enumerate() {
+        for il in 0..slots.len() {
             for (dim, what) in [(kd, "keys"), (vd, "values")] {
-                let values = context::kv_values(n, o.bounds.sequences, dim)?;
+                let values = kv.values(il, dim)?;
                 let bytes = context::kv_buffer_bytes(values, elem)?;
                 lines.add(PlanTag::KvCache, format!("layer {il} {what}"), bytes);
             }
         }
-        let kv_read_per_token = context::kv_reads(&s, &slots, context, (kd + vd) * elem)?;
+        let kv_read_per_token = context::kv_reads(&s, slots, context, (kd + vd) * elem)?;
         let act = context::activations(&s, mb, o.bounds.sequences, o.bounds.all_logits)?;
         for which in Activation::ALL {
             // `activations` checked that the bytes fit.
             lines.add(PlanTag::Activations, which.name(), act.values(which) * 4);
         }
         if gpu {
-            let bounds = context::step_bounds(&s, &slots, mb);
-            gpu_workspace(&mut lines, &s, o, &bounds.decode_attention, &matrices, &act)?;
+            let bounds = context::step_bounds(&s, &kv, mb);
+            let (attention, tables) = (&bounds.decode_attention, bounds.table_entries);
+            gpu_workspace(&mut lines, &s, o, attention, tables, &matrices, &act)?;
         }
 
         // Outside the allocator, and the allocator's own.
@@ -424,6 +433,7 @@ fn gpu_workspace(
     s: &ModelSpec,
     o: &LayoutOptions,
     decode_attention: &[Attention],
+    table_entries: usize,
     matrices: &[weights::MatrixShape],
     act: &context::ActivationSizes,
 ) -> Result<()> {
@@ -432,6 +442,8 @@ fn gpu_workspace(
     let ws = PlanTag::Workspace;
     let attention = w::attention_partials_floats(decode_attention)?;
     lines.add(ws, "split-attention partials", attention.max(1) * 4);
+    let tables = w::block_table_ints(mb, table_entries)?.max(1);
+    lines.add(ws, "KV block tables", tables * 4);
     lines.add(ws, "argmax", w::ARGMAX_BYTES);
     lines.add(ws, "sampling draw", w::DRAW_BYTES);
     let vendor = w::vendor_gemm_applies(o.int8_matvec, o.vendor_gemm, mb);

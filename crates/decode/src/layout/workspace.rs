@@ -8,7 +8,7 @@
 
 use super::bytes::{overflow, product};
 use crate::error::{DecodeError, Result};
-use rocm_kernels::ops::attention::{decode_workspace_floats, AttentionShape};
+use rocm_kernels::ops::attention::{decode_workspace_floats_up_to, AttentionShape};
 use rocm_kernels::ops::{matvec::MAX_TOKENS, matvec_q8, sampling};
 
 /// Token rows from which a product runs on the vendor GEMM: below that, reading the quantized
@@ -32,6 +32,14 @@ pub fn step_block_ints(max_batch: usize) -> usize {
     2 * max_batch + 1
 }
 
+/// i32 values of the block-table buffer: a sequence id per row of the largest step, then
+/// every table of the context (`table_entries`).
+pub fn block_table_ints(max_tokens: usize, table_entries: usize) -> Result<usize> {
+    max_tokens
+        .checked_add(table_entries)
+        .ok_or_else(|| overflow("the block tables"))
+}
+
 /// Bytes of the step block for steps of up to `max_batch` tokens.
 pub fn step_block_bytes(max_batch: usize) -> Result<usize> {
     step_block_ints(max_batch)
@@ -40,10 +48,10 @@ pub fn step_block_bytes(max_batch: usize) -> Result<usize> {
 }
 
 /// f32 values of the split-attention partials: the most any layer's decode attention needs
-/// (rocm-kernels computes each exactly).
+/// at any number of rows up to its shape's (rocm-kernels computes each exactly).
 pub fn attention_partials_floats(decode_attention: &[AttentionShape]) -> Result<usize> {
     decode_attention.iter().try_fold(0usize, |most, shape| {
-        let need = decode_workspace_floats(shape)
+        let need = decode_workspace_floats_up_to(shape)
             .map_err(|e| DecodeError::InvalidArgument(format!("decode attention: {e}")))?;
         Ok(most.max(need))
     })

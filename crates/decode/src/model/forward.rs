@@ -80,7 +80,7 @@ impl<B: Backend> Model<B> {
             n_tokens: n,
             n_outputs: n_out,
         };
-        backend.begin_step(batch)?;
+        backend.begin_step(batch, &kv.tables)?;
         backend.run_step(key, &mut |be: &mut B| {
             let e = s.n_embd;
             let (kd, vd) = (s.widths.k, s.widths.v);
@@ -119,13 +119,13 @@ impl<B: Backend> Model<B> {
                 }
                 let rf = rope_factors.as_ref();
                 let (nh, nkv, hd) = (s.n_head, s.n_head_kv, s.head_dim_k);
-                let slots = kv.slots[il];
+                let layer_kv = kv.layers[il];
                 let dest = KvDestination {
                     k_cache: &mut kv.k[il],
                     v_cache: &mut kv.v[il],
                     k_dim: kd,
                     v_dim: vd,
-                    slots,
+                    layer: layer_kv,
                 };
                 let heads = (nh, nkv, hd);
                 be.rope_qk_store_kv(&mut a.q, &mut a.k, &a.v, n, heads, &ls.rope, rf, dest)?;
@@ -137,9 +137,10 @@ impl<B: Backend> Model<B> {
                     head_dim_v: s.head_dim_v,
                     scale: s.attn_scale,
                     window: ls.window,
-                    slots,
+                    slots: layer_kv.slots,
                 };
-                be.attention(&a.q, &kv.k[il], &kv.v[il], &mut a.attn, &shape)?;
+                let group = layer_kv.group;
+                be.attention(&a.q, &kv.k[il], &kv.v[il], &mut a.attn, &shape, group)?;
                 be.matmul(&layer.wo, &a.attn, &mut a.proj, n)?;
                 // Feed-forward block.
                 Pending::Output(layer.attn_post_norm.as_ref()).add_and_norm(

@@ -9,6 +9,8 @@
 //! position j lives in slot `j % slots`. The cache must already hold every key a query sees
 //! (the store of the step's own rows comes first). The same semantics as the decode crate's
 //! `attention`, with positions read on the device so a captured graph replays at any position.
+//! A paged cache ([`KvPages`]) holds many sequences' slots in one pool: each token reads its
+//! own sequence's, through that sequence's block table.
 //!
 //! Two entry points share one kernel that streams keys in tiles with an online softmax:
 //! * [`attention_decode`] (flash-decoding): the key range is split into at most [`MAX_SPLITS`]
@@ -23,7 +25,7 @@
 
 use crate::error::{check_shape, Result};
 use crate::kernels::Kernels;
-use crate::ops::kv_cache::{to_u32, KvElem, KvSlice};
+use crate::ops::kv_cache::{to_u32, KvElem, KvPages, KvSlice, PageArgs};
 use crate::source::KernelModule;
 use crate::view::{DeviceSlice, DeviceSliceMut};
 use hip_ffi::{DevicePtr, LaunchConfig, Stream};
@@ -41,6 +43,16 @@ pub const MAX_HEAD_DIM_V: usize = MAX_ITEMS * BLOCK as usize;
 /// Most splits of the key range in [`attention_decode`]; `ATTN_MAX_SPLITS` in
 /// `attention.hip`, where the combine keeps one factor per split in shared memory.
 pub const MAX_SPLITS: usize = 64;
+/// Fewest splits a call of many tokens is cut to: with that many tokens' blocks the device is
+/// busy, and each token's splits cost workspace and a combine.
+const MIN_SPLITS_PER_TOKEN: usize = 4;
+
+/// Splits a call of `n_tokens` may cut each token's keys into: [`MAX_SPLITS`] for one token,
+/// fewer as the tokens' own blocks fill the device, so the grid (and the workspace) grows with
+/// the batch no faster than the batch.
+fn max_splits(n_tokens: usize) -> usize {
+    (MAX_SPLITS / n_tokens.max(1)).clamp(MIN_SPLITS_PER_TOKEN, MAX_SPLITS)
+}
 /// Static shared memory of the kernel: `red`, ATTN_MAX_HEADS * 32 floats.
 const STATIC_SHARED_BYTES: usize = MAX_HEADS_PER_BLOCK * 32 * 4;
 /// Dynamic shared memory the kernel may ask for: with the static part, the 48 KiB every
@@ -71,6 +83,7 @@ pub struct AttentionShape {
 }
 
 /// Checks `shape` against the lengths of the views (in elements); shared with the CPU reference.
+/// A paged cache (`paged`) is a pool whose size its tables' checks cover, not `slots` rows.
 pub fn check(
     q_len: usize,
     k_len: usize,
@@ -78,6 +91,7 @@ pub fn check(
     positions_len: usize,
     out_len: usize,
     shape: &AttentionShape,
+    paged: bool,
 ) -> Result<()> {
     let s = shape;
     check_shape(s.n_head > 0 && s.n_head_kv > 0, OP, || {
@@ -123,8 +137,10 @@ pub fn check(
     };
     fits("q", &[s.n_tokens, s.n_head, s.head_dim_k], q_len)?;
     fits("out", &[s.n_tokens, s.n_head, s.head_dim_v], out_len)?;
-    fits("the K cache", &[s.slots, s.n_head_kv, s.head_dim_k], k_len)?;
-    fits("the V cache", &[s.slots, s.n_head_kv, s.head_dim_v], v_len)?;
+    if !paged {
+        fits("the K cache", &[s.slots, s.n_head_kv, s.head_dim_k], k_len)?;
+        fits("the V cache", &[s.slots, s.n_head_kv, s.head_dim_v], v_len)?;
+    }
     check_shape(positions_len >= s.n_tokens, OP, || {
         format!(
             "{} tokens need {} positions, the positions view has {positions_len}",
@@ -189,7 +205,7 @@ fn decode_plan(shape: &AttentionShape) -> Result<Plan> {
     })?;
     let max_keys = shape.window.map_or(shape.slots, |w| w.min(shape.slots));
     let tiles = max_keys.div_ceil(DECODE_TILE);
-    let tiles_per_split = tiles.div_ceil(tiles.min(MAX_SPLITS));
+    let tiles_per_split = tiles.div_ceil(tiles.min(max_splits(shape.n_tokens)));
     let n_split = tiles.div_ceil(tiles_per_split);
     let (n_split, keys_per_split) = if n_split > 1 {
         let keys = to_u32(OP, "keys per split", tiles_per_split * DECODE_TILE)?;
@@ -247,7 +263,7 @@ fn plan(shape: &AttentionShape, split: bool) -> Result<Plan> {
     let (n_split, keys_per_split) = if split {
         let max_keys = shape.window.map_or(shape.slots, |w| w.min(shape.slots));
         let tiles = max_keys.div_ceil(BLOCK as usize);
-        let tiles_per_split = tiles.div_ceil(tiles.min(MAX_SPLITS));
+        let tiles_per_split = tiles.div_ceil(tiles.min(max_splits(shape.n_tokens)));
         let n_split = tiles.div_ceil(tiles_per_split);
         let keys = to_u32(OP, "keys per split", tiles_per_split * BLOCK as usize)?;
         if n_split > 1 {
@@ -281,7 +297,9 @@ pub fn decode_splits(shape: &AttentionShape) -> Result<usize> {
 }
 
 /// f32 values of workspace [`attention_decode`] needs for `shape` (0 with one split). It does
-/// not depend on the positions, so the backend can reserve it up front.
+/// not depend on the positions, so the backend can reserve it up front. The split count
+/// falls as tokens are added, so a call of fewer tokens may need more than `shape`'s; see
+/// [`decode_workspace_floats_up_to`].
 pub fn decode_workspace_floats(shape: &AttentionShape) -> Result<usize> {
     let n_split = decode_splits(shape)?;
     if n_split == 1 {
@@ -299,16 +317,30 @@ pub fn decode_workspace_floats(shape: &AttentionShape) -> Result<usize> {
         })
 }
 
+/// The most workspace a decode call of 1 to `shape.n_tokens` tokens of `shape` needs: what a
+/// backend reserves for steps of up to that many rows.
+pub fn decode_workspace_floats_up_to(shape: &AttentionShape) -> Result<usize> {
+    (1..=shape.n_tokens.max(1)).try_fold(0usize, |most, n| {
+        let s = AttentionShape {
+            n_tokens: n,
+            ..*shape
+        };
+        Ok(most.max(decode_workspace_floats(&s)?))
+    })
+}
+
 /// The views of one call.
 struct Io<'a> {
     q: &'a DeviceSlice<f32>,
     k: &'a KvSlice,
     v: &'a KvSlice,
     positions: &'a DeviceSlice<i32>,
+    pages: Option<&'a KvPages>,
     out: &'a DeviceSliceMut<f32>,
 }
 
-fn check_io(io: &Io<'_>, shape: &AttentionShape) -> Result<()> {
+/// Checks the views of a call; returns its paging arguments.
+fn check_io(io: &Io<'_>, shape: &AttentionShape) -> Result<PageArgs> {
     check(
         io.q.len(),
         io.k.len(),
@@ -316,6 +348,7 @@ fn check_io(io: &Io<'_>, shape: &AttentionShape) -> Result<()> {
         io.positions.len(),
         io.out.len(),
         shape,
+        io.pages.is_some(),
     )?;
     check_shape(io.k.elem() == io.v.elem(), OP, || {
         format!(
@@ -323,7 +356,16 @@ fn check_io(io: &Io<'_>, shape: &AttentionShape) -> Result<()> {
             io.k.elem(),
             io.v.elem()
         )
-    })
+    })?;
+    let k_rows = io.k.len() / (shape.n_head_kv * shape.head_dim_k);
+    let v_rows = io.v.len() / (shape.n_head_kv * shape.head_dim_v);
+    PageArgs::new(
+        OP,
+        io.pages,
+        shape.n_tokens,
+        shape.slots,
+        k_rows.min(v_rows),
+    )
 }
 
 /// A shape's sizes as the kernels take them (u32), checked to fit.
@@ -358,10 +400,12 @@ impl KernelDims {
 
 /// `q8`: the quantized views (values, scales) the combine also writes, already checked against
 /// the output's size; only given with more than one split and `head_dim_v` a multiple of 32.
+#[allow(clippy::too_many_arguments)]
 fn launch(
     kernels: &Kernels,
     stream: &Stream,
     io: &Io<'_>,
+    pages: &PageArgs,
     workspace: Option<&DeviceSliceMut<f32>>,
     shape: &AttentionShape,
     plan: &Plan,
@@ -426,6 +470,7 @@ fn launch(
         .arg(&heads_per_block)
         .arg(&n_split)
         .arg(&plan.keys_per_split);
+    pages.push(&mut l);
     let config = LaunchConfig {
         grid: [n_tokens, grid_y, n_split],
         block: [threads, 1, 1],
@@ -434,8 +479,10 @@ fn launch(
     // SAFETY: the arguments match `attn_f16`/`attn_f32` (or, with one head size, the
     // `attn_decode_*` kernels, which take d = dk = dv and static shared memory only; their
     // plan keeps at most DECODE_HEADS heads per block and dk / wave <= 8) in order and type. `check_io` made q,
-    // out, both caches and the positions long enough for the shape; cache rows are indexed by
-    // slot = position % slots < slots. With more than one split the caller passed a workspace
+    // out, both caches and the positions long enough for the shape; cache rows are slots
+    // (position % slots < slots) unpaged, and paged the rows of the token's table, which the
+    // kernel clamps to the caches' row count that `PageArgs` took from the views. With more
+    // than one split the caller passed a workspace
     // of `decode_workspace_floats` values, which holds the n_tokens * n_head * n_split
     // (max, sum) pairs followed by as many rows of head_dim_v; with one split the null
     // workspace pointers are never read. The shared memory asked for is what the kernel uses.
@@ -486,12 +533,13 @@ pub fn attention_decode(
     k_cache: &KvSlice,
     v_cache: &KvSlice,
     positions: &DeviceSlice<i32>,
+    pages: Option<&KvPages>,
     out: &mut DeviceSliceMut<f32>,
     workspace: &mut DeviceSliceMut<f32>,
     shape: &AttentionShape,
 ) -> Result<()> {
     attention_decode_q8(
-        kernels, stream, q, k_cache, v_cache, positions, out, workspace, shape, None,
+        kernels, stream, q, k_cache, v_cache, positions, pages, out, workspace, shape, None,
     )
     .map(|_| ())
 }
@@ -509,6 +557,7 @@ pub fn attention_decode_q8(
     k_cache: &KvSlice,
     v_cache: &KvSlice,
     positions: &DeviceSlice<i32>,
+    pages: Option<&KvPages>,
     out: &mut DeviceSliceMut<f32>,
     workspace: &mut DeviceSliceMut<f32>,
     shape: &AttentionShape,
@@ -519,9 +568,10 @@ pub fn attention_decode_q8(
         k: k_cache,
         v: v_cache,
         positions,
+        pages,
         out,
     };
-    check_io(&io, shape)?;
+    let page_args = check_io(&io, shape)?;
     let need = decode_workspace_floats(shape)?;
     check_shape(workspace.len() >= need, OP, || {
         format!(
@@ -548,7 +598,7 @@ pub fn attention_decode_q8(
         return Ok(q8_ptrs.is_some());
     }
     let ws = (plan.n_split > 1).then_some(&*workspace);
-    launch(kernels, stream, &io, ws, shape, &plan, q8_ptrs)?;
+    launch(kernels, stream, &io, &page_args, ws, shape, &plan, q8_ptrs)?;
     Ok(q8_ptrs.is_some())
 }
 
@@ -563,6 +613,7 @@ pub fn attention_prefill(
     k_cache: &KvSlice,
     v_cache: &KvSlice,
     positions: &DeviceSlice<i32>,
+    pages: Option<&KvPages>,
     out: &mut DeviceSliceMut<f32>,
     shape: &AttentionShape,
 ) -> Result<()> {
@@ -574,6 +625,7 @@ pub fn attention_prefill(
         k_cache,
         v_cache,
         positions,
+        pages,
         out,
         shape,
     )
@@ -590,7 +642,9 @@ pub enum PrefillKernel {
 }
 
 /// [`attention_prefill`] on a chosen kernel (both give the same results; the choice is for
-/// measuring one against the other).
+/// measuring one against the other). The tiled kernel reads a tile of 16 tokens through its
+/// first token's block table, so with `pages` the call's tokens must be one sequence's (the
+/// per-query kernel takes any mix).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_prefill_on(
     kernels: &Kernels,
@@ -600,6 +654,7 @@ pub fn attention_prefill_on(
     k_cache: &KvSlice,
     v_cache: &KvSlice,
     positions: &DeviceSlice<i32>,
+    pages: Option<&KvPages>,
     out: &mut DeviceSliceMut<f32>,
     shape: &AttentionShape,
 ) -> Result<()> {
@@ -608,19 +663,20 @@ pub fn attention_prefill_on(
         k: k_cache,
         v: v_cache,
         positions,
+        pages,
         out,
     };
-    check_io(&io, shape)?;
+    let page_args = check_io(&io, shape)?;
     if shape.n_tokens == 0 {
         return Ok(());
     }
     let tiled = shape.head_dim_k <= PREFILL_TILED_MAX_HEAD_DIM
         && shape.head_dim_v <= PREFILL_TILED_MAX_HEAD_DIM;
     if tiled && kernel == PrefillKernel::Tiled {
-        return launch_prefill_tiled(kernels, stream, &io, shape);
+        return launch_prefill_tiled(kernels, stream, &io, &page_args, shape);
     }
     let plan = plan(shape, false)?;
-    launch(kernels, stream, &io, None, shape, &plan, None)
+    launch(kernels, stream, &io, &page_args, None, shape, &plan, None)
 }
 
 /// Head sizes up to which prefill runs on the tiled kernel (`attn_prefill_*`: 16 queries of one
@@ -634,6 +690,7 @@ fn launch_prefill_tiled(
     kernels: &Kernels,
     stream: &Stream,
     io: &Io<'_>,
+    pages: &PageArgs,
     shape: &AttentionShape,
 ) -> Result<()> {
     let KernelDims {
@@ -676,6 +733,7 @@ fn launch_prefill_tiled(
         .arg(&slots)
         .arg(&window)
         .arg(&shape.scale);
+    pages.push(&mut l);
     let config = LaunchConfig {
         grid: [n_tokens.div_ceil(t as u32), n_head, 1],
         block: [(t * t) as u32, 1, 1],
@@ -683,8 +741,8 @@ fn launch_prefill_tiled(
     };
     // SAFETY: the arguments match `attn_prefill_f16`/`attn_prefill_f32` in order and type.
     // `check_io` made q, out, both caches and the positions long enough for the shape (n_tokens
-    // > 0, so every block has at least one query); cache rows are indexed by slot = position %
-    // slots < slots; head sizes are at most PREFILL_TILED_MAX_HEAD_DIM, which the kernel's
+    // > 0, so every block has at least one query); cache rows are slots (position % slots <
+    // slots) unpaged, and paged rows of the tile's table, clamped to the caches' rows; head sizes are at most PREFILL_TILED_MAX_HEAD_DIM, which the kernel's
     // per-thread output items cover, and the shared memory asked for is the layout it uses.
     unsafe { l.launch(config) }?;
     Ok(())
@@ -754,6 +812,23 @@ mod tests {
     }
 
     #[test]
+    fn many_tokens_take_fewer_splits_and_the_bound_covers_every_count() {
+        let mut s = shape(32, 8, 128, 128);
+        s.slots = 4096;
+        assert_eq!(decode_splits(&s).unwrap(), MAX_SPLITS);
+        s.n_tokens = 8;
+        assert_eq!(decode_splits(&s).unwrap(), 8);
+        s.n_tokens = 64;
+        assert_eq!(decode_splits(&s).unwrap(), MIN_SPLITS_PER_TOKEN);
+        let most = decode_workspace_floats_up_to(&s).unwrap();
+        for n in 1..=64 {
+            let one = AttentionShape { n_tokens: n, ..s };
+            assert!(decode_workspace_floats(&one).unwrap() <= most, "{n} tokens");
+        }
+        assert_eq!(most, decode_workspace_floats(&s).unwrap());
+    }
+
+    #[test]
     fn workspace_is_tokens_heads_splits_times_dv_plus_two() {
         let mut s = shape(16, 8, 80, 80);
         s.n_tokens = 3;
@@ -779,20 +854,20 @@ mod tests {
     #[test]
     fn bad_shapes_are_refused_with_the_numbers() {
         let s = shape(6, 4, 64, 64);
-        let err = check(1 << 20, 1 << 30, 1 << 30, 1, 1 << 20, &s).unwrap_err();
+        let err = check(1 << 20, 1 << 30, 1 << 30, 1, 1 << 20, &s, false).unwrap_err();
         assert!(err.to_string().contains("not a multiple"), "{err}");
         let s = shape(8, 2, 64, 64);
-        let err = check(8 * 64 - 1, 1 << 30, 1 << 30, 1, 1 << 20, &s).unwrap_err();
+        let err = check(8 * 64 - 1, 1 << 30, 1 << 30, 1, 1 << 20, &s, false).unwrap_err();
         assert!(err.to_string().contains("q of [1][8][64]"), "{err}");
-        let err = check(8 * 64, 4096 * 2 * 64 - 1, 1 << 30, 1, 1 << 20, &s).unwrap_err();
+        let err = check(8 * 64, 4096 * 2 * 64 - 1, 1 << 30, 1, 1 << 20, &s, false).unwrap_err();
         assert!(err.to_string().contains("K cache"), "{err}");
-        let err = check(8 * 64, 1 << 30, 1 << 30, 0, 1 << 20, &s).unwrap_err();
+        let err = check(8 * 64, 1 << 30, 1 << 30, 0, 1 << 20, &s, false).unwrap_err();
         assert!(err.to_string().contains("positions"), "{err}");
         let mut w = s;
         w.window = Some(0);
-        assert!(check(1 << 20, 1 << 30, 1 << 30, 1, 1 << 20, &w).is_err());
+        assert!(check(1 << 20, 1 << 30, 1 << 30, 1, 1 << 20, &w, false).is_err());
         let big_v = shape(8, 2, 64, MAX_HEAD_DIM_V + 2);
-        assert!(check(1 << 20, 1 << 30, 1 << 30, 1, 1 << 20, &big_v).is_err());
-        assert!(check(8 * 64, 1 << 30, 1 << 30, 1, 8 * 64, &s).is_ok());
+        assert!(check(1 << 20, 1 << 30, 1 << 30, 1, 1 << 20, &big_v, false).is_err());
+        assert!(check(8 * 64, 1 << 30, 1 << 30, 1, 8 * 64, &s, false).is_ok());
     }
 }

@@ -5,12 +5,16 @@
 //! `p % slots`: a full-length cache is never wrapped, a sliding-window layer's cache is a ring.
 //! Positions are read from device memory (the step block), so a captured step replays at new
 //! positions.
+//!
+//! A cache may be paged ([`KvPages`]): then it is a pool of blocks, and each token's sequence
+//! has a block table that maps its slots to cache rows, so sequences of one step share one
+//! buffer per layer and take blocks as they grow.
 
 use crate::error::{check_shape, KernelError, Result};
 use crate::kernels::Kernels;
 use crate::source::KernelModule;
 use crate::view::{DeviceSlice, DeviceSliceMut};
-use hip_ffi::{DevicePtr, LaunchConfig, Stream};
+use hip_ffi::{DevicePtr, LaunchBuilder, LaunchConfig, Stream};
 
 const OP: &str = "kv_store";
 /// Threads per block of the store kernels (a multiple of both wave sizes).
@@ -123,6 +127,109 @@ impl KvSliceMut {
     }
 }
 
+/// The block tables of a paged cache (`kv_pages.h`): token t of a call belongs to sequence
+/// `seqs[t]`, whose slot s (position p is slot `p % slots`) is cache row `tables[seqs[t] *
+/// table_len + s / block] * block + s % block`.
+///
+/// The caller keeps sequence ids below `tables.len() / table_len` and block ids below the
+/// cache's rows / `block`; the kernels clamp either that is not, so a bad table stays inside the
+/// views (wrong values, never a stray access).
+#[derive(Clone, Copy, Debug)]
+pub struct KvPages {
+    /// Per token, the sequence (row of `tables`) it reads and writes.
+    pub seqs: DeviceSlice<i32>,
+    /// `[n_tables][table_len]` block ids.
+    pub tables: DeviceSlice<i32>,
+    /// Blocks per table; `table_len * block` covers the call's `slots`.
+    pub table_len: usize,
+    /// Rows per block, a power of two.
+    pub block: usize,
+}
+
+/// The six kernel arguments of `KV_PAGES_PARAMS`, checked; null tables for an unpaged cache.
+#[derive(Debug)]
+pub(crate) struct PageArgs {
+    seqs: DevicePtr,
+    tables: DevicePtr,
+    table_len: u32,
+    n_tables: u32,
+    shift: u32,
+    rows: u32,
+}
+
+impl PageArgs {
+    /// The arguments for a call of `n_tokens` tokens over caches of `cache_rows` rows whose
+    /// sequences have `slots` slots each. Unpaged, the cache must hold `slots` rows.
+    pub(crate) fn new(
+        op: &'static str,
+        pages: Option<&KvPages>,
+        n_tokens: usize,
+        slots: usize,
+        cache_rows: usize,
+    ) -> Result<PageArgs> {
+        let Some(p) = pages else {
+            check_shape(slots <= cache_rows, op, || {
+                format!("{slots} slots do not fit a cache of {cache_rows} rows")
+            })?;
+            return Ok(PageArgs {
+                seqs: DevicePtr(0),
+                tables: DevicePtr(0),
+                table_len: 0,
+                n_tables: 0,
+                shift: 0,
+                rows: to_u32(op, "cache rows", cache_rows)?,
+            });
+        };
+        check_shape(p.block.is_power_of_two(), op, || {
+            format!("a block of {} rows is not a power of two", p.block)
+        })?;
+        check_shape(p.table_len > 0 && p.tables.len() >= p.table_len, op, || {
+            format!(
+                "tables of {} blocks in a view of {}",
+                p.table_len,
+                p.tables.len()
+            )
+        })?;
+        check_shape(
+            p.table_len.checked_mul(p.block).is_some_and(|n| n >= slots),
+            op,
+            || {
+                format!(
+                    "{slots} slots need more than a table of {} blocks of {}",
+                    p.table_len, p.block
+                )
+            },
+        )?;
+        check_shape(cache_rows >= p.block, op, || {
+            format!("a cache of {cache_rows} rows holds no block of {}", p.block)
+        })?;
+        check_shape(p.seqs.len() >= n_tokens, op, || {
+            format!(
+                "{n_tokens} tokens need {n_tokens} sequence ids, the view has {}",
+                p.seqs.len()
+            )
+        })?;
+        Ok(PageArgs {
+            seqs: p.seqs.ptr(),
+            tables: p.tables.ptr(),
+            table_len: to_u32(op, "table length", p.table_len)?,
+            n_tables: to_u32(op, "tables", p.tables.len() / p.table_len)?,
+            shift: p.block.trailing_zeros(),
+            rows: to_u32(op, "cache rows", cache_rows)?,
+        })
+    }
+
+    /// Appends the six arguments, in `KV_PAGES_PARAMS` order.
+    pub(crate) fn push<'a>(&'a self, l: &mut LaunchBuilder<'a>) {
+        l.arg(&self.seqs)
+            .arg(&self.tables)
+            .arg(&self.table_len)
+            .arg(&self.n_tables)
+            .arg(&self.shift)
+            .arg(&self.rows);
+    }
+}
+
 /// `value` as the `u32` a kernel takes, or a shape error naming it.
 pub(crate) fn to_u32(op: &'static str, what: &str, value: usize) -> Result<u32> {
     u32::try_from(value).map_err(|_| KernelError::Shape {
@@ -138,7 +245,13 @@ struct Store<'a> {
     dim: usize,
 }
 
-fn check_store(store: &Store<'_>, name: &str, rows: usize, slots: usize) -> Result<()> {
+fn check_store(
+    store: &Store<'_>,
+    name: &str,
+    rows: usize,
+    slots: usize,
+    paged: bool,
+) -> Result<()> {
     let src_need = rows.checked_mul(store.dim);
     check_shape(src_need.is_some_and(|n| n <= store.src.len()), OP, || {
         format!(
@@ -148,7 +261,12 @@ fn check_store(store: &Store<'_>, name: &str, rows: usize, slots: usize) -> Resu
             store.src.len()
         )
     })?;
-    let cache_need = slots.checked_mul(store.dim);
+    // A paged cache's size is its pool's, which `PageArgs` checks.
+    let cache_need = if paged {
+        Some(0)
+    } else {
+        slots.checked_mul(store.dim)
+    };
     check_shape(
         cache_need.is_some_and(|n| n <= store.cache.len()),
         OP,
@@ -173,10 +291,11 @@ pub(crate) fn check_kv_store(
     k_cache: &KvSliceMut,
     v_cache: &KvSliceMut,
     positions: &DeviceSlice<i32>,
+    pages: Option<&KvPages>,
     shape: KvStoreShape,
-) -> Result<()> {
+) -> Result<PageArgs> {
     let (k, v) = kv_stores(k_src, v_src, k_cache, v_cache, shape);
-    check_stores(&k, Some(&v), positions, shape.rows, shape.slots)
+    check_stores(&k, Some(&v), positions, pages, shape.rows, shape.slots)
 }
 
 /// The K and V halves of a store of `shape`.
@@ -200,15 +319,18 @@ fn kv_stores<'a>(
     (k, v)
 }
 
+/// The checks of one store; returns the paging arguments of its launch.
 fn check_stores(
     first: &Store<'_>,
     second: Option<&Store<'_>>,
     positions: &DeviceSlice<i32>,
+    pages: Option<&KvPages>,
     rows: usize,
     slots: usize,
-) -> Result<()> {
+) -> Result<PageArgs> {
     check_shape(slots > 0, OP, || "the cache has 0 slots".to_string())?;
-    check_shape(rows <= slots, OP, || {
+    // Rows of several sequences may share a slot number; unpaged, they are one sequence's.
+    check_shape(pages.is_some() || rows <= slots, OP, || {
         format!("{rows} rows do not fit a cache of {slots} slots (two rows would share a slot)")
     })?;
     check_shape(positions.len() >= rows, OP, || {
@@ -217,9 +339,12 @@ fn check_stores(
             positions.len()
         )
     })?;
-    check_store(first, "K", rows, slots)?;
+    let paged = pages.is_some();
+    check_store(first, "K", rows, slots, paged)?;
+    let mut cache_rows = first.cache.len() / first.dim.max(1);
     if let Some(second) = second {
-        check_store(second, "V", rows, slots)?;
+        check_store(second, "V", rows, slots, paged)?;
+        cache_rows = cache_rows.min(second.cache.len() / second.dim.max(1));
         check_shape(second.cache.elem() == first.cache.elem(), OP, || {
             format!(
                 "the K cache is {:?} but the V cache is {:?}",
@@ -228,19 +353,21 @@ fn check_stores(
             )
         })?;
     }
-    Ok(())
+    PageArgs::new(OP, pages, rows, slots, cache_rows)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn launch_store(
     kernels: &Kernels,
     stream: &Stream,
     first: Store<'_>,
     second: Option<Store<'_>>,
     positions: &DeviceSlice<i32>,
+    pages: Option<&KvPages>,
     rows: usize,
     slots: usize,
 ) -> Result<()> {
-    check_stores(&first, second.as_ref(), positions, rows, slots)?;
+    let page_args = check_stores(&first, second.as_ref(), positions, pages, rows, slots)?;
     let max_dim = second.as_ref().map_or(first.dim, |s| s.dim.max(first.dim));
     if rows == 0 || max_dim == 0 {
         return Ok(());
@@ -285,16 +412,20 @@ fn launch_store(
         .arg(&positions_ptr)
         .arg(&rows_u32)
         .arg(&slots_u32);
+    page_args.push(&mut launch);
     // SAFETY: the arguments match `kv_store_{f16,f32}` in order and type (two pointer/pointer/u32
-    // triples, the positions pointer, rows, slots). The views vouch for their memory; the checks
-    // above make every source row r < rows and every cache slot (< slots, by the kernel's
-    // modulo) lie inside the views, and the kernel reads `rows` positions, which exist.
+    // triples, the positions pointer, rows, slots, then the six paging arguments). The views
+    // vouch for their memory; the checks above make every source row r < rows lie inside the
+    // sources, and every cache row inside the caches: unpaged, rows are slots (< slots, by the
+    // kernel's modulo); paged, `PageArgs` gave the kernel the caches' row count, which it clamps
+    // every row to, and a sequence id per token. The kernel reads `rows` positions, which exist.
     unsafe { launch.launch(config) }?;
     Ok(())
 }
 
 /// Writes `rows` rows of `dim` f32 values from `src` into `cache` (`[slots][dim]`), row r at
-/// slot `positions[r] % slots`, converting to the cache's element type.
+/// slot `positions[r] % slots` (through its block table when `pages` is given), converting to
+/// the cache's element type.
 ///
 /// Errors when a view is too short for the shape, when `rows > slots` (two rows would race for
 /// one slot), or when a size exceeds the kernels' 32-bit indices.
@@ -305,12 +436,13 @@ pub fn store_rows(
     src: &DeviceSlice<f32>,
     cache: &mut KvSliceMut,
     positions: &DeviceSlice<i32>,
+    pages: Option<&KvPages>,
     rows: usize,
     dim: usize,
     slots: usize,
 ) -> Result<()> {
     let store = Store { src, cache, dim };
-    launch_store(kernels, stream, store, None, positions, rows, slots)
+    launch_store(kernels, stream, store, None, positions, pages, rows, slots)
 }
 
 /// Shape of a K and V store.
@@ -336,6 +468,7 @@ pub fn store_kv(
     k_cache: &mut KvSliceMut,
     v_cache: &mut KvSliceMut,
     positions: &DeviceSlice<i32>,
+    pages: Option<&KvPages>,
     shape: KvStoreShape,
 ) -> Result<()> {
     let (k, v) = kv_stores(k_src, v_src, k_cache, v_cache, shape);
@@ -345,6 +478,7 @@ pub fn store_kv(
         k,
         Some(v),
         positions,
+        pages,
         shape.rows,
         shape.slots,
     )

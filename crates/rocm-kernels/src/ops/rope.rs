@@ -179,6 +179,7 @@ struct StoreArgs {
     k_cache: DevicePtr,
     v_cache: DevicePtr,
     slots: u32,
+    pages: crate::ops::kv_cache::PageArgs,
     entry: &'static str,
 }
 
@@ -195,7 +196,7 @@ fn rope_launch(
     freq_factors: Option<&DeviceSlice<f32>>,
     shape: RopeShape,
     params: &RopeParams,
-    store: Option<KvStore<'_>>,
+    store: Option<(KvStore<'_>, crate::ops::kv_cache::PageArgs)>,
 ) -> Result<()> {
     check(
         x.len(),
@@ -209,12 +210,13 @@ fn rope_launch(
         None => (DevicePtr(0), 0),
     };
     let store = match store {
-        Some(kv) => Some(StoreArgs {
+        Some((kv, pages)) => Some(StoreArgs {
             v: kv.v.ptr(),
             dim_v: to_u32(OP, "dim_v", kv.dim_v)?,
             k_cache: kv.k_cache.ptr(),
             v_cache: kv.v_cache.ptr(),
             slots: to_u32(OP, "slots", kv.slots)?,
+            pages,
             entry: match kv.k_cache.elem() {
                 crate::ops::kv_cache::KvElem::F16 => "rope_store_f16",
                 crate::ops::kv_cache::KvElem::F32 => "rope_store_f32",
@@ -274,14 +276,16 @@ fn rope_launch(
             .arg(&st.k_cache)
             .arg(&st.v_cache)
             .arg(&st.slots);
+        st.pages.push(&mut launch);
     }
     // SAFETY: the arguments match `rope_f32` in order and type, or with a store
-    // `rope_store_{f16,f32}` (the same, then v, dim_v, k_cache, v_cache, slots), the caches'
-    // element type picking the entry point. The checks keep every access inside the views: rows
+    // `rope_store_{f16,f32}` (the same, then v, dim_v, k_cache, v_cache, slots and the six
+    // paging arguments), the caches' element type picking the entry point. The checks keep every access inside the views: rows
     // * n_heads * head_dim values of x (and rows * n_heads2 * head_dim of x2, null with no
     // heads, not overlapping x), `rows` positions, n_rot / 2 frequency factors (read only when
     // has_freq_factors is 1), and with a store (checked by `rope_pair_store`) rows * dim_v
-    // values of v and slot rows (slot = position % slots < slots) of both caches.
+    // values of v and cache rows of both caches: slots (position % slots < slots) unpaged, and
+    // paged, rows the kernel clamps to the caches' row count, which `PageArgs` checked.
     unsafe {
         launch.launch(LaunchConfig {
             grid: [rows, row_blocks, 1],
@@ -302,8 +306,10 @@ pub struct KvStore<'a> {
     pub k_cache: &'a mut crate::ops::kv_cache::KvSliceMut,
     /// The layer's V cache (`slots` rows of `dim_v`), of the K cache's element type.
     pub v_cache: &'a mut crate::ops::kv_cache::KvSliceMut,
-    /// Rows of each cache; row r goes to slot `positions[r] % slots`.
+    /// Slots of each sequence; row r goes to slot `positions[r] % slots`.
     pub slots: usize,
+    /// The caches' block tables, when they are paged.
+    pub pages: Option<crate::ops::kv_cache::KvPages>,
 }
 
 /// [`rope_pair`] of a layer's queries `x` and keys `x2`, with (given `store`) the rotated key
@@ -340,21 +346,26 @@ pub fn rope_pair_store(
     crate::error::check_shape(a + bytes <= b || b + bytes2 <= a, OP, || {
         "the two tensors overlap".to_string()
     })?;
-    if let Some(kv) = &store {
-        crate::ops::kv_cache::check_kv_store(
-            &x2.as_const(),
-            kv.v,
-            kv.k_cache,
-            kv.v_cache,
-            positions,
-            crate::ops::kv_cache::KvStoreShape {
-                rows: shape.rows,
-                dim_k: n_heads2 * shape.head_dim,
-                dim_v: kv.dim_v,
-                slots: kv.slots,
-            },
-        )?;
-    }
+    let store = match store {
+        Some(kv) => Some({
+            let pages = crate::ops::kv_cache::check_kv_store(
+                &x2.as_const(),
+                kv.v,
+                kv.k_cache,
+                kv.v_cache,
+                positions,
+                kv.pages.as_ref(),
+                crate::ops::kv_cache::KvStoreShape {
+                    rows: shape.rows,
+                    dim_k: n_heads2 * shape.head_dim,
+                    dim_v: kv.dim_v,
+                    slots: kv.slots,
+                },
+            )?;
+            (kv, pages)
+        }),
+        None => None,
+    };
     rope_launch(
         kernels,
         stream,

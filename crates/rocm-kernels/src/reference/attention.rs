@@ -3,19 +3,42 @@
 
 use crate::error::{check_shape, Result};
 use crate::ops::attention::{check, AttentionShape};
-use crate::reference::kv_cache::HostKv;
+use crate::reference::kv_cache::{HostKv, HostPages};
 
 /// Writes `[n_tokens][n_head][head_dim_v]` to `out`; see [`crate::ops::attention`]. Errors on
-/// the shapes the GPU op refuses, and on a negative position.
+/// the shapes the GPU op refuses, on a negative position, and (paged) on a slot whose block is
+/// outside the tables or the cache.
 pub fn attention(
     q: &[f32],
     k: HostKv<'_>,
     v: HostKv<'_>,
     positions: &[i32],
+    pages: Option<&HostPages<'_>>,
     out: &mut [f32],
     shape: &AttentionShape,
 ) -> Result<()> {
-    check(q.len(), k.len(), v.len(), positions.len(), out.len(), shape)?;
+    check(
+        q.len(),
+        k.len(),
+        v.len(),
+        positions.len(),
+        out.len(),
+        shape,
+        pages.is_some(),
+    )?;
+    let cache_rows = (k.len() / (shape.n_head_kv * shape.head_dim_k))
+        .min(v.len() / (shape.n_head_kv * shape.head_dim_v));
+    let row_of = |t: usize, slot: usize| -> Result<usize> {
+        match pages {
+            None => Ok(slot),
+            Some(p) => p
+                .row(t, slot, cache_rows)
+                .ok_or_else(|| crate::error::KernelError::Shape {
+                    op: "attention reference",
+                    message: format!("token {t}'s slot {slot} has no block in the tables"),
+                }),
+        }
+    };
     check_shape(
         positions[..shape.n_tokens].iter().all(|&p| p >= 0),
         "attention reference",
@@ -33,7 +56,7 @@ pub fn attention(
             scores.clear();
             let mut max = f32::NEG_INFINITY;
             for j in first..=pos {
-                let base = ((j % shape.slots) * shape.n_head_kv + kvh) * dk;
+                let base = (row_of(t, j % shape.slots)? * shape.n_head_kv + kvh) * dk;
                 let dot: f32 = qh
                     .iter()
                     .enumerate()
@@ -51,7 +74,7 @@ pub fn attention(
             let o = &mut out[(t * shape.n_head + h) * dv..][..dv];
             o.fill(0.0);
             for (s, j) in scores.iter().zip(first..=pos) {
-                let base = ((j % shape.slots) * shape.n_head_kv + kvh) * dv;
+                let base = (row_of(t, j % shape.slots)? * shape.n_head_kv + kvh) * dv;
                 let w = s / sum;
                 for (d, ov) in o.iter_mut().enumerate() {
                     *ov += w * v.get(base + d);
@@ -91,19 +114,30 @@ mod tests {
             HostKv::F32(&k),
             HostKv::F32(&v),
             &[0],
+            None,
             &mut out,
             &shape(None, 3),
         )
         .unwrap();
         assert_eq!(out, [1.0, 2.0]);
         let s = shape(Some(1), 3);
-        attention(&q, HostKv::F32(&k), HostKv::F32(&v), &[2], &mut out, &s).unwrap();
+        attention(
+            &q,
+            HostKv::F32(&k),
+            HostKv::F32(&v),
+            &[2],
+            None,
+            &mut out,
+            &s,
+        )
+        .unwrap();
         assert_eq!(out, [5.0, 6.0]);
         attention(
             &q,
             HostKv::F32(&k),
             HostKv::F32(&v),
             &[2],
+            None,
             &mut out,
             &shape(None, 3),
         )
@@ -115,7 +149,16 @@ mod tests {
         let k2 = [1.0, 1.0, 0.0, 1.0];
         let v2 = [5.0, 6.0, 3.0, 4.0];
         let s = shape(Some(2), 2);
-        attention(&q, HostKv::F32(&k2), HostKv::F32(&v2), &[2], &mut out, &s).unwrap();
+        attention(
+            &q,
+            HostKv::F32(&k2),
+            HostKv::F32(&v2),
+            &[2],
+            None,
+            &mut out,
+            &s,
+        )
+        .unwrap();
         let (e1, e2) = ((-0.2f32).exp(), 0.1f32.exp());
         let want = (e1 * 3.0 + e2 * 5.0) / (e1 + e2);
         assert!((out[0] - want).abs() < 1e-5, "{} vs {want}", out[0]);
@@ -136,7 +179,16 @@ mod tests {
             .map(|&x| half::f16::from_f32(x).to_bits())
             .collect();
         let mut out = [0.0; 4];
-        attention(&q, HostKv::F16(&k), HostKv::F16(&v), &[0], &mut out, &s).unwrap();
+        attention(
+            &q,
+            HostKv::F16(&k),
+            HostKv::F16(&v),
+            &[0],
+            None,
+            &mut out,
+            &s,
+        )
+        .unwrap();
         assert_eq!(out, [3.0, -2.5, 3.0, -2.5]);
         // Two KV heads for four query heads: heads 0, 1 read KV head 0, heads 2, 3 KV head 1.
         s.n_head = 4;
@@ -145,7 +197,16 @@ mod tests {
         let k = [0.0f32; 4];
         let v = [1.0f32, 2.0, 3.0, 4.0];
         let mut out = [0.0; 8];
-        attention(&q, HostKv::F32(&k), HostKv::F32(&v), &[0], &mut out, &s).unwrap();
+        attention(
+            &q,
+            HostKv::F32(&k),
+            HostKv::F32(&v),
+            &[0],
+            None,
+            &mut out,
+            &s,
+        )
+        .unwrap();
         assert_eq!(out, [1.0, 2.0, 1.0, 2.0, 3.0, 4.0, 3.0, 4.0]);
     }
 }

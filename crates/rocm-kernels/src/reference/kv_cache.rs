@@ -43,6 +43,49 @@ impl HostKv<'_> {
     }
 }
 
+/// Host copies of a paged cache's block tables: [`crate::ops::kv_cache::KvPages`] on the host.
+#[derive(Clone, Copy, Debug)]
+pub struct HostPages<'a> {
+    /// Per token, its sequence.
+    pub seqs: &'a [i32],
+    /// `[n_tables][table_len]` block ids.
+    pub tables: &'a [i32],
+    pub table_len: usize,
+    /// Rows per block, a power of two.
+    pub block: usize,
+}
+
+impl HostPages<'_> {
+    /// The cache row of token `t`'s slot `slot`, or `None` where the table (or the token's
+    /// sequence id) points outside what it was given or `cache_rows`.
+    pub fn row(&self, t: usize, slot: usize, cache_rows: usize) -> Option<usize> {
+        let seq = usize::try_from(*self.seqs.get(t)?).ok()?;
+        let index = seq.checked_mul(self.table_len)? + slot / self.block;
+        (slot / self.block < self.table_len).then_some(())?;
+        let block = usize::try_from(*self.tables.get(index)?).ok()?;
+        let row = block.checked_mul(self.block)? + slot % self.block;
+        (row < cache_rows).then_some(row)
+    }
+}
+
+/// The cache row of row `r`'s slot: the slot itself unpaged, else through the tables.
+fn cache_row(
+    pages: Option<&HostPages<'_>>,
+    r: usize,
+    slot: usize,
+    cache_rows: usize,
+) -> Result<usize> {
+    match pages {
+        None => Ok(slot),
+        Some(p) => p
+            .row(r, slot, cache_rows)
+            .ok_or_else(|| crate::error::KernelError::Shape {
+                op: "kv_store reference",
+                message: format!("row {r}'s slot {slot} has no block in the tables"),
+            }),
+    }
+}
+
 /// f32 to IEEE half bits, rounding to nearest even (what the GPU store does).
 pub fn f32_to_f16_bits(x: f32) -> u16 {
     half::f16::from_f32(x).to_bits()
@@ -55,9 +98,10 @@ fn check(
     rows: usize,
     dim: usize,
     slots: usize,
+    paged: bool,
 ) -> Result<()> {
     const OP: &str = "kv_store reference";
-    check_shape(slots > 0 && rows <= slots, OP, || {
+    check_shape(slots > 0 && (paged || rows <= slots), OP, || {
         format!("{rows} rows into {slots} slots")
     })?;
     check_shape(positions.len() >= rows, OP, || {
@@ -72,25 +116,28 @@ fn check(
         || format!("{rows} rows of {dim} from {src_len} values"),
     )?;
     check_shape(
-        slots.checked_mul(dim).is_some_and(|n| n <= cache_len),
+        paged || slots.checked_mul(dim).is_some_and(|n| n <= cache_len),
         OP,
         || format!("{slots} slots of {dim} in {cache_len} elements"),
     )
 }
 
 /// Writes `rows` rows of `dim` from `src` into the f32 `cache`, row r at slot
-/// `positions[r] % slots`.
+/// `positions[r] % slots` (through its block table with `pages`).
 pub fn store_rows_f32(
     cache: &mut [f32],
     src: &[f32],
     positions: &[i32],
+    pages: Option<&HostPages<'_>>,
     rows: usize,
     dim: usize,
     slots: usize,
 ) -> Result<()> {
-    check(src.len(), cache.len(), positions, rows, dim, slots)?;
+    let paged = pages.is_some();
+    check(src.len(), cache.len(), positions, rows, dim, slots, paged)?;
+    let cache_rows = cache.len() / dim.max(1);
     for (r, &p) in positions[..rows].iter().enumerate() {
-        let slot = p as usize % slots;
+        let slot = cache_row(pages, r, p as usize % slots, cache_rows)?;
         cache[slot * dim..][..dim].copy_from_slice(&src[r * dim..][..dim]);
     }
     Ok(())
@@ -101,13 +148,16 @@ pub fn store_rows_f16(
     cache: &mut [u16],
     src: &[f32],
     positions: &[i32],
+    pages: Option<&HostPages<'_>>,
     rows: usize,
     dim: usize,
     slots: usize,
 ) -> Result<()> {
-    check(src.len(), cache.len(), positions, rows, dim, slots)?;
+    let paged = pages.is_some();
+    check(src.len(), cache.len(), positions, rows, dim, slots, paged)?;
+    let cache_rows = cache.len() / dim.max(1);
     for (r, &p) in positions[..rows].iter().enumerate() {
-        let slot = p as usize % slots;
+        let slot = cache_row(pages, r, p as usize % slots, cache_rows)?;
         for (c, &v) in cache[slot * dim..][..dim]
             .iter_mut()
             .zip(&src[r * dim..][..dim])
@@ -126,11 +176,38 @@ mod tests {
     fn rows_land_in_position_mod_slots() {
         let mut cache = vec![0.0f32; 3 * 2];
         let src = [1.0, 2.0, 3.0, 4.0];
-        store_rows_f32(&mut cache, &src, &[4, 5], 2, 2, 3).unwrap();
+        store_rows_f32(&mut cache, &src, &[4, 5], None, 2, 2, 3).unwrap();
         // Position 4 -> slot 1, position 5 -> slot 2.
         assert_eq!(cache, [0.0, 0.0, 1.0, 2.0, 3.0, 4.0]);
-        assert!(store_rows_f32(&mut cache, &src, &[0], 2, 2, 3).is_err());
-        assert!(store_rows_f32(&mut cache, &src, &[0, 1, 2, 3], 4, 1, 3).is_err());
+        assert!(store_rows_f32(&mut cache, &src, &[0], None, 2, 2, 3).is_err());
+        assert!(store_rows_f32(&mut cache, &src, &[0, 1, 2, 3], None, 4, 1, 3).is_err());
+    }
+
+    #[test]
+    fn paged_rows_land_in_their_sequences_blocks() {
+        // Blocks of 2 rows; sequence 0's table is [2, 0], sequence 1's [1, 3].
+        let tables = [2, 0, 1, 3];
+        let seqs = [0, 1, 0, 1];
+        let pages = HostPages {
+            seqs: &seqs,
+            tables: &tables,
+            table_len: 2,
+            block: 2,
+        };
+        let mut cache = vec![0.0f32; 8];
+        // Sequence 0 at positions 0 and 3 (slots 0, 3), sequence 1 at 1 and 2 (slots 1, 2).
+        let src = [10.0, 11.0, 13.0, 12.0];
+        store_rows_f32(&mut cache, &src, &[0, 1, 3, 2], Some(&pages), 4, 1, 4).unwrap();
+        // Seq 0 slot 0 -> block 2 row 4; seq 1 slot 1 -> block 1 row 3; seq 0 slot 3 -> block 0
+        // row 1; seq 1 slot 2 -> block 3 row 6.
+        assert_eq!(cache, [0.0, 13.0, 0.0, 11.0, 10.0, 0.0, 12.0, 0.0]);
+        // A block past the cache is refused, not written.
+        let bad = [9, 0, 1, 3];
+        let pages = HostPages {
+            tables: &bad,
+            ..pages
+        };
+        assert!(store_rows_f32(&mut cache, &src, &[0, 1, 3, 2], Some(&pages), 4, 1, 4).is_err());
     }
 
     #[test]
@@ -144,7 +221,7 @@ mod tests {
             65_520.0,
             -0.0,
         ];
-        store_rows_f16(&mut cache, &src, &[0], 1, 4, 1).unwrap();
+        store_rows_f16(&mut cache, &src, &[0], None, 1, 4, 1).unwrap();
         assert_eq!(cache, [0x3c00, 0x3c02, 0x7c00, 0x8000]);
         let view = HostKv::F16(&cache);
         assert_eq!(view.get(1), 1.0 + 2f32.powi(-9));

@@ -6,7 +6,8 @@ pub mod kernels;
 mod ops;
 
 use super::{
-    Attention, Backend, ExpertChoice, GateActivation, MoeShape, Rope, StepBatch, WeightSource,
+    Attention, Backend, BlockTables, ExpertChoice, GateActivation, KvGroup, KvLayer, MoeShape,
+    Rope, StepBatch, WeightSource,
 };
 use crate::error::{DecodeError, Result};
 use crate::memory::{MemoryReport, MemoryTag};
@@ -80,13 +81,12 @@ pub struct CpuBackend {
     books: MemoryReport,
     /// The current step's tokens (from `begin_step`).
     step_tokens: Vec<u32>,
-    /// Each row's position and the first cache row of its sequence's segment, in segment
-    /// units: row r's keys go to segment `step_rows[r].1` (times a layer's slots).
+    /// Each row's position and sequence.
     step_rows: Vec<(usize, usize)>,
     /// Per sequence of the step: its first and last position in it (the ring checks).
     step_spans: Vec<SeqSpan>,
-    /// Attention's (position, first slot) per row, rebuilt per call from `step_rows`.
-    row_places: Vec<(usize, usize)>,
+    /// The context's block tables as of `begin_step`.
+    tables: Option<BlockTables>,
     /// The positions of the step's rows, as rocm-kernels' rope reference takes them (made once
     /// per step, not per layer).
     step_positions: Vec<i32>,
@@ -108,7 +108,7 @@ impl CpuBackend {
             step_tokens: Vec::new(),
             step_rows: Vec::new(),
             step_spans: Vec::new(),
-            row_places: Vec::new(),
+            tables: None,
             step_positions: Vec::new(),
         }
     }
@@ -116,6 +116,22 @@ impl CpuBackend {
     pub fn precision(&self) -> Precision {
         self.precision
     }
+}
+
+impl CpuBackend {
+    /// The tables `begin_step` took.
+    fn step_tables(&self) -> Result<&BlockTables> {
+        self.tables.as_ref().ok_or_else(|| {
+            DecodeError::InvalidArgument("a KV op before any step began (begin_step)".into())
+        })
+    }
+}
+
+/// A row whose position has no block in the caches.
+fn unmapped(seq: usize, pos: usize) -> DecodeError {
+    DecodeError::InvalidArgument(format!(
+        "sequence {seq}'s position {pos} has no KV block in the cache"
+    ))
 }
 
 /// A shape rocm-kernels' CPU reference refused (the checks above normally catch it first).
@@ -214,7 +230,11 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn begin_step(&mut self, batch: &StepBatch) -> Result<()> {
+    fn begin_step(&mut self, batch: &StepBatch, tables: &BlockTables) -> Result<()> {
+        // Compared, not trusted by version: two contexts may share a backend.
+        if self.tables.as_ref() != Some(tables) {
+            self.tables = Some(tables.clone());
+        }
         self.step_tokens.clear();
         self.step_tokens.extend_from_slice(batch.tokens());
         self.step_positions.clear();
@@ -403,8 +423,9 @@ impl Backend for CpuBackend {
         cache: &mut Vec<f32>,
         rows: usize,
         dim: usize,
-        slots: usize,
+        layer: KvLayer,
     ) -> Result<()> {
+        let slots = layer.slots;
         check_len("store_rows source", src.len(), rows * dim)?;
         check_len("store_rows rows", self.step_rows.len(), rows)?;
         for span in &self.step_spans {
@@ -414,15 +435,33 @@ impl Backend for CpuBackend {
                     capacity: slots,
                 });
             }
-            check_len(
-                "store_rows cache",
-                cache.len(),
-                (span.seq + 1) * slots * dim,
-            )?;
         }
+        let tables = self.step_tables()?;
+        let cache_rows = cache.len() / dim.max(1);
         for (row, &(pos, seq)) in src.chunks_exact(dim).zip(&self.step_rows).take(rows) {
-            let slot = seq * slots + pos % slots;
-            cache[slot * dim..(slot + 1) * dim].copy_from_slice(row);
+            let slot = pos % slots;
+            let at = tables
+                .row(layer.group, seq, slot)
+                .filter(|&r| r < cache_rows)
+                .ok_or_else(|| unmapped(seq, pos))?;
+            cache[at * dim..(at + 1) * dim].copy_from_slice(row);
+        }
+        Ok(())
+    }
+
+    fn copy_blocks(
+        &mut self,
+        cache: &mut Vec<f32>,
+        copies: &[(usize, usize)],
+        block_values: usize,
+    ) -> Result<()> {
+        for &(from, to) in copies {
+            let end = from.max(to).saturating_add(1).saturating_mul(block_values);
+            check_len("copy_blocks cache", cache.len(), end)?;
+            cache.copy_within(
+                from * block_values..(from + 1) * block_values,
+                to * block_values,
+            );
         }
         Ok(())
     }
@@ -434,6 +473,7 @@ impl Backend for CpuBackend {
         v_cache: &Vec<f32>,
         out: &mut Vec<f32>,
         a: &Attention,
+        group: KvGroup,
     ) -> Result<()> {
         if a.n_head_kv == 0 || a.n_head % a.n_head_kv != 0 {
             return Err(DecodeError::InvalidArgument(format!(
@@ -459,9 +499,27 @@ impl Backend for CpuBackend {
                     a.slots
                 )));
             }
-            let rows = span.seq * a.slots + end.min(a.slots);
-            check_len("attention k", k_cache.len(), rows * k_stride)?;
-            check_len("attention v", v_cache.len(), rows * v_stride)?;
+        }
+        let tables = self.step_tables()?;
+        let block = tables.block();
+        let g = tables.group(group);
+        if a.slots > g.slots {
+            return Err(DecodeError::InvalidArgument(format!(
+                "attention over {} slots through tables of {}",
+                a.slots, g.slots
+            )));
+        }
+        // Every block a row of the step reads is in both caches.
+        let cache_rows = (k_cache.len() / k_stride.max(1)).min(v_cache.len() / v_stride.max(1));
+        for span in &self.step_spans {
+            let blocks = (span.last + 1).min(a.slots).div_ceil(block);
+            let table = g.table(span.seq);
+            if table[..blocks]
+                .iter()
+                .any(|&b| b as usize >= cache_rows / block)
+            {
+                return Err(unmapped(span.seq, span.last));
+            }
         }
         check_len("attention q", q.len(), a.n_tokens * a.n_head * a.head_dim_k)?;
         check_len(
@@ -469,14 +527,11 @@ impl Backend for CpuBackend {
             out.len(),
             a.n_tokens * a.n_head * a.head_dim_v,
         )?;
-        let rows = &mut self.row_places;
-        rows.clear();
-        rows.extend(
-            self.step_rows[..a.n_tokens]
-                .iter()
-                .map(|&(pos, seq)| (pos, seq * a.slots)),
-        );
-        ops::attention(q, k_cache, v_cache, out, a, rows);
+        let rows: Vec<(usize, &[u32])> = self.step_rows[..a.n_tokens]
+            .iter()
+            .map(|&(pos, seq)| (pos, g.table(seq)))
+            .collect();
+        ops::attention(q, k_cache, v_cache, out, a, &rows, block);
         Ok(())
     }
 

@@ -6,15 +6,17 @@ use crate::backend::Attention;
 use rayon::prelude::*;
 
 /// Causal (optionally windowed) attention with grouped KV heads, parallel over query heads.
-/// Query row t is at position `rows[t].0` of the sequence whose cache segment starts at slot
-/// `rows[t].1` (the segment holds `a.slots` rows; position p is in its slot `p % a.slots`).
+/// Query row t is at position `rows[t].0` of the sequence whose block table is `rows[t].1`:
+/// position p is in its slot `s = p % a.slots`, which is cache row `table[s / block] * block +
+/// s % block`. The caller has checked that every block a row reads is in the caches.
 pub fn attention(
     q: &[f32],
     k: &[f32],
     v: &[f32],
     out: &mut [f32],
     a: &Attention,
-    rows: &[(usize, usize)],
+    rows: &[(usize, &[u32])],
+    block: usize,
 ) {
     let q_stride = a.n_head * a.head_dim_k;
     let kv_stride_k = a.n_head_kv * a.head_dim_k;
@@ -26,7 +28,11 @@ pub fn attention(
         .for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {
             let (t, h) = (idx / a.n_head, idx % a.n_head);
             let kvh = h / group;
-            let (pos, base) = rows[t];
+            let (pos, table) = rows[t];
+            let row = |j: usize| {
+                let slot = j % a.slots;
+                table[slot / block] as usize * block + slot % block
+            };
             let first = match a.window {
                 Some(w) => (pos + 1).saturating_sub(w),
                 None => 0,
@@ -35,8 +41,7 @@ pub fn attention(
             scores.clear();
             let mut max = f32::NEG_INFINITY;
             for j in first..=pos {
-                let slot = base + j % a.slots;
-                let kj = &k[slot * kv_stride_k + kvh * a.head_dim_k..][..a.head_dim_k];
+                let kj = &k[row(j) * kv_stride_k + kvh * a.head_dim_k..][..a.head_dim_k];
                 let s = super::kernels::dot_f32_slice(qh, kj) * a.scale;
                 max = max.max(s);
                 scores.push(s);
@@ -48,8 +53,7 @@ pub fn attention(
             }
             o.fill(0.0);
             for (s, j) in scores.iter().zip(first..=pos) {
-                let vj =
-                    &v[(base + j % a.slots) * kv_stride_v + kvh * a.head_dim_v..][..a.head_dim_v];
+                let vj = &v[row(j) * kv_stride_v + kvh * a.head_dim_v..][..a.head_dim_v];
                 let wgt = s / sum;
                 for (ov, &vv) in o.iter_mut().zip(vj) {
                     *ov += wgt * vv;
@@ -93,15 +97,15 @@ mod tests {
             slots: 3,
         };
         let mut out = [0.0; 2];
-        attention(&q, &k, &v, &mut out, &shape, &[(pos0, 0)]);
+        attention(&q, &k, &v, &mut out, &shape, &[(pos0, &[0])], 4);
         assert_eq!(out, [1.0, 2.0]);
         pos0 = 2;
         shape.window = Some(1);
-        attention(&q, &k, &v, &mut out, &shape, &[(pos0, 0)]);
+        attention(&q, &k, &v, &mut out, &shape, &[(pos0, &[0])], 4);
         assert_eq!(out, [5.0, 6.0]);
         // Full causal at position 2: softmax-weighted mean of all three values.
         shape.window = None;
-        attention(&q, &k, &v, &mut out, &shape, &[(pos0, 0)]);
+        attention(&q, &k, &v, &mut out, &shape, &[(pos0, &[0])], 4);
         let s = [0.3f32, -0.2, 0.1];
         let e: Vec<f32> = s.iter().map(|x| x.exp()).collect();
         let z: f32 = e.iter().sum();
@@ -113,18 +117,19 @@ mod tests {
         shape.window = Some(2);
         let k2 = [1.0, 1.0, 0.0, 1.0];
         let v2 = [5.0, 6.0, 3.0, 4.0];
-        attention(&q, &k2, &v2, &mut out, &shape, &[(pos0, 0)]);
+        attention(&q, &k2, &v2, &mut out, &shape, &[(pos0, &[0])], 2);
         let (e1, e2) = ((-0.2f32).exp(), 0.1f32.exp());
         let want = (e1 * 3.0 + e2 * 5.0) / (e1 + e2);
         assert!((out[0] - want).abs() < 1e-5, "{} vs {want}", out[0]);
     }
 
     #[test]
-    fn each_row_reads_only_its_own_sequences_segment() {
-        // Two sequences' segments of two slots each; one head of dim 1. Sequence 0 holds
-        // values 1, 2 and sequence 1 holds 10, 20 at positions 0, 1.
+    fn each_row_reads_only_its_own_sequences_blocks() {
+        // Two sequences of one block of two slots each, sequence 0 in block 1 and sequence 1
+        // in block 0; one head of dim 1. Sequence 0 holds values 1, 2 and sequence 1 holds 10,
+        // 20 at positions 0, 1.
         let k = [0.0; 4];
-        let v = [1.0, 2.0, 10.0, 20.0];
+        let v = [10.0, 20.0, 1.0, 2.0];
         let q = [0.0, 0.0];
         let shape = Attention {
             n_tokens: 2,
@@ -139,7 +144,7 @@ mod tests {
         let mut out = [0.0; 2];
         // Row 0: sequence 1 at position 0; row 1: sequence 0 at position 1. Equal scores, so
         // each output is the mean of the values its row sees.
-        attention(&q, &k, &v, &mut out, &shape, &[(0, 2), (1, 0)]);
+        attention(&q, &k, &v, &mut out, &shape, &[(0, &[0]), (1, &[1])], 2);
         assert_eq!(out, [10.0, 1.5]);
     }
 }

@@ -7,11 +7,12 @@ use crate::backend::gpu::profile::{self, OpProfile};
 use crate::backend::gpu::{
     buffer::Elem,
     error::{gpu_err, kerr},
-    CpuShare, GpuBackend, GpuBuffer, GpuWeight, KvType, MatvecPath, ReadPath, INT8_MAX_ROWS,
+    CpuShare, GpuBackend, GpuBuffer, GpuWeight, KvType, MatvecPath, ReadPath, StepRun,
+    INT8_MAX_ROWS,
 };
 use crate::backend::{
-    Attention, Backend, GateActivation, KvDestination, MoeShape, Phase, Rope, StepBatch,
-    StepBounds, StepKey, WeightSource,
+    Attention, Backend, BlockTables, GateActivation, KvDestination, KvGroup, KvLayer, MoeShape,
+    Phase, Rope, StepBatch, StepBounds, StepKey, WeightSource,
 };
 use crate::error::{DecodeError, Result};
 use crate::layout::workspace;
@@ -174,6 +175,7 @@ impl Backend for GpuBackend {
             attention,
             "attention workspace",
         )?;
+        self.reserve_block_tables(bounds.max_tokens, bounds.table_entries)?;
         self.argmax_workspace()?;
         self.reserve_draw()?;
         let int8 = self.matvec_path == MatvecPath::Int8;
@@ -220,23 +222,10 @@ impl Backend for GpuBackend {
         Ok(())
     }
 
-    fn max_sequences(&self) -> usize {
-        1
-    }
-
-    fn begin_step(&mut self, batch: &StepBatch) -> Result<()> {
-        // The kernels store and read one KV segment at consecutive positions; rows of several
-        // sequences (or gaps) would be stored and attended silently wrong, so they are refused.
-        let (Some(&seq), Some(&pos0)) = (batch.sequences().first(), batch.positions().first())
-        else {
+    fn begin_step(&mut self, batch: &StepBatch, tables: &BlockTables) -> Result<()> {
+        if batch.is_empty() {
             return Err(DecodeError::InvalidArgument(
                 "an empty step batch: give at least one row".into(),
-            ));
-        };
-        if seq != 0 || !batch.is_one_run() {
-            return Err(DecodeError::InvalidArgument(
-                "the GPU backend runs one sequence's consecutive rows per step; a step over                  several sequences or positions needs the batching work still to come (a paged                  KV cache and batched decode kernels)"
-                    .into(),
             ));
         }
         let tokens = batch.tokens();
@@ -244,8 +233,23 @@ impl Backend for GpuBackend {
             // The previous step's events are read before its staging is reused.
             p.finish_step().map_err(|e| gpu_err("profiling", e))?;
         }
-        self.write_step(pos0, tokens)?;
-        self.step_pos0 = pos0;
+        self.write_step(batch.positions(), tokens)?;
+        self.write_block_tables(batch.sequences(), tables)?;
+        // Runs of one sequence's consecutive rows: prefill attention takes each apart.
+        self.step_runs.clear();
+        for (i, (&seq, &pos)) in batch.sequences().iter().zip(batch.positions()).enumerate() {
+            match self.step_runs.last_mut() {
+                Some(run) if batch.sequences()[run.start] == seq && run.last + 1 == pos => {
+                    run.rows += 1;
+                    run.last = pos;
+                }
+                _ => self.step_runs.push(StepRun {
+                    start: i,
+                    rows: 1,
+                    last: pos,
+                }),
+            }
+        }
         self.step_tokens = tokens.len();
         self.step_phase = batch.phase();
         if let Some(p) = &mut self.profile {
@@ -278,8 +282,13 @@ impl Backend for GpuBackend {
         // step that splits offloaded products with the host waits on the device mid-step, so
         // it cannot be a graph; nor can one that streams weights through the copy stream (its
         // cross-stream waits are not captured).
+        // Nor can a decode step of so many rows that its MoE takes the grouped prefill path,
+        // which reads the experts' row counts back to the host.
+        let moe_syncs =
+            key.n_tokens >= workspace::VENDOR_GEMM_MIN_ROWS && self.scratch.moe_prefill.pairs > 0;
         if !self.use_graphs
             || key.phase != Phase::Decode
+            || moe_syncs
             || self.hybrid_active()
             || self.host_weights.stream_slot_bytes() > 0
         {
@@ -831,13 +840,15 @@ impl Backend for GpuBackend {
                 kv,
             );
         }
-        let (v_dim, slots) = (kv.v_dim, kv.slots);
+        let (v_dim, layer) = (kv.v_dim, kv.layer);
+        let pages = self.kv_pages(layer.group, 0, rows)?;
         let store = rope::KvStore {
             v: &v.view(),
             dim_v: v_dim,
             k_cache: &mut kv.k_cache.kv_view_mut(),
             v_cache: &mut kv.v_cache.kv_view_mut(),
-            slots,
+            slots: layer.slots,
+            pages: Some(pages),
         };
         let heads = (n_head, n_head_kv, head_dim);
         self.rope_pair_queued(q, k, rows, heads, rope_params, freq_factors, Some(store))?;
@@ -858,13 +869,14 @@ impl Backend for GpuBackend {
         rows: usize,
         k_dim: usize,
         v_dim: usize,
-        slots: usize,
+        layer: KvLayer,
     ) -> Result<()> {
         if k_cache.elem != v_cache.elem {
-            self.store_rows(k, k_cache, rows, k_dim, slots)?;
-            return self.store_rows(v, v_cache, rows, v_dim, slots);
+            self.store_rows(k, k_cache, rows, k_dim, layer)?;
+            return self.store_rows(v, v_cache, rows, v_dim, layer);
         }
         let positions = self.step.positions();
+        let pages = self.kv_pages(layer.group, 0, rows)?;
         kv_cache::store_kv(
             &self.kernels,
             &self.stream,
@@ -873,11 +885,12 @@ impl Backend for GpuBackend {
             &mut k_cache.kv_view_mut(),
             &mut v_cache.kv_view_mut(),
             &positions,
+            Some(&pages),
             kv_cache::KvStoreShape {
                 rows,
                 dim_k: k_dim,
                 dim_v: v_dim,
-                slots,
+                slots: layer.slots,
             },
         )
         .map_err(kerr("kv store"))?;
@@ -921,18 +934,20 @@ impl Backend for GpuBackend {
         cache: &mut GpuBuffer,
         rows: usize,
         dim: usize,
-        slots: usize,
+        layer: KvLayer,
     ) -> Result<()> {
         let positions = self.step.positions();
+        let pages = self.kv_pages(layer.group, 0, rows)?;
         kv_cache::store_rows(
             &self.kernels,
             &self.stream,
             &src.view(),
             &mut cache.kv_view_mut(),
             &positions,
+            Some(&pages),
             rows,
             dim,
-            slots,
+            layer.slots,
         )
         .map_err(kerr("kv store"))?;
         self.op_done(|| "kv store".into(), (2 * rows * dim * 4) as u64)
@@ -945,12 +960,17 @@ impl Backend for GpuBackend {
         v_cache: &GpuBuffer,
         out: &mut GpuBuffer,
         shape: &Attention,
+        group: KvGroup,
     ) -> Result<()> {
-        self.attention_queued(q, k_cache, v_cache, out, shape)?;
-        // Keys and values read: every cached position the step's last token sees.
-        let seen = (self.step_pos0 + shape.n_tokens)
-            .min(shape.slots)
-            .min(shape.window.unwrap_or(usize::MAX));
+        self.attention_queued(q, k_cache, v_cache, out, shape, group)?;
+        // Keys and values read: every cached position each run's last row sees.
+        let seen: usize = (self.step_runs.iter())
+            .map(|r| {
+                (r.last + 1)
+                    .min(shape.slots)
+                    .min(shape.window.unwrap_or(usize::MAX))
+            })
+            .sum();
         let elem_bytes = if k_cache.elem == Elem::F16 { 2 } else { 4 };
         let kv_bytes = seen * shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v) * elem_bytes;
         let kind = match self.step_phase {
@@ -1031,6 +1051,58 @@ impl Backend for GpuBackend {
         )
         .map_err(kerr("copy_row"))?;
         self.op_done(|| "copy_row".into(), (2 * dim * 4) as u64)
+    }
+
+    fn copy_blocks(
+        &mut self,
+        cache: &mut GpuBuffer,
+        copies: &[(usize, usize)],
+        block_values: usize,
+    ) -> Result<()> {
+        // Copied as 32-bit words: an f16 block of an even number of values is half as many.
+        let elem_bytes = if cache.elem == Elem::F16 { 2 } else { 4 };
+        let block_bytes = block_values * elem_bytes;
+        if block_bytes % 4 != 0 {
+            return Err(DecodeError::InvalidArgument(format!(
+                "a KV block of {block_values} f16 values is not whole 32-bit words"
+            )));
+        }
+        let (words, total) = (block_bytes / 4, cache.len * elem_bytes / 4);
+        for &(from, to) in copies {
+            let end = from.max(to).saturating_add(1).saturating_mul(words);
+            if end > total || from == to {
+                return Err(DecodeError::InvalidArgument(format!(
+                    "a copy of KV block {from} to {to} outside a cache of {} blocks",
+                    total / words.max(1)
+                )));
+            }
+            // SAFETY: both views cover the cache's own memory (`total` words, its `len`
+            // elements), which lives as long as `cache`; the copy reads block `from` and writes
+            // block `to`, which differ, so the ranges do not overlap, and the kernel runs on the
+            // backend's one stream like every other use of the cache.
+            let (src, mut dst) = unsafe {
+                (
+                    DeviceSlice::<f32>::from_raw(cache.mem.ptr(), total),
+                    DeviceSliceMut::<f32>::from_raw(cache.mem.ptr(), total),
+                )
+            };
+            elementwise::copy_rows(
+                &self.kernels,
+                &self.stream,
+                src,
+                from,
+                &mut dst,
+                to,
+                1,
+                words,
+            )
+            .map_err(kerr("copy KV block"))?;
+        }
+        cache.version += 1;
+        self.op_done(
+            || "copy KV blocks".into(),
+            (2 * copies.len() * block_bytes) as u64,
+        )
     }
 
     fn zero(&mut self, x: &mut GpuBuffer, len: usize) -> Result<()> {

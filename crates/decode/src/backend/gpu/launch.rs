@@ -3,9 +3,9 @@
 
 use crate::backend::gpu::{
     error::{gpu_err, kerr},
-    GpuBackend, GpuBuffer, GpuWeight, MatvecPath, INT8_MAX_ROWS,
+    GpuBackend, GpuBuffer, GpuWeight, MatvecPath, StepRun, INT8_MAX_ROWS,
 };
-use crate::backend::{Attention, Phase, Rope};
+use crate::backend::{Attention, KvGroup, Phase, Rope};
 use crate::error::{DecodeError, Result};
 use hip_ffi::DevicePtr;
 use rocm_alloc::{Allocation, Tag};
@@ -170,14 +170,17 @@ impl GpuBackend {
         v_cache: &GpuBuffer,
         out: &mut GpuBuffer,
         shape: &Attention,
+        group: KvGroup,
     ) -> Result<()> {
         let s = *shape;
         let positions = self.step.positions();
         let k = k_cache.kv_view();
         let v = v_cache.kv_view();
-        // Decode rows take the split decode kernel (one row per sequence); prefill rows the
-        // prefill kernel, whatever their count.
-        if self.step_phase == Phase::Decode && shape.n_tokens == 1 {
+        // A decode step (a row per sequence) takes the split decode kernel for all its rows at
+        // once; a prefill step the prefill kernel, one launch per run of one sequence's rows
+        // (the tiled kernel reads a tile of rows through one table).
+        if self.step_phase == Phase::Decode {
+            let pages = self.kv_pages(group, 0, s.n_tokens)?;
             let need = attn::decode_workspace_floats(&s).map_err(kerr("attention"))?;
             let (a, st) = (&*self.alloc, self.stream_id);
             let mut ws = Self::scratch_buffer(
@@ -192,6 +195,7 @@ impl GpuBackend {
             // quantizing launch.
             let values = s.n_tokens * s.n_head * s.head_dim_v;
             let quantize = self.matvec_path == MatvecPath::Int8
+                && s.n_tokens <= INT8_MAX_ROWS
                 && s.head_dim_v % matvec_q8::GROUP == 0
                 && values <= out.len;
             let mut q8 = if quantize {
@@ -206,6 +210,7 @@ impl GpuBackend {
                 &k,
                 &v,
                 &positions,
+                Some(&pages),
                 &mut out.view_mut(),
                 &mut ws,
                 &s,
@@ -215,21 +220,41 @@ impl GpuBackend {
             if quantized {
                 out.mark_q8_fresh(values);
             }
-            Ok(())
-        } else {
+            return Ok(());
+        }
+        let (q_row, out_row) = (s.n_head * s.head_dim_k, s.n_head * s.head_dim_v);
+        let short = || gpu_err("attention (prefill)", "a run of rows past the buffers");
+        let runs: Vec<StepRun> = self.step_runs.clone();
+        let (qv, mut ov) = (q.view(), out.view_mut());
+        for run in runs.iter().filter(|r| r.start < s.n_tokens) {
+            let rows = run.rows.min(s.n_tokens - run.start);
+            let pages = self.kv_pages(group, run.start, rows)?;
+            let run_q = qv
+                .slice(run.start * q_row, rows * q_row)
+                .ok_or_else(short)?;
+            let mut run_out = ov
+                .slice_mut(run.start * out_row, rows * out_row)
+                .ok_or_else(short)?;
+            let run_pos = positions.slice(run.start, rows).ok_or_else(short)?;
+            let run_shape = Attention {
+                n_tokens: rows,
+                ..s
+            };
             attn::attention_prefill_on(
                 &self.kernels,
                 &self.stream,
                 self.attn_prefill,
-                &q.view(),
+                &run_q,
                 &k,
                 &v,
-                &positions,
-                &mut out.view_mut(),
-                &s,
+                &run_pos,
+                Some(&pages),
+                &mut run_out,
+                &run_shape,
             )
-            .map_err(kerr("attention (prefill)"))
+            .map_err(kerr("attention (prefill)"))?;
         }
+        Ok(())
     }
 
     /// Writes the index of the largest of `n` values of row `row` into the step block's

@@ -16,6 +16,7 @@
 //! module code), from `mem_get_info` before load and now.
 
 mod backend_impl;
+mod block_tables;
 mod buffer;
 mod capture;
 pub mod capture_stream;
@@ -67,6 +68,31 @@ struct StepBlock {
     /// Recorded after the copy out of `staging`; waited on before `staging` is written again.
     copied: Event,
     max_batch: usize,
+}
+
+/// The device copy of a step's paged-KV addressing (`block_tables.rs`): a sequence id per row,
+/// then every block table of the context.
+struct DeviceTables {
+    ints: Allocation,
+    staging: PinnedHostBuffer,
+    /// Recorded after the copy out of `staging`; waited on before it is written again.
+    copied: Event,
+    /// Rows of the largest step (the sequence ids come first).
+    max_tokens: usize,
+    /// i32 values the buffer holds.
+    len: usize,
+    /// The tables as last copied, and where each group's start.
+    written: Option<crate::kv::BlockTables>,
+    offsets: Vec<usize>,
+}
+
+/// Rows `start..start + rows` of a step: one sequence's, at consecutive positions ending at
+/// `last`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct StepRun {
+    start: usize,
+    rows: usize,
+    last: usize,
 }
 
 /// Scratch sized on first use and kept (so a warm step allocates nothing).
@@ -146,9 +172,12 @@ pub struct GpuBackend {
     /// The device slots that host weights are streamed through: by prefill's vendor GEMM, and
     /// by decode for the weights the plan streams. Taken before the first step.
     prefetch: Option<Prefetch>,
-    /// The current step's first position (for the profile's byte counts) and token count.
-    step_pos0: usize,
+    /// The current step's runs of one sequence's consecutive rows (prefill attention launches
+    /// each apart; the profile counts their keys), and its token count.
+    step_runs: Vec<StepRun>,
     step_tokens: usize,
+    /// The device copy of the context's block tables and the step's rows' sequences.
+    tables: Option<DeviceTables>,
     /// The current step's phase: decode steps take the decode kernels and are captured.
     step_phase: Phase,
     /// Per-op timing, when profiling (steps then run eagerly).

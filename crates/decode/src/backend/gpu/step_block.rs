@@ -34,17 +34,16 @@ impl GpuBackend {
         unsafe { DeviceSliceMut::from_raw(self.step.ints.ptr(), len) }
     }
 
-    /// Writes the step's positions and token ids into the step block with one copy, ordered on
-    /// the stream.
-    pub(super) fn write_step(&mut self, pos0: usize, tokens: &[u32]) -> Result<()> {
+    /// Writes the step's rows' positions and token ids into the step block with one copy,
+    /// ordered on the stream.
+    pub(super) fn write_step(&mut self, positions: &[usize], tokens: &[u32]) -> Result<()> {
         let (n, max) = (tokens.len(), self.step.max_batch);
-        if n > max {
+        if n > max || positions.len() != n {
             return Err(DecodeError::InvalidArgument(format!(
                 "a step of {n} tokens is more than the {max} the GPU backend was sized for"
             )));
         }
-        let last = pos0 + n;
-        if i32::try_from(last).is_err() {
+        if let Some(&last) = positions.iter().find(|&&p| i32::try_from(p).is_err()) {
             return Err(DecodeError::InvalidArgument(format!(
                 "position {last} does not fit the step block's i32"
             )));
@@ -55,8 +54,9 @@ impl GpuBackend {
             .synchronize()
             .map_err(|e| gpu_err("waiting for the step copy", e))?;
         let staging = self.step.staging.as_mut_slice::<i32>();
-        for (i, slot) in staging[..n].iter_mut().enumerate() {
-            *slot = (pos0 + i) as i32;
+        for (slot, &p) in staging[..n].iter_mut().zip(positions) {
+            // Checked above to fit.
+            *slot = p as i32;
         }
         for (slot, &t) in staging[max..max + n].iter_mut().zip(tokens) {
             *slot = t as i32;
