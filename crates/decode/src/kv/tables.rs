@@ -50,8 +50,9 @@ impl GroupTables {
     }
 }
 
-/// The tables of every group, and a version that changes with every edit (a backend that
-/// keeps a device copy rewrites it only then).
+/// The tables of every group, and a version that changes with every edit. Backends compare
+/// the tables themselves with the copy they hold (two contexts may share a backend), and
+/// rewrite their device copy only when those differ.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockTables {
     block: usize,
