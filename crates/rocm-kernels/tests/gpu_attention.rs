@@ -179,15 +179,36 @@ impl HostCache {
     }
 
     fn store(&mut self, src: &[f32], positions: &[i32], rows: usize, dim: usize, slots: usize) {
+        self.store_paged(src, positions, None, rows, dim, slots);
+    }
+
+    /// The reference store, through `pages` when given.
+    fn store_paged(
+        &mut self,
+        src: &[f32],
+        positions: &[i32],
+        pages: Option<&reference::kv_cache::HostPages<'_>>,
+        rows: usize,
+        dim: usize,
+        slots: usize,
+    ) {
         match self {
             HostCache::F16(c) => {
-                reference::kv_cache::store_rows_f16(c, src, positions, None, rows, dim, slots)
+                reference::kv_cache::store_rows_f16(c, src, positions, pages, rows, dim, slots)
             }
             HostCache::F32(c) => {
-                reference::kv_cache::store_rows_f32(c, src, positions, None, rows, dim, slots)
+                reference::kv_cache::store_rows_f32(c, src, positions, pages, rows, dim, slots)
             }
         }
         .expect("reference store");
+    }
+
+    /// The contents as raw bits, as [`Cache::bits`] reads the device's.
+    fn bits(&self) -> Vec<u32> {
+        match self {
+            HostCache::F16(v) => v.iter().map(|&b| u32::from(b)).collect(),
+            HostCache::F32(v) => v.iter().map(|b| b.to_bits()).collect(),
+        }
     }
 }
 
@@ -1283,29 +1304,8 @@ fn paged_stores_and_attention_read_each_sequences_own_blocks() {
         let mut want_k = HostCache::from_f32(&init, elem);
         let mut want_v = HostCache::from_f32(&init, elem);
         let host = pool.host(&seqs);
-        for (want, src) in [(&mut want_k, &k_src), (&mut want_v, &v_src)] {
-            match want {
-                HostCache::F16(c) => reference::kv_cache::store_rows_f16(
-                    c,
-                    src,
-                    &positions,
-                    Some(&host),
-                    rows,
-                    kv_dim,
-                    slots,
-                ),
-                HostCache::F32(c) => reference::kv_cache::store_rows_f32(
-                    c,
-                    src,
-                    &positions,
-                    Some(&host),
-                    rows,
-                    kv_dim,
-                    slots,
-                ),
-            }
-            .expect("paged reference store");
-        }
+        want_k.store_paged(&k_src, &positions, Some(&host), rows, kv_dim, slots);
+        want_v.store_paged(&v_src, &positions, Some(&host), rows, kv_dim, slots);
         let (dpos, dseqs) = (Buf::from(&gpu, &positions), Buf::from(&gpu, &seqs));
         let pages = KvPages {
             seqs: dseqs.view(),
@@ -1333,12 +1333,8 @@ fn paged_stores_and_attention_read_each_sequences_own_blocks() {
             },
         )
         .expect("paged store_kv");
-        let host_bits = |c: &HostCache| match c {
-            HostCache::F16(v) => v.iter().map(|&b| u32::from(b)).collect::<Vec<_>>(),
-            HostCache::F32(v) => v.iter().map(|b| b.to_bits()).collect(),
-        };
-        assert_eq!(dk.bits(&gpu), host_bits(&want_k), "{what}: paged K store");
-        assert_eq!(dv.bits(&gpu), host_bits(&want_v), "{what}: paged V store");
+        assert_eq!(dk.bits(&gpu), want_k.bits(), "{what}: paged K store");
+        assert_eq!(dv.bits(&gpu), want_v.bits(), "{what}: paged V store");
 
         // Decode: one query per sequence at its last position, in one launch.
         let q_pos: Vec<i32> = lens.iter().map(|&l| l as i32 - 1).collect();

@@ -67,9 +67,4 @@ impl<B: Backend> KvCache<B> {
     pub fn plan(&self) -> &KvPlan {
         &self.plan
     }
-
-    /// The block tables.
-    pub fn tables(&self) -> &BlockTables {
-        &self.tables
-    }
 }

@@ -220,11 +220,6 @@ impl<B: Backend> Context<B> {
         self.kv.plan()
     }
 
-    /// The block tables.
-    pub fn block_tables(&self) -> &crate::kv::BlockTables {
-        self.kv.tables()
-    }
-
     /// Sets sequence `seq`'s blocks of the full-context layers' pool: `blocks[i]` holds its
     /// positions `i * block ..`, `None` where it holds none (a row there is refused). Refuses a
     /// block the pool does not have.

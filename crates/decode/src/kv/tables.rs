@@ -50,15 +50,13 @@ impl GroupTables {
     }
 }
 
-/// The tables of every group, and a version that changes with every edit. Backends compare
-/// the tables themselves with the copy they hold (two contexts may share a backend), and
-/// rewrite their device copy only when those differ.
+/// The tables of every group. Backends compare them with the copy they hold (two contexts may
+/// share a backend) and rewrite a device copy only when they differ.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockTables {
     block: usize,
     sequences: usize,
     groups: Vec<GroupTables>,
-    version: u64,
 }
 
 impl BlockTables {
@@ -115,7 +113,6 @@ impl BlockTables {
             block,
             sequences,
             groups,
-            version: 0,
         })
     }
 
@@ -133,11 +130,6 @@ impl BlockTables {
 
     pub fn group(&self, group: KvGroup) -> &GroupTables {
         &self.groups[group.0]
-    }
-
-    /// Changes with every edit of the tables.
-    pub fn version(&self) -> u64 {
-        self.version
     }
 
     /// i32 entries of every group's tables together.
@@ -178,11 +170,7 @@ impl BlockTables {
                 *slot = b;
             }
         }
-        let row = &mut pool.entries[seq * pool.table_len..][..pool.table_len];
-        if row != table.as_slice() {
-            row.copy_from_slice(&table);
-            self.version += 1;
-        }
+        pool.entries[seq * pool.table_len..][..pool.table_len].copy_from_slice(&table);
         Ok(())
     }
 
@@ -217,19 +205,18 @@ mod tests {
     }
 
     #[test]
-    fn set_pool_blocks_checks_the_pool_and_bumps_the_version_only_on_change() {
+    fn set_pool_blocks_checks_the_pool_and_changes_nothing_when_refused() {
         let mut t = BlockTables::new(4, 2, 8, 3, &[]).unwrap();
         t.set_pool_blocks(1, [Some(2), None]).unwrap();
-        assert_eq!(t.version(), 1);
         assert_eq!(t.row(KvGroup::POOL, 1, 2), Some(10));
         assert_eq!(t.row(KvGroup::POOL, 1, 4), None);
-        t.set_pool_blocks(1, [Some(2)]).unwrap();
-        assert_eq!(t.version(), 1, "an unchanged table is no edit");
+        let before = t.clone();
         let err = t.set_pool_blocks(0, [Some(3)]).unwrap_err();
         assert!(err.to_string().contains("pool of 3 blocks"), "{err}");
         let err = t.set_pool_blocks(0, [None, None, Some(0)]).unwrap_err();
         assert!(err.to_string().contains("more than 2 blocks"), "{err}");
         assert!(t.set_pool_blocks(2, []).is_err());
+        assert_eq!(t, before, "a refused table changes nothing");
         assert!(BlockTables::new(3, 1, 6, 2, &[]).is_err());
         assert!(BlockTables::new(4, 1, 6, 2, &[]).is_err());
     }

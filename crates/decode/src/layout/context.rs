@@ -38,10 +38,6 @@ fn kv_slots(spec: &ModelSpec, context: usize, max_batch: usize) -> Vec<usize> {
 /// what the backend reserves its workspace for.
 pub fn step_bounds(spec: &ModelSpec, kv: &KvPlan, max_batch: usize) -> StepBounds {
     let s = spec;
-    let table_entries = std::iter::once(kv.pool_slots)
-        .chain(kv.ring_slots.iter().copied())
-        .map(|slots| slots / kv.block * kv.sequences)
-        .sum();
     StepBounds {
         max_tokens: max_batch,
         decode_attention: s
@@ -68,7 +64,7 @@ pub fn step_bounds(spec: &ModelSpec, kv: &KvPlan, max_batch: usize) -> StepBound
             k: s.n_expert_used,
             act: s.gate,
         }),
-        table_entries,
+        table_entries: kv.table_entries(),
     }
 }
 
@@ -109,6 +105,14 @@ impl KvPlan {
                 what: "the KV cache".into(),
                 reason: format!("{rows} positions of {dim} values overflow"),
             })
+    }
+
+    /// Entries of every group's tables together: a block per `block` slots of each sequence.
+    pub fn table_entries(&self) -> usize {
+        std::iter::once(self.pool_slots)
+            .chain(self.ring_slots.iter().copied())
+            .map(|slots| slots / self.block * self.sequences)
+            .sum()
     }
 
     /// The tables this storage starts with.

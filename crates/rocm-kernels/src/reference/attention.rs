@@ -3,7 +3,7 @@
 
 use crate::error::{check_shape, Result};
 use crate::ops::attention::{check, AttentionShape};
-use crate::reference::kv_cache::{HostKv, HostPages};
+use crate::reference::kv_cache::{cache_row, HostKv, HostPages};
 
 /// Writes `[n_tokens][n_head][head_dim_v]` to `out`; see [`crate::ops::attention`]. Errors on
 /// the shapes the GPU op refuses, on a negative position, and (paged) on a slot whose block is
@@ -28,17 +28,7 @@ pub fn attention(
     )?;
     let cache_rows = (k.len() / (shape.n_head_kv * shape.head_dim_k))
         .min(v.len() / (shape.n_head_kv * shape.head_dim_v));
-    let row_of = |t: usize, slot: usize| -> Result<usize> {
-        match pages {
-            None => Ok(slot),
-            Some(p) => p
-                .row(t, slot, cache_rows)
-                .ok_or_else(|| crate::error::KernelError::Shape {
-                    op: "attention reference",
-                    message: format!("token {t}'s slot {slot} has no block in the tables"),
-                }),
-        }
-    };
+    let row_of = |t, slot| cache_row("attention reference", pages, t, slot, cache_rows);
     check_shape(
         positions[..shape.n_tokens].iter().all(|&p| p >= 0),
         "attention reference",

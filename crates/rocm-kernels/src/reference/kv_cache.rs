@@ -68,20 +68,22 @@ impl HostPages<'_> {
     }
 }
 
-/// The cache row of row `r`'s slot: the slot itself unpaged, else through the tables.
-fn cache_row(
+/// The cache row of token `t`'s slot, for the reference op `op`: the slot itself unpaged, else
+/// through the tables; an error naming the token where they have no block for it.
+pub(crate) fn cache_row(
+    op: &'static str,
     pages: Option<&HostPages<'_>>,
-    r: usize,
+    t: usize,
     slot: usize,
     cache_rows: usize,
 ) -> Result<usize> {
     match pages {
         None => Ok(slot),
         Some(p) => p
-            .row(r, slot, cache_rows)
+            .row(t, slot, cache_rows)
             .ok_or_else(|| crate::error::KernelError::Shape {
-                op: "kv_store reference",
-                message: format!("row {r}'s slot {slot} has no block in the tables"),
+                op,
+                message: format!("token {t}'s slot {slot} has no block in the tables"),
             }),
     }
 }
@@ -90,6 +92,8 @@ fn cache_row(
 pub fn f32_to_f16_bits(x: f32) -> u16 {
     half::f16::from_f32(x).to_bits()
 }
+
+const OP: &str = "kv_store reference";
 
 fn check(
     src_len: usize,
@@ -100,7 +104,6 @@ fn check(
     slots: usize,
     paged: bool,
 ) -> Result<()> {
-    const OP: &str = "kv_store reference";
     check_shape(slots > 0 && (paged || rows <= slots), OP, || {
         format!("{rows} rows into {slots} slots")
     })?;
@@ -137,7 +140,7 @@ pub fn store_rows_f32(
     check(src.len(), cache.len(), positions, rows, dim, slots, paged)?;
     let cache_rows = cache.len() / dim.max(1);
     for (r, &p) in positions[..rows].iter().enumerate() {
-        let slot = cache_row(pages, r, p as usize % slots, cache_rows)?;
+        let slot = cache_row(OP, pages, r, p as usize % slots, cache_rows)?;
         cache[slot * dim..][..dim].copy_from_slice(&src[r * dim..][..dim]);
     }
     Ok(())
@@ -157,7 +160,7 @@ pub fn store_rows_f16(
     check(src.len(), cache.len(), positions, rows, dim, slots, paged)?;
     let cache_rows = cache.len() / dim.max(1);
     for (r, &p) in positions[..rows].iter().enumerate() {
-        let slot = cache_row(pages, r, p as usize % slots, cache_rows)?;
+        let slot = cache_row(OP, pages, r, p as usize % slots, cache_rows)?;
         for (c, &v) in cache[slot * dim..][..dim]
             .iter_mut()
             .zip(&src[r * dim..][..dim])

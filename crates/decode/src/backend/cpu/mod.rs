@@ -231,7 +231,7 @@ impl Backend for CpuBackend {
     }
 
     fn begin_step(&mut self, batch: &StepBatch, tables: &BlockTables) -> Result<()> {
-        // Compared, not trusted by version: two contexts may share a backend.
+        // Compared with the copy held, since two contexts may share a backend.
         if self.tables.as_ref() != Some(tables) {
             self.tables = Some(tables.clone());
         }

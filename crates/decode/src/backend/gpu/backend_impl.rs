@@ -181,6 +181,7 @@ impl Backend for GpuBackend {
         let int8 = self.matvec_path == MatvecPath::Int8;
         let vendor =
             workspace::vendor_gemm_applies(int8, self.vendor_gemm.is_some(), bounds.max_tokens);
+        self.moe_shape = bounds.moe;
         if let Some(moe) = &bounds.moe {
             let m = workspace::moe_scratch(bounds.max_tokens, moe.n_embd, moe.n_ff, moe.k)?;
             self.moe_ids_scratch(m.pairs)?;
@@ -284,8 +285,12 @@ impl Backend for GpuBackend {
         // cross-stream waits are not captured).
         // Nor can a decode step of so many rows that its MoE takes the grouped prefill path,
         // which reads the experts' row counts back to the host.
-        let moe_syncs =
-            key.n_tokens >= workspace::VENDOR_GEMM_MIN_ROWS && self.scratch.moe_prefill.pairs > 0;
+        let moe_syncs = self.moe_shape.is_some_and(|m| {
+            self.moe_prefill_applies(&MoeShape {
+                rows: key.n_tokens,
+                ..m
+            })
+        });
         if !self.use_graphs
             || key.phase != Phase::Decode
             || moe_syncs

@@ -127,6 +127,7 @@ impl GpuBackend {
             step_runs: Vec::new(),
             step_tokens: 0,
             tables: None,
+            moe_shape: None,
             step_phase: Phase::Prefill,
             profile: None,
             graphs: HashMap::new(),

@@ -3,7 +3,7 @@
 
 use crate::backend::gpu::{
     error::{gpu_err, kerr},
-    GpuBackend, GpuBuffer, GpuWeight, MatvecPath, StepRun, INT8_MAX_ROWS,
+    GpuBackend, GpuBuffer, GpuWeight, MatvecPath, INT8_MAX_ROWS,
 };
 use crate::backend::{Attention, KvGroup, Phase, Rope};
 use crate::error::{DecodeError, Result};
@@ -224,9 +224,12 @@ impl GpuBackend {
         }
         let (q_row, out_row) = (s.n_head * s.head_dim_k, s.n_head * s.head_dim_v);
         let short = || gpu_err("attention (prefill)", "a run of rows past the buffers");
-        let runs: Vec<StepRun> = self.step_runs.clone();
         let (qv, mut ov) = (q.view(), out.view_mut());
-        for run in runs.iter().filter(|r| r.start < s.n_tokens) {
+        for i in 0..self.step_runs.len() {
+            let run = self.step_runs[i];
+            if run.start >= s.n_tokens {
+                continue;
+            }
             let rows = run.rows.min(s.n_tokens - run.start);
             let pages = self.kv_pages(group, run.start, rows)?;
             let run_q = qv

@@ -178,6 +178,8 @@ pub struct GpuBackend {
     step_tokens: usize,
     /// The device copy of the context's block tables and the step's rows' sequences.
     tables: Option<DeviceTables>,
+    /// The MoE call of the largest step (from `reserve_workspace`), for MoE models.
+    moe_shape: Option<crate::backend::MoeShape>,
     /// The current step's phase: decode steps take the decode kernels and are captured.
     step_phase: Phase,
     /// Per-op timing, when profiling (steps then run eagerly).
