@@ -82,16 +82,21 @@ pub struct BatchedReport {
     pub backend: String,
     pub warmup: usize,
     pub max_batch: usize,
+    /// The rows measured, up to the first batch size that failed.
     pub rows: Vec<BatchedRow>,
 }
 
-/// Loads the model onto `backend` and measures each batch size of the plan.
+/// A batch size that failed, with why; the sizes after it were not run.
+pub type BatchFailure = (usize, anyhow::Error);
+
+/// Loads the model onto `backend` and measures each batch size of the plan, stopping at the
+/// first that fails: the report holds the rows before it, returned with the failure.
 pub fn run_batched<B: Backend>(
     path: &Path,
     file: &Arc<GgufFile>,
     mut backend: B,
     plan: &BatchedPlan,
-) -> Result<BatchedReport> {
+) -> Result<(BatchedReport, Option<BatchFailure>)> {
     if plan.npp == 0 || plan.ntg == 0 || plan.npl.contains(&0) {
         bail!("--npp, --ntg and every --npl value must be at least 1");
     }
@@ -103,9 +108,15 @@ pub fn run_batched<B: Backend>(
         bail!("{} has an empty vocabulary", path.display());
     }
     let mut rows = Vec::new();
+    let mut failure = None;
     for &b in &plan.npl {
-        let row = measure(&model, &mut backend, plan, b, vocab)
-            .with_context(|| format!("{}: B = {b}", info.name))?;
+        let row = match measure(&model, &mut backend, plan, b, vocab) {
+            Ok(row) => row,
+            Err(e) => {
+                failure = Some((b, e));
+                break;
+            }
+        };
         eprintln!(
             "{}: B = {b}: S_PP {:.2} t/s, S_TG {:.2} t/s",
             info.name,
@@ -114,13 +125,14 @@ pub fn run_batched<B: Backend>(
         );
         rows.push(row);
     }
-    Ok(BatchedReport {
+    let report = BatchedReport {
         info,
         backend: backend.describe(),
         warmup: plan.warmup,
         max_batch: plan.max_batch,
         rows,
-    })
+    };
+    Ok((report, failure))
 }
 
 /// The row of batch size `b`: a context of `b` sequences, warm-up runs, one measured run.

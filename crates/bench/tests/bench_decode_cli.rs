@@ -442,6 +442,42 @@ fn batched_mode_prints_a_row_per_batch_size_in_every_format() {
 }
 
 #[test]
+fn a_batch_size_that_fails_keeps_the_rows_before_it() {
+    // A million million sequences cannot be allocated: that row fails with the allocator's
+    // reason, the B = 2 row before it is printed, and the one after it is not run.
+    let tiny = TinyModel::new("batched-fail");
+    let m = tiny.path().to_str().unwrap();
+    let huge = "1000000000000";
+    let args = [
+        "-m",
+        m,
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--npl",
+        &format!("2,{huge},1"),
+        "--npp",
+        "6",
+        "--ntg",
+        "3",
+        "-o",
+        "json",
+    ];
+    let out = bench(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the huge batch ran: {stderr}");
+    assert!(
+        stderr.contains(&format!("B = {huge}")) && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+    let rows: Value = serde_json::from_slice(&out.stdout).expect("JSON rows on stdout");
+    let rows = rows.as_array().expect("rows");
+    assert_eq!(rows.len(), 1, "only the row before the failure: {rows:?}");
+    assert_eq!(rows[0]["b"], 2);
+}
+
+#[test]
 fn batched_mode_refuses_bad_flags_clearly() {
     let tiny = TinyModel::new("batched-flags");
     let m = tiny.path().to_str().unwrap();

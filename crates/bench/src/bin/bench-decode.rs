@@ -168,6 +168,7 @@ fn run_batched(
         max_batch: settings.gpu_max_batch,
     };
     let mut reports = Vec::new();
+    let mut failed = None;
     for path in &args.models {
         let file = decode::open_model(path)?;
         let work = Batched {
@@ -175,15 +176,32 @@ fn run_batched(
             file: &file,
             plan: &plan,
         };
-        reports.push(choice.backend.run(settings.clone(), work)??);
+        let (report, failure) = choice.backend.run(settings.clone(), work)??;
+        if let Some((b, e)) = failure {
+            failed = Some(e.context(format!("{}: B = {b}", report.info.name)));
+        }
+        reports.push(report);
+        if failed.is_some() {
+            break;
+        }
     }
+    // The rows measured are printed even when a later batch size failed.
+    print_batched(args, &reports)?;
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// The batched rows in the chosen format, on stdout.
+fn print_batched(args: &Args, reports: &[BatchedReport]) -> Result<()> {
     match args.format() {
-        Format::Md => print!("{}", batched_report::markdown_report(&reports)),
+        Format::Md => print!("{}", batched_report::markdown_report(reports)),
         Format::Json => println!(
             "{}",
-            serde_json::to_string_pretty(&batched_report::json_report(&reports))?
+            serde_json::to_string_pretty(&batched_report::json_report(reports))?
         ),
-        Format::Csv => print!("{}", batched_report::csv_report(&reports)),
+        Format::Csv => print!("{}", batched_report::csv_report(reports)),
     }
     Ok(())
 }
@@ -196,9 +214,9 @@ struct Batched<'a> {
 }
 
 impl WithBackend for Batched<'_> {
-    type Output = Result<BatchedReport>;
+    type Output = Result<(BatchedReport, Option<batched::BatchFailure>)>;
 
-    fn run<B: Backend>(self, backend: B) -> Result<BatchedReport> {
+    fn run<B: Backend>(self, backend: B) -> Self::Output {
         batched::run_batched(self.path, self.file, backend, self.plan)
     }
 }
