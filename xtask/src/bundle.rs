@@ -35,6 +35,7 @@ pub struct Args {
 /// Test binaries (`<package>/<target>`) with no GPU test in them: CI runs them on every
 /// machine, so a bundle for the GPU machine (`--gpu-only`) need not carry them.
 pub const CPU_ONLY_TESTS: &[&str] = &[
+    "decode/chat_templates",
     "decode/engine",
     "decode/gemma_reference",
     "decode/generation",

