@@ -48,6 +48,8 @@ pub enum TemplateError {
     Limit { name: String, what: String },
     #[error("rendering the chat template {name} failed: {detail}")]
     Render { name: String, detail: String },
+    #[error("cannot read the chat template {path}: {reason}")]
+    Unreadable { path: String, reason: String },
 }
 
 /// What `strftime_now` reads.
@@ -109,6 +111,26 @@ impl ChatTemplate {
         })
     }
 
+    /// The template for model `file` (named `model` in errors): the one at `path` when given
+    /// (`--chat-template`), else the file's own; either way with the text of the model's BOS
+    /// and EOS tokens.
+    pub fn for_model(
+        file: &gguf_loader::GgufFile,
+        tokenizer: &crate::tokenizer::Tokenizer,
+        model: &str,
+        path: Option<&std::path::Path>,
+    ) -> Result<ChatTemplate, TemplateError> {
+        let Some(path) = path else {
+            return ChatTemplate::from_gguf(file, tokenizer, model);
+        };
+        let source = std::fs::read_to_string(path).map_err(|e| TemplateError::Unreadable {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let (bos, eos) = special_tokens(file, tokenizer);
+        ChatTemplate::new(path.display().to_string(), source, bos, eos)
+    }
+
     /// The template of `file` (its `tokenizer.chat_template`), with the text of its BOS and
     /// EOS tokens from `tokenizer`; [`TemplateError::Missing`] when it has none.
     pub fn from_gguf(
@@ -128,19 +150,8 @@ impl ChatTemplate {
                 detail: format!("the value is {}, not a string", v.type_name()),
             })?,
         };
-        let token = |key: &str| {
-            file.get_u32(key)
-                .ok()
-                .filter(|&id| (id as usize) < tokenizer.len())
-                .map(|id| String::from_utf8_lossy(tokenizer.token_bytes(id)).into_owned())
-                .unwrap_or_default()
-        };
-        ChatTemplate::new(
-            format!("{model}:tokenizer.chat_template"),
-            source,
-            token("tokenizer.ggml.bos_token_id"),
-            token("tokenizer.ggml.eos_token_id"),
-        )
+        let (bos, eos) = special_tokens(file, tokenizer);
+        ChatTemplate::new(format!("{model}:{KEY}"), source, bos, eos)
     }
 
     /// The same template with `strftime_now` reading `now` instead of the system clock.
@@ -191,6 +202,24 @@ impl ChatTemplate {
         }
         Ok(out.0)
     }
+}
+
+/// The text of `file`'s BOS and EOS tokens (empty where it names none).
+fn special_tokens(
+    file: &gguf_loader::GgufFile,
+    tokenizer: &crate::tokenizer::Tokenizer,
+) -> (String, String) {
+    let token = |key: &str| {
+        file.get_u32(key)
+            .ok()
+            .filter(|&id| (id as usize) < tokenizer.len())
+            .map(|id| String::from_utf8_lossy(tokenizer.token_bytes(id)).into_owned())
+            .unwrap_or_default()
+    };
+    (
+        token("tokenizer.ggml.bos_token_id"),
+        token("tokenizer.ggml.eos_token_id"),
+    )
 }
 
 /// A string that refuses to grow past [`MAX_OUTPUT_BYTES`] (one byte over, to tell the cap).

@@ -23,6 +23,7 @@
 pub mod backend;
 pub mod batch;
 pub mod budget_run;
+pub mod chat;
 pub mod chat_template;
 pub mod context;
 pub mod device;

@@ -86,6 +86,18 @@ impl<B: Backend> Session<B> {
         self.context.clear(SEQ);
     }
 
+    /// Keeps the KV cache's first `len` positions and drops the rest: the next token goes to
+    /// position `len` (a conversation that shares a prefix with what the cache holds).
+    pub fn rewind(&mut self, len: usize) -> Result<()> {
+        if len > self.position() {
+            return Err(crate::error::DecodeError::InvalidArgument(format!(
+                "rewinding to position {len}, past the {} the cache holds",
+                self.position()
+            )));
+        }
+        self.context.start(SEQ, len)
+    }
+
     /// Bytes in use, per tag.
     pub fn memory(&self) -> MemoryReport {
         self.backend.memory()

@@ -195,3 +195,116 @@ fn hipdecode_variables_are_checked_on_a_cpu_run_too() {
     );
     std::fs::remove_file(&model).ok();
 }
+
+/// `[P prompt tokens: R from the cache, C computed; A answer tokens, why]` lines of a chat.
+fn turn_counts(stderr: &str) -> Vec<[usize; 4]> {
+    stderr
+        .lines()
+        .filter(|l| l.contains("prompt tokens:"))
+        .filter_map(|l| l.find('[').map(|i| &l[i + 1..]))
+        .map(|l| {
+            let n: Vec<usize> = l
+                .split(|c: char| !c.is_ascii_digit())
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            [n[0], n[1], n[2], n[3]]
+        })
+        .collect()
+}
+
+fn chat(model: &std::path::Path, extra: &[&str], input: &str) -> std::process::Output {
+    use std::io::Write;
+    let template = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/chat_templates/smollm2-135m-instruct.jinja"
+    );
+    let mut child = hipdecode()
+        .args(["chat", "-m"])
+        .arg(model)
+        .args([
+            "--chat-template",
+            template,
+            "--device",
+            "cpu",
+            "--temp",
+            "0",
+        ])
+        .args(extra)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn chat_computes_only_what_follows_the_cached_conversation() {
+    let model = tiny_model("chat");
+    let out = chat(&model, &["-n", "6"], "hello there\nand again\nthird one\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let turns = turn_counts(&stderr);
+    assert_eq!(turns.len(), 3, "{stderr}");
+    // The first turn computes its whole prompt.
+    assert_eq!(turns[0][1], 0, "{stderr}");
+    assert_eq!(turns[0][2], turns[0][0], "{stderr}");
+    for w in turns.windows(2) {
+        let ([prompt, _, _, answer], [next, reused, computed, _]) = (w[0], w[1]);
+        // The cache holds the last prompt and the answer but its last token (sampled, never
+        // fed). The next prompt begins with the last one (but where its last token merges with
+        // what follows), so at least that much is reused; where the answer's text tokenizes
+        // as it was generated, all of it is.
+        assert!(reused + 1 >= prompt && reused < prompt + answer, "{stderr}");
+        assert_eq!(reused + computed, next, "{stderr}");
+    }
+    std::fs::remove_file(&model).ok();
+}
+
+#[test]
+fn chat_says_when_a_message_does_not_fit_and_goes_on() {
+    let model = tiny_model("chat-long");
+    let long = "word ".repeat(200);
+    let out = chat(
+        &model,
+        &["-n", "4", "--ctx", "128"],
+        &format!("{long}\nshort\n"),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("more than the 128") && stderr.contains("/reset"),
+        "{stderr}"
+    );
+    // The short message after it is answered, from an empty conversation.
+    let turns = turn_counts(&stderr);
+    assert_eq!(turns.len(), 1, "{stderr}");
+    assert_eq!(turns[0][1], 0, "{stderr}");
+    std::fs::remove_file(&model).ok();
+}
+
+#[test]
+fn chat_without_a_template_says_so_before_loading() {
+    let model = tiny_model("chat-none");
+    let out = hipdecode()
+        .args(["chat", "-m"])
+        .arg(&model)
+        .args(["--device", "cpu"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("no chat template") && stderr.contains("--chat-template"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    std::fs::remove_file(&model).ok();
+}

@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use decode::backend::gpu::GpuConfig;
-use decode::backend::{Backend, Precision};
+use decode::backend::Backend;
 use decode::context::ContextOptions;
 use decode::device::{self, BackendSettings, DeviceRequest, WithBackend};
 use decode::generate::{generate, StopReason};
@@ -16,6 +16,11 @@ use decode::tokenizer::{TextStream, Tokenizer};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+
+mod args;
+mod chat;
+
+use args::{BackendArgs, SamplingArgs};
 
 #[derive(Parser)]
 #[command(
@@ -32,6 +37,9 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt, streaming tokens as they come.
     Run(RunArgs),
+    /// Chat in the terminal through the model's chat template; each turn computes only what
+    /// follows the part of the conversation the KV cache already holds.
+    Chat(chat::ChatArgs),
     /// Print a GGUF file's metadata and tensors, or export one tensor as .npy.
     Inspect(InspectArgs),
     /// Time every op of decode steps on the GPU: a per-kernel table with bytes moved.
@@ -141,34 +149,10 @@ struct RunArgs {
     /// Tokens to generate at most.
     #[arg(short = 'n', long, default_value_t = 64)]
     n_predict: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long = "temp", default_value_t = 0.8)]
-    temperature: f32,
-    /// Sample from the k most likely tokens only (0: all).
-    #[arg(long, default_value_t = 40)]
-    top_k: usize,
-    /// Sample from the smallest set of tokens whose probability reaches p.
-    #[arg(long, default_value_t = 0.95)]
-    top_p: f32,
-    /// Random seed for sampling.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// auto, cpu or gpu. auto picks the GPU when one is usable, else the CPU.
-    #[arg(long, default_value = "auto")]
-    device: DeviceRequest,
-    /// KV cache size in positions (clamped to the model's context length).
-    #[arg(long, default_value_t = 2048)]
-    ctx: usize,
-    /// CPU threads (default: one per core).
-    #[arg(long)]
-    threads: Option<usize>,
-    /// Multiply by f32 activations instead of 16-bit integer ones (slower; the reference path).
-    #[arg(long)]
-    exact: bool,
-    /// GPU: run every decode step's kernels one by one instead of replaying a captured graph
-    /// (the same tokens, slower; for debugging and comparison).
-    #[arg(long)]
-    no_graph: bool,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[command(flatten)]
+    backend: BackendArgs,
     /// Do not prepend the BOS token.
     #[arg(long)]
     no_bos: bool,
@@ -219,6 +203,7 @@ fn main() -> ExitCode {
 fn dispatch(command: Command) -> Result<()> {
     match command {
         Command::Run(args) => run(args),
+        Command::Chat(args) => chat::chat(args),
         Command::Inspect(args) => inspect(args),
         Command::Profile(args) => profile(args),
         Command::Plan(args) => plan(args),
@@ -261,23 +246,12 @@ fn env(args: &EnvArgs) {
 }
 
 fn run(args: RunArgs) -> Result<()> {
-    let choice = device::choose(args.device)?;
+    let choice = device::choose(args.backend.device)?;
     if let Some(note) = &choice.note {
         eprintln!("note: {note}");
     }
-    if let Some(t) = args.threads {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(t.max(1))
-            .build_global()
-            .context("setting the thread count")?;
-    }
-    let sampler = SamplerConfig {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        seed: args.seed,
-    };
-    sampler.validate()?;
+    let base = args.backend.settings()?;
+    let sampler = args.sampling.config()?;
     let file = decode::open_model(&args.model)?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
     // Read once: the plan prices what the backend then opens with.
@@ -287,22 +261,16 @@ fn run(args: RunArgs) -> Result<()> {
         &file,
         args.gpu_budget.as_deref(),
         args.host_budget.as_deref(),
-        decode::layout::LayoutOptions::for_config(args.ctx, &gpu_config),
+        decode::layout::LayoutOptions::for_config(args.backend.ctx, &gpu_config),
         gpu_config.cpu_share,
     )?;
     if let Some(b) = &budget_run {
         eprint!("{}", b.summary());
     }
     let settings = BackendSettings {
-        cpu_precision: if args.exact {
-            Precision::Exact
-        } else {
-            Precision::Fast
-        },
-        gpu_graphs: !args.no_graph,
         gpu_offload: budget_run.map(|b| b.offload),
         gpu_config: Some(gpu_config),
-        ..BackendSettings::default()
+        ..base
     };
     choice.backend.run(
         settings,
@@ -420,7 +388,7 @@ impl WithBackend for Generation<'_> {
             sampler,
         } = self;
         let options = ContextOptions {
-            context: args.ctx,
+            context: args.backend.ctx,
             ..Default::default()
         };
         let mut model = Session::load(file, backend, options)?;
