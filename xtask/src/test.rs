@@ -1,7 +1,7 @@
 //! `cargo xtask test`: the README's test command for a fresh machine.
 //!
 //! It installs the Python reference tools the tests compare against, fetches the real test
-//! model, writes the small synthetic `tiny-*` models (as `cargo xtask synth-model` would),
+//! models (Gemma 3 270M and SmolLM2-135M-Instruct), writes the small synthetic `tiny-*` models (as `cargo xtask synth-model` would),
 //! self-tests the references on all of them, then runs the whole workspace's tests. Before all
 //! that it checks the crates' import cycles against their allowlist (`cargo xtask cycles`),
 //! which takes a moment and needs nothing installed. Real-model
@@ -37,12 +37,17 @@ pub fn run(args: Args) -> Result<()> {
     if !args.offline {
         install_python_reference(&root)?;
         let xtask = std::env::current_exe().context("locating the xtask binary")?;
-        run_step(
-            "fetch the Gemma 3 270M test model",
-            Command::new(xtask)
-                .current_dir(&root)
-                .args(["fetch-model", "gemma3-270m"]),
-        )?;
+        for (what, name) in [
+            ("fetch the Gemma 3 270M test model", "gemma3-270m"),
+            ("fetch the SmolLM2-135M-Instruct test model", "smollm2-135m"),
+        ] {
+            run_step(
+                what,
+                Command::new(&xtask)
+                    .current_dir(&root)
+                    .args(["fetch-model", name]),
+            )?;
+        }
         eprintln!("==> write the synthetic tiny-* models for the reference self-test");
         crate::models::synth_tiny_presets(&crate::models::models_dir())?;
         run_step(

@@ -27,8 +27,8 @@ pub fn run_plan<B: Backend>(
     scheduler: &Scheduler,
     plan: &StepPlan,
 ) -> Result<Vec<u32>> {
-    for &(seq, len) in &plan.started {
-        ctx.start(seq, len)?;
+    for (seq, prefix) in &plan.started {
+        ctx.start(*seq, prefix)?;
     }
     if plan.batch.is_empty() {
         return Ok(Vec::new());

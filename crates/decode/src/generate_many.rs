@@ -177,7 +177,7 @@ pub fn generate_many<B: Backend>(
         // slot's first row is its request's.
         for (r, row) in plan.batch.rows().enumerate() {
             let first = plan.batch.rows().position(|o| o.seq == row.seq) == Some(r);
-            if first && plan.started.iter().any(|&(slot, _)| slot == row.seq) {
+            if first && plan.started.iter().any(|(slot, _)| *slot == row.seq) {
                 if let Some(t) = tracked.get_mut(&plan.requests[r]) {
                     reports[t.request].seq = Some(row.seq);
                     reports[t.request].queued = step_start - t_start;

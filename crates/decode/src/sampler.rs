@@ -1,6 +1,23 @@
-//! Choosing the next token from logits: greedy, or temperature with top-k and top-p, seeded.
+//! Choosing the next token from logits: greedy, or temperature with top-k, top-p and min-p,
+//! seeded, after penalties for the tokens the sequence has seen.
+//!
+//! The chain, in order (each step on what the step before kept):
+//! 1. penalties over the last `repeat_last_n` tokens of the sequence (prompt included), per
+//!    token t seen c times: llama.cpp's repeat penalty (a positive logit divided by
+//!    `repeat_penalty`, a negative one multiplied), then OpenAI's `logit -= c *
+//!    frequency_penalty + presence_penalty` (c > 0);
+//! 2. greedy (temperature 0) takes the largest logit here;
+//! 3. top-k: the k largest logits;
+//! 4. temperature: `softmax(logit / temperature)`;
+//! 5. top-p: the smallest most-likely-first prefix whose probability reaches p;
+//! 6. min-p (llama.cpp's): the tokens whose probability at temperature 1 is at least `min_p`
+//!    times the most likely one's, that is `logit >= max + ln(min_p)`;
+//! 7. one seeded uniform draw over what is left.
 
 use crate::error::{DecodeError, Result};
+
+/// Most tokens the penalties look back over.
+pub const MAX_REPEAT_LAST_N: usize = 4096;
 
 /// Sampling settings. `temperature == 0` means greedy.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -10,23 +27,57 @@ pub struct SamplerConfig {
     pub top_k: usize,
     /// Keep the smallest set of most likely tokens whose probability reaches p; 1 keeps all.
     pub top_p: f32,
+    /// Keep the tokens at least this likely relative to the most likely one; 0 keeps all.
+    pub min_p: f32,
+    /// Divides a seen token's positive logit and multiplies its negative one; 1 is off.
+    pub repeat_penalty: f32,
+    /// Subtracted once from the logit of every seen token; 0 is off.
+    pub presence_penalty: f32,
+    /// Subtracted from a seen token's logit per time it was seen; 0 is off.
+    pub frequency_penalty: f32,
+    /// Tokens the penalties look back over (at most [`MAX_REPEAT_LAST_N`]).
+    pub repeat_last_n: usize,
     pub seed: u64,
 }
 
 impl Default for SamplerConfig {
     fn default() -> Self {
-        SamplerConfig {
-            temperature: 0.0,
-            top_k: 40,
-            top_p: 0.95,
-            seed: 0,
-        }
+        SamplerConfig::GREEDY
     }
 }
 
 impl SamplerConfig {
+    /// Greedy, no penalties; the other steps at their usual values for when a temperature is
+    /// set. The default, usable in constants.
+    pub const GREEDY: SamplerConfig = SamplerConfig {
+        temperature: 0.0,
+        top_k: 40,
+        top_p: 0.95,
+        min_p: 0.0,
+        repeat_penalty: 1.0,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+        repeat_last_n: 64,
+        seed: 0,
+    };
+
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0
+    }
+
+    /// Whether any penalty changes the logits.
+    pub fn has_penalties(&self) -> bool {
+        self.repeat_last_n > 0
+            && (self.repeat_penalty != 1.0
+                || self.presence_penalty != 0.0
+                || self.frequency_penalty != 0.0)
+    }
+
+    /// Whether the chain needs what only the host has: the sequence's tokens (penalties) or a
+    /// step the device sampler lacks (min-p). A backend that samples on the device leaves
+    /// these to the host.
+    pub fn needs_host(&self) -> bool {
+        self.has_penalties() || self.min_p > 0.0
     }
 
     /// Rejects settings that have no meaning, naming the bad one.
@@ -43,7 +94,59 @@ impl SamplerConfig {
                 self.top_p
             )));
         }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(DecodeError::InvalidArgument(format!(
+                "--min-p must be in [0, 1], got {}",
+                self.min_p
+            )));
+        }
+        if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
+            return Err(DecodeError::InvalidArgument(format!(
+                "--repeat-penalty must be a finite number > 0, got {}",
+                self.repeat_penalty
+            )));
+        }
+        for (name, v) in [
+            ("--presence-penalty", self.presence_penalty),
+            ("--frequency-penalty", self.frequency_penalty),
+        ] {
+            if !(v.is_finite() && (-2.0..=2.0).contains(&v)) {
+                return Err(DecodeError::InvalidArgument(format!(
+                    "{name} must be in [-2, 2] (OpenAI's range), got {v}"
+                )));
+            }
+        }
+        if self.repeat_last_n > MAX_REPEAT_LAST_N {
+            return Err(DecodeError::InvalidArgument(format!(
+                "--repeat-last-n must be at most {MAX_REPEAT_LAST_N}, got {}",
+                self.repeat_last_n
+            )));
+        }
         Ok(())
+    }
+}
+
+/// Step 1 of the chain: `logits` with the penalties of `config` for the tokens in `recent`
+/// (the sequence's tokens, oldest first; the last `repeat_last_n` count).
+pub fn apply_penalties(logits: &mut [f32], recent: &[u32], config: &SamplerConfig) {
+    if !config.has_penalties() {
+        return;
+    }
+    let window = &recent[recent.len().saturating_sub(config.repeat_last_n)..];
+    let mut counts: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+    for &t in window {
+        *counts.entry(t).or_default() += 1;
+    }
+    for (&t, &c) in &counts {
+        let Some(l) = logits.get_mut(t as usize) else {
+            continue;
+        };
+        if *l > 0.0 {
+            *l /= config.repeat_penalty;
+        } else {
+            *l *= config.repeat_penalty;
+        }
+        *l -= c as f32 * config.frequency_penalty + config.presence_penalty;
     }
 }
 
@@ -84,11 +187,57 @@ impl Sampler {
         self.rng.next_f64()
     }
 
-    /// The sampling rule for a given `draw` (see [`Sampler::next_draw`]).
+    /// The sampling rule for a given `draw` (see [`Sampler::next_draw`]), with no penalties.
     pub fn sample_with_draw(&mut self, logits: &[f32], draw: f64) -> u32 {
+        self.sample_after_penalties(logits, draw)
+    }
+
+    /// The whole chain for a given `draw`, the penalties over `recent` (the sequence's tokens,
+    /// oldest first) included.
+    pub fn sample_with_history(&mut self, logits: &mut [f32], recent: &[u32], draw: f64) -> u32 {
+        apply_penalties(logits, recent, &self.config);
+        self.sample_after_penalties(logits, draw)
+    }
+
+    /// The distribution the draw picks from, after the whole chain (penalties over `recent`
+    /// included): the kept tokens, most likely first, with probabilities that sum to 1. Greedy
+    /// gives the one largest logit.
+    pub fn distribution(&mut self, logits: &mut [f32], recent: &[u32]) -> Vec<(u32, f64)> {
+        apply_penalties(logits, recent, &self.config);
+        if self.config.is_greedy() {
+            let best = rocm_kernels::reference::sampling::argmax(logits) as u32;
+            return vec![(best, 1.0)];
+        }
+        self.weigh(logits);
+        let total: f64 = self.candidates.iter().map(|&(_, v)| v as f64).sum();
+        (self.candidates.iter())
+            .map(|&(id, v)| (id, v as f64 / total))
+            .collect()
+    }
+
+    fn sample_after_penalties(&mut self, logits: &[f32], draw: f64) -> u32 {
         if self.config.is_greedy() {
             return rocm_kernels::reference::sampling::argmax(logits) as u32;
         }
+        self.weigh(logits);
+        let c = &self.candidates;
+        if c.is_empty() {
+            return 0;
+        }
+        let total: f64 = c.iter().map(|(_, v)| *v as f64).sum();
+        let mut r = draw * total;
+        for &(id, v) in c.iter() {
+            r -= v as f64;
+            if r < 0.0 {
+                return id;
+            }
+        }
+        c[c.len() - 1].0
+    }
+
+    /// Steps 3 to 6 of the chain: the kept candidates, most likely first, with weights
+    /// proportional to their probabilities (none when every logit is NaN).
+    fn weigh(&mut self, logits: &[f32]) {
         let c = &mut self.candidates;
         c.clear();
         c.extend(
@@ -99,7 +248,7 @@ impl Sampler {
                 .map(|(i, &v)| (i as u32, v)),
         );
         if c.is_empty() {
-            return 0;
+            return;
         }
         let k = if self.config.top_k == 0 {
             c.len()
@@ -112,6 +261,8 @@ impl Sampler {
         }
         c.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         let max = c[0].1;
+        // Min-p on the logits, before the temperature changes them: p / p_max >= min_p.
+        let min_logit = (self.config.min_p > 0.0).then(|| max + self.config.min_p.ln());
         let inv_t = 1.0 / self.config.temperature;
         let mut sum = 0.0f64;
         for (_, v) in c.iter_mut() {
@@ -129,15 +280,18 @@ impl Sampler {
             }
         }
         c.truncate(keep);
-        let total: f64 = c.iter().map(|(_, v)| *v as f64).sum();
-        let mut r = draw * total;
-        for &(id, v) in c.iter() {
-            r -= v as f64;
-            if r < 0.0 {
-                return id;
-            }
+        if let Some(floor) = min_logit {
+            // The candidates are sorted, most likely first; the most likely always stays. A
+            // kept candidate's value is exp((logit - max) / t), so logit >= floor is value >=
+            // exp((floor - max) / t).
+            let value_floor = ((floor - max) * inv_t).exp();
+            let kept = c
+                .iter()
+                .take_while(|(_, v)| *v >= value_floor)
+                .count()
+                .max(1);
+            c.truncate(kept);
         }
-        c[c.len() - 1].0
     }
 }
 
@@ -169,7 +323,55 @@ mod tests {
             top_k,
             top_p,
             seed,
+            ..SamplerConfig::default()
         }
+    }
+
+    #[test]
+    fn min_p_keeps_the_tokens_near_the_most_likely_one() {
+        // Relative to the first: e^-0.5 = 0.61, e^-1 = 0.37, e^-3 = 0.05. min_p = 0.3 keeps
+        // three, whatever the temperature.
+        let logits = [3.0, 2.5, 2.0, 0.0];
+        for t in [0.5, 1.0, 2.0] {
+            let mut s = Sampler::new(SamplerConfig {
+                min_p: 0.3,
+                ..cfg(t, 0, 1.0, 9)
+            })
+            .unwrap();
+            let mut seen = [0usize; 4];
+            for _ in 0..3000 {
+                seen[s.sample(&logits) as usize] += 1;
+            }
+            assert_eq!(seen[3], 0, "t {t}: {seen:?}");
+            assert!(seen[2] > 0, "t {t}: {seen:?}");
+        }
+    }
+
+    #[test]
+    fn penalties_push_seen_tokens_down_and_greedy_follows() {
+        let c = SamplerConfig {
+            repeat_penalty: 2.0,
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            ..SamplerConfig::default()
+        };
+        let mut logits = [4.0, -1.0, 3.0, 0.5];
+        // Token 0 seen twice, token 1 once; token 3 only outside the window of 64.
+        let mut recent = vec![3u32];
+        recent.extend(std::iter::repeat_n(2u32, 0));
+        recent.extend(std::iter::repeat_n(7u32, 63));
+        recent.extend([0, 1, 0]);
+        apply_penalties(&mut logits, &recent, &c);
+        assert_eq!(logits, [4.0 / 2.0 - 0.5 - 0.5, -2.0 - 0.25 - 0.5, 3.0, 0.5]);
+        let mut s = Sampler::new(c).unwrap();
+        let mut raw = [4.0, -1.0, 3.0, 0.5];
+        assert_eq!(s.sample_with_history(&mut raw, &recent, 0.5), 2);
+        assert!(SamplerConfig {
+            frequency_penalty: 2.5,
+            ..c
+        }
+        .validate()
+        .is_err());
     }
 
     #[test]

@@ -97,9 +97,9 @@ pub struct StepPlan {
     /// Requests preempted while planning: their slots were cleared and they wait to be
     /// recomputed.
     pub preempted: Vec<RequestId>,
-    /// Slots whose sequence starts in this step, each with the positions its blocks already
-    /// hold (a prefix found in the prefix cache; 0 without): the context restarts them there.
-    pub started: Vec<(SeqId, usize)>,
+    /// Slots whose sequence starts in this step, each with the tokens its blocks already hold
+    /// (a prefix found in the prefix cache; none without): the context restarts them there.
+    pub started: Vec<(SeqId, Vec<u32>)>,
 }
 
 struct Sequence {
@@ -384,7 +384,7 @@ impl Scheduler {
             }
             s.slot = self.free_slots.pop();
             if let Some(slot) = s.slot {
-                plan.started.push((slot, s.computed));
+                plan.started.push((slot, s.tokens[..s.computed].to_vec()));
             }
             self.clock += 1;
             s.admitted = self.clock;

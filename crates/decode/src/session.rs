@@ -95,7 +95,7 @@ impl<B: Backend> Session<B> {
                 self.position()
             )));
         }
-        self.context.start(SEQ, len)
+        self.context.truncate(SEQ, len)
     }
 
     /// Bytes in use, per tag.

@@ -308,3 +308,36 @@ fn chat_without_a_template_says_so_before_loading() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     std::fs::remove_file(&model).ok();
 }
+
+#[test]
+fn a_sampled_run_prints_its_random_seed_and_the_seed_repeats_it() {
+    let model = tiny_model("seed");
+    let run = |extra: &[&str]| {
+        hipdecode()
+            .args(["run", "-m"])
+            .arg(&model)
+            .args([
+                "-p", "hello", "-n", "12", "--temp", "1.0", "--device", "cpu",
+            ])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let first = run(&[]);
+    let stderr = String::from_utf8_lossy(&first.stderr);
+    assert!(first.status.success(), "{stderr}");
+    let seed = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("sampling seed "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no seed printed: {stderr}"))
+        .to_string();
+    let again = run(&["--seed", &seed]);
+    assert!(again.status.success());
+    assert_eq!(
+        first.stdout, again.stdout,
+        "the printed seed repeats the run"
+    );
+    assert!(!String::from_utf8_lossy(&again.stderr).contains("sampling seed"));
+    std::fs::remove_file(&model).ok();
+}

@@ -39,6 +39,7 @@ fn sampled(seed: u64) -> SamplerConfig {
         top_k: 30,
         top_p: 0.9,
         seed,
+        ..SamplerConfig::default()
     }
 }
 

@@ -107,6 +107,7 @@ fn seeded_sampling_repeats_and_the_context_bound_is_enforced() {
         top_k: 0,
         top_p: 1.0,
         seed: 11,
+        ..SamplerConfig::default()
     };
     let prompt = [2u32, 10, 20, 30];
     let a = generate(&mut model, &prompt, 6, cfg, &|_| false, &mut |_| {}).unwrap();
@@ -139,4 +140,33 @@ fn out_of_vocabulary_tokens_are_rejected() {
         Err(DecodeError::TokenOutOfRange { id, .. }) => assert_eq!(id, vocab),
         other => panic!("expected TokenOutOfRange, got {other:?}"),
     }
+}
+
+#[test]
+fn penalties_steer_greedy_generation_away_from_seen_tokens() {
+    let mut model = tiny(Preset::TinyQwen3, "penalties", opts(64, false));
+    let prompt = [1u32, 2, 3];
+    let never = |_: u32| false;
+    let plain = SamplerConfig::default();
+    let all = generate(&mut model, &prompt, 24, plain, &never, &mut |_| {}).unwrap();
+    let repeats = |tokens: &[u32]| {
+        let mut seen = std::collections::HashSet::new();
+        tokens.iter().filter(|t| !seen.insert(**t)).count()
+    };
+    assert!(
+        repeats(&all.tokens) > 0,
+        "greedy repeats itself here: {:?}",
+        all.tokens
+    );
+    model.reset();
+    let penalized = SamplerConfig {
+        repeat_penalty: 1000.0,
+        presence_penalty: 2.0,
+        ..plain
+    };
+    let varied = generate(&mut model, &prompt, 24, penalized, &never, &mut |_| {}).unwrap();
+    // Every token seen (the prompt's too) is pushed below the unseen ones.
+    let mut with_prompt = prompt.to_vec();
+    with_prompt.extend(&varied.tokens);
+    assert_eq!(repeats(&with_prompt), 0, "{:?}", varied.tokens);
 }

@@ -83,6 +83,7 @@ const SAMPLED: SamplerConfig = SamplerConfig {
     top_k: 40,
     top_p: 0.95,
     seed: 42,
+    ..SamplerConfig::GREEDY
 };
 
 /// One golden entry: the prompt's ids (with BOS where the vocabulary has one), the greedy

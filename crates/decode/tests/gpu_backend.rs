@@ -219,6 +219,7 @@ fn sampled_continuations_on_the_device_match_the_cpu() {
         top_k: 40,
         top_p: 0.95,
         seed: 7,
+        ..SamplerConfig::default()
     };
     for preset in [Preset::TinyLlama, Preset::TinyGemma3] {
         let file = Arc::new(preset_file(preset));

@@ -47,6 +47,7 @@ fn sampler(seed: u64) -> SamplerConfig {
         top_k: 20,
         top_p: 0.95,
         seed,
+        ..SamplerConfig::default()
     }
 }
 

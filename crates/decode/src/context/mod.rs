@@ -91,6 +91,18 @@ struct Sequence {
     /// The sampler of its [`crate::batch::RowOutput::Sample`] rows, made from the first such
     /// row's settings and seed and kept while they stay the same.
     sampler: Option<Sampler>,
+    /// Its last tokens (at most [`crate::sampler::MAX_REPEAT_LAST_N`]) with their positions,
+    /// oldest first: what the sampler's penalties look back over.
+    recent: std::collections::VecDeque<(usize, u32)>,
+}
+
+impl Sequence {
+    fn remember(&mut self, pos: usize, token: u32) {
+        if self.recent.len() == crate::sampler::MAX_REPEAT_LAST_N {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((pos, token));
+    }
 }
 
 /// A token drawn for a row that asked for one.
@@ -270,27 +282,58 @@ impl<B: Backend> Context<B> {
         self.outputs.retain(|&(_, s)| s != seq);
     }
 
-    /// Starts sequence `seq` anew with its first `len` positions already in its blocks (a
-    /// prefix another sequence computed, found in the prefix cache): its next row is at `len`,
-    /// and its sampler is dropped.
-    pub fn start(&mut self, seq: SeqId, len: usize) -> Result<()> {
-        if len > self.capacity() {
+    /// Starts sequence `seq` anew with `prefix` already in its blocks (a prefix another
+    /// sequence computed, found in the prefix cache): its next row is at `prefix.len()`, the
+    /// prefix's tokens count for the penalties, and its sampler is dropped.
+    pub fn start(&mut self, seq: SeqId, prefix: &[u32]) -> Result<()> {
+        if prefix.len() > self.capacity() {
             return Err(DecodeError::ContextFull {
-                needed: len,
+                needed: prefix.len(),
                 capacity: self.capacity(),
             });
         }
         self.clear(seq);
-        match self.sequences.get_mut(seq) {
-            Some(s) => {
-                s.len = len;
-                Ok(())
-            }
-            None => Err(DecodeError::InvalidArgument(format!(
-                "sequence {seq} in a context of {} sequences",
-                self.sequences.len()
-            ))),
+        let s = self.sequence_mut(seq)?;
+        s.len = prefix.len();
+        let skip = prefix
+            .len()
+            .saturating_sub(crate::sampler::MAX_REPEAT_LAST_N);
+        for (pos, &t) in prefix.iter().enumerate().skip(skip) {
+            s.remember(pos, t);
         }
+        Ok(())
+    }
+
+    /// Keeps sequence `seq`'s first `len` positions and drops the rest (its next row is at
+    /// `len`), and its sampler.
+    pub fn truncate(&mut self, seq: SeqId, len: usize) -> Result<()> {
+        let s = self.sequence_mut(seq)?;
+        if len > s.len {
+            return Err(DecodeError::InvalidArgument(format!(
+                "truncating sequence {seq} to {len} positions, past the {} it holds",
+                s.len
+            )));
+        }
+        s.len = len;
+        s.sampler = None;
+        s.recent.retain(|&(pos, _)| pos < len);
+        self.outputs.retain(|&(_, s)| s != seq);
+        Ok(())
+    }
+
+    /// Sequence `seq`'s last tokens, oldest first (what the penalties look back over).
+    pub fn recent_tokens(&self, seq: SeqId) -> Vec<u32> {
+        self.sequences
+            .get(seq)
+            .map(|s| s.recent.iter().map(|&(_, t)| t).collect())
+            .unwrap_or_default()
+    }
+
+    fn sequence_mut(&mut self, seq: SeqId) -> Result<&mut Sequence> {
+        let n = self.sequences.len();
+        self.sequences.get_mut(seq).ok_or_else(|| {
+            DecodeError::InvalidArgument(format!("sequence {seq} in a context of {n} sequences"))
+        })
     }
 
     /// Starts sequence `seq`'s sampling stream again from its seed at its next sampled row.
@@ -394,8 +437,10 @@ impl<B: Backend> Context<B> {
     /// Records a step that ran: each sequence's new length and the rows whose logits the
     /// logits buffer holds.
     pub(crate) fn finish_step(&mut self, batch: &crate::batch::StepBatch) {
-        for &seq in batch.sequences() {
-            self.sequences[seq].len += 1;
+        for row in batch.rows() {
+            let s = &mut self.sequences[row.seq];
+            s.len += 1;
+            s.remember(row.pos, row.token);
         }
         self.outputs.clear();
         if self.options.all_logits {

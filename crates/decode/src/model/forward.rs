@@ -230,15 +230,25 @@ impl<B: Backend> Model<B> {
             };
             let seq = batch.sequences()[row];
             let index = ctx.output_index(row)?;
-            let token = if config.is_greedy() {
+            let token = if config.is_greedy() && !config.has_penalties() {
                 backend.argmax(&ctx.act.logits, index, vocab)?
             } else {
-                let draw = ctx.sampler(seq, &config)?.next_draw();
-                match backend.sample(&ctx.act.logits, index, vocab, &config, draw)? {
+                // A greedy chain draws nothing: its stream stays where it was.
+                let draw = if config.is_greedy() {
+                    0.0
+                } else {
+                    ctx.sampler(seq, &config)?.next_draw()
+                };
+                let on_device = match config.needs_host() {
+                    false => backend.sample(&ctx.act.logits, index, vocab, &config, draw)?,
+                    true => None,
+                };
+                match on_device {
                     Some(token) => token,
                     None => {
                         ctx.read_logits(backend, row, &mut logits)?;
-                        ctx.sampler(seq, &config)?.sample_with_draw(&logits, draw)
+                        let recent = ctx.recent_tokens(seq);
+                        (ctx.sampler(seq, &config)?).sample_with_history(&mut logits, &recent, draw)
                     }
                 }
             };

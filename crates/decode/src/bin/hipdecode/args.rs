@@ -17,22 +17,64 @@ pub struct SamplingArgs {
     /// Sample from the smallest set of tokens whose probability reaches p.
     #[arg(long, default_value_t = 0.95)]
     pub top_p: f32,
-    /// Random seed for sampling.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    /// Sample from the tokens at least this likely relative to the most likely one (0: all).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Divide a recent token's positive logit (multiply its negative one) by this (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Subtract this from the logit of every recent token (0: off; -2 to 2).
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    /// Subtract this per time a recent token appeared (0: off; -2 to 2).
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Tokens the penalties look back over, the prompt's included.
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Random seed for sampling (default: a random one, printed so the run can be repeated).
+    #[arg(long)]
+    pub seed: Option<u64>,
 }
 
 impl SamplingArgs {
+    /// The settings, checked; without `--seed`, with a random seed ([`SamplingArgs::seed_note`]
+    /// says which).
     pub fn config(&self) -> Result<SamplerConfig> {
+        let seed = self.seed.unwrap_or_else(random_seed);
         let sampler = SamplerConfig {
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
-            seed: self.seed,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed,
         };
         sampler.validate()?;
         Ok(sampler)
     }
+
+    /// The line that tells a sampled run's random seed, printed once the model is loaded.
+    pub fn seed_note(&self, config: &SamplerConfig) -> Option<String> {
+        let seed = config.seed;
+        (self.seed.is_none() && !config.is_greedy())
+            .then(|| format!("sampling seed {seed} (--seed {seed} repeats this run)"))
+    }
+}
+
+/// A seed from the standard library's per-process random hasher keys.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
 }
 
 /// Where and how the model runs (`run` and `chat`).

@@ -103,6 +103,9 @@ impl WithBackend for Conversation<'_> {
             template.name(),
             session.options().context
         );
+        if let Some(note) = args.sampling.seed_note(&sampler) {
+            eprintln!("{note}");
+        }
         let mut chat = Chat::new(session, tokenizer, template, args.system.clone());
         let mut lines = std::io::stdin().lock().lines();
         loop {

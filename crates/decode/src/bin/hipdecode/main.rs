@@ -400,6 +400,9 @@ impl WithBackend for Generation<'_> {
             prompt.len(),
             model.options().context
         );
+        if let Some(note) = args.sampling.seed_note(&sampler) {
+            eprintln!("{note}");
+        }
         print!("{}", args.prompt);
         std::io::stdout().flush().ok();
         let mut stream = TextStream::new(tokenizer);
