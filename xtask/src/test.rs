@@ -1,8 +1,9 @@
 //! `cargo xtask test`: the README's test command for a fresh machine.
 //!
 //! It installs the Python reference tools the tests compare against, fetches the real test
-//! models (Gemma 3 270M and SmolLM2-135M-Instruct), writes the small synthetic `tiny-*` models (as `cargo xtask synth-model` would),
-//! self-tests the references on all of them, then runs the whole workspace's tests. Before all
+//! models (Gemma 3 270M and SmolLM2-135M-Instruct), writes the small synthetic `tiny-*`
+//! models (as `cargo xtask synth-model` would), self-tests the references on all of them, then
+//! runs the whole workspace's tests. Before all
 //! that it checks the crates' import cycles against their allowlist (`cargo xtask cycles`),
 //! which takes a moment and needs nothing installed. Real-model
 //! tests, Python and Rust, are required to run here (`HIPDECODE_REQUIRE_MODELS=1`), so a missing
