@@ -112,6 +112,13 @@ impl<'t, B: Backend> Chat<'t, B> {
                 return Err(e);
             }
         };
+        if prompt.is_empty() {
+            self.messages.pop();
+            return Err(TurnError::Template(TemplateError::Render {
+                name: self.template.name().to_string(),
+                detail: "the conversation rendered to no tokens".into(),
+            }));
+        }
         let context = self.session.options().context;
         if prompt.len() >= context {
             self.messages.pop();

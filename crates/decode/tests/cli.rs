@@ -341,3 +341,36 @@ fn a_sampled_run_prints_its_random_seed_and_the_seed_repeats_it() {
     assert!(!String::from_utf8_lossy(&again.stderr).contains("sampling seed"));
     std::fs::remove_file(&model).ok();
 }
+
+#[test]
+fn a_template_that_renders_nothing_is_an_error_and_the_chat_goes_on() {
+    let model = tiny_model("chat-empty");
+    let empty = common::scratch_dir().join(format!("empty-{}.jinja", std::process::id()));
+    std::fs::write(&empty, "{# nothing #}").unwrap();
+    let out = hipdecode()
+        .args(["chat", "-m"])
+        .arg(&model)
+        .arg("--chat-template")
+        .arg(&empty)
+        .args(["--device", "cpu", "--temp", "0", "-n", "2"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(b"hi\nagain\n")?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        stderr.matches("rendered to no tokens").count(),
+        2,
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    std::fs::remove_file(&model).ok();
+    std::fs::remove_file(&empty).ok();
+}
