@@ -10,8 +10,10 @@ use crate::error::DecodeError;
 use crate::generate::{generate, StopReason};
 use crate::sampler::SamplerConfig;
 use crate::session::Session;
+use crate::stop_strings::StopStrings;
 use crate::tokenizer::{TextStream, Tokenizer};
 use serde_json::{json, Value};
+use std::cell::Cell;
 
 /// Why a turn could not run.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +42,8 @@ pub struct TurnReport {
     pub answer: String,
     pub answer_tokens: usize,
     pub stop: StopReason,
+    /// The answer ended at one of the chat's stop strings (which its text leaves out).
+    pub stop_string: bool,
 }
 
 /// A conversation and the tokens its session's KV cache holds.
@@ -48,6 +52,8 @@ pub struct Chat<'t, B: Backend> {
     tokenizer: &'t Tokenizer,
     template: ChatTemplate,
     system: Option<String>,
+    /// Texts that end an answer where they appear.
+    stops: Vec<String>,
     messages: Vec<Value>,
     /// The tokens whose keys and values are in the cache, in order.
     cached: Vec<u32>,
@@ -66,11 +72,17 @@ impl<'t, B: Backend> Chat<'t, B> {
             tokenizer,
             template,
             system,
+            stops: Vec::new(),
             messages: Vec::new(),
             cached: Vec::new(),
         };
         chat.reset();
         chat
+    }
+
+    /// Ends every answer where one of `stops` appears in its text (`--stop`).
+    pub fn with_stop_strings(self, stops: Vec<String>) -> Chat<'t, B> {
+        Chat { stops, ..self }
     }
 
     /// Forgets the conversation (the system message stays); the cache is reused where the next
@@ -138,22 +150,26 @@ impl<'t, B: Backend> Chat<'t, B> {
         let room = context - prompt.len();
         let tokenizer = self.tokenizer;
         let mut stream = TextStream::new(tokenizer);
+        let mut stops = StopStrings::new(self.stops.iter().cloned());
+        let at_stop_string = Cell::new(false);
         let mut answer = String::new();
         let report = generate(
             &mut self.session,
             &prompt[shared..],
             max_tokens.min(room),
             sampler,
-            &|id| tokenizer.is_stop(id) || interrupted(),
+            &|id| tokenizer.is_stop(id) || at_stop_string.get() || interrupted(),
             &mut |id| {
                 if !tokenizer.is_stop(id) {
-                    let text = stream.push(id);
-                    answer.push_str(&text);
-                    on_text(&text);
+                    let shown = stops.push(&stream.push(id));
+                    answer.push_str(&shown);
+                    on_text(&shown);
+                    at_stop_string.set(stops.stopped());
                 }
             },
         )?;
-        let tail = stream.finish();
+        let mut tail = stops.push(&stream.finish());
+        tail.push_str(&stops.finish());
         answer.push_str(&tail);
         on_text(&tail);
         // The cache holds the prompt and every answer token but the last (sampled, not fed).
@@ -171,6 +187,7 @@ impl<'t, B: Backend> Chat<'t, B> {
             answer,
             answer_tokens,
             stop: report.stop,
+            stop_string: stops.stopped(),
         })
     }
 

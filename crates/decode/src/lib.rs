@@ -44,6 +44,7 @@ pub mod quant;
 pub mod sampler;
 pub mod scheduler;
 pub mod session;
+pub mod stop_strings;
 pub mod tokenizer;
 
 pub use error::{DecodeError, Result};

@@ -374,3 +374,63 @@ fn a_template_that_renders_nothing_is_an_error_and_the_chat_goes_on() {
     std::fs::remove_file(&model).ok();
     std::fs::remove_file(&empty).ok();
 }
+
+#[test]
+fn a_stop_string_ends_the_text_before_it_in_run_and_chat() {
+    let model = tiny_model("stop");
+    // Greedy continuations of the tiny model, without and with a stop string drawn from the
+    // first: the stop string's text and what follows are never printed.
+    let run = |extra: &[&str]| {
+        let out = hipdecode()
+            .args(["run", "-m"])
+            .arg(&model)
+            .args([
+                "-p",
+                "hello world",
+                "-n",
+                "12",
+                "--temp",
+                "0",
+                "--device",
+                "cpu",
+            ])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (full, _) = run(&[]);
+    let continuation = full
+        .trim_end_matches('\n')
+        .strip_prefix("hello world")
+        .unwrap();
+    let chars: Vec<char> = continuation.chars().collect();
+    assert!(chars.len() >= 6, "{continuation:?}");
+    // A stop string that begins at the continuation's third character.
+    let stop: String = chars[2..5].iter().collect();
+    let at = continuation.find(&stop).unwrap();
+    let (stopped, stderr) = run(&["--stop", &stop]);
+    assert_eq!(
+        stopped,
+        format!("hello world{}\n", &continuation[..at]),
+        "stop {stop:?}"
+    );
+    assert!(stderr.contains("stopped at stop string"), "{stderr}");
+    // The chat leaves it out of the answer too.
+    let out = chat(&model, &["-n", "12", "--stop", &stop], "hi\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("stop string]") || stderr.contains("token limit]"),
+        "{stderr}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains(&stop),
+        "{stderr}"
+    );
+    std::fs::remove_file(&model).ok();
+}

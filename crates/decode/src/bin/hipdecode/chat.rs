@@ -32,6 +32,9 @@ pub struct ChatArgs {
     /// Tokens of one answer at most.
     #[arg(short = 'n', long, default_value_t = 512)]
     max_tokens: usize,
+    /// End an answer where this text appears in it (left out of the answer); repeatable.
+    #[arg(long = "stop", value_name = "TEXT")]
+    stops: Vec<String>,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -106,7 +109,8 @@ impl WithBackend for Conversation<'_> {
         if let Some(note) = args.sampling.seed_note(&sampler) {
             eprintln!("{note}");
         }
-        let mut chat = Chat::new(session, tokenizer, template, args.system.clone());
+        let mut chat = Chat::new(session, tokenizer, template, args.system.clone())
+            .with_stop_strings(args.stops.clone());
         let mut lines = std::io::stdin().lock().lines();
         loop {
             eprint!("> ");
@@ -138,6 +142,7 @@ impl WithBackend for Conversation<'_> {
                 Ok(t) => {
                     let why = match t.stop {
                         _ if interrupted.load(Ordering::SeqCst) => "interrupted",
+                        _ if t.stop_string => "stop string",
                         StopReason::EndOfSequence => "end of turn",
                         StopReason::TokenLimit => "token limit",
                         StopReason::ContextFull => "context full",

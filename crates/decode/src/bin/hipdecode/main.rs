@@ -12,6 +12,7 @@ use decode::gguf_loader;
 use decode::memory::human_bytes;
 use decode::sampler::SamplerConfig;
 use decode::session::Session;
+use decode::stop_strings::StopStrings;
 use decode::tokenizer::{TextStream, Tokenizer};
 use std::io::Write;
 use std::path::PathBuf;
@@ -149,6 +150,9 @@ struct RunArgs {
     /// Tokens to generate at most.
     #[arg(short = 'n', long, default_value_t = 64)]
     n_predict: usize,
+    /// Stop where this text appears in the continuation (left out of it); repeatable.
+    #[arg(long = "stop", value_name = "TEXT")]
+    stops: Vec<String>,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -406,19 +410,23 @@ impl WithBackend for Generation<'_> {
         print!("{}", args.prompt);
         std::io::stdout().flush().ok();
         let mut stream = TextStream::new(tokenizer);
+        let mut stops = StopStrings::new(args.stops.iter().cloned());
+        let at_stop_string = std::cell::Cell::new(false);
         let report = generate(
             &mut model,
             &prompt,
             args.n_predict,
             sampler,
-            &|id| tokenizer.is_stop(id),
+            &|id| tokenizer.is_stop(id) || at_stop_string.get(),
             &mut |id| {
-                print!("{}", stream.push(id));
+                print!("{}", stops.push(&stream.push(id)));
                 std::io::stdout().flush().ok();
+                at_stop_string.set(stops.stopped());
             },
         )?;
-        println!("{}", stream.finish());
+        println!("{}{}", stops.push(&stream.finish()), stops.finish());
         let stop = match report.stop {
+            _ if stops.stopped() => "stop string",
             StopReason::EndOfSequence => "end of sequence",
             StopReason::TokenLimit => "token limit",
             StopReason::ContextFull => "context full",
