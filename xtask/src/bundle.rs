@@ -42,7 +42,6 @@ pub const CPU_ONLY_TESTS: &[&str] = &[
     "decode/hostile_models",
     "decode/kv_pool",
     "decode/model_spec",
-    "decode/offload_plan",
     "decode/scheduler",
     "decode/synthetic_reference",
     "decode/tokenizer_defaults",
@@ -54,6 +53,8 @@ pub const CPU_ONLY_TESTS: &[&str] = &[
     "gguf-loader/real_gemma",
     "gguf-loader/safetensors",
     "gguf-loader/synth_presets",
+    "hipdecode/offload_plan",
+    "hipdecode/serve",
     "offload/offload",
     "offload/planner",
     "rocm-alloc/properties",
@@ -61,6 +62,7 @@ pub const CPU_ONLY_TESTS: &[&str] = &[
     "rocm-alloc/replay_format",
     "rocm-alloc/semantics",
     "rocm-alloc/sim_core",
+    "serve/serve",
 ];
 
 /// Programs (`<package>/<target>`) that measure the host or another runtime and that no test

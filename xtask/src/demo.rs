@@ -70,7 +70,14 @@ pub fn run(args: Args) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(&cargo)
         .current_dir(&root)
-        .args(["build", "--release", "-p", "decode", "--bin", "hipdecode"])
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "hipdecode",
+            "--bin",
+            "hipdecode",
+        ])
         .status()
         .context("could not start cargo")?;
     if !status.success() {

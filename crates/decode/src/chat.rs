@@ -200,8 +200,14 @@ impl<'t, B: Backend> Chat<'t, B> {
             tools: None,
             add_generation_prompt: true,
         })?;
-        let bos = self.template.bos_token();
-        let add_bos = self.tokenizer.vocab().add_bos && (bos.is_empty() || !text.starts_with(bos));
-        Ok(self.tokenizer.encode(&text, add_bos))
+        Ok(encode_rendered(&self.template, self.tokenizer, &text))
     }
+}
+
+/// Encodes a prompt `template` rendered, not doubling the BOS it wrote: the tokenizer adds
+/// one only when the model wants one and the text does not begin with it.
+pub fn encode_rendered(template: &ChatTemplate, tokenizer: &Tokenizer, text: &str) -> Vec<u32> {
+    let bos = template.bos_token();
+    let add_bos = tokenizer.vocab().add_bos && (bos.is_empty() || !text.starts_with(bos));
+    tokenizer.encode(text, add_bos)
 }

@@ -100,6 +100,8 @@ pub struct StepPlan {
     /// Slots whose sequence starts in this step, each with the tokens its blocks already hold
     /// (a prefix found in the prefix cache; none without): the context restarts them there.
     pub started: Vec<(SeqId, Vec<u32>)>,
+    /// The request of each of `started`, in the same order.
+    pub admitted: Vec<RequestId>,
 }
 
 struct Sequence {
@@ -179,6 +181,16 @@ impl Scheduler {
     /// Requests not finished yet (running or waiting).
     pub fn pending(&self) -> usize {
         self.waiting.len() + self.running.len()
+    }
+
+    /// Requests waiting for a sequence (new, or preempted to be recomputed).
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Requests holding a sequence.
+    pub fn running(&self) -> usize {
+        self.running.len()
     }
 
     /// The block table of the sequence running in context slot `slot`.
@@ -262,8 +274,8 @@ impl Scheduler {
         }
     }
 
-    /// Takes a running sequence out: its blocks go back (its full prompt blocks into the
-    /// prefix cache) and its slot is free.
+    /// Takes a running sequence out: its blocks go back (its full blocks into the prefix
+    /// cache) and its slot is free.
     fn retire(&mut self, index: usize) -> Sequence {
         let mut s = self.running.remove(index);
         let blocks = std::mem::take(&mut s.blocks);
@@ -301,6 +313,13 @@ impl Scheduler {
         let mut i = 0;
         while i < self.running.len() {
             if self.running[i].cancelled {
+                // What it computed is as good as any prompt's: a client that asks again (or
+                // goes on from where it stopped) finds it in the prefix cache.
+                if self.config.prefix_cache {
+                    let s = &mut self.running[i];
+                    let computed = s.tokens[..s.computed].to_vec();
+                    self.pool.register(&mut s.blocks, &computed);
+                }
                 let s = self.retire(i);
                 self.ended.push(Event::Finished {
                     id: s.id,
@@ -385,6 +404,7 @@ impl Scheduler {
             s.slot = self.free_slots.pop();
             if let Some(slot) = s.slot {
                 plan.started.push((slot, s.tokens[..s.computed].to_vec()));
+                plan.admitted.push(s.id);
             }
             self.clock += 1;
             s.admitted = self.clock;
@@ -459,9 +479,10 @@ impl Scheduler {
                 None
             };
             if let Some(reason) = reason {
+                // Every written position goes into the prefix cache, the generated ones
+                // too: a conversation's next turn repeats the answer after the prompt.
                 if self.config.prefix_cache {
-                    let prompt = s.request.prompt.len();
-                    let tokens = s.tokens[..prompt.min(s.computed)].to_vec();
+                    let tokens = s.tokens[..s.computed].to_vec();
                     self.pool.register(&mut self.running[i].blocks, &tokens);
                 }
                 self.retire(i);

@@ -29,10 +29,26 @@ fn data(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// (file, BOS text, EOS text) of every template in the test data.
-const TEMPLATES: [(&str, &str, &str); 2] = [
+/// (file, BOS text, EOS text) of every template in the test data: the text of the tokens that
+/// the model's tokenizer_config.json names `bos_token` and `eos_token` (empty where it names
+/// none).
+const TEMPLATES: [(&str, &str, &str); 8] = [
     ("smollm2-135m-instruct.jinja", "<|im_start|>", "<|im_end|>"),
     ("qwen3-4b-thinking-2507.jinja", "", "<|im_end|>"),
+    ("qwen2.5-7b-instruct.jinja", "", "<|im_end|>"),
+    (
+        "llama-3.1-8b-instruct.jinja",
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+    ),
+    (
+        "llama-3.2-3b-instruct.jinja",
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+    ),
+    ("gemma-3-it.jinja", "<bos>", "<eos>"),
+    ("mistral-nemo-instruct-2407.jinja", "<s>", "</s>"),
+    ("phi-3.5-mini-instruct.jinja", "<s>", "<|endoftext|>"),
 ];
 
 fn template(file: &str, bos: &str, eos: &str) -> (String, ChatTemplate) {
@@ -98,8 +114,11 @@ fn conversation(
 }
 
 /// Conversations that reach each template's branches: with and without a system prompt, many
-/// turns, reasoning inside the content, tool definitions, tool calls with arguments as an
-/// object and as a string, consecutive tool results, and text that JSON and Jinja escape.
+/// turns, with and without the generation prompt, reasoning inside the content, tool
+/// definitions alone and with calls, one call with its id and result (the form the Llama 3.x and
+/// Mistral templates accept) and two calls with arguments as an object and as a string,
+/// consecutive tool results, roles out of order (which the Gemma and Mistral templates refuse),
+/// and text that JSON and Jinja escape.
 fn conversations() -> Vec<(&'static str, Conversation)> {
     let weather = json!({
         "type": "function",
@@ -111,6 +130,14 @@ fn conversations() -> Vec<(&'static str, Conversation)> {
                 "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
                 "required": ["city"]
             }
+        }
+    });
+    let now = json!({
+        "type": "function",
+        "function": {
+            "name": "now",
+            "description": "The time now",
+            "parameters": {"type": "object", "properties": {}}
         }
     });
     vec![
@@ -161,18 +188,96 @@ fn conversations() -> Vec<(&'static str, Conversation)> {
                 true,
             ),
         ),
+        (
+            "system and turns, ending on an answer",
+            conversation(
+                json!([
+                    {"role": "system", "content": "  Be brief.  "},
+                    {"role": "user", "content": "Name a colour."},
+                    {"role": "assistant", "content": "Blue."},
+                    {"role": "user", "content": "Another?"},
+                    {"role": "assistant", "content": " Green. "}
+                ]),
+                None,
+                false,
+            ),
+        ),
+        (
+            "tools offered, none called yet",
+            conversation(
+                json!([
+                    {"role": "system", "content": "You may use tools."},
+                    {"role": "user", "content": "Will it rain in Oslo?"}
+                ]),
+                Some(json!([weather, now])),
+                true,
+            ),
+        ),
+        (
+            "one call with its id and result",
+            conversation(
+                json!([
+                    {"role": "user", "content": "Weather in Paris?"},
+                    {"role": "assistant", "content": "", "tool_calls": [
+                        {"id": "call0Ab9z", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 1}}}
+                    ]},
+                    {"role": "tool", "tool_call_id": "call0Ab9z", "name": "get_weather", "content": "sunny, 24 °C"},
+                    {"role": "assistant", "content": "Sunny and 24 °C."},
+                    {"role": "user", "content": "Thanks!"}
+                ]),
+                Some(json!([weather])),
+                true,
+            ),
+        ),
+        (
+            "roles out of order",
+            conversation(
+                json!([
+                    {"role": "user", "content": "One."},
+                    {"role": "user", "content": "Two."}
+                ]),
+                None,
+                true,
+            ),
+        ),
     ]
 }
 
+/// The (template, conversation) pairs that the template refuses through `raise_exception`; it
+/// renders every other conversation. Both renderers must agree.
+const REFUSALS: [(&str, &str); 7] = [
+    // Llama 3.x: two calls in one message.
+    ("llama-3.1-8b-instruct.jinja", "tools and calls"),
+    ("llama-3.2-3b-instruct.jinja", "tools and calls"),
+    // Gemma 3: tool turns, like two user turns, break its strict user/model alternation.
+    ("gemma-3-it.jinja", "tools and calls"),
+    ("gemma-3-it.jinja", "one call with its id and result"),
+    ("gemma-3-it.jinja", "roles out of order"),
+    // Mistral Nemo: calls without a nine-character id; two user turns.
+    ("mistral-nemo-instruct-2407.jinja", "tools and calls"),
+    ("mistral-nemo-instruct-2407.jinja", "roles out of order"),
+];
+
 #[test]
 fn every_template_renders_as_transformers_renders_it() {
+    let mut compare = true;
     for (file, bos, eos) in TEMPLATES {
         let (source, t) = template(file, bos, eos);
         for (what, c) in conversations() {
-            let Some(want) = python(&source, bos, eos, &c) else {
-                return;
-            };
             let got = t.render(&c);
+            let refused = matches!(got, Err(TemplateError::Raised { .. }));
+            assert_eq!(
+                refused,
+                REFUSALS.contains(&(file, what)),
+                "{file}, {what}: {got:?}"
+            );
+            if !compare {
+                continue;
+            }
+            let Some(want) = python(&source, bos, eos, &c) else {
+                compare = false;
+                continue;
+            };
             match (got, want) {
                 (Ok(got), Ok(want)) => assert_eq!(got, want, "{file}, {what}"),
                 (Err(TemplateError::Raised { message, .. }), Err(py)) => {
@@ -181,6 +286,25 @@ fn every_template_renders_as_transformers_renders_it() {
                 (got, want) => panic!("{file}, {what}: {got:?} where jinja2 gives {want:?}"),
             }
         }
+    }
+}
+
+/// Llama 3.2 dates its system prompt with `strftime_now` (here the fixed clock); Llama 3.1,
+/// without a `date_string`, with the date its template names.
+#[test]
+fn llama_templates_date_the_system_prompt() {
+    let c = conversation(json!([{"role": "user", "content": "Hi"}]), None, true);
+    for (file, date) in [
+        ("llama-3.2-3b-instruct.jinja", "26 Jul 2026"),
+        ("llama-3.1-8b-instruct.jinja", "26 Jul 2024"),
+    ] {
+        let (_, t) = template(file, "<|begin_of_text|>", "<|eot_id|>");
+        let got = t.render(&c).expect("renders");
+        let want = format!(
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n\
+             Cutting Knowledge Date: December 2023\nToday Date: {date}\n\n<|eot_id|>"
+        );
+        assert!(got.starts_with(&want), "{file}: {got:?}");
     }
 }
 

@@ -23,6 +23,19 @@ pub fn gemma_path() -> Option<PathBuf> {
     gguf_loader::paths::gemma3_270m_for_test(&current_test())
 }
 
+/// The real SmolLM2-135M-Instruct file (`cargo xtask fetch-model smollm2-135m`), or `None`
+/// after a printed skip; a panic instead when `HIPDECODE_REQUIRE_MODELS=1`.
+pub fn smollm2_path() -> Option<PathBuf> {
+    let path = models_dir().join("smollm2-135m-instruct-q4_1.gguf");
+    if path.exists() {
+        return Some(path);
+    }
+    skip_unless_required(&format!(
+        "{} is absent (run `cargo xtask fetch-model smollm2-135m`)",
+        path.display()
+    ))
+}
+
 /// `None` after printing why the calling test skips; a panic with `reason` instead when
 /// `HIPDECODE_REQUIRE_MODELS=1`. For what a real-model test needs besides the model (the Python
 /// references, for one).

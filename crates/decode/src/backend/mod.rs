@@ -194,6 +194,10 @@ pub trait Backend: Send {
     fn load_weight(&mut self, src: &WeightSource<'_>) -> Result<Self::Weight>;
     /// Bytes in use per tag.
     fn memory(&self) -> MemoryReport;
+    /// Bytes of one value of the KV cache as this backend stores it (f32 unless it says).
+    fn kv_elem_bytes(&self) -> usize {
+        4
+    }
     /// A device-side memory report (allocator reserved, cached, peaks, bytes outside the
     /// allocator), for backends that have a device.
     fn device_report(&self) -> Option<Result<String>> {

@@ -181,6 +181,30 @@ pub fn kv_plan(
 }
 
 /// Bytes of one KV value on the GPU backend.
+/// Bytes one block of the KV pool takes over the pool's layers (those that keep the whole
+/// context), with `elem_bytes` per value: what a KV budget in bytes is divided by to give the
+/// pool's blocks.
+pub fn pool_block_bytes(
+    spec: &ModelSpec,
+    context: usize,
+    max_batch: usize,
+    elem_bytes: usize,
+) -> Result<u64> {
+    let plan = kv_plan(
+        spec,
+        context,
+        max_batch,
+        1,
+        crate::kv::BLOCK_POSITIONS,
+        None,
+    )?;
+    let pool_layers = (plan.groups.iter())
+        .filter(|g| **g == KvGroup::POOL)
+        .count();
+    let per_position = (spec.widths.k + spec.widths.v) as u64 * elem_bytes as u64;
+    Ok(pool_layers as u64 * plan.block as u64 * per_position)
+}
+
 pub fn kv_elem_bytes(kv_type: KvType) -> usize {
     match kv_type {
         KvType::F16 => 2,

@@ -51,6 +51,10 @@ impl Backend for GpuBackend {
         )
     }
 
+    fn kv_elem_bytes(&self) -> usize {
+        crate::layout::context::kv_elem_bytes(self.kv_type)
+    }
+
     fn alloc(&mut self, tag: MemoryTag, len: usize) -> Result<GpuBuffer> {
         let elem = if tag == MemoryTag::KvCache && self.kv_type == KvType::F16 {
             Elem::F16

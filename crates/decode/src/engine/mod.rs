@@ -1,17 +1,22 @@
-//! The engine: a model, its context and backend on a thread of their own, running the
-//! scheduler's steps while requests arrive from other threads. [`Engine::submit`] returns a
-//! [`RequestHandle`] that streams the request's tokens and can cancel it; a handle dropped
-//! before its request ends cancels it too. A step that fails ends the requests in it with the
-//! error; the engine goes on with the others, so no request can stop it.
+//! The engine: a model, its context and backend running the scheduler's steps while requests
+//! arrive from other threads. [`run`] is the step loop on the calling thread (the thread that
+//! owns the backend, for a backend that cannot move), fed through the [`EngineHandle`]s of
+//! [`channel`]; [`Engine::start`] runs it on a thread of its own. A request's updates go to
+//! its [`UpdateSink`]; a sink that is full or closed cancels its request, so a slow or gone
+//! reader never holds up a step. A step that fails ends the requests in it with the error; the
+//! engine goes on with the others, so no request can stop it.
+
+mod handle;
+
+pub use handle::{Delivery, EngineHandle, EngineStats, RequestHandle, Update, UpdateSink};
 
 use crate::backend::Backend;
 use crate::context::Context;
 use crate::error::{DecodeError, Result};
-use crate::kv::{BlockPool, PoolStats};
+use crate::kv::BlockPool;
 use crate::model::Model;
-use crate::scheduler::{
-    Event, Finish, Request, RequestId, Scheduler, SchedulerConfig, SequenceUsage, StepPlan,
-};
+use crate::scheduler::{Event, Request, RequestId, Scheduler, SchedulerConfig, StepPlan};
+use handle::Command;
 use std::collections::HashMap;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -88,89 +93,20 @@ pub fn scheduler_for<B: Backend>(ctx: &Context<B>) -> Result<Scheduler> {
     Scheduler::new(config, pool).map_err(|e| invalid(&e))
 }
 
-/// The KV books of an engine: the pool, and what each running sequence holds.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KvUsage {
-    pub pool: PoolStats,
-    pub sequences: Vec<SequenceUsage>,
+/// The step loop's end of an engine's commands.
+pub struct EngineInbox {
+    commands: mpsc::Receiver<Command>,
 }
 
-/// What a handle receives.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Update {
-    Token(u32),
-    Finished(Finish),
-    /// The step the request was in failed; the request is over.
-    Failed(String),
-}
-
-enum Command {
-    Submit(Request, mpsc::Sender<Result<RequestHandleParts>>),
-    Cancel(RequestId),
-    Stats(mpsc::Sender<KvUsage>),
-    Shutdown,
-}
-
-struct RequestHandleParts {
-    id: RequestId,
-    updates: mpsc::Receiver<Update>,
-}
-
-/// A submitted request: its updates as they come, and its cancellation.
-pub struct RequestHandle {
-    id: RequestId,
-    updates: mpsc::Receiver<Update>,
-    commands: mpsc::Sender<Command>,
-    ended: bool,
-}
-
-impl RequestHandle {
-    pub fn id(&self) -> RequestId {
-        self.id
-    }
-
-    /// The next update, waiting for it; `None` once the request has ended.
-    pub fn next_update(&mut self) -> Option<Update> {
-        if self.ended {
-            return None;
-        }
-        let update = self.updates.recv().ok();
-        if !matches!(update, Some(Update::Token(_))) {
-            self.ended = true;
-        }
-        update
-    }
-
-    /// Cancels the request: it leaves at the engine's next step.
-    pub fn cancel(&self) {
-        // A stopped engine has nothing left to cancel.
-        let _ = self.commands.send(Command::Cancel(self.id));
-    }
-
-    /// Waits for the end: every token, and how it ended.
-    pub fn collect(mut self) -> (Vec<u32>, Update) {
-        let mut tokens = Vec::new();
-        loop {
-            match self.next_update() {
-                Some(Update::Token(t)) => tokens.push(t),
-                Some(end) => return (tokens, end),
-                None => return (tokens, Update::Failed("the engine stopped".into())),
-            }
-        }
-    }
-}
-
-impl Drop for RequestHandle {
-    fn drop(&mut self) {
-        if !self.ended {
-            self.cancel();
-        }
-    }
+/// A new engine's handle and the inbox [`run`] takes.
+pub fn channel() -> (EngineHandle, EngineInbox) {
+    let (commands, inbox) = mpsc::channel();
+    (EngineHandle { commands }, EngineInbox { commands: inbox })
 }
 
 /// A model serving requests on its own thread.
 pub struct Engine {
-    commands: mpsc::Sender<Command>,
+    handle: EngineHandle,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -186,89 +122,133 @@ impl Engine {
         Context<B>: Send,
     {
         let scheduler = scheduler_for(&ctx)?;
-        let (commands, inbox) = mpsc::channel();
+        let (handle, inbox) = channel();
         let thread = std::thread::Builder::new()
             .name("hipdecode-engine".into())
-            .spawn(move || serve(model, backend, ctx, scheduler, inbox))
+            .spawn(move || step_loop(&model, backend, ctx, scheduler, inbox))
             .map_err(|e| DecodeError::InvalidArgument(format!("starting the engine: {e}")))?;
         Ok(Engine {
-            commands,
+            handle,
             thread: Some(thread),
         })
     }
 
-    /// Queues a request; refused when the scheduler refuses it (an empty prompt, no new
-    /// tokens, a prompt longer than a sequence holds).
-    pub fn submit(&self, request: Request) -> Result<RequestHandle> {
-        let (reply, answer) = mpsc::channel();
-        let stopped = || DecodeError::InvalidArgument("the engine has stopped".into());
-        self.commands
-            .send(Command::Submit(request, reply))
-            .map_err(|_| stopped())?;
-        let parts = answer.recv().map_err(|_| stopped())??;
-        Ok(RequestHandle {
-            id: parts.id,
-            updates: parts.updates,
-            commands: self.commands.clone(),
-            ended: false,
-        })
+    /// A handle for other threads.
+    pub fn handle(&self) -> EngineHandle {
+        self.handle.clone()
     }
 
-    /// The scheduler's block pool and each running sequence's share of it, now.
-    pub fn kv_usage(&self) -> Result<KvUsage> {
-        let (reply, answer) = mpsc::channel();
-        let stopped = || DecodeError::InvalidArgument("the engine has stopped".into());
-        self.commands
-            .send(Command::Stats(reply))
-            .map_err(|_| stopped())?;
-        answer.recv().map_err(|_| stopped())
+    /// Queues a request (see [`EngineHandle::submit`]).
+    pub fn submit(&self, request: Request) -> Result<RequestHandle> {
+        self.handle.submit(request)
+    }
+
+    /// The engine's books now.
+    pub fn stats(&self) -> Result<EngineStats> {
+        self.handle.stats()
     }
 }
 
 impl Drop for Engine {
     /// Stops the thread after its current step; requests still running end as failed.
     fn drop(&mut self) {
-        let _ = self.commands.send(Command::Shutdown);
+        self.handle.stop();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
     }
 }
 
+/// Runs the engine on this thread until [`EngineHandle::stop`], or until every handle (and
+/// every request's handle) is dropped.
+pub fn run<B: Backend>(
+    model: &Model<B>,
+    backend: B,
+    ctx: Context<B>,
+    inbox: EngineInbox,
+) -> Result<()> {
+    let scheduler = scheduler_for(&ctx)?;
+    step_loop(model, backend, ctx, scheduler, inbox);
+    Ok(())
+}
+
+/// A request the loop runs: where its updates go, and its books.
+struct Tracked {
+    sink: Box<dyn UpdateSink>,
+    started: bool,
+    peak_kv_bytes: u64,
+}
+
+/// The requests of a loop, by id.
+#[derive(Default)]
+struct Requests {
+    by_id: HashMap<RequestId, Tracked>,
+}
+
+impl Requests {
+    /// Hands `update` to the request's sink; a sink that refuses it cancels the request, which
+    /// then gets nothing more. Returns whether it was delivered.
+    fn deliver(&mut self, scheduler: &mut Scheduler, id: RequestId, update: Update) -> bool {
+        let Some(t) = self.by_id.get_mut(&id) else {
+            return false;
+        };
+        match t.sink.deliver(update) {
+            Delivery::Delivered => true,
+            Delivery::Full | Delivery::Closed => {
+                self.by_id.remove(&id);
+                scheduler.cancel(id);
+                false
+            }
+        }
+    }
+
+    /// Ends a request with its last update.
+    fn end(&mut self, id: RequestId, update: impl FnOnce(&Tracked) -> Update) {
+        if let Some(mut t) = self.by_id.remove(&id) {
+            let last = update(&t);
+            t.sink.deliver(last);
+        }
+    }
+}
+
 /// The engine's loop: take commands (waiting for one when idle), plan a step, run it, send the
 /// updates.
-fn serve<B: Backend>(
-    model: Model<B>,
+fn step_loop<B: Backend>(
+    model: &Model<B>,
     mut backend: B,
     mut ctx: Context<B>,
     mut scheduler: Scheduler,
-    inbox: mpsc::Receiver<Command>,
+    inbox: EngineInbox,
 ) {
-    let mut senders: HashMap<RequestId, mpsc::Sender<Update>> = HashMap::new();
+    let mut requests = Requests::default();
     // A step that ran nothing and reported nothing: wait for a command rather than spin.
     let mut stalled = false;
     loop {
         let idle = scheduler.pending() == 0 || stalled;
         let first = if idle {
-            match inbox.recv() {
+            match inbox.commands.recv() {
                 Ok(c) => Some(c),
                 Err(_) => return,
             }
         } else {
             None
         };
-        for command in first
-            .into_iter()
-            .chain(inbox.try_iter().collect::<Vec<_>>())
-        {
+        let commands: Vec<Command> = first.into_iter().chain(inbox.commands.try_iter()).collect();
+        for command in commands {
             match command {
-                Command::Submit(request, reply) => match scheduler.submit(request) {
+                Command::Submit(request, sink, reply) => match scheduler.submit(request) {
                     Ok(id) => {
-                        let (tx, updates) = mpsc::channel();
-                        senders.insert(id, tx);
-                        if reply.send(Ok(RequestHandleParts { id, updates })).is_err() {
-                            // The submitter is gone before it got its handle.
-                            senders.remove(&id);
+                        requests.by_id.insert(
+                            id,
+                            Tracked {
+                                sink,
+                                started: false,
+                                peak_kv_bytes: 0,
+                            },
+                        );
+                        if reply.send(Ok(id)).is_err() {
+                            // The submitter is gone before it got its id.
+                            requests.by_id.remove(&id);
                             scheduler.cancel(id);
                         }
                     }
@@ -278,30 +258,46 @@ fn serve<B: Backend>(
                 },
                 Command::Cancel(id) => scheduler.cancel(id),
                 Command::Stats(reply) => {
-                    let _ = reply.send(KvUsage {
+                    let _ = reply.send(EngineStats {
                         pool: scheduler.pool().stats(),
                         sequences: scheduler.usage(),
+                        waiting: scheduler.waiting(),
+                        memory: backend.memory(),
+                        device: backend
+                            .device_memory()
+                            .and_then(|m| m.ok())
+                            .map(|m| m.stats),
                     });
                 }
-                Command::Shutdown => {
-                    for (_, tx) in senders.drain() {
-                        let _ = tx.send(Update::Failed("the engine stopped".into()));
+                Command::Stop => {
+                    let ids: Vec<RequestId> = requests.by_id.keys().copied().collect();
+                    for id in ids {
+                        requests.end(id, |_| Update::Failed("the engine stopped".into()));
                     }
                     return;
                 }
             }
         }
         let plan = scheduler.plan_step();
-        let sampled = match run_plan(&model, &mut backend, &mut ctx, &scheduler, &plan) {
+        for (&id, (_, prefix)) in plan.admitted.iter().zip(&plan.started) {
+            let first = requests.by_id.get_mut(&id).is_some_and(|t| {
+                let first = !t.started;
+                t.started = true;
+                first
+            });
+            if first {
+                let cached = prefix.len();
+                requests.deliver(&mut scheduler, id, Update::Started { cached });
+            }
+        }
+        let sampled = match run_plan(model, &mut backend, &mut ctx, &scheduler, &plan) {
             Ok(sampled) => sampled,
             Err(e) => {
                 // The step's requests end with the error (they leave at the next step); the
                 // others go on.
                 for id in dedup(&plan.requests) {
                     scheduler.cancel(id);
-                    if let Some(tx) = senders.remove(&id) {
-                        let _ = tx.send(Update::Failed(e.to_string()));
-                    }
+                    requests.end(id, |_| Update::Failed(e.to_string()));
                 }
                 for &slot in plan.batch.sequences() {
                     ctx.clear(slot);
@@ -309,26 +305,24 @@ fn serve<B: Backend>(
                 Vec::new()
             }
         };
+        // What each running sequence holds after the step: its request's peak.
+        for u in scheduler.usage() {
+            if let Some(t) = requests.by_id.get_mut(&u.id) {
+                t.peak_kv_bytes = t.peak_kv_bytes.max(u.bytes);
+            }
+        }
         // After a failed step no row has a token, so only earlier cancellations are reported.
         let events = scheduler.finish_step(&plan, &sampled);
         stalled = plan.batch.is_empty() && events.is_empty();
         for event in events {
             match event {
                 Event::Token { id, token } => {
-                    let gone = senders
-                        .get(&id)
-                        .is_some_and(|tx| tx.send(Update::Token(token)).is_err());
-                    if gone {
-                        // Its handle was dropped: nobody waits for it.
-                        senders.remove(&id);
-                        scheduler.cancel(id);
-                    }
+                    requests.deliver(&mut scheduler, id, Update::Token(token));
                 }
-                Event::Finished { id, reason } => {
-                    if let Some(tx) = senders.remove(&id) {
-                        let _ = tx.send(Update::Finished(reason));
-                    }
-                }
+                Event::Finished { id, reason } => requests.end(id, |t| Update::Finished {
+                    reason,
+                    peak_kv_bytes: t.peak_kv_bytes,
+                }),
             }
         }
     }

@@ -1,5 +1,6 @@
-//! The `hipdecode` command line: `run` generates text, `inspect` reports on a GGUF file,
-//! `profile` times a decode step's ops on the GPU, `plan` plans GPU memory under a budget.
+//! The `hipdecode` command line: `run` generates text, `chat` talks through the model's chat
+//! template, `serve` answers OpenAI-compatible HTTP requests, `inspect` reports on a GGUF
+//! file, `profile` times a decode step's ops on the GPU, `plan` plans GPU memory under a budget.
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -20,6 +21,7 @@ use std::process::ExitCode;
 
 mod args;
 mod chat;
+mod serve;
 
 use args::{BackendArgs, SamplingArgs};
 
@@ -41,6 +43,10 @@ enum Command {
     /// Chat in the terminal through the model's chat template; each turn computes only what
     /// follows the part of the conversation the KV cache already holds.
     Chat(chat::ChatArgs),
+    /// Serve the model over HTTP with OpenAI's chat and text completion endpoints (streaming
+    /// or not), /v1/models, /health and Prometheus /metrics; requests share a KV budget and
+    /// wait for it rather than fail.
+    Serve(serve::ServeArgs),
     /// Print a GGUF file's metadata and tensors, or export one tensor as .npy.
     Inspect(InspectArgs),
     /// Time every op of decode steps on the GPU: a per-kernel table with bytes moved.
@@ -208,6 +214,7 @@ fn dispatch(command: Command) -> Result<()> {
     match command {
         Command::Run(args) => run(args),
         Command::Chat(args) => chat::chat(args),
+        Command::Serve(args) => serve::serve(args),
         Command::Inspect(args) => inspect(args),
         Command::Profile(args) => profile(args),
         Command::Plan(args) => plan(args),

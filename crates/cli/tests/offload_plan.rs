@@ -1,6 +1,7 @@
 //! The offload planner on real model files: the layout's needs, and `hipdecode plan` end to
 //! end on tiny synthetic models (the layout against what a load allocates is `layout.rs`).
 
+#[path = "../../decode/tests/common.rs"]
 mod common;
 
 use decode::gguf_loader::synth::{write_preset, Preset};

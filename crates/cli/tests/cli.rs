@@ -1,5 +1,6 @@
 //! The `hipdecode` binary end to end on a tiny synthetic model.
 
+#[path = "../../decode/tests/common.rs"]
 mod common;
 
 use decode::gguf_loader::synth::{write_preset, Preset};

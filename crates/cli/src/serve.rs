@@ -1,0 +1,253 @@
+//! `hipdecode serve`: the OpenAI-compatible server (`serve` crate) over this model. The
+//! server listens (and answers `/health` with 503) while the model loads on this thread; the
+//! engine then runs here, on the thread that owns the backend, until a shutdown stops it.
+
+use crate::args::BackendArgs;
+use anyhow::{Context as _, Result};
+use decode::backend::gpu::GpuConfig;
+use decode::backend::Backend;
+use decode::chat_template::{ChatTemplate, TemplateError};
+use decode::context::{Context, ContextOptions};
+use decode::device::{self, BackendSettings, WithBackend};
+use decode::memory::human_bytes;
+use decode::model::Model;
+use decode::tokenizer::Tokenizer;
+use serve::{LoadedModel, ServeConfig, Server};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// The GGUF model file.
+    #[arg(short, long)]
+    model: PathBuf,
+    /// The address to listen on. The default answers this machine only; 0.0.0.0 opens the
+    /// server to the network (set --api-key then).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// The port (0: one the OS picks; the address is printed either way).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on /v1/* and /metrics.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Sequences generated at once (each of --ctx positions at most).
+    #[arg(long, default_value_t = 4)]
+    parallel: usize,
+    /// Bytes of KV cache all sequences share ("2GiB", "512MiB"): requests are admitted while
+    /// their prompts fit and wait otherwise. Default: every sequence's whole context
+    /// (--parallel × --ctx positions).
+    #[arg(long)]
+    kv_budget: Option<String>,
+    /// GPU: cap everything the server takes on the device (bytes, "6.5GiB", "75%"), as
+    /// `hipdecode run --gpu-budget`.
+    #[arg(long)]
+    gpu_budget: Option<String>,
+    /// The most pinned host memory the offloaded weights may take (bytes or "32GiB").
+    #[arg(long)]
+    host_budget: Option<String>,
+    /// Requests that may wait for a sequence; one more is refused with 503 and Retry-After.
+    #[arg(long, default_value_t = 64)]
+    max_queue: usize,
+    /// Request bodies above this size are refused with 413 ("1MiB", bytes).
+    #[arg(long, default_value = "1MiB")]
+    max_body: String,
+    /// A request's deadline in seconds from its arrival. Still queued then, it gets 503;
+    /// running, it ends with what it has and finish_reason "length".
+    #[arg(long, default_value_t = 600.0)]
+    timeout: f64,
+    /// Seconds running requests may go on after SIGINT or SIGTERM before they are cut (with
+    /// finish_reason "length").
+    #[arg(long, default_value_t = 10.0)]
+    shutdown_timeout: f64,
+    /// A Jinja chat template to use instead of the model's (`tokenizer.chat_template`).
+    #[arg(long, value_name = "FILE")]
+    chat_template: Option<PathBuf>,
+    /// The model's id in /v1/models and the responses (default: the file's name).
+    #[arg(long)]
+    alias: Option<String>,
+    #[command(flatten)]
+    backend: BackendArgs,
+}
+
+fn seconds(flag: &str, s: f64) -> Result<Duration> {
+    anyhow::ensure!(
+        s.is_finite() && s > 0.0 && s < 1e9,
+        "{flag} must be a number of seconds > 0, got {s}"
+    );
+    Ok(Duration::from_secs_f64(s))
+}
+
+pub fn serve(args: ServeArgs) -> Result<()> {
+    init_logging();
+    anyhow::ensure!(args.parallel >= 1, "--parallel must be at least 1");
+    let choice = device::choose(args.backend.device)?;
+    if let Some(note) = &choice.note {
+        eprintln!("note: {note}");
+    }
+    let base = args.backend.settings()?;
+    let max_body = offload::parse_size("--max-body", &args.max_body)?;
+    let kv_budget = (args.kv_budget.as_deref())
+        .map(|b| offload::parse_size("--kv-budget", b))
+        .transpose()?;
+    let config = ServeConfig {
+        host: args.host.clone(),
+        port: args.port,
+        api_key: args.api_key.clone(),
+        max_body: usize::try_from(max_body).unwrap_or(usize::MAX),
+        max_queue: args.max_queue,
+        timeout: seconds("--timeout", args.timeout)?,
+        shutdown_timeout: seconds("--shutdown-timeout", args.shutdown_timeout)?,
+    };
+    let file = decode::open_model(&args.model)?;
+    let tokenizer = Arc::new(Tokenizer::from_gguf(&file)?);
+    let name = args.model.display().to_string();
+    let template =
+        match ChatTemplate::for_model(&file, &tokenizer, &name, args.chat_template.as_deref()) {
+            Ok(t) => Ok(t),
+            // Completions still work without one; chat requests are told why not.
+            Err(e @ TemplateError::Missing { .. }) => {
+                eprintln!("note: {e}; /v1/chat/completions will refuse requests");
+                Err(e.to_string())
+            }
+            Err(e) => return Err(e.into()),
+        };
+    let gpu_config = GpuConfig::from_process()?;
+    let budget_run = decode::budget_run::for_choice(
+        &choice.backend,
+        &file,
+        args.gpu_budget.as_deref(),
+        args.host_budget.as_deref(),
+        decode::layout::LayoutOptions::for_config(args.backend.ctx, &gpu_config),
+        gpu_config.cpu_share,
+    )?;
+    if let Some(b) = &budget_run {
+        eprint!("{}", b.summary());
+    }
+    let settings = BackendSettings {
+        gpu_offload: budget_run.map(|b| b.offload),
+        gpu_config: Some(gpu_config),
+        ..base
+    };
+    let server = Server::start(config)?;
+    eprintln!("listening on http://{}", server.addr());
+    let alias = args.alias.clone().unwrap_or_else(|| {
+        (args.model.file_name()).map_or_else(|| name.clone(), |n| n.to_string_lossy().into_owned())
+    });
+    choice.backend.run(
+        settings,
+        Serving {
+            args: &args,
+            file: &file,
+            tokenizer,
+            template,
+            alias,
+            kv_budget,
+            server: &server,
+        },
+    )??;
+    server.wait()?;
+    eprintln!("stopped");
+    Ok(())
+}
+
+/// Log lines on stderr; `RUST_LOG` picks the level (info by default).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
+struct Serving<'a> {
+    args: &'a ServeArgs,
+    file: &'a Arc<decode::gguf_loader::GgufFile>,
+    tokenizer: Arc<Tokenizer>,
+    template: Result<ChatTemplate, String>,
+    alias: String,
+    kv_budget: Option<u64>,
+    server: &'a Server,
+}
+
+impl WithBackend for Serving<'_> {
+    type Output = Result<()>;
+
+    fn run<B: Backend>(self, mut backend: B) -> Result<()> {
+        let args = self.args;
+        let model = Model::load(self.file, &mut backend)?;
+        let spec = model.spec();
+        let context = decode::layout::context::clamp_context(spec, args.backend.ctx);
+        let max_batch = ContextOptions::default().max_batch.max(args.parallel);
+        let block_bytes = decode::layout::context::pool_block_bytes(
+            spec,
+            context,
+            max_batch,
+            backend.kv_elem_bytes(),
+        )?;
+        let kv_blocks = match self.kv_budget {
+            None => None,
+            Some(budget) => {
+                let blocks = budget / block_bytes.max(1);
+                anyhow::ensure!(
+                    blocks >= 1,
+                    "--kv-budget {} holds no KV block: one block of {} positions takes {}; \
+                     raise the budget",
+                    human_bytes(budget),
+                    decode::kv::BLOCK_POSITIONS,
+                    human_bytes(block_bytes)
+                );
+                Some(usize::try_from(blocks).unwrap_or(usize::MAX))
+            }
+        };
+        let options = ContextOptions {
+            context,
+            max_batch,
+            all_logits: false,
+            sequences: args.parallel,
+            kv_blocks,
+        };
+        let ctx = Context::new(&model, &mut backend, options).context("making the context")?;
+        let plan = ctx.kv_plan();
+        let positions = plan.pool_blocks * plan.block;
+        let kv_budget_bytes = plan.pool_blocks as u64 * block_bytes;
+        eprintln!(
+            "{} on {}: {} sequences of up to {} positions; KV pool {} blocks of {} positions \
+             ({}, {:.1} full sequences); chat template: {}",
+            spec.arch_name,
+            backend.describe(),
+            args.parallel,
+            ctx.capacity(),
+            plan.pool_blocks,
+            plan.block,
+            human_bytes(kv_budget_bytes),
+            positions as f64 / ctx.capacity() as f64,
+            match &self.template {
+                Ok(t) => t.name().to_string(),
+                Err(_) => "none".into(),
+            }
+        );
+        let (engine, inbox) = decode::engine::channel();
+        self.server.ready(LoadedModel {
+            name: self.alias,
+            tokenizer: self.tokenizer,
+            template: self.template,
+            engine,
+            context: ctx.capacity(),
+            sequences: args.parallel,
+            kv_budget_bytes,
+            kv_bytes_per_token: block_bytes / plan.block as u64,
+        });
+        // A shutdown that began while the model loaded found no engine to stop.
+        if self.server.shutting_down() {
+            return Ok(());
+        }
+        eprintln!("ready");
+        decode::engine::run(&model, backend, ctx, inbox)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,574 @@
+//! `hipdecode serve` end to end on the CPU with SmolLM2-135M-Instruct (its ChatML template):
+//! a load of concurrent streams in a KV budget of four sequences against each request run
+//! alone, the shutdown on SIGTERM, deadlines, the prefix cache across turns, the API key, and
+//! hostile requests, each refused with a 4xx while the server goes on.
+
+mod server;
+
+use decode::chat::encode_rendered;
+use decode::chat_template::{ChatTemplate, Conversation};
+use decode::context::ContextOptions;
+use decode::sampler::SamplerConfig;
+use decode::session::Session;
+use decode::tokenizer::{TextStream, Tokenizer};
+use serde_json::{json, Value};
+use server::{one_at_a_time, ServerProc, SseEvent};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const CHAT: &str = "/v1/chat/completions";
+
+/// Positions per sequence in these servers.
+const CTX: usize = 128;
+
+fn chat_body(user: &str, max_tokens: usize, stream: bool) -> Value {
+    json!({
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": user}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+        "stream_options": {"include_usage": true},
+        "ignore_eos": true,
+    })
+}
+
+/// The prompt tokens the server makes of one user message.
+fn prompt_tokens(file: &decode::GgufFile, tokenizer: &Tokenizer, user: &str) -> Vec<u32> {
+    let template = ChatTemplate::from_gguf(file, tokenizer, "smollm2").expect("its template");
+    let text = template
+        .render(&Conversation {
+            messages: vec![json!({"role": "user", "content": user})],
+            tools: None,
+            add_generation_prompt: true,
+        })
+        .expect("renders");
+    encode_rendered(&template, tokenizer, &text)
+}
+
+/// What one request gives run alone on a session of its own, greedy, every token shown but
+/// the end-of-generation ones (as the server shows them). On the fast path, as the server
+/// runs: the exact path took over eight minutes for these sixteen requests on two cores, and
+/// a fast-path row is quantized on its own, so a batch's rows must still give each request's
+/// tokens alone.
+fn alone(model: &Path, prompts: &[Vec<u32>], max_new: usize) -> Vec<String> {
+    let file = decode::open_model(model).expect("opens");
+    let tokenizer = Tokenizer::from_gguf(&file).expect("tokenizer");
+    let backend = decode::backend::cpu::CpuBackend::new(decode::backend::Precision::Fast);
+    let options = ContextOptions {
+        context: CTX,
+        ..ContextOptions::default()
+    };
+    let mut session = Session::load(&file, backend, options).expect("loads");
+    prompts
+        .iter()
+        .map(|prompt| {
+            session.reset();
+            let mut text = TextStream::new(&tokenizer);
+            let mut out = String::new();
+            decode::generate::generate(
+                &mut session,
+                prompt,
+                max_new,
+                SamplerConfig::GREEDY,
+                &|_| false,
+                &mut |t| {
+                    if !tokenizer.is_stop(t) {
+                        out.push_str(&text.push(t));
+                    }
+                },
+            )
+            .expect("generates");
+            out.push_str(&text.finish());
+            out
+        })
+        .collect()
+}
+
+#[test]
+fn sixteen_streams_in_a_budget_of_four_sequences_equal_each_request_alone() {
+    let Some(model) = test_support::models::smollm2_path() else {
+        return;
+    };
+    let _one = one_at_a_time();
+    let file = decode::open_model(&model).expect("opens");
+    let tokenizer = Tokenizer::from_gguf(&file).expect("tokenizer");
+    let spec = decode::model::ModelSpec::from_gguf(&file).expect("spec");
+    const STREAMS: usize = 16;
+    const TOKENS: usize = 32;
+    let users: Vec<String> = (0..STREAMS)
+        .map(|i| format!("Write one sentence about the number {}.", 3 * i + 1))
+        .collect();
+    let prompts: Vec<Vec<u32>> = (users.iter())
+        .map(|u| prompt_tokens(&file, &tokenizer, u))
+        .collect();
+    let expected = alone(&model, &prompts, TOKENS);
+
+    // Four whole sequences of KV (f32 on the CPU, either path); more sequences than that may run while
+    // their prompts fit, and the scheduler preempts when they grow.
+    let block = decode::layout::context::pool_block_bytes(&spec, CTX, 64, 4).expect("block");
+    let budget_blocks = 4 * CTX / decode::kv::BLOCK_POSITIONS;
+    let budget = (budget_blocks as u64 * block).to_string();
+    let ctx = CTX.to_string();
+    let mut srv = ServerProc::start(
+        &model,
+        &[
+            "--device",
+            "cpu",
+            "--ctx",
+            &ctx,
+            "--parallel",
+            "8",
+            "--kv-budget",
+            &budget,
+            "--max-queue",
+            "32",
+            "--shutdown-timeout",
+            "3",
+        ],
+    );
+    let srv_ref = &srv;
+
+    // Probes all through the load: /health every 100 ms, /metrics every 250 ms.
+    let stop = AtomicBool::new(false);
+    let slowest_health = AtomicU64::new(0);
+    let most_used = AtomicU64::new(0);
+    let metrics_seen = Mutex::new(String::new());
+    let results = std::thread::scope(|s| {
+        s.spawn(|| {
+            let a = server::agent(Duration::from_secs(5));
+            while !stop.load(Ordering::SeqCst) {
+                let t = Instant::now();
+                let r = a
+                    .get(srv_ref.url("/health"))
+                    .call()
+                    .expect("health answers");
+                assert_eq!(r.status().as_u16(), 200);
+                slowest_health.fetch_max(t.elapsed().as_millis() as u64, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        s.spawn(|| {
+            while !stop.load(Ordering::SeqCst) {
+                let (status, text) = srv_ref.get("/metrics");
+                assert_eq!(status, 200);
+                let used = ServerProc::metric(&text, "hipdecode_kv_blocks{state=\"used\"}");
+                let used = used.unwrap_or(0.0);
+                assert!(used <= budget_blocks as f64, "{used} blocks used:\n{text}");
+                most_used.fetch_max(used as u64, Ordering::SeqCst);
+                if used > 0.0 {
+                    *metrics_seen.lock().unwrap() = text;
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        });
+        // Four clients that leave after two pieces, streaming or not.
+        let leavers: Vec<_> = (0..4)
+            .map(|i| {
+                s.spawn(move || {
+                    let body = chat_body(&format!("Tell me a long story number {i}."), 64, true);
+                    let mut stream = srv_ref.stream(CHAT, &body);
+                    assert_eq!(stream.status, 200);
+                    stream.read_content(2);
+                })
+            })
+            .collect();
+        let streams: Vec<_> = (0..STREAMS)
+            .map(|i| {
+                let body = chat_body(&users[i], TOKENS, true);
+                s.spawn(move || srv_ref.stream(CHAT, &body).finish())
+            })
+            .collect();
+        for l in leavers {
+            l.join().expect("a leaving client");
+        }
+        let results: Vec<_> = streams.into_iter().map(|t| t.join().unwrap()).collect();
+        // Every sequence's blocks come back once the streams are over (the cached prefix
+        // blocks are counted apart).
+        let t = Instant::now();
+        loop {
+            let (_, text) = srv_ref.get("/metrics");
+            let used = ServerProc::metric(&text, "hipdecode_kv_blocks{state=\"used\"}");
+            let running = ServerProc::metric(&text, "hipdecode_requests_running");
+            if used == Some(0.0) && running == Some(0.0) {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "blocks still held:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        stop.store(true, Ordering::SeqCst);
+        results
+    });
+    for (i, r) in results.iter().enumerate() {
+        assert!(r.done && r.error.is_none(), "stream {i}: {r:?}");
+        assert_eq!(r.finish_reason.as_deref(), Some("length"), "stream {i}");
+        assert_eq!(r.text, expected[i], "stream {i} against its request alone");
+        let usage = r.usage.as_ref().expect("usage");
+        assert_eq!(usage["completion_tokens"], TOKENS, "stream {i}");
+        assert_eq!(usage["prompt_tokens"], prompts[i].len(), "stream {i}");
+        let peak = usage["kv_peak_bytes"].as_u64().unwrap();
+        let blocks = (prompts[i].len() + TOKENS - 1).div_ceil(16) as u64;
+        assert_eq!(peak, blocks * block, "stream {i}: its peak is its blocks");
+    }
+    let text = metrics_seen.lock().unwrap().clone();
+    eprintln!("--- /metrics during the load ---\n{text}");
+    assert!(
+        most_used.load(Ordering::SeqCst) > 0,
+        "no scrape saw blocks in use"
+    );
+    let slowest = slowest_health.load(Ordering::SeqCst);
+    assert!(slowest < 1000, "a /health probe took {slowest} ms");
+    let (_, text) = srv.get("/metrics");
+    let gone = ServerProc::metric(&text, "hipdecode_requests_client_gone_total").unwrap_or(0.0);
+    assert!(gone >= 4.0, "the leaving clients were cancelled:\n{text}");
+
+    // SIGTERM while streams run: new requests get 503, the running ones end with a finish
+    // reason and [DONE] (cut at the 3 s shutdown timeout), and the process exits 0.
+    let pid = srv.pid();
+    let running: Vec<_> = (0..2)
+        .map(|i| {
+            let body = chat_body(&format!("Count slowly to one hundred, take {i}."), 64, true);
+            let mut stream = srv.stream(CHAT, &body);
+            assert_eq!(stream.status, 200);
+            assert_eq!(stream.read_content(1).pieces, 1);
+            std::thread::spawn(move || stream.finish())
+        })
+        .collect();
+    let t = Instant::now();
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, body) = srv.post(CHAT, chat_body("hello", 4, false).to_string().as_bytes());
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("shutting down"), "{body}");
+    for r in running {
+        let r = r.join().unwrap();
+        assert!(r.done && r.error.is_none(), "{r:?}");
+        assert_eq!(r.finish_reason.as_deref(), Some("length"), "{r:?}");
+    }
+    let status = srv.wait(Duration::from_secs(20));
+    assert!(status.success(), "exit {status:?}:\n{}", srv.log());
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn deadlines_and_a_conversation_that_goes_on_from_the_prefix_cache() {
+    let Some(model) = test_support::models::smollm2_path() else {
+        return;
+    };
+    let _one = one_at_a_time();
+    let file = decode::open_model(&model).expect("opens");
+    let tokenizer = Tokenizer::from_gguf(&file).expect("tokenizer");
+    let srv = ServerProc::start(
+        &model,
+        &[
+            "--device",
+            "cpu",
+            "--ctx",
+            "256",
+            "--parallel",
+            "1",
+            "--timeout",
+            "60",
+        ],
+    );
+
+    // A running request at its deadline (3 s) ends with what it has, "length"; one queued
+    // behind it all through its own deadline (1 s) gets 503. Both are shorter than the
+    // server's --timeout, which bounds them.
+    let mut long = chat_body("Count from one to one thousand.", 200, false);
+    long["timeout"] = json!(3.0);
+    let mut queued = chat_body("hi", 4, false);
+    queued["timeout"] = json!(1.0);
+    let (first, second) = std::thread::scope(|s| {
+        let a = s.spawn(|| srv.post(CHAT, long.to_string().as_bytes()));
+        std::thread::sleep(Duration::from_millis(300));
+        let b = s.spawn(|| srv.post(CHAT, queued.to_string().as_bytes()));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!(first.0, 200, "{}", first.1);
+    let first: Value = serde_json::from_str(&first.1).unwrap();
+    assert_eq!(first["choices"][0]["finish_reason"], "length");
+    let got = first["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(got > 0 && got < 200, "{got} tokens in 3 s");
+    assert_eq!(second.0, 503, "{}", second.1);
+    assert!(second.1.contains("queue_timeout"), "{}", second.1);
+
+    // A finished conversation plus one turn: everything before the new turn is found in the
+    // prefix cache (whole blocks of 16), the answer's tokens too, not only the first prompt's.
+    let question = "Describe the colour blue in five sentences.";
+    let turn1 = json!([{"role": "user", "content": question}]);
+    let body = json!({"messages": turn1, "max_tokens": 48, "temperature": 0});
+    let (status, text) = srv.post(CHAT, body.to_string().as_bytes());
+    assert_eq!(status, 200, "{text}");
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    let reply = answer["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let messages = json!([
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": "And another one?"},
+    ]);
+    let body = json!({"messages": messages, "max_tokens": 4, "temperature": 0});
+    let (status, text) = srv.post(CHAT, body.to_string().as_bytes());
+    assert_eq!(status, 200, "{text}");
+    let second: Value = serde_json::from_str(&text).unwrap();
+    // What the first request's sequence held: its prompt and every answer token but the
+    // last (sampled, never fed back).
+    let template = ChatTemplate::from_gguf(&file, &tokenizer, "smollm2").unwrap();
+    let render = |m: &Value| {
+        let text = template
+            .render(&Conversation {
+                messages: m.as_array().unwrap().clone(),
+                tools: None,
+                add_generation_prompt: true,
+            })
+            .unwrap();
+        encode_rendered(&template, &tokenizer, &text)
+    };
+    let first_prompt = render(&turn1);
+    let second_prompt = render(&messages);
+    let held =
+        first_prompt.len() + answer["usage"]["completion_tokens"].as_u64().unwrap() as usize - 1;
+    let mut fed = first_prompt.clone();
+    fed.extend(tokenizer.encode(&reply, false));
+    let common = (fed.iter().zip(&second_prompt))
+        .take_while(|(a, b)| a == b)
+        .count()
+        .min(held)
+        .min(second_prompt.len() - 1);
+    let expected = common / 16 * 16;
+    assert!(
+        expected >= first_prompt.len().div_ceil(16) * 16 + 16,
+        "the test needs an answer that fills blocks past the prompt ({common} shared)"
+    );
+    assert_eq!(
+        second["usage"]["prompt_tokens_details"]["cached_tokens"], expected,
+        "{second}"
+    );
+    assert_eq!(second["usage"]["prompt_tokens"], second_prompt.len());
+}
+
+#[test]
+fn the_key_guards_the_api_and_the_metrics_but_not_health() {
+    let Some(model) = test_support::models::smollm2_path() else {
+        return;
+    };
+    let _one = one_at_a_time();
+    let srv = ServerProc::start(
+        &model,
+        &["--device", "cpu", "--api-key", "sesame", "--ctx", "64"],
+    );
+    let body = chat_body("hi", 2, false).to_string();
+    let (status, text) = srv.post(CHAT, body.as_bytes());
+    assert_eq!(status, 401, "{text}");
+    assert!(text.contains("authentication_error"), "{text}");
+    let wrong = [("Authorization", "Bearer open")];
+    assert_eq!(srv.post_with(CHAT, body.as_bytes(), &wrong).0, 401);
+    assert_eq!(srv.get("/metrics").0, 401);
+    assert_eq!(srv.get("/v1/models").0, 401);
+    assert_eq!(srv.get("/health").0, 200);
+    let key = [("Authorization", "Bearer sesame")];
+    let (status, text) = srv.post_with(CHAT, body.as_bytes(), &key);
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = srv.get_with("/v1/models", &key);
+    assert_eq!(status, 200);
+    let models: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(models["data"][0]["context_length"], 64);
+    assert_eq!(srv.get_with("/metrics", &key).0, 200);
+}
+
+/// Each hostile request, its status, and a piece its message must hold.
+#[test]
+fn hostile_requests_get_a_4xx_that_names_the_problem_and_the_server_goes_on() {
+    let Some(model) = test_support::models::smollm2_path() else {
+        return;
+    };
+    let _one = one_at_a_time();
+    let srv = ServerProc::start(&model, &["--device", "cpu", "--ctx", "256"]);
+    let digits = "7".repeat(100_000);
+    let spaces = " ".repeat(100_000);
+    let nested = "[".repeat(100_000) + &"]".repeat(100_000);
+    let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
+        (
+            "huge max_tokens",
+            br#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":100000000}"#.to_vec(),
+            400,
+            "positions are left",
+        ),
+        (
+            "NaN temperature",
+            br#"{"messages":[{"role":"user","content":"hi"}],"temperature":NaN}"#.to_vec(),
+            400,
+            "not valid JSON",
+        ),
+        (
+            "temperature out of range",
+            br#"{"messages":[{"role":"user","content":"hi"}],"temperature":1e308}"#.to_vec(),
+            400,
+            "temperature",
+        ),
+        (
+            "invalid UTF-8",
+            b"{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}".to_vec(),
+            400,
+            "not valid JSON",
+        ),
+        ("deeply nested JSON", nested.into_bytes(), 400, "recursion"),
+        (
+            "100k digits",
+            json!({"prompt": digits, "max_tokens": 1}).to_string().into_bytes(),
+            400,
+            "positions (--ctx)",
+        ),
+        (
+            "100k spaces",
+            json!({"prompt": spaces, "max_tokens": 1}).to_string().into_bytes(),
+            400,
+            "positions (--ctx)",
+        ),
+        (
+            "tools",
+            br#"{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}]}"#.to_vec(),
+            400,
+            "`tools` is not supported",
+        ),
+        (
+            "n = 3",
+            br#"{"messages":[{"role":"user","content":"hi"}],"n":3}"#.to_vec(),
+            400,
+            "n = 3",
+        ),
+        ("not an object", b"[1, 2, 3]".to_vec(), 400, "JSON object"),
+        ("an empty body", Vec::new(), 400, "not valid JSON"),
+    ];
+    let mut log = String::new();
+    for (what, body, status, needle) in &cases {
+        let path = if what.starts_with("100k") {
+            "/v1/completions"
+        } else {
+            CHAT
+        };
+        let t = Instant::now();
+        let (got, text) = srv.post(path, body);
+        assert_eq!(got, *status, "{what}: {text}");
+        let v: Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{what}: {e}: {text}"));
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(needle), "{what}: {message}");
+        // Not a timing test: a bound that only a hang (or a quadratic tokenizer) misses.
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{what} took {:?}",
+            t.elapsed()
+        );
+        log.push_str(&format!("{what}: {got} {message}\n"));
+    }
+    // 10 MB, sent as curl sends a large body (the server reads up to its limit, then
+    // refuses).
+    let (status, text, _) = srv.post_large("/v1/completions", 10 << 20, b' ');
+    assert_eq!(status, 413, "{text}");
+    assert!(text.contains("--max-body"), "{text}");
+    log.push_str(&format!("a 10 MB body: {status} {text}\n"));
+    let (status, _) = srv.get("/no/such/route");
+    assert_eq!(status, 404);
+    let (status, _) = srv.get(CHAT);
+    assert_eq!(status, 405);
+    eprintln!("--- hostile requests and their answers ---\n{log}");
+    // Still serving.
+    let (status, text) = srv.post(CHAT, chat_body("hi", 2, false).to_string().as_bytes());
+    assert_eq!(status, 200, "{text}");
+    let mut stream = srv.stream(CHAT, &chat_body("hi", 2, true));
+    assert!(matches!(stream.next_event(), Some(SseEvent::Json(_))));
+}
+
+#[test]
+fn the_openai_python_client_gets_what_hipdecode_run_gives() {
+    let Some(model) = test_support::models::smollm2_path() else {
+        return;
+    };
+    let has_client = std::process::Command::new("python3")
+        .args(["-c", "import openai"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_client {
+        test_support::models::skip_unless_required::<()>(
+            "python3 with the openai package is not installed (pip install -r tests/reference/requirements.txt)",
+        );
+        return;
+    }
+    let _one = one_at_a_time();
+    let srv = ServerProc::start(
+        &model,
+        &["--device", "cpu", "--ctx", "256", "--api-key", "k"],
+    );
+    let script = test_support::models::workspace_root().join("tests/reference/openai_client.py");
+    const QUESTION: &str = "What is the capital of France?";
+    const TOKENS: usize = 24;
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .args(["--base-url", &srv.url("/v1"), "--api-key", "k"])
+        .args(["--question", QUESTION, "--max-tokens", &TOKENS.to_string()])
+        .output()
+        .expect("run the client");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        srv.log()
+    );
+    let got: Value = serde_json::from_slice(&out.stdout).expect("the client's JSON");
+    // `hipdecode run` on the prompt the template renders, the same settings.
+    let file = decode::open_model(&model).expect("opens");
+    let tokenizer = Tokenizer::from_gguf(&file).expect("tokenizer");
+    let template = ChatTemplate::from_gguf(&file, &tokenizer, "smollm2").unwrap();
+    let rendered = template
+        .render(&Conversation {
+            messages: vec![json!({"role": "user", "content": QUESTION})],
+            tools: None,
+            add_generation_prompt: true,
+        })
+        .unwrap();
+    assert!(
+        rendered.starts_with(template.bos_token()),
+        "the template writes the BOS"
+    );
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_hipdecode"))
+        .args([
+            "run", "--device", "cpu", "--ctx", "256", "--temp", "0", "--no-bos",
+        ])
+        .arg("-m")
+        .arg(&model)
+        .args(["-p", &rendered, "-n", &TOKENS.to_string()])
+        .output()
+        .expect("hipdecode run");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let printed = String::from_utf8(run.stdout).unwrap();
+    let continuation = printed
+        .strip_prefix(&rendered)
+        .expect("run prints the prompt first")
+        .trim_end_matches('\n');
+    assert!(!continuation.is_empty());
+    assert_eq!(got["text"], continuation, "non-streaming: {got}");
+    assert_eq!(got["streamed"], continuation, "streaming: {got}");
+    assert_eq!(got["finish_reason"], got["streamed_finish_reason"]);
+    assert!(got["prompt_tokens"].as_u64().unwrap() > 0);
+}
