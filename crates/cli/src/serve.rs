@@ -35,6 +35,10 @@ pub struct ServeArgs {
     /// Sequences generated at once (each of --ctx positions at most).
     #[arg(long, default_value_t = 4)]
     parallel: usize,
+    /// Rows one step carries at most: a decode row of every running sequence, then prompt
+    /// chunks. Default: the GPU's prefill chunk (512), or 64 on the CPU.
+    #[arg(long)]
+    batch: Option<usize>,
     /// Bytes of KV cache all sequences share ("2GiB", "512MiB"): requests are admitted while
     /// their prompts fit and wait otherwise. Default: every sequence's whole context
     /// (--parallel × --ctx positions).
@@ -125,9 +129,21 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     if let Some(b) = &budget_run {
         eprint!("{}", b.summary());
     }
+    let batch = match (args.batch, &choice.backend) {
+        (Some(b), _) => b,
+        (None, device::BackendChoice::Gpu(_)) => base.gpu_max_batch,
+        (None, device::BackendChoice::Cpu) => ContextOptions::default().max_batch,
+    };
+    anyhow::ensure!(
+        batch >= args.parallel,
+        "--batch {batch} is smaller than --parallel {}: a step must hold a decode row of \
+         every running sequence",
+        args.parallel
+    );
     let settings = BackendSettings {
         gpu_offload: budget_run.map(|b| b.offload),
         gpu_config: Some(gpu_config),
+        gpu_max_batch: base.gpu_max_batch.max(batch),
         ..base
     };
     let server = Server::start(config)?;
@@ -144,6 +160,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             template,
             alias,
             kv_budget,
+            batch,
             server: &server,
         },
     )??;
@@ -171,6 +188,7 @@ struct Serving<'a> {
     template: Result<ChatTemplate, String>,
     alias: String,
     kv_budget: Option<u64>,
+    batch: usize,
     server: &'a Server,
 }
 
@@ -182,7 +200,7 @@ impl WithBackend for Serving<'_> {
         let model = Model::load(self.file, &mut backend)?;
         let spec = model.spec();
         let context = decode::layout::context::clamp_context(spec, args.backend.ctx);
-        let max_batch = ContextOptions::default().max_batch.max(args.parallel);
+        let max_batch = self.batch;
         let block_bytes = decode::layout::context::pool_block_bytes(
             spec,
             context,

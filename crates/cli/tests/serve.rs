@@ -572,3 +572,28 @@ fn the_openai_python_client_gets_what_hipdecode_run_gives() {
     assert_eq!(got["finish_reason"], got["streamed_finish_reason"]);
     assert!(got["prompt_tokens"].as_u64().unwrap() > 0);
 }
+
+#[test]
+fn impossible_settings_are_refused_at_start_with_the_fix() {
+    let Some(model) = test_support::models::smollm2_path() else {
+        return;
+    };
+    let _one = one_at_a_time();
+    for (args, needle) in [
+        (&["--parallel", "8", "--batch", "4"][..], "--batch 4 is smaller than --parallel 8"),
+        (&["--kv-budget", "1KiB"][..], "holds no KV block"),
+        (&["--kv-budget", "lots"][..], "--kv-budget"),
+        (&["--timeout", "0"][..], "--timeout must be a number of seconds > 0"),
+        (&["--max-body", "0"][..], "--max-body"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hipdecode"))
+            .args(["serve", "--device", "cpu", "--port", "0", "-m"])
+            .arg(&model)
+            .args(args)
+            .output()
+            .expect("run hipdecode serve");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}

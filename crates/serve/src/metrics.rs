@@ -10,6 +10,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
+use std::sync::atomic::AtomicU64;
 
 type Labels = Vec<(&'static str, &'static str)>;
 
@@ -36,6 +37,9 @@ pub struct Metrics {
     device_bytes: Family<Labels, Gauge>,
     allocator_reserved: Gauge,
     allocator_cached: Gauge,
+    engine_steps: Family<Labels, Gauge>,
+    engine_rows: Family<Labels, Gauge>,
+    engine_seconds: Family<Labels, Gauge<f64, AtomicU64>>,
 }
 
 impl Default for Metrics {
@@ -70,6 +74,9 @@ impl Metrics {
             device_bytes: Family::default(),
             allocator_reserved: Gauge::default(),
             allocator_cached: Gauge::default(),
+            engine_steps: Family::default(),
+            engine_rows: Family::default(),
+            engine_seconds: Family::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -181,6 +188,22 @@ impl Metrics {
             Unit::Bytes,
             m.allocator_cached.clone(),
         );
+        r.register(
+            "engine_steps",
+            "Steps the engine ran, by kind: decode (decode rows only) or prefill (with prompt rows)",
+            m.engine_steps.clone(),
+        );
+        r.register(
+            "engine_step_rows",
+            "Rows those steps carried",
+            m.engine_rows.clone(),
+        );
+        r.register_with_unit(
+            "engine_step",
+            "Time those steps took",
+            Unit::Seconds,
+            m.engine_seconds.clone(),
+        );
         m
     }
 
@@ -218,6 +241,15 @@ impl Metrics {
                     ("location", location(&stats.memory.location)),
                 ])
                 .set(stats.memory.get(tag) as i64);
+        }
+        for (kind, c) in [
+            ("decode", stats.decode_steps),
+            ("prefill", stats.prefill_steps),
+        ] {
+            let label = vec![("kind", kind)];
+            self.engine_steps.get_or_create(&label).set(c.steps as i64);
+            self.engine_rows.get_or_create(&label).set(c.rows as i64);
+            self.engine_seconds.get_or_create(&label).set(c.seconds);
         }
         if let Some(d) = &stats.device {
             self.allocator_reserved.set(d.reserved_bytes as i64);

@@ -78,6 +78,25 @@ pub struct EngineStats {
     /// The device allocator's counters (reserved, cached, per tag), on a backend with a
     /// device.
     pub device: Option<rocm_alloc::Stats>,
+    /// Steps of decode rows only, and steps that carried prompt rows.
+    pub decode_steps: StepCounters,
+    pub prefill_steps: StepCounters,
+}
+
+/// Steps the engine ran since it started: how many, their rows, and the time they took.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepCounters {
+    pub steps: u64,
+    pub rows: u64,
+    pub seconds: f64,
+}
+
+impl StepCounters {
+    pub(super) fn add(&mut self, rows: usize, seconds: f64) {
+        self.steps += 1;
+        self.rows += rows as u64;
+        self.seconds += seconds;
+    }
 }
 
 pub(super) enum Command {

@@ -8,7 +8,9 @@
 
 mod handle;
 
-pub use handle::{Delivery, EngineHandle, EngineStats, RequestHandle, Update, UpdateSink};
+pub use handle::{
+    Delivery, EngineHandle, EngineStats, RequestHandle, StepCounters, Update, UpdateSink,
+};
 
 use crate::backend::Backend;
 use crate::context::Context;
@@ -221,6 +223,7 @@ fn step_loop<B: Backend>(
     inbox: EngineInbox,
 ) {
     let mut requests = Requests::default();
+    let (mut decode_steps, mut prefill_steps) = (StepCounters::default(), StepCounters::default());
     // A step that ran nothing and reported nothing: wait for a command rather than spin.
     let mut stalled = false;
     loop {
@@ -267,6 +270,8 @@ fn step_loop<B: Backend>(
                             .device_memory()
                             .and_then(|m| m.ok())
                             .map(|m| m.stats),
+                        decode_steps,
+                        prefill_steps,
                     });
                 }
                 Command::Stop => {
@@ -290,7 +295,16 @@ fn step_loop<B: Backend>(
                 requests.deliver(&mut scheduler, id, Update::Started { cached });
             }
         }
-        let sampled = match run_plan(model, &mut backend, &mut ctx, &scheduler, &plan) {
+        let step_start = std::time::Instant::now();
+        let ran = run_plan(model, &mut backend, &mut ctx, &scheduler, &plan);
+        if !plan.batch.is_empty() {
+            let seconds = step_start.elapsed().as_secs_f64();
+            match plan.batch.phase() {
+                crate::batch::Phase::Decode => decode_steps.add(plan.batch.len(), seconds),
+                crate::batch::Phase::Prefill => prefill_steps.add(plan.batch.len(), seconds),
+            }
+        }
+        let sampled = match ran {
             Ok(sampled) => sampled,
             Err(e) => {
                 // The step's requests end with the error (they leave at the next step); the
