@@ -118,3 +118,33 @@ impl BackendArgs {
         })
     }
 }
+
+/// `base` with a GPU budget's plan carried out (printed first): what `--gpu-budget` and
+/// `--host-budget` ask of a run on `choice`, with the knobs read once so the plan prices
+/// what the backend then opens with.
+pub fn with_budget(
+    base: BackendSettings,
+    choice: &decode::device::BackendChoice,
+    file: &decode::gguf_loader::GgufFile,
+    context: usize,
+    gpu_budget: Option<&str>,
+    host_budget: Option<&str>,
+) -> Result<BackendSettings> {
+    let gpu_config = decode::backend::gpu::GpuConfig::from_process()?;
+    let budget_run = decode::budget_run::for_choice(
+        choice,
+        file,
+        gpu_budget,
+        host_budget,
+        decode::layout::LayoutOptions::for_config(context, &gpu_config),
+        gpu_config.cpu_share,
+    )?;
+    if let Some(b) = &budget_run {
+        eprint!("{}", b.summary());
+    }
+    Ok(BackendSettings {
+        gpu_offload: budget_run.map(|b| b.offload),
+        gpu_config: Some(gpu_config),
+        ..base
+    })
+}

@@ -265,24 +265,14 @@ fn run(args: RunArgs) -> Result<()> {
     let sampler = args.sampling.config()?;
     let file = decode::open_model(&args.model)?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
-    // Read once: the plan prices what the backend then opens with.
-    let gpu_config = GpuConfig::from_process()?;
-    let budget_run = decode::budget_run::for_choice(
+    let settings = args::with_budget(
+        base,
         &choice.backend,
         &file,
+        args.backend.ctx,
         args.gpu_budget.as_deref(),
         args.host_budget.as_deref(),
-        decode::layout::LayoutOptions::for_config(args.backend.ctx, &gpu_config),
-        gpu_config.cpu_share,
     )?;
-    if let Some(b) = &budget_run {
-        eprint!("{}", b.summary());
-    }
-    let settings = BackendSettings {
-        gpu_offload: budget_run.map(|b| b.offload),
-        gpu_config: Some(gpu_config),
-        ..base
-    };
     choice.backend.run(
         settings,
         Generation {

@@ -4,7 +4,6 @@
 
 use crate::args::BackendArgs;
 use anyhow::{Context as _, Result};
-use decode::backend::gpu::GpuConfig;
 use decode::backend::Backend;
 use decode::chat_template::{ChatTemplate, TemplateError};
 use decode::context::{Context, ContextOptions};
@@ -117,18 +116,6 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             }
             Err(e) => return Err(e.into()),
         };
-    let gpu_config = GpuConfig::from_process()?;
-    let budget_run = decode::budget_run::for_choice(
-        &choice.backend,
-        &file,
-        args.gpu_budget.as_deref(),
-        args.host_budget.as_deref(),
-        decode::layout::LayoutOptions::for_config(args.backend.ctx, &gpu_config),
-        gpu_config.cpu_share,
-    )?;
-    if let Some(b) = &budget_run {
-        eprint!("{}", b.summary());
-    }
     let batch = match (args.batch, &choice.backend) {
         (Some(b), _) => b,
         (None, device::BackendChoice::Gpu(_)) => base.gpu_max_batch,
@@ -140,12 +127,18 @@ pub fn serve(args: ServeArgs) -> Result<()> {
          every running sequence",
         args.parallel
     );
-    let settings = BackendSettings {
-        gpu_offload: budget_run.map(|b| b.offload),
-        gpu_config: Some(gpu_config),
+    let base = BackendSettings {
         gpu_max_batch: base.gpu_max_batch.max(batch),
         ..base
     };
+    let settings = crate::args::with_budget(
+        base,
+        &choice.backend,
+        &file,
+        args.backend.ctx,
+        args.gpu_budget.as_deref(),
+        args.host_budget.as_deref(),
+    )?;
     let server = Server::start(config)?;
     eprintln!("listening on http://{}", server.addr());
     let alias = args.alias.clone().unwrap_or_else(|| {

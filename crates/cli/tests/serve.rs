@@ -580,10 +580,16 @@ fn impossible_settings_are_refused_at_start_with_the_fix() {
     };
     let _one = one_at_a_time();
     for (args, needle) in [
-        (&["--parallel", "8", "--batch", "4"][..], "--batch 4 is smaller than --parallel 8"),
+        (
+            &["--parallel", "8", "--batch", "4"][..],
+            "--batch 4 is smaller than --parallel 8",
+        ),
         (&["--kv-budget", "1KiB"][..], "holds no KV block"),
         (&["--kv-budget", "lots"][..], "--kv-budget"),
-        (&["--timeout", "0"][..], "--timeout must be a number of seconds > 0"),
+        (
+            &["--timeout", "0"][..],
+            "--timeout must be a number of seconds > 0",
+        ),
         (&["--max-body", "0"][..], "--max-body"),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_hipdecode"))
