@@ -217,7 +217,7 @@ fn chat(model: &std::path::Path, extra: &[&str], input: &str) -> std::process::O
     use std::io::Write;
     let template = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/chat_templates/smollm2-135m-instruct.jinja"
+        "/../decode/tests/data/chat_templates/smollm2-135m-instruct.jinja"
     );
     let mut child = hipdecode()
         .args(["chat", "-m"])
@@ -433,5 +433,63 @@ fn a_stop_string_ends_the_text_before_it_in_run_and_chat() {
         !String::from_utf8_lossy(&out.stdout).contains(&stop),
         "{stderr}"
     );
+    std::fs::remove_file(&model).ok();
+}
+
+#[test]
+fn ctrl_c_stops_the_answer_and_the_chat_goes_on() {
+    use std::io::{Read, Write};
+    let model = tiny_model("interrupt");
+    let template = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../decode/tests/data/chat_templates/smollm2-135m-instruct.jinja"
+    );
+    let mut child = hipdecode()
+        .args(["chat", "-m"])
+        .arg(&model)
+        .args([
+            "--chat-template",
+            template,
+            "--device",
+            "cpu",
+            "--temp",
+            "0",
+        ])
+        // An answer far longer than the time to interrupt it, with no end of turn to stop it.
+        .args(["-n", "1000000", "--ctx", "100000"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"tell me everything\n").unwrap();
+    // Once the answer streams, Ctrl-C.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).expect("the answer starts");
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    // The program is still there for the next message, and ends on /exit.
+    stdin.write_all(b"and now?\n/exit\n").unwrap();
+    drop(stdin);
+    let reader = std::thread::spawn(move || {
+        let mut rest = Vec::new();
+        stdout.read_to_end(&mut rest).map(|_| rest)
+    });
+    let out = child.wait_with_output().unwrap();
+    reader.join().unwrap().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let turns: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("prompt tokens:"))
+        .collect();
+    assert_eq!(turns.len(), 2, "{stderr}");
+    assert!(turns[0].ends_with("interrupted]"), "{}", turns[0]);
     std::fs::remove_file(&model).ok();
 }
