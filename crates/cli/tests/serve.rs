@@ -282,27 +282,37 @@ fn deadlines_and_a_conversation_that_goes_on_from_the_prefix_cache() {
             "1",
             "--timeout",
             "60",
+            "--max-queue",
+            "1",
         ],
     );
 
-    // A running request at its deadline (3 s) ends with what it has, "length"; one queued
+    // A running request at its deadline (6 s) ends with what it has, "length"; one queued
     // behind it all through its own deadline (1 s) gets 503. Both are shorter than the
     // server's --timeout, which bounds them.
     let mut long = chat_body("Count from one to one thousand.", 200, false);
-    long["timeout"] = json!(3.0);
+    long["timeout"] = json!(6.0);
     let mut queued = chat_body("hi", 4, false);
     queued["timeout"] = json!(1.0);
     let (first, second) = std::thread::scope(|s| {
         let a = s.spawn(|| srv.post(CHAT, long.to_string().as_bytes()));
         std::thread::sleep(Duration::from_millis(300));
         let b = s.spawn(|| srv.post(CHAT, queued.to_string().as_bytes()));
+        // One running and one queued fill --max-queue 1: one more is refused at once.
+        std::thread::sleep(Duration::from_millis(300));
+        let (status, text) = srv.post(CHAT, chat_body("hi", 4, false).to_string().as_bytes());
+        assert_eq!(status, 503, "{text}");
+        assert!(
+            text.contains("queue_full") && text.contains("--max-queue"),
+            "{text}"
+        );
         (a.join().unwrap(), b.join().unwrap())
     });
     assert_eq!(first.0, 200, "{}", first.1);
     let first: Value = serde_json::from_str(&first.1).unwrap();
     assert_eq!(first["choices"][0]["finish_reason"], "length");
     let got = first["usage"]["completion_tokens"].as_u64().unwrap();
-    assert!(got > 0 && got < 200, "{got} tokens in 3 s");
+    assert!(got > 0 && got < 200, "{got} tokens in 6 s");
     assert_eq!(second.0, 503, "{}", second.1);
     assert!(second.1.contains("queue_timeout"), "{}", second.1);
 
@@ -602,4 +612,31 @@ fn impossible_settings_are_refused_at_start_with_the_fix() {
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn a_model_without_a_template_refuses_chat_and_still_completes() {
+    let _one = one_at_a_time();
+    let model = test_support::models::scratch_dir("serve-tests")
+        .join(format!("no-template-{}.gguf", std::process::id()));
+    decode::gguf_loader::synth::write_preset(
+        decode::gguf_loader::synth::Preset::TinyLlama,
+        &model,
+        5,
+    )
+    .expect("a tiny model");
+    let srv = ServerProc::start(&model, &["--device", "cpu", "--ctx", "64"]);
+    let (status, text) = srv.post(CHAT, chat_body("hi", 2, false).to_string().as_bytes());
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.contains("no_chat_template") && text.contains("--chat-template"),
+        "{text}"
+    );
+    let body = json!({"prompt": "hello", "max_tokens": 3, "temperature": 0});
+    let (status, text) = srv.post("/v1/completions", body.to_string().as_bytes());
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 3, "{text}");
+    drop(srv);
+    std::fs::remove_file(&model).ok();
 }
