@@ -8,7 +8,7 @@ use crate::state::{AppState, LoadedModel};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -114,6 +114,7 @@ async fn models(State(state): State<Arc<AppState>>) -> Result<Response, ApiError
             "context_length": model.context,
             "parallel_sequences": model.sequences,
             "kv_budget_bytes": model.kv_budget_bytes,
+            "kv_bytes_per_token": model.kv_bytes_per_token,
             "chat_template": model.template.is_ok(),
         }],
     }))
@@ -139,18 +140,16 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 
 async fn chat_completions(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    complete(state, Endpoint::Chat, headers, body).await
+    complete(state, Endpoint::Chat, body).await
 }
 
 async fn completions(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    complete(state, Endpoint::Completion, headers, body).await
+    complete(state, Endpoint::Completion, body).await
 }
 
 /// Response ids, unique within the process.
@@ -159,7 +158,6 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 async fn complete(
     state: Arc<AppState>,
     endpoint: Endpoint,
-    _headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let arrived = Instant::now();
