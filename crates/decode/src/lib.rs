@@ -17,8 +17,9 @@
 //!   and what the offload planner prices.
 //! - [`fuzzing`]: the hostile-input harnesses of the fuzz targets in `fuzz/`.
 //!
-//! The `hipdecode` binary (`run`, `inspect`) is in `src/bin/hipdecode.rs`; docs/decode.md
-//! describes the design, the tolerances against the reference and the measured speed.
+//! The `hipdecode` command line is the `hipdecode` package (`crates/cli`) and its server the
+//! `serve` crate; docs/decode.md describes the design, the tolerances against the reference
+//! and the measured speed.
 
 pub mod backend;
 pub mod batch;
