@@ -213,13 +213,14 @@ fn turn_counts(stderr: &str) -> Vec<[usize; 4]> {
         .collect()
 }
 
-fn chat(model: &std::path::Path, extra: &[&str], input: &str) -> std::process::Output {
-    use std::io::Write;
+/// `hipdecode chat` on `model` through SmolLM2's template, greedy on the CPU, every stream
+/// piped.
+fn chat_child(model: &std::path::Path, extra: &[&str]) -> std::process::Child {
     let template = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../decode/tests/data/chat_templates/smollm2-135m-instruct.jinja"
     );
-    let mut child = hipdecode()
+    hipdecode()
         .args(["chat", "-m"])
         .arg(model)
         .args([
@@ -235,7 +236,12 @@ fn chat(model: &std::path::Path, extra: &[&str], input: &str) -> std::process::O
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+fn chat(model: &std::path::Path, extra: &[&str], input: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = chat_child(model, extra);
     child
         .stdin
         .take()
@@ -440,28 +446,8 @@ fn a_stop_string_ends_the_text_before_it_in_run_and_chat() {
 fn ctrl_c_stops_the_answer_and_the_chat_goes_on() {
     use std::io::{Read, Write};
     let model = tiny_model("interrupt");
-    let template = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../decode/tests/data/chat_templates/smollm2-135m-instruct.jinja"
-    );
-    let mut child = hipdecode()
-        .args(["chat", "-m"])
-        .arg(&model)
-        .args([
-            "--chat-template",
-            template,
-            "--device",
-            "cpu",
-            "--temp",
-            "0",
-        ])
-        // An answer far longer than the time to interrupt it, with no end of turn to stop it.
-        .args(["-n", "1000000", "--ctx", "100000"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    // An answer far longer than the time to interrupt it.
+    let mut child = chat_child(&model, &["-n", "1000000", "--ctx", "100000"]);
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(b"tell me everything\n").unwrap();
     // Once the answer streams, Ctrl-C.
