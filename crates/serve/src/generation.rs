@@ -240,20 +240,22 @@ async fn generate(
         ended: false,
     };
     metrics.queued.inc();
+    // Counted as queued until it starts or ends, whichever way it leaves the wait.
+    let queued = scopeguard(|| {
+        metrics.queued.dec();
+    });
     // Until it takes a sequence (nothing else comes before `Started`).
     let cached = tokio::select! {
             update = updates.recv() => match update {
                 Some(Update::Started { cached }) => cached,
                 Some(Update::Failed(why)) => {
                     guard.ended = true;
-                    metrics.queued.dec();
                     let _ = admission.send(Err(ApiError::internal(why)));
                     return;
                 }
                 // Nothing else comes before `Started`.
                 _ => {
                     guard.ended = true;
-                    metrics.queued.dec();
                     let _ = admission.send(Err(ApiError::internal(
                         "the engine ended the request before it started",
                     )));
@@ -261,7 +263,6 @@ async fn generate(
                 }
             },
             _ = tokio::time::sleep_until(deadline) => {
-                metrics.queued.dec();
                 metrics.deadline_in_queue.inc();
                 let _ = admission.send(Err(ApiError::unavailable(
                     "queue_timeout",
@@ -274,7 +275,6 @@ async fn generate(
                 return;
             }
             _ = cut.wait_for(|cut| *cut) => {
-                metrics.queued.dec();
                 let _ = admission.send(Err(ApiError::unavailable(
                     "shutting_down",
                     "the server is shutting down",
@@ -283,11 +283,10 @@ async fn generate(
             }
             _ = pieces.closed() => {
                 // The client left while it waited.
-                metrics.queued.dec();
                 return;
             }
     };
-    metrics.queued.dec();
+    drop(queued);
     metrics.running.inc();
     let _running = scopeguard(|| {
         metrics.running.dec();
