@@ -4,10 +4,9 @@
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use decode::backend::gpu::GpuConfig;
 use decode::backend::Backend;
 use decode::context::ContextOptions;
-use decode::device::{self, BackendSettings, DeviceRequest, WithBackend};
+use decode::device::{self, WithBackend};
 use decode::generate::{generate, StopReason};
 use decode::gguf_loader;
 use decode::memory::human_bytes;
@@ -21,6 +20,7 @@ use std::process::ExitCode;
 
 mod args;
 mod chat;
+mod profile;
 mod serve;
 
 use args::{BackendArgs, SamplingArgs};
@@ -50,7 +50,7 @@ enum Command {
     /// Print a GGUF file's metadata and tensors, or export one tensor as .npy.
     Inspect(InspectArgs),
     /// Time every op of decode steps on the GPU: a per-kernel table with bytes moved.
-    Profile(ProfileArgs),
+    Profile(profile::ProfileArgs),
     /// Plan GPU memory under a budget: what must stay resident, which weights stay on the
     /// device and which are read from host memory, and the predicted decode speed. Needs no
     /// GPU.
@@ -127,25 +127,6 @@ struct PlanArgs {
 }
 
 #[derive(clap::Args)]
-struct ProfileArgs {
-    /// The GGUF model file.
-    #[arg(short, long)]
-    model: PathBuf,
-    /// Prompt tokens processed before the profiled steps (their KV is what attention reads).
-    #[arg(short = 'p', long, default_value_t = 64)]
-    prompt_tokens: usize,
-    /// Decode steps profiled.
-    #[arg(short = 'n', long, default_value_t = 32)]
-    steps: usize,
-    /// auto or gpu (the CPU backend has no per-op profile).
-    #[arg(long, default_value = "gpu")]
-    device: DeviceRequest,
-    /// Profile the prompt's prefill instead of the decode steps.
-    #[arg(long)]
-    prefill: bool,
-}
-
-#[derive(clap::Args)]
 struct RunArgs {
     /// The GGUF model file.
     #[arg(short, long)]
@@ -216,7 +197,7 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Chat(args) => chat::chat(args),
         Command::Serve(args) => serve::serve(args),
         Command::Inspect(args) => inspect(args),
-        Command::Profile(args) => profile(args),
+        Command::Profile(args) => profile::profile(args),
         Command::Plan(args) => plan(args),
         Command::ProbeManaged(args) => probe_managed(&args.bytes),
         Command::ProbeHost(args) => probe_host(&args.bytes),
@@ -282,92 +263,6 @@ fn run(args: RunArgs) -> Result<()> {
             sampler,
         },
     )?
-}
-
-fn profile(args: ProfileArgs) -> Result<()> {
-    anyhow::ensure!(args.steps > 0, "--steps must be at least 1");
-    let choice = device::choose(args.device)?;
-    let file = decode::open_model(&args.model)?;
-    let settings = BackendSettings {
-        gpu_config: Some(GpuConfig::from_process()?),
-        ..BackendSettings::default()
-    };
-    choice.backend.run(
-        settings,
-        Profiling {
-            args: &args,
-            file: &file,
-        },
-    )?
-}
-
-/// One `hipdecode profile`.
-struct Profiling<'a> {
-    args: &'a ProfileArgs,
-    file: &'a std::sync::Arc<gguf_loader::GgufFile>,
-}
-
-impl WithBackend for Profiling<'_> {
-    type Output = Result<()>;
-
-    fn run<B: Backend>(self, mut backend: B) -> Result<()> {
-        let Profiling { args, file } = self;
-        anyhow::ensure!(
-            backend.enable_profiling(),
-            "the {} backend has no per-op profile; use --device gpu",
-            backend.describe()
-        );
-        // Prefill in chunks as long as bench-decode's, so the prefill profile is the one it
-        // measures.
-        let options = ContextOptions {
-            context: args.prompt_tokens + args.steps + 1,
-            max_batch: decode::backend::gpu::DEFAULT_MAX_BATCH,
-            ..Default::default()
-        };
-        let mut model = Session::load(file, backend, options)?;
-        let vocab = model.spec().vocab as u32;
-        let prompt: Vec<u32> = (0..args.prompt_tokens.max(1) as u32)
-            .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % vocab)
-            .collect();
-        model.forward(&prompt)?;
-        let what = if args.prefill {
-            // The first prefill pays one-time costs (the vendor library's algorithm queries
-            // and lazily loaded kernels): profile a second one, as bench-decode warms up.
-            let _ = model.backend_mut().profile_report();
-            model.reset();
-            model.backend_mut().enable_profiling();
-            model.forward(&prompt)?;
-            format!(
-                "the prefill of {} prompt tokens, after one warm-up prefill",
-                prompt.len()
-            )
-        } else {
-            // Only decode steps go into the table: the prefill's ops are dropped with this
-            // report.
-            let _ = model.backend_mut().profile_report();
-            model.backend_mut().enable_profiling();
-            let mut next = model.last_argmax()?;
-            for _ in 0..args.steps {
-                model.decode(next)?;
-                next = model.last_argmax()?;
-            }
-            format!(
-                "{} prompt tokens, then {} decode steps",
-                prompt.len(),
-                args.steps
-            )
-        };
-        println!(
-            "model    {} ({} layers)\nbackend  {}\nprofiled {what}",
-            args.model.display(),
-            model.spec().n_layers,
-            model.backend().describe(),
-        );
-        if let Some(report) = model.backend_mut().profile_report() {
-            print!("{}", report?);
-        }
-        Ok(())
-    }
 }
 
 /// One `hipdecode run` on whichever backend was chosen.

@@ -479,3 +479,46 @@ fn ctrl_c_stops_the_answer_and_the_chat_goes_on() {
     assert!(turns[0].ends_with("interrupted]"), "{}", turns[0]);
     std::fs::remove_file(&model).ok();
 }
+
+/// `hipdecode profile -b 3` times decode steps of three rows on the GPU (and names them in its
+/// header); without a GPU it says so. `-b 0` is refused before anything loads.
+#[test]
+fn profile_times_steps_of_several_sequences_on_the_gpu() {
+    let model = tiny_model("profile");
+    let out = hipdecode()
+        .args(["profile", "-m"])
+        .arg(&model)
+        .args(["-b", "0"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("--sequences must be at least 1"),
+        "{stderr}"
+    );
+
+    let out = hipdecode()
+        .args(["profile", "-m"])
+        .arg(&model)
+        .args(["-b", "3", "-p", "5", "-n", "2"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    match hip_ffi::Platform::default_device() {
+        Ok(_) => {
+            assert!(out.status.success(), "{stderr}");
+            assert!(stdout.contains("2 decode steps of 3 rows"), "{stdout}");
+            assert!(stdout.contains("per-op profile: 2 steps"), "{stdout}");
+            assert!(stdout.contains("attention decode"), "{stdout}");
+        }
+        Err(_) => {
+            assert!(!out.status.success());
+            assert!(stderr.contains("no usable GPU"), "{stderr}");
+        }
+    }
+    std::fs::remove_file(&model).ok();
+}
