@@ -11,10 +11,16 @@ use crate::error::{DecodeError, Result};
 use rocm_kernels::ops::attention::{decode_workspace_floats_up_to, AttentionShape};
 use rocm_kernels::ops::{matvec::MAX_TOKENS, matvec_q8, sampling};
 
-/// Token rows from which a product runs on the vendor GEMM: below that, reading the quantized
-/// weights once per few tokens (the matrix-vector kernels) moves fewer bytes than writing and
-/// reading an f16 copy.
-pub const VENDOR_GEMM_MIN_ROWS: usize = 32;
+/// Token rows from which a dense product runs on the vendor GEMM: every step of more rows than
+/// the int8 matrix-vector kernels take in one launch. Up to that, reading the quantized weights
+/// once per few tokens moves fewer bytes than writing and reading an f16 copy; past it the
+/// int8 kernels run out of arithmetic (their time grows with the rows) and the tiled f32
+/// kernels are slower still (measured on the H200: `docs/benchmark_results/batching-*`).
+pub const VENDOR_GEMM_MIN_ROWS: usize = MAX_TOKENS + 1;
+
+/// Token rows from which an MoE runs as grouped products on the vendor GEMM (the experts'
+/// rows gathered per expert); below that each (token, expert) pair reads its expert alone.
+pub const MOE_GROUPED_MIN_ROWS: usize = 32;
 /// The most weight values the vendor GEMM dequantizes at once (32 MiB of f16).
 pub const WEIGHT_BLOCK_VALUES: usize = 16 << 20;
 /// Workspace offered to the vendor library for one product (what cuBLASLt's documentation

@@ -10,13 +10,13 @@
 //! and combined with the routing weights by the decode path's kernel.
 
 use crate::backend::gpu::offload::prefetch::HostPrefill;
-use crate::backend::gpu::vendor_gemm::VENDOR_GEMM_MIN_ROWS;
 use crate::backend::gpu::{
     error::{gpu_err, kerr},
     GpuBackend, GpuBuffer, MatvecPath, MoePrefillScratch,
 };
 use crate::backend::MoeShape;
 use crate::error::{DecodeError, Result};
+use crate::layout::workspace::MOE_GROUPED_MIN_ROWS;
 // Each expert's slots are padded so every row block starts 256-byte aligned; the rule and the
 // buffers' sizes are the layout's (`layout::workspace::moe_prefill`).
 use crate::layout::workspace::{moe_prefill_slots as slots_for, moe_slot_alignment};
@@ -69,7 +69,7 @@ impl GpuBackend {
         let s = &self.scratch.moe_prefill;
         self.matvec_path == MatvecPath::Int8
             && self.vendor_gemm.is_some()
-            && shape.rows >= VENDOR_GEMM_MIN_ROWS
+            && shape.rows >= MOE_GROUPED_MIN_ROWS
             && s.pairs >= shape.rows * shape.k
             && s.slots
                 >= slots_for(
