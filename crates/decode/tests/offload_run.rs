@@ -16,7 +16,7 @@ mod common;
 
 use common::*;
 use decode::backend::gpu::offload::prefetch::HostPrefill;
-use decode::backend::gpu::vendor_gemm::VENDOR_GEMM_MIN_ROWS;
+use decode::backend::gpu::vendor_gemm::{MOE_GROUPED_MIN_ROWS, VENDOR_GEMM_MIN_ROWS};
 use decode::backend::gpu::{CpuShare, GpuConfig};
 use decode::backend::Backend;
 use decode::budget_run::{self, BudgetRequest, BudgetRun};
@@ -405,9 +405,10 @@ fn streamed_prefill_matches_resident(test: &str, file: Arc<GgufFile>) {
         "{}",
         run.plan
     );
-    let prompt: Vec<u32> = (0..(2 * VENDOR_GEMM_MIN_ROWS) as u32)
-        .map(|i| (i * 37 + 1) % 500)
-        .collect();
+    // Long enough for the dense products' vendor GEMM and the MoE's grouped one, both of
+    // which stream offloaded weights.
+    let rows = 2 * VENDOR_GEMM_MIN_ROWS.max(MOE_GROUPED_MIN_ROWS);
+    let prompt: Vec<u32> = (0..rows as u32).map(|i| (i * 37 + 1) % 500).collect();
     let (want, _) = prefill_logits(
         device,
         &BackendSettings::default(),

@@ -18,6 +18,14 @@ use rocm_kernels::ops::{matvec::MAX_TOKENS, matvec_q8, sampling};
 /// kernels are slower still (measured on the H200: `docs/benchmark_results/batching-*`).
 pub const VENDOR_GEMM_MIN_ROWS: usize = MAX_TOKENS + 1;
 
+/// Token rows from which a prefill step's dense products run on the vendor GEMM. Prefill steps
+/// of 9 to 31 rows still take the tiled f32 kernels (slower, as decode steps of that many rows
+/// were): the GPU entries of the golden token file (`decode/tests/golden`, a prompt of about 20
+/// tokens) were recorded with them, and their seeded samples change with the vendor GEMM's f16
+/// activations. Lowering this to [`VENDOR_GEMM_MIN_ROWS`] needs those entries re-blessed on a
+/// GPU in the same change.
+pub const VENDOR_GEMM_MIN_PREFILL_ROWS: usize = 32;
+
 /// Token rows from which an MoE runs as grouped products on the vendor GEMM (the experts'
 /// rows gathered per expert); below that each (token, expert) pair reads its expert alone.
 pub const MOE_GROUPED_MIN_ROWS: usize = 32;

@@ -510,7 +510,11 @@ impl Backend for GpuBackend {
                 return Ok(());
             }
         }
-        if self.matvec_path == MatvecPath::Int8 {
+        let vendor_rows = match self.step_phase {
+            Phase::Decode => workspace::VENDOR_GEMM_MIN_ROWS,
+            Phase::Prefill => workspace::VENDOR_GEMM_MIN_PREFILL_ROWS,
+        };
+        if self.matvec_path == MatvecPath::Int8 && rows >= vendor_rows {
             if let Some(v) = self.vendor_gemm.as_mut().filter(|v| v.takes(&m, rows)) {
                 let host = w
                     .host_bytes()

@@ -21,7 +21,7 @@ use crate::layout::workspace::block_rows;
 use crate::backend::gpu::{error::kerr, GpuBuffer};
 use crate::error::{DecodeError, Result};
 pub use crate::layout::workspace::{
-    LIBRARY_WORKSPACE_BYTES, VENDOR_GEMM_MIN_ROWS, WEIGHT_BLOCK_VALUES,
+    LIBRARY_WORKSPACE_BYTES, MOE_GROUPED_MIN_ROWS, VENDOR_GEMM_MIN_ROWS, WEIGHT_BLOCK_VALUES,
 };
 use hip_ffi::{BlasLt, GemmPlan, GemmShape};
 use hip_ffi::{DevicePtr, Stream};
