@@ -28,9 +28,13 @@ pub struct ServeArgs {
     /// The port (0: one the OS picks; the address is printed either way).
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Require `Authorization: Bearer KEY` on /v1/* and /metrics.
-    #[arg(long)]
+    /// Require `Authorization: Bearer KEY` on /v1/* and /metrics. Other users of the machine
+    /// can read a command line (`ps`); --api-key-file keeps the key out of it.
+    #[arg(long, conflicts_with = "api_key_file")]
     api_key: Option<String>,
+    /// Read the key of --api-key from this file (its first line, surrounding blanks dropped).
+    #[arg(long, value_name = "FILE")]
+    api_key_file: Option<PathBuf>,
     /// Sequences generated at once (each of --ctx positions at most).
     #[arg(long, default_value_t = 4)]
     parallel: usize,
@@ -97,7 +101,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let config = ServeConfig {
         host: args.host.clone(),
         port: args.port,
-        api_key: args.api_key.clone(),
+        api_key: api_key(&args)?,
         max_body: usize::try_from(max_body).unwrap_or(usize::MAX),
         max_queue: args.max_queue,
         timeout: seconds("--timeout", args.timeout)?,
@@ -261,4 +265,21 @@ impl WithBackend for Serving<'_> {
         decode::engine::run(&model, backend, ctx, inbox)?;
         Ok(())
     }
+}
+
+/// The key from --api-key, or from the first line of --api-key-file: an error names the file
+/// when it cannot be read or holds no key.
+fn api_key(args: &ServeArgs) -> Result<Option<String>> {
+    let Some(path) = &args.api_key_file else {
+        return Ok(args.api_key.clone());
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--api-key-file {}: cannot read it", path.display()))?;
+    let key = text.lines().next().unwrap_or("").trim();
+    anyhow::ensure!(
+        !key.is_empty(),
+        "--api-key-file {}: its first line holds no key",
+        path.display()
+    );
+    Ok(Some(key.to_string()))
 }

@@ -400,6 +400,26 @@ fn the_key_guards_the_api_and_the_metrics_but_not_health() {
     let models: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(models["data"][0]["context_length"], 64);
     assert_eq!(srv.get_with("/metrics", &key).0, 200);
+    drop(srv);
+
+    // The same key from a file, so it never shows in the command line.
+    let file = test_support::models::scratch_dir("serve-tests")
+        .join(format!("api-key-{}", std::process::id()));
+    std::fs::write(&file, "sesame\n").unwrap();
+    let srv = ServerProc::start(
+        &model,
+        &[
+            "--device",
+            "cpu",
+            "--ctx",
+            "64",
+            "--api-key-file",
+            file.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(srv.get("/v1/models").0, 401);
+    assert_eq!(srv.get_with("/v1/models", &key).0, 200);
+    std::fs::remove_file(&file).ok();
 }
 
 /// Each hostile request, its status, and a piece its message must hold.
@@ -589,7 +609,19 @@ fn impossible_settings_are_refused_at_start_with_the_fix() {
         return;
     };
     let _one = one_at_a_time();
+    let blank = test_support::models::scratch_dir("serve-tests")
+        .join(format!("blank-key-{}", std::process::id()));
+    std::fs::write(&blank, "  \nsecond line\n").unwrap();
+    let blank = blank.to_str().unwrap().to_string();
     for (args, needle) in [
+        (
+            &["--api-key-file", "/nonexistent/key"][..],
+            "--api-key-file /nonexistent/key: cannot read it",
+        ),
+        (
+            &["--api-key-file", blank.as_str()][..],
+            "its first line holds no key",
+        ),
         (
             &["--parallel", "8", "--batch", "4"][..],
             "--batch 4 is smaller than --parallel 8",
@@ -612,6 +644,17 @@ fn impossible_settings_are_refused_at_start_with_the_fix() {
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+    // Two keys are a usage error (clap's status 2).
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hipdecode"))
+        .args(["serve", "--device", "cpu", "--port", "0", "-m"])
+        .arg(&model)
+        .args(["--api-key", "k", "--api-key-file", blank.as_str()])
+        .output()
+        .expect("run hipdecode serve");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("cannot be used with"), "{err}");
+    std::fs::remove_file(&blank).ok();
 }
 
 #[test]
