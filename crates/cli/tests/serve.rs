@@ -683,3 +683,72 @@ fn a_model_without_a_template_refuses_chat_and_still_completes() {
     drop(srv);
     std::fs::remove_file(&model).ok();
 }
+
+/// A streaming client that stops reading: once the socket's buffers and the response's
+/// bounded buffer are full, the request is cancelled and its KV blocks return, while the
+/// connection is still open; meanwhile other requests are answered (the step loop never
+/// waits for a reader). The model name is made long (`--alias`), so each event is about 16 KB
+/// and the stream's 2000 events (32 MB) overflow what the kernel buffers on loopback (Linux's
+/// send buffer grows to 4 MiB by default; a receiver that never reads keeps its window small).
+/// With 2 KB events the whole stream fits in those buffers and finishes uncancelled.
+#[test]
+fn a_client_that_stops_reading_is_cancelled_and_never_stalls_the_others() {
+    use std::io::Write;
+    let _one = one_at_a_time();
+    let model = test_support::models::scratch_dir("serve-tests")
+        .join(format!("slow-reader-{}.gguf", std::process::id()));
+    decode::gguf_loader::synth::write_preset(
+        decode::gguf_loader::synth::Preset::TinyLlama,
+        &model,
+        5,
+    )
+    .expect("a tiny model");
+    let alias = "m".repeat(16_000);
+    let srv = ServerProc::start(
+        &model,
+        &["--device", "cpu", "--ctx", "2048", "--alias", &alias],
+    );
+    let addr = srv.url("").trim_start_matches("http://").to_string();
+    let body = json!({
+        "prompt": "hello", "max_tokens": 2000, "temperature": 0, "stream": true,
+        "ignore_eos": true,
+    })
+    .to_string();
+    let mut tcp = std::net::TcpStream::connect(&addr).expect("connect");
+    write!(
+        tcp,
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    // Never read from `tcp`; it stays open until the end of the test.
+    let quick = json!({"prompt": "hi", "max_tokens": 4, "temperature": 0});
+    let t = Instant::now();
+    let (status, text) = srv.post("/v1/completions", quick.to_string().as_bytes());
+    assert_eq!(status, 200, "{text}");
+    eprintln!("a request beside the stalled one took {:?}", t.elapsed());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (gone, used, running) = loop {
+        let (_, text) = srv.get("/metrics");
+        let metric = |k: &str| ServerProc::metric(&text, k).unwrap_or(f64::NAN);
+        let gone = metric("hipdecode_requests_client_gone_total");
+        let used = metric("hipdecode_kv_blocks{state=\"used\"}");
+        let running = metric("hipdecode_requests_running");
+        if (gone >= 1.0 && used == 0.0 && running == 0.0) || Instant::now() > deadline {
+            break (gone, used, running);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        gone >= 1.0 && used == 0.0 && running == 0.0,
+        "the stalled stream was not cancelled: client_gone {gone}, KV blocks used {used}, \
+         running {running}\n{}",
+        srv.log()
+    );
+    let (status, text) = srv.post("/v1/completions", quick.to_string().as_bytes());
+    assert_eq!(status, 200, "{text}");
+    drop(tcp);
+    drop(srv);
+    std::fs::remove_file(&model).ok();
+}
