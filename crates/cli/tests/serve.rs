@@ -660,14 +660,7 @@ fn impossible_settings_are_refused_at_start_with_the_fix() {
 #[test]
 fn a_model_without_a_template_refuses_chat_and_still_completes() {
     let _one = one_at_a_time();
-    let model = test_support::models::scratch_dir("serve-tests")
-        .join(format!("no-template-{}.gguf", std::process::id()));
-    decode::gguf_loader::synth::write_preset(
-        decode::gguf_loader::synth::Preset::TinyLlama,
-        &model,
-        5,
-    )
-    .expect("a tiny model");
+    let model = tiny_llama("no-template");
     let srv = ServerProc::start(&model, &["--device", "cpu", "--ctx", "64"]);
     let (status, text) = srv.post(CHAT, chat_body("hi", 2, false).to_string().as_bytes());
     assert_eq!(status, 400, "{text}");
@@ -695,14 +688,7 @@ fn a_model_without_a_template_refuses_chat_and_still_completes() {
 fn a_client_that_stops_reading_is_cancelled_and_never_stalls_the_others() {
     use std::io::Write;
     let _one = one_at_a_time();
-    let model = test_support::models::scratch_dir("serve-tests")
-        .join(format!("slow-reader-{}.gguf", std::process::id()));
-    decode::gguf_loader::synth::write_preset(
-        decode::gguf_loader::synth::Preset::TinyLlama,
-        &model,
-        5,
-    )
-    .expect("a tiny model");
+    let model = tiny_llama("slow-reader");
     let alias = "m".repeat(16_000);
     let srv = ServerProc::start(
         &model,
@@ -751,4 +737,17 @@ fn a_client_that_stops_reading_is_cancelled_and_never_stalls_the_others() {
     drop(tcp);
     drop(srv);
     std::fs::remove_file(&model).ok();
+}
+
+/// A tiny synthetic Llama (no chat template, 2048 positions) under the tests' scratch folder.
+fn tiny_llama(tag: &str) -> std::path::PathBuf {
+    let model = test_support::models::scratch_dir("serve-tests")
+        .join(format!("{tag}-{}.gguf", std::process::id()));
+    decode::gguf_loader::synth::write_preset(
+        decode::gguf_loader::synth::Preset::TinyLlama,
+        &model,
+        5,
+    )
+    .expect("a tiny model");
+    model
 }
