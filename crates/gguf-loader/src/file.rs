@@ -45,6 +45,44 @@ impl TensorInfo {
     }
 }
 
+/// A tensor whose type this crate cannot read (an id it does not know, or one it names but does
+/// not handle, such as IQ2_XXS or I32). It is indexed all the same, so that the rest of the file
+/// opens and `inspect` can show it; only reading it fails ([`GgufFile::require_tensor`] names
+/// the tensor and its type).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnreadableTensor {
+    pub name: String,
+    /// GGML order, as [`TensorInfo::dims`].
+    pub dims: Vec<u64>,
+    pub type_id: u32,
+    /// ggml's name for the type, when it is one ggml defines.
+    pub type_name: Option<&'static str>,
+    /// Offset of the data from the start of the data section.
+    pub offset: u64,
+    /// The most bytes the data can take: up to the next tensor's data, or the end of the file
+    /// (its real size depends on the type's block geometry, which is unknown here).
+    pub max_bytes: u64,
+}
+
+impl UnreadableTensor {
+    /// The error a read of this tensor gets: its type, by name where ggml has one, and the
+    /// tensor's name.
+    pub fn error(&self) -> GgufError {
+        let context = format!(" (tensor {:?})", self.name);
+        match self.type_name {
+            Some(name) => GgufError::UnsupportedGgmlType {
+                name,
+                id: self.type_id,
+                context,
+            },
+            None => GgufError::UnknownGgmlType {
+                id: self.type_id,
+                context,
+            },
+        }
+    }
+}
+
 /// Where the bytes come from. Both kinds keep their bytes at a fixed address for as long as
 /// they live, which is what lets the index borrow them (see [`GgufFile`]).
 enum Backing {
@@ -68,6 +106,8 @@ struct Index<'a> {
     metadata_by_key: HashMap<&'a str, usize>,
     tensors: Vec<TensorInfo>,
     tensors_by_name: HashMap<String, usize>,
+    /// Tensors of a type this crate cannot read, in file order.
+    unreadable: Vec<UnreadableTensor>,
     alignment: u64,
     data_start: u64,
 }
@@ -315,6 +355,11 @@ impl GgufFile {
         &self.index.tensors
     }
 
+    /// The tensors of a type this crate cannot read (not in [`GgufFile::tensors`]).
+    pub fn unreadable_tensors(&self) -> &[UnreadableTensor] {
+        &self.index.unreadable
+    }
+
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.index
             .tensors_by_name
@@ -322,11 +367,18 @@ impl GgufFile {
             .map(|&i| &self.index.tensors[i])
     }
 
-    /// Like [`GgufFile::tensor`], but a missing tensor is an error naming it.
+    /// Like [`GgufFile::tensor`], but a missing tensor is an error naming it, and so is one of
+    /// a type this crate cannot read (naming the type too).
     pub fn require_tensor(&self, name: &str) -> Result<&TensorInfo, GgufError> {
-        self.tensor(name).ok_or_else(|| GgufError::MissingTensor {
-            name: name.to_owned(),
-        })
+        if let Some(t) = self.tensor(name) {
+            return Ok(t);
+        }
+        match self.index.unreadable.iter().find(|u| u.name == name) {
+            Some(u) => Err(u.error()),
+            None => Err(GgufError::MissingTensor {
+                name: name.to_owned(),
+            }),
+        }
     }
 
     /// The tensor's bytes, borrowed from the mapping (no copy). For a `TensorInfo` that did not
@@ -448,22 +500,31 @@ fn parse(bytes: &[u8]) -> Result<Index<'_>, GgufError> {
     })?;
     let mut tensors = Vec::with_capacity(n_tensors);
     let mut tensors_by_name = HashMap::with_capacity(n_tensors);
+    let mut unreadable = Vec::new();
+    let mut names = std::collections::HashSet::with_capacity(n_tensors);
     for i in 0..n_tensors {
-        let info = parse_tensor_info(&mut cur, i)?;
-        if info.offset % alignment != 0 {
+        let entry = parse_tensor_info(&mut cur, i)?;
+        let (name, offset) = match &entry {
+            Parsed::Readable(t) => (&t.name, t.offset),
+            Parsed::Unreadable(u) => (&u.name, u.offset),
+        };
+        if offset % alignment != 0 {
             return Err(GgufError::MisalignedTensor {
-                tensor: info.name,
-                offset: info.offset,
+                tensor: name.clone(),
+                offset,
                 alignment,
             });
         }
-        if tensors_by_name
-            .insert(info.name.clone(), tensors.len())
-            .is_some()
-        {
-            return Err(GgufError::DuplicateTensor { name: info.name });
+        if !names.insert(name.clone()) {
+            return Err(GgufError::DuplicateTensor { name: name.clone() });
         }
-        tensors.push(info);
+        match entry {
+            Parsed::Readable(info) => {
+                tensors_by_name.insert(info.name.clone(), tensors.len());
+                tensors.push(info);
+            }
+            Parsed::Unreadable(u) => unreadable.push(u),
+        }
     }
 
     let header_end = cur.pos() as u64;
@@ -471,6 +532,7 @@ fn parse(bytes: &[u8]) -> Result<Index<'_>, GgufError> {
         .checked_next_multiple_of(alignment)
         .ok_or_else(|| GgufError::overflow("the data section offset"))?;
     check_tensor_ranges(&tensors, data_start, bytes.len() as u64)?;
+    bound_unreadable(&mut unreadable, &tensors, data_start, bytes.len() as u64)?;
 
     Ok(Index {
         version,
@@ -478,12 +540,52 @@ fn parse(bytes: &[u8]) -> Result<Index<'_>, GgufError> {
         metadata_by_key,
         tensors,
         tensors_by_name,
+        unreadable,
         alignment,
         data_start,
     })
 }
 
-fn parse_tensor_info(cur: &mut Cursor<'_>, i: usize) -> Result<TensorInfo, GgufError> {
+/// A tensor's index entry, by whether its type can be read.
+enum Parsed {
+    Readable(TensorInfo),
+    Unreadable(UnreadableTensor),
+}
+
+/// Sets each unreadable tensor's `max_bytes`: its data runs at most to the next tensor's data
+/// (of either kind) or to the end of the file. Its start must lie inside the file.
+fn bound_unreadable(
+    unreadable: &mut [UnreadableTensor],
+    tensors: &[TensorInfo],
+    data_start: u64,
+    file_len: u64,
+) -> Result<(), GgufError> {
+    let data_len = file_len.saturating_sub(data_start);
+    let mut starts: Vec<u64> = tensors.iter().map(|t| t.offset).collect();
+    starts.extend(unreadable.iter().map(|u| u.offset));
+    starts.sort_unstable();
+    for u in unreadable.iter_mut() {
+        if u.offset > data_len {
+            return Err(GgufError::BadTensor {
+                tensor: u.name.clone(),
+                problem: format!(
+                    "its data starts at byte {} of a {data_len}-byte data section",
+                    u.offset
+                ),
+            });
+        }
+        let next = starts
+            .iter()
+            .copied()
+            .find(|&s| s > u.offset)
+            .unwrap_or(data_len)
+            .min(data_len);
+        u.max_bytes = next - u.offset;
+    }
+    Ok(())
+}
+
+fn parse_tensor_info(cur: &mut Cursor<'_>, i: usize) -> Result<Parsed, GgufError> {
     let name = cur.string(|| format!("the name of tensor {i}"))?.to_owned();
     let n_dims = cur.u32(|| format!("the dimension count of tensor {name:?}"))?;
     let bad = |problem: String| GgufError::BadTensor {
@@ -500,19 +602,25 @@ fn parse_tensor_info(cur: &mut Cursor<'_>, i: usize) -> Result<TensorInfo, GgufE
         dims.push(cur.u64(|| format!("dimension {d} of tensor {name:?}"))?);
     }
     let type_id = cur.u32(|| format!("the type of tensor {name:?}"))?;
-    let ggml_type = GgmlType::from_id(type_id).map_err(|e| match e {
-        GgufError::UnknownGgmlType { id, .. } => GgufError::UnknownGgmlType {
-            id,
-            context: format!(" (tensor {name:?})"),
-        },
-        GgufError::UnsupportedGgmlType { name: ty, id, .. } => GgufError::UnsupportedGgmlType {
-            name: ty,
-            id,
-            context: format!(" (tensor {name:?})"),
-        },
-        other => other,
-    })?;
     let offset = cur.u64(|| format!("the data offset of tensor {name:?}"))?;
+    let ggml_type = match GgmlType::from_id(type_id) {
+        Ok(t) => t,
+        Err(e) => {
+            let type_name = match e {
+                GgufError::UnsupportedGgmlType { name, .. } => Some(name),
+                _ => None,
+            };
+            // Indexed as it is; its size is set once every offset is known.
+            return Ok(Parsed::Unreadable(UnreadableTensor {
+                name,
+                dims,
+                type_id,
+                type_name,
+                offset,
+                max_bytes: 0,
+            }));
+        }
+    };
 
     // ggml stores element counts in int64; anything larger is corrupt.
     let n_elements = dims
@@ -530,13 +638,13 @@ fn parse_tensor_info(cur: &mut Cursor<'_>, i: usize) -> Result<TensorInfo, GgufE
     let n_bytes = ggml_type
         .bytes_for(n_elements)
         .ok_or_else(|| bad(format!("the byte size of shape {dims:?} overflows")))?;
-    Ok(TensorInfo {
+    Ok(Parsed::Readable(TensorInfo {
         name,
         dims,
         ggml_type,
         offset,
         n_bytes,
-    })
+    }))
 }
 
 /// Every tensor lies inside the file and no two overlap.

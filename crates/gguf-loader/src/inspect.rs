@@ -59,6 +59,25 @@ pub fn write_text_report(f: &GgufFile, out: &mut impl Write) -> std::io::Result<
         )?;
     }
     writeln!(out, "* tensor data: {total} bytes")?;
+    let unreadable = f.unreadable_tensors();
+    if !unreadable.is_empty() {
+        writeln!(
+            out,
+            "* {} tensor(s) of a type this crate cannot read (indexed, not readable):",
+            unreadable.len()
+        )?;
+        for u in unreadable {
+            let ty = match u.type_name {
+                Some(name) => format!("{name} (id {})", u.type_id),
+                None => format!("unknown id {}", u.type_id),
+            };
+            writeln!(
+                out,
+                "         dims {:?} | {ty} | at most {} bytes | {}",
+                u.dims, u.max_bytes, u.name
+            )?;
+        }
+    }
     Ok(())
 }
 
@@ -141,6 +160,20 @@ pub fn json_report_with(f: &GgufFile, max_array_items: usize) -> Json {
             })
         })
         .collect();
+    let unreadable: Vec<Json> = f
+        .unreadable_tensors()
+        .iter()
+        .map(|u| {
+            json!({
+                "name": u.name,
+                "type_id": u.type_id,
+                "type": u.type_name,
+                "dims": u.dims,
+                "offset": u.offset,
+                "max_bytes": u.max_bytes,
+            })
+        })
+        .collect();
     json!({
         "version": f.version(),
         "file_len": f.file_len(),
@@ -149,6 +182,7 @@ pub fn json_report_with(f: &GgufFile, max_array_items: usize) -> Json {
         "metadata": metadata,
         "model": model,
         "tensors": tensors,
+        "unreadable_tensors": unreadable,
     })
 }
 

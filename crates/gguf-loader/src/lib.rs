@@ -19,7 +19,7 @@ pub mod synth;
 pub mod writer;
 
 pub use error::GgufError;
-pub use file::{GgufFile, TensorInfo};
+pub use file::{GgufFile, TensorInfo, UnreadableTensor};
 pub use metadata::{MetadataArray, MetadataValue, ValueType};
 pub use model::{Architecture, ModelConfig, RopeScaling};
 pub use quant::{dequantize, GgmlType};

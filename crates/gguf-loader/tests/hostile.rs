@@ -198,10 +198,22 @@ fn unknown_type_ids_are_errors() {
         Err(GgufError::UnknownValueType { id: 99, .. })
     ));
 
+    // A tensor of a type this crate cannot read leaves the file readable: it is indexed (its
+    // size bounded by the end of the data), and reading it names it and its type.
     for (id, unsupported) in [(16u32, true), (1000, false), (u32::MAX, false)] {
         let mut r = Raw::header(3, 1, 0);
         r.tensor("w", &[256], id, 0).data(32, 1024);
-        let e = r.open().unwrap_err();
+        let f = r
+            .open()
+            .expect("a file with an unreadable tensor still opens");
+        assert!(f.tensors().is_empty() && f.tensor("w").is_none());
+        let u = &f.unreadable_tensors()[0];
+        assert_eq!(
+            (u.name.as_str(), u.type_id, u.dims.as_slice()),
+            ("w", id, &[256u64][..])
+        );
+        assert_eq!(u.max_bytes, 1024, "bounded by the end of the data");
+        let e = f.require_tensor("w").unwrap_err();
         if unsupported {
             assert!(
                 matches!(
@@ -218,6 +230,24 @@ fn unknown_type_ids_are_errors() {
         }
         assert!(e.to_string().contains("\"w\""), "{e}");
     }
+    // Beside a readable tensor, the unreadable one runs at most to the next tensor's data,
+    // and the readable one reads as usual.
+    let mut r = Raw::header(3, 2, 0);
+    r.tensor("ids", &[16], 26, 0)
+        .tensor("w", &[8], 0, 64)
+        .data(32, 96);
+    let f = r.open().expect("opens");
+    let u = &f.unreadable_tensors()[0];
+    assert_eq!((u.type_name, u.max_bytes), (Some("I32"), 64));
+    let w = f.require_tensor("w").expect("the readable tensor");
+    assert_eq!(f.dequantize_tensor(w).unwrap().len(), 8);
+    let e = f.require_tensor("ids").unwrap_err().to_string();
+    assert!(e.contains("I32") && e.contains("\"ids\""), "{e}");
+    // One that starts past the end of the data is still corrupt.
+    let mut r = Raw::header(3, 1, 0);
+    r.tensor("far", &[16], 26, 4096).data(32, 64);
+    let e = r.open().unwrap_err().to_string();
+    assert!(e.contains("far") && e.contains("4096"), "{e}");
     // A bool that is neither 0 nor 1.
     let mut r = Raw::header(3, 0, 1);
     r.str(b"b").u32(7).bytes(&[2]);

@@ -48,6 +48,11 @@ pub struct ModelSpec {
 
 impl ModelSpec {
     pub fn from_gguf(file: &GgufFile) -> Result<ModelSpec> {
+        // A tensor the loader indexed but cannot read fails the model here, by name: looking
+        // tensors up one by one would read an unreadable `output.weight` as absent (tied).
+        if let Some(u) = file.unreadable_tensors().first() {
+            return Err(DecodeError::Gguf(u.error()));
+        }
         let arch_name = file.get_str("general.architecture")?.to_string();
         let c = ModelConfig::from_gguf(file).map_err(|e| {
             match gguf_loader::model::Architecture::from_name(&arch_name) {
@@ -153,5 +158,39 @@ pub fn query_pre_attn_scalar(c: &ModelConfig) -> usize {
         c.n_embd / c.n_head
     } else {
         c.head_dim_k
+    }
+}
+
+#[cfg(test)]
+mod unreadable_tests {
+    use super::*;
+    use gguf_loader::synth::{write_preset, Preset};
+
+    /// A model file with one tensor of a type the loader cannot read still opens (so `inspect`
+    /// shows it), and making a model of it is an error that names the tensor and the type.
+    #[test]
+    fn a_tensor_of_an_unreadable_type_fails_the_model_by_name() {
+        let dir = std::env::temp_dir().join(format!("hipdecode-spec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tiny.gguf");
+        write_preset(Preset::TinyLlama, &path, 5).unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        std::fs::remove_dir_all(&dir).ok();
+        assert!(ModelSpec::from_gguf(&GgufFile::from_bytes(bytes.clone()).unwrap()).is_ok());
+        // The tensor index entry: name length (u64), name, n_dims (u32), dims (u64 each), then
+        // the type id (u32).
+        let name = b"output.weight";
+        let at = bytes
+            .windows(name.len() + 8)
+            .position(|w| w[8..] == name[..] && w[..8] == (name.len() as u64).to_le_bytes())
+            .expect("the output tensor's entry");
+        let dims_at = at + 8 + name.len();
+        let n_dims = u32::from_le_bytes(bytes[dims_at..dims_at + 4].try_into().unwrap()) as usize;
+        let type_at = dims_at + 4 + 8 * n_dims;
+        bytes[type_at..type_at + 4].copy_from_slice(&16u32.to_le_bytes());
+        let file = GgufFile::from_bytes(bytes).expect("it still opens");
+        assert_eq!(file.unreadable_tensors()[0].name, "output.weight");
+        let e = ModelSpec::from_gguf(&file).unwrap_err().to_string();
+        assert!(e.contains("IQ2_XXS") && e.contains("output.weight"), "{e}");
     }
 }
