@@ -522,3 +522,39 @@ fn profile_times_steps_of_several_sequences_on_the_gpu() {
     }
     std::fs::remove_file(&model).ok();
 }
+
+/// A file with a tensor of a type hipdecode cannot read: `inspect` shows it all, the tensor
+/// listed apart with its type; `run` refuses it, naming the tensor and the type.
+#[test]
+fn inspect_shows_a_file_with_an_unreadable_tensor_and_run_names_it() {
+    let model = tiny_model("unreadable");
+    let mut bytes = std::fs::read(&model).unwrap();
+    test_support::models::set_tensor_type(&mut bytes, "output_norm.weight", 16);
+    std::fs::write(&model, &bytes).unwrap();
+    let out = hipdecode().arg("inspect").arg(&model).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("cannot read") && stdout.contains("IQ2_XXS (id 16)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("output_norm.weight"), "{stdout}");
+    let out = hipdecode()
+        .args(["run", "-m"])
+        .arg(&model)
+        .args(["-p", "x", "--device", "cpu"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("IQ2_XXS") && stderr.contains("output_norm.weight"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    std::fs::remove_file(&model).ok();
+}

@@ -70,6 +70,23 @@ fn current_test() -> String {
         .to_string()
 }
 
+/// Rewrites the type id of tensor `name` in the GGUF image `bytes` (in place): how a test
+/// makes a file with a tensor of a type the loader cannot read. The tensor's index entry is
+/// its name (u64 length, then the bytes), its dimension count (u32), its dimensions (u64 each),
+/// then the type id (u32). Panics when the name is not in the image.
+pub fn set_tensor_type(bytes: &mut [u8], name: &str, type_id: u32) {
+    let name = name.as_bytes();
+    let len = (name.len() as u64).to_le_bytes();
+    let at = bytes
+        .windows(name.len() + 8)
+        .position(|w| w[..8] == len && &w[8..] == name)
+        .unwrap_or_else(|| panic!("no tensor entry {:?}", String::from_utf8_lossy(name)));
+    let dims_at = at + 8 + name.len();
+    let n_dims = u32::from_le_bytes(bytes[dims_at..dims_at + 4].try_into().unwrap()) as usize;
+    let type_at = dims_at + 4 + 8 * n_dims;
+    bytes[type_at..type_at + 4].copy_from_slice(&type_id.to_le_bytes());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

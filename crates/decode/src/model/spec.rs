@@ -177,17 +177,7 @@ mod unreadable_tests {
         let mut bytes = std::fs::read(&path).unwrap();
         std::fs::remove_dir_all(&dir).ok();
         assert!(ModelSpec::from_gguf(&GgufFile::from_bytes(bytes.clone()).unwrap()).is_ok());
-        // The tensor index entry: name length (u64), name, n_dims (u32), dims (u64 each), then
-        // the type id (u32).
-        let name = b"output.weight";
-        let at = bytes
-            .windows(name.len() + 8)
-            .position(|w| w[8..] == name[..] && w[..8] == (name.len() as u64).to_le_bytes())
-            .expect("the output tensor's entry");
-        let dims_at = at + 8 + name.len();
-        let n_dims = u32::from_le_bytes(bytes[dims_at..dims_at + 4].try_into().unwrap()) as usize;
-        let type_at = dims_at + 4 + 8 * n_dims;
-        bytes[type_at..type_at + 4].copy_from_slice(&16u32.to_le_bytes());
+        test_support::models::set_tensor_type(&mut bytes, "output.weight", 16);
         let file = GgufFile::from_bytes(bytes).expect("it still opens");
         assert_eq!(file.unreadable_tensors()[0].name, "output.weight");
         let e = ModelSpec::from_gguf(&file).unwrap_err().to_string();
