@@ -24,7 +24,8 @@ impl ForcedPlatform {
 pub static PLATFORM: Knob<Option<ForcedPlatform>> = Knob {
     name: "HIPDECODE_PLATFORM",
     default: "",
-    doc: "force the GPU platform: amd, nvidia or none (unset: AMD first, then NVIDIA)",
+    doc: "force the GPU platform: amd (or hip, rocm), nvidia (or cuda) or none (unset: AMD \
+          first, then NVIDIA)",
     scope: Scope::Run,
     parse: |v| match v.trim() {
         "" => Ok(None),
@@ -32,7 +33,10 @@ pub static PLATFORM: Knob<Option<ForcedPlatform>> = Knob {
             &v.to_ascii_lowercase(),
             &[
                 ("amd", ForcedPlatform::Amd),
+                ("hip", ForcedPlatform::Amd),
+                ("rocm", ForcedPlatform::Amd),
                 ("nvidia", ForcedPlatform::Nvidia),
+                ("cuda", ForcedPlatform::Nvidia),
                 ("none", ForcedPlatform::None),
             ],
         )
@@ -82,3 +86,30 @@ pub static TABLE: Table = &[
     &REQUIRE_BLAS,
     &REQUIRE_RTC,
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names people use for each platform select it; anything else is an error that names
+    /// the variable, the value and the choices.
+    #[test]
+    fn the_platform_takes_its_common_names_and_refuses_others() {
+        for (v, want) in [
+            ("amd", ForcedPlatform::Amd),
+            ("HIP", ForcedPlatform::Amd),
+            ("rocm", ForcedPlatform::Amd),
+            ("nvidia", ForcedPlatform::Nvidia),
+            ("cuda", ForcedPlatform::Nvidia),
+            ("none", ForcedPlatform::None),
+        ] {
+            assert_eq!(PLATFORM.value_of(v), Ok(Some(want)), "{v}");
+        }
+        assert_eq!(PLATFORM.value_of(""), Ok(None));
+        let e = PLATFORM.value_of("vulkan").unwrap_err().to_string();
+        assert!(
+            e.contains("HIPDECODE_PLATFORM") && e.contains("vulkan") && e.contains("nvidia"),
+            "{e}"
+        );
+    }
+}
