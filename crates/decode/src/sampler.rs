@@ -19,7 +19,12 @@ use crate::error::{DecodeError, Result};
 /// Most tokens the penalties look back over.
 pub const MAX_REPEAT_LAST_N: usize = 4096;
 
-/// Sampling settings. `temperature == 0` means greedy.
+/// Temperatures below this are greedy: the softmax at such a temperature puts all but nothing
+/// on the most likely token already, and below about 3e-39 `1 / temperature` is infinite,
+/// which would turn every scaled logit into NaN.
+pub const GREEDY_BELOW: f32 = 1e-6;
+
+/// Sampling settings. A temperature of 0 (or below [`GREEDY_BELOW`]) means greedy.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SamplerConfig {
     pub temperature: f32,
@@ -62,7 +67,7 @@ impl SamplerConfig {
     };
 
     pub fn is_greedy(&self) -> bool {
-        self.temperature == 0.0
+        self.temperature < GREEDY_BELOW
     }
 
     /// Whether any penalty changes the logits.
@@ -325,6 +330,23 @@ mod tests {
             seed,
             ..SamplerConfig::default()
         }
+    }
+
+    /// A temperature so small that `1 / t` is infinite (and any below GREEDY_BELOW) takes the
+    /// most likely token, never the least likely one that NaN weights used to pick.
+    #[test]
+    fn a_tiny_temperature_is_greedy() {
+        let logits = [0.5, 3.0, -1.0, 2.9];
+        for t in [1e-40f32, f32::MIN_POSITIVE, 1e-7] {
+            let mut s = Sampler::new(cfg(t, 0, 1.0, 3)).unwrap();
+            assert!(s.config().is_greedy(), "{t}");
+            for _ in 0..8 {
+                assert_eq!(s.sample(&logits), 1, "temperature {t}");
+            }
+            let mut l = logits;
+            assert_eq!(s.distribution(&mut l, &[]), vec![(1, 1.0)], "{t}");
+        }
+        assert!(!cfg(GREEDY_BELOW, 0, 1.0, 3).is_greedy());
     }
 
     #[test]

@@ -1160,7 +1160,12 @@ impl Backend for GpuBackend {
         // SAFETY: the draw allocation holds one f32 and lives as long as `self`.
         let draw_view = unsafe { DeviceSlice::<f32>::from_raw(draw_ptr, 1) };
         let params = sampling::SamplingParams {
-            temperature: config.temperature,
+            // The device kernel knows greedy as 0; the chain's greedy threshold is the host's.
+            temperature: if config.is_greedy() {
+                0.0
+            } else {
+                config.temperature
+            },
             top_k: config.top_k,
             top_p: config.top_p,
         };
