@@ -15,6 +15,12 @@ pub enum GgufError {
         source: std::io::Error,
     },
 
+    #[error("{path} is {kind}, not a GGUF file; give the path of a .gguf model file")]
+    NotAFile { path: PathBuf, kind: &'static str },
+
+    #[error("{path} is empty (0 bytes), not a GGUF file; was its download or copy cut short?")]
+    EmptyFile { path: PathBuf },
+
     #[error(
         "file is truncated: reading {what} needs {needed} bytes at offset {offset}, but the file \
          has {file_len} bytes (an incomplete download? fetch the file again)"

@@ -139,6 +139,17 @@ impl GgufFile {
     /// temporary name and rename).
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
+        // Before opening: opening a FIFO blocks until a writer comes, and a directory or a
+        // device would fail later with an error about mapping.
+        let kind = std::fs::metadata(path)
+            .map_err(|e| GgufError::io("open", path, e))?
+            .file_type();
+        if !kind.is_file() {
+            return Err(GgufError::NotAFile {
+                path: path.to_path_buf(),
+                kind: file_kind(kind),
+            });
+        }
         let file = std::fs::File::open(path).map_err(|e| GgufError::io("open", path, e))?;
         let len = file
             .metadata()
@@ -146,11 +157,8 @@ impl GgufFile {
             .len();
         if len == 0 {
             // Mapping an empty file fails on some platforms; report it as what it is.
-            return Err(GgufError::Truncated {
-                what: "the GGUF magic".into(),
-                offset: 0,
-                needed: 4,
-                file_len: 0,
+            return Err(GgufError::EmptyFile {
+                path: path.to_path_buf(),
             });
         }
         // SAFETY: the mapping is read-only and private to this value. The documented
@@ -422,6 +430,28 @@ impl GgufFile {
         let mut out = vec![0f32; n];
         dequantize(t.ggml_type, data, &mut out)?;
         Ok(out)
+    }
+}
+
+/// What a path that is not a regular file is, for [`GgufError::NotAFile`].
+fn file_kind(kind: std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_fifo() {
+            return "a named pipe (FIFO)";
+        }
+        if kind.is_block_device() || kind.is_char_device() {
+            return "a device file";
+        }
+        if kind.is_socket() {
+            return "a socket";
+        }
+    }
+    if kind.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
     }
 }
 

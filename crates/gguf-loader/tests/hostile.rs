@@ -465,16 +465,31 @@ fn writer_checks_and_agrees_with_itself() {
 }
 
 #[test]
-fn missing_and_empty_files_are_io_and_truncation_errors() {
+fn missing_empty_and_non_regular_files_each_get_their_own_error() {
     let e = GgufFile::open("/nonexistent/model.gguf").unwrap_err();
     assert!(matches!(e, GgufError::Io { .. }) && e.to_string().contains("/nonexistent/model.gguf"));
     let path = std::env::temp_dir().join(format!("gguf-loader-empty-{}.gguf", std::process::id()));
     std::fs::write(&path, b"").unwrap();
-    assert!(matches!(
-        GgufFile::open(&path),
-        Err(GgufError::Truncated { .. })
-    ));
+    let e = GgufFile::open(&path).unwrap_err();
+    assert!(matches!(e, GgufError::EmptyFile { .. }), "{e}");
+    assert!(e.to_string().contains("is empty (0 bytes)"), "{e}");
     std::fs::remove_file(&path).unwrap();
+    let dir = std::env::temp_dir();
+    let e = GgufFile::open(&dir).unwrap_err().to_string();
+    assert!(e.contains("is a directory, not a GGUF file"), "{e}");
+    #[cfg(unix)]
+    {
+        let e = GgufFile::open("/dev/zero").unwrap_err().to_string();
+        assert!(e.contains("is a device file"), "{e}");
+        // A FIFO with no writer: opening it would block; it is refused first.
+        let fifo = dir.join(format!("gguf-loader-fifo-{}", std::process::id()));
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|s| s.success()) {
+            let e = GgufFile::open(&fifo).unwrap_err().to_string();
+            assert!(e.contains("a named pipe (FIFO)"), "{e}");
+            std::fs::remove_file(&fifo).ok();
+        }
+    }
 }
 
 #[test]
