@@ -558,3 +558,52 @@ fn inspect_shows_a_file_with_an_unreadable_tensor_and_run_names_it() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     std::fs::remove_file(&model).ok();
 }
+
+/// `-n 0` still processes the prompt: its speed is measured (not a token count over no time),
+/// and a prompt longer than the context is an error whatever `-n` is.
+#[test]
+fn run_with_no_new_tokens_prefills_and_checks_the_context() {
+    let model = tiny_model("n0");
+    let out = hipdecode()
+        .args(["run", "-m"])
+        .arg(&model)
+        .args([
+            "-p",
+            "hello world, hello world",
+            "-n",
+            "0",
+            "--device",
+            "cpu",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let speed: f64 = stderr
+        .split("tokens at ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no prefill speed: {stderr}"));
+    // Skipping the prefill reported about 1e9 tok/s (the token count over a nanosecond).
+    assert!(
+        speed > 0.0 && speed < 1e8,
+        "prefill speed {speed}: {stderr}"
+    );
+    assert!(stderr.contains("generated 0 tokens"), "{stderr}");
+
+    let long = "word ".repeat(64);
+    let out = hipdecode()
+        .args(["run", "-m"])
+        .arg(&model)
+        .args(["-p", &long, "-n", "0", "--ctx", "16", "--device", "cpu"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a 64-word prompt in 16 positions: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    std::fs::remove_file(&model).ok();
+}

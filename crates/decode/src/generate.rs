@@ -69,10 +69,14 @@ pub fn generate<B: Backend>(
         decode: Duration::ZERO,
         stop: StopReason::TokenLimit,
     };
+    let t0 = Instant::now();
     if max_new == 0 {
+        // Nothing to generate, but the prompt is still processed (and held to the context),
+        // so what the report says of the prefill is what it took.
+        session.forward(prompt)?;
+        report.prefill = t0.elapsed();
         return Ok(report);
     }
-    let t0 = Instant::now();
     let mut next = session.prefill_and_sample(prompt, &sampler)?;
     report.prefill = t0.elapsed();
     let t1 = Instant::now();
