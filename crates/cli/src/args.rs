@@ -9,7 +9,7 @@ use decode::sampler::SamplerConfig;
 #[derive(clap::Args)]
 pub struct SamplingArgs {
     /// Sampling temperature; 0 is greedy.
-    #[arg(long = "temp", default_value_t = 0.8)]
+    #[arg(long = "temp", default_value_t = 0.8, allow_hyphen_values = true)]
     pub temperature: f32,
     /// Sample from the k most likely tokens only (0: all).
     #[arg(long, default_value_t = 40)]
@@ -24,16 +24,16 @@ pub struct SamplingArgs {
     #[arg(long, default_value_t = 1.0)]
     pub repeat_penalty: f32,
     /// Subtract this from the logit of every recent token (0: off; -2 to 2).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
     pub presence_penalty: f32,
     /// Subtract this per time a recent token appeared (0: off; -2 to 2).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
     pub frequency_penalty: f32,
     /// Tokens the penalties look back over, the prompt's included.
     #[arg(long, default_value_t = 64)]
     pub repeat_last_n: usize,
     /// Random seed for sampling (default: a random one, printed so the run can be repeated).
-    #[arg(long)]
+    #[arg(short = 's', long)]
     pub seed: Option<u64>,
 }
 
@@ -84,10 +84,10 @@ pub struct BackendArgs {
     #[arg(long, default_value = "auto")]
     pub device: DeviceRequest,
     /// KV cache size in positions (clamped to the model's context length).
-    #[arg(long, default_value_t = 2048)]
+    #[arg(short = 'c', long, visible_alias = "ctx-size", default_value_t = 2048)]
     pub ctx: usize,
     /// CPU threads (default: one per core).
-    #[arg(long)]
+    #[arg(short = 't', long)]
     pub threads: Option<usize>,
     /// Multiply by f32 activations instead of 16-bit integer ones (slower; the reference path).
     #[arg(long)]
@@ -147,4 +147,40 @@ pub fn with_budget(
         gpu_config: Some(gpu_config),
         ..base
     })
+}
+
+/// llama.cpp's layer-placement flags, which have no meaning here, and what to use instead:
+/// `-ngl 99` would otherwise read as `-n gl`. `None` when `args` holds none of them.
+pub fn llama_cpp_layer_flag(args: impl Iterator<Item = String>) -> Option<String> {
+    const FLAGS: [&str; 4] = ["-ngl", "--n-gpu-layers", "-ncmoe", "--n-cpu-moe"];
+    let found = args.take_while(|a| a != "--").find(|a| {
+        FLAGS
+            .iter()
+            .any(|f| a == f || a.starts_with(&format!("{f}=")))
+    })?;
+    let flag = found.split('=').next().unwrap_or(&found).to_string();
+    Some(format!(
+        "{flag} is llama.cpp's: hipdecode places weights by bytes, not layers. Give \
+         --gpu-budget SIZE (\"6GiB\", \"75%\") and the planner keeps what fits on the GPU and \
+         reads the rest from host memory (`hipdecode plan -m MODEL --gpu-budget SIZE` shows \
+         where each weight goes); without it everything is on the GPU"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama_cpp_layer_flags_are_named_with_the_budget_to_use_instead() {
+        let of = |a: &[&str]| llama_cpp_layer_flag(a.iter().map(|s| s.to_string()));
+        for a in [&["run", "-ngl", "99"][..], &["serve", "--n-cpu-moe=12"]] {
+            let m = of(a).expect("refused");
+            assert!(m.contains("--gpu-budget") && m.contains("llama.cpp"), "{m}");
+        }
+        assert!(of(&["run", "-ngl=99"]).unwrap().starts_with("-ngl is"));
+        assert_eq!(of(&["run", "-n", "99", "-p", "x"]), None);
+        // After `--` it is an argument, not a flag.
+        assert_eq!(of(&["run", "--", "-ngl"]), None);
+    }
 }

@@ -131,9 +131,17 @@ struct RunArgs {
     /// The GGUF model file.
     #[arg(short, long)]
     model: PathBuf,
-    /// The prompt text.
-    #[arg(short, long)]
-    prompt: String,
+    /// The prompt text (`-p=-5 degrees` for one that starts with a dash).
+    #[arg(
+        short,
+        long,
+        required_unless_present = "file",
+        allow_hyphen_values = true
+    )]
+    prompt: Option<String>,
+    /// Read the prompt from this file instead (as llama.cpp's `-f`).
+    #[arg(short = 'f', long, value_name = "FILE", conflicts_with = "prompt")]
+    file: Option<PathBuf>,
     /// Tokens to generate at most.
     #[arg(short = 'n', long, default_value_t = 64)]
     n_predict: usize,
@@ -180,6 +188,10 @@ struct InspectArgs {
 /// Errors are printed as `error:` and `caused by:` lines with exit status 1
 /// ([`decode::error_report`]), never returned from `main`.
 fn main() -> ExitCode {
+    if let Some(message) = args::llama_cpp_layer_flag(std::env::args().skip(1)) {
+        eprintln!("error: {message}");
+        return ExitCode::from(2);
+    }
     let cli = Cli::parse();
     decode::error_report::exit(match cli.command {
         // `env` shows a bad value instead of refusing to start over it.
@@ -244,6 +256,12 @@ fn run(args: RunArgs) -> Result<()> {
     }
     let base = args.backend.settings()?;
     let sampler = args.sampling.config()?;
+    let prompt = match (&args.prompt, &args.file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .with_context(|| format!("reading the prompt from {}", path.display()))?,
+        (None, None) => anyhow::bail!("give a prompt: -p TEXT or -f FILE"),
+    };
     let file = decode::open_model(&args.model)?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
     let settings = args::with_budget(
@@ -258,6 +276,7 @@ fn run(args: RunArgs) -> Result<()> {
         settings,
         Generation {
             args: &args,
+            prompt: &prompt,
             file: &file,
             tokenizer: &tokenizer,
             sampler,
@@ -268,6 +287,7 @@ fn run(args: RunArgs) -> Result<()> {
 /// One `hipdecode run` on whichever backend was chosen.
 struct Generation<'a> {
     args: &'a RunArgs,
+    prompt: &'a str,
     file: &'a std::sync::Arc<gguf_loader::GgufFile>,
     tokenizer: &'a Tokenizer,
     sampler: SamplerConfig,
@@ -279,6 +299,7 @@ impl WithBackend for Generation<'_> {
     fn run<B: Backend>(self, backend: B) -> Result<()> {
         let Generation {
             args,
+            prompt: text,
             file,
             tokenizer,
             sampler,
@@ -288,7 +309,7 @@ impl WithBackend for Generation<'_> {
             ..Default::default()
         };
         let mut model = Session::load(file, backend, options)?;
-        let prompt = tokenizer.encode(&args.prompt, !args.no_bos && tokenizer.vocab().add_bos);
+        let prompt = tokenizer.encode(text, !args.no_bos && tokenizer.vocab().add_bos);
         eprintln!(
             "{} on {}: {} prompt tokens, context {}",
             model.spec().arch_name,
@@ -299,7 +320,7 @@ impl WithBackend for Generation<'_> {
         if let Some(note) = args.sampling.seed_note(&sampler) {
             eprintln!("{note}");
         }
-        print!("{}", args.prompt);
+        print!("{text}");
         std::io::stdout().flush().ok();
         let mut stream = TextStream::new(tokenizer);
         let mut stops = StopStrings::new(args.stops.iter().cloned());

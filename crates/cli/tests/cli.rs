@@ -607,3 +607,52 @@ fn run_with_no_new_tokens_prefills_and_checks_the_context() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     std::fs::remove_file(&model).ok();
 }
+
+/// llama.cpp's common flags mean the same here (`-c`, `--ctx-size`, `-t`, `-s`, `-f`); its
+/// layer flags are refused with the budget to use instead; values that start with a dash are
+/// values (a prompt, a negative temperature that is then refused by its range).
+#[test]
+fn llama_cpp_habits_work_or_explain_themselves() {
+    let model = tiny_model("habits");
+    let prompt = common::scratch_dir().join(format!("prompt-{}.txt", std::process::id()));
+    std::fs::write(&prompt, "hello world").unwrap();
+    let run = |extra: &[&str]| {
+        let out = hipdecode()
+            .args(["run", "-m"])
+            .arg(&model)
+            .args(["--device", "cpu"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            err,
+        )
+    };
+    let f = prompt.to_str().unwrap();
+    let (code, stdout, stderr) = run(&["-f", f, "-c", "32", "-s", "7", "-t", "1", "-n", "3"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.starts_with("hello world"), "{stdout}");
+    assert!(stderr.contains("context 32"), "{stderr}");
+    let (_, again, _) = run(&["-f", f, "--ctx-size", "32", "--seed", "7", "-n", "3"]);
+    assert_eq!(again, stdout, "the same seed, the same tokens");
+    let (code, stdout, stderr) = run(&["-p", "-5 degrees", "-n", "1"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.starts_with("-5 degrees"), "{stdout}");
+    let (code, _, stderr) = run(&["-p", "x", "--temp", "-1"]);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains("--temp must be a finite number >= 0"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run(&["-p", "x", "-ngl", "99"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        stderr.contains("-ngl is llama.cpp's") && stderr.contains("--gpu-budget"),
+        "{stderr}"
+    );
+    std::fs::remove_file(&prompt).ok();
+    std::fs::remove_file(&model).ok();
+}
