@@ -523,6 +523,22 @@ fn profile_times_steps_of_several_sequences_on_the_gpu() {
     std::fs::remove_file(&model).ok();
 }
 
+/// `hipdecode run -m MODEL --device cpu ARGS`: its status code, stdout and stderr.
+fn run_on_cpu(model: &std::path::Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = hipdecode()
+        .args(["run", "-m"])
+        .arg(model)
+        .args(["--device", "cpu"])
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// A file with a tensor of a type hipdecode cannot read: `inspect` shows it all, the tensor
 /// listed apart with its type; `run` refuses it, naming the tensor and the type.
 #[test]
@@ -533,24 +549,15 @@ fn inspect_shows_a_file_with_an_unreadable_tensor_and_run_names_it() {
     std::fs::write(&model, &bytes).unwrap();
     let out = hipdecode().arg("inspect").arg(&model).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
     assert!(
         stdout.contains("cannot read") && stdout.contains("IQ2_XXS (id 16)"),
         "{stdout}"
     );
     assert!(stdout.contains("output_norm.weight"), "{stdout}");
-    let out = hipdecode()
-        .args(["run", "-m"])
-        .arg(&model)
-        .args(["-p", "x", "--device", "cpu"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let (code, _, stderr) = run_on_cpu(&model, &["-p", "x"]);
+    assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.contains("IQ2_XXS") && stderr.contains("output_norm.weight"),
         "{stderr}"
@@ -564,21 +571,8 @@ fn inspect_shows_a_file_with_an_unreadable_tensor_and_run_names_it() {
 #[test]
 fn run_with_no_new_tokens_prefills_and_checks_the_context() {
     let model = tiny_model("n0");
-    let out = hipdecode()
-        .args(["run", "-m"])
-        .arg(&model)
-        .args([
-            "-p",
-            "hello world, hello world",
-            "-n",
-            "0",
-            "--device",
-            "cpu",
-        ])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let (code, _, stderr) = run_on_cpu(&model, &["-p", "hello world, hello world", "-n", "0"]);
+    assert_eq!(code, Some(0), "{stderr}");
     let speed: f64 = stderr
         .split("tokens at ")
         .nth(1)
@@ -593,18 +587,9 @@ fn run_with_no_new_tokens_prefills_and_checks_the_context() {
     assert!(stderr.contains("generated 0 tokens"), "{stderr}");
 
     let long = "word ".repeat(64);
-    let out = hipdecode()
-        .args(["run", "-m"])
-        .arg(&model)
-        .args(["-p", &long, "-n", "0", "--ctx", "16", "--device", "cpu"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "a 64-word prompt in 16 positions: {stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "{stderr}");
+    let (code, _, stderr) = run_on_cpu(&model, &["-p", &long, "-n", "0", "--ctx", "16"]);
+    assert_eq!(code, Some(1), "a 64-word prompt in 16 positions: {stderr}");
+    assert!(stderr.contains("the context is full"), "{stderr}");
     std::fs::remove_file(&model).ok();
 }
 
@@ -616,21 +601,7 @@ fn llama_cpp_habits_work_or_explain_themselves() {
     let model = tiny_model("habits");
     let prompt = common::scratch_dir().join(format!("prompt-{}.txt", std::process::id()));
     std::fs::write(&prompt, "hello world").unwrap();
-    let run = |extra: &[&str]| {
-        let out = hipdecode()
-            .args(["run", "-m"])
-            .arg(&model)
-            .args(["--device", "cpu"])
-            .args(extra)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            err,
-        )
-    };
+    let run = |extra: &[&str]| run_on_cpu(&model, extra);
     let f = prompt.to_str().unwrap();
     let (code, stdout, stderr) = run(&["-f", f, "-c", "32", "-s", "7", "-t", "1", "-n", "3"]);
     assert_eq!(code, Some(0), "{stderr}");
