@@ -11,7 +11,7 @@
 use crate::model_info::ModelInfo;
 use anyhow::{bail, Context as _, Result};
 use decode::backend::Backend;
-use decode::batch::{BatchRow, RowKind, RowOutput, StepBatch};
+use decode::batch::{RowOutput, StepBatch};
 use decode::context::{Context, ContextOptions};
 use decode::model::Model;
 use decode::sampler::SamplerConfig;
@@ -242,15 +242,7 @@ fn run_once<B: Backend>(
     let t1 = Instant::now();
     for _ in 0..ntg {
         batch.clear();
-        for (seq, &token) in next.iter().enumerate() {
-            batch.push(BatchRow {
-                seq,
-                pos: ctx.len(seq),
-                token,
-                kind: RowKind::Decode,
-                output: greedy,
-            });
-        }
+        batch.push_decode_each(&next, |seq| ctx.len(seq), greedy);
         for s in model.step(backend, ctx, &batch)? {
             next[s.seq] = s.token;
         }

@@ -4,7 +4,7 @@
 use anyhow::Result;
 use decode::backend::gpu::GpuConfig;
 use decode::backend::Backend;
-use decode::batch::{BatchRow, RowKind, RowOutput, StepBatch};
+use decode::batch::{RowOutput, StepBatch};
 use decode::context::{Context, ContextOptions};
 use decode::device::{self, BackendSettings, DeviceRequest, WithBackend};
 use decode::gguf_loader::GgufFile;
@@ -172,15 +172,7 @@ fn profile_many<B: Backend>(
             backend.enable_profiling();
         }
         batch.clear();
-        for (seq, &token) in next.iter().enumerate() {
-            batch.push(BatchRow {
-                seq,
-                pos: ctx.len(seq),
-                token,
-                kind: RowKind::Decode,
-                output: greedy,
-            });
-        }
+        batch.push_decode_each(&next, |seq| ctx.len(seq), greedy);
         for s in model.step(&mut backend, &mut ctx, &batch)? {
             next[s.seq] = s.token;
         }

@@ -121,6 +121,26 @@ impl StepBatch {
         }
     }
 
+    /// Appends one decode row for each sequence `s < tokens.len()`: token `tokens[s]` at
+    /// position `pos(s)` (its length so far), each wanting `output`. A step of every sequence
+    /// at once, as a benchmark or a profile of B sequences runs it.
+    pub fn push_decode_each(
+        &mut self,
+        tokens: &[u32],
+        pos: impl Fn(SeqId) -> usize,
+        output: RowOutput,
+    ) {
+        for (seq, &token) in tokens.iter().enumerate() {
+            self.push(BatchRow {
+                seq,
+                pos: pos(seq),
+                token,
+                kind: RowKind::Decode,
+                output,
+            });
+        }
+    }
+
     /// Sets what row `row` wants back.
     pub fn set_output(&mut self, row: usize, output: RowOutput) {
         self.outputs[row] = output;
