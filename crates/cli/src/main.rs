@@ -131,7 +131,7 @@ struct RunArgs {
     /// The GGUF model file.
     #[arg(short, long)]
     model: PathBuf,
-    /// The prompt text (`-p=-5 degrees` for one that starts with a dash).
+    /// The prompt text (it may start with a dash: `-p "-5 degrees"`).
     #[arg(
         short,
         long,
