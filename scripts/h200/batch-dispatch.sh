@@ -29,17 +29,8 @@ echo "started $(date -u +%T)" > $D/status
 [ -f $L ] || bundle/xtask synth-model llama3-8b-q4_k_m -o $L > $D/synth.log 2>&1
 echo "model written at $(date -u +%T)" >> $D/status
 
-# The largest memory.used nvidia-smi reports while "$@" runs, into $D/$name.peak (MiB).
-sampled() {
-  local name=$1; shift
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > $D/$name.smi &
-  local smi=$!
-  "$@" > $D/$name.md 2>&1
-  local rc=$?
-  kill $smi 2>/dev/null; wait $smi 2>/dev/null
-  sort -n $D/$name.smi | tail -1 > $D/$name.peak
-  echo "$name exit $rc peak $(cat $D/$name.peak) MiB at $(date -u +%T)" >> $D/status
-}
+LOGS=$D
+source scripts/h200/sampled.sh
 ours() { sampled $1 timeout 300 $2/bench-decode -m $L --device gpu --npl $NPL --npp 128 --ntg 128; }
 ours new-1 $NEW
 ours old-1 $OLD

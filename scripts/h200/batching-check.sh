@@ -38,17 +38,8 @@ echo "models written at $(date -u +%T)" >> $C/status
 for i in $(seq 1 60); do [ -f /tmp/llama/BUILD_RC ] && break; sleep 10; done
 echo "llama.cpp build rc $(cat /tmp/llama/BUILD_RC 2>/dev/null) at $(date -u +%T)" >> $C/status
 
-# The largest memory.used nvidia-smi reports while "$@" runs, into $C/$name.peak (MiB).
-sampled() {
-  local name=$1; shift
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > $C/$name.smi &
-  local smi=$!
-  "$@" > $C/$name.md 2>&1
-  local rc=$?
-  kill $smi 2>/dev/null; wait $smi 2>/dev/null
-  sort -n $C/$name.smi | tail -1 > $C/$name.peak
-  echo "$name exit $rc peak $(cat $C/$name.peak) MiB at $(date -u +%T)" >> $C/status
-}
+LOGS=$C
+source scripts/h200/sampled.sh
 for m in l8b:$L q30:$Q; do
   n=${m%%:*}; f=${m#*:}
   for r in 1 2; do

@@ -604,12 +604,8 @@ fn bound_unreadable(
                 ),
             });
         }
-        let next = starts
-            .iter()
-            .copied()
-            .find(|&s| s > u.offset)
-            .unwrap_or(data_len)
-            .min(data_len);
+        let after = starts.partition_point(|&s| s <= u.offset);
+        let next = starts.get(after).copied().unwrap_or(data_len).min(data_len);
         u.max_bytes = next - u.offset;
     }
     Ok(())

@@ -7,6 +7,7 @@
 //! Everything here is a pure function of shapes and settings: no device, no backend state.
 
 use super::bytes::{overflow, product};
+use crate::batch::Phase;
 use crate::error::{DecodeError, Result};
 use rocm_kernels::ops::attention::{decode_workspace_floats_up_to, AttentionShape};
 use rocm_kernels::ops::{matvec::MAX_TOKENS, matvec_q8, sampling};
@@ -25,6 +26,14 @@ pub const VENDOR_GEMM_MIN_ROWS: usize = MAX_TOKENS + 1;
 /// activations. Lowering this to [`VENDOR_GEMM_MIN_ROWS`] needs those entries re-blessed on a
 /// GPU in the same change.
 pub const VENDOR_GEMM_MIN_PREFILL_ROWS: usize = 32;
+
+/// Token rows from which a step of `phase` runs its dense products on the vendor GEMM.
+pub fn vendor_gemm_min_rows(phase: Phase) -> usize {
+    match phase {
+        Phase::Decode => VENDOR_GEMM_MIN_ROWS,
+        Phase::Prefill => VENDOR_GEMM_MIN_PREFILL_ROWS,
+    }
+}
 
 /// Token rows from which an MoE runs as grouped products on the vendor GEMM (the experts'
 /// rows gathered per expert); below that each (token, expert) pair reads its expert alone.

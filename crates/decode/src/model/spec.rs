@@ -170,12 +170,11 @@ mod unreadable_tests {
     /// shows it), and making a model of it is an error that names the tensor and the type.
     #[test]
     fn a_tensor_of_an_unreadable_type_fails_the_model_by_name() {
-        let dir = std::env::temp_dir().join(format!("hipdecode-spec-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("tiny.gguf");
+        let path = test_support::models::scratch_dir("spec")
+            .join(format!("unreadable-{}.gguf", std::process::id()));
         write_preset(Preset::TinyLlama, &path, 5).unwrap();
         let mut bytes = std::fs::read(&path).unwrap();
-        std::fs::remove_dir_all(&dir).ok();
+        std::fs::remove_file(&path).ok();
         assert!(ModelSpec::from_gguf(&GgufFile::from_bytes(bytes.clone()).unwrap()).is_ok());
         test_support::models::set_tensor_type(&mut bytes, "output.weight", 16);
         let file = GgufFile::from_bytes(bytes).expect("it still opens");

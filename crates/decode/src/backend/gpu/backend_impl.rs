@@ -510,12 +510,13 @@ impl Backend for GpuBackend {
                 return Ok(());
             }
         }
-        let vendor_rows = match self.step_phase {
-            Phase::Decode => workspace::VENDOR_GEMM_MIN_ROWS,
-            Phase::Prefill => workspace::VENDOR_GEMM_MIN_PREFILL_ROWS,
-        };
-        if self.matvec_path == MatvecPath::Int8 && rows >= vendor_rows {
-            if let Some(v) = self.vendor_gemm.as_mut().filter(|v| v.takes(&m, rows)) {
+        if self.matvec_path == MatvecPath::Int8 {
+            let phase = self.step_phase;
+            if let Some(v) = self
+                .vendor_gemm
+                .as_mut()
+                .filter(|v| v.takes(&m, rows, phase))
+            {
                 let host = w
                     .host_bytes()
                     .filter(|_| self.host_prefill == HostPrefill::Stream)

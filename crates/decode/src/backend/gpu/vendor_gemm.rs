@@ -19,9 +19,11 @@ use crate::backend::gpu::offload::prefetch::Prefetch;
 use crate::layout::workspace::block_rows;
 // The sizes are the layout's, which `ModelLayout` lists too.
 use crate::backend::gpu::{error::kerr, GpuBuffer};
+use crate::batch::Phase;
 use crate::error::{DecodeError, Result};
 pub use crate::layout::workspace::{
-    LIBRARY_WORKSPACE_BYTES, MOE_GROUPED_MIN_ROWS, VENDOR_GEMM_MIN_ROWS, WEIGHT_BLOCK_VALUES,
+    vendor_gemm_min_rows, LIBRARY_WORKSPACE_BYTES, MOE_GROUPED_MIN_ROWS, VENDOR_GEMM_MIN_ROWS,
+    WEIGHT_BLOCK_VALUES,
 };
 use hip_ffi::{BlasLt, GemmPlan, GemmShape};
 use hip_ffi::{DevicePtr, Stream};
@@ -137,9 +139,14 @@ impl VendorGemm {
             .map_or(0, |a| a.size() as usize / 2)
     }
 
-    /// Whether a product of `rows` token rows by `m` runs here: enough rows, and buffers
-    /// reserved for it.
-    pub(super) fn takes(&self, m: &QuantMatrix, rows: usize) -> bool {
+    /// Whether a product of `rows` token rows by `m` in a step of `phase` runs here: enough
+    /// rows for that phase ([`vendor_gemm_min_rows`]), and buffers reserved for it.
+    pub(super) fn takes(&self, m: &QuantMatrix, rows: usize, phase: Phase) -> bool {
+        rows >= vendor_gemm_min_rows(phase) && self.fits(m, rows)
+    }
+
+    /// Whether the reserved buffers hold a product of `rows` token rows by `m`.
+    fn fits(&self, m: &QuantMatrix, rows: usize) -> bool {
         rows >= VENDOR_GEMM_MIN_ROWS
             && rows * m.cols() <= self.activation_values()
             && m.cols() <= self.weight_values()
@@ -161,7 +168,7 @@ impl VendorGemm {
         rows: usize,
     ) -> Result<()> {
         let (n_rows, cols) = (m.rows(), m.cols());
-        if !self.takes(m, rows) || x.len() < rows * cols || out.len() < rows * n_rows {
+        if !self.fits(m, rows) || x.len() < rows * cols || out.len() < rows * n_rows {
             return Err(DecodeError::InvalidArgument(format!(
                 "vendor GEMM: {rows} rows of a {n_rows}x{cols} product do not fit its buffers"
             )));
