@@ -34,6 +34,7 @@ pub static TABLE: Table = &[
     &crate::backend::gpu::KV_TYPE,
     &crate::backend::gpu::vendor_gemm::GPU_PREFILL,
     &crate::backend::gpu::ATTN_PREFILL,
+    &crate::backend::gpu::MMA_MAX_ROWS,
     &crate::backend::gpu::capture_stream::CAPTURE_STREAM,
     &crate::backend::gpu::capture_stream::GRAPH_POOL,
     &crate::backend::gpu::CPU_SHARE,

@@ -21,11 +21,6 @@
 #include "portability.h"
 #include "quant.h"
 
-// Two halves in one 32-bit word, the lower column in the low half (little-endian memory order).
-DEVICE u32 pack_f16x2(float lo, float hi) {
-    return (u32)f32_to_f16_rn(lo) | ((u32)f32_to_f16_rn(hi) << 16);
-}
-
 // Eight values as halves at `dst`: one 16-byte store when `wide` (the caller vouches that dst
 // is 16-byte aligned), else eight 16-bit stores.
 DEVICE void store8_f16(u16* dst, const float* v, bool wide) {

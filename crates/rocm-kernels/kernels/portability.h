@@ -270,4 +270,10 @@ DEVICE u16 f32_to_f16_rn(float f) {
 }
 #endif
 
+// Two halves (hardware rounding) in one 32-bit word, the lower column in the low half
+// (little-endian memory order).
+DEVICE u32 pack_f16x2(float lo, float hi) {
+    return (u32)f32_to_f16_rn(lo) | ((u32)f32_to_f16_rn(hi) << 16);
+}
+
 DEVICE float bf16_to_f32(u16 h) { return __int_as_float((int)((u32)h << 16)); }

@@ -4,6 +4,7 @@
 
 use crate::cache::{CacheKey, KernelCache, Lookup};
 use crate::error::{KernelError, Result};
+use crate::mma::{MmaSetting, MmaVariant};
 use crate::source::KernelModule;
 use hip_ffi::rtc::Compiler;
 use hip_ffi::{device_compile_options, Device, Function, PlatformKind};
@@ -14,8 +15,8 @@ use std::sync::Mutex;
 /// Options every module is compiled with, after the device-derived ones (architecture and
 /// `-DWARP_SIZE`): the tuning defines the knobs ask for. Part of the cache key, as the
 /// device-derived ones are, so a changed knob compiles afresh instead of reusing a stale image.
-fn extra_options() -> Result<Vec<String>> {
-    let mut options = Vec::new();
+fn extra_options(mma: MmaVariant) -> Result<Vec<String>> {
+    let mut options = vec![mma.compile_option()];
     if let Some(depth) = crate::knobs::MATVEC_DEPTH.read()? {
         options.push(format!("-DMATVEC_Q8_DEPTH={depth}"));
     }
@@ -28,6 +29,7 @@ pub struct Kernels {
     wave_size: u32,
     multiprocessors: u32,
     matvec_blocks_per_sm: Option<u32>,
+    mma_variant: MmaVariant,
     functions: HashMap<(KernelModule, &'static str), Function>,
 }
 
@@ -48,7 +50,15 @@ impl Kernels {
     /// The cache key of a module covers its source, the device's architecture, the compiler's
     /// version and every compile option (the wave size included). A cached code object the
     /// runtime refuses to load is dropped from the cache and compiled afresh.
+    ///
+    /// The matrix-core kernels get the variant [`crate::mma::MMA`] asks for.
     pub fn load(device: &Device, cache: &KernelCache) -> Result<Kernels> {
+        Kernels::load_with_mma(device, cache, crate::mma::MMA.read()?)
+    }
+
+    /// As [`Kernels::load`], with the matrix-core kernels' variant chosen under `mma` instead
+    /// of the environment's setting (the tests compare the native build with the SIMT one).
+    pub fn load_with_mma(device: &Device, cache: &KernelCache, mma: MmaSetting) -> Result<Kernels> {
         let started = std::time::Instant::now();
         let wave_size = device.warp_size()?;
         let multiprocessors = device.multiprocessor_count()?;
@@ -60,7 +70,8 @@ impl Kernels {
             // hiprtc then targets the device itself; key on its name instead.
             None => format!("unnamed architecture of {}", device.name()?),
         };
-        let extra = extra_options()?;
+        let mma_variant = MmaVariant::choose(device.platform(), device.arch()?.as_deref(), mma);
+        let extra = extra_options(mma_variant)?;
         let mut flags = device_compile_options(device)?;
         flags.extend(extra.iter().cloned());
         let compile = |module: KernelModule, source: &str| -> Result<Vec<u8>> {
@@ -161,6 +172,7 @@ impl Kernels {
             wave_size,
             multiprocessors,
             matvec_blocks_per_sm,
+            mma_variant,
             functions,
         })
     }
@@ -184,6 +196,11 @@ impl Kernels {
     /// ([`crate::knobs::MATVEC_BLOCKS_PER_SM`]); `None` for no cap.
     pub fn matvec_blocks_per_sm(&self) -> Option<u32> {
         self.matvec_blocks_per_sm
+    }
+
+    /// The implementation of the matrix-core layer the kernels were compiled with.
+    pub fn mma_variant(&self) -> MmaVariant {
+        self.mma_variant
     }
 
     /// The entry point `name` of `module`; an error naming both when it does not exist.

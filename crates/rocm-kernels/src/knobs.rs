@@ -85,6 +85,7 @@ pub static TABLE: Table = &[
     &MATVEC_DEPTH,
     &MATVEC_BLOCKS_PER_SM,
     &EARLY_LAUNCH,
+    &crate::mma::MMA,
 ];
 
 #[cfg(test)]

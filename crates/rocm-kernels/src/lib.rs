@@ -7,6 +7,7 @@
 //!   version and flags; the folder is `$HIPDECODE_KERNEL_CACHE` (`off` disables it), else the
 //!   user's cache folder.
 //! * [`Kernels`]: every module compiled and loaded for one device.
+//! * [`mma`]: which implementation of the matrix-core layer (`kernels/mma.h`) a device gets.
 //! * [`view`]: typed views of device memory that the launch wrappers take.
 //! * [`ops`]: one safe launch wrapper per op; shapes are checked against the views.
 //! * [`reference`]: the CPU reference of every op, which the GPU tests compare against.
@@ -15,6 +16,7 @@ pub mod cache;
 pub mod error;
 pub mod kernels;
 pub mod knobs;
+pub mod mma;
 pub mod ops;
 pub mod reference;
 pub mod source;

@@ -34,6 +34,9 @@ pub enum KernelModule {
     MatvecQ8,
     /// Matrix-matrix products over quantized weights (prefill).
     Matmul,
+    /// Matrix-matrix products over quantized weights on the matrix cores (`mma.h`), for steps
+    /// of a few dozen to a few hundred token rows.
+    MatmulMma,
     /// MoE routing, expert dispatch and weighted sum.
     Moe,
     /// Weight rows dequantized to f16 and f32 -> f16 conversion (prefill's vendor-GEMM inputs).
@@ -43,10 +46,11 @@ pub enum KernelModule {
 const PORTABILITY_H: &str = include_str!("../kernels/portability.h");
 const QUANT_H: &str = include_str!("../kernels/quant.h");
 const KV_PAGES_H: &str = include_str!("../kernels/kv_pages.h");
+const MMA_H: &str = include_str!("../kernels/mma.h");
 
 impl KernelModule {
     /// Every module, in a fixed order.
-    pub const ALL: [KernelModule; 12] = [
+    pub const ALL: [KernelModule; 13] = [
         KernelModule::Embed,
         KernelModule::Norm,
         KernelModule::Rope,
@@ -57,6 +61,7 @@ impl KernelModule {
         KernelModule::Matvec,
         KernelModule::MatvecQ8,
         KernelModule::Matmul,
+        KernelModule::MatmulMma,
         KernelModule::Moe,
         KernelModule::Dequant,
     ];
@@ -74,6 +79,7 @@ impl KernelModule {
             KernelModule::Matvec => "matvec",
             KernelModule::MatvecQ8 => "matvec_q8",
             KernelModule::Matmul => "matmul",
+            KernelModule::MatmulMma => "matmul_mma",
             KernelModule::Moe => "moe",
             KernelModule::Dequant => "dequant",
         }
@@ -91,6 +97,7 @@ impl KernelModule {
             KernelModule::Matvec => include_str!("../kernels/matvec.hip"),
             KernelModule::MatvecQ8 => include_str!("../kernels/matvec_q8.hip"),
             KernelModule::Matmul => include_str!("../kernels/matmul.hip"),
+            KernelModule::MatmulMma => include_str!("../kernels/matmul_mma.hip"),
             KernelModule::Moe => include_str!("../kernels/moe.hip"),
             KernelModule::Dequant => include_str!("../kernels/dequant.hip"),
         }
@@ -202,6 +209,19 @@ impl KernelModule {
                 "matmul_q5_k",
                 "matmul_q6_k",
             ],
+            KernelModule::MatmulMma => &[
+                "matmul_mma_f32",
+                "matmul_mma_f16",
+                "matmul_mma_bf16",
+                "matmul_mma_q4_0",
+                "matmul_mma_q4_1",
+                "matmul_mma_q5_0",
+                "matmul_mma_q5_1",
+                "matmul_mma_q8_0",
+                "matmul_mma_q4_k",
+                "matmul_mma_q5_k",
+                "matmul_mma_q6_k",
+            ],
             KernelModule::Moe => &[
                 "moe_route_top_k",
                 "moe_weighted_sum",
@@ -251,9 +271,16 @@ impl KernelModule {
                 | KernelModule::Matvec
                 | KernelModule::MatvecQ8
                 | KernelModule::Matmul
+                | KernelModule::MatmulMma
                 | KernelModule::Moe
                 | KernelModule::Dequant
         )
+    }
+
+    /// Whether the module multiplies on the matrix cores (and so needs `mma.h`, and the host's
+    /// `-DMMA_VARIANT`).
+    pub fn uses_matrix_cores(self) -> bool {
+        matches!(self, KernelModule::MatmulMma)
     }
 
     /// The whole program handed to the compiler. `#include "…"` lines of the bundled headers
@@ -268,6 +295,9 @@ impl KernelModule {
         if self.touches_kv_cache() {
             parts.push(KV_PAGES_H);
         }
+        if self.uses_matrix_cores() {
+            parts.push(MMA_H);
+        }
         parts.push(self.body());
         for part in parts {
             for line in part.lines() {
@@ -275,6 +305,7 @@ impl KernelModule {
                 if trimmed.starts_with("#include \"portability.h\"")
                     || trimmed.starts_with("#include \"quant.h\"")
                     || trimmed.starts_with("#include \"kv_pages.h\"")
+                    || trimmed.starts_with("#include \"mma.h\"")
                     || trimmed == "#pragma once"
                 {
                     continue;

@@ -19,11 +19,12 @@ use gguf_loader::GgmlType;
 use half::{bf16, f16};
 use hip_ffi::{DeviceBuffer, Stream};
 use rand::{Rng, RngCore};
+use rocm_kernels::mma::{MmaSetting, MmaVariant};
 use rocm_kernels::ops::embed;
-use rocm_kernels::ops::matmul;
 use rocm_kernels::ops::matvec::{self, QuantMatrix, MAX_TOKENS, WEIGHT_FORMATS};
 use rocm_kernels::ops::matvec_q8::{self, Q8Activations, Q8ActivationsMut};
 use rocm_kernels::ops::moe::{self, Accumulate, ExpertInput, QuantExperts};
+use rocm_kernels::ops::{matmul, matmul_mma};
 use rocm_kernels::reference;
 use rocm_kernels::reference::matvec::HostMatrix;
 use rocm_kernels::reference::matvec_q8::HostQ8;
@@ -131,9 +132,22 @@ type ProductOp = fn(
     usize,
 ) -> rocm_kernels::Result<()>;
 
+type ReferenceOp = fn(&HostMatrix<'_>, &[f32], usize) -> rocm_kernels::Result<Vec<f32>>;
+
 /// Runs `op` for every format, the given row counts, column counts and token counts, against
-/// the reference.
+/// the f32 reference.
 fn check_products(test: &str, op: ProductOp, tokens: &[usize], seed: u64) {
+    check_products_against(test, op, reference::matmul::matmul, tokens, seed)
+}
+
+/// As [`check_products`], against `reference`.
+fn check_products_against(
+    test: &str,
+    op: ProductOp,
+    reference: ReferenceOp,
+    tokens: &[usize],
+    seed: u64,
+) {
     let Some((k, s)) = setup(test) else {
         return;
     };
@@ -146,7 +160,7 @@ fn check_products(test: &str, op: ProductOp, tokens: &[usize], seed: u64) {
                 let host = HostMatrix::new(&bytes, format, rows, cols).unwrap();
                 for &nt in tokens {
                     let x = uniform_vec(&mut rng, nt * cols, -1.0, 1.0);
-                    let want = reference::matmul::matmul(&host, &x, nt).unwrap();
+                    let want = reference(&host, &x, nt).unwrap();
                     let xb = upload(k, &x);
                     let ob = upload(k, &vec![f32::NAN; nt * rows]);
                     op(
@@ -262,6 +276,65 @@ fn matmul_covers_several_tiles_of_a_real_shape() {
 }
 
 #[test]
+fn matmul_mma_matches_the_half_rounded_reference_for_every_format() {
+    // 67 rows leave a partial tile of 64 rows, 100 tokens a partial second tile of 64 and a
+    // token tile of 16 only partly filled; 96 columns of a 32-block format a partial step of
+    // 128, and 37 dense columns a partial run of eight.
+    check_products_against(
+        "matmul_mma_matches_the_half_rounded_reference_for_every_format",
+        matmul_mma::matmul_mma,
+        reference::matmul_mma::matmul_mma,
+        &[1, 9, 16, 33, 64, 100],
+        12,
+    );
+}
+
+#[test]
+fn matmul_mma_native_and_simt_builds_agree_at_real_shapes() {
+    let test = "matmul_mma_native_and_simt_builds_agree_at_real_shapes";
+    let Some((k, s)) = setup(test) else {
+        return;
+    };
+    let cache = rocm_kernels::cache::KernelCache::from_env().unwrap();
+    let simt = Kernels::load_with_mma(k.device(), &cache, MmaSetting::Simt).unwrap();
+    assert_eq!(simt.mma_variant(), MmaVariant::Simt);
+    eprintln!(
+        "{test}: the default build's variant is {}",
+        k.mma_variant().name()
+    );
+    let mut rng = seeded(13);
+    // The 8B's shapes in fewer rows: 14 and 4 steps of 128 columns, several row tiles, one and
+    // three token tiles.
+    for (format, rows, cols) in [(GgmlType::Q4K, 320, 1792), (GgmlType::Q6K, 130, 512)] {
+        let (wb, bytes) = weights_on_device(k, &mut rng, format, rows, cols);
+        let w = quant_matrix(&wb, &bytes, format, rows, cols);
+        let host = HostMatrix::new(&bytes, format, rows, cols).unwrap();
+        for nt in [40, 130] {
+            let x = uniform_vec(&mut rng, nt * cols, -1.0, 1.0);
+            let want = reference::matmul_mma::matmul_mma(&host, &x, nt).unwrap();
+            let xb = upload(k, &x);
+            let mut got = Vec::new();
+            for kernels in [k, &simt] {
+                let ob = upload(k, &vec![f32::NAN; nt * rows]);
+                let (x, mut o) = (view(&xb, x.len()), view_mut(&ob, nt * rows));
+                matmul_mma::matmul_mma(kernels, &s, &w, x, &mut o, nt).unwrap();
+                got.push(download(&s, &ob, nt * rows));
+            }
+            let what = format!("{test}: {format} {rows} x {cols}, {nt} tokens");
+            for (g, build) in got.iter().zip([k.mma_variant(), MmaVariant::Simt]) {
+                assert_close_rms(g, &want, RMS_TOL, &format!("{what}, {}", build.name()));
+            }
+            assert_close_rms(
+                &got[0],
+                &got[1],
+                RMS_TOL,
+                &format!("{what}, native vs simt"),
+            );
+        }
+    }
+}
+
+#[test]
 fn products_refuse_short_views_without_launching() {
     let test = "products_refuse_short_views_without_launching";
     let Some((k, s)) = setup(test) else {
@@ -272,7 +345,11 @@ fn products_refuse_short_views_without_launching() {
     let w = quant_matrix(&wb, &bytes, GgmlType::Q8_0, 4, 64);
     let xb = upload(k, &[0.0f32; 128]);
     let ob = upload(k, &[0.0f32; 8]);
-    for op in [matvec::matvec as ProductOp, matmul::matmul] {
+    for op in [
+        matvec::matvec as ProductOp,
+        matmul::matmul,
+        matmul_mma::matmul_mma,
+    ] {
         let err = op(k, &s, &w, view(&xb, 127), &mut view_mut(&ob, 8), 2).unwrap_err();
         assert!(matches!(err, KernelError::Shape { .. }), "{err}");
         let err = op(k, &s, &w, view(&xb, 128), &mut view_mut(&ob, 7), 2).unwrap_err();

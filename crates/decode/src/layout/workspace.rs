@@ -35,6 +35,17 @@ pub fn vendor_gemm_min_rows(phase: Phase) -> usize {
     }
 }
 
+/// Whether a dense product of `rows` token rows in a step of `phase` runs on the matrix-core
+/// kernel (`rocm_kernels::ops::matmul_mma`) instead of the vendor GEMM: on a device whose
+/// matrix-core variant is `native`, from the rows the vendor GEMM would take in that phase
+/// (prefill's threshold keeps the golden tokens' short prompts where they were recorded) up to
+/// `max_rows` (`HIPDECODE_GPU_MMA_ROWS`). The kernel reads the quantized weights once per 64
+/// token rows and writes no f16 copy of them, which the vendor GEMM writes and reads whole at
+/// any row count; past a few hundred rows that copy costs less than the repeated reads.
+pub fn matrix_cores_take(rows: usize, phase: Phase, max_rows: usize, native: bool) -> bool {
+    native && rows >= vendor_gemm_min_rows(phase) && rows <= max_rows
+}
+
 /// Token rows from which an MoE runs as grouped products on the vendor GEMM (the experts'
 /// rows gathered per expert); below that each (token, expert) pair reads its expert alone.
 pub const MOE_GROUPED_MIN_ROWS: usize = 32;

@@ -316,6 +316,7 @@ mod tests {
         for (module, first, op) in [
             (KernelModule::Matvec, 0, "matvec"),
             (KernelModule::Matmul, 0, "matmul"),
+            (KernelModule::MatmulMma, 0, "matmul_mma"),
             (KernelModule::Embed, 0, "embed"),
             (KernelModule::Moe, 2, "matvec_id"),
         ] {

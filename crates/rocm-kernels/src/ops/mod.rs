@@ -9,6 +9,7 @@ pub mod elementwise;
 pub mod embed;
 pub mod kv_cache;
 pub mod matmul;
+pub mod matmul_mma;
 pub mod matvec;
 pub mod matvec_q8;
 pub mod moe;

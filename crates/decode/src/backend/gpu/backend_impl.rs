@@ -21,7 +21,7 @@ use hip_ffi::DevicePtr;
 use offload::Placement;
 use rocm_alloc::Tag;
 use rocm_kernels::ops::{
-    elementwise, embed, kv_cache, matmul,
+    elementwise, embed, kv_cache, matmul, matmul_mma,
     matvec::MAX_TOKENS,
     matvec_q8::{self},
     moe, norm, rope, sampling,
@@ -510,7 +510,14 @@ impl Backend for GpuBackend {
                 return Ok(());
             }
         }
-        if self.matvec_path == MatvecPath::Int8 {
+        let on_matrix_cores = self.matvec_path == MatvecPath::Int8
+            && workspace::matrix_cores_take(
+                rows,
+                self.step_phase,
+                self.mma_max_rows,
+                self.kernels.mma_variant().is_native(),
+            );
+        if self.matvec_path == MatvecPath::Int8 && !on_matrix_cores {
             let phase = self.step_phase;
             if let Some(v) = self
                 .vendor_gemm
@@ -561,6 +568,16 @@ impl Backend for GpuBackend {
                 rows,
             )
             .map_err(kerr("matmul (int8)"))?;
+        } else if on_matrix_cores {
+            matmul_mma::matmul_mma(
+                &self.kernels,
+                &self.stream,
+                &m,
+                x.view(),
+                &mut out.view_mut(),
+                rows,
+            )
+            .map_err(kerr("matmul (matrix cores)"))?;
         } else {
             matmul::linear(
                 &self.kernels,
@@ -575,14 +592,21 @@ impl Backend for GpuBackend {
         if let (Some(s), Some(p)) = (staged, self.prefetch.as_mut()) {
             p.release(&self.stream, s)?;
         }
-        let kind = match (int8, rows <= MAX_TOKENS) {
-            (true, _) => "matvec int8",
-            (false, true) => "matvec f32",
-            (false, false) => "matmul f32",
+        let kind = match (int8, on_matrix_cores, rows <= MAX_TOKENS) {
+            (true, _, _) => "matvec int8",
+            (false, true, _) => "matmul mma",
+            (false, false, true) => "matvec f32",
+            (false, false, false) => "matmul f32",
+        };
+        // The matrix-core kernel reads the weights once per tile of token rows.
+        let weight_reads = if on_matrix_cores {
+            rows.div_ceil(matmul_mma::TILE_TOKENS)
+        } else {
+            1
         };
         self.op_done(
             || format!("{kind} {} {}x{}", m.format().name(), m.rows(), m.cols()),
-            (m.data().len() + rows * (m.rows() + m.cols()) * 4) as u64,
+            (weight_reads * m.data().len() + rows * (m.rows() + m.cols()) * 4) as u64,
         )
     }
 

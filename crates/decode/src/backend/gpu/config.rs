@@ -57,6 +57,20 @@ pub static MATVEC_PATH: Knob<MatvecPath> = Knob {
     },
 };
 
+pub static MMA_MAX_ROWS: Knob<usize> = Knob {
+    name: "HIPDECODE_GPU_MMA_ROWS",
+    default: "256",
+    doc: "most token rows of a step whose products run on the matrix-core kernel (where the \
+          device has native matrix cores), from the vendor GEMM's threshold up; 0 turns it off \
+          (a tuning knob for A/B runs)",
+    scope: Scope::Run,
+    parse: |v| {
+        v.trim().parse::<usize>().map_err(|_| {
+            "not a row count; use a whole number (0 turns the matrix-core kernel off)".to_string()
+        })
+    },
+};
+
 pub static ATTN_PREFILL: Knob<attn::PrefillKernel> = Knob {
     name: "HIPDECODE_GPU_ATTN_PREFILL",
     default: "tiled",
@@ -79,6 +93,7 @@ pub static ATTN_PREFILL: Knob<attn::PrefillKernel> = Knob {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GpuConfig {
     pub matvec_path: MatvecPath,
+    pub mma_max_rows: usize,
     pub kv_type: KvType,
     pub attn_prefill: attn::PrefillKernel,
     pub prefill_path: PrefillPath,
@@ -93,6 +108,7 @@ impl GpuConfig {
     pub fn from_env(env: &Env) -> Result<GpuConfig> {
         Ok(GpuConfig {
             matvec_path: MATVEC_PATH.value(env)?,
+            mma_max_rows: MMA_MAX_ROWS.value(env)?,
             kv_type: KV_TYPE.value(env)?,
             attn_prefill: ATTN_PREFILL.value(env)?,
             prefill_path: GPU_PREFILL.value(env)?,

@@ -116,6 +116,7 @@ impl GpuBackend {
             mem_before,
             use_graphs,
             matvec_path: config.matvec_path,
+            mma_max_rows: config.mma_max_rows,
             attn_prefill: config.attn_prefill,
             kv_type: config.kv_type,
             vendor_gemm,

@@ -36,7 +36,7 @@ mod weight_block;
 
 pub use buffer::GpuBuffer;
 pub use config::{
-    GpuConfig, KvType, MatvecPath, ATTN_PREFILL, INT8_MAX_ROWS, KV_TYPE, MATVEC_PATH,
+    GpuConfig, KvType, MatvecPath, ATTN_PREFILL, INT8_MAX_ROWS, KV_TYPE, MATVEC_PATH, MMA_MAX_ROWS,
 };
 pub use offload::host_weights::{HostPlacement, WeightMemory};
 pub use offload::hybrid::{CpuShare, CPU_SHARE, MAX_CPU_SHARE};
@@ -153,6 +153,8 @@ pub struct GpuBackend {
     use_graphs: bool,
     /// How matrix-vector products read activations.
     matvec_path: MatvecPath,
+    /// Most token rows of a product on the matrix-core kernel (`HIPDECODE_GPU_MMA_ROWS`).
+    mma_max_rows: usize,
     /// The prefill attention kernel.
     attn_prefill: attn::PrefillKernel,
     /// Element type of KV cache buffers allocated from now on.

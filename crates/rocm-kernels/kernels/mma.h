@@ -1,0 +1,189 @@
+// The matrix-core layer: one 16 x 16 x 16 product of f16 tiles into f32, per warp, with one
+// implementation per ISA family behind the same names, so kernel bodies are written once.
+//
+//   MmaAcc c;            this lane's share of a 16 x 16 f32 tile C (MMA_ACC values)
+//   mma_zero(c);
+//   mma_16x16x16(c, a, lda, b, ldb);
+//                        c += A . B^T, A and B 16 x 16 f16 tiles in shared memory, both stored
+//                        with k contiguous: A[m][k] at a[m * lda + k], B[n][k] at b[n * ldb + k]
+//                        (lda, ldb in halves, multiples of 4; a, b 8-byte aligned)
+//   mma_m(i), mma_n(i)   the row m and column n of C that this lane's value c.v[i] holds
+//
+// Every lane of the warp calls these together (they are warp-wide operations). The host picks
+// the variant (rocm_kernels::mma) and passes -DMMA_VARIANT=<id>; each variant checks here that
+// the target has its instructions, so a wrong choice is a compile error, not wrong numbers:
+//   MMA_SIMT (0)         any target: each lane sums its MMA_ACC values from shared memory;
+//   MMA_NV_SYNC (1)      NVIDIA sm_80 and later: two mma.sync.m16n8k16 per tile;
+//   MMA_AMD_MFMA (2)     AMD CDNA (gfx908, gfx90a, gfx94x, gfx950; wave64):
+//                        v_mfma_f32_16x16x16f16;
+//   MMA_AMD_WMMA11 (3)   AMD RDNA 3 (gfx11; wave32): v_wmma_f32_16x16x16_f16;
+//   MMA_AMD_WMMA12 (4)   AMD RDNA 4 (gfx12; wave32): the gfx12 form of the same instruction.
+// Debian's hiprtc compiles neither WMMA variant (it crashes on gfx1100 and knows no gfx12), so
+// those two are off unless asked for (HIPDECODE_MMA=native).
+//
+// Products are exact in f32 for f16 inputs; only the order of the additions differs between
+// variants (about 1e-7 of the magnitude of a 16-term sum).
+#pragma once
+
+#define MMA_SIMT 0
+#define MMA_NV_SYNC 1
+#define MMA_AMD_MFMA 2
+#define MMA_AMD_WMMA11 3
+#define MMA_AMD_WMMA12 4
+
+#ifndef MMA_VARIANT
+#error "MMA_VARIANT must be defined by the host (rocm_kernels::mma picks it from the device)"
+#endif
+
+#if MMA_VARIANT == MMA_NV_SYNC
+#if !(defined(__CUDACC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800)
+#error "MMA_NV_SYNC needs NVIDIA compute capability 8.0 or later"
+#endif
+#elif MMA_VARIANT == MMA_AMD_MFMA
+#if !(defined(__gfx908__) || defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || \
+      defined(__gfx942__) || defined(__gfx950__)) ||                                             \
+    WARP_SIZE != 64
+#error "MMA_AMD_MFMA needs an AMD CDNA target (gfx908, gfx90a, gfx94x, gfx950) in wave64"
+#endif
+#elif MMA_VARIANT == MMA_AMD_WMMA11
+#if !(defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__) ||                 \
+      defined(__gfx1103__) || defined(__gfx1150__) || defined(__gfx1151__) ||                 \
+      defined(__gfx1152__)) ||                                                                \
+    WARP_SIZE != 32
+#error "MMA_AMD_WMMA11 needs an AMD RDNA 3 target (gfx11) in wave32"
+#endif
+#elif MMA_VARIANT == MMA_AMD_WMMA12
+#if !(defined(__gfx1200__) || defined(__gfx1201__)) || WARP_SIZE != 32
+#error "MMA_AMD_WMMA12 needs an AMD RDNA 4 target (gfx12) in wave32"
+#endif
+#elif MMA_VARIANT != MMA_SIMT
+#error "unknown MMA_VARIANT"
+#endif
+
+// Values of the 16 x 16 accumulator tile per lane: 8 in a wave of 32, 4 in a wave of 64.
+#define MMA_ACC (256 / WARP_SIZE)
+
+struct MmaAcc {
+    float v[MMA_ACC];
+};
+
+DEVICE void mma_zero(MmaAcc& c) {
+#pragma unroll
+    for (int i = 0; i < MMA_ACC; ++i) c.v[i] = 0.0f;
+}
+
+DEVICE u32 mma_lane() { return threadIdx.x % WARP_SIZE; }
+
+// Two halves of a k-contiguous tile as one 32-bit word (the lower k in the low half).
+DEVICE u32 mma_load2(const u16* p) { return *(const u32*)p; }
+
+#if MMA_VARIANT == MMA_NV_SYNC
+// m16n8k16, A row-major and B column-major (k contiguous in both, as stored here). Lane l is in
+// group g = l / 4 at position t = l % 4; see PTX's "Matrix fragments for mma.m16n8k16".
+//   A: {(g, 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8)} pairs of k;
+//   B: {(k 2t, n g), (k 2t + 8, n g)} pairs of k;
+//   C: (g, 2t + j) and (g + 8, 2t + j) for j < 2.
+// The 16 columns of n are two such products, v[0..3] for n < 8 and v[4..7] for n >= 8.
+DEVICE void mma_16x16x16(MmaAcc& c, const u16* a, u32 lda, const u16* b, u32 ldb) {
+    const u32 g = mma_lane() / 4, t = mma_lane() % 4;
+    const u32 a0 = mma_load2(a + g * lda + 2 * t);
+    const u32 a1 = mma_load2(a + (g + 8) * lda + 2 * t);
+    const u32 a2 = mma_load2(a + g * lda + 2 * t + 8);
+    const u32 a3 = mma_load2(a + (g + 8) * lda + 2 * t + 8);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u16* bn = b + (g + 8 * h) * ldb;
+        const u32 b0 = mma_load2(bn + 2 * t);
+        const u32 b1 = mma_load2(bn + 2 * t + 8);
+        float* d = c.v + 4 * h;
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+}
+DEVICE u32 mma_m(int i) { return mma_lane() / 4 + 8 * ((i >> 1) & 1); }
+DEVICE u32 mma_n(int i) { return 8 * (i >> 2) + 2 * (mma_lane() % 4) + (i & 1); }
+
+#elif MMA_VARIANT == MMA_AMD_MFMA
+typedef _Float16 mma_half4 __attribute__((ext_vector_type(4)));
+typedef float mma_float4 __attribute__((ext_vector_type(4)));
+// v_mfma_f32_16x16x16f16 in wave64: lane l holds A[l % 16][4 (l / 16) + j] and
+// B[4 (l / 16) + j][l % 16] for j < 4 (so four consecutive k of row m, and of row n of the
+// stored B), and C[4 (l / 16) + i][l % 16].
+DEVICE mma_half4 mma_load4(const u16* p) {
+    mma_half4 v;
+    __builtin_memcpy(&v, p, sizeof(v));
+    return v;
+}
+DEVICE void mma_16x16x16(MmaAcc& c, const u16* a, u32 lda, const u16* b, u32 ldb) {
+    const u32 r = mma_lane() % 16, k = 4 * (mma_lane() / 16);
+    const mma_half4 av = mma_load4(a + r * lda + k);
+    const mma_half4 bv = mma_load4(b + r * ldb + k);
+    mma_float4 d = {c.v[0], c.v[1], c.v[2], c.v[3]};
+    d = __builtin_amdgcn_mfma_f32_16x16x16f16(av, bv, d, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c.v[i] = d[i];
+}
+DEVICE u32 mma_m(int i) { return 4 * (mma_lane() / 16) + (u32)i; }
+DEVICE u32 mma_n(int i) { return mma_lane() % 16; }
+
+#elif MMA_VARIANT == MMA_AMD_WMMA11 || MMA_VARIANT == MMA_AMD_WMMA12
+typedef float mma_float8 __attribute__((ext_vector_type(8)));
+#if MMA_VARIANT == MMA_AMD_WMMA11
+// gfx11 wave32: lanes l and l + 16 both hold all 16 k of A's row l % 16 and of B's column
+// l % 16; C[2 i + l / 16][l % 16].
+typedef _Float16 mma_halfk __attribute__((ext_vector_type(16)));
+#define MMA_K_PER_LANE 16
+#define MMA_K_OFFSET 0
+#else
+// gfx12 wave32: lane l holds k 8 (l / 16) .. + 7 of A's row l % 16 and of B's column l % 16;
+// C[8 (l / 16) + i][l % 16].
+typedef _Float16 mma_halfk __attribute__((ext_vector_type(8)));
+#define MMA_K_PER_LANE 8
+#define MMA_K_OFFSET (8 * (mma_lane() / 16))
+#endif
+DEVICE mma_halfk mma_loadk(const u16* p) {
+    mma_halfk v;
+    __builtin_memcpy(&v, p, sizeof(v));
+    return v;
+}
+DEVICE void mma_16x16x16(MmaAcc& c, const u16* a, u32 lda, const u16* b, u32 ldb) {
+    const u32 r = mma_lane() % 16;
+    const mma_halfk av = mma_loadk(a + r * lda + MMA_K_OFFSET);
+    const mma_halfk bv = mma_loadk(b + r * ldb + MMA_K_OFFSET);
+    mma_float8 d;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) d[i] = c.v[i];
+#if MMA_VARIANT == MMA_AMD_WMMA11
+    d = __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(av, bv, d);
+#else
+    d = __builtin_amdgcn_wmma_f32_16x16x16_f16_w32_gfx12(av, bv, d);
+#endif
+#pragma unroll
+    for (int i = 0; i < 8; ++i) c.v[i] = d[i];
+}
+#if MMA_VARIANT == MMA_AMD_WMMA11
+DEVICE u32 mma_m(int i) { return 2 * (u32)i + mma_lane() / 16; }
+#else
+DEVICE u32 mma_m(int i) { return 8 * (mma_lane() / 16) + (u32)i; }
+#endif
+DEVICE u32 mma_n(int i) { return mma_lane() % 16; }
+
+#else  // MMA_SIMT
+// Lane l holds C[l / 16 + i (WARP_SIZE / 16)][l % 16]: a column of C per lane, a different
+// column for each of the 16 lanes that share a row, so B's reads are spread over the banks.
+DEVICE u32 mma_m(int i) { return mma_lane() / 16 + (u32)i * (WARP_SIZE / 16); }
+DEVICE u32 mma_n(int i) { return mma_lane() % 16; }
+DEVICE void mma_16x16x16(MmaAcc& c, const u16* a, u32 lda, const u16* b, u32 ldb) {
+    const u16* bn = b + mma_n(0) * ldb;
+#pragma unroll
+    for (int i = 0; i < MMA_ACC; ++i) {
+        const u16* am = a + mma_m(i) * lda;
+        float s = c.v[i];
+#pragma unroll
+        for (int k = 0; k < 16; ++k) s += f16_to_f32(am[k]) * f16_to_f32(bn[k]);
+        c.v[i] = s;
+    }
+}
+#endif
