@@ -125,7 +125,8 @@ mod tests {
         for (var, bad) in [
             ("HIPDECODE_GPU_BUDGET", "lots"),
             ("HIPDECODE_HOST_BUDGET", "half"),
-            ("HIPDECODE_GPU_ATTN_PREFILL", "flash"),
+            ("HIPDECODE_GPU_ATTN_PREFILL", "flashy"),
+            ("HIPDECODE_GPU_MMA_ROWS", "many"),
             ("HIPDECODE_MATVEC_DEPTH", "3"),
             ("HIPDECODE_MATVEC_BLOCKS_PER_SM", "lots"),
             ("HIPDECODE_GPU_PDL", "on"),

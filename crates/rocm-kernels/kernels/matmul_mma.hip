@@ -43,8 +43,8 @@ DEVICE void mm_store8(u16* dst, const float* v) {
 template <int FMT>
 DEVICE void matmul_mma_impl(const u8* __restrict__ w, const float* __restrict__ x,
                             float* __restrict__ out, u32 rows, u32 cols, u32 n_tokens) {
-    __shared__ u16 w_tile[MM_BR * MM_LDS];
-    __shared__ u16 x_tile[MM_BT * MM_LDS];
+    __shared__ u16 w_tile[MM_BR * MM_LDS] __attribute__((aligned(16)));
+    __shared__ u16 x_tile[MM_BT * MM_LDS] __attribute__((aligned(16)));
 
     const u32 tid = threadIdx.x;
     const u32 n_threads = MMA_WARPS * WARP_SIZE;

@@ -26,6 +26,8 @@ pub enum KernelModule {
     KvCache,
     /// Decode attention (split over the KV length) and causal prefill attention.
     Attention,
+    /// Causal prefill attention on the matrix cores (flash attention over f16 caches).
+    AttentionMma,
     /// Argmax and temperature / top-k / top-p sampling into the step block.
     Sampling,
     /// Matrix-vector products over quantized weights.
@@ -50,13 +52,14 @@ const MMA_H: &str = include_str!("../kernels/mma.h");
 
 impl KernelModule {
     /// Every module, in a fixed order.
-    pub const ALL: [KernelModule; 13] = [
+    pub const ALL: [KernelModule; 14] = [
         KernelModule::Embed,
         KernelModule::Norm,
         KernelModule::Rope,
         KernelModule::Elementwise,
         KernelModule::KvCache,
         KernelModule::Attention,
+        KernelModule::AttentionMma,
         KernelModule::Sampling,
         KernelModule::Matvec,
         KernelModule::MatvecQ8,
@@ -75,6 +78,7 @@ impl KernelModule {
             KernelModule::Elementwise => "elementwise",
             KernelModule::KvCache => "kv_cache",
             KernelModule::Attention => "attention",
+            KernelModule::AttentionMma => "attention_mma",
             KernelModule::Sampling => "sampling",
             KernelModule::Matvec => "matvec",
             KernelModule::MatvecQ8 => "matvec_q8",
@@ -93,6 +97,7 @@ impl KernelModule {
             KernelModule::Elementwise => include_str!("../kernels/elementwise.hip"),
             KernelModule::KvCache => include_str!("../kernels/kv_cache.hip"),
             KernelModule::Attention => include_str!("../kernels/attention.hip"),
+            KernelModule::AttentionMma => include_str!("../kernels/attention_mma.hip"),
             KernelModule::Sampling => include_str!("../kernels/sampling.hip"),
             KernelModule::Matvec => include_str!("../kernels/matvec.hip"),
             KernelModule::MatvecQ8 => include_str!("../kernels/matvec_q8.hip"),
@@ -145,6 +150,11 @@ impl KernelModule {
                 "attn_decode_f32",
                 "attn_prefill_f16",
                 "attn_prefill_f32",
+            ],
+            KernelModule::AttentionMma => &[
+                "attn_prefill_mma_d64",
+                "attn_prefill_mma_d128",
+                "attn_prefill_mma_d256",
             ],
             KernelModule::Matvec => &[
                 "matvec_f32",
@@ -259,7 +269,10 @@ impl KernelModule {
     fn touches_kv_cache(self) -> bool {
         matches!(
             self,
-            KernelModule::KvCache | KernelModule::Rope | KernelModule::Attention
+            KernelModule::KvCache
+                | KernelModule::Rope
+                | KernelModule::Attention
+                | KernelModule::AttentionMma
         )
     }
 
@@ -280,7 +293,7 @@ impl KernelModule {
     /// Whether the module multiplies on the matrix cores (and so needs `mma.h`, and the host's
     /// `-DMMA_VARIANT`).
     pub fn uses_matrix_cores(self) -> bool {
-        matches!(self, KernelModule::MatmulMma)
+        matches!(self, KernelModule::MatmulMma | KernelModule::AttentionMma)
     }
 
     /// The whole program handed to the compiler. `#include "…"` lines of the bundled headers

@@ -605,7 +605,14 @@ enum Kind {
     Prefill,
     /// Prefill on the one-query-per-block kernel.
     PrefillPerQuery,
+    /// Prefill on the matrix cores (flash attention), whatever the device's variant.
+    PrefillFlash,
 }
+
+/// Tolerances (max, RMS, relative to the reference's RMS) of the flash kernel, which rounds
+/// queries and probabilities to f16: about 5e-4 of each, so about 1e-3 of the output, where a
+/// wrong key or row costs about 1.
+const FLASH_TOLERANCE: (f32, f32) = (1e-2, 2e-3);
 
 #[derive(Clone, Copy, Debug)]
 struct Case {
@@ -686,11 +693,11 @@ fn run_case(gpu: &Gpu, case: Case, seed: u64) {
             .expect("attention_decode");
             gpu.stream.synchronize().expect("sync");
         }
-        Kind::Prefill | Kind::PrefillPerQuery => {
-            let kernel = if case.path == Kind::Prefill {
-                PrefillKernel::Tiled
-            } else {
-                PrefillKernel::PerQuery
+        Kind::Prefill | Kind::PrefillPerQuery | Kind::PrefillFlash => {
+            let kernel = match case.path {
+                Kind::Prefill => PrefillKernel::Tiled,
+                Kind::PrefillFlash => PrefillKernel::Flash,
+                _ => PrefillKernel::PerQuery,
             };
             attention_prefill_on(
                 gpu.kernels,
@@ -710,7 +717,9 @@ fn run_case(gpu: &Gpu, case: Case, seed: u64) {
     let got = dout.read(gpu);
     let splits = decode_splits(&shape).unwrap_or(0);
     let what = format!("{case:?} (decode splits {splits})");
-    assert_close(&what, &got, &want, 5e-5, 1e-5);
+    let flash = case.path == Kind::PrefillFlash;
+    let (max_rel, rms_rel) = if flash { FLASH_TOLERANCE } else { (5e-5, 1e-5) };
+    assert_close(&what, &got, &want, max_rel, rms_rel);
     if case.elem == KvElem::F16 {
         let mut exact = vec![0.0; want.len()];
         reference::attention::attention(
@@ -723,12 +732,13 @@ fn run_case(gpu: &Gpu, case: Case, seed: u64) {
             &shape,
         )
         .expect("f32 reference");
+        let (max_rel, rms_rel) = if flash { FLASH_TOLERANCE } else { (5e-3, 1e-3) };
         assert_close(
             &format!("{what} against unrounded f32"),
             &got,
             &exact,
-            5e-3,
-            1e-3,
+            max_rel,
+            rms_rel,
         );
     }
 }
@@ -1002,6 +1012,90 @@ fn prefill_attention_matches_the_reference_causal_windowed_and_grouped() {
             };
             run_case(&gpu, other, 400 + i as u64);
         }
+    }
+}
+
+#[test]
+fn flash_prefill_matches_the_reference_causal_windowed_grouped_and_partial() {
+    let Some(gpu) = gpu("flash_prefill_matches_the_reference") else {
+        return;
+    };
+    eprintln!("matrix-core variant: {}", gpu.kernels.mma_variant().name());
+    let flash = |n_head, n_head_kv, head_dim, slots, pos0, n_tokens, window| Case {
+        n_head,
+        n_head_kv,
+        head_dim,
+        slots,
+        window,
+        pos0,
+        n_tokens,
+        elem: KvElem::F16,
+        path: Kind::PrefillFlash,
+    };
+    let cases = [
+        // Whole prompts from position 0: tiles of 64 queries (heads of 64 and 128) and of 32
+        // (256), the last partial, with 32-key tiles.
+        flash(8, 2, 128, 512, 0, 300, None),
+        flash(16, 8, 64, 64, 0, 37, None),
+        flash(4, 1, 256, 300, 0, 300, None),
+        // A later chunk (keys before pos0 already cached), at a key tile boundary and not.
+        flash(16, 8, 128, 600, 280, 20, None),
+        flash(8, 8, 64, 600, 256, 65, None),
+        // Windowed, on a full cache and on a ring of window + batch - 1 slots.
+        flash(8, 2, 64, 600, 0, 300, Some(128)),
+        flash(8, 2, 256, 191, 4000, 64, Some(128)),
+        flash(4, 1, 128, 100, 37, 64, Some(37)),
+        // One token.
+        flash(4, 1, 128, 64, 10, 1, None),
+    ];
+    for (i, c) in cases.into_iter().enumerate() {
+        run_case(&gpu, c, 900 + i as u64);
+    }
+}
+
+#[test]
+fn flash_prefill_refuses_what_it_is_not_built_for() {
+    let Some(gpu) = gpu("flash_prefill_refuses_what_it_is_not_built_for") else {
+        return;
+    };
+    for (d, elem) in [(80, KvElem::F16), (128, KvElem::F32)] {
+        let shape = AttentionShape {
+            n_tokens: 4,
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim_k: d,
+            head_dim_v: d,
+            scale: 0.1,
+            window: None,
+            slots: 16,
+        };
+        let q = Buf::<f32>::new(&gpu, 4 * 2 * d);
+        let pos = Buf::from(&gpu, &[0i32, 1, 2, 3]);
+        let (k, v) = match elem {
+            KvElem::F16 => (
+                Cache::F16(Buf::new(&gpu, 16 * d)),
+                Cache::F16(Buf::new(&gpu, 16 * d)),
+            ),
+            KvElem::F32 => (
+                Cache::F32(Buf::new(&gpu, 16 * d)),
+                Cache::F32(Buf::new(&gpu, 16 * d)),
+            ),
+        };
+        let mut out = Buf::<f32>::new(&gpu, 4 * 2 * d);
+        let err = attention_prefill_on(
+            gpu.kernels,
+            &gpu.stream,
+            PrefillKernel::Flash,
+            &q.view(),
+            &k.view(),
+            &v.view(),
+            &pos.view(),
+            None,
+            &mut out.view_mut(),
+            &shape,
+        )
+        .expect_err("the flash kernel is not built for this");
+        assert!(err.to_string().contains("flash"), "{err}");
     }
 }
 
@@ -1424,7 +1518,11 @@ fn paged_stores_and_attention_read_each_sequences_own_blocks() {
             seqs: drun_seqs.view(),
             ..pages
         };
-        for kernel in [PrefillKernel::Tiled, PrefillKernel::PerQuery] {
+        let mut prefill_kernels = vec![PrefillKernel::Tiled, PrefillKernel::PerQuery];
+        if elem == KvElem::F16 {
+            prefill_kernels.push(PrefillKernel::Flash);
+        }
+        for kernel in prefill_kernels {
             let mut out = Buf::from(&gpu, &vec![f32::NAN; want.len()]);
             attention_prefill_on(
                 gpu.kernels,
@@ -1439,12 +1537,17 @@ fn paged_stores_and_attention_read_each_sequences_own_blocks() {
                 &shape,
             )
             .expect("paged attention_prefill");
+            let (max_rel, rms_rel) = if kernel == PrefillKernel::Flash {
+                FLASH_TOLERANCE
+            } else {
+                (5e-5, 1e-5)
+            };
             assert_close(
                 &format!("{what}: paged prefill {kernel:?}"),
                 &out.read(&gpu),
                 &want,
-                5e-5,
-                1e-5,
+                max_rel,
+                rms_rel,
             );
         }
     }

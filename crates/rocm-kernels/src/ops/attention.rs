@@ -620,7 +620,7 @@ pub fn attention_prefill(
     attention_prefill_on(
         kernels,
         stream,
-        PrefillKernel::Tiled,
+        PrefillKernel::Auto,
         q,
         k_cache,
         v_cache,
@@ -634,6 +634,13 @@ pub fn attention_prefill(
 /// Which kernel [`attention_prefill_on`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PrefillKernel {
+    /// [`PrefillKernel::Flash`] where the device has native matrix cores and the call fits it
+    /// ([`flash_fits`]), [`PrefillKernel::Tiled`] otherwise.
+    Auto,
+    /// Flash attention on the matrix cores (`attention_mma.hip`): 64 or 32 queries of a head
+    /// against 32-key tiles, queries and probabilities rounded to f16. f16 caches and heads of
+    /// 64, 128 or 256 (dk = dv) only; anything else is an error.
+    Flash,
     /// 16 queries of a head against 16-key tiles (heads up to [`PREFILL_TILED_MAX_HEAD_DIM`];
     /// larger ones fall back to the other).
     Tiled,
@@ -641,8 +648,8 @@ pub enum PrefillKernel {
     PerQuery,
 }
 
-/// [`attention_prefill`] on a chosen kernel (both give the same results; the choice is for
-/// measuring one against the other). The tiled kernel reads a tile of 16 tokens through its
+/// [`attention_prefill`] on a chosen kernel (the same results, up to the flash kernel's f16
+/// rounding; the choice is for measuring one against another). The tiled kernel reads a tile of 16 tokens through its
 /// first token's block table, so with `pages` the call's tokens must be one sequence's (the
 /// per-query kernel takes any mix).
 #[allow(clippy::too_many_arguments)]
@@ -667,16 +674,125 @@ pub fn attention_prefill_on(
         out,
     };
     let page_args = check_io(&io, shape)?;
+    let flash = flash_fits(k_cache, v_cache, shape);
+    if kernel == PrefillKernel::Flash && !flash {
+        return Err(crate::ops::matvec::shape_error(
+            OP,
+            format!(
+                "the flash prefill kernel takes f16 caches at 16-byte aligned addresses and \
+                 heads of 64, 128 or 256 values (dk = dv), not {:?} caches with dk {} and dv \
+                 {}; use the tiled kernel",
+                k_cache.elem(),
+                shape.head_dim_k,
+                shape.head_dim_v
+            ),
+        ));
+    }
     if shape.n_tokens == 0 {
         return Ok(());
     }
+    let on_matrix_cores = match kernel {
+        PrefillKernel::Flash => true,
+        PrefillKernel::Auto => flash && kernels.mma_variant().is_native(),
+        PrefillKernel::Tiled | PrefillKernel::PerQuery => false,
+    };
+    if on_matrix_cores {
+        return launch_prefill_flash(kernels, stream, &io, &page_args, shape);
+    }
     let tiled = shape.head_dim_k <= PREFILL_TILED_MAX_HEAD_DIM
         && shape.head_dim_v <= PREFILL_TILED_MAX_HEAD_DIM;
-    if tiled && kernel == PrefillKernel::Tiled {
+    if tiled && matches!(kernel, PrefillKernel::Tiled | PrefillKernel::Auto) {
         return launch_prefill_tiled(kernels, stream, &io, &page_args, shape);
     }
     let plan = plan(shape, false)?;
     launch(kernels, stream, &io, &page_args, None, shape, &plan, None)
+}
+
+/// Whether [`PrefillKernel::Flash`] takes a call: f16 caches whose rows can be copied 16 bytes
+/// at a time, and equal K and V heads of one of the sizes it is built for.
+pub fn flash_fits(k_cache: &KvSlice, v_cache: &KvSlice, shape: &AttentionShape) -> bool {
+    k_cache.elem() == KvElem::F16
+        && v_cache.elem() == KvElem::F16
+        && k_cache.ptr().0 % 16 == 0
+        && v_cache.ptr().0 % 16 == 0
+        && shape.head_dim_k == shape.head_dim_v
+        && flash_queries_per_block(shape.head_dim_k).is_some()
+}
+
+/// Queries per block of the flash kernel for a head size (`attention_mma.hip`'s entry points),
+/// or `None` for a size it is not built for.
+fn flash_queries_per_block(head_dim: usize) -> Option<usize> {
+    match head_dim {
+        64 | 128 => Some(64),
+        256 => Some(32),
+        _ => None,
+    }
+}
+
+fn launch_prefill_flash(
+    kernels: &Kernels,
+    stream: &Stream,
+    io: &Io<'_>,
+    pages: &PageArgs,
+    shape: &AttentionShape,
+) -> Result<()> {
+    let KernelDims {
+        n_tokens,
+        n_head,
+        n_head_kv,
+        slots,
+        window,
+        ..
+    } = KernelDims::of(shape)?;
+    check_shape(shape.n_head <= MAX_GRID_YZ, OP, || {
+        format!(
+            "{} heads exceed the grid limit of {MAX_GRID_YZ}",
+            shape.n_head
+        )
+    })?;
+    let d = shape.head_dim_k;
+    let (entry, queries) = match (d, flash_queries_per_block(d)) {
+        (64, Some(q)) => ("attn_prefill_mma_d64", q),
+        (128, Some(q)) => ("attn_prefill_mma_d128", q),
+        (256, Some(q)) => ("attn_prefill_mma_d256", q),
+        _ => {
+            return Err(crate::ops::matvec::shape_error(
+                OP,
+                format!("no flash prefill kernel for heads of {d}"),
+            ))
+        }
+    };
+    let function = kernels.function(KernelModule::AttentionMma, entry)?;
+    let (q_ptr, k_ptr, v_ptr) = (io.q.ptr(), io.k.ptr(), io.v.ptr());
+    let (positions_ptr, out_ptr) = (io.positions.ptr(), io.out.ptr());
+    let mut l = function.builder(stream);
+    l.arg(&q_ptr)
+        .arg(&k_ptr)
+        .arg(&v_ptr)
+        .arg(&positions_ptr)
+        .arg(&out_ptr)
+        .arg(&n_tokens)
+        .arg(&n_head)
+        .arg(&n_head_kv)
+        .arg(&slots)
+        .arg(&window)
+        .arg(&shape.scale);
+    pages.push(&mut l);
+    let warps = (queries / 16) as u32;
+    let config = LaunchConfig {
+        grid: [n_tokens.div_ceil(queries as u32), n_head, 1],
+        block: [warps * kernels.wave_size(), 1, 1],
+        shared_bytes: 0,
+    };
+    // SAFETY: the arguments match `attn_prefill_mma_d<D>` in order and type, with D the head
+    // size of both caches (flash_fits). `check_io` made q, out, both caches and the positions
+    // long enough for the shape (n_tokens > 0, so every block has a query); cache rows are
+    // slots (position % slots < slots) unpaged, and paged rows of the tile's table, clamped to
+    // the caches' rows; the caches are f16 at 16-byte aligned addresses, as the kernel's
+    // 16-byte row copies need; the block is the queries / 16 warps its tiling assumes, and its
+    // shared memory is static.
+    unsafe { l.launch(config) }?;
+    Ok(())
 }
 
 /// Head sizes up to which prefill runs on the tiled kernel (`attn_prefill_*`: 16 queries of one

@@ -73,13 +73,17 @@ pub static MMA_MAX_ROWS: Knob<usize> = Knob {
 
 pub static ATTN_PREFILL: Knob<attn::PrefillKernel> = Knob {
     name: "HIPDECODE_GPU_ATTN_PREFILL",
-    default: "tiled",
-    doc: "the prefill attention kernel: `tiled` or `per-query` (for A/B runs)",
+    default: "auto",
+    doc: "the prefill attention kernel: `auto` (flash attention on the matrix cores where the \
+          device has them and the cache is f16, else `tiled`), `flash`, `tiled` or `per-query` \
+          (for A/B runs)",
     scope: Scope::Run,
     parse: |v| {
         knobs::parse::choice(
             v,
             &[
+                ("auto", attn::PrefillKernel::Auto),
+                ("flash", attn::PrefillKernel::Flash),
                 ("tiled", attn::PrefillKernel::Tiled),
                 ("per-query", attn::PrefillKernel::PerQuery),
             ],

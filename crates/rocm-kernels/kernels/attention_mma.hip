@@ -1,0 +1,209 @@
+// Causal prefill attention on the matrix cores (mma.h), flash style: f16 K/V caches, grouped KV
+// heads (GQA), an optional sliding window, ring slots and paged caches, as attention.hip's
+// prefill kernels (the same shapes, arguments and visibility rule).
+//
+// A block takes FA_BQ consecutive query tokens of one head (grid x: query tiles, grid y: heads)
+// and streams the keys its tile can see in tiles of FA_BKV keys. Per key tile:
+//   1. the K tile is copied from the cache into shared memory (rows of D halves, as stored);
+//   2. warp w computes the scores of its 16 queries against the tile, S = Q K^T, with the
+//      queries pre-scaled and rounded to f16 once at the start, and leaves them in shared memory;
+//   3. the softmax runs on FA_TPR threads per query row (its running max and sum in their
+//      registers): probabilities P, rounded to f16, and the row's rescale factor go to shared
+//      memory, while the V tile is copied in transposed (Vt[d][key]) over the K tile;
+//   4. warp w rescales its output rows and adds P V, its 16 queries by all D dimensions held in
+//      registers as D / 16 accumulator tiles.
+// The per-row factors go through shared memory because which lane holds which row of an
+// accumulator tile differs between mma.h's variants (mma_m names it).
+//
+// Numerics: scores and the output accumulate in f32; queries and probabilities are rounded to
+// f16 (keys and values already are), so results differ from the f32 kernels by about 1e-3 of
+// the output's magnitude.
+//
+// The launch's tokens are one sequence's, at ascending positions, as for attn_prefill_*: the
+// tile reads keys from its first query's first visible position to its last query's position,
+// through its first token's block table.
+//
+// Entry points: attn_prefill_mma_d64, attn_prefill_mma_d128, attn_prefill_mma_d256, for head
+// sizes dk = dv = D; block FA_BQ / 16 warps (4 for D <= 128, 2 for D = 256 so the tiles fit the
+// 48 KiB of static shared memory every device gives).
+#include "portability.h"
+#include "kv_pages.h"
+#include "mma.h"
+
+#define FA_BKV 32
+#define FA_LDP (FA_BKV + 8)  // row stride (halves) of P and of Vt
+#define FA_LDS (FA_BKV + 1)  // row stride (floats) of S
+#define FA_TPR (WARP_SIZE / 16)  // threads per query row in the softmax: a warp holds 16 rows
+
+DEVICE float fa_neg_inf() { return __int_as_float((int)0xff800000u); }
+
+// Copies eight halves (16 bytes) from an f16 cache row to shared memory.
+DEVICE void fa_copy8(u16* dst, const u16* src) { *(uint4*)dst = *(const uint4*)src; }
+
+template <int D, int BQ>
+DEVICE void attn_prefill_mma(const float* __restrict__ q, const u16* __restrict__ k_cache,
+                             const u16* __restrict__ v_cache, const i32* __restrict__ positions,
+                             float* __restrict__ out, u32 n_tokens, u32 n_head, u32 n_head_kv,
+                             u32 slots, u32 window, float scale, KV_PAGES_PARAMS) {
+    constexpr u32 LDQ = D + 8;  // row stride (halves) of Q and K
+    constexpr u32 WARPS = BQ / 16;
+    constexpr u32 KV_HALVES = (FA_BKV * LDQ > D * FA_LDP) ? FA_BKV * LDQ : D * FA_LDP;
+    __shared__ u16 q_sh[BQ * LDQ] __attribute__((aligned(16)));
+    // The K tile, then the transposed V tile over it.
+    __shared__ u16 kv_sh[KV_HALVES] __attribute__((aligned(16)));
+    __shared__ float s_sh[BQ * FA_LDS];
+    __shared__ u16 p_sh[BQ * FA_LDP] __attribute__((aligned(16)));
+    __shared__ float row_sh[BQ];  // each row's rescale factor, then its sum
+
+    const u32 tid = threadIdx.x;
+    const u32 n_threads = WARPS * WARP_SIZE;
+    const u32 warp = tid / WARP_SIZE;
+    const u32 t0 = blockIdx.x * BQ;
+    const u32 h = blockIdx.y;
+    const u32 kvh = h / (n_head / n_head_kv);
+    const u32 n_rows = n_tokens - t0 < BQ ? n_tokens - t0 : BQ;
+
+    // Queries, scaled and rounded to f16; rows past the launch are zeros.
+    for (u32 i = tid; i < BQ * (D / 8); i += n_threads) {
+        const u32 r = i / (D / 8), d0 = (i % (D / 8)) * 8;
+        float v[8];
+        const float* src = q + ((u64)(t0 + r) * n_head + h) * D + d0;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = r < n_rows ? src[k] * scale : 0.0f;
+        *(uint4*)(q_sh + r * LDQ + d0) = make_uint4(pack_f16x2(v[0], v[1]), pack_f16x2(v[2], v[3]),
+                                                    pack_f16x2(v[4], v[5]), pack_f16x2(v[6], v[7]));
+    }
+
+    // This thread's softmax row: its query's position and first visible position.
+    const u32 sr = tid / FA_TPR, sc = (tid % FA_TPR) * (FA_BKV / FA_TPR);
+    const bool row_valid = sr < n_rows;
+    const i64 pos = row_valid ? (i64)positions[t0 + sr] : -1;
+    const i64 first = (window > 0 && pos - (i64)window + 1 > 0) ? pos - (i64)window + 1 : 0;
+    float m_run = fa_neg_inf(), l_run = 0.0f;
+
+    const i64 pos_lo = (i64)positions[t0];
+    const i64 k_lo = (window > 0 && pos_lo - (i64)window + 1 > 0) ? pos_lo - (i64)window + 1 : 0;
+    const i64 k_hi = (i64)positions[t0 + n_rows - 1];
+    const KvPages pages = kv_pages(KV_PAGES_ARGS, t0);
+    const u64 kv_row_len = (u64)n_head_kv * D;
+    const u16* k_head = k_cache + (u64)kvh * D;
+    const u16* v_head = v_cache + (u64)kvh * D;
+
+    MmaAcc o[D / 16];
+#pragma unroll
+    for (int i = 0; i < D / 16; ++i) mma_zero(o[i]);
+
+    for (i64 kt = k_lo; kt <= k_hi; kt += FA_BKV) {
+        // 1. The K tile; keys past the last query's position are zeros (and masked below).
+        for (u32 i = tid; i < FA_BKV * (D / 8); i += n_threads) {
+            const u32 j = i / (D / 8), d0 = (i % (D / 8)) * 8;
+            const i64 kp = kt + j;
+            u16* dst = kv_sh + j * LDQ + d0;
+            if (kp <= k_hi) {
+                fa_copy8(dst, k_head + kv_row(pages, (u32)kp % slots) * kv_row_len + d0);
+            } else {
+                *(uint4*)dst = make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+        __syncthreads();
+        // 2. Scores of warp w's 16 queries against the tile's keys.
+#pragma unroll
+        for (u32 nt = 0; nt < FA_BKV / 16; ++nt) {
+            MmaAcc s;
+            mma_zero(s);
+#pragma unroll
+            for (u32 kk = 0; kk < D; kk += 16) {
+                mma_16x16x16(s, q_sh + warp * 16 * LDQ + kk, LDQ, kv_sh + nt * 16 * LDQ + kk, LDQ);
+            }
+#pragma unroll
+            for (int i = 0; i < MMA_ACC; ++i) {
+                s_sh[(warp * 16 + mma_m(i)) * FA_LDS + nt * 16 + mma_n(i)] = s.v[i];
+            }
+        }
+        __syncthreads();
+        // 3a. The V tile, transposed, over the K tile (every score is taken).
+        for (u32 i = tid; i < FA_BKV * (D / 8); i += n_threads) {
+            const u32 j = i / (D / 8), d0 = (i % (D / 8)) * 8;
+            const i64 kp = kt + j;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (kp <= k_hi) {
+                v = *(const uint4*)(v_head + kv_row(pages, (u32)kp % slots) * kv_row_len + d0);
+            }
+            const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                kv_sh[(d0 + 2 * k) * FA_LDP + j] = (u16)(w[k] & 0xffffu);
+                kv_sh[(d0 + 2 * k + 1) * FA_LDP + j] = (u16)(w[k] >> 16);
+            }
+        }
+        // 3b. Online softmax of row sr over the tile, FA_TPR threads per row (adjacent lanes).
+        {
+            float s[FA_BKV / FA_TPR];
+            float m_tile = fa_neg_inf();
+#pragma unroll
+            for (u32 c = 0; c < FA_BKV / FA_TPR; ++c) {
+                const i64 kp = kt + sc + c;
+                const bool visible = row_valid && kp <= pos && kp >= first;
+                s[c] = visible ? s_sh[sr * FA_LDS + sc + c] : fa_neg_inf();
+                m_tile = fmaxf(m_tile, s[c]);
+            }
+#pragma unroll
+            for (int m = FA_TPR / 2; m > 0; m >>= 1) m_tile = fmaxf(m_tile, warp_shfl_xor(m_tile, m));
+            const float m_new = fmaxf(m_run, m_tile);
+            const float alpha = m_run > fa_neg_inf() ? expf(m_run - m_new) : 0.0f;
+            float sum = 0.0f;
+#pragma unroll
+            for (u32 c = 0; c < FA_BKV / FA_TPR; ++c) {
+                const float p = s[c] > fa_neg_inf() ? expf(s[c] - m_new) : 0.0f;
+                sum += p;
+                p_sh[sr * FA_LDP + sc + c] = f32_to_f16_rn(p);
+            }
+#pragma unroll
+            for (int m = FA_TPR / 2; m > 0; m >>= 1) sum += warp_shfl_xor(sum, m);
+            l_run = l_run * alpha + sum;
+            m_run = m_new;
+            if (tid % FA_TPR == 0) row_sh[sr] = alpha;
+        }
+        __syncthreads();
+        // 4. Rescale warp w's output rows, then add P V.
+#pragma unroll
+        for (u32 dt = 0; dt < D / 16; ++dt) {
+#pragma unroll
+            for (int i = 0; i < MMA_ACC; ++i) o[dt].v[i] *= row_sh[warp * 16 + mma_m(i)];
+#pragma unroll
+            for (u32 kk = 0; kk < FA_BKV; kk += 16) {
+                mma_16x16x16(o[dt], p_sh + warp * 16 * FA_LDP + kk, FA_LDP,
+                             kv_sh + dt * 16 * FA_LDP + kk, FA_LDP);
+            }
+        }
+        __syncthreads();  // the next tile rewrites K/V, the scores and the factors
+    }
+
+    if (tid % FA_TPR == 0) row_sh[sr] = l_run;
+    __syncthreads();
+#pragma unroll
+    for (u32 dt = 0; dt < D / 16; ++dt) {
+#pragma unroll
+        for (int i = 0; i < MMA_ACC; ++i) {
+            const u32 r = warp * 16 + mma_m(i);
+            if (r < n_rows) {
+                const float l = row_sh[r];
+                out[((u64)(t0 + r) * n_head + h) * D + dt * 16 + mma_n(i)] =
+                    l > 0.0f ? o[dt].v[i] / l : 0.0f;
+            }
+        }
+    }
+}
+
+#define ATTN_PREFILL_MMA_ENTRY(D, BQ)                                                        \
+    KERNEL void attn_prefill_mma_d##D(const float* q, const u16* k_cache, const u16* v_cache, \
+                                      const i32* positions, float* out, u32 n_tokens,        \
+                                      u32 n_head, u32 n_head_kv, u32 slots, u32 window,      \
+                                      float scale, KV_PAGES_PARAMS) {                        \
+        KERNEL_PROLOGUE();                                                                   \
+        attn_prefill_mma<D, BQ>(q, k_cache, v_cache, positions, out, n_tokens, n_head,       \
+                                n_head_kv, slots, window, scale, KV_PAGES_ARGS);             \
+    }
+ATTN_PREFILL_MMA_ENTRY(64, 64)
+ATTN_PREFILL_MMA_ENTRY(128, 64)
+ATTN_PREFILL_MMA_ENTRY(256, 32)
