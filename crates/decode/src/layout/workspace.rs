@@ -7,7 +7,6 @@
 //! Everything here is a pure function of shapes and settings: no device, no backend state.
 
 use super::bytes::{overflow, product};
-use crate::batch::Phase;
 use crate::error::{DecodeError, Result};
 use rocm_kernels::ops::attention::{decode_workspace_floats_up_to, AttentionShape};
 use rocm_kernels::ops::{matvec::MAX_TOKENS, matvec_q8, sampling};
@@ -19,31 +18,14 @@ use rocm_kernels::ops::{matvec::MAX_TOKENS, matvec_q8, sampling};
 /// kernels are slower still (measured on the H200: `docs/benchmark_results/batching-*`).
 pub const VENDOR_GEMM_MIN_ROWS: usize = MAX_TOKENS + 1;
 
-/// Token rows from which a prefill step's dense products run on the vendor GEMM. Prefill steps
-/// of 9 to 31 rows still take the tiled f32 kernels (slower, as decode steps of that many rows
-/// were): the GPU entries of the golden token file (`decode/tests/golden`, a prompt of about 20
-/// tokens) were recorded with them, and their seeded samples change with the vendor GEMM's f16
-/// activations. Lowering this to [`VENDOR_GEMM_MIN_ROWS`] needs those entries re-blessed on a
-/// GPU in the same change.
-pub const VENDOR_GEMM_MIN_PREFILL_ROWS: usize = 32;
-
-/// Token rows from which a step of `phase` runs its dense products on the vendor GEMM.
-pub fn vendor_gemm_min_rows(phase: Phase) -> usize {
-    match phase {
-        Phase::Decode => VENDOR_GEMM_MIN_ROWS,
-        Phase::Prefill => VENDOR_GEMM_MIN_PREFILL_ROWS,
-    }
-}
-
-/// Whether a dense product of `rows` token rows in a step of `phase` runs on the matrix-core
-/// kernel (`rocm_kernels::ops::matmul_mma`) instead of the vendor GEMM: on a device whose
-/// matrix-core variant is `native`, from the rows the vendor GEMM would take in that phase
-/// (prefill's threshold keeps the golden tokens' short prompts where they were recorded) up to
-/// `max_rows` (`HIPDECODE_GPU_MMA_ROWS`). The kernel reads the quantized weights once per 64
+/// Whether a dense product of `rows` token rows runs on the matrix-core kernel
+/// (`rocm_kernels::ops::matmul_mma`) instead of the vendor GEMM: on a device whose matrix-core
+/// variant is `native`, from the rows the vendor GEMM would take up to `max_rows`
+/// (`HIPDECODE_GPU_MMA_ROWS`). The kernel reads the quantized weights once per 64
 /// token rows and writes no f16 copy of them, which the vendor GEMM writes and reads whole at
 /// any row count; past a few hundred rows that copy costs less than the repeated reads.
-pub fn matrix_cores_take(rows: usize, phase: Phase, max_rows: usize, native: bool) -> bool {
-    native && rows >= vendor_gemm_min_rows(phase) && rows <= max_rows
+pub fn matrix_cores_take(rows: usize, max_rows: usize, native: bool) -> bool {
+    native && rows >= VENDOR_GEMM_MIN_ROWS && rows <= max_rows
 }
 
 /// Token rows from which an MoE runs as grouped products on the vendor GEMM (the experts'

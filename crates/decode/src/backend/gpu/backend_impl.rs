@@ -513,17 +513,11 @@ impl Backend for GpuBackend {
         let on_matrix_cores = self.matvec_path == MatvecPath::Int8
             && workspace::matrix_cores_take(
                 rows,
-                self.step_phase,
                 self.mma_max_rows,
                 self.kernels.mma_variant().is_native(),
             );
         if self.matvec_path == MatvecPath::Int8 && !on_matrix_cores {
-            let phase = self.step_phase;
-            if let Some(v) = self
-                .vendor_gemm
-                .as_mut()
-                .filter(|v| v.takes(&m, rows, phase))
-            {
+            if let Some(v) = self.vendor_gemm.as_mut().filter(|v| v.takes(&m, rows)) {
                 let host = w
                     .host_bytes()
                     .filter(|_| self.host_prefill == HostPrefill::Stream)

@@ -19,11 +19,9 @@ use crate::backend::gpu::offload::prefetch::Prefetch;
 use crate::layout::workspace::block_rows;
 // The sizes are the layout's, which `ModelLayout` lists too.
 use crate::backend::gpu::{error::kerr, GpuBuffer};
-use crate::batch::Phase;
 use crate::error::{DecodeError, Result};
 pub use crate::layout::workspace::{
-    vendor_gemm_min_rows, LIBRARY_WORKSPACE_BYTES, MOE_GROUPED_MIN_ROWS, VENDOR_GEMM_MIN_ROWS,
-    WEIGHT_BLOCK_VALUES,
+    LIBRARY_WORKSPACE_BYTES, MOE_GROUPED_MIN_ROWS, VENDOR_GEMM_MIN_ROWS, WEIGHT_BLOCK_VALUES,
 };
 use hip_ffi::{BlasLt, GemmPlan, GemmShape};
 use hip_ffi::{DevicePtr, Stream};
@@ -139,10 +137,10 @@ impl VendorGemm {
             .map_or(0, |a| a.size() as usize / 2)
     }
 
-    /// Whether a product of `rows` token rows by `m` in a step of `phase` runs here: enough
-    /// rows for that phase ([`vendor_gemm_min_rows`]), and buffers reserved for it.
-    pub(super) fn takes(&self, m: &QuantMatrix, rows: usize, phase: Phase) -> bool {
-        rows >= vendor_gemm_min_rows(phase) && self.fits(m, rows)
+    /// Whether a product of `rows` token rows by `m` runs here: at least
+    /// [`VENDOR_GEMM_MIN_ROWS`], and buffers reserved for it.
+    pub(super) fn takes(&self, m: &QuantMatrix, rows: usize) -> bool {
+        self.fits(m, rows)
     }
 
     /// Whether the reserved buffers hold a product of `rows` token rows by `m`.
