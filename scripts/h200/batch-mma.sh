@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# H200: products of 9 to 256 token rows on the matrix-core kernel (matmul_mma) against the
-# vendor GEMM they took before, in one binary (HIPDECODE_GPU_MMA_ROWS=0 is the old path), and
-# llama.cpp in the same run (issues 21 and 23). Writes under /tmp/mma; start it with setsid,
-# then `bash ... collect` packs $OUT/mma.tgz.
-#   1. the GPU tests of the kernel, while llama.cpp is built from .dev/peer and the 8B shape
-#      is synthesized;
+# H200: the matrix-core kernels (issues 21 and 23). Products of 9 to 256 token rows on
+# matmul_mma against the vendor GEMM they took before, and flash prefill attention against the
+# tiled kernel, each in one binary (HIPDECODE_GPU_MMA_ROWS=0 and HIPDECODE_GPU_ATTN_PREFILL=tiled
+# are the old paths), with llama.cpp in the same run. Writes under /tmp/mma; start it with
+# setsid, then `bash ... collect` packs $OUT/mma.tgz.
+#   1. the new kernels' GPU tests, the golden GPU entries re-blessed, then the whole verify-rocm
+#      suite, while llama.cpp is built from .dev/peer and the 8B shape is synthesized;
 #   2. batched decode -npp 128 -ntg 128 -npl $NPL: vendor (rows=0), mma (default) and
 #      llama-batched-bench (-c 65536 -b 2048 -ub 512 -fa on -ngl 99), two rounds alternating,
 #      nvidia-smi sampling memory.used every 100 ms;
 #   3. profiles of 8 decode steps of 32 sequences, both arms;
-#   4. batch-1 prefill of 64, 128, 256 and 512 tokens, rows cap 0 and 512, alternating, two
-#      rounds (where the matrix-core kernel stops paying against the vendor GEMM).
+#   4. pp512 and pp4096 (-n 0): tiled attention + vendor GEMM (the old paths), flash + default,
+#      and llama-bench -p 512,4096 -n 0 -fa 1 -ngl 99 -r 3, two rounds alternating;
+#   5. batch-1 prefill of 128, 256 and 512 tokens with the rows cap at 0 and 512 (where the
+#      matrix-core products stop paying against the vendor GEMM).
 set -o pipefail
 D=/tmp/mma
 if [ "${1:-}" = collect ]; then
@@ -27,23 +30,30 @@ NPL=${NPL:-1,8,9,16,32,64,128,256}
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; date -u; } > $D/gpu.txt 2>&1
 echo "started $(date -u +%T)" > $D/status
 [ -d /tmp/llama ] || (bash .dev/peer/build-on-device.sh > $D/llama-build.log 2>&1 &)
-for t in bundle/tests/gpu_quant-*; do
-  timeout 300 $t --test-threads=1 mma > $D/test-mma.log 2>&1
-  echo "mma tests exit $? at $(date -u +%T)" >> $D/status
-done
-[ -f $L ] || bundle/xtask synth-model llama3-8b-q4_k_m -o $L > $D/synth.log 2>&1
-echo "model written at $(date -u +%T)" >> $D/status
+[ -f $L ] || (bundle/xtask synth-model llama3-8b-q4_k_m -o $L > $D/synth.log 2>&1; \
+  echo "model written at $(date -u +%T)" >> $D/status) &
+synth=$!
+timeout 300 bundle/tests/gpu_quant-* --test-threads=1 mma > $D/test-mma.log 2>&1
+echo "matmul_mma tests exit $? at $(date -u +%T)" >> $D/status
+timeout 300 bundle/tests/gpu_attention-* --test-threads=1 > $D/test-attention.log 2>&1
+echo "attention tests exit $? at $(date -u +%T)" >> $D/status
+HIPDECODE_BLESS_GOLDEN=$D/greedy_tokens.json timeout 300 bundle/tests/golden_tokens-* gpu_greedy \
+  > $D/golden-bless.log 2>&1
+echo "golden bless exit $? at $(date -u +%T)" >> $D/status
+timeout 900 bundle/run.sh > $D/verify.log 2>&1
+echo "verify exit $? at $(date -u +%T)" >> $D/status
+wait $synth
 
 LOGS=$D
 source scripts/h200/sampled.sh
 ours() { HIPDECODE_GPU_MMA_ROWS=$2 sampled $1 timeout 400 $B/bench-decode -m $L --device gpu \
   --npl $NPL --npp 128 --ntg 128; }
-ours vendor-1 0
-ours mma-1 256
 for i in $(seq 1 60); do [ -f /tmp/llama/BUILD_RC ] && break; sleep 10; done
 echo "llama.cpp build rc $(cat /tmp/llama/BUILD_RC 2>/dev/null) at $(date -u +%T)" >> $D/status
 llama() { sampled $1 timeout 400 $LB/llama-batched-bench -m $L -c 65536 -b 2048 -ub 512 \
   -npp 128 -ntg 128 -npl $NPL -ngl 99 -fa on; }
+ours vendor-1 0
+ours mma-1 256
 llama llama-1
 ours mma-2 256
 ours vendor-2 0
@@ -53,13 +63,23 @@ for rows in 0 256; do
     > $D/profile-rows$rows-b32.txt 2>&1
 done
 echo "profiles at $(date -u +%T)" >> $D/status
-for r in 1 2; do
-  for rows in 0 512; do
-    for p in 64 128 256 512; do
-      HIPDECODE_GPU_MMA_ROWS=$rows timeout 120 $B/bench-decode -m $L -p $p -n 16 -r 3 \
-        --device gpu > $D/pp$p-rows$rows-$r.md 2>&1
-    done
-    echo "prefill rows cap $rows round $r exit $? at $(date -u +%T)" >> $D/status
+pp() { for p in 512 4096; do
+  HIPDECODE_GPU_ATTN_PREFILL=$2 HIPDECODE_GPU_MMA_ROWS=$3 timeout 200 $B/bench-decode -m $L \
+    -p $p -n 0 -r 3 --device gpu > $D/pp$p-$1.md 2>&1; done
+  echo "pp $1 exit $? at $(date -u +%T)" >> $D/status; }
+lpp() { timeout 300 $LB/llama-bench -m $L -p 512,4096 -n 0 -fa 1 -ngl 99 -r 3 > $D/pp-$1.md 2>&1
+  echo "llama-bench $1 exit $? at $(date -u +%T)" >> $D/status; }
+pp old-1 tiled 0
+pp new-1 auto 256
+lpp llama-1
+pp new-2 auto 256
+pp old-2 tiled 0
+lpp llama-2
+for rows in 0 512; do
+  for p in 128 256 512; do
+    HIPDECODE_GPU_MMA_ROWS=$rows timeout 120 $B/bench-decode -m $L -p $p -n 0 -r 3 \
+      --device gpu > $D/pp$p-rows$rows.md 2>&1
   done
+  echo "prefill rows cap $rows exit $? at $(date -u +%T)" >> $D/status
 done
 echo "done $(date -u +%T)" >> $D/status

@@ -1051,6 +1051,21 @@ fn flash_prefill_matches_the_reference_causal_windowed_grouped_and_partial() {
     for (i, c) in cases.into_iter().enumerate() {
         run_case(&gpu, c, 900 + i as u64);
     }
+    // The SIMT build of the same kernel, against the same reference: a head of each size, a
+    // window and a later chunk.
+    let Gpu {
+        kernels,
+        stream,
+        _serial,
+    } = gpu;
+    let simt = Gpu {
+        kernels: common::simt_kernels("flash_prefill_matches_the_reference", kernels.device()),
+        stream,
+        _serial,
+    };
+    for i in [0, 1, 3, 6] {
+        run_case(&simt, cases[i], 900 + i as u64);
+    }
 }
 
 #[test]

@@ -19,7 +19,7 @@ use gguf_loader::GgmlType;
 use half::{bf16, f16};
 use hip_ffi::{DeviceBuffer, Stream};
 use rand::{Rng, RngCore};
-use rocm_kernels::mma::{MmaSetting, MmaVariant};
+use rocm_kernels::mma::MmaVariant;
 use rocm_kernels::ops::embed;
 use rocm_kernels::ops::matvec::{self, QuantMatrix, MAX_TOKENS, WEIGHT_FORMATS};
 use rocm_kernels::ops::matvec_q8::{self, Q8Activations, Q8ActivationsMut};
@@ -295,9 +295,7 @@ fn matmul_mma_native_and_simt_builds_agree_at_real_shapes() {
     let Some((k, s)) = setup(test) else {
         return;
     };
-    let cache = rocm_kernels::cache::KernelCache::from_env().unwrap();
-    let simt = Kernels::load_with_mma(k.device(), &cache, MmaSetting::Simt).unwrap();
-    assert_eq!(simt.mma_variant(), MmaVariant::Simt);
+    let simt = common::simt_kernels(test, k.device());
     eprintln!(
         "{test}: the default build's variant is {}",
         k.mma_variant().name()
@@ -314,7 +312,7 @@ fn matmul_mma_native_and_simt_builds_agree_at_real_shapes() {
             let want = reference::matmul_mma::matmul_mma(&host, &x, nt).unwrap();
             let xb = upload(k, &x);
             let mut got = Vec::new();
-            for kernels in [k, &simt] {
+            for kernels in [k, simt] {
                 let ob = upload(k, &vec![f32::NAN; nt * rows]);
                 let (x, mut o) = (view(&xb, x.len()), view_mut(&ob, nt * rows));
                 matmul_mma::matmul_mma(kernels, &s, &w, x, &mut o, nt).unwrap();

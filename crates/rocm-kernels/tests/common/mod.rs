@@ -35,6 +35,23 @@ pub fn kernels(test: &str, device: &Device) -> &'static Kernels {
         .unwrap_or_else(|e| panic!("{test}: loading the kernels failed: {e}"))
 }
 
+/// The kernels with the SIMT variant of the matrix-core layer, whatever the device has (the
+/// build the native variants are tested against), loaded once per binary; panics naming
+/// `test` if loading failed.
+pub fn simt_kernels(test: &str, device: &Device) -> &'static Kernels {
+    static SIMT: OnceLock<Result<Kernels, String>> = OnceLock::new();
+    let loaded = SIMT.get_or_init(|| {
+        let cache = KernelCache::from_env().map_err(|e| e.to_string())?;
+        Kernels::load_with_mma(device, &cache, rocm_kernels::mma::MmaSetting::Simt)
+            .map_err(|e| e.to_string())
+    });
+    let k = loaded
+        .as_ref()
+        .unwrap_or_else(|e| panic!("{test}: loading the SIMT kernels failed: {e}"));
+    assert_eq!(k.mma_variant(), rocm_kernels::mma::MmaVariant::Simt);
+    k
+}
+
 /// The kernels and a fresh stream, or `None` (after a printed skip) without a GPU.
 pub fn setup(test: &str) -> Option<(&'static Kernels, Stream)> {
     let device = hip_ffi::testing::device_or_skip(test)?;
