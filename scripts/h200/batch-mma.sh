@@ -4,8 +4,9 @@
 # tiled kernel, each in one binary (HIPDECODE_GPU_MMA_ROWS=0 and HIPDECODE_GPU_ATTN_PREFILL=tiled
 # are the old paths), with llama.cpp in the same run. Writes under /tmp/mma; start it with
 # setsid, then `bash ... collect` packs $OUT/mma.tgz.
-#   1. the new kernels' GPU tests, the golden GPU entries re-blessed, then the whole verify-rocm
-#      suite, while llama.cpp is built from .dev/peer and the 8B shape is synthesized;
+#   1. the new kernels' GPU tests, the golden GPU entries re-blessed, then the decode test
+#      binaries that run batched steps and prefill on the GPU, while llama.cpp is built from
+#      .dev/peer and the 8B shape is synthesized;
 #   2. batched decode -npp 128 -ntg 128 -npl $NPL: vendor (rows=0), mma (default) and
 #      llama-batched-bench (-c 65536 -b 2048 -ub 512 -fa on -ngl 99), two rounds alternating,
 #      nvidia-smi sampling memory.used every 100 ms;
@@ -26,7 +27,7 @@ export HIPDECODE_KERNEL_CACHE=/tmp/kcache HIPDECODE_REQUIRE_GPU=1
 L=/tmp/llama3-8b-q4_k_m.gguf
 B=bundle/bin
 LB=/tmp/llama/b/bin
-NPL=${NPL:-1,8,9,16,32,64,128,256}
+NPL=${NPL:-1,8,16,32,64,128,256}
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; date -u; } > $D/gpu.txt 2>&1
 echo "started $(date -u +%T)" > $D/status
 [ -d /tmp/llama ] || (bash .dev/peer/build-on-device.sh > $D/llama-build.log 2>&1 &)
@@ -40,8 +41,10 @@ echo "attention tests exit $? at $(date -u +%T)" >> $D/status
 HIPDECODE_BLESS_GOLDEN=$D/greedy_tokens.json timeout 300 bundle/tests/golden_tokens-* gpu_greedy \
   > $D/golden-bless.log 2>&1
 echo "golden bless exit $? at $(date -u +%T)" >> $D/status
-timeout 900 bundle/run.sh > $D/verify.log 2>&1
-echo "verify exit $? at $(date -u +%T)" >> $D/status
+for t in step_batch generate_many backend_conformance gpu_backend offload_run; do
+  timeout 300 bundle/tests/$t-* --test-threads=2 > $D/test-$t.log 2>&1
+  echo "$t tests exit $? at $(date -u +%T)" >> $D/status
+done
 wait $synth
 
 LOGS=$D
