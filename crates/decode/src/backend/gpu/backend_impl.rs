@@ -510,7 +510,10 @@ impl Backend for GpuBackend {
                 return Ok(());
             }
         }
+        // Weights in host memory stay on the vendor GEMM, which streams them to the device
+        // block by block; the matrix-core kernel would read them over the link per row tile.
         let on_matrix_cores = self.matvec_path == MatvecPath::Int8
+            && w.host_bytes().is_none()
             && workspace::matrix_cores_take(
                 rows,
                 self.mma_max_rows,

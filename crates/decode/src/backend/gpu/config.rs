@@ -57,12 +57,14 @@ pub static MATVEC_PATH: Knob<MatvecPath> = Knob {
     },
 };
 
+/// Off by default: on the H200 the matrix-core products were 3.5 to 5.4 times slower than the
+/// vendor GEMM at every row count from 16 to 256 (`docs/benchmark_results/matrix-cores-*`).
 pub static MMA_MAX_ROWS: Knob<usize> = Knob {
     name: "HIPDECODE_GPU_MMA_ROWS",
-    default: "256",
+    default: "0",
     doc: "most token rows of a step whose products run on the matrix-core kernel (where the \
-          device has native matrix cores), from the vendor GEMM's threshold up; 0 turns it off \
-          (a tuning knob for A/B runs)",
+          device has native matrix cores), from the vendor GEMM's threshold up; 0 (the \
+          default, since it is slower than the vendor GEMM so far) turns it off; for A/B runs",
     scope: Scope::Run,
     parse: |v| {
         v.trim().parse::<usize>().map_err(|_| {
