@@ -87,7 +87,11 @@ pub struct Args {
         default_value_t = 128
     )]
     pub n_gen: usize,
-    /// Positions the model's KV cache holds (its context); default and minimum -p + -n + 1.
+    /// Tokens of context before each test, prefilled untimed each repetition (llama-bench's
+    /// -d): the pp and tg speeds at that depth.
+    #[arg(short = 'd', long = "n-depth", value_name = "N", default_value_t = 0)]
+    pub n_depth: usize,
+    /// Positions the model's KV cache holds (its context); default and minimum -d + -p + -n + 1.
     /// A 32k context with -p 512 measures the speed and memory of a model sized for 32k.
     #[arg(long = "ctx", value_name = "N")]
     pub ctx: Option<usize>,
@@ -174,12 +178,12 @@ impl Args {
         if self.n_prompt == 0 && self.n_gen == 0 {
             return Err("-p 0 and -n 0 leave nothing to measure".into());
         }
-        let needed = self.n_prompt + self.n_gen + 1;
+        let needed = self.n_depth + self.n_prompt + self.n_gen + 1;
         if let Some(ctx) = self.ctx.filter(|&c| c < needed) {
             return Err(format!(
-                "--ctx {ctx} holds fewer positions than -p {} -n {} need ({needed}); \
+                "--ctx {ctx} holds fewer positions than -d {} -p {} -n {} need ({needed}); \
                  give --ctx {needed} or more, or leave it out",
-                self.n_prompt, self.n_gen
+                self.n_depth, self.n_prompt, self.n_gen
             ));
         }
         if self.alloc_trace.is_some() && self.models.len() > 1 {
@@ -228,6 +232,10 @@ impl Args {
             "--device".to_string(),
             device_name(self.device).to_string(),
         ]);
+        if self.n_depth > 0 {
+            a.push("-d".to_string());
+            a.push(self.n_depth.to_string());
+        }
         if let Some(c) = self.ctx {
             a.push("--ctx".to_string());
             a.push(c.to_string());
@@ -445,6 +453,16 @@ mod tests {
         let parsed = parse(&child.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
         assert_eq!((parsed.threads, parsed.repetitions), (Some(3), 1));
         assert_eq!(parsed.format(), Format::Json);
+        // A depth travels to the children, and a --ctx too small for it is refused.
+        let a = parse(&["-m", "a.gguf", "-p", "0", "-n", "64", "-d", "4096"]).unwrap();
+        assert!(a
+            .child_args()
+            .join(" ")
+            .contains("-n 64 --warmup 1 --device auto -d 4096"));
+        let e = parse(&["-m", "a", "-n", "64", "-d", "4096", "--ctx", "4096"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("-d 4096") && e.contains("--ctx 4673"), "{e}");
     }
 
     #[test]

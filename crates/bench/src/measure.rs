@@ -1,6 +1,8 @@
 //! The measurement, as llama-bench does it: a pp test is one prompt from an empty context, a
 //! tg test is single-token steps from an empty context, each repeated after unmeasured
-//! warm-up runs, one tokens-per-second figure per repetition. Memory is read at the end of
+//! warm-up runs, one tokens-per-second figure per repetition. With a depth (`-d N`, as
+//! llama-bench's) each repetition first fills the context with N tokens, untimed, and the
+//! test runs after them: the speed at that much context. Memory is read at the end of
 //! each phase (load, prefill, decode).
 
 use crate::model_info::ModelInfo;
@@ -25,12 +27,35 @@ pub struct Plan {
     pub n_prompt: usize,
     /// Generated tokens of the tg test (0: no tg test).
     pub n_gen: usize,
-    /// KV cache positions; `None` (or fewer) means `n_prompt + n_gen + 1`.
+    /// Tokens of context each repetition prefills, untimed, before its test (0: none).
+    pub n_depth: usize,
+    /// KV cache positions; `None` (or fewer) means `n_depth + n_prompt + n_gen + 1`.
     pub context: Option<usize>,
     pub repetitions: usize,
     pub warmup: usize,
     /// The most tokens one GPU step carries (the model's prefill chunk).
     pub max_batch: usize,
+}
+
+impl Plan {
+    /// KV positions the tests need: the depth, the prompt and the generated tokens, and one
+    /// spare, as llama-bench sizes its context.
+    pub fn positions_needed(&self) -> usize {
+        self.n_depth + self.n_prompt + self.n_gen + 1
+    }
+
+    /// The context the model is loaded with: what the tests need, or `--ctx` if larger.
+    pub fn context(&self) -> usize {
+        self.positions_needed().max(self.context.unwrap_or(0))
+    }
+
+    /// The most rows of a step: the longest prompt prefilled (the test's or the depth's), up
+    /// to the model's prefill chunk.
+    pub fn step_rows(&self) -> usize {
+        self.n_prompt
+            .max(self.n_depth)
+            .clamp(1, self.max_batch.max(1))
+    }
 }
 
 /// Which test.
@@ -46,19 +71,24 @@ pub struct TestResult {
     pub kind: TestKind,
     /// Tokens per repetition (prompt or generated).
     pub tokens: usize,
+    /// Tokens of context before the test (`-d`).
+    pub depth: usize,
     /// Tokens per second of each measured repetition, in run order.
     pub samples: Vec<f64>,
     pub summary: Summary,
 }
 
 impl TestResult {
-    /// `pp512`, `tg128`.
+    /// `pp512`, `tg128`, and after a depth `tg64 @ d4096` (llama-bench's names).
     pub fn name(&self) -> String {
         let prefix = match self.kind {
             TestKind::Pp => "pp",
             TestKind::Tg => "tg",
         };
-        format!("{prefix}{}", self.tokens)
+        match self.depth {
+            0 => format!("{prefix}{}", self.tokens),
+            d => format!("{prefix}{} @ d{d}", self.tokens),
+        }
     }
 
     /// The phase whose memory goes with this test.
@@ -191,9 +221,8 @@ pub fn run_model<B: Backend>(
     backend.reset_device_peaks();
     let rss_window = rec.begin(Phase::Load, &backend.memory());
     let options = ContextOptions {
-        // One position spare, as llama-bench sizes its context; --ctx asks for more.
-        context: (plan.n_prompt + plan.n_gen + 1).max(plan.context.unwrap_or(0)),
-        max_batch: plan.n_prompt.clamp(1, plan.max_batch.max(1)),
+        context: plan.context(),
+        max_batch: plan.step_rows(),
         all_logits: false,
         sequences: 1,
         kv_blocks: None,
@@ -206,17 +235,31 @@ pub fn run_model<B: Backend>(
     if vocab == 0 {
         bail!("{} has an empty vocabulary", path.display());
     }
-    let needed = plan.n_prompt + plan.n_gen + 1;
+    let needed = plan.positions_needed();
     if model.options().context < needed {
         bail!(
-            "{} holds {} positions, but -p {} -n {} needs {needed}",
+            "{} holds {} positions, but -d {} -p {} -n {} needs {needed}",
             path.display(),
             model.options().context,
+            plan.n_depth,
             plan.n_prompt,
             plan.n_gen
         );
     }
     let prompt = prompt_tokens(plan.n_prompt, vocab);
+    // The context before each repetition's test: other ids than the prompt's, so the two
+    // are not one repeated sequence.
+    let depth: Vec<u32> = prompt_tokens(plan.n_depth + 1, vocab)[1..].to_vec();
+    // A fresh context holding the depth's tokens, their work finished (the argmax reads a
+    // result back), before the clock starts.
+    let fill = |model: &mut Session<B>| -> Result<()> {
+        model.reset();
+        if !depth.is_empty() {
+            model.forward(&depth)?;
+            model.last_argmax()?;
+        }
+        Ok(())
+    };
     let first = prompt_tokens(1, vocab)[0];
     let runs = plan.warmup + plan.repetitions;
     let mut tests = Vec::new();
@@ -227,7 +270,7 @@ pub fn run_model<B: Backend>(
         let rss_window = rec.begin(Phase::Prefill, &model.memory());
         let mut samples = Vec::with_capacity(plan.repetitions);
         for run in 0..runs {
-            model.reset();
+            fill(&mut model)?;
             let t = Instant::now();
             model.forward(&prompt)?;
             // The argmax reads a result back, so the prompt's work has finished.
@@ -241,14 +284,14 @@ pub fn run_model<B: Backend>(
             }
         }
         memory.push(rec.end(&model, Phase::Prefill, Window::Phase, rss_window)?);
-        tests.push(result(TestKind::Pp, plan.n_prompt, samples)?);
+        tests.push(result(TestKind::Pp, plan.n_prompt, plan.n_depth, samples)?);
     }
     if plan.n_gen > 0 {
         model.backend_mut().reset_device_peaks();
         let rss_window = rec.begin(Phase::Decode, &model.memory());
         let mut samples = Vec::with_capacity(plan.repetitions);
         for run in 0..runs {
-            model.reset();
+            fill(&mut model)?;
             let mut next = first;
             let t = Instant::now();
             for _ in 0..plan.n_gen {
@@ -265,7 +308,7 @@ pub fn run_model<B: Backend>(
             }
         }
         memory.push(rec.end(&model, Phase::Decode, Window::Phase, rss_window)?);
-        tests.push(result(TestKind::Tg, plan.n_gen, samples)?);
+        tests.push(result(TestKind::Tg, plan.n_gen, plan.n_depth, samples)?);
     }
     // Where a budget run split its offloaded products with the host, the shares it settled
     // on (a log line: the tables stay as they are).
@@ -285,11 +328,12 @@ pub fn run_model<B: Backend>(
     })
 }
 
-fn result(kind: TestKind, tokens: usize, samples: Vec<f64>) -> Result<TestResult> {
+fn result(kind: TestKind, tokens: usize, depth: usize, samples: Vec<f64>) -> Result<TestResult> {
     let summary = summarize(&samples).context("summarizing the repetitions")?;
     Ok(TestResult {
         kind,
         tokens,
+        depth,
         samples,
         summary,
     })
@@ -320,6 +364,7 @@ mod tests {
         let t = TestResult {
             kind: TestKind::Pp,
             tokens: 512,
+            depth: 0,
             samples: vec![1.0],
             summary: s,
         };
@@ -330,5 +375,32 @@ mod tests {
             ..t
         };
         assert_eq!((t.name(), t.phase()), ("tg128".to_string(), Phase::Decode));
+        let t = TestResult {
+            tokens: 64,
+            depth: 4096,
+            ..t
+        };
+        assert_eq!(t.name(), "tg64 @ d4096");
+    }
+
+    #[test]
+    fn a_depth_sizes_the_context_and_the_steps() {
+        let plan = Plan {
+            n_prompt: 0,
+            n_gen: 64,
+            n_depth: 4096,
+            context: None,
+            repetitions: 1,
+            warmup: 0,
+            max_batch: 512,
+        };
+        assert_eq!((plan.context(), plan.step_rows()), (4096 + 64 + 1, 512));
+        let plan = Plan {
+            n_prompt: 16,
+            n_depth: 0,
+            context: Some(100),
+            ..plan
+        };
+        assert_eq!((plan.context(), plan.step_rows()), (100, 16));
     }
 }

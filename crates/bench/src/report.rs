@@ -121,6 +121,7 @@ pub fn json_report(reports: &[ModelReport]) -> Value {
                     "test": t.name(),
                     "n_prompt": if t.phase() == Phase::Prefill { t.tokens } else { 0 },
                     "n_gen": if t.phase() == Phase::Decode { t.tokens } else { 0 },
+                    "n_depth": t.depth,
                     "warmup": r.warmup,
                     "repetitions": t.samples.len(),
                     "ts": t.samples,
@@ -227,6 +228,7 @@ mod tests {
         let test = |kind, tokens, samples: Vec<f64>| TestResult {
             kind,
             tokens,
+            depth: 0,
             summary: summarize(&samples).unwrap(),
             samples,
         };

@@ -79,6 +79,7 @@ fn run() -> Result<()> {
     let plan = Plan {
         n_prompt: args.n_prompt,
         n_gen: args.n_gen,
+        n_depth: args.n_depth,
         context: args.ctx,
         repetitions: args.repetitions,
         warmup: args.warmup,
@@ -89,11 +90,11 @@ fn run() -> Result<()> {
     for path in &args.models {
         let file = decode::open_model(path)?;
         // The plan is made for the run's own context and batch, as `run_model` loads it.
-        let context = plan.n_prompt + plan.n_gen + 1;
+        let context = plan.context();
         let options = decode::layout::LayoutOptions {
             bounds: decode::context::ContextOptions {
                 context,
-                max_batch: plan.n_prompt.clamp(1, plan.max_batch.max(1)),
+                max_batch: plan.step_rows(),
                 ..Default::default()
             },
             step_block_batch: settings.gpu_max_batch,
