@@ -5,7 +5,9 @@
 # Writes under /tmp/fa; start it with setsid, then `bash ... collect` packs $OUT/fa.tgz.
 #   1. llama.cpp is built from .dev/peer and the 8B shape synthesized while the tests run;
 #   2. bench-decode -p 512 and -p 4096 -n 0 -r 3, tiled then auto (flash), two rounds;
-#   3. llama-bench -p 512,4096 -n 0 -fa 1 -ngl 99 -r 3, twice, between our rounds.
+#   3. llama-bench -p 512,4096 -n 0 -fa 1 -ngl 99 -r 3, twice, between our rounds;
+#   4. decode at depth: bench-decode -p 0 -n 64 -d 4096 and -d 16384 -r 3, then llama-bench
+#      -p 0 -n 64 -d 4096,16384 -fa 1 -ngl 99 -r 3; per-op profiles of the 4096-token prefill.
 set -o pipefail
 D=/tmp/fa
 if [ "${1:-}" = collect ]; then
@@ -45,6 +47,12 @@ lpp llama-1
 pp flash-2 auto
 pp tiled-2 tiled
 lpp llama-2
+for d in 4096 16384; do
+  timeout 300 $B/bench-decode -m $L -p 0 -n 64 -d $d -r 3 --device gpu > $D/tg64-d$d.md 2>&1
+  echo "tg64 at depth $d exit $? at $(date -u +%T)" >> $D/status
+done
+timeout 300 $LB/llama-bench -m $L -p 0 -n 64 -d 4096,16384 -fa 1 -ngl 99 -r 3 > $D/tg-llama.md 2>&1
+echo "llama-bench depth exit $? at $(date -u +%T)" >> $D/status
 timeout 120 $B/hipdecode profile -m $L -p 4096 --prefill > $D/profile-pp4096-flash.txt 2>&1
 HIPDECODE_GPU_ATTN_PREFILL=tiled timeout 120 $B/hipdecode profile -m $L -p 4096 --prefill \
   > $D/profile-pp4096-tiled.txt 2>&1
