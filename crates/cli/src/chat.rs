@@ -3,6 +3,7 @@
 //! notes and each turn's token counts go to stderr, so the conversation can be piped.
 
 use crate::args::{BackendArgs, SamplingArgs};
+use crate::output::{out, outln};
 use anyhow::{Context, Result};
 use decode::backend::Backend;
 use decode::chat::{Chat, TurnError};
@@ -132,12 +133,17 @@ impl WithBackend for Conversation<'_> {
             }
             interrupted.store(false, Ordering::SeqCst);
             let stop_now = || interrupted.load(Ordering::SeqCst);
-            let mut out = std::io::stdout();
+            // The first failed write ends the turn's output; it is reported after the turn.
+            let mut write_error = None;
             let turn = chat.turn(&line, args.max_tokens, sampler, &stop_now, &mut |text| {
-                print!("{text}");
-                out.flush().ok();
+                if write_error.is_none() {
+                    write_error = out!("{text}").err();
+                }
             });
-            println!();
+            if let Some(e) = write_error {
+                return Err(e);
+            }
+            outln!()?;
             match turn {
                 Ok(t) => {
                     let why = match t.stop {

@@ -14,16 +14,17 @@ use decode::sampler::SamplerConfig;
 use decode::session::Session;
 use decode::stop_strings::StopStrings;
 use decode::tokenizer::{TextStream, Tokenizer};
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod args;
 mod chat;
+mod output;
 mod profile;
 mod serve;
 
 use args::{BackendArgs, SamplingArgs};
+use output::{out, outln};
 
 #[derive(Parser)]
 #[command(
@@ -195,10 +196,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     decode::error_report::exit(match cli.command {
         // `env` shows a bad value instead of refusing to start over it.
-        Command::Env(args) => {
-            env(&args);
-            Ok(())
-        }
+        Command::Env(args) => env(&args),
         command => check_environment().and_then(|()| dispatch(command)),
     })
 }
@@ -214,10 +212,7 @@ fn dispatch(command: Command) -> Result<()> {
         Command::ProbeManaged(args) => probe_managed(&args.bytes),
         Command::ProbeHost(args) => probe_host(&args.bytes),
         Command::ProbeLink(args) => probe_link(&args.bytes),
-        Command::Env(args) => {
-            env(&args);
-            Ok(())
-        }
+        Command::Env(args) => env(&args),
     }
 }
 
@@ -230,23 +225,23 @@ fn check_environment() -> Result<()> {
     Ok(())
 }
 
-fn env(args: &EnvArgs) {
+fn env(args: &EnvArgs) -> Result<()> {
     if args.markdown {
-        print!("{}", decode::environment::markdown_table());
-        return;
+        return out!("{}", decode::environment::markdown_table());
     }
     let env = knobs::Env::process();
-    print!("{}", decode::environment::listing(&env));
+    out!("{}", decode::environment::listing(&env))?;
     match decode::environment::check_env(&env) {
-        Ok(warnings) if warnings.is_empty() => println!("\nevery variable set is valid"),
+        Ok(warnings) if warnings.is_empty() => outln!("\nevery variable set is valid")?,
         Ok(warnings) => {
-            println!();
+            outln!()?;
             for w in warnings {
-                println!("warning: {w}");
+                outln!("warning: {w}")?;
             }
         }
-        Err(e) => println!("\nerror: {e}"),
+        Err(e) => outln!("\nerror: {e}")?,
     }
+    Ok(())
 }
 
 fn run(args: RunArgs) -> Result<()> {
@@ -320,24 +315,29 @@ impl WithBackend for Generation<'_> {
         if let Some(note) = args.sampling.seed_note(&sampler) {
             eprintln!("{note}");
         }
-        print!("{text}");
-        std::io::stdout().flush().ok();
+        out!("{text}")?;
         let mut stream = TextStream::new(tokenizer);
         let mut stops = StopStrings::new(args.stops.iter().cloned());
         let at_stop_string = std::cell::Cell::new(false);
+        // A failed write of the text stops the generation; the error is returned after it.
+        let write_error = std::cell::RefCell::new(None);
         let report = generate(
             &mut model,
             &prompt,
             args.n_predict,
             sampler,
-            &|id| tokenizer.is_stop(id) || at_stop_string.get(),
+            &|id| tokenizer.is_stop(id) || at_stop_string.get() || write_error.borrow().is_some(),
             &mut |id| {
-                print!("{}", stops.push(&stream.push(id)));
-                std::io::stdout().flush().ok();
+                if let Err(e) = out!("{}", stops.push(&stream.push(id))) {
+                    write_error.borrow_mut().get_or_insert(e);
+                }
                 at_stop_string.set(stops.stopped());
             },
         )?;
-        println!("{}{}", stops.push(&stream.finish()), stops.finish());
+        if let Some(e) = write_error.into_inner() {
+            return Err(e);
+        }
+        outln!("{}{}", stops.push(&stream.finish()), stops.finish())?;
         let stop = match report.stop {
             _ if stops.stopped() => "stop string",
             StopReason::EndOfSequence => "end of sequence",
@@ -443,15 +443,15 @@ fn plan(args: PlanArgs) -> Result<()> {
     let plan = offload::plan(&decode::budget_run::plan_request(&layout, bytes, link)?)?;
     let s = &layout.spec;
     let weights: u64 = layout.tensors.iter().map(|t| t.bytes).sum();
-    println!(
+    outln!(
         "model    {} ({}, {} layers, {} weight tensors, {} MiB of weights on the GPU backend)",
         args.model.display(),
         s.arch_name,
         s.n_layers,
         layout.tensors.len(),
         offload::mib(weights)
-    );
-    println!(
+    )?;
+    outln!(
         "run      context {} (KV {}), batch {}, {} products, vendor GEMM buffers {}",
         layout.context,
         match options.kv_type {
@@ -465,7 +465,7 @@ fn plan(args: PlanArgs) -> Result<()> {
         } else {
             "not reserved"
         }
-    );
+    )?;
     let device = match device_total {
         Some(total) => format!(
             "; device memory {} MiB ({device_source})",
@@ -473,16 +473,16 @@ fn plan(args: PlanArgs) -> Result<()> {
         ),
         None => String::new(),
     };
-    println!(
+    outln!(
         "budget   {budget} from {budget_source} = {} MiB{device}",
         offload::mib(bytes)
-    );
-    println!("{plan}");
+    )?;
+    outln!("{plan}")?;
     if args.buffers {
-        println!(
+        outln!(
             "buffers (the layout the load allocates, in its order; the allocator's slack \
              from replaying them):"
-        );
+        )?;
         let beside_weights = layout
             .buffers
             .iter()
@@ -493,16 +493,16 @@ fn plan(args: PlanArgs) -> Result<()> {
                 decode::layout::Presence::WithHostWeights => " (when a weight is on the host)",
                 _ => "",
             };
-            println!(
+            outln!(
                 "  {:<16} {:>10} MiB  {}{when}",
                 b.tag.name(),
                 offload::mib(b.bytes),
                 b.what
-            );
+            )?;
         }
     }
     if args.tensors {
-        print!("{}", plan.tensor_listing());
+        out!("{}", plan.tensor_listing())?;
     }
     if args.probe {
         probe_managed(&format!("{}", decode::managed_probe::PROBE_BYTES))?;
@@ -517,7 +517,7 @@ fn probe_managed(bytes: &str) -> Result<()> {
     let bytes = usize::try_from(bytes).context("--bytes does not fit this machine's words")?;
     let gpu = device::probe_gpu()
         .map_err(|reason| anyhow::anyhow!("the managed-memory probe needs a GPU: {reason}"))?;
-    print!("{}", decode::managed_probe::probe(&gpu, bytes)?);
+    out!("{}", decode::managed_probe::probe(&gpu, bytes)?)?;
     Ok(())
 }
 
@@ -527,26 +527,26 @@ fn probe_link(bytes: &str) -> Result<()> {
     let bytes = usize::try_from(bytes).context("--bytes does not fit this machine's words")?;
     let gpu = device::probe_gpu()
         .map_err(|reason| anyhow::anyhow!("the link probe needs a GPU: {reason}"))?;
-    print!("{}", decode::link_probe::probe(&gpu, bytes)?);
+    out!("{}", decode::link_probe::probe(&gpu, bytes)?)?;
     Ok(())
 }
 
 fn probe_host(bytes: &str) -> Result<()> {
     let bytes = offload::parse_size("--bytes", bytes)?;
     let bytes = usize::try_from(bytes).context("--bytes does not fit this machine's words")?;
-    println!(
+    outln!(
         "host product rate (one token, 4096 columns, median of 5, weights streamed from memory):"
-    );
+    )?;
     for format in [gguf_loader::GgmlType::Q4K, gguf_loader::GgmlType::Q6K] {
         let r = decode::backend::host::q8::measure_rate(format, bytes, 5)?;
-        println!(
+        outln!(
             "  {:<5} {:>7.1} GB/s  ({:.0} MiB in {:.2} ms, {} threads)",
             format.name(),
             r.gbps(),
             r.bytes as f64 / (1 << 20) as f64,
             r.seconds * 1e3,
             r.threads
-        );
+        )?;
     }
     Ok(())
 }
@@ -560,10 +560,11 @@ fn inspect(args: InspectArgs) -> Result<()> {
         return Ok(());
     }
     if args.json {
-        println!("{}", gguf_loader::inspect::json_report(&file));
+        outln!("{}", gguf_loader::inspect::json_report(&file))?;
     } else {
-        let mut out = std::io::stdout().lock();
-        gguf_loader::inspect::write_text_report(&file, &mut out)?;
+        let mut text = Vec::new();
+        gguf_loader::inspect::write_text_report(&file, &mut text)?;
+        out!("{}", String::from_utf8_lossy(&text))?;
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! `hipdecode profile`: per-op GPU times of decode steps (of one sequence or of several at
 //! once) or of a prefill.
 
+use crate::output::{out, outln};
 use anyhow::Result;
 use decode::backend::gpu::GpuConfig;
 use decode::backend::Backend;
@@ -125,14 +126,14 @@ impl WithBackend for Profiling<'_> {
                 args.steps
             )
         };
-        println!(
+        outln!(
             "model    {} ({} layers)\nbackend  {}\nprofiled {what}",
             args.model.display(),
             model.spec().n_layers,
             model.backend().describe(),
-        );
+        )?;
         if let Some(report) = model.backend_mut().profile_report() {
-            print!("{}", report?);
+            out!("{}", report?)?;
         }
         Ok(())
     }
@@ -177,7 +178,7 @@ fn profile_many<B: Backend>(
             next[s.seq] = s.token;
         }
     }
-    println!(
+    outln!(
         "model    {} ({} layers)\nbackend  {}\nprofiled {b} sequences of {} prompt tokens, then {} \
          decode steps of {b} rows, after one warm-up step",
         args.model.display(),
@@ -185,9 +186,9 @@ fn profile_many<B: Backend>(
         backend.describe(),
         args.prompt_tokens.max(1),
         args.steps
-    );
+    )?;
     if let Some(report) = backend.profile_report() {
-        print!("{}", report?);
+        out!("{}", report?)?;
     }
     drop(ctx);
     drop(model);

@@ -627,3 +627,43 @@ fn llama_cpp_habits_work_or_explain_themselves() {
     std::fs::remove_file(&prompt).ok();
     std::fs::remove_file(&model).ok();
 }
+
+/// Standard output that goes away: a reader that closes the pipe after a few bytes ends the run
+/// quietly with SIGPIPE's status (141, as coreutils end), and a full device (`/dev/full`) is an
+/// error naming standard output with status 1. Rust's `print!` panicked with status 101 in both.
+#[test]
+fn a_closed_pipe_or_a_full_disk_ends_the_run_as_command_line_tools_end() {
+    use std::io::Read;
+    let model = tiny_model("stdout");
+    let run = |stdout: std::process::Stdio| {
+        hipdecode()
+            .args(["run", "-m"])
+            .arg(&model)
+            .args(["--device", "cpu", "-p", "Once upon a time", "-n", "400"])
+            .args(["--temp", "0"])
+            .stdout(stdout)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut child = run(std::process::Stdio::piped());
+    let mut first = [0u8; 10];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    // The read end is dropped here: the run's next write meets a closed pipe.
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = run(full.into()).wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("writing to standard output") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+}
