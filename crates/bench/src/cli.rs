@@ -69,28 +69,36 @@ pub struct Args {
     /// A GGUF model file (repeat for several models).
     #[arg(short = 'm', long = "model", value_name = "FILE", required = true)]
     pub models: Vec<PathBuf>,
-    /// Prompt tokens of the pp test (0 skips it).
+    /// Prompt tokens of the pp tests, comma-separated (0 skips it).
     #[arg(
         short = 'p',
         long = "n-prompt",
         visible_alias = "pp",
-        value_name = "N",
-        default_value_t = 512
+        value_name = "N[,N...]",
+        value_delimiter = ',',
+        default_value = "512"
     )]
-    pub n_prompt: usize,
-    /// Generated tokens of the tg test (0 skips it).
+    pub n_prompt: Vec<usize>,
+    /// Generated tokens of the tg tests, comma-separated (0 skips it).
     #[arg(
         short = 'n',
         long = "n-gen",
         visible_alias = "tg",
-        value_name = "N",
-        default_value_t = 128
+        value_name = "N[,N...]",
+        value_delimiter = ',',
+        default_value = "128"
     )]
-    pub n_gen: usize,
-    /// Tokens of context before each test, prefilled untimed each repetition (llama-bench's
-    /// -d): the pp and tg speeds at that depth.
-    #[arg(short = 'd', long = "n-depth", value_name = "N", default_value_t = 0)]
-    pub n_depth: usize,
+    pub n_gen: Vec<usize>,
+    /// Tokens of context before each test, comma-separated, prefilled untimed each repetition
+    /// (llama-bench's -d): every pp and tg test runs at each depth.
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_name = "N[,N...]",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    pub n_depth: Vec<usize>,
     /// Positions the model's KV cache holds (its context); default and minimum -d + -p + -n + 1.
     /// A 32k context with -p 512 measures the speed and memory of a model sized for 32k.
     #[arg(long = "ctx", value_name = "N")]
@@ -172,18 +180,30 @@ pub struct Args {
     pub alloc_trace_capacity: usize,
 }
 
+/// A comma-separated list, as the list flags take it.
+fn list(values: &[usize]) -> String {
+    values
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 impl Args {
     /// Checks what clap cannot express; the message is for the user.
     pub fn validate(&self) -> Result<(), String> {
-        if self.n_prompt == 0 && self.n_gen == 0 {
+        if self.n_prompt.iter().chain(&self.n_gen).all(|&n| n == 0) {
             return Err("-p 0 and -n 0 leave nothing to measure".into());
         }
-        let needed = self.n_depth + self.n_prompt + self.n_gen + 1;
+        let most = |v: &[usize]| v.iter().copied().max().unwrap_or(0);
+        let needed = most(&self.n_depth) + most(&self.n_prompt) + most(&self.n_gen) + 1;
         if let Some(ctx) = self.ctx.filter(|&c| c < needed) {
             return Err(format!(
                 "--ctx {ctx} holds fewer positions than -d {} -p {} -n {} need ({needed}); \
                  give --ctx {needed} or more, or leave it out",
-                self.n_depth, self.n_prompt, self.n_gen
+                most(&self.n_depth),
+                most(&self.n_prompt),
+                most(&self.n_gen)
             ));
         }
         if self.alloc_trace.is_some() && self.models.len() > 1 {
@@ -224,17 +244,17 @@ impl Args {
         }
         a.extend([
             "-p".to_string(),
-            self.n_prompt.to_string(),
+            list(&self.n_prompt),
             "-n".to_string(),
-            self.n_gen.to_string(),
+            list(&self.n_gen),
             "--warmup".to_string(),
             self.warmup.to_string(),
             "--device".to_string(),
             device_name(self.device).to_string(),
         ]);
-        if self.n_depth > 0 {
+        if self.n_depth.iter().any(|&d| d > 0) {
             a.push("-d".to_string());
-            a.push(self.n_depth.to_string());
+            a.push(list(&self.n_depth));
         }
         if let Some(c) = self.ctx {
             a.push("--ctx".to_string());
@@ -288,7 +308,7 @@ mod tests {
     fn defaults_are_llama_bench_s() {
         let a = parse(&["-m", "x.gguf"]).unwrap();
         assert_eq!(
-            (a.n_prompt, a.n_gen, a.repetitions, a.warmup),
+            (a.n_prompt[0], a.n_gen[0], a.repetitions, a.warmup),
             (512, 128, 5, 1)
         );
         assert_eq!(a.format(), Format::Md);
@@ -304,7 +324,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(a.models, [PathBuf::from("a.gguf"), PathBuf::from("b.gguf")]);
-        assert_eq!((a.n_prompt, a.n_gen, a.repetitions), (64, 32, 3));
+        assert_eq!((a.n_prompt[0], a.n_gen[0], a.repetitions), (64, 32, 3));
         assert_eq!(a.format(), Format::Json);
     }
 
@@ -454,11 +474,21 @@ mod tests {
         assert_eq!((parsed.threads, parsed.repetitions), (Some(3), 1));
         assert_eq!(parsed.format(), Format::Json);
         // A depth travels to the children, and a --ctx too small for it is refused.
-        let a = parse(&["-m", "a.gguf", "-p", "0", "-n", "64", "-d", "4096"]).unwrap();
-        assert!(a
-            .child_args()
-            .join(" ")
-            .contains("-n 64 --warmup 1 --device auto -d 4096"));
+        let a = parse(&["-m", "a.gguf", "-p", "0", "-n", "64", "-d", "4096,16384"]).unwrap();
+        let c = a.child_args().join(" ");
+        assert!(
+            c.contains("-n 64 --warmup 1 --device auto -d 4096,16384"),
+            "{c}"
+        );
+        let a = parse(&["-m", "a", "-p", "512,4096", "-n", "0,64", "-d", "0,4096"]).unwrap();
+        assert_eq!(
+            (
+                a.n_prompt.as_slice(),
+                a.n_gen.as_slice(),
+                a.n_depth.as_slice()
+            ),
+            (&[512, 4096][..], &[0, 64][..], &[0, 4096][..])
+        );
         let e = parse(&["-m", "a", "-n", "64", "-d", "4096", "--ctx", "4096"])
             .unwrap_err()
             .to_string();

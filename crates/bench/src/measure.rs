@@ -21,15 +21,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// What to run.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Plan {
-    /// Prompt tokens of the pp test (0: no pp test).
-    pub n_prompt: usize,
-    /// Generated tokens of the tg test (0: no tg test).
-    pub n_gen: usize,
-    /// Tokens of context each repetition prefills, untimed, before its test (0: none).
-    pub n_depth: usize,
-    /// KV cache positions; `None` (or fewer) means `n_depth + n_prompt + n_gen + 1`.
+    /// Prompt tokens of the pp tests, one test each (0: none).
+    pub n_prompt: Vec<usize>,
+    /// Generated tokens of the tg tests, one test each (0: none).
+    pub n_gen: Vec<usize>,
+    /// Tokens of context each repetition prefills, untimed, before its test: every test runs
+    /// at each (0: an empty context).
+    pub n_depth: Vec<usize>,
+    /// KV cache positions; `None` (or fewer) means the largest depth, prompt and generation
+    /// together, plus one.
     pub context: Option<usize>,
     pub repetitions: usize,
     pub warmup: usize,
@@ -41,7 +43,7 @@ impl Plan {
     /// KV positions the tests need: the depth, the prompt and the generated tokens, and one
     /// spare, as llama-bench sizes its context.
     pub fn positions_needed(&self) -> usize {
-        self.n_depth + self.n_prompt + self.n_gen + 1
+        most(&self.n_depth) + most(&self.n_prompt) + most(&self.n_gen) + 1
     }
 
     /// The context the model is loaded with: what the tests need, or `--ctx` if larger.
@@ -52,10 +54,23 @@ impl Plan {
     /// The most rows of a step: the longest prompt prefilled (the test's or the depth's), up
     /// to the model's prefill chunk.
     pub fn step_rows(&self) -> usize {
-        self.n_prompt
-            .max(self.n_depth)
+        most(&self.n_prompt)
+            .max(most(&self.n_depth))
             .clamp(1, self.max_batch.max(1))
     }
+
+    /// The depths the tests run at; an empty context when none is given.
+    fn depths(&self) -> Vec<usize> {
+        if self.n_depth.is_empty() {
+            vec![0]
+        } else {
+            self.n_depth.clone()
+        }
+    }
+}
+
+fn most(values: &[usize]) -> usize {
+    values.iter().copied().max().unwrap_or(0)
 }
 
 /// Which test.
@@ -105,8 +120,6 @@ impl TestResult {
 pub struct ModelReport {
     pub info: ModelInfo,
     pub backend: String,
-    pub n_prompt: usize,
-    pub n_gen: usize,
     pub warmup: usize,
     pub tests: Vec<TestResult>,
     /// Load first, then prefill and decode for the tests that ran.
@@ -238,24 +251,20 @@ pub fn run_model<B: Backend>(
     let needed = plan.positions_needed();
     if model.options().context < needed {
         bail!(
-            "{} holds {} positions, but -d {} -p {} -n {} needs {needed}",
+            "{} holds {} positions, but the tests need {needed}",
             path.display(),
             model.options().context,
-            plan.n_depth,
-            plan.n_prompt,
-            plan.n_gen
         );
     }
-    let prompt = prompt_tokens(plan.n_prompt, vocab);
     // The context before each repetition's test: other ids than the prompt's, so the two
     // are not one repeated sequence.
-    let depth: Vec<u32> = prompt_tokens(plan.n_depth + 1, vocab)[1..].to_vec();
-    // A fresh context holding the depth's tokens, their work finished (the argmax reads a
-    // result back), before the clock starts.
-    let fill = |model: &mut Session<B>| -> Result<()> {
+    let context_tokens: Vec<u32> = prompt_tokens(most(&plan.n_depth) + 1, vocab)[1..].to_vec();
+    // A fresh context holding `depth` tokens, their work finished (the argmax reads a result
+    // back), before the clock starts.
+    let fill = |model: &mut Session<B>, depth: usize| -> Result<()> {
         model.reset();
-        if !depth.is_empty() {
-            model.forward(&depth)?;
+        if depth > 0 {
+            model.forward(&context_tokens[..depth])?;
             model.last_argmax()?;
         }
         Ok(())
@@ -264,51 +273,65 @@ pub fn run_model<B: Backend>(
     let runs = plan.warmup + plan.repetitions;
     let mut tests = Vec::new();
 
-    // Each later phase starts its own peak window too.
-    if plan.n_prompt > 0 {
+    // Each later phase starts its own peak window too, over all of its tests: every pp test
+    // at every depth, then every tg test.
+    let at_depths = |lengths: &[usize]| -> Vec<(usize, usize)> {
+        plan.depths()
+            .into_iter()
+            .flat_map(|d| lengths.iter().filter(|&&n| n > 0).map(move |&n| (n, d)))
+            .collect()
+    };
+    let pp = at_depths(&plan.n_prompt);
+    if !pp.is_empty() {
         model.backend_mut().reset_device_peaks();
         let rss_window = rec.begin(Phase::Prefill, &model.memory());
-        let mut samples = Vec::with_capacity(plan.repetitions);
-        for run in 0..runs {
-            fill(&mut model)?;
-            let t = Instant::now();
-            model.forward(&prompt)?;
-            // The argmax reads a result back, so the prompt's work has finished.
-            model.last_argmax()?;
-            let secs = t.elapsed().as_secs_f64();
-            if rec.per_call() {
-                rec.observe(&model.memory());
-            }
-            if run >= plan.warmup {
-                samples.push(rate(plan.n_prompt, secs)?);
-            }
-        }
-        memory.push(rec.end(&model, Phase::Prefill, Window::Phase, rss_window)?);
-        tests.push(result(TestKind::Pp, plan.n_prompt, plan.n_depth, samples)?);
-    }
-    if plan.n_gen > 0 {
-        model.backend_mut().reset_device_peaks();
-        let rss_window = rec.begin(Phase::Decode, &model.memory());
-        let mut samples = Vec::with_capacity(plan.repetitions);
-        for run in 0..runs {
-            fill(&mut model)?;
-            let mut next = first;
-            let t = Instant::now();
-            for _ in 0..plan.n_gen {
-                model.decode(next)?;
-                next = model.last_argmax()?;
+        for (n_prompt, depth) in pp {
+            let prompt = prompt_tokens(n_prompt, vocab);
+            let mut samples = Vec::with_capacity(plan.repetitions);
+            for run in 0..runs {
+                fill(&mut model, depth)?;
+                let t = Instant::now();
+                model.forward(&prompt)?;
+                // The argmax reads a result back, so the prompt's work has finished.
+                model.last_argmax()?;
+                let secs = t.elapsed().as_secs_f64();
                 if rec.per_call() {
-                    // Only with --svg: a counter read per token, inside the timed loop.
                     rec.observe(&model.memory());
                 }
+                if run >= plan.warmup {
+                    samples.push(rate(n_prompt, secs)?);
+                }
             }
-            let secs = t.elapsed().as_secs_f64();
-            if run >= plan.warmup {
-                samples.push(rate(plan.n_gen, secs)?);
+            tests.push(result(TestKind::Pp, n_prompt, depth, samples)?);
+        }
+        memory.push(rec.end(&model, Phase::Prefill, Window::Phase, rss_window)?);
+    }
+    let tg = at_depths(&plan.n_gen);
+    if !tg.is_empty() {
+        model.backend_mut().reset_device_peaks();
+        let rss_window = rec.begin(Phase::Decode, &model.memory());
+        for (n_gen, depth) in tg {
+            let mut samples = Vec::with_capacity(plan.repetitions);
+            for run in 0..runs {
+                fill(&mut model, depth)?;
+                let mut next = first;
+                let t = Instant::now();
+                for _ in 0..n_gen {
+                    model.decode(next)?;
+                    next = model.last_argmax()?;
+                    if rec.per_call() {
+                        // Only with --svg: a counter read per token, inside the timed loop.
+                        rec.observe(&model.memory());
+                    }
+                }
+                let secs = t.elapsed().as_secs_f64();
+                if run >= plan.warmup {
+                    samples.push(rate(n_gen, secs)?);
+                }
             }
+            tests.push(result(TestKind::Tg, n_gen, depth, samples)?);
         }
         memory.push(rec.end(&model, Phase::Decode, Window::Phase, rss_window)?);
-        tests.push(result(TestKind::Tg, plan.n_gen, plan.n_depth, samples)?);
     }
     // Where a budget run split its offloaded products with the host, the shares it settled
     // on (a log line: the tables stay as they are).
@@ -320,8 +343,6 @@ pub fn run_model<B: Backend>(
     Ok(ModelReport {
         info,
         backend: backend_name,
-        n_prompt: plan.n_prompt,
-        n_gen: plan.n_gen,
         warmup: plan.warmup,
         tests,
         memory,
@@ -386,18 +407,18 @@ mod tests {
     #[test]
     fn a_depth_sizes_the_context_and_the_steps() {
         let plan = Plan {
-            n_prompt: 0,
-            n_gen: 64,
-            n_depth: 4096,
+            n_prompt: vec![0],
+            n_gen: vec![64],
+            n_depth: vec![4096, 16384],
             context: None,
             repetitions: 1,
             warmup: 0,
             max_batch: 512,
         };
-        assert_eq!((plan.context(), plan.step_rows()), (4096 + 64 + 1, 512));
+        assert_eq!((plan.context(), plan.step_rows()), (16384 + 64 + 1, 512));
         let plan = Plan {
-            n_prompt: 16,
-            n_depth: 0,
+            n_prompt: vec![16, 8],
+            n_depth: vec![],
             context: Some(100),
             ..plan
         };

@@ -240,8 +240,6 @@ mod tests {
                 params: 1_500_000_000,
             },
             backend: "cpu (2 threads, 16-bit integer activations)".into(),
-            n_prompt: 512,
-            n_gen: 128,
             warmup: 1,
             tests: vec![
                 test(TestKind::Pp, 512, vec![100.0, 110.0, 90.0]),

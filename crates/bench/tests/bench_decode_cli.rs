@@ -541,3 +541,44 @@ fn a_failed_run_prints_its_message_and_causes_without_a_backtrace() {
     assert!(stderr.contains("no-such-model"), "{stderr}");
     assert!(!stderr.to_lowercase().contains("backtrace"), "{stderr}");
 }
+
+/// Lists for -p, -n and -d run every test at every depth, as llama-bench does: each row names
+/// its depth, and the context holds the largest depth, prompt and generation together.
+#[test]
+fn lists_and_depths_run_every_test_at_every_depth() {
+    let model = TinyModel::new("depth");
+    let m = model.path().to_str().unwrap();
+    let out = bench(&[
+        "-m", m, "-p", "8,4", "-n", "3", "-d", "0,16", "-r", "1", "--warmup", "0", "--device",
+        "cpu", "-o", "json",
+    ]);
+    let rows: Value = serde_json::from_str(&ok(&out)).expect("json");
+    let rows = rows.as_array().expect("one object per test");
+    let names: Vec<(&str, u64)> = rows
+        .iter()
+        .map(|r| (r["test"].as_str().unwrap(), r["n_depth"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            ("pp8", 0),
+            ("pp4", 0),
+            ("pp8 @ d16", 16),
+            ("pp4 @ d16", 16),
+            ("tg3", 0),
+            ("tg3 @ d16", 16),
+        ]
+    );
+    assert!(
+        rows.iter().all(|r| positive_finite(&r["ts_mean"])),
+        "{rows:?}"
+    );
+    let out = bench(&[
+        "-m", m, "-n", "3", "-d", "64", "--ctx", "40", "--device", "cpu",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("-d 64"),
+        "{stderr}"
+    );
+}

@@ -77,9 +77,9 @@ fn run() -> Result<()> {
         return run_batched(&args, &choice, settings);
     }
     let plan = Plan {
-        n_prompt: args.n_prompt,
-        n_gen: args.n_gen,
-        n_depth: args.n_depth,
+        n_prompt: args.n_prompt.clone(),
+        n_gen: args.n_gen.clone(),
+        n_depth: args.n_depth.clone(),
         context: args.ctx,
         repetitions: args.repetitions,
         warmup: args.warmup,
