@@ -4,13 +4,13 @@
 //! printable characters GPT-2 uses for bytes, and the adjacent pair with the lowest merge rank
 //! is merged (every occurrence, left to right) until no ranked pair is left.
 
-use super::pretokenize::{self, Scheme};
+use super::pretokenize::PreTokenizer;
 use super::vocab::{token_type, Vocabulary};
 use crate::error::{DecodeError, Result};
 use std::collections::HashMap;
 
 pub struct Bpe {
-    scheme: Scheme,
+    pre: PreTokenizer,
     ids: HashMap<String, u32>,
     /// (left id, right id) -> (rank, merged id).
     merges: HashMap<(u32, u32), (u32, u32)>,
@@ -18,8 +18,6 @@ pub struct Bpe {
     byte_ids: [Option<u32>; 256],
     byte_chars: [char; 256],
     char_bytes: HashMap<char, u8>,
-    /// Llama 3 emits a pre-token whole when it is itself a token.
-    ignore_merges: bool,
 }
 
 /// GPT-2's reversible map from bytes to printable characters.
@@ -42,7 +40,7 @@ fn byte_chars() -> [char; 256] {
 
 impl Bpe {
     pub fn new(v: &Vocabulary) -> Result<Bpe> {
-        let scheme = Scheme::from_pre(v.pre.as_deref())?;
+        let pre = PreTokenizer::for_name(v.pre.as_deref())?;
         let mut ids = HashMap::with_capacity(v.tokens.len());
         for (i, t) in v.tokens.iter().enumerate() {
             ids.entry(t.clone()).or_insert(i as u32);
@@ -73,23 +71,22 @@ impl Bpe {
             char_bytes.insert(c, b as u8);
         }
         Ok(Bpe {
-            scheme,
+            pre,
             ids,
             merges,
             byte_ids,
             byte_chars,
             char_bytes,
-            ignore_merges: scheme == Scheme::Llama3,
         })
     }
 
     pub fn encode(&self, text: &str, out: &mut Vec<u32>) {
         let mut word = String::new();
         let mut syms: Vec<u32> = Vec::new();
-        for piece in pretokenize::split(self.scheme, text) {
+        for piece in self.pre.split(text) {
             word.clear();
             word.extend(piece.bytes().map(|b| self.byte_chars[b as usize]));
-            if self.ignore_merges {
+            if self.pre.ignore_merges() {
                 if let Some(&id) = self.ids.get(&word) {
                     out.push(id);
                     continue;

@@ -8,15 +8,18 @@
 //!   `tokenizer.ggml.pre`. See [`bpe`].
 //!
 //! Both are written here rather than on the `tokenizers` crate: its Unigram model would read
-//! the scores as log-probabilities and segment Gemma text wrongly, its BPE model has no notion
-//! of score-ordered merges with byte fallback, and the Llama 3 / Qwen pre-tokenizer regexes need
-//! look-ahead that would pull in a second regex engine; the two algorithms are short.
+//! the scores as log-probabilities and segment Gemma text wrongly, and its BPE model has no
+//! notion of score-ordered merges with byte fallback; the two algorithms are short. The
+//! pre-tokenizers are llama.cpp's pattern lists, on the `regex` crate with the look-ahead
+//! `\s+(?!\S)` written by hand ([`supported_pre_tokenizers`] lists the names).
 //!
 //! Control and user-defined tokens written literally in the text are matched whole first
 //! (leftmost, then longest), like the reference under `tests/reference/tokenizer_ref.py`.
 
 pub mod bpe;
 mod pretokenize;
+
+pub use pretokenize::supported_names as supported_pre_tokenizers;
 pub mod spm;
 mod vocab;
 
