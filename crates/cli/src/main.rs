@@ -19,6 +19,7 @@ use std::process::ExitCode;
 
 mod args;
 mod chat;
+mod logging;
 mod output;
 mod profile;
 mod serve;
@@ -33,6 +34,10 @@ use output::{out, outln};
     about = "Run quantized GGUF language models"
 )]
 struct Cli {
+    /// More log events on standard error (repeat for more: -v info, -vv debug, -vvv trace);
+    /// RUST_LOG overrides it.
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -194,6 +199,12 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let cli = Cli::parse();
+    // The server logs its requests by default.
+    let base = match cli.command {
+        Command::Serve(_) => tracing::Level::INFO,
+        _ => tracing::Level::WARN,
+    };
+    logging::init(cli.verbose, base);
     decode::error_report::exit(match cli.command {
         // `env` shows a bad value instead of refusing to start over it.
         Command::Env(args) => env(&args),

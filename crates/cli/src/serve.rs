@@ -87,7 +87,6 @@ fn seconds(flag: &str, s: f64) -> Result<Duration> {
 }
 
 pub fn serve(args: ServeArgs) -> Result<()> {
-    init_logging();
     anyhow::ensure!(args.parallel >= 1, "--parallel must be at least 1");
     let choice = device::choose(args.backend.device)?;
     if let Some(note) = &choice.note {
@@ -164,18 +163,6 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     server.wait()?;
     eprintln!("stopped");
     Ok(())
-}
-
-/// Log lines on stderr; `RUST_LOG` picks the level (info by default).
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
 }
 
 struct Serving<'a> {

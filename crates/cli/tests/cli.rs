@@ -667,3 +667,35 @@ fn a_closed_pipe_or_a_full_disk_ends_the_run_as_command_line_tools_end() {
         "{stderr}"
     );
 }
+
+/// Log events reach standard error: `-v` shows the model load's info event, `RUST_LOG` picks
+/// the level itself, and neither given shows none (warnings only).
+#[test]
+fn verbose_and_rust_log_show_the_libraries_events() {
+    let model = tiny_model("logging");
+    let run = |verbose: bool, rust_log: Option<&str>| {
+        let mut cmd = hipdecode();
+        if verbose {
+            cmd.arg("-v");
+        }
+        cmd.args(["run", "-m"])
+            .arg(&model)
+            .args(["--device", "cpu", "-p", "Hi", "-n", "1"])
+            .env_remove("RUST_LOG");
+        if let Some(level) = rust_log {
+            cmd.env("RUST_LOG", level);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let loaded = |stderr: &str| {
+        stderr
+            .lines()
+            .any(|l| l.contains("INFO") && l.contains("loaded"))
+    };
+    assert!(!loaded(&run(false, None)));
+    assert!(loaded(&run(true, None)));
+    assert!(loaded(&run(false, Some("debug"))));
+    assert!(!loaded(&run(true, Some("error"))));
+}

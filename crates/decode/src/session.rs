@@ -38,8 +38,15 @@ impl<B: Backend> Session<B> {
                 options.sequences
             )));
         }
+        let started = std::time::Instant::now();
         let model = Model::load(file, &mut backend)?;
         let context = Context::new(&model, &mut backend, options)?;
+        tracing::info!(
+            "loaded {} onto {} in {:.2?}",
+            model.spec().arch_name,
+            backend.describe(),
+            started.elapsed()
+        );
         Ok(Session {
             context,
             model,

@@ -20,6 +20,16 @@ use std::sync::Arc;
 /// Errors are printed as `error:` and `caused by:` lines with exit status 1
 /// ([`decode::error_report`]), never returned from `main`.
 fn main() -> std::process::ExitCode {
+    // Log events (kernel compiles, allocator growth) on stderr as RUST_LOG asks; warnings by
+    // default, so the tables on stdout stay alone.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
     decode::error_report::exit(run())
 }
 
