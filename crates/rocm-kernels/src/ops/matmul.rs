@@ -52,8 +52,49 @@ pub fn matmul(
                 format!("{n_tokens} tokens are more than one launch takes; split the batch"),
             )
         })?;
-    let entry = format_entry(KernelModule::Matmul, 0, OP, w.format())?;
-    let function = kernels.function(KernelModule::Matmul, entry)?;
+    let config = LaunchConfig {
+        grid: [(w.rows() as u32).div_ceil(TILE_ROWS), token_tiles, 1],
+        block: [THREADS, 1, 1],
+        shared_bytes: 0,
+    };
+    // SAFETY: every read of w is of a row < rows (QuantMatrix::new checked the bytes), of x at
+    // token < n_tokens and column < cols, and every write of out at [t][r] with t < n_tokens,
+    // r < rows; check_io checked both views hold that much. The block is the 256 threads the
+    // kernel's tiling assumes.
+    unsafe {
+        launch_product(
+            kernels,
+            stream,
+            KernelModule::Matmul,
+            w,
+            x,
+            out,
+            n_tokens,
+            config,
+        )
+    }
+}
+
+/// Launches `module`'s product kernel for `w`'s format, whose signature is `(const u8* w, const
+/// float* x, float* out, u32 rows, u32 cols, u32 n_tokens)` (matmul_<format>,
+/// matmul_mma_<format>).
+///
+/// # Safety
+/// `config` is a launch the kernel's tiling takes, `x` and `out` hold `n_tokens` rows of the
+/// matrix's columns and rows (`check_io`), and `out` does not overlap `x`.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn launch_product(
+    kernels: &Kernels,
+    stream: &Stream,
+    module: KernelModule,
+    w: &QuantMatrix,
+    x: DeviceSlice<f32>,
+    out: &mut DeviceSliceMut<f32>,
+    n_tokens: usize,
+    config: LaunchConfig,
+) -> Result<()> {
+    let entry = format_entry(module, 0, module.name(), w.format())?;
+    let function = kernels.function(module, entry)?;
     let rows = w.rows() as u32;
     let cols = w.cols() as u32;
     let nt = n_tokens as u32;
@@ -65,18 +106,9 @@ pub fn matmul(
         .arg(&rows)
         .arg(&cols)
         .arg(&nt);
-    // SAFETY: the arguments match `matmul_<format>(const u8*, const float*, float*, u32, u32,
-    // u32)`. Every read of w is of a row < rows (QuantMatrix::new checked the bytes), of x at
-    // token < n_tokens and column < cols, and every write of out at [t][r] with t < n_tokens,
-    // r < rows; check_io checked both views hold that much. The block is the 256 threads the
-    // kernel's tiling assumes.
-    unsafe {
-        l.launch(LaunchConfig {
-            grid: [rows.div_ceil(TILE_ROWS), token_tiles, 1],
-            block: [THREADS, 1, 1],
-            shared_bytes: 0,
-        })
-    }?;
+    // SAFETY: the arguments match the kernel's signature in order and type; the caller vouches
+    // for the views and the launch shape.
+    unsafe { l.launch(config) }?;
     Ok(())
 }
 

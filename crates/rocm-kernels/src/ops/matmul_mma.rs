@@ -12,7 +12,8 @@
 //! Against the f32 kernels the f16 rounding of both operands costs about 1e-3 of each
 //! product's magnitude (as the vendor GEMM's does).
 
-use super::matvec::{check_io, format_entry, shape_error, QuantMatrix};
+use super::matmul::launch_product;
+use super::matvec::{check_io, shape_error, QuantMatrix};
 use crate::error::Result;
 use crate::kernels::Kernels;
 use crate::source::KernelModule;
@@ -57,31 +58,25 @@ pub fn matmul_mma(
         })?;
     let token_tiles = u32::try_from(n_tokens.div_ceil(TILE_TOKENS))
         .map_err(|_| shape_error(OP, format!("{n_tokens} tokens; split the batch")))?;
-    let entry = format_entry(KernelModule::MatmulMma, 0, OP, w.format())?;
-    let function = kernels.function(KernelModule::MatmulMma, entry)?;
-    let rows = w.rows() as u32;
-    let cols = w.cols() as u32;
-    let nt = n_tokens as u32;
-    let (w_p, x_p, out_p) = (w.data().ptr(), x.ptr(), out.ptr());
-    let mut l = function.builder(stream);
-    l.arg(&w_p)
-        .arg(&x_p)
-        .arg(&out_p)
-        .arg(&rows)
-        .arg(&cols)
-        .arg(&nt);
-    // SAFETY: the arguments match `matmul_mma_<format>(const u8*, const float*, float*, u32,
-    // u32, u32)`. Every read of w is of a row < rows (QuantMatrix::new checked the bytes), of x
-    // at token < n_tokens and column < cols, and every write of out at [t][r] with
-    // t < n_tokens, r < rows; check_io checked both views hold that much. The block is the
-    // WARPS warps of the device's wave size the kernel's tiling assumes, and its shared memory
-    // is static.
+    let config = LaunchConfig {
+        grid: [token_tiles, row_tiles, 1],
+        block: [WARPS * kernels.wave_size(), 1, 1],
+        shared_bytes: 0,
+    };
+    // SAFETY: every read of w is of a row < rows (QuantMatrix::new checked the bytes), of x at
+    // token < n_tokens and column < cols, and every write of out at [t][r] with t < n_tokens,
+    // r < rows; check_io checked both views hold that much. The block is the WARPS warps of
+    // the device's wave size the kernel's tiling assumes, and its shared memory is static.
     unsafe {
-        l.launch(LaunchConfig {
-            grid: [token_tiles, row_tiles, 1],
-            block: [WARPS * kernels.wave_size(), 1, 1],
-            shared_bytes: 0,
-        })
-    }?;
-    Ok(())
+        launch_product(
+            kernels,
+            stream,
+            KernelModule::MatmulMma,
+            w,
+            x,
+            out,
+            n_tokens,
+            config,
+        )
+    }
 }

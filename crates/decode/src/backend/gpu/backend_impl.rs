@@ -565,18 +565,13 @@ impl Backend for GpuBackend {
                 rows,
             )
             .map_err(kerr("matmul (int8)"))?;
-        } else if on_matrix_cores {
-            matmul_mma::matmul_mma(
-                &self.kernels,
-                &self.stream,
-                &m,
-                x.view(),
-                &mut out.view_mut(),
-                rows,
-            )
-            .map_err(kerr("matmul (matrix cores)"))?;
         } else {
-            matmul::linear(
+            let product = if on_matrix_cores {
+                matmul_mma::matmul_mma
+            } else {
+                matmul::linear
+            };
+            product(
                 &self.kernels,
                 &self.stream,
                 &m,
