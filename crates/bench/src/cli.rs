@@ -215,6 +215,30 @@ impl Args {
         Ok(())
     }
 
+    /// Checks the files the run will write (`--svg`, `--alloc-trace`) before anything is
+    /// measured: each must name a file in a folder that exists, so a typo fails at once rather
+    /// than after the whole benchmark.
+    pub fn check_outputs(&self) -> Result<(), String> {
+        for (flag, path) in [("--svg", &self.svg), ("--alloc-trace", &self.alloc_trace)] {
+            let Some(path) = path else { continue };
+            if path.is_dir() {
+                return Err(format!(
+                    "{flag} {} is a folder; give a file name in it",
+                    path.display()
+                ));
+            }
+            let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+            if let Some(folder) = parent.filter(|p| !p.is_dir()) {
+                return Err(format!(
+                    "{flag} {}: the folder {} does not exist; create it first",
+                    path.display(),
+                    folder.display()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether `--npl` asks for the batched mode.
     pub fn batched(&self) -> bool {
         !self.npl.is_empty()

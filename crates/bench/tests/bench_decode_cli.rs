@@ -582,3 +582,35 @@ fn lists_and_depths_run_every_test_at_every_depth() {
         "{stderr}"
     );
 }
+
+/// An output file in a folder that does not exist, or a folder given as the file, fails before
+/// anything is measured (before, `--svg missing/dir/x.svg` failed after the whole benchmark).
+#[test]
+fn output_paths_are_checked_before_the_run() {
+    let model = TinyModel::new("outputs");
+    let m = model.path().to_str().unwrap();
+    let missing = model.dir.join("no-such-folder/x.svg");
+    let out = bench(&[
+        "-m",
+        m,
+        "--device",
+        "cpu",
+        "--svg",
+        missing.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--svg") && stderr.contains("does not exist"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "it measured first");
+    let folder = model.dir.to_str().unwrap();
+    let out = bench(&["-m", m, "--device", "cpu", "--alloc-trace", folder]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--alloc-trace") && stderr.contains("is a folder"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "it measured first");
+}

@@ -44,6 +44,9 @@ fn run() -> Result<()> {
         .with_cmd(&<Args as clap::CommandFactory>::command())
         .exit();
     }
+    if let Err(message) = args.check_outputs() {
+        anyhow::bail!(message);
+    }
     // Every HIPDECODE_* variable is checked whatever the device, as `hipdecode` does, so a
     // malformed limit is an error and a typo a warning.
     for warning in decode::environment::check()? {
