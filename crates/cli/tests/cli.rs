@@ -699,3 +699,28 @@ fn verbose_and_rust_log_show_the_libraries_events() {
     assert!(loaded(&run(false, Some("debug"))));
     assert!(!loaded(&run(true, Some("error"))));
 }
+
+/// A context whose KV cache cannot fit the host's available memory is refused before anything
+/// is allocated, naming the bytes, the limit and the fix. Before, the CPU backend took the
+/// allocation lazily (a 57.5 GiB cache on a 23 GiB machine) and ran on towards the OOM killer.
+#[test]
+fn a_context_larger_than_the_host_can_hold_is_refused_with_the_bytes() {
+    let model = tiny_model("huge-context");
+    let mut bytes = std::fs::read(&model).unwrap();
+    // The tiny model trained for 4 billion positions, so --ctx is not clamped to 2048.
+    test_support::models::set_u32_metadata(&mut bytes, "qwen3.context_length", u32::MAX);
+    std::fs::write(&model, &bytes).unwrap();
+    let (status, _, stderr) = run_on_cpu(&model, &["-p", "Hi", "-n", "1", "--ctx", "4000000000"]);
+    assert_eq!(status, Some(1), "{stderr}");
+    for word in [
+        "4000000000 positions",
+        "KV cache",
+        "available on the host",
+        "--ctx",
+    ] {
+        assert!(stderr.contains(word), "{word} missing: {stderr}");
+    }
+    // A context that fits still runs.
+    let (status, _, stderr) = run_on_cpu(&model, &["-p", "Hi", "-n", "1", "--ctx", "64"]);
+    assert_eq!(status, Some(0), "{stderr}");
+}

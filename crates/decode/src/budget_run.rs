@@ -272,6 +272,12 @@ fn host_budget(flag: Option<&str>) -> Result<(u64, String)> {
     ))
 }
 
+/// The host's available memory (`MemAvailable` of `/proc/meminfo`), in bytes; `None` where it
+/// cannot be read.
+pub(crate) fn host_available() -> Option<u64> {
+    mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
 /// `MemAvailable` of a `/proc/meminfo` text, in bytes.
 fn mem_available(meminfo: &str) -> Option<u64> {
     let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;

@@ -87,6 +87,22 @@ pub fn set_tensor_type(bytes: &mut [u8], name: &str, type_id: u32) {
     bytes[type_at..type_at + 4].copy_from_slice(&type_id.to_le_bytes());
 }
 
+/// Rewrites the value of the u32 metadata key `key` in the GGUF image `bytes` (in place), e.g.
+/// a model's context length. The entry is the key (u64 length, then the bytes), the value type
+/// (u32, 4 for u32), then the value. Panics when the key is not in the image as a u32.
+pub fn set_u32_metadata(bytes: &mut [u8], key: &str, value: u32) {
+    let key = key.as_bytes();
+    let len = (key.len() as u64).to_le_bytes();
+    let at = bytes
+        .windows(key.len() + 12)
+        .position(|w| {
+            w[..8] == len && &w[8..8 + key.len()] == key && w[8 + key.len()..] == 4u32.to_le_bytes()
+        })
+        .unwrap_or_else(|| panic!("no u32 metadata {:?}", String::from_utf8_lossy(key)));
+    let value_at = at + 8 + key.len() + 4;
+    bytes[value_at..value_at + 4].copy_from_slice(&value.to_le_bytes());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -198,6 +198,11 @@ pub trait Backend: Send {
     fn kv_elem_bytes(&self) -> usize {
         4
     }
+    /// The most bytes a new KV cache can take here, and what that limit is (for the error
+    /// that refuses a larger one before allocating); `None` where no limit is known.
+    fn kv_room(&self) -> Option<(u64, String)> {
+        None
+    }
     /// A device-side memory report (allocator reserved, cached, peaks, bytes outside the
     /// allocator), for backends that have a device.
     fn device_report(&self) -> Option<Result<String>> {

@@ -158,6 +158,22 @@ impl<B: Backend> Context<B> {
                 "a KV pool of 0 blocks holds nothing: give at least one block".into(),
             ));
         }
+        // A cache that cannot fit is refused before anything is allocated (on the host an
+        // allocation that large would be taken lazily and end in the OOM killer).
+        let elem = backend.kv_elem_bytes() as u64;
+        let kv_need = (0..plan.slots.len()).try_fold(0u64, |sum, il| {
+            let values = plan.values(il, kd)? as u64 + plan.values(il, vd)? as u64;
+            Ok::<u64, DecodeError>(sum.saturating_add(values.saturating_mul(elem)))
+        })?;
+        if let Some((room, what)) = backend.kv_room().filter(|&(room, _)| kv_need > room) {
+            let fits = (room as u128 * context as u128 / kv_need.max(1) as u128) as usize;
+            return Err(DecodeError::InvalidArgument(format!(
+                "a context of {context} positions needs {} of KV cache, more than the {} {what}; \
+                 give a smaller --ctx (about {fits} positions fit)",
+                crate::memory::human_bytes(kv_need),
+                crate::memory::human_bytes(room)
+            )));
+        }
         let kv_before = backend.memory().get(MemoryTag::KvCache);
         let kv = KvCache::new(backend, plan, context, (kd, vd))?;
         let kv_bytes = backend

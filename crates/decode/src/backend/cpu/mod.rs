@@ -160,6 +160,14 @@ impl Backend for CpuBackend {
         format!("cpu ({} threads, {mode})", rayon::current_num_threads())
     }
 
+    fn kv_room(&self) -> Option<(u64, String)> {
+        let available = crate::budget_run::host_available()?;
+        Some((
+            available,
+            "available on the host (MemAvailable)".to_string(),
+        ))
+    }
+
     fn alloc(&mut self, tag: MemoryTag, len: usize) -> Result<Vec<f32>> {
         let failed = |reason: String| DecodeError::Allocation {
             what: format!("{len} f32 values of {}", tag.name()),
