@@ -18,8 +18,9 @@
 //                        v_mfma_f32_16x16x16f16;
 //   MMA_AMD_WMMA11 (3)   AMD RDNA 3 (gfx11; wave32): v_wmma_f32_16x16x16_f16;
 //   MMA_AMD_WMMA12 (4)   AMD RDNA 4 (gfx12; wave32): the gfx12 form of the same instruction.
-// Debian's hiprtc compiles neither WMMA variant (it crashes on gfx1100 and knows no gfx12), so
-// those two are off unless asked for (HIPDECODE_MMA=native).
+// Debian's hiprtc compiles neither WMMA variant (it crashes on gfx1100 and knows no gfx12), and
+// no AMD variant has run on an AMD GPU yet, so all three are off unless asked for
+// (HIPDECODE_MMA=native).
 //
 // Products are exact in f32 for f16 inputs; only the order of the additions differs between
 // variants (about 1e-7 of the magnitude of a 16-term sum).

@@ -5,10 +5,13 @@
 //! compiles with `-DMMA_VARIANT=<id>`. The header refuses (a compile error) a variant whose
 //! instructions the target lacks, so a wrong pick here cannot give wrong numbers.
 //!
-//! By default a device gets its native variant only where CI compiles it (NVIDIA sm_80 and
-//! later through NVRTC, CDNA's MFMA through hiprtc for gfx90a, whose builtin gfx908 and gfx94x
-//! share); RDNA 3 and 4 (WMMA, compiled nowhere here) take the SIMT variant unless
-//! `HIPDECODE_MMA=native`.
+//! By default a device gets its native variant only where it has also run: NVIDIA sm_80 and
+//! later (tested on the H200 against the SIMT build and the CPU reference). AMD's variants
+//! have never run on an AMD GPU: CDNA's MFMA compiles in CI (hiprtc, gfx90a, whose builtin
+//! gfx908 and gfx94x share), RDNA 3 and 4's WMMA nowhere here. Until a run on the device checks
+//! them (the self-test of the AMD readiness issue), AMD parts take the SIMT variant unless
+//! `HIPDECODE_MMA=native`, and the kernels that only pay on matrix cores (flash prefill) keep
+//! their previous paths there.
 
 use hip_ffi::PlatformKind;
 use knobs::{Knob, Scope};
@@ -31,9 +34,9 @@ pub enum MmaVariant {
 /// What [`MMA`] asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MmaSetting {
-    /// The native variant where CI compiles it, SIMT elsewhere.
+    /// The native variant where it has run (NVIDIA), SIMT elsewhere.
     Auto,
-    /// The native variant on every part that has one, the WMMA variants included.
+    /// The native variant on every part that has one, AMD's included.
     Native,
     /// The SIMT variant everywhere (the reference build the native ones are tested against).
     Simt,
@@ -42,8 +45,8 @@ pub enum MmaSetting {
 pub static MMA: Knob<MmaSetting> = Knob {
     name: "HIPDECODE_MMA",
     default: "auto",
-    doc: "matrix-core kernels: `auto` (native on NVIDIA sm_80+ and AMD CDNA, the SIMT build \
-          elsewhere), `native` (also RDNA 3/4's WMMA, which CI cannot compile) or `simt`",
+    doc: "matrix-core kernels: `auto` (native on NVIDIA sm_80+, the SIMT build elsewhere), \
+          `native` (also AMD's MFMA and WMMA, which have not run on an AMD GPU yet) or `simt`",
     scope: Scope::Run,
     parse: |v| {
         knobs::parse::choice(
@@ -64,9 +67,10 @@ impl MmaVariant {
         let native = arch.map_or(MmaVariant::Simt, |a| native_variant(platform, a));
         match (setting, native) {
             (MmaSetting::Simt, _) => MmaVariant::Simt,
-            (MmaSetting::Auto, MmaVariant::AmdWmmaGfx11 | MmaVariant::AmdWmmaGfx12) => {
-                MmaVariant::Simt
-            }
+            (
+                MmaSetting::Auto,
+                MmaVariant::AmdMfma | MmaVariant::AmdWmmaGfx11 | MmaVariant::AmdWmmaGfx12,
+            ) => MmaVariant::Simt,
             (_, native) => native,
         }
     }
@@ -139,10 +143,11 @@ mod tests {
         assert_eq!(pick(nv, "sm_75", Native), MmaVariant::Simt);
         assert_eq!(pick(nv, "sm_120", Auto), MmaVariant::NvidiaMmaSync);
         assert_eq!(
-            pick(amd, "gfx90a:sramecc+:xnack-", Auto),
+            pick(amd, "gfx90a:sramecc+:xnack-", Native),
             MmaVariant::AmdMfma
         );
-        assert_eq!(pick(amd, "gfx942", Auto), MmaVariant::AmdMfma);
+        assert_eq!(pick(amd, "gfx942", Native), MmaVariant::AmdMfma);
+        assert_eq!(pick(amd, "gfx90a", Auto), MmaVariant::Simt);
         assert_eq!(pick(amd, "gfx1030", Native), MmaVariant::Simt);
         assert_eq!(pick(amd, "gfx1151", Auto), MmaVariant::Simt);
         assert_eq!(pick(amd, "gfx1151", Native), MmaVariant::AmdWmmaGfx11);
