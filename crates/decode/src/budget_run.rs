@@ -251,16 +251,13 @@ fn host_budget(flag: Option<&str>) -> Result<(u64, String)> {
     if let Some(bytes) = HOST_BUDGET.read()? {
         return Ok((bytes, HOST_BUDGET.name.to_string()));
     }
-    let available = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| mem_available(&m))
-        .ok_or_else(|| {
-            DecodeError::InvalidArgument(format!(
-                "the host's available memory could not be read from /proc/meminfo; give the \
-                 pinned host memory a bound with --host-budget or {}",
-                HOST_BUDGET.name
-            ))
-        })?;
+    let available = crate::memory::host_available().ok_or_else(|| {
+        DecodeError::InvalidArgument(format!(
+            "the host's available memory could not be read from /proc/meminfo; give the \
+             pinned host memory a bound with --host-budget or {}",
+            HOST_BUDGET.name
+        ))
+    })?;
     let bytes = (available as f64 * HOST_AVAILABLE_SHARE) as u64;
     Ok((
         bytes,
@@ -270,20 +267,6 @@ fn host_budget(flag: Option<&str>) -> Result<(u64, String)> {
             mib(available)
         ),
     ))
-}
-
-/// The host's available memory (`MemAvailable` of `/proc/meminfo`), in bytes; `None` where it
-/// cannot be read.
-pub(crate) fn host_available() -> Option<u64> {
-    mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
-}
-
-/// `MemAvailable` of a `/proc/meminfo` text, in bytes.
-fn mem_available(meminfo: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let mut parts = line.split_whitespace().skip(1);
-    let kib: u64 = parts.next()?.parse().ok()?;
-    (parts.next() == Some("kB")).then_some(kib * 1024)
 }
 
 impl BudgetRun {
@@ -316,18 +299,5 @@ impl BudgetRun {
             mib(self.offload.host.host_budget),
             self.host_budget_source,
         )
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mem_available_reads_the_kib_line() {
-        let text = "MemTotal:  1000 kB\nMemFree: 10 kB\nMemAvailable:    2048 kB\n";
-        assert_eq!(mem_available(text), Some(2048 * 1024));
-        assert_eq!(mem_available("MemTotal: 1 kB\n"), None);
-        assert_eq!(mem_available("MemAvailable: lots\n"), None);
     }
 }

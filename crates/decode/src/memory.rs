@@ -117,9 +117,31 @@ impl fmt::Display for MemoryReport {
     }
 }
 
+/// The host's available memory (`MemAvailable` of `/proc/meminfo`), in bytes; `None` where it
+/// cannot be read.
+pub fn host_available() -> Option<u64> {
+    mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
+/// `MemAvailable` of a `/proc/meminfo` text, in bytes.
+fn mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let mut parts = line.split_whitespace().skip(1);
+    let kib: u64 = parts.next()?.parse().ok()?;
+    (parts.next() == Some("kB")).then_some(kib * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mem_available_reads_the_kib_line() {
+        let text = "MemTotal:  1000 kB\nMemFree: 10 kB\nMemAvailable:    2048 kB\n";
+        assert_eq!(mem_available(text), Some(2048 * 1024));
+        assert_eq!(mem_available("MemTotal: 1 kB\n"), None);
+        assert_eq!(mem_available("MemAvailable: lots\n"), None);
+    }
 
     #[test]
     fn report_sums_and_formats_per_tag() {

@@ -161,7 +161,7 @@ impl Backend for CpuBackend {
     }
 
     fn kv_room(&self) -> Option<(u64, String)> {
-        let available = crate::budget_run::host_available()?;
+        let available = crate::memory::host_available()?;
         Some((
             available,
             "available on the host (MemAvailable)".to_string(),
