@@ -18,6 +18,11 @@ use std::time::{Duration, Instant};
 /// Replays do not print progress unless they run this long.
 const QUIET_FOR: Duration = Duration::from_secs(2);
 
+/// Events a replay takes unless `--max-events` allows more: over a hundred times the largest
+/// committed trace's (404,596, `chat-8b-eager.jsonl`). A few hundred bytes of `repeat` lines
+/// can expand to billions, hours of replay.
+const DEFAULT_MAX_EVENTS: u64 = 50_000_000;
+
 #[derive(clap::Args)]
 pub struct Args {
     /// The trace file.
@@ -31,6 +36,21 @@ pub struct Args {
     /// none side by side.
     #[arg(long, value_name = "LIMITS")]
     limits: Vec<LimitsMode>,
+    /// The most events the trace may expand to (its `repeat` lines counted); a longer one is
+    /// refused before it starts.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_EVENTS)]
+    max_events: u64,
+}
+
+/// Refuses a replay of more than `max` events, saying how to allow it.
+fn check_work(events: u64, max: u64) -> Result<()> {
+    if events > max {
+        anyhow::bail!(
+            "the trace expands to {events} events through its repeat lines, more than \
+             --max-events {max}; pass --max-events {events} to replay it all"
+        );
+    }
+    Ok(())
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -42,6 +62,7 @@ pub fn run(args: Args) -> Result<()> {
         args.limits.clone()
     };
     let events = trace.expanded_len()?;
+    check_work(events, args.max_events)?;
     let h = &trace.header;
     println!("trace:   {}", args.trace.display());
     println!(
@@ -87,4 +108,37 @@ pub fn run(args: Args) -> Result<()> {
     }
     print!("{}", replay::table(&reports));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn committed(name: &str) -> PathBuf {
+        crate::workspace_root()
+            .join("crates/rocm-alloc/tests/traces")
+            .join(name)
+    }
+
+    #[test]
+    fn a_trace_longer_than_the_bound_is_refused_before_it_runs() {
+        let trace = committed("chat-8b-eager.jsonl");
+        let events = TraceFile::read_path(&trace)
+            .unwrap()
+            .expanded_len()
+            .unwrap();
+        assert!(events > 100 && events <= DEFAULT_MAX_EVENTS, "{events}");
+        let args = |max_events| Args {
+            trace: trace.clone(),
+            profile: "gfx1151".parse().unwrap(),
+            limits: vec![LimitsMode::None],
+            max_events,
+        };
+        let e = run(args(100)).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("{events} events")) && e.contains("--max-events"),
+            "{e}"
+        );
+        run(args(events)).unwrap();
+    }
 }
