@@ -70,8 +70,7 @@ DEVICE void attn_prefill_mma(const float* __restrict__ q, const u16* __restrict_
         const float* src = q + ((u64)(t0 + r) * n_head + h) * D + d0;
 #pragma unroll
         for (int k = 0; k < 8; ++k) v[k] = r < n_rows ? src[k] * scale : 0.0f;
-        *(uint4*)(q_sh + r * LDQ + d0) = make_uint4(pack_f16x2(v[0], v[1]), pack_f16x2(v[2], v[3]),
-                                                    pack_f16x2(v[4], v[5]), pack_f16x2(v[6], v[7]));
+        store8_f16_aligned(q_sh + r * LDQ + d0, v);
     }
 
     // This thread's softmax row: its query's position and first visible position.

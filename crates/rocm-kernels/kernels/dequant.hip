@@ -25,8 +25,7 @@
 // is 16-byte aligned), else eight 16-bit stores.
 DEVICE void store8_f16(u16* dst, const float* v, bool wide) {
     if (wide) {
-        *(uint4*)dst = make_uint4(pack_f16x2(v[0], v[1]), pack_f16x2(v[2], v[3]),
-                                  pack_f16x2(v[4], v[5]), pack_f16x2(v[6], v[7]));
+        store8_f16_aligned(dst, v);
     } else {
 #pragma unroll
         for (int k = 0; k < 8; ++k) dst[k] = f32_to_f16_rn(v[k]);

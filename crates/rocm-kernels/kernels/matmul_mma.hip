@@ -34,12 +34,6 @@
 #define MM_LDS (MM_BK + 8)
 #define MM_RUNS (MM_BK / 8)  // runs of eight columns per tile row
 
-// Eight values as halves at dst (16-byte aligned): one 16-byte store.
-DEVICE void mm_store8(u16* dst, const float* v) {
-    *(uint4*)dst = make_uint4(pack_f16x2(v[0], v[1]), pack_f16x2(v[2], v[3]),
-                              pack_f16x2(v[4], v[5]), pack_f16x2(v[6], v[7]));
-}
-
 template <int FMT>
 DEVICE void matmul_mma_impl(const u8* __restrict__ w, const float* __restrict__ x,
                             float* __restrict__ out, u32 rows, u32 cols, u32 n_tokens) {
@@ -80,7 +74,7 @@ DEVICE void matmul_mma_impl(const u8* __restrict__ w, const float* __restrict__ 
                                : 0.0f;
                 }
             }
-            mm_store8(w_tile + rl * MM_LDS + run * 8, v);
+            store8_f16_aligned(w_tile + rl * MM_LDS + run * 8, v);
         }
         // Activation tile: the live token tiles' rows, runs of eight.
         for (u32 i = tid; i < live_tiles * 16 * MM_RUNS; i += n_threads) {
@@ -97,7 +91,7 @@ DEVICE void matmul_mma_impl(const u8* __restrict__ w, const float* __restrict__ 
 #pragma unroll
                 for (int k = 0; k < 8; ++k) v[k] = (t < n_tokens && c0 + k < cols) ? src[k] : 0.0f;
             }
-            mm_store8(x_tile + tl * MM_LDS + run * 8, v);
+            store8_f16_aligned(x_tile + tl * MM_LDS + run * 8, v);
         }
         __syncthreads();
         const u16* wb = w_tile + warp * 16 * MM_LDS;

@@ -276,4 +276,10 @@ DEVICE u32 pack_f16x2(float lo, float hi) {
     return (u32)f32_to_f16_rn(lo) | ((u32)f32_to_f16_rn(hi) << 16);
 }
 
+// Eight values as halves at dst, which the caller vouches is 16-byte aligned: one 16-byte store.
+DEVICE void store8_f16_aligned(u16* dst, const float* v) {
+    *(uint4*)dst = make_uint4(pack_f16x2(v[0], v[1]), pack_f16x2(v[2], v[3]),
+                              pack_f16x2(v[4], v[5]), pack_f16x2(v[6], v[7]));
+}
+
 DEVICE float bf16_to_f32(u16 h) { return __int_as_float((int)((u32)h << 16)); }

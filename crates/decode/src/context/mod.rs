@@ -160,11 +160,7 @@ impl<B: Backend> Context<B> {
         }
         // A cache that cannot fit is refused before anything is allocated (on the host an
         // allocation that large would be taken lazily and end in the OOM killer).
-        let elem = backend.kv_elem_bytes() as u64;
-        let kv_need = (0..plan.slots.len()).try_fold(0u64, |sum, il| {
-            let values = plan.values(il, kd)? as u64 + plan.values(il, vd)? as u64;
-            Ok::<u64, DecodeError>(sum.saturating_add(values.saturating_mul(elem)))
-        })?;
+        let kv_need = plan.total_bytes((kd, vd), backend.kv_elem_bytes())?;
         if let Some((room, what)) = backend.kv_room().filter(|&(room, _)| kv_need > room) {
             let fits = (room as u128 * context as u128 / kv_need.max(1) as u128) as usize;
             return Err(DecodeError::InvalidArgument(format!(

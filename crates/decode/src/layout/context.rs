@@ -88,6 +88,28 @@ pub struct KvPlan {
 }
 
 impl KvPlan {
+    /// Bytes of layer `layer`'s key and value buffers for heads of `(k_dim, v_dim)` values,
+    /// `elem_bytes` each: what `ModelLayout` lists and the backend allocates.
+    pub fn layer_bytes(
+        &self,
+        layer: usize,
+        (k_dim, v_dim): (usize, usize),
+        elem_bytes: usize,
+    ) -> Result<[usize; 2]> {
+        Ok([
+            kv_buffer_bytes(self.values(layer, k_dim)?, elem_bytes)?,
+            kv_buffer_bytes(self.values(layer, v_dim)?, elem_bytes)?,
+        ])
+    }
+
+    /// Bytes of every layer's buffers ([`KvPlan::layer_bytes`]) together.
+    pub fn total_bytes(&self, dims: (usize, usize), elem_bytes: usize) -> Result<u64> {
+        (0..self.slots.len()).try_fold(0u64, |sum, il| {
+            let [k, v] = self.layer_bytes(il, dims, elem_bytes)?;
+            Ok(sum.saturating_add(k as u64).saturating_add(v as u64))
+        })
+    }
+
     /// Rows of layer `layer`'s key (and value) buffer.
     pub fn rows(&self, layer: usize) -> Result<usize> {
         let rows = match self.groups[layer] {

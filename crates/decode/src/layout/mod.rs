@@ -247,9 +247,8 @@ impl ModelLayout {
             4
         };
         for il in 0..slots.len() {
-            for (dim, what) in [(kd, "keys"), (vd, "values")] {
-                let values = kv.values(il, dim)?;
-                let bytes = context::kv_buffer_bytes(values, elem)?;
+            let bytes = kv.layer_bytes(il, (kd, vd), elem)?;
+            for (bytes, what) in bytes.into_iter().zip(["keys", "values"]) {
                 lines.add(PlanTag::KvCache, format!("layer {il} {what}"), bytes);
             }
         }

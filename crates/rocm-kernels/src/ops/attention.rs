@@ -716,15 +716,16 @@ pub fn flash_fits(k_cache: &KvSlice, v_cache: &KvSlice, shape: &AttentionShape) 
         && k_cache.ptr().0 % 16 == 0
         && v_cache.ptr().0 % 16 == 0
         && shape.head_dim_k == shape.head_dim_v
-        && flash_queries_per_block(shape.head_dim_k).is_some()
+        && flash_kernel(shape.head_dim_k).is_some()
 }
 
-/// Queries per block of the flash kernel for a head size (`attention_mma.hip`'s entry points),
-/// or `None` for a size it is not built for.
-fn flash_queries_per_block(head_dim: usize) -> Option<usize> {
+/// The flash kernel's entry point for a head size and its queries per block
+/// (`attention_mma.hip`), or `None` for a size it is not built for.
+fn flash_kernel(head_dim: usize) -> Option<(&'static str, usize)> {
     match head_dim {
-        64 | 128 => Some(64),
-        256 => Some(32),
+        64 => Some(("attn_prefill_mma_d64", 64)),
+        128 => Some(("attn_prefill_mma_d128", 64)),
+        256 => Some(("attn_prefill_mma_d256", 32)),
         _ => None,
     }
 }
@@ -751,17 +752,9 @@ fn launch_prefill_flash(
         )
     })?;
     let d = shape.head_dim_k;
-    let (entry, queries) = match (d, flash_queries_per_block(d)) {
-        (64, Some(q)) => ("attn_prefill_mma_d64", q),
-        (128, Some(q)) => ("attn_prefill_mma_d128", q),
-        (256, Some(q)) => ("attn_prefill_mma_d256", q),
-        _ => {
-            return Err(crate::ops::matvec::shape_error(
-                OP,
-                format!("no flash prefill kernel for heads of {d}"),
-            ))
-        }
-    };
+    let (entry, queries) = flash_kernel(d).ok_or_else(|| {
+        crate::ops::matvec::shape_error(OP, format!("no flash prefill kernel for heads of {d}"))
+    })?;
     let function = kernels.function(KernelModule::AttentionMma, entry)?;
     let (q_ptr, k_ptr, v_ptr) = (io.q.ptr(), io.k.ptr(), io.v.ptr());
     let (positions_ptr, out_ptr) = (io.positions.ptr(), io.out.ptr());
