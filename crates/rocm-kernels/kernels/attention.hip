@@ -739,3 +739,234 @@ DEVICE void attn_decode_core(const float* q, const T* k_cache, const T* v_cache,
 // Entry points attn_decode_f16 and attn_decode_f32.
 ATTN_DECODE_ENTRY(attn_decode_f16, u16)
 ATTN_DECODE_ENTRY(attn_decode_f32, float)
+
+// ---- Decode attention in key tiles: the fast path for f16 caches (dk == dv, a multiple of
+// 64, at most 256).
+//
+// The one-warp-per-key kernel above updates its online softmax once per key: a chain of warp
+// sums and exponentials per key and head, with four rows in flight per warp, so at depth it
+// waits on latency and reads a fraction of the bandwidth. This kernel keeps the same grid
+// (token, heads of one KV head, split) and partial layout, but walks its split in tiles:
+//  1. scores: a row of d / 8 threads holds 8 dimensions of each of the block's query heads
+//     and reads a key row with one 16-byte load per thread, so the block covers
+//     ATTN_TD_THREADS * 8 / d keys per pass. Every K and V row of the tile's ATTN_TD_PASSES
+//     passes is loaded before any is used. A key's score is a sum over its row's threads,
+//     an aligned group of lanes inside one wave of 32 or of 64;
+//  2. softmax: warp w takes heads w, w + warps, ...: one max, one rescale and one sum per head
+//     and tile instead of per key;
+//  3. weighted V: the threads that loaded a key's V row add it, weighted by the key's
+//     probability, into their 8 dimensions of each head's sum.
+// The rows' sums meet in shared memory at the end and the block writes the output, or the
+// split's partial in attn_core's layout for attn_combine.
+#define ATTN_TD_THREADS 128
+#define ATTN_TD_PASSES 8
+// Most keys of a tile: d = 64 gives rows of 8 threads, 16 keys per pass.
+#define ATTN_TD_MAX_TILE (ATTN_TD_THREADS / 8 * ATTN_TD_PASSES)
+
+DEVICE void f16x8_to_f32(uint4 raw, float* out) {
+    const u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        out[2 * i] = f16_to_f32((u16)(w[i] & 0xFFFFu));
+        out[2 * i + 1] = f16_to_f32((u16)(w[i] >> 16));
+    }
+}
+
+KERNEL void attn_decode_tile_f16(const float* q, const u16* k_cache, const u16* v_cache,
+                                 const i32* positions, float* out, float* part_ms,
+                                 float* part_acc, u32 n_head, u32 n_head_kv, u32 d, u32 slots,
+                                 u32 window, float scale, u32 heads_per_block, u32 n_split,
+                                 u32 keys_per_split, KV_PAGES_PARAMS) {
+    KERNEL_PROLOGUE();
+    // Scores, then probabilities, of the tile per head; the rescale factor of each head; the
+    // rows' sums at the end (ATTN_TD_THREADS * 8 values per head: rows * d).
+    __shared__ float s_sh[ATTN_DEC_HEADS][ATTN_TD_MAX_TILE];
+    __shared__ float alpha_sh[ATTN_DEC_HEADS];
+    __shared__ float ml_sh[ATTN_DEC_HEADS][2];
+    __shared__ __attribute__((aligned(16))) float red_sh[ATTN_DEC_HEADS * ATTN_TD_THREADS * 8];
+
+    const u32 tid = threadIdx.x;
+    const u32 lane = tid % WARP_SIZE;
+    const u32 warp = tid / WARP_SIZE;
+    const u32 n_warps = ATTN_TD_THREADS / WARP_SIZE;
+    const u32 lpr = d / 8;          // threads per key row
+    const u32 c = tid % lpr;        // this thread's 8 dimensions: c * 8 ..
+    const u32 r = tid / lpr;        // this thread's row within a pass
+    const u32 rpp = ATTN_TD_THREADS / lpr;  // key rows per pass
+    const u32 tile_keys = rpp * ATTN_TD_PASSES;
+
+    const u32 t = blockIdx.x;
+    const u32 split = blockIdx.z;
+    const u32 group = n_head / n_head_kv;
+    const u32 n_sub = (group + heads_per_block - 1) / heads_per_block;
+    const u32 kvh = blockIdx.y / n_sub;
+    const u32 h0 = kvh * group + (blockIdx.y % n_sub) * heads_per_block;
+    const u32 group_end = kvh * group + group;
+    const u32 nh = heads_per_block < group_end - h0 ? heads_per_block : group_end - h0;
+
+    const i64 pos = (i64)positions[t];
+    const KvPages pages = kv_pages(KV_PAGES_ARGS, t);
+    i64 first = 0;
+    if (window > 0 && pos - (i64)window + 1 > 0) first = pos - (i64)window + 1;
+    const i64 n_keys = pos - first + 1;
+    // The current keys spread over all splits (see attn_decode_core), at least one pass each.
+    i64 per_split = (i64)keys_per_split;
+    if (n_split > 1) {
+        i64 even = (n_keys + (i64)n_split - 1) / (i64)n_split;
+        if (even < (i64)rpp) even = (i64)rpp;
+        if (even < per_split) per_split = even;
+    }
+    const i64 k_begin = (i64)split * per_split;
+    i64 k_end = k_begin + per_split;
+    if (k_end > n_keys) k_end = n_keys;
+    const u64 row_q = (u64)t * n_head + h0;
+    if (k_begin >= k_end) {
+        if (n_split > 1) {
+            if (tid < nh) {
+                float* ms = part_ms + ((row_q + tid) * n_split + split) * 2;
+                ms[0] = attn_neg_inf();
+                ms[1] = 0.0f;
+            }
+        } else {
+            for (u32 i = tid; i < nh * d; i += ATTN_TD_THREADS) out[row_q * d + i] = 0.0f;
+        }
+        return;
+    }
+
+    float qv[ATTN_DEC_HEADS][8];
+#pragma unroll
+    for (u32 g = 0; g < ATTN_DEC_HEADS; ++g) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            qv[g][i] = g < nh ? q[(row_q + g) * d + (u64)c * 8 + i] * scale : 0.0f;
+        }
+    }
+    float acc[ATTN_DEC_HEADS][8];
+    // The running max and sum of the heads this thread's warp owns in phase 2.
+    float m_run[ATTN_DEC_HEADS], l_run[ATTN_DEC_HEADS];
+#pragma unroll
+    for (u32 g = 0; g < ATTN_DEC_HEADS; ++g) {
+        m_run[g] = attn_neg_inf();
+        l_run[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
+    }
+    const u64 row = (u64)n_head_kv * d;
+    const u16* k_head = k_cache + (u64)kvh * d + (u64)c * 8;
+    const u16* v_head = v_cache + (u64)kvh * d + (u64)c * 8;
+
+    for (i64 kt = k_begin; kt < k_end; kt += tile_keys) {
+        // Every row of the tile in flight before any is used; rows past the split read as
+        // zeros, never as whatever the cache holds there (a NaN would survive a zero weight).
+        uint4 k_raw[ATTN_TD_PASSES], v_raw[ATTN_TD_PASSES];
+#pragma unroll
+        for (u32 i = 0; i < ATTN_TD_PASSES; ++i) {
+            const i64 key = kt + r + (i64)i * rpp;
+            k_raw[i] = make_uint4(0, 0, 0, 0);
+            v_raw[i] = make_uint4(0, 0, 0, 0);
+            if (key < k_end) {
+                const u64 slot = kv_row(pages, (u32)((first + key) % (i64)slots));
+                k_raw[i] = *(const uint4*)(k_head + slot * row);
+                v_raw[i] = *(const uint4*)(v_head + slot * row);
+            }
+        }
+        // 1. Scores.
+#pragma unroll
+        for (u32 i = 0; i < ATTN_TD_PASSES; ++i) {
+            float kf[8];
+            f16x8_to_f32(k_raw[i], kf);
+            const u32 key = r + i * rpp;
+            const bool valid = kt + (i64)key < k_end;
+#pragma unroll
+            for (u32 g = 0; g < ATTN_DEC_HEADS; ++g) {
+                if (g < nh) {
+                    float s = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) s += qv[g][j] * kf[j];
+                    for (u32 m = lpr / 2; m > 0; m >>= 1) s += warp_shfl_xor(s, (int)m);
+                    if (c == 0) s_sh[g][key] = valid ? s : attn_neg_inf();
+                }
+            }
+        }
+        __syncthreads();
+        // 2. Softmax of the tile, one warp per head.
+#pragma unroll
+        for (u32 g = 0; g < ATTN_DEC_HEADS; ++g) {
+            if (g < nh && g % n_warps == warp) {
+                float mt = attn_neg_inf();
+                for (u32 k = lane; k < tile_keys; k += WARP_SIZE) mt = fmaxf(mt, s_sh[g][k]);
+                mt = warp_max(mt);
+                // The tile holds at least one visible key, so m_new is finite.
+                const float m_new = fmaxf(m_run[g], mt);
+                const float alpha = m_run[g] > attn_neg_inf() ? expf(m_run[g] - m_new) : 0.0f;
+                float sum = 0.0f;
+                for (u32 k = lane; k < tile_keys; k += WARP_SIZE) {
+                    const float s = s_sh[g][k];
+                    const float p = s > attn_neg_inf() ? expf(s - m_new) : 0.0f;
+                    s_sh[g][k] = p;
+                    sum += p;
+                }
+                sum = warp_sum(sum);
+                l_run[g] = l_run[g] * alpha + sum;
+                m_run[g] = m_new;
+                if (lane == 0) alpha_sh[g] = alpha;
+            }
+        }
+        __syncthreads();
+        // 3. Weighted V.
+#pragma unroll
+        for (u32 g = 0; g < ATTN_DEC_HEADS; ++g) {
+            if (g < nh) {
+                const float alpha = alpha_sh[g];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[g][j] *= alpha;
+            }
+        }
+#pragma unroll
+        for (u32 i = 0; i < ATTN_TD_PASSES; ++i) {
+            float vf[8];
+            f16x8_to_f32(v_raw[i], vf);
+            const u32 key = r + i * rpp;
+#pragma unroll
+            for (u32 g = 0; g < ATTN_DEC_HEADS; ++g) {
+                if (g < nh) {
+                    const float p = s_sh[g][key];
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) acc[g][j] += p * vf[j];
+                }
+            }
+        }
+        __syncthreads();  // the next tile rewrites s_sh and alpha_sh
+    }
+
+    // The rows' sums meet in shared memory: red_sh[(r * heads + g) * d + dimension].
+#pragma unroll
+    for (u32 g = 0; g < ATTN_DEC_HEADS; ++g) {
+        if (g < nh) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) red_sh[(r * ATTN_DEC_HEADS + g) * d + c * 8 + j] = acc[g][j];
+            if (g % n_warps == warp && lane == 0) {
+                ml_sh[g][0] = m_run[g];
+                ml_sh[g][1] = l_run[g];
+            }
+        }
+    }
+    __syncthreads();
+    for (u32 i = tid; i < nh * d; i += ATTN_TD_THREADS) {
+        const u32 g = i / d;
+        const u32 dd = i % d;
+        float a = 0.0f;
+        for (u32 rr = 0; rr < rpp; ++rr) a += red_sh[(rr * ATTN_DEC_HEADS + g) * d + dd];
+        if (n_split > 1) {
+            part_acc[((row_q + g) * n_split + split) * d + dd] = a;
+            if (dd == 0) {
+                float* ms = part_ms + ((row_q + g) * n_split + split) * 2;
+                ms[0] = ml_sh[g][0];
+                ms[1] = ml_sh[g][1];
+            }
+        } else {
+            const float l = ml_sh[g][1];
+            out[(row_q + g) * d + dd] = l > 0.0f ? a / l : 0.0f;
+        }
+    }
+}

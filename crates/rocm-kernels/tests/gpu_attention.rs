@@ -20,8 +20,9 @@ mod common;
 use hip_ffi::testing::device_or_skip;
 use hip_ffi::{DeviceBuffer, DeviceCopy, Stream};
 use rocm_kernels::ops::attention::{
-    attention_decode, attention_decode_q8, attention_prefill, attention_prefill_on, decode_splits,
-    decode_workspace_floats, AttentionShape, PrefillKernel,
+    attention_decode, attention_decode_on, attention_decode_q8, attention_prefill,
+    attention_prefill_on, decode_splits, decode_workspace_floats, AttentionShape, DecodeKernel,
+    PrefillKernel,
 };
 use rocm_kernels::ops::kv_cache::{
     store_kv, store_rows, KvElem, KvPages, KvSlice, KvSliceMut, KvStoreShape,
@@ -601,7 +602,12 @@ fn kv_store_refuses_short_views_and_mixed_element_types() {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
+    /// Decode on the kernel `DecodeKernel::Auto` picks.
     Decode,
+    /// Decode on the one-warp-per-key kernel, whatever the cache.
+    DecodeWarpPerKey,
+    /// Decode on the key-tile kernel (f16 caches only).
+    DecodeKeyTiles,
     Prefill,
     /// Prefill on the one-query-per-block kernel.
     PrefillPerQuery,
@@ -675,12 +681,18 @@ fn run_case(gpu: &Gpu, case: Case, seed: u64) {
     // NaN-filled output: a value the kernel forgets to write fails the comparison.
     let mut dout = Buf::from(gpu, &vec![f32::NAN; want.len()]);
     match case.path {
-        Kind::Decode => {
+        Kind::Decode | Kind::DecodeWarpPerKey | Kind::DecodeKeyTiles => {
             let need = decode_workspace_floats(&shape).expect("workspace size");
             let mut ws = Buf::from(gpu, &vec![f32::NAN; need]);
-            attention_decode(
+            let kernel = match case.path {
+                Kind::DecodeWarpPerKey => DecodeKernel::WarpPerKey,
+                Kind::DecodeKeyTiles => DecodeKernel::KeyTiles,
+                _ => DecodeKernel::Auto,
+            };
+            attention_decode_on(
                 gpu.kernels,
                 &gpu.stream,
+                kernel,
                 &dq.view(),
                 &dk.view(),
                 &dv.view(),
@@ -689,6 +701,7 @@ fn run_case(gpu: &Gpu, case: Case, seed: u64) {
                 &mut dout.view_mut(),
                 &mut ws.view_mut(),
                 &shape,
+                None,
             )
             .expect("attention_decode");
             gpu.stream.synchronize().expect("sync");
@@ -763,16 +776,22 @@ fn decode_attention_matches_the_reference_over_lengths_heads_and_head_dims() {
         return;
     };
     let mut seed = 10;
-    // KV lengths 1, 5, 300, 4097 (position + 1) over head_dim 64/128/256 (the one-warp-per-key
-    // kernel) and 80 (the one-thread-per-key kernel), and head groupings 1/1, 8/2, 16/8 and
-    // 12/1 (three blocks of four heads on the first), in both cache types.
-    for (n_head, n_head_kv) in [(1, 1), (8, 2), (16, 8), (12, 1)] {
+    // KV lengths 1, 5, 300, 4097 (position + 1) over head_dim 64/128/256 (the key-tile and
+    // one-warp-per-key kernels) and 80 (the one-thread-per-key kernel), and head groupings 1/1,
+    // 8/2, 16/8, 12/1 (three blocks of four heads on the first) and 6/2 (three heads a block),
+    // in both cache types; f16 on both of its kernels.
+    for (n_head, n_head_kv) in [(1, 1), (8, 2), (16, 8), (12, 1), (6, 2)] {
         for head_dim in [64, 128, 256, 80] {
             for (slots, pos) in [(8, 0), (8, 4), (512, 299), (4100, 4096)] {
-                for elem in [KvElem::F16, KvElem::F32] {
+                for (elem, path) in [
+                    (KvElem::F16, Kind::DecodeKeyTiles),
+                    (KvElem::F16, Kind::DecodeWarpPerKey),
+                    (KvElem::F32, Kind::Decode),
+                ] {
                     seed += 1;
                     let mut c = case(n_head, n_head_kv, head_dim, slots, pos);
                     c.elem = elem;
+                    c.path = path;
                     run_case(&gpu, c, seed);
                 }
             }
@@ -800,7 +819,11 @@ fn decode_attention_is_right_on_both_sides_of_tile_and_split_boundaries() {
     ] {
         for (i, &pos) in positions.iter().enumerate() {
             let mut c = case(8, 2, 128, slots, pos);
-            c.elem = if i % 2 == 0 { KvElem::F16 } else { KvElem::F32 };
+            (c.elem, c.path) = match i % 3 {
+                0 => (KvElem::F16, Kind::DecodeKeyTiles),
+                1 => (KvElem::F32, Kind::Decode),
+                _ => (KvElem::F16, Kind::DecodeWarpPerKey),
+            };
             run_case(&gpu, c, 100 + i as u64);
         }
     }
@@ -1166,6 +1189,27 @@ fn attention_refuses_bad_shapes_and_a_short_workspace() {
     .expect_err("mixed cache types");
     assert!(
         err.to_string().contains("F16") && err.to_string().contains("F32"),
+        "{err}"
+    );
+    let k32 = Cache::F32(Buf::new(&gpu, 1024 * 2 * 64));
+    let mut ws = Buf::<f32>::new(&gpu, need);
+    let err = attention_decode_on(
+        gpu.kernels,
+        &gpu.stream,
+        DecodeKernel::KeyTiles,
+        &q.view(),
+        &k32.view(),
+        &v32.view(),
+        &pos.view(),
+        None,
+        &mut out.view_mut(),
+        &mut ws.view_mut(),
+        &shape,
+        None,
+    )
+    .expect_err("the key-tile kernel on an f32 cache");
+    assert!(
+        err.to_string().contains("key-tile") && err.to_string().contains("F32"),
         "{err}"
     );
     let mut bad = shape;

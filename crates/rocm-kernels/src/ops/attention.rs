@@ -21,7 +21,9 @@
 //! * [`attention_prefill`]: one block per (token, head group) walks all of that token's keys;
 //!   no workspace.
 //!
-//! Both take any number of tokens; decode is meant for a few, prefill for many.
+//! Both take any number of tokens; decode is meant for a few, prefill for many. Decode of heads
+//! of 64, 128 or 256 values (dk = dv) runs on one of two kernels with the same splits and
+//! partials ([`DecodeKernel`]): key tiles for f16 caches, one warp per key otherwise.
 
 use crate::error::{check_shape, Result};
 use crate::kernels::Kernels;
@@ -164,7 +166,27 @@ struct Plan {
     /// Dynamic shared memory per block.
     shared_bytes: usize,
     /// Which kernel: `attn_decode_*` (one warp per key) or `attn_*` (one thread per key).
+    /// [`launch`] takes `attn_decode_tile_f16` instead where the call asks for it and the
+    /// cache is f16: the same splits and partials.
     warp_per_key: bool,
+}
+
+/// Threads per block of the key-tile decode kernel (`ATTN_TD_THREADS`).
+const DECODE_TILE_THREADS: u32 = 128;
+
+/// Which kernel [`attention_decode_on`] runs for a shape whose heads split evenly over a warp
+/// (`head_dim_k == head_dim_v`, a multiple of 64, at most 256). Other shapes always take the
+/// one-thread-per-key kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeKernel {
+    /// [`DecodeKernel::KeyTiles`] for f16 caches with heads of at most 128 values,
+    /// [`DecodeKernel::WarpPerKey`] otherwise (f32 caches, heads of 256).
+    Auto,
+    /// Tiles of keys: a block scores a tile with 16-byte loads, takes one softmax step per
+    /// tile and head, then adds the tile's V rows. f16 caches only; an f32 cache is an error.
+    KeyTiles,
+    /// One warp per key, with an online-softmax step per key and head.
+    WarpPerKey,
 }
 
 /// Warps per block of the one-warp-per-key decode kernel (`ATTN_DEC_WARPS`).
@@ -409,6 +431,7 @@ fn launch(
     workspace: Option<&DeviceSliceMut<f32>>,
     shape: &AttentionShape,
     plan: &Plan,
+    decode_kernel: DecodeKernel,
     q8: Option<(DevicePtr, DevicePtr)>,
 ) -> Result<()> {
     let KernelDims {
@@ -429,13 +452,17 @@ fn launch(
         }
         None => (DevicePtr(0), DevicePtr(0)),
     };
+    let key_tiles = plan.warp_per_key && decode_kernel == DecodeKernel::KeyTiles;
     let entry = match (io.k.elem(), plan.warp_per_key) {
         (KvElem::F16, false) => "attn_f16",
         (KvElem::F32, false) => "attn_f32",
+        (KvElem::F16, true) if key_tiles => "attn_decode_tile_f16",
         (KvElem::F16, true) => "attn_decode_f16",
         (KvElem::F32, true) => "attn_decode_f32",
     };
-    let threads = if plan.warp_per_key {
+    let threads = if key_tiles {
+        DECODE_TILE_THREADS
+    } else if plan.warp_per_key {
         DECODE_WARPS * kernels.wave_size().max(1)
     } else {
         BLOCK
@@ -478,7 +505,10 @@ fn launch(
     };
     // SAFETY: the arguments match `attn_f16`/`attn_f32` (or, with one head size, the
     // `attn_decode_*` kernels, which take d = dk = dv and static shared memory only; their
-    // plan keeps at most DECODE_HEADS heads per block and dk / wave <= 8) in order and type. `check_io` made q,
+    // plan keeps at most DECODE_HEADS heads per block and dk / wave <= 8; the key-tile kernel
+    // runs DECODE_TILE_THREADS threads, reads an f16 cache 16 bytes at a time at offsets that
+    // are multiples of 8 values from 16-byte aligned caches, which `attention_decode_on`
+    // checked, and d <= 256 keeps its rows of d / 8 threads inside one wave) in order and type. `check_io` made q,
     // out, both caches and the positions long enough for the shape; cache rows are slots
     // (position % slots < slots) unpaged, and paged the rows of the token's table, which the
     // kernel clamps to the caches' row count that `PageArgs` took from the views. With more
@@ -538,8 +568,19 @@ pub fn attention_decode(
     workspace: &mut DeviceSliceMut<f32>,
     shape: &AttentionShape,
 ) -> Result<()> {
-    attention_decode_q8(
-        kernels, stream, q, k_cache, v_cache, positions, pages, out, workspace, shape, None,
+    attention_decode_on(
+        kernels,
+        stream,
+        DecodeKernel::Auto,
+        q,
+        k_cache,
+        v_cache,
+        positions,
+        pages,
+        out,
+        workspace,
+        shape,
+        None,
     )
     .map(|_| ())
 }
@@ -553,6 +594,40 @@ pub fn attention_decode(
 pub fn attention_decode_q8(
     kernels: &Kernels,
     stream: &Stream,
+    q: &DeviceSlice<f32>,
+    k_cache: &KvSlice,
+    v_cache: &KvSlice,
+    positions: &DeviceSlice<i32>,
+    pages: Option<&KvPages>,
+    out: &mut DeviceSliceMut<f32>,
+    workspace: &mut DeviceSliceMut<f32>,
+    shape: &AttentionShape,
+    q8: Option<&mut crate::ops::matvec_q8::Q8ActivationsMut>,
+) -> Result<bool> {
+    attention_decode_on(
+        kernels,
+        stream,
+        DecodeKernel::Auto,
+        q,
+        k_cache,
+        v_cache,
+        positions,
+        pages,
+        out,
+        workspace,
+        shape,
+        q8,
+    )
+}
+
+/// [`attention_decode_q8`] on a chosen kernel (the same results up to summation order; the
+/// choice is for measuring one against another). [`DecodeKernel::KeyTiles`] with an f32 cache
+/// or caches not at 16-byte aligned addresses is an error.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_decode_on(
+    kernels: &Kernels,
+    stream: &Stream,
+    kernel: DecodeKernel,
     q: &DeviceSlice<f32>,
     k_cache: &KvSlice,
     v_cache: &KvSlice,
@@ -580,6 +655,30 @@ pub fn attention_decode_q8(
         )
     })?;
     let plan = decode_plan(shape)?;
+    let aligned = k_cache.ptr().0 % 16 == 0 && v_cache.ptr().0 % 16 == 0;
+    let f16 = k_cache.elem() == KvElem::F16;
+    check_shape(
+        kernel != DecodeKernel::KeyTiles || (f16 && aligned),
+        OP,
+        || {
+            format!(
+            "the key-tile decode kernel takes f16 caches at 16-byte aligned addresses, not {:?} \
+             caches at {:#x} and {:#x}; use the warp-per-key kernel",
+            k_cache.elem(),
+            k_cache.ptr().0,
+            v_cache.ptr().0
+        )
+        },
+    )?;
+    let kernel = match kernel {
+        // Measured on the H200 (docs/benchmark_results/decode-depth-2026-12-02.md): key tiles
+        // are 1.07x and 1.40x at 4k and 16k of context with heads of 128 (8B shape), but 0.91x
+        // and 0.93x with Gemma 3's single KV head of 256, whose 64 split blocks leave most of
+        // the device idle at 32 keys a tile.
+        DecodeKernel::Auto if f16 && aligned && shape.head_dim_k <= 128 => DecodeKernel::KeyTiles,
+        DecodeKernel::Auto => DecodeKernel::WarpPerKey,
+        chosen => chosen,
+    };
     let fused = plan.n_split > 1 && shape.head_dim_v % crate::ops::matvec_q8::GROUP == 0;
     let q8_ptrs = match q8.filter(|_| fused) {
         Some(q8) => {
@@ -598,7 +697,9 @@ pub fn attention_decode_q8(
         return Ok(q8_ptrs.is_some());
     }
     let ws = (plan.n_split > 1).then_some(&*workspace);
-    launch(kernels, stream, &io, &page_args, ws, shape, &plan, q8_ptrs)?;
+    launch(
+        kernels, stream, &io, &page_args, ws, shape, &plan, kernel, q8_ptrs,
+    )?;
     Ok(q8_ptrs.is_some())
 }
 
@@ -705,7 +806,17 @@ pub fn attention_prefill_on(
         return launch_prefill_tiled(kernels, stream, &io, &page_args, shape);
     }
     let plan = plan(shape, false)?;
-    launch(kernels, stream, &io, &page_args, None, shape, &plan, None)
+    launch(
+        kernels,
+        stream,
+        &io,
+        &page_args,
+        None,
+        shape,
+        &plan,
+        DecodeKernel::WarpPerKey,
+        None,
+    )
 }
 
 /// Whether [`PrefillKernel::Flash`] takes a call: f16 caches whose rows can be copied 16 bytes

@@ -93,6 +93,25 @@ pub static ATTN_PREFILL: Knob<attn::PrefillKernel> = Knob {
     },
 };
 
+pub static ATTN_DECODE: Knob<attn::DecodeKernel> = Knob {
+    name: "HIPDECODE_GPU_ATTN_DECODE",
+    default: "auto",
+    doc: "the decode attention kernel for heads of 64, 128 or 256: `auto` (key tiles for an \
+          f16 cache and heads of at most 128, else one warp per key), `key-tiles` (f16 caches only) or \
+          `warp-per-key` (for A/B runs)",
+    scope: Scope::Run,
+    parse: |v| {
+        knobs::parse::choice(
+            v,
+            &[
+                ("auto", attn::DecodeKernel::Auto),
+                ("key-tiles", attn::DecodeKernel::KeyTiles),
+                ("warp-per-key", attn::DecodeKernel::WarpPerKey),
+            ],
+        )
+    },
+};
+
 /// Every setting of the GPU backend that a knob sets, read from one environment snapshot: a
 /// program reads it once at start-up and passes it down (through
 /// [`crate::device::BackendSettings`]), so a run's backends all see the same settings.
@@ -102,6 +121,7 @@ pub struct GpuConfig {
     pub mma_max_rows: usize,
     pub kv_type: KvType,
     pub attn_prefill: attn::PrefillKernel,
+    pub attn_decode: attn::DecodeKernel,
     pub prefill_path: PrefillPath,
     pub host_prefill: HostPrefill,
     pub cpu_share: CpuShare,
@@ -117,6 +137,7 @@ impl GpuConfig {
             mma_max_rows: MMA_MAX_ROWS.value(env)?,
             kv_type: KV_TYPE.value(env)?,
             attn_prefill: ATTN_PREFILL.value(env)?,
+            attn_decode: ATTN_DECODE.value(env)?,
             prefill_path: GPU_PREFILL.value(env)?,
             host_prefill: OFFLOAD_PREFILL.value(env)?,
             cpu_share: CPU_SHARE.value(env)?,

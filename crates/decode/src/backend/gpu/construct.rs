@@ -118,6 +118,7 @@ impl GpuBackend {
             matvec_path: config.matvec_path,
             mma_max_rows: config.mma_max_rows,
             attn_prefill: config.attn_prefill,
+            attn_decode: config.attn_decode,
             kv_type: config.kv_type,
             vendor_gemm,
             vendor_gemm_absent,

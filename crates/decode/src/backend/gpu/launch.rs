@@ -203,9 +203,10 @@ impl GpuBackend {
             } else {
                 None
             };
-            let quantized = attn::attention_decode_q8(
+            let quantized = attn::attention_decode_on(
                 &self.kernels,
                 &self.stream,
+                self.attn_decode,
                 &q.view(),
                 &k,
                 &v,

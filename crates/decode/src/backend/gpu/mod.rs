@@ -36,7 +36,8 @@ mod weight_block;
 
 pub use buffer::GpuBuffer;
 pub use config::{
-    GpuConfig, KvType, MatvecPath, ATTN_PREFILL, INT8_MAX_ROWS, KV_TYPE, MATVEC_PATH, MMA_MAX_ROWS,
+    GpuConfig, KvType, MatvecPath, ATTN_DECODE, ATTN_PREFILL, INT8_MAX_ROWS, KV_TYPE, MATVEC_PATH,
+    MMA_MAX_ROWS,
 };
 pub use offload::host_weights::{HostPlacement, WeightMemory};
 pub use offload::hybrid::{CpuShare, CPU_SHARE, MAX_CPU_SHARE};
@@ -157,6 +158,8 @@ pub struct GpuBackend {
     mma_max_rows: usize,
     /// The prefill attention kernel.
     attn_prefill: attn::PrefillKernel,
+    /// The decode attention kernel.
+    attn_decode: attn::DecodeKernel,
     /// Element type of KV cache buffers allocated from now on.
     kv_type: KvType,
     /// Prefill products on the vendor GEMM (None: our kernels), and why not where it could
