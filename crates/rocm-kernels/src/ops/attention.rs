@@ -568,19 +568,8 @@ pub fn attention_decode(
     workspace: &mut DeviceSliceMut<f32>,
     shape: &AttentionShape,
 ) -> Result<()> {
-    attention_decode_on(
-        kernels,
-        stream,
-        DecodeKernel::Auto,
-        q,
-        k_cache,
-        v_cache,
-        positions,
-        pages,
-        out,
-        workspace,
-        shape,
-        None,
+    attention_decode_q8(
+        kernels, stream, q, k_cache, v_cache, positions, pages, out, workspace, shape, None,
     )
     .map(|_| ())
 }
