@@ -271,6 +271,12 @@ fn owned(v: &MetadataValue<'_>) -> Value {
 
 /// A synthetic preset loaded into memory (written to a scratch file, which is removed).
 pub fn preset_file(preset: Preset) -> GgufFile {
+    GgufFile::from_bytes(preset_bytes(preset)).expect("a synthetic model opens")
+}
+
+/// A synthetic preset's GGUF image, for a test that edits it before opening it.
+#[allow(dead_code)] // not every test crate that includes this module edits images
+pub fn preset_bytes(preset: Preset) -> Vec<u8> {
     let path = scratch_dir().join(format!(
         "common-{}-{}-{:?}.gguf",
         preset.name(),
@@ -280,7 +286,7 @@ pub fn preset_file(preset: Preset) -> GgufFile {
     write_preset(preset, &path, 11).expect("write the synthetic model");
     let bytes = std::fs::read(&path).expect("read it back");
     std::fs::remove_file(&path).ok();
-    GgufFile::from_bytes(bytes).expect("a synthetic model opens")
+    bytes
 }
 
 /// Where decode's tests write the models they build.

@@ -22,7 +22,7 @@ use decode::backend::cpu::CpuBackend;
 use decode::backend::gpu::{GpuBackend, KvType, MatvecPath};
 use decode::backend::{Backend, Precision};
 use decode::context::ContextOptions;
-use decode::gguf_loader::synth::{write_preset, Preset};
+use decode::gguf_loader::synth::Preset;
 use decode::gguf_loader::GgufFile;
 use decode::session::Session;
 use std::sync::Arc;
@@ -37,15 +37,7 @@ const CHUNK: usize = 100;
 
 /// `preset`'s file with its context length raised to `context`.
 fn long_preset(preset: Preset, context: u32) -> Arc<GgufFile> {
-    let path = scratch_dir().join(format!(
-        "long-{}-{}-{:?}.gguf",
-        preset.name(),
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    write_preset(preset, &path, 11).expect("write the synthetic model");
-    let mut bytes = std::fs::read(&path).expect("read it back");
-    std::fs::remove_file(&path).ok();
+    let mut bytes = preset_bytes(preset);
     let arch = GgufFile::from_bytes(bytes.clone())
         .expect("opens")
         .get_str("general.architecture")
