@@ -6,6 +6,7 @@
 
 use super::pretokenize::PreTokenizer;
 use super::vocab::{token_type, Vocabulary};
+use super::Work;
 use crate::error::{DecodeError, Result};
 use std::collections::HashMap;
 
@@ -80,10 +81,10 @@ impl Bpe {
         })
     }
 
-    pub fn encode(&self, text: &str, out: &mut Vec<u32>) {
+    pub fn encode(&self, text: &str, out: &mut Vec<u32>, work: &mut Work) {
         let mut word = String::new();
         let mut syms: Vec<u32> = Vec::new();
-        for piece in self.pre.split(text) {
+        for piece in self.pre.split_counting(text, work) {
             word.clear();
             word.extend(piece.bytes().map(|b| self.byte_chars[b as usize]));
             if self.pre.ignore_merges() {
@@ -97,6 +98,7 @@ impl Bpe {
             // has all 256, and the Vocabulary check in `Tokenizer::new` cannot know which.
             syms.extend(piece.bytes().filter_map(|b| self.byte_ids[b as usize]));
             loop {
+                work.merge_lookups += syms.len().saturating_sub(1) as u64;
                 let best = syms
                     .windows(2)
                     .filter_map(|w| {
@@ -110,6 +112,7 @@ impl Bpe {
                 let mut k = 0;
                 while k < syms.len() {
                     if k + 1 < syms.len() && syms[k] == a && syms[k + 1] == b {
+                        work.merges += 1;
                         merged.push(m);
                         k += 2;
                     } else {

@@ -20,6 +20,8 @@ pub mod bpe;
 mod pretokenize;
 
 pub use pretokenize::supported_names as supported_pre_tokenizers;
+pub use pretokenize::REFUSED as REFUSED_PRE_TOKENIZERS;
+pub use pretokenize::{PreTokenizer, Recipe, Refused, RECIPES as PRE_TOKENIZER_RECIPES};
 pub mod spm;
 mod vocab;
 
@@ -43,6 +45,19 @@ pub const END_OF_TURN_TEXTS: [&str; 8] = [
     "<|end_of_text|>",
     "<EOT>",
 ];
+
+/// The work one encode did, counted so tests can check it grows linearly with the text
+/// ([`Tokenizer::encode_counting`]); counting is a few additions, so every encode does it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Work {
+    /// Steps of the pre-tokenizer's matchers ([`PreTokenizer::split_counting`] says what a
+    /// step is).
+    pub matcher_steps: u64,
+    /// Adjacent symbol pairs the BPE merge loop looked up among the merges.
+    pub merge_lookups: u64,
+    /// Merges done.
+    pub merges: u64,
+}
 
 enum Model {
     Spm(Box<spm::Spm>),
@@ -163,6 +178,13 @@ impl Tokenizer {
 
     /// Encodes text; prepends BOS when `add_bos` and the vocabulary has one.
     pub fn encode(&self, text: &str, add_bos: bool) -> Vec<u32> {
+        self.encode_counting(text, add_bos).0
+    }
+
+    /// [`Tokenizer::encode`], with the work it did (byte-level BPE vocabularies; a
+    /// SentencePiece one counts nothing).
+    pub fn encode_counting(&self, text: &str, add_bos: bool) -> (Vec<u32>, Work) {
+        let mut work = Work::default();
         let mut ids = Vec::new();
         if add_bos {
             ids.extend(self.vocab.bos);
@@ -177,7 +199,7 @@ impl Tokenizer {
                 .and_then(|list| list.iter().find(|(s, _)| text[i..].starts_with(s.as_str())));
             match hit {
                 Some((s, id)) => {
-                    self.encode_plain(&text[start..i], &mut ids);
+                    self.encode_plain(&text[start..i], &mut ids, &mut work);
                     ids.push(*id);
                     i += s.len();
                     start = i;
@@ -185,17 +207,17 @@ impl Tokenizer {
                 None => i += c.len_utf8(),
             }
         }
-        self.encode_plain(&text[start..], &mut ids);
-        ids
+        self.encode_plain(&text[start..], &mut ids, &mut work);
+        (ids, work)
     }
 
-    fn encode_plain(&self, text: &str, out: &mut Vec<u32>) {
+    fn encode_plain(&self, text: &str, out: &mut Vec<u32>, work: &mut Work) {
         if text.is_empty() {
             return;
         }
         match &self.model {
             Model::Spm(m) => m.encode(text, out),
-            Model::Bpe(m) => m.encode(text, out),
+            Model::Bpe(m) => m.encode(text, out, work),
         }
     }
 
