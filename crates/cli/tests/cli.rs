@@ -724,3 +724,64 @@ fn a_context_larger_than_the_host_can_hold_is_refused_with_the_bytes() {
     let (status, _, stderr) = run_on_cpu(&model, &["-p", "Hi", "-n", "1", "--ctx", "64"]);
     assert_eq!(status, Some(0), "{stderr}");
 }
+
+/// A model whose embedding of the first token it generates for `text` is NaN (a corrupt
+/// file): the tiny Qwen3 of `tiny_model`, its output projection apart from the embedding, so
+/// the prompt runs clean and the first token comes out. The path and that token.
+fn nan_after_first_token(tag: &str, text: &str) -> (std::path::PathBuf, u32) {
+    use decode::backend::cpu::CpuBackend;
+    let model = tiny_model(tag);
+    let file = decode::open_model(&model).unwrap();
+    let tokenizer = decode::tokenizer::Tokenizer::from_gguf(&file).unwrap();
+    let prompt = tokenizer.encode(text, tokenizer.vocab().add_bos);
+    let backend = CpuBackend::new(decode::backend::Precision::Fast);
+    let options = decode::context::ContextOptions::default();
+    let mut session = decode::session::Session::load(&file, backend, options).unwrap();
+    let greedy = decode::sampler::SamplerConfig::GREEDY;
+    let first = session.prefill_and_sample(&prompt, &greedy).unwrap();
+    assert!(!prompt.contains(&first), "{text:?} holds its continuation");
+    drop((session, file));
+    let mut bytes = std::fs::read(&model).unwrap();
+    test_support::models::set_non_finite_row(
+        &mut bytes,
+        "token_embd.weight",
+        first as usize,
+        f32::NAN,
+    );
+    std::fs::write(&model, &bytes).unwrap();
+    (model, first)
+}
+
+/// NaN weights end the run with an error that names the position and the tensor, not with
+/// an empty continuation and exit 0.
+#[test]
+fn a_nan_in_the_weights_ends_the_run_with_an_error_naming_the_tensor() {
+    let text = "hello world";
+    let (model, _) = nan_after_first_token("nan", text);
+    let file = decode::open_model(&model).unwrap();
+    let tokenizer = decode::tokenizer::Tokenizer::from_gguf(&file).unwrap();
+    let n_prompt = tokenizer.encode(text, tokenizer.vocab().add_bos).len();
+    // Greedy, the first decode step reads the NaN row; sampled, the step after the token is
+    // drawn, wherever that is.
+    let greedy_at = format!("the logits are not finite at position {n_prompt} ");
+    let runs = [
+        (["--temp", "0"], greedy_at.as_str()),
+        (["--temp", "0.7"], "the logits are not finite at position "),
+    ];
+    for (args, what) in runs {
+        let (code, stdout, stderr) = run_on_cpu(
+            &model,
+            &[&["-p", text, "-n", "64", "--seed", "3"][..], &args].concat(),
+        );
+        assert_eq!(code, Some(1), "{args:?}: {stdout}\n{stderr}");
+        assert!(
+            stderr.contains(what)
+                && stderr.contains("first non-finite output at tensor token_embd.weight")
+                && stderr.contains("re-download or re-convert the model"),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert!(stdout.starts_with(text), "{stdout}");
+    }
+    std::fs::remove_file(&model).ok();
+}

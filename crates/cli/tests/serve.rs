@@ -751,3 +751,105 @@ fn tiny_llama(tag: &str) -> std::path::PathBuf {
     .expect("a tiny model");
     model
 }
+
+/// A tiny synthetic Qwen3 (no chat template; its output projection apart from the embedding)
+/// whose embedding of the token greedy decoding draws first after `text` is NaN, as a corrupt
+/// file holds it: a completion of `text` runs its prompt clean, streams that token, and its
+/// next step's logits are NaN. The path, the prompt's token count and that token's text.
+fn nan_after_first_token(tag: &str, text: &str) -> (std::path::PathBuf, usize, String) {
+    let model = test_support::models::scratch_dir("serve-tests")
+        .join(format!("{tag}-{}.gguf", std::process::id()));
+    let preset = decode::gguf_loader::synth::Preset::TinyQwen3;
+    decode::gguf_loader::synth::write_preset(preset, &model, 5).expect("a tiny model");
+    let file = decode::open_model(&model).expect("opens");
+    let tokenizer = Tokenizer::from_gguf(&file).expect("tokenizer");
+    // As the server makes a completion's prompt.
+    let prompt = tokenizer.encode(text, tokenizer.vocab().add_bos);
+    let backend = decode::backend::cpu::CpuBackend::new(decode::backend::Precision::Fast);
+    let options = ContextOptions {
+        context: 64,
+        ..ContextOptions::default()
+    };
+    let mut session = Session::load(&file, backend, options).expect("loads");
+    let first = session
+        .prefill_and_sample(&prompt, &SamplerConfig::GREEDY)
+        .expect("samples");
+    assert!(!prompt.contains(&first), "{text:?} holds its continuation");
+    let mut stream = TextStream::new(&tokenizer);
+    let first_text = stream.push(first) + &stream.finish();
+    drop((session, file));
+    let mut bytes = std::fs::read(&model).expect("reads");
+    test_support::models::set_non_finite_row(
+        &mut bytes,
+        "token_embd.weight",
+        first as usize,
+        f32::NAN,
+    );
+    std::fs::write(&model, &bytes).expect("writes");
+    (model, prompt.len(), first_text)
+}
+
+/// Engine errors reach the client as OpenAI error objects: a stream that fails after its
+/// first token gets that token's delta, then an error event, then `data: [DONE]`, and
+/// nothing else; the same request not streamed gets a 500 with the error object. The message
+/// names the position and the tensor, and the server goes on answering.
+#[test]
+fn an_error_mid_stream_is_an_error_event_before_done_and_the_server_goes_on() {
+    let _one = one_at_a_time();
+    let text = "hello world";
+    let (model, n_prompt, first_text) = nan_after_first_token("nan-mid-stream", text);
+    assert!(!first_text.is_empty(), "the first token shows no text");
+    let srv = ServerProc::start(&model, &["--device", "cpu", "--ctx", "64"]);
+    let body = |stream: bool| {
+        json!({
+            "prompt": text, "max_tokens": 8, "temperature": 0, "stream": stream,
+            "ignore_eos": true,
+        })
+    };
+    let check_error = |error: &Value| {
+        let e = &error["error"];
+        assert_eq!(e["type"], "server_error", "{error}");
+        assert!(e["param"].is_null() && e["code"].is_null(), "{error}");
+        let message = e["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(&format!(
+                "the logits are not finite at position {n_prompt} "
+            )) && message.contains("first non-finite output at tensor token_embd.weight")
+                && message.contains("re-download or re-convert the model"),
+            "{error}"
+        );
+    };
+
+    let mut stream = srv.stream("/v1/completions", &body(true));
+    assert_eq!(stream.status, 200);
+    let mut events = Vec::new();
+    while let Some(e) = stream.next_event() {
+        events.push(e);
+    }
+    let shown: Vec<String> = events.iter().map(|e| format!("{e:?}")).collect();
+    // The first token's delta, the error, [DONE], and nothing after it.
+    let [SseEvent::Json(delta), SseEvent::Json(error), SseEvent::Done] = &events[..] else {
+        panic!("events: {shown:#?}");
+    };
+    assert_eq!(delta["choices"][0]["text"], first_text.as_str(), "{delta}");
+    assert!(delta["choices"][0]["finish_reason"].is_null(), "{delta}");
+    check_error(error);
+
+    let (status, reply) = srv.post("/v1/completions", body(false).to_string().as_bytes());
+    assert_eq!(status, 500, "{reply}");
+    check_error(&serde_json::from_str(&reply).expect("a JSON error object"));
+
+    // Still serving: health, a request that stops before the NaN row is read, the metrics.
+    assert_eq!(srv.get("/health").0, 200);
+    let one = json!({"prompt": text, "max_tokens": 1, "temperature": 0});
+    let (status, reply) = srv.post("/v1/completions", one.to_string().as_bytes());
+    assert_eq!(status, 200, "{reply}");
+    let v: Value = serde_json::from_str(&reply).unwrap();
+    assert_eq!(v["choices"][0]["text"], first_text.as_str(), "{reply}");
+    let (_, metrics) = srv.get("/metrics");
+    let failed = ServerProc::metric(&metrics, "hipdecode_requests_failed_total");
+    assert_eq!(failed, Some(2.0), "{metrics}");
+    assert!(srv.log().contains("not finite"), "{}", srv.log());
+    drop(srv);
+    std::fs::remove_file(&model).ok();
+}

@@ -55,6 +55,19 @@ pub enum DecodeError {
     /// A failure of the GPU runtime, a kernel launch or the device allocator.
     #[error("GPU: {0}")]
     Gpu(String),
+    /// A row's logits hold NaN or infinity, so no token can be drawn from them. `culprit`
+    /// comes from a re-run of the step that checked every op's output.
+    #[error(
+        "the logits are not finite at position {pos} (sequence {seq}, token {token}): \
+         {culprit}. The model file holds NaN or infinite values there, or its activations \
+         overflow; re-download or re-convert the model"
+    )]
+    NonFiniteLogits {
+        seq: usize,
+        pos: usize,
+        token: u32,
+        culprit: String,
+    },
 }
 
 /// Result alias for this crate.

@@ -107,7 +107,8 @@ struct Tracked {
 ///
 /// Requests are checked before any step runs (an empty prompt, a bad sampler setting, a
 /// token outside the vocabulary, a prompt longer than a sequence holds are each an
-/// [`DecodeError::InvalidArgument`] naming the request). An error of a step ends the call;
+/// [`DecodeError::InvalidArgument`] naming the request). An error of a step ends the call,
+/// and so do a request's non-finite logits ([`DecodeError::NonFiniteLogits`]);
 /// the context's sequences are then in an unspecified state, so clear them before reuse.
 pub fn generate_many<B: Backend>(
     model: &Model<B>,
@@ -185,7 +186,12 @@ pub fn generate_many<B: Backend>(
                 }
             }
         }
-        let tokens = crate::engine::run_plan(model, backend, ctx, &scheduler, &plan)?;
+        let results = crate::engine::run_plan(model, backend, ctx, &scheduler, &plan)?;
+        // A request whose logits are not finite ends the call, as an error of a step does.
+        if let Some((_, e)) = results.failed.into_iter().next() {
+            return Err(e);
+        }
+        let tokens = results.tokens;
         let now = Instant::now();
         if !plan.batch.is_empty() {
             run.steps += 1;

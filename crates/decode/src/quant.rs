@@ -327,6 +327,14 @@ impl Q16Row {
         self.group_sum.resize(n / GROUP, 0.0);
         for (b, chunk) in x.chunks_exact(ACT_BLOCK).enumerate() {
             let amax = chunk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            // `f32::max` skips NaN and a NaN cast to i16 is 0, so a NaN activation would
+            // count as zero and its products, the logits too, would look finite. A NaN scale
+            // carries it into every product of the block instead.
+            let amax = if chunk.iter().any(|v| v.is_nan()) {
+                f32::NAN
+            } else {
+                amax
+            };
             let d = amax / I16_MAX;
             let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
             let q = &mut self.q[b * ACT_BLOCK..(b + 1) * ACT_BLOCK];

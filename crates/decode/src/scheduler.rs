@@ -118,6 +118,9 @@ struct Sequence {
     /// When it was (last) admitted: preemption takes the latest.
     admitted: u64,
     cancelled: bool,
+    /// Ended by an error of its step ([`Scheduler::fail`]): what that step wrote of it is not
+    /// to be trusted, so none of it goes into the prefix cache.
+    failed: bool,
 }
 
 impl Sequence {
@@ -258,6 +261,7 @@ impl Scheduler {
             slot: None,
             admitted: 0,
             cancelled: false,
+            failed: false,
         });
         Ok(id)
     }
@@ -271,6 +275,22 @@ impl Scheduler {
             .find(|s| s.id == id)
         {
             s.cancelled = true;
+        }
+    }
+
+    /// Ends a request whose step failed (an error of the step, or non-finite logits of its
+    /// row): it leaves at the next step like a cancelled one, the token of its row in that
+    /// step's [`Scheduler::finish_step`] is dropped, and its blocks go back without entering
+    /// the prefix cache, so no later prompt starts from keys and values the failure wrote.
+    pub fn fail(&mut self, id: RequestId) {
+        if let Some(s) = self
+            .running
+            .iter_mut()
+            .chain(self.waiting.iter_mut())
+            .find(|s| s.id == id)
+        {
+            s.cancelled = true;
+            s.failed = true;
         }
     }
 
@@ -315,7 +335,7 @@ impl Scheduler {
             if self.running[i].cancelled {
                 // What it computed is as good as any prompt's: a client that asks again (or
                 // goes on from where it stopped) finds it in the prefix cache.
-                if self.config.prefix_cache {
+                if self.config.prefix_cache && !self.running[i].failed {
                     let s = &mut self.running[i];
                     let computed = s.tokens[..s.computed].to_vec();
                     self.pool.register(&mut s.blocks, &computed);
@@ -466,6 +486,11 @@ impl Scheduler {
                 continue;
             };
             let s = &mut self.running[i];
+            // A failed or cancelled request's row has no token worth keeping (a failed row's
+            // is a placeholder); it leaves at the next plan.
+            if s.cancelled {
+                continue;
+            }
             s.tokens.push(token);
             s.generated += 1;
             events.push(Event::Token { id, token });

@@ -103,6 +103,57 @@ pub fn set_u32_metadata(bytes: &mut [u8], key: &str, value: u32) {
     bytes[value_at..value_at + 4].copy_from_slice(&value.to_le_bytes());
 }
 
+/// Makes row `row` of tensor `name` in the GGUF image `bytes` non-finite (in place): how a
+/// test makes a model whose weights hold NaN or infinity there, as a corrupt download or a
+/// conversion that overflowed leaves them. `value` (NaN, or an infinity) goes into every
+/// element of an F32 or F16 row, and into the f16 scale of every block of a quantized row,
+/// so each of its values dequantizes to NaN or an infinity (NaN where its quant is 0). Row
+/// `r` of a matrix is its `r`-th run of `dims[0]` values: the embedding of token `r`, or
+/// output `r` of a product. Panics on a finite `value`, a tensor not in the image, a row past
+/// its end or a type this does not know the blocks of.
+pub fn set_non_finite_row(bytes: &mut [u8], name: &str, row: usize, value: f32) {
+    use gguf_loader::GgmlType as T;
+    assert!(!value.is_finite(), "{value} is finite");
+    let f16_bits: u16 = match value {
+        v if v.is_nan() => 0x7e00,
+        v if v > 0.0 => 0x7c00,
+        _ => 0xfc00,
+    };
+    let file = gguf_loader::GgufFile::from_bytes(bytes.to_vec()).expect("a GGUF image");
+    let t = file
+        .tensor(name)
+        .unwrap_or_else(|| panic!("no tensor {name}"));
+    let cols = t.dims[0] as usize;
+    let rows = (t.n_elements() as usize) / cols;
+    assert!(row < rows, "row {row} of {name}, which has {rows}");
+    let ty = t.ggml_type;
+    let row_bytes = cols / ty.block_size() * ty.type_size();
+    let start = (file.data_start() + t.offset) as usize + row * row_bytes;
+    let data = &mut bytes[start..start + row_bytes];
+    match ty {
+        T::F32 => data
+            .chunks_exact_mut(4)
+            .for_each(|c| c.copy_from_slice(&value.to_le_bytes())),
+        T::F16 => data
+            .chunks_exact_mut(2)
+            .for_each(|c| c.copy_from_slice(&f16_bits.to_le_bytes())),
+        _ => {
+            // Where each block keeps its f16 scale `d`: first, but last in Q6_K.
+            let d_at = match ty {
+                T::Q4_0 | T::Q5_0 | T::Q8_0 | T::Q4K | T::Q5K => 0,
+                T::Q6K => 208,
+                other => panic!(
+                    "{name} is {}, whose blocks this does not know",
+                    other.name()
+                ),
+            };
+            for block in data.chunks_exact_mut(ty.type_size()) {
+                block[d_at..d_at + 2].copy_from_slice(&f16_bits.to_le_bytes());
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -258,6 +258,12 @@ pub trait Backend: Send {
     }
     /// Copies `dst.len()` values from the start of `src` to the host.
     fn read(&mut self, src: &Self::Buffer, offset: usize, dst: &mut [f32]) -> Result<()>;
+    /// `src`'s values where they already are in host memory (the CPU backend's buffers), so
+    /// a caller can look at them without a copy; `None` where reading them is a copy from a
+    /// device. Each step's logits are checked for NaN and infinity through it.
+    fn host_values<'a>(&'a self, _src: &'a Self::Buffer) -> Option<&'a [f32]> {
+        None
+    }
     /// Copies `src` into `dst` starting at value `offset` (test inputs, host-computed rows).
     /// A range past the end of `dst` is an `InvalidArgument` error and writes nothing.
     fn write(&mut self, dst: &mut Self::Buffer, offset: usize, src: &[f32]) -> Result<()>;

@@ -26,19 +26,22 @@ use std::thread::JoinHandle;
 /// Runs `plan` through `ctx`: the sequences that start in this step are restarted in their
 /// slots (at the prefix their blocks already hold), every sequence of the step gets the blocks
 /// `scheduler` gave it, shared blocks the step writes are copied first, then the step runs.
-/// Returns the sampled tokens in the order of the rows that asked.
+/// Returns a token for each row that asked, in row order, for
+/// [`Scheduler::finish_step`], and the rows whose sequence failed (non-finite logits) with
+/// the error: their requests are to be ended with [`Scheduler::fail`], which makes
+/// `finish_step` drop the placeholder token their rows hold.
 pub fn run_plan<B: Backend>(
     model: &Model<B>,
     backend: &mut B,
     ctx: &mut Context<B>,
     scheduler: &Scheduler,
     plan: &StepPlan,
-) -> Result<Vec<u32>> {
+) -> Result<PlanResults> {
     for (seq, prefix) in &plan.started {
         ctx.start(*seq, prefix)?;
     }
     if plan.batch.is_empty() {
-        return Ok(Vec::new());
+        return Ok(PlanResults::default());
     }
     let mut seen = Vec::new();
     for &seq in plan.batch.sequences() {
@@ -53,8 +56,35 @@ pub fn run_plan<B: Backend>(
         .map(|c| (c.from.index(), c.to.index()))
         .collect();
     ctx.copy_blocks(backend, &copies)?;
-    let sampled = model.step(backend, ctx, &plan.batch)?;
-    Ok(sampled.into_iter().map(|s| s.token).collect())
+    let results = model.step_rows(backend, ctx, &plan.batch)?;
+    let mut sampled = results.sampled.into_iter().peekable();
+    let mut tokens = Vec::new();
+    for row in plan.batch.output_rows() {
+        if !matches!(
+            plan.batch.outputs()[row],
+            crate::batch::RowOutput::Sample(_)
+        ) {
+            continue;
+        }
+        match sampled.next_if(|s| s.row == row) {
+            Some(s) => tokens.push(s.token),
+            // A failed row: it keeps its place so the rows after it keep theirs.
+            None => tokens.push(0),
+        }
+    }
+    Ok(PlanResults {
+        tokens,
+        failed: results.failed,
+    })
+}
+
+/// What [`run_plan`] gives back.
+#[derive(Debug, Default)]
+pub struct PlanResults {
+    /// A token per row that asked for one, in row order (a placeholder on a failed row).
+    pub tokens: Vec<u32>,
+    /// The rows whose sequences failed, each with its error.
+    pub failed: Vec<(usize, DecodeError)>,
 }
 
 /// The scheduler over a context's paged KV storage: its pool is the context's pool of blocks
@@ -305,12 +335,21 @@ fn step_loop<B: Backend>(
             }
         }
         let sampled = match ran {
-            Ok(sampled) => sampled,
+            Ok(results) => {
+                // A row with non-finite logits ends its own request; the step's others go on.
+                for (row, e) in results.failed {
+                    let id = plan.requests[row];
+                    tracing::error!("request {}: {e}", id.0);
+                    scheduler.fail(id);
+                    requests.end(id, |_| Update::Failed(e.to_string()));
+                }
+                results.tokens
+            }
             Err(e) => {
                 // The step's requests end with the error (they leave at the next step); the
                 // others go on.
                 for id in dedup(&plan.requests) {
-                    scheduler.cancel(id);
+                    scheduler.fail(id);
                     requests.end(id, |_| Update::Failed(e.to_string()));
                 }
                 for &slot in plan.batch.sequences() {

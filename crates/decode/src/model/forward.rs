@@ -4,9 +4,9 @@
 
 use super::{Ffn, Model};
 use crate::backend::{Attention, Backend, KvDestination, MoeShape, StepKey};
-use crate::batch::{RowOutput, StepBatch};
-use crate::context::{Context, Sampled};
-use crate::error::Result;
+use crate::batch::{RowOutput, SeqId, StepBatch};
+use crate::context::{Activations, Context, KvCache, Sampled};
+use crate::error::{DecodeError, Result};
 
 /// What waits in the block-output buffer for the next norm to add to the residual stream.
 enum Pending<'w, B: Backend> {
@@ -49,22 +49,209 @@ impl<B: Backend> Pending<'_, B> {
     }
 }
 
+/// Where in a step an op's output is: the weight that made it (its GGUF name without the
+/// `blk.N.` prefix) or the op, in layer `layer` (`None`: before or after the layers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Site {
+    layer: Option<usize>,
+    what: Made,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Made {
+    /// A product with, or a norm by, this tensor.
+    Weight(&'static str),
+    /// An op with no weight of its own.
+    Op(&'static str),
+}
+
+impl Site {
+    fn top(what: Made) -> Site {
+        Site { layer: None, what }
+    }
+    fn layer(il: usize, what: Made) -> Site {
+        Site {
+            layer: Some(il),
+            what,
+        }
+    }
+}
+
+impl std::fmt::Display for Site {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.layer, self.what) {
+            (None, Made::Weight(w)) => write!(f, "tensor {w}"),
+            (None, Made::Op(op)) => write!(f, "the {op}"),
+            (Some(il), Made::Weight(w)) => write!(f, "layer {il}, tensor blk.{il}.{w}"),
+            (Some(il), Made::Op(op)) => write!(f, "layer {il}, the {op}"),
+        }
+    }
+}
+
+/// Called after each op of a step with where its output is, the buffer and the values it
+/// wrote: nothing in a normal step; in a checked re-run ([`Model::step`] after non-finite
+/// logits), a finiteness check.
+type Probe<'p, B> = dyn FnMut(&mut B, Site, &<B as Backend>::Buffer, usize) -> Result<()> + 'p;
+
+/// A row whose logits were not finite.
+struct NonFinite {
+    row: usize,
+    seq: SeqId,
+}
+
+/// What a step gave each row that asked for a token: the token, or the error that ended its
+/// sequence.
+pub struct StepResults {
+    /// The rows that got a token, in row order.
+    pub sampled: Vec<Sampled>,
+    /// The rows whose logits were not NaN- and infinity-free, each with its error
+    /// ([`DecodeError::NonFiniteLogits`]); their sequences are cleared, so their requests
+    /// end.
+    pub failed: Vec<(usize, DecodeError)>,
+}
+
 impl<B: Backend> Model<B> {
     /// Runs `batch` through `ctx` on `backend` (the backend the model and the context live
     /// on): each row's keys and values join its sequence's cache, the rows that want logits
     /// keep them in the context, and the rows that asked for a token get one, drawn by their
     /// own sampler. The batch is checked whole before anything runs, so a refused batch
-    /// changes nothing.
+    /// changes nothing. A row whose logits are not finite is a
+    /// [`DecodeError::NonFiniteLogits`] error (the first such row's); [`Model::step_rows`]
+    /// gives every row its own outcome instead.
     pub fn step(
         &self,
         backend: &mut B,
         ctx: &mut Context<B>,
         batch: &StepBatch,
     ) -> Result<Vec<Sampled>> {
+        let mut results = self.step_rows(backend, ctx, batch)?;
+        match results.failed.is_empty() {
+            true => Ok(results.sampled),
+            false => Err(results.failed.swap_remove(0).1),
+        }
+    }
+
+    /// [`Model::step`], with each row that asked for a token answered on its own: a row whose
+    /// logits hold NaN or infinity gets no token but a [`DecodeError::NonFiniteLogits`] that
+    /// names the first op of its rows whose output is not finite, found by running its
+    /// sequence's rows of the step again with every op's output checked (on the host where
+    /// the logits are: the CPU backend's, or the rows a host sampler reads). Its sequence is
+    /// then cleared; the other rows keep their tokens. An error of the step itself (`Err`)
+    /// is every row's.
+    pub fn step_rows(
+        &self,
+        backend: &mut B,
+        ctx: &mut Context<B>,
+        batch: &StepBatch,
+    ) -> Result<StepResults> {
+        self.forward(backend, ctx, batch, None)?;
+        let (sampled, non_finite) = self.sample_rows(backend, ctx, batch)?;
+        let failed = non_finite
+            .into_iter()
+            .map(|NonFinite { row, seq }| {
+                let culprit = self.diagnose(backend, ctx, batch, seq);
+                ctx.clear(seq);
+                let (pos, token) = (batch.positions()[row], batch.tokens()[row]);
+                let error = DecodeError::NonFiniteLogits {
+                    seq,
+                    pos,
+                    token,
+                    culprit,
+                };
+                (row, error)
+            })
+            .collect();
+        Ok(StepResults { sampled, failed })
+    }
+
+    /// The op a checked re-run of sequence `seq`'s rows of `batch` finds first with a
+    /// non-finite output, in words. The sequence goes back to where the step found it and
+    /// runs those rows again, op by op outside any captured graph, each output read back.
+    fn diagnose(
+        &self,
+        backend: &mut B,
+        ctx: &mut Context<B>,
+        batch: &StepBatch,
+        seq: SeqId,
+    ) -> String {
+        let rows: Vec<_> = batch.rows().filter(|r| r.seq == seq).collect();
+        let Some(first) = rows.first() else {
+            return "its rows are not in the step".into();
+        };
+        let mut again = StepBatch::new();
+        for (i, row) in rows.iter().enumerate() {
+            let output = match i + 1 == rows.len() {
+                true => RowOutput::Logits,
+                false => RowOutput::Nothing,
+            };
+            again.push(crate::batch::BatchRow { output, ..*row });
+        }
+        let mut found: Option<Site> = None;
+        let mut host = Vec::new();
+        let mut check = |be: &mut B, site: Site, buffer: &B::Buffer, len: usize| -> Result<()> {
+            if found.is_none() {
+                host.resize(len, 0.0);
+                be.read(buffer, 0, &mut host)?;
+                if host.iter().any(|v| !v.is_finite()) {
+                    found = Some(site);
+                }
+            }
+            Ok(())
+        };
+        let ran = ctx
+            .truncate(seq, first.pos)
+            .and_then(|()| self.forward(backend, ctx, &again, Some(&mut check)));
+        match (ran, found) {
+            (Err(e), _) => format!("the re-run of the step to find where failed: {e}"),
+            (Ok(()), Some(site)) => {
+                format!("a checked re-run of the step finds the first non-finite output at {site}")
+            }
+            (Ok(()), None) => "a checked re-run of the step found every op's output finite \
+                               (the first run differed from it)"
+                .into(),
+        }
+    }
+
+    /// The forward pass of `batch`: every op, through the backend's [`Backend::run_step`]
+    /// (which may replay a captured graph); with `probe`, run op by op and probed after each.
+    fn forward(
+        &self,
+        backend: &mut B,
+        ctx: &mut Context<B>,
+        batch: &StepBatch,
+        probe: Option<&mut Probe<'_, B>>,
+    ) -> Result<()> {
         ctx.check_batch(batch, self.spec.vocab)?;
         let n = batch.len();
         let all_logits = ctx.options().all_logits;
         let n_out = if all_logits { n } else { batch.n_outputs() };
+        let Context { kv, act: a, .. } = &mut *ctx;
+        let key = StepKey {
+            phase: batch.phase(),
+            n_tokens: n,
+            n_outputs: n_out,
+        };
+        backend.begin_step(batch, &kv.tables)?;
+        match probe {
+            None => backend.run_step(key, &mut |be: &mut B| {
+                self.ops(be, a, kv, batch, n_out, &mut |_, _, _, _| Ok(()))
+            })?,
+            Some(probe) => self.ops(backend, a, kv, batch, n_out, probe)?,
+        }
+        ctx.finish_step(batch);
+        Ok(())
+    }
+
+    /// The ops of one step, each followed by a call of `probe` with its output.
+    fn ops(
+        &self,
+        be: &mut B,
+        a: &mut Activations<B>,
+        kv: &mut KvCache<B>,
+        batch: &StepBatch,
+        n_out: usize,
+        probe: &mut Probe<'_, B>,
+    ) -> Result<()> {
         let Model {
             spec: s,
             embed,
@@ -74,162 +261,213 @@ impl<B: Backend> Model<B> {
             layers,
             ..
         } = self;
-        let Context { kv, act: a, .. } = &mut *ctx;
-        let key = StepKey {
-            phase: batch.phase(),
-            n_tokens: n,
-            n_outputs: n_out,
-        };
-        backend.begin_step(batch, &kv.tables)?;
-        backend.run_step(key, &mut |be: &mut B| {
-            let e = s.n_embd;
-            let (kd, vd) = (s.widths.k, s.widths.v);
-            be.embed(embed, n, s.embed_scale, &mut a.x)?;
-            // Each block's output waits in `a.proj` and is added to the residual stream by the
-            // next norm (`add_rms_norm`: one kernel on the GPU), after its own post-block norm
-            // where the model has one (`add_normed_rms_norm`, the same kernel).
-            let mut pending: Pending<'_, B> = Pending::Nothing;
-            for (il, (layer, ls)) in layers.iter().zip(&s.layers).enumerate() {
-                // Attention block.
-                let attn_norm = &layer.attn_norm;
-                pending.add_and_norm(
-                    be,
-                    &mut a.x,
-                    &mut a.proj,
-                    attn_norm,
-                    &mut a.xn,
-                    n,
-                    e,
+        let n = batch.len();
+        let e = s.n_embd;
+        let (kd, vd) = (s.widths.k, s.widths.v);
+        let (qd, od) = (s.widths.q, s.n_head * s.head_dim_v);
+        use Made::{Op, Weight};
+        be.embed(embed, n, s.embed_scale, &mut a.x)?;
+        probe(be, Site::top(Weight("token_embd.weight")), &a.x, n * e)?;
+        // Each block's output waits in `a.proj` and is added to the residual stream by the
+        // next norm (`add_rms_norm`: one kernel on the GPU), after its own post-block norm
+        // where the model has one (`add_normed_rms_norm`, the same kernel).
+        let mut pending: Pending<'_, B> = Pending::Nothing;
+        // Where the block output waiting in `pending` comes from, for the probes.
+        let mut post_site = Site::top(Op("embedding"));
+        for (il, (layer, ls)) in layers.iter().zip(&s.layers).enumerate() {
+            let at = |what| Site::layer(il, what);
+            // Attention block.
+            let attn_norm = &layer.attn_norm;
+            pending.add_and_norm(be, &mut a.x, &mut a.proj, attn_norm, &mut a.xn, n, e, s.eps)?;
+            if il > 0 {
+                probe(be, post_site, &a.proj, n * e)?;
+            }
+            probe(be, at(Op("residual add")), &a.x, n * e)?;
+            probe(be, at(Weight("attn_norm.weight")), &a.xn, n * e)?;
+            be.matmul_pair(&layer.wq, &layer.wk, &a.xn, &mut a.q, &mut a.k, n)?;
+            probe(be, at(Weight("attn_q.weight")), &a.q, n * qd)?;
+            probe(be, at(Weight("attn_k.weight")), &a.k, n * kd)?;
+            be.matmul(&layer.wv, &a.xn, &mut a.v, n)?;
+            probe(be, at(Weight("attn_v.weight")), &a.v, n * vd)?;
+            if let Some([bq, bk, bv]) = &layer.bias {
+                be.add_bias(&mut a.q, bq, n)?;
+                be.add_bias(&mut a.k, bk, n)?;
+                be.add_bias(&mut a.v, bv, n)?;
+                probe(be, at(Weight("attn_q.bias")), &a.q, n * qd)?;
+                probe(be, at(Weight("attn_k.bias")), &a.k, n * kd)?;
+                probe(be, at(Weight("attn_v.bias")), &a.v, n * vd)?;
+            }
+            if let Some([qn, kn]) = &layer.qk_norm {
+                be.rms_norm_inplace_qk(
+                    (&mut a.q, qn, n * s.n_head),
+                    (&mut a.k, kn, n * s.n_head_kv),
+                    s.head_dim_k,
                     s.eps,
                 )?;
-                be.matmul_pair(&layer.wq, &layer.wk, &a.xn, &mut a.q, &mut a.k, n)?;
-                be.matmul(&layer.wv, &a.xn, &mut a.v, n)?;
-                if let Some([bq, bk, bv]) = &layer.bias {
-                    be.add_bias(&mut a.q, bq, n)?;
-                    be.add_bias(&mut a.k, bk, n)?;
-                    be.add_bias(&mut a.v, bv, n)?;
+                probe(be, at(Weight("attn_q_norm.weight")), &a.q, n * qd)?;
+                probe(be, at(Weight("attn_k_norm.weight")), &a.k, n * kd)?;
+            }
+            let rf = rope_factors.as_ref();
+            let (nh, nkv, hd) = (s.n_head, s.n_head_kv, s.head_dim_k);
+            let layer_kv = kv.layers[il];
+            let dest = KvDestination {
+                k_cache: &mut kv.k[il],
+                v_cache: &mut kv.v[il],
+                k_dim: kd,
+                v_dim: vd,
+                layer: layer_kv,
+            };
+            let heads = (nh, nkv, hd);
+            be.rope_qk_store_kv(&mut a.q, &mut a.k, &a.v, n, heads, &ls.rope, rf, dest)?;
+            probe(be, at(Op("rotary embedding of the queries")), &a.q, n * qd)?;
+            probe(be, at(Op("rotary embedding of the keys")), &a.k, n * kd)?;
+            let shape = Attention {
+                n_tokens: n,
+                n_head: s.n_head,
+                n_head_kv: s.n_head_kv,
+                head_dim_k: s.head_dim_k,
+                head_dim_v: s.head_dim_v,
+                scale: s.attn_scale,
+                window: ls.window,
+                slots: layer_kv.slots,
+            };
+            let group = layer_kv.group;
+            be.attention(&a.q, &kv.k[il], &kv.v[il], &mut a.attn, &shape, group)?;
+            // Non-finite here with finite queries: the cache of an earlier step holds it.
+            probe(be, at(Op("attention over the KV cache")), &a.attn, n * od)?;
+            be.matmul(&layer.wo, &a.attn, &mut a.proj, n)?;
+            probe(be, at(Weight("attn_output.weight")), &a.proj, n * e)?;
+            // Feed-forward block.
+            let attn_post = layer.attn_post_norm.as_ref();
+            Pending::Output(attn_post).add_and_norm(
+                be,
+                &mut a.x,
+                &mut a.proj,
+                &layer.ffn_norm,
+                &mut a.xn,
+                n,
+                e,
+                s.eps,
+            )?;
+            if attn_post.is_some() {
+                probe(be, at(Weight("post_attention_norm.weight")), &a.proj, n * e)?;
+            }
+            probe(be, at(Op("residual add")), &a.x, n * e)?;
+            probe(be, at(Weight("ffn_norm.weight")), &a.xn, n * e)?;
+            match &layer.ffn {
+                Ffn::Dense { gate, up, down } => {
+                    be.matmul_pair(gate, up, &a.xn, &mut a.gate, &mut a.up, n)?;
+                    probe(be, at(Weight("ffn_gate.weight")), &a.gate, n * s.n_ff)?;
+                    probe(be, at(Weight("ffn_up.weight")), &a.up, n * s.n_ff)?;
+                    be.gated(&mut a.gate, &a.up, n * s.n_ff, s.gate)?;
+                    probe(be, at(Op("gated activation")), &a.gate, n * s.n_ff)?;
+                    be.matmul(down, &a.gate, &mut a.proj, n)?;
+                    probe(be, at(Weight("ffn_down.weight")), &a.proj, n * e)?;
                 }
-                if let Some([qn, kn]) = &layer.qk_norm {
-                    be.rms_norm_inplace_qk(
-                        (&mut a.q, qn, n * s.n_head),
-                        (&mut a.k, kn, n * s.n_head_kv),
-                        s.head_dim_k,
-                        s.eps,
+                Ffn::Moe {
+                    router,
+                    gate,
+                    up,
+                    down,
+                } => {
+                    be.matmul(router, &a.xn, &mut a.router, n)?;
+                    probe(
+                        be,
+                        at(Weight("ffn_gate_inp.weight")),
+                        &a.router,
+                        n * s.n_expert,
                     )?;
+                    let shape = MoeShape {
+                        rows: n,
+                        n_embd: e,
+                        n_ff: s.n_ff_expert,
+                        n_expert: s.n_expert,
+                        k: s.n_expert_used,
+                        act: s.gate,
+                    };
+                    be.moe(&a.xn, &a.router, gate, up, down, &mut a.proj, &shape)?;
+                    let experts = Op("experts (ffn_gate_exps, ffn_up_exps, ffn_down_exps)");
+                    probe(be, at(experts), &a.proj, n * e)?;
                 }
-                let rf = rope_factors.as_ref();
-                let (nh, nkv, hd) = (s.n_head, s.n_head_kv, s.head_dim_k);
-                let layer_kv = kv.layers[il];
-                let dest = KvDestination {
-                    k_cache: &mut kv.k[il],
-                    v_cache: &mut kv.v[il],
-                    k_dim: kd,
-                    v_dim: vd,
-                    layer: layer_kv,
-                };
-                let heads = (nh, nkv, hd);
-                be.rope_qk_store_kv(&mut a.q, &mut a.k, &a.v, n, heads, &ls.rope, rf, dest)?;
-                let shape = Attention {
-                    n_tokens: n,
-                    n_head: s.n_head,
-                    n_head_kv: s.n_head_kv,
-                    head_dim_k: s.head_dim_k,
-                    head_dim_v: s.head_dim_v,
-                    scale: s.attn_scale,
-                    window: ls.window,
-                    slots: layer_kv.slots,
-                };
-                let group = layer_kv.group;
-                be.attention(&a.q, &kv.k[il], &kv.v[il], &mut a.attn, &shape, group)?;
-                be.matmul(&layer.wo, &a.attn, &mut a.proj, n)?;
-                // Feed-forward block.
-                Pending::Output(layer.attn_post_norm.as_ref()).add_and_norm(
-                    be,
-                    &mut a.x,
-                    &mut a.proj,
-                    &layer.ffn_norm,
-                    &mut a.xn,
-                    n,
-                    e,
-                    s.eps,
-                )?;
-                match &layer.ffn {
-                    Ffn::Dense { gate, up, down } => {
-                        be.matmul_pair(gate, up, &a.xn, &mut a.gate, &mut a.up, n)?;
-                        be.gated(&mut a.gate, &a.up, n * s.n_ff, s.gate)?;
-                        be.matmul(down, &a.gate, &mut a.proj, n)?;
-                    }
-                    Ffn::Moe {
-                        router,
-                        gate,
-                        up,
-                        down,
-                    } => {
-                        be.matmul(router, &a.xn, &mut a.router, n)?;
-                        let shape = MoeShape {
-                            rows: n,
-                            n_embd: e,
-                            n_ff: s.n_ff_expert,
-                            n_expert: s.n_expert,
-                            k: s.n_expert_used,
-                            act: s.gate,
-                        };
-                        be.moe(&a.xn, &a.router, gate, up, down, &mut a.proj, &shape)?;
-                    }
-                }
-                pending = Pending::Output(layer.ffn_post_norm.as_ref());
             }
-            let out_w = output.as_ref().unwrap_or(embed);
-            if n_out == n {
-                pending.add_and_norm(
-                    be,
-                    &mut a.x,
-                    &mut a.proj,
-                    output_norm,
-                    &mut a.xn,
-                    n,
-                    e,
-                    s.eps,
-                )?;
-                be.matmul(out_w, &a.xn, &mut a.logits, n)?;
-            } else if n_out > 0 {
-                // Only some rows' logits: the whole residual, then those rows gathered in
-                // order and normed.
-                if let Pending::Output(post_norm) = pending {
-                    if let Some(w) = post_norm {
-                        be.rms_norm_inplace(&mut a.proj, w, n, e, s.eps)?;
-                    }
-                    be.add(&mut a.x, &a.proj, n * e)?;
+            pending = Pending::Output(layer.ffn_post_norm.as_ref());
+            post_site = match layer.ffn_post_norm {
+                Some(_) => at(Weight("post_ffw_norm.weight")),
+                None => at(Weight("ffn_down.weight")),
+            };
+        }
+        let out_w = output.as_ref().unwrap_or(embed);
+        let out_site = match output {
+            Some(_) => Site::top(Weight("output.weight")),
+            None => Site::top(Weight("token_embd.weight (the tied output)")),
+        };
+        let norm_site = Site::top(Weight("output_norm.weight"));
+        if n_out == n {
+            pending.add_and_norm(
+                be,
+                &mut a.x,
+                &mut a.proj,
+                output_norm,
+                &mut a.xn,
+                n,
+                e,
+                s.eps,
+            )?;
+            probe(be, post_site, &a.proj, n * e)?;
+            probe(be, Site::top(Op("last residual add")), &a.x, n * e)?;
+            probe(be, norm_site, &a.xn, n * e)?;
+            be.matmul(out_w, &a.xn, &mut a.logits, n)?;
+        } else if n_out > 0 {
+            // Only some rows' logits: the whole residual, then those rows gathered in
+            // order and normed.
+            if let Pending::Output(post_norm) = pending {
+                if let Some(w) = post_norm {
+                    be.rms_norm_inplace(&mut a.proj, w, n, e, s.eps)?;
                 }
-                for (i, row) in batch.output_rows().enumerate() {
-                    be.copy_row(&a.x, row, &mut a.proj, i, e)?;
-                }
-                be.rms_norm(&a.proj, output_norm, &mut a.xn, n_out, e, s.eps)?;
-                be.matmul(out_w, &a.xn, &mut a.logits, n_out)?;
+                probe(be, post_site, &a.proj, n * e)?;
+                be.add(&mut a.x, &a.proj, n * e)?;
+                probe(be, Site::top(Op("last residual add")), &a.x, n * e)?;
             }
-            Ok(())
-        })?;
-        ctx.finish_step(batch);
-        self.sample_rows(backend, ctx, batch)
+            for (i, row) in batch.output_rows().enumerate() {
+                be.copy_row(&a.x, row, &mut a.proj, i, e)?;
+            }
+            be.rms_norm(&a.proj, output_norm, &mut a.xn, n_out, e, s.eps)?;
+            probe(be, norm_site, &a.xn, n_out * e)?;
+            be.matmul(out_w, &a.xn, &mut a.logits, n_out)?;
+        }
+        probe(be, out_site, &a.logits, n_out * s.vocab)
     }
 
     /// The tokens of the rows that asked for one: greedy on the backend, or the row's sampler
-    /// on the backend where it samples, else on the host with the same draw.
+    /// on the backend where it samples, else on the host with the same draw. A row whose
+    /// logits the host sees (a host sampler's, or any on a backend whose buffers are host
+    /// memory) and finds NaN or infinite in gets no token but a place in the second list.
     fn sample_rows(
         &self,
         backend: &mut B,
         ctx: &mut Context<B>,
         batch: &StepBatch,
-    ) -> Result<Vec<Sampled>> {
+    ) -> Result<(Vec<Sampled>, Vec<NonFinite>)> {
         let vocab = self.spec.vocab;
         let mut sampled = Vec::new();
+        let mut non_finite = Vec::new();
         let mut logits = Vec::new();
+        let finite = |values: &[f32]| values.iter().all(|v| v.is_finite());
         for row in batch.output_rows() {
             let RowOutput::Sample(config) = batch.outputs()[row] else {
                 continue;
             };
             let seq = batch.sequences()[row];
             let index = ctx.output_index(row)?;
+            // A greedy pick of NaN logits is a token the model never chose, so no token is
+            // drawn from them. Free where they are host memory; elsewhere only the host
+            // sampler's copy below is looked at, so a device's step gains no copy.
+            let in_host = backend.host_values(&ctx.act.logits);
+            let row_values = in_host.and_then(|v| v.get(index * vocab..(index + 1) * vocab));
+            if row_values.is_some_and(|v| !finite(v)) {
+                non_finite.push(NonFinite { row, seq });
+                continue;
+            }
             let token = if config.is_greedy() && !config.has_penalties() {
                 backend.argmax(&ctx.act.logits, index, vocab)?
             } else {
@@ -247,6 +485,10 @@ impl<B: Backend> Model<B> {
                     Some(token) => token,
                     None => {
                         ctx.read_logits(backend, row, &mut logits)?;
+                        if !finite(&logits) {
+                            non_finite.push(NonFinite { row, seq });
+                            continue;
+                        }
                         let recent = ctx.recent_tokens(seq);
                         (ctx.sampler(seq, &config)?).sample_with_history(&mut logits, &recent, draw)
                     }
@@ -254,6 +496,6 @@ impl<B: Backend> Model<B> {
             };
             sampled.push(Sampled { row, seq, token });
         }
-        Ok(sampled)
+        Ok((sampled, non_finite))
     }
 }

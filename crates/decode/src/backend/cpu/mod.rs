@@ -232,6 +232,10 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn host_values<'a>(&'a self, src: &'a Vec<f32>) -> Option<&'a [f32]> {
+        Some(src)
+    }
+
     fn write(&mut self, dst: &mut Vec<f32>, offset: usize, src: &[f32]) -> Result<()> {
         check_len("write", dst.len(), offset.saturating_add(src.len()))?;
         dst[offset..offset + src.len()].copy_from_slice(src);
