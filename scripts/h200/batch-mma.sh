@@ -15,8 +15,13 @@
 #      and llama-bench -p 512,4096 -n 0 -fa 1 -ngl 99 -r 3, two rounds alternating;
 #   5. batch-1 prefill of 128, 256 and 512 tokens with the rows cap at 0 and 512 (where the
 #      matrix-core products stop paying against the vendor GEMM).
+# Env: NPL (batch sizes), PP=0 skips steps 4 and 5, BLESS=0 checks the golden GPU entries
+# instead of re-blessing them, MMA_ROWS (256) the cap of the matrix-core arm.
 set -o pipefail
 D=/tmp/mma
+PP=${PP:-1}
+BLESS=${BLESS:-1}
+MMA_ROWS=${MMA_ROWS:-256}
 if [ "${1:-}" = collect ]; then
   tar czf "$OUT/mma.tgz" -C /tmp mma 2>/dev/null
   cat $D/status 2>/dev/null
@@ -38,12 +43,23 @@ timeout 300 bundle/tests/gpu_quant-* --test-threads=1 mma > $D/test-mma.log 2>&1
 echo "matmul_mma tests exit $? at $(date -u +%T)" >> $D/status
 timeout 300 bundle/tests/gpu_attention-* --test-threads=1 > $D/test-attention.log 2>&1
 echo "attention tests exit $? at $(date -u +%T)" >> $D/status
-HIPDECODE_BLESS_GOLDEN=$D/greedy_tokens.json timeout 300 bundle/tests/golden_tokens-* gpu_greedy \
-  > $D/golden-bless.log 2>&1
-echo "golden bless exit $? at $(date -u +%T)" >> $D/status
+if [ "$BLESS" = 1 ]; then
+  HIPDECODE_BLESS_GOLDEN=$D/greedy_tokens.json timeout 300 bundle/tests/golden_tokens-* \
+    gpu_greedy > $D/golden-bless.log 2>&1
+  echo "golden bless exit $? at $(date -u +%T)" >> $D/status
+else
+  timeout 300 bundle/tests/golden_tokens-* > $D/golden.log 2>&1
+  echo "golden tests exit $? at $(date -u +%T)" >> $D/status
+fi
 for t in step_batch generate_many backend_conformance gpu_backend offload_run; do
   timeout 300 bundle/tests/$t-* --test-threads=2 > $D/test-$t.log 2>&1
   echo "$t tests exit $? at $(date -u +%T)" >> $D/status
+done
+# The batched tests again with the matrix-core products on (off by default so far).
+for t in step_batch generate_many; do
+  HIPDECODE_GPU_MMA_ROWS=$MMA_ROWS timeout 300 bundle/tests/$t-* --test-threads=2 \
+    > $D/test-$t-mma.log 2>&1
+  echo "$t tests with rows cap $MMA_ROWS exit $? at $(date -u +%T)" >> $D/status
 done
 wait $synth
 
@@ -56,16 +72,19 @@ echo "llama.cpp build rc $(cat /tmp/llama/BUILD_RC 2>/dev/null) at $(date -u +%T
 llama() { sampled $1 timeout 400 $LB/llama-batched-bench -m $L -c 65536 -b 2048 -ub 512 \
   -npp 128 -ntg 128 -npl $NPL -ngl 99 -fa on; }
 ours vendor-1 0
-ours mma-1 256
+ours mma-1 $MMA_ROWS
 llama llama-1
-ours mma-2 256
+ours mma-2 $MMA_ROWS
 ours vendor-2 0
 llama llama-2
-for rows in 0 256; do
-  HIPDECODE_GPU_MMA_ROWS=$rows timeout 120 $B/hipdecode profile -m $L -b 32 -p 128 -n 8 \
-    > $D/profile-rows$rows-b32.txt 2>&1
+for rows in 0 $MMA_ROWS; do
+  for b in 16 32; do
+    HIPDECODE_GPU_MMA_ROWS=$rows timeout 120 $B/hipdecode profile -m $L -b $b -p 128 -n 8 \
+      > $D/profile-rows$rows-b$b.txt 2>&1
+  done
 done
 echo "profiles at $(date -u +%T)" >> $D/status
+[ "$PP" = 1 ] || { echo "done $(date -u +%T)" >> $D/status; exit 0; }
 pp() { for p in 512 4096; do
   HIPDECODE_GPU_ATTN_PREFILL=$2 HIPDECODE_GPU_MMA_ROWS=$3 timeout 200 $B/bench-decode -m $L \
     -p $p -n 0 -r 3 --device gpu > $D/pp$p-$1.md 2>&1; done

@@ -232,6 +232,7 @@ impl KernelModule {
                 "matmul_mma_q4_k",
                 "matmul_mma_q5_k",
                 "matmul_mma_q6_k",
+                "matmul_mma_reduce",
             ],
             KernelModule::Moe => &[
                 "moe_route_top_k",

@@ -333,6 +333,86 @@ fn matmul_mma_native_and_simt_builds_agree_at_real_shapes() {
 }
 
 #[test]
+fn matmul_mma_split_over_the_columns_matches_the_reference_and_the_unsplit_product() {
+    let test = "matmul_mma_split_over_the_columns_matches_the_reference_and_the_unsplit_product";
+    let Some((k, s)) = setup(test) else {
+        return;
+    };
+    let mut rng = seeded(14);
+    // Decode-step shapes: few row tiles, so the columns split; 1152 columns are 9 steps, which
+    // leaves a shorter last split. The partials are poisoned with NaN: any value a split did
+    // not write would show.
+    for (format, rows, cols, nt) in [
+        (GgmlType::Q4K, 256, 4096, 16),
+        (GgmlType::Q6K, 130, 1152, 33),
+        (GgmlType::Q8_0, 64, 2048, 9),
+    ] {
+        let (wb, bytes) = weights_on_device(k, &mut rng, format, rows, cols);
+        let w = quant_matrix(&wb, &bytes, format, rows, cols);
+        let host = HostMatrix::new(&bytes, format, rows, cols).unwrap();
+        let x = uniform_vec(&mut rng, nt * cols, -1.0, 1.0);
+        let want = reference::matmul_mma::matmul_mma(&host, &x, nt).unwrap();
+        let xb = upload(k, &x);
+        let what = format!("{test}: {format} {rows} x {cols}, {nt} tokens");
+        let floats = matmul_mma::MAX_SPLITS * rows * nt;
+        let pb = upload(k, &vec![f32::NAN; floats]);
+        let ob = upload(k, &vec![f32::NAN; nt * rows]);
+        let splits = matmul_mma::matmul_mma_split(
+            k,
+            &s,
+            &w,
+            view(&xb, x.len()),
+            &mut view_mut(&ob, nt * rows),
+            nt,
+            &mut view_mut(&pb, floats),
+        )
+        .unwrap();
+        assert!(splits > 1, "{what}: the columns were not split");
+        let split = download(&s, &ob, nt * rows);
+        assert_close_rms(&split, &want, RMS_TOL, &what);
+        let ob1 = upload(k, &vec![f32::NAN; nt * rows]);
+        matmul_mma::matmul_mma(
+            k,
+            &s,
+            &w,
+            view(&xb, x.len()),
+            &mut view_mut(&ob1, nt * rows),
+            nt,
+        )
+        .unwrap();
+        let whole = download(&s, &ob1, nt * rows);
+        assert_close_rms(&split, &whole, RMS_TOL, &format!("{what}, split vs whole"));
+        // A buffer too small for two splits is left alone: one pass, straight into out.
+        let small = rows * nt + 1;
+        let pb = upload(k, &vec![f32::NAN; small]);
+        let ob2 = upload(k, &vec![f32::NAN; nt * rows]);
+        let one = matmul_mma::matmul_mma_split(
+            k,
+            &s,
+            &w,
+            view(&xb, x.len()),
+            &mut view_mut(&ob2, nt * rows),
+            nt,
+            &mut view_mut(&pb, small),
+        )
+        .unwrap();
+        assert_eq!(one, 1, "{what}: split into a buffer that holds one split");
+        let unsplit: Vec<f32> = download(&s, &ob2, nt * rows);
+        assert!(
+            unsplit
+                .iter()
+                .zip(&whole)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what}: one split differs from matmul_mma"
+        );
+        assert!(
+            download::<f32>(&s, &pb, small).iter().all(|v| v.is_nan()),
+            "{what}"
+        );
+    }
+}
+
+#[test]
 fn products_refuse_short_views_without_launching() {
     let test = "products_refuse_short_views_without_launching";
     let Some((k, s)) = setup(test) else {

@@ -473,6 +473,7 @@ fn gpu_workspace(
             (v.max(m.0.saturating_mul(m.1)), c.max(m.1))
         });
         let v = w::vendor_gemm_buffers(mb, values, cols)?;
+        // The matrix-core kernel borrows the same block for its split partials.
         lines.add(ws, "vendor GEMM f16 weight block", v.weight_bytes());
         lines.add(ws, "vendor GEMM f16 activations", v.activation_bytes());
         lines.add(ws, "vendor GEMM library workspace", v.library_bytes);

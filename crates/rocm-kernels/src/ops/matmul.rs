@@ -76,8 +76,7 @@ pub fn matmul(
 }
 
 /// Launches `module`'s product kernel for `w`'s format, whose signature is `(const u8* w, const
-/// float* x, float* out, u32 rows, u32 cols, u32 n_tokens)` (matmul_<format>,
-/// matmul_mma_<format>).
+/// float* x, float* out, u32 rows, u32 cols, u32 n_tokens)` (matmul_<format>).
 ///
 /// # Safety
 /// `config` is a launch the kernel's tiling takes, `x` and `out` hold `n_tokens` rows of the

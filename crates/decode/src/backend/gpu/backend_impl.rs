@@ -565,13 +565,29 @@ impl Backend for GpuBackend {
                 rows,
             )
             .map_err(kerr("matmul (int8)"))?;
+        } else if on_matrix_cores {
+            // The split partials borrow the vendor GEMM's weight block, idle during this product.
+            let mut partials = self
+                .vendor_gemm
+                .as_ref()
+                .and_then(|v| v.weight_block_as_f32());
+            let (x, mut o) = (x.view(), out.view_mut());
+            match partials.as_mut() {
+                Some(p) => matmul_mma::matmul_mma_split(
+                    &self.kernels,
+                    &self.stream,
+                    &m,
+                    x,
+                    &mut o,
+                    rows,
+                    p,
+                )
+                .map(|_| ()),
+                None => matmul_mma::matmul_mma(&self.kernels, &self.stream, &m, x, &mut o, rows),
+            }
+            .map_err(kerr("matmul (matrix cores)"))?;
         } else {
-            let product = if on_matrix_cores {
-                matmul_mma::matmul_mma
-            } else {
-                matmul::linear
-            };
-            product(
+            matmul::linear(
                 &self.kernels,
                 &self.stream,
                 &m,

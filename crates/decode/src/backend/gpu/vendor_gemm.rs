@@ -130,6 +130,19 @@ impl VendorGemm {
         self.weights.as_ref().map_or(0, |a| a.size() as usize / 2)
     }
 
+    /// The f16 weight block lent as f32 scratch to a product that does not run here: the
+    /// matrix-core kernel's split partials (`matmul_mma_split`). Lending it is safe in stream
+    /// order: a product here and one there both run on the backend's stream, so neither sees
+    /// the other's values, and nothing reads the block between products. `None` before
+    /// `reserve`.
+    pub(super) fn weight_block_as_f32(&self) -> Option<DeviceSliceMut<f32>> {
+        let a = self.weights.as_ref()?;
+        // SAFETY: the allocation holds `size()` bytes of device memory, 256-byte aligned by the
+        // allocator, and lives as long as `self`, which outlives the product it is lent to; it is only
+        // used on the backend's stream (see above).
+        Some(unsafe { DeviceSliceMut::<f32>::from_raw(a.ptr(), a.size() as usize / 4) })
+    }
+
     /// f16 values the activations' copy holds (0 before `reserve`).
     fn activation_values(&self) -> usize {
         self.activations
