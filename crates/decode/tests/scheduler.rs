@@ -232,3 +232,42 @@ fn a_request_that_can_never_fit_is_refused_with_its_bytes() {
         "{e}"
     );
 }
+
+/// A request ended by a failure of its step leaves none of what it computed in the prefix
+/// cache (those keys and values may be what failed), where a cancelled one leaves its full
+/// blocks for the next request with the same prompt; and its row's token is not kept.
+#[test]
+fn a_failed_request_leaves_nothing_in_the_prefix_cache() {
+    for fail in [false, true] {
+        let pool = BlockPool::new(16, 1 << 10, 64 << 10, 1).unwrap();
+        let config = SchedulerConfig {
+            max_running: 2,
+            step_tokens: 64,
+            max_positions: 4096,
+            prefix_cache: true,
+        };
+        let mut sched = Scheduler::new(config, pool).unwrap();
+        let request = Request {
+            prompt: (0..40).collect(),
+            sampler: SamplerConfig::default(),
+            max_new: 10,
+            stop: Vec::new(),
+        };
+        let id = sched.submit(request.clone()).unwrap();
+        let plan = sched.plan_step();
+        assert_eq!(plan.batch.len(), 40);
+        match fail {
+            true => sched.fail(id),
+            false => sched.cancel(id),
+        }
+        let events = sched.finish_step(&plan, &[7]);
+        assert!(
+            !events.contains(&Event::Token { id, token: 7 }),
+            "fail {fail}: {events:?}"
+        );
+        sched.submit(request).unwrap();
+        let plan = sched.plan_step();
+        let found = plan.started[0].1.len();
+        assert_eq!(found, if fail { 0 } else { 32 }, "fail {fail}");
+    }
+}
