@@ -1,6 +1,6 @@
 //! `hipdecode serve` end to end on the CPU with SmolLM2-135M-Instruct (its ChatML template):
 //! a load of concurrent streams in a KV budget of four sequences against each request run
-//! alone, the shutdown on SIGTERM, deadlines, the prefix cache across turns, the API key, and
+//! alone (both on the exact path), the shutdown on SIGTERM, deadlines, the prefix cache across turns, the API key, and
 //! hostile requests, each refused with a 4xx while the server goes on.
 
 mod server;
@@ -53,10 +53,13 @@ fn prompt_tokens(file: &decode::GgufFile, tokenizer: &Tokenizer, user: &str) -> 
 /// runs: the exact path took over eight minutes for these sixteen requests on two cores, and
 /// a fast-path row is quantized on its own, so a batch's rows must still give each request's
 /// tokens alone.
+/// Each prompt's greedy text run alone on a session of the CPU's exact path (f32 activations),
+/// which is what a server started with `--exact` runs: its rows then depend on nothing else in
+/// the step.
 fn alone(model: &Path, prompts: &[Vec<u32>], max_new: usize) -> Vec<String> {
     let file = decode::open_model(model).expect("opens");
     let tokenizer = Tokenizer::from_gguf(&file).expect("tokenizer");
-    let backend = decode::backend::cpu::CpuBackend::new(decode::backend::Precision::Fast);
+    let backend = decode::backend::cpu::CpuBackend::new(decode::backend::Precision::Exact);
     let options = ContextOptions {
         context: CTX,
         ..ContextOptions::default()
@@ -117,6 +120,7 @@ fn sixteen_streams_in_a_budget_of_four_sequences_equal_each_request_alone() {
         &[
             "--device",
             "cpu",
+            "--exact",
             "--ctx",
             &ctx,
             "--parallel",

@@ -339,13 +339,13 @@ fn matmul_mma_split_over_the_columns_matches_the_reference_and_the_unsplit_produ
         return;
     };
     let mut rng = seeded(14);
-    // Decode-step shapes: few row tiles, so the columns split; 1152 columns are 9 steps, which
-    // leaves a shorter last split. The partials are poisoned with NaN: any value a split did
-    // not write would show.
-    for (format, rows, cols, nt) in [
-        (GgmlType::Q4K, 256, 4096, 16),
-        (GgmlType::Q6K, 130, 1152, 33),
-        (GgmlType::Q8_0, 64, 2048, 9),
+    // Decode-step shapes: few row tiles, so the columns split. The Q6_K case's buffer holds
+    // four splits of its 18 steps, which leaves a shorter last split (5, 5, 5, 3). The
+    // partials are poisoned with NaN: any value a split did not write would show.
+    for (format, rows, cols, nt, buffer_splits) in [
+        (GgmlType::Q4K, 256, 4096, 16, matmul_mma::MAX_SPLITS),
+        (GgmlType::Q6K, 130, 2304, 33, 4),
+        (GgmlType::Q8_0, 64, 2048, 9, matmul_mma::MAX_SPLITS),
     ] {
         let (wb, bytes) = weights_on_device(k, &mut rng, format, rows, cols);
         let w = quant_matrix(&wb, &bytes, format, rows, cols);
@@ -354,7 +354,7 @@ fn matmul_mma_split_over_the_columns_matches_the_reference_and_the_unsplit_produ
         let want = reference::matmul_mma::matmul_mma(&host, &x, nt).unwrap();
         let xb = upload(k, &x);
         let what = format!("{test}: {format} {rows} x {cols}, {nt} tokens");
-        let floats = matmul_mma::MAX_SPLITS * rows * nt;
+        let floats = buffer_splits * rows * nt;
         let pb = upload(k, &vec![f32::NAN; floats]);
         let ob = upload(k, &vec![f32::NAN; nt * rows]);
         let splits = matmul_mma::matmul_mma_split(

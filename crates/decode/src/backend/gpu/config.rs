@@ -58,7 +58,9 @@ pub static MATVEC_PATH: Knob<MatvecPath> = Knob {
 };
 
 /// Off by default: on the H200 the matrix-core products were 3.5 to 5.4 times slower than the
-/// vendor GEMM at every row count from 16 to 256 (`docs/benchmark_results/matrix-cores-*`).
+/// vendor GEMM at every row count from 16 to 256 (`docs/benchmark_results/matrix-cores-*`);
+/// with the columns split over the grid they are level with it at 16 rows and 10 % and 25 %
+/// slower at 32 and 64 (`docs/benchmark_results/batching-split-k-*`).
 pub static MMA_MAX_ROWS: Knob<usize> = Knob {
     name: "HIPDECODE_GPU_MMA_ROWS",
     default: "0",

@@ -1,0 +1,1 @@
+bundle/bin/hipdecode serve -m /tmp/llama3-8b-q4_k_m.gguf --device gpu --port 8092 --ctx 1024 --parallel 1 --kv-budget 134217728 --chat-template scripts/h200/chatml.jinja
