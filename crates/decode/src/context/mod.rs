@@ -114,6 +114,17 @@ pub struct Sampled {
     pub token: u32,
 }
 
+/// What a step gave each row that asked for a token: the token, or the error that ended its
+/// sequence.
+pub struct StepResults {
+    /// The rows that got a token, in row order.
+    pub sampled: Vec<Sampled>,
+    /// The rows whose logits were not NaN- and infinity-free, each with its error
+    /// ([`DecodeError::NonFiniteLogits`]); their sequences are cleared, so their requests
+    /// end.
+    pub failed: Vec<(usize, DecodeError)>,
+}
+
 /// The KV cache, activations and sequence table of a set of sequences.
 pub struct Context<B: Backend> {
     pub(crate) kv: KvCache<B>,

@@ -5,7 +5,7 @@
 use super::{Ffn, Model};
 use crate::backend::{Attention, Backend, KvDestination, MoeShape, StepKey};
 use crate::batch::{RowOutput, SeqId, StepBatch};
-use crate::context::{Activations, Context, KvCache, Sampled};
+use crate::context::{Activations, Context, KvCache, Sampled, StepResults};
 use crate::error::{DecodeError, Result};
 
 /// What waits in the block-output buffer for the next norm to add to the residual stream.
@@ -97,17 +97,6 @@ type Probe<'p, B> = dyn FnMut(&mut B, Site, &<B as Backend>::Buffer, usize) -> R
 struct NonFinite {
     row: usize,
     seq: SeqId,
-}
-
-/// What a step gave each row that asked for a token: the token, or the error that ended its
-/// sequence.
-pub struct StepResults {
-    /// The rows that got a token, in row order.
-    pub sampled: Vec<Sampled>,
-    /// The rows whose logits were not NaN- and infinity-free, each with its error
-    /// ([`DecodeError::NonFiniteLogits`]); their sequences are cleared, so their requests
-    /// end.
-    pub failed: Vec<(usize, DecodeError)>,
 }
 
 impl<B: Backend> Model<B> {

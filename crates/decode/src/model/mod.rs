@@ -7,7 +7,6 @@ mod forward;
 mod spec;
 
 pub use consistency::AttentionWidths;
-pub use forward::StepResults;
 pub use spec::{query_pre_attn_scalar, LayerSpec, ModelSpec, GEMMA3_27B_LAYERS};
 
 use crate::backend::{Backend, MappedTensor, WeightSource};

@@ -6,7 +6,7 @@
 
 use super::pretokenize::PreTokenizer;
 use super::vocab::{token_type, Vocabulary};
-use super::Work;
+use super::work::Work;
 use crate::error::{DecodeError, Result};
 use std::collections::HashMap;
 

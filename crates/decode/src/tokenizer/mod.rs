@@ -24,8 +24,10 @@ pub use pretokenize::REFUSED as REFUSED_PRE_TOKENIZERS;
 pub use pretokenize::{PreTokenizer, Recipe, Refused, RECIPES as PRE_TOKENIZER_RECIPES};
 pub mod spm;
 mod vocab;
+mod work;
 
 pub use vocab::{token_type, Vocabulary};
+pub use work::Work;
 
 use crate::error::{DecodeError, Result};
 use std::collections::HashMap;
@@ -45,19 +47,6 @@ pub const END_OF_TURN_TEXTS: [&str; 8] = [
     "<|end_of_text|>",
     "<EOT>",
 ];
-
-/// The work one encode did, counted so tests can check it grows linearly with the text
-/// ([`Tokenizer::encode_counting`]); counting is a few additions, so every encode does it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Work {
-    /// Steps of the pre-tokenizer's matchers ([`PreTokenizer::split_counting`] says what a
-    /// step is).
-    pub matcher_steps: u64,
-    /// Adjacent symbol pairs the BPE merge loop looked up among the merges.
-    pub merge_lookups: u64,
-    /// Merges done.
-    pub merges: u64,
-}
 
 enum Model {
     Spm(Box<spm::Spm>),

@@ -21,7 +21,7 @@
 //! point (`char::is_alphabetic` would also count the vowel signs of Devanagari, Bengali, Thai,
 //! Arabic, ... as letters, which `\p{L}` does not).
 
-use super::Work;
+use super::work::Work;
 use crate::error::{DecodeError, Result};
 use regex::Regex;
 use std::sync::OnceLock;
