@@ -313,18 +313,23 @@ mod tests {
 
     #[test]
     fn entry_points_follow_the_format_list() {
-        for (module, first, op) in [
-            (KernelModule::Matvec, 0, "matvec"),
-            (KernelModule::Matmul, 0, "matmul"),
-            (KernelModule::MatmulMma, 0, "matmul_mma"),
-            (KernelModule::Embed, 0, "embed"),
-            (KernelModule::Moe, 2, "matvec_id"),
+        // (module, entries before the per-format ones, op, entries after them: matmul_mma's
+        // split-K reduction).
+        for (module, first, op, after) in [
+            (KernelModule::Matvec, 0, "matvec", 0),
+            (KernelModule::Matmul, 0, "matmul", 0),
+            (KernelModule::MatmulMma, 0, "matmul_mma", 1),
+            (KernelModule::Embed, 0, "embed", 0),
+            (KernelModule::Moe, 2, "matvec_id", 0),
         ] {
             for format in WEIGHT_FORMATS {
                 let entry = format_entry(module, first, op, format).unwrap();
                 assert_eq!(entry, format!("{op}_{}", format_suffix(format)));
             }
-            assert_eq!(module.entry_points().len(), first + WEIGHT_FORMATS.len());
+            assert_eq!(
+                module.entry_points().len(),
+                first + WEIGHT_FORMATS.len() + after
+            );
             let err = format_entry(module, first, op, GgmlType::Q2K).unwrap_err();
             assert!(err.to_string().contains("Q2_K"), "{err}");
         }
