@@ -18,7 +18,7 @@ cat $OUT/bench-gemma.md | head -30
 $B/hipdecode profile -m $G -p 64 -n 16 > $OUT/profile-gemma.md 2>&1; echo "profile exit $?"
 head -40 $OUT/profile-gemma.md
 $B/bench-decode -m $G -p 0 -n 128 --device gpu --rounds 4 \
-  --ab 'HIPDECODE_GPU_MATVEC=exact HIPDECODE_KV_TYPE=f32' '' > $OUT/ab-gemma.txt 2>&1; echo "ab exit $?"
+  --ab 'HIPDECODE_GPU_MATVEC=exact -ctk f32' '' > $OUT/ab-gemma.txt 2>&1; echo "ab exit $?"
 tail -12 $OUT/ab-gemma.txt
 # Which vendor BLAS libraries the image has (for a prefill GEMM path).
 { find / \( -name 'libcublas*.so*' -o -name 'libcublasLt*.so*' -o -name 'libhipblas*.so*' \) \

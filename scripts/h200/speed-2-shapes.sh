@@ -15,7 +15,7 @@ for preset in llama3-8b-q4_k_m qwen3-30b-a3b-q4_k_m; do
 done
 f=/tmp/llama3-8b-q4_k_m.gguf
 timeout 150 $B/bench-decode -m $f -p 0 -n 128 --device gpu --rounds 4 \
-  --ab 'HIPDECODE_GPU_MATVEC=exact HIPDECODE_KV_TYPE=f32' '' > $OUT/ab-8b.txt 2>&1
+  --ab 'HIPDECODE_GPU_MATVEC=exact -ctk f32' '' > $OUT/ab-8b.txt 2>&1
 echo "ab exit $?"; tail -8 $OUT/ab-8b.txt
 T=$(ls bundle/tests/gpu_backend-* | head -1)
 (cd crates/decode && HIPDECODE_REQUIRE_GPU=1 \

@@ -29,5 +29,5 @@ cat $OUT/bench.md
 { for f in $G $L $Q; do timeout 60 $B/hipdecode profile -m $f -p 64 -n 8; echo; done; } > $OUT/profiles.md 2>&1
 echo "profiles exit $?"; grep -E "^model|per-op|warning" $OUT/profiles.md
 { for f in $G $L; do timeout 150 $B/bench-decode -m $f -p 0 -n 128 --device gpu --rounds 4 \
-    --ab 'HIPDECODE_GPU_MATVEC=exact HIPDECODE_KV_TYPE=f32' ''; echo; done; } > $OUT/ab.txt 2>&1
+    --ab 'HIPDECODE_GPU_MATVEC=exact -ctk f32' ''; echo; done; } > $OUT/ab.txt 2>&1
 echo "ab exit $?"; grep -E "verdict|\| (A|B) " $OUT/ab.txt

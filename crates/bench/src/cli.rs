@@ -121,6 +121,14 @@ pub struct Args {
     /// CPU: f32 activations (the reference path) instead of 16-bit integer ones.
     #[arg(long)]
     pub exact: bool,
+    /// The KV cache's key type: f32, f16 or q8_0 (also `-ctk`, as llama-bench spells it);
+    /// default f16 on the GPU, f32 on the CPU.
+    #[arg(long = "cache-type-k", value_name = "TYPE")]
+    pub cache_type_k: Option<decode::kv::KvType>,
+    /// The KV cache's value type (also `-ctv`); keys and values share one type, so one flag
+    /// sets both.
+    #[arg(long = "cache-type-v", value_name = "TYPE")]
+    pub cache_type_v: Option<decode::kv::KvType>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Md)]
     pub output: Format,
@@ -290,6 +298,14 @@ impl Args {
         }
         if self.exact {
             a.push("--exact".to_string());
+        }
+        for (flag, kv) in [
+            ("--cache-type-k", self.cache_type_k),
+            ("--cache-type-v", self.cache_type_v),
+        ] {
+            if let Some(kv) = kv {
+                a.extend([flag.to_string(), kv.name().to_string()]);
+            }
         }
         if self.no_graph {
             a.push("--no-graph".to_string());

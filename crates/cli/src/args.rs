@@ -3,6 +3,7 @@
 use anyhow::{Context, Result};
 use decode::backend::Precision;
 use decode::device::{BackendSettings, DeviceRequest};
+use decode::kv::KvType;
 use decode::sampler::SamplerConfig;
 
 /// How tokens are drawn (`run` and `chat`).
@@ -96,9 +97,23 @@ pub struct BackendArgs {
     /// (the same tokens, slower; for debugging and comparison).
     #[arg(long)]
     pub no_graph: bool,
+    /// The KV cache's key type: f32, f16 or q8_0 (also `-ctk`, as llama.cpp spells it).
+    /// Default: f16 on the GPU, f32 on the CPU (which holds every type's values in f32 rows,
+    /// rounded as the GPU stores them).
+    #[arg(long = "cache-type-k", value_name = "TYPE")]
+    pub cache_type_k: Option<KvType>,
+    /// The KV cache's value type (also `-ctv`). K and V are stored as one type: giving one of
+    /// the two sets both.
+    #[arg(long = "cache-type-v", value_name = "TYPE")]
+    pub cache_type_v: Option<KvType>,
 }
 
 impl BackendArgs {
+    /// The KV cache type `-ctk` / `-ctv` ask for, `None` for the backend's default.
+    pub fn kv_type(&self) -> Result<Option<KvType>> {
+        KvType::of_flags(self.cache_type_k, self.cache_type_v).map_err(anyhow::Error::msg)
+    }
+
     /// The thread pool set up, and the backend's settings.
     pub fn settings(&self) -> Result<BackendSettings> {
         if let Some(t) = self.threads {
@@ -114,6 +129,7 @@ impl BackendArgs {
                 Precision::Fast
             },
             gpu_graphs: !self.no_graph,
+            kv_type: self.kv_type()?,
             ..BackendSettings::default()
         })
     }
@@ -130,7 +146,10 @@ pub fn with_budget(
     gpu_budget: Option<&str>,
     host_budget: Option<&str>,
 ) -> Result<BackendSettings> {
-    let gpu_config = decode::backend::gpu::GpuConfig::from_process()?;
+    let mut gpu_config = decode::backend::gpu::GpuConfig::from_process()?;
+    if let Some(kv) = base.kv_type {
+        gpu_config.kv_type = kv;
+    }
     let budget_run = decode::budget_run::for_choice(
         choice,
         file,

@@ -1,6 +1,7 @@
 //! The `hipdecode` command line: `run` generates text, `chat` talks through the model's chat
-//! template, `serve` answers OpenAI-compatible HTTP requests, `inspect` reports on a GGUF
-//! file, `profile` times a decode step's ops on the GPU, `plan` plans GPU memory under a budget.
+//! template, `serve` answers OpenAI-compatible HTTP requests, `perplexity` scores a text,
+//! `inspect` reports on a GGUF file, `profile` times a decode step's ops on the GPU, `plan`
+//! plans GPU memory under a budget.
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -21,6 +22,7 @@ mod args;
 mod chat;
 mod logging;
 mod output;
+mod perplexity;
 mod profile;
 mod serve;
 
@@ -53,6 +55,10 @@ enum Command {
     /// or not), /v1/models, /health and Prometheus /metrics; requests share a KV budget and
     /// wait for it rather than fail.
     Serve(serve::ServeArgs),
+    /// Score a text: mean negative log-likelihood and perplexity over chunks of --chunk
+    /// tokens, each from an empty KV cache, the second half of each chunk's positions scored
+    /// (llama.cpp's method), with the 95% error of the mean.
+    Perplexity(perplexity::PerplexityArgs),
     /// Print a GGUF file's metadata and tensors, or export one tensor as .npy.
     Inspect(InspectArgs),
     /// Time every op of decode steps on the GPU: a per-kernel table with bytes moved.
@@ -103,6 +109,12 @@ struct PlanArgs {
     /// KV cache positions (clamped to the model's context length).
     #[arg(long, visible_alias = "ctx", default_value_t = 2048)]
     context: usize,
+    /// The KV cache's key type the plan prices: f32, f16 (the default) or q8_0 (also `-ctk`).
+    #[arg(long = "cache-type-k", value_name = "TYPE")]
+    cache_type_k: Option<decode::kv::KvType>,
+    /// The KV cache's value type (also `-ctv`); one flag sets both.
+    #[arg(long = "cache-type-v", value_name = "TYPE")]
+    cache_type_v: Option<decode::kv::KvType>,
     /// The device's total memory, which a percentage budget is taken of ("141GiB"). Default:
     /// ask the GPU when one is present.
     #[arg(long)]
@@ -198,7 +210,9 @@ fn main() -> ExitCode {
         eprintln!("error: {message}");
         return ExitCode::from(2);
     }
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(decode::kv::element::expand_cache_type_flags(
+        std::env::args(),
+    ));
     // The server logs its requests by default.
     let base = match cli.command {
         Command::Serve(_) => tracing::Level::INFO,
@@ -217,6 +231,7 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Run(args) => run(args),
         Command::Chat(args) => chat::chat(args),
         Command::Serve(args) => serve::serve(args),
+        Command::Perplexity(args) => perplexity::perplexity(args),
         Command::Inspect(args) => inspect(args),
         Command::Profile(args) => profile::profile(args),
         Command::Plan(args) => plan(args),
@@ -428,7 +443,12 @@ fn plan(args: PlanArgs) -> Result<()> {
     };
     let bytes = budget.resolve(device_total)?;
     let file = decode::open_model(&args.model)?;
-    let gpu_config = decode::backend::gpu::GpuConfig::from_process()?;
+    let mut gpu_config = decode::backend::gpu::GpuConfig::from_process()?;
+    if let Some(kv) = decode::kv::KvType::of_flags(args.cache_type_k, args.cache_type_v)
+        .map_err(anyhow::Error::msg)?
+    {
+        gpu_config.kv_type = kv;
+    }
     let options = decode::layout::LayoutOptions::for_config(args.context, &gpu_config);
     let layout = decode::layout::ModelLayout::new(&file, &options)?;
     let defaults = decode::budget_run::default_link(gpu_config.cpu_share);
@@ -465,10 +485,7 @@ fn plan(args: PlanArgs) -> Result<()> {
     outln!(
         "run      context {} (KV {}), batch {}, {} products, vendor GEMM buffers {}",
         layout.context,
-        match options.kv_type {
-            decode::backend::gpu::KvType::F16 => "f16",
-            decode::backend::gpu::KvType::F32 => "f32",
-        },
+        options.kv_type,
         options.bounds.max_batch,
         if options.int8_matvec { "int8" } else { "exact" },
         if options.vendor_gemm {

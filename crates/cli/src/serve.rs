@@ -189,7 +189,7 @@ impl WithBackend for Serving<'_> {
             spec,
             context,
             max_batch,
-            backend.kv_elem_bytes(),
+            backend.kv_storage(),
         )?;
         let kv_blocks = match self.kv_budget {
             None => None,

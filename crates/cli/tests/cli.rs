@@ -628,6 +628,69 @@ fn llama_cpp_habits_work_or_explain_themselves() {
     std::fs::remove_file(&model).ok();
 }
 
+/// llama.cpp's `-ctk` / `-ctv` (and the long spellings) set the KV cache's type, shown in the
+/// run's report; an unknown type, q4_0 (not yet supported), two different types and the
+/// retired `HIPDECODE_KV_TYPE` are each refused with the fix.
+#[test]
+fn kv_cache_types_are_flags_as_in_llama_cpp_and_the_old_variable_is_refused() {
+    let model = tiny_model("ctk");
+    for flags in [
+        &["-ctk", "q8_0"][..],
+        &["-ctv", "q8_0"],
+        &["--cache-type-k=q8_0", "--cache-type-v", "q8_0"],
+    ] {
+        let mut args = vec!["-p", "hello world", "-n", "3", "--temp", "0"];
+        args.extend(flags);
+        let (code, stdout, stderr) = run_on_cpu(&model, &args);
+        assert_eq!(code, Some(0), "{flags:?}: {stderr}");
+        assert!(stdout.starts_with("hello world"), "{stdout}");
+        assert!(
+            stderr.contains("q8_0"),
+            "{flags:?} names no q8_0 KV: {stderr}"
+        );
+    }
+    let refused = |args: &[&str], needles: &[&str]| {
+        let (code, _, stderr) = run_on_cpu(&model, args);
+        assert_ne!(code, Some(0), "{args:?} ran: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        for needle in needles {
+            assert!(
+                stderr.contains(needle),
+                "{args:?}: no '{needle}' in {stderr}"
+            );
+        }
+    };
+    refused(
+        &["-p", "x", "-ctk", "q9"],
+        &["'q9' is not a KV cache type", "q8_0"],
+    );
+    refused(
+        &["-p", "x", "-ctk", "q4_0"],
+        &["q4_0 is not supported", "f16"],
+    );
+    refused(
+        &["-p", "x", "-ctk", "q8_0", "-ctv", "f16"],
+        &["differ", "-ctk q8_0 -ctv q8_0"],
+    );
+    let out = hipdecode()
+        .args(["run", "-m"])
+        .arg(&model)
+        .args(["--device", "cpu", "-p", "x", "-n", "1"])
+        .env("HIPDECODE_KV_TYPE", "f32")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the retired variable was taken: {stderr}"
+    );
+    assert!(
+        stderr.contains("HIPDECODE_KV_TYPE") && stderr.contains("-ctk"),
+        "{stderr}"
+    );
+    std::fs::remove_file(&model).ok();
+}
+
 /// Standard output that goes away: a reader that closes the pipe after a few bytes ends the run
 /// quietly with SIGPIPE's status (141, as coreutils end), and a full device (`/dev/full`) is an
 /// error naming standard output with status 1. Rust's `print!` panicked with status 101 in both.

@@ -111,7 +111,8 @@ fn sixteen_streams_in_a_budget_of_four_sequences_equal_each_request_alone() {
 
     // Four whole sequences of KV (f32 on the CPU, either path); more sequences than that may run while
     // their prompts fit, and the scheduler preempts when they grow.
-    let block = decode::layout::context::pool_block_bytes(&spec, CTX, 64, 4).expect("block");
+    let block = decode::layout::context::pool_block_bytes(&spec, CTX, 64, decode::kv::KvType::F32)
+        .expect("block");
     let budget_blocks = 4 * CTX / decode::kv::BLOCK_POSITIONS;
     let budget = (budget_blocks as u64 * block).to_string();
     let ctx = CTX.to_string();

@@ -4,6 +4,7 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::gpu::{GpuBackend, GpuConfig, HostPlacement, DEFAULT_MAX_BATCH};
 use crate::backend::{Backend, Precision};
 use crate::error::{DecodeError, Result};
+use crate::kv::KvType;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -128,6 +129,9 @@ pub struct BackendSettings {
     /// GPU: the knobs' settings, read once by the program; `None` reads the process
     /// environment when the backend opens.
     pub gpu_config: Option<GpuConfig>,
+    /// The KV cache's type (`-ctk` / `-ctv`); `None` is the backend's default (f32 on the
+    /// CPU, f16 on the GPU). It overrides `gpu_config`'s.
+    pub kv_type: Option<KvType>,
 }
 
 impl Default for BackendSettings {
@@ -138,6 +142,7 @@ impl Default for BackendSettings {
             gpu_graphs: true,
             gpu_offload: None,
             gpu_config: None,
+            kv_type: None,
         }
     }
 }
@@ -161,7 +166,13 @@ impl BackendChoice {
                         .into(),
                 ))
             }
-            BackendChoice::Cpu => work.run(CpuBackend::new(settings.cpu_precision)),
+            BackendChoice::Cpu => {
+                let mut cpu = CpuBackend::new(settings.cpu_precision);
+                if let Some(kv) = settings.kv_type {
+                    cpu.set_kv_type(kv);
+                }
+                work.run(cpu)
+            }
             BackendChoice::Gpu(device) => work.run(gpu_backend(*device, &settings)?),
         })
     }
@@ -170,10 +181,13 @@ impl BackendChoice {
 /// The GPU backend on `device` as `settings` ask, a GPU budget's plan included.
 pub fn gpu_backend(device: hip_ffi::Device, settings: &BackendSettings) -> Result<GpuBackend> {
     let limit = settings.gpu_offload.as_ref().map(|o| o.memory_limit);
-    let config = match settings.gpu_config {
+    let mut config = match settings.gpu_config {
         Some(config) => config,
         None => GpuConfig::from_process()?,
     };
+    if let Some(kv) = settings.kv_type {
+        config.kv_type = kv;
+    }
     let (max_batch, graphs) = (settings.gpu_max_batch, settings.gpu_graphs);
     let mut backend = GpuBackend::with_config(device, max_batch, graphs, limit, &config)?;
     if let Some(offload) = &settings.gpu_offload {

@@ -28,10 +28,32 @@ pub static BLESS_GOLDEN: Knob<Option<String>> = Knob {
     parse: knobs::parse::text,
 };
 
+/// Retired: the KV cache type is the flags' now, since a context's type belongs with its
+/// other sizes on the command line (and llama.cpp users know the flags). Kept as a knob whose
+/// every value is an error, so a script that still sets it stops instead of running on f16.
+pub static RETIRED_KV_TYPE: Knob<()> = Knob {
+    name: "HIPDECODE_KV_TYPE",
+    default: "",
+    doc: "retired: any value is an error; the KV cache type is `-ctk` / `--cache-type-k` and \
+          `-ctv` / `--cache-type-v` (f32, f16, q8_0)",
+    scope: Scope::Run,
+    parse: |v| {
+        if v.is_empty() {
+            Ok(())
+        } else {
+            Err(
+                "the KV cache type moved to the flags -ctk/--cache-type-k and \
+                 -ctv/--cache-type-v; unset HIPDECODE_KV_TYPE and pass, e.g., -ctk f32 -ctv f32"
+                    .into(),
+            )
+        }
+    },
+};
+
 /// This crate's knobs.
 pub static TABLE: Table = &[
+    &RETIRED_KV_TYPE,
     &crate::backend::gpu::MATVEC_PATH,
-    &crate::backend::gpu::KV_TYPE,
     &crate::backend::gpu::vendor_gemm::GPU_PREFILL,
     &crate::backend::gpu::ATTN_PREFILL,
     &crate::backend::gpu::ATTN_DECODE,

@@ -41,6 +41,7 @@ pub mod link_probe;
 pub mod managed_probe;
 pub mod memory;
 pub mod model;
+pub mod nll;
 pub mod quant;
 pub mod sampler;
 pub mod scheduler;

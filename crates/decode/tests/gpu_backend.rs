@@ -204,6 +204,77 @@ fn tiny_gemma3_on_the_gpu_matches_the_cpu() {
     check_preset(Preset::TinyGemma3);
 }
 
+/// A q8_0 KV cache on the GPU against the CPU storing the same q8_0 rows (its bit-identical
+/// quantizer), both on the exact f32 products: the cached values are the same bytes but for a
+/// rounding that summation order flips at a block's boundary (one step of amax/127 on one
+/// value), so the bound is looser than GPU_TOL and far tighter than the f16 cache's INT8_TOL.
+/// Covers the q8_0 store, the chunked prefill's attention and the split decode attention.
+const Q8_0_KV_TOL: f32 = 2e-2;
+
+#[test]
+fn a_q8_0_kv_cache_on_the_gpu_matches_the_cpu_storing_the_same_q8_0_rows() {
+    let test = "a_q8_0_kv_cache_on_the_gpu_matches_the_cpu_storing_the_same_q8_0_rows";
+    let _one_at_a_time = gpu_lock();
+    if hip_ffi::testing::device_or_skip(test).is_none() {
+        return;
+    }
+    let cpu_q8 = || {
+        let mut be = CpuBackend::new(Precision::Exact);
+        be.set_kv_type(KvType::Q8_0);
+        be
+    };
+    let gpu_q8 = || {
+        let mut be = gpu_backend(test).expect("the GPU backend starts");
+        be.set_matvec_path(MatvecPath::Exact);
+        be.set_kv_type(KvType::Q8_0);
+        be
+    };
+    for preset in [
+        Preset::TinyLlama,
+        Preset::TinyQwen3,
+        Preset::TinyQwen3Moe,
+        Preset::TinyGemma3,
+    ] {
+        let what = format!("{test} {}", preset.name());
+        let file = Arc::new(preset_file(preset));
+        let tok = Tokenizer::from_gguf(&file).unwrap();
+        let mut tokens = tok.encode(
+            "hello world, the quick brown fox jumps over 12 lazy dogs",
+            tok.vocab().bos.is_some(),
+        );
+        tokens.truncate(24);
+        let want = logits_of(&file, cpu_q8(), &tokens);
+        let got = logits_of(&file, gpu_q8(), &tokens);
+        let (max, rms) = compare(&got, &want);
+        eprintln!("{what}: max |gpu - cpu| {max:.3e}, cpu rms {rms:.3}");
+        assert!(
+            max <= Q8_0_KV_TOL * rms.max(1.0),
+            "{what}: max diff {max} > {Q8_0_KV_TOL} x max(rms {rms}, 1)"
+        );
+        // The rounding to q8_0 moves the logits off the f32 cache's: the CPU's own q8_0 run
+        // differs from its f32 run, which shows the type reached the stored rows.
+        let f32_kv = logits_of(&file, CpuBackend::new(Precision::Exact), &tokens);
+        let (moved, _) = compare(&want, &f32_kv);
+        eprintln!("{what}: q8_0 against f32 KV on the CPU: max |diff| {moved:.3e}");
+        assert!(
+            moved > 0.0,
+            "{what}: the CPU's q8_0 rows equal its f32 rows"
+        );
+        let n = 32;
+        let cpu_tokens = greedy(&file, cpu_q8(), &tokens[..4], n);
+        let gpu_tokens = greedy(&file, gpu_q8(), &tokens[..4], n);
+        check_greedy(
+            &what,
+            &file,
+            &tokens[..4],
+            &cpu_tokens,
+            &gpu_tokens,
+            Q8_0_KV_TOL,
+            true,
+        );
+    }
+}
+
 /// Sampled (non-greedy) continuations: the GPU samples on the device from the seeded
 /// sampler's draws and gives the CPU's tokens (both on exact f32 paths, so the logits agree to
 /// about 1e-6 and a different token would need a draw within that of a boundary).

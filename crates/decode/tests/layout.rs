@@ -16,6 +16,7 @@ use decode::backend::gpu::{GpuBackend, GpuConfig, DEFAULT_MAX_BATCH};
 use decode::backend::{Backend, Precision};
 use decode::context::{Context, ContextOptions};
 use decode::gguf_loader::synth::Preset;
+use decode::kv::KvType;
 use decode::layout::{LayoutOptions, ModelLayout, Presence};
 use decode::model::Model;
 use decode::session::Session;
@@ -72,6 +73,35 @@ fn the_layout_is_what_a_cpu_load_books_per_tag() {
     }
 }
 
+/// The q8_0 KV cache's bytes against f16's, as the layout books them for the GPU under the
+/// `kv_cache` tag: at most 53.2 % (34 bytes per 32 values against 64).
+#[test]
+fn a_q8_0_kv_cache_takes_at_most_53_2_percent_of_f16() {
+    for preset in TINY {
+        let file = Arc::new(common::preset_file(preset));
+        let bytes = |kv: KvType| {
+            let options = LayoutOptions {
+                bounds: ContextOptions {
+                    context: 32768,
+                    ..ContextOptions::default()
+                },
+                kv_type: kv,
+                ..LayoutOptions::default()
+            };
+            let layout = ModelLayout::new(&file, &options).unwrap();
+            layout.requested(MemoryTag::KvCache)
+        };
+        let (q8, f16, f32) = (bytes(KvType::Q8_0), bytes(KvType::F16), bytes(KvType::F32));
+        let ratio = q8 as f64 / f16 as f64;
+        eprintln!(
+            "{}: KV q8_0 {q8} B, f16 {f16} B, f32 {f32} B: {ratio:.4}",
+            preset.name()
+        );
+        assert_eq!(f32, 2 * f16, "{}", preset.name());
+        assert!(ratio <= 0.532 && ratio > 0.5, "{}: {ratio}", preset.name());
+    }
+}
+
 /// Per tag, the layout's bytes asked, the layout replayed on the allocator, and the allocator's
 /// report of the real load; fails on any tag where the last two differ.
 fn compare_on_the_gpu(
@@ -79,8 +109,10 @@ fn compare_on_the_gpu(
     file: &Arc<decode::GgufFile>,
     device: hip_ffi::Device,
     context: usize,
+    kv: KvType,
 ) {
-    let config = GpuConfig::from_process().expect("the GPU settings are valid");
+    let mut config = GpuConfig::from_process().expect("the GPU settings are valid");
+    config.kv_type = kv;
     let backend = GpuBackend::with_config(device, DEFAULT_MAX_BATCH, true, None, &config)
         .expect("the GPU backend starts");
     let model_options = ContextOptions {
@@ -95,7 +127,7 @@ fn compare_on_the_gpu(
     let view = layout.replay(true).expect("replay");
     let model = Session::load(file, backend, model_options).expect("load");
     let stats = model.backend().allocator().stats();
-    let what = format!("{label} at context {context}");
+    let what = format!("{label} at context {context}, {kv} KV");
     eprintln!("{what}:");
     eprintln!(
         "  {:<16} {:>14} {:>14} {:>14}",
@@ -152,7 +184,9 @@ fn the_layout_is_what_a_gpu_load_allocates_per_tag() {
     for preset in TINY {
         let file = Arc::new(common::preset_file(preset));
         for context in [64, 2048] {
-            compare_on_the_gpu(preset.name(), &file, device, context);
+            for kv in KvType::ALL {
+                compare_on_the_gpu(preset.name(), &file, device, context, kv);
+            }
         }
     }
     let Some(list) = decode::environment::SYNTH_MODELS.read().unwrap() else {
@@ -166,7 +200,9 @@ fn the_layout_is_what_a_gpu_load_allocates_per_tag() {
     for path in std::env::split_paths(&list) {
         let file = decode::open_model(&path).unwrap();
         for context in [4096, 32768] {
-            compare_on_the_gpu(&path.display().to_string(), &file, device, context);
+            for kv in [KvType::F16, KvType::Q8_0] {
+                compare_on_the_gpu(&path.display().to_string(), &file, device, context, kv);
+            }
         }
     }
 }

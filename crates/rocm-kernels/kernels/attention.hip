@@ -2,8 +2,9 @@
 // window and ring slots.
 //
 // Shapes: q `[n_tokens][n_head][dk]` f32; the K cache `[slots][n_head_kv][dk]` and the V cache
-// `[slots][n_head_kv][dv]` in f16 (u16 bits) or f32; out `[n_tokens][n_head][dv]` f32. Query
-// head h reads KV head h / (n_head / n_head_kv). Query token t is at positions[t] (device
+// `[slots][n_head_kv][dv]` in f16 (u16 bits), f32 or q8_0 (kv_q8.h; dk and dv multiples of
+// 32, so every head starts on a block); out `[n_tokens][n_head][dv]` f32. Query head h reads KV
+// head h / (n_head / n_head_kv). Query token t is at positions[t] (device
 // memory) and sees the keys at positions [first, p] with first = max(0, p - window + 1) (or 0
 // without a window); position j lives in slot j % slots, and slot s in the cache row that the
 // token's block table gives when the cache is paged (kv_pages.h).
@@ -20,6 +21,7 @@
 //    writes a neutral partial (max = -inf, sum = 0) that the combine skips.
 #include "portability.h"
 #include "kv_pages.h"
+#include "kv_q8.h"
 
 // Query heads per block (the GQA group is split into sub-groups of at most this many).
 #define ATTN_MAX_HEADS 8
@@ -28,8 +30,15 @@
 
 DEVICE float attn_neg_inf() { return __int_as_float((int)0xff800000u); }
 
+// The templates below take a cache as P: `const float*`, `const u16*` (f16 bits) or KvQ8
+// (kv_q8.h, whose kv_load is there), each with `+ offset` and kv_load(P, i).
 DEVICE float kv_load(const float* p, u64 i) { return p[i]; }
 DEVICE float kv_load(const u16* p, u64 i) { return f16_to_f32(p[i]); }
+
+// A kernel argument as the templates take it.
+DEVICE const float* kv_ptr(const float* p) { return p; }
+DEVICE const u16* kv_ptr(const u16* p) { return p; }
+DEVICE KvQ8 kv_ptr(const u8* p) { return kv_q8_at(p); }
 
 // Max (IS_MAX) or sum of v[0..nh) over the block; every thread gets the results. `red` holds
 // ATTN_MAX_HEADS * 32 floats; blockDim.x is a multiple of WARP_SIZE.
@@ -65,8 +74,8 @@ DEVICE void attn_block_reduce(float* v, u32 nh, float* red) {
 // Dynamic shared memory: heads_per_block * dk floats of q, then heads_per_block *
 // max(blockDim.x, rows_par * dv) floats for the tile's probabilities (and, at the end, the
 // partial V sums), where rows_par = dv <= blockDim.x ? blockDim.x / dv : 1.
-template <typename T>
-DEVICE void attn_core(const float* q, const T* k_cache, const T* v_cache, const i32* positions,
+template <typename P>
+DEVICE void attn_core(const float* q, P k_cache, P v_cache, const i32* positions,
                       float* out, float* part_ms, float* part_acc, u32 n_head, u32 n_head_kv,
                       u32 dk, u32 dv, u32 slots, u32 window, float scale, u32 heads_per_block,
                       u32 n_split, u32 keys_per_split, float* smem, float* red,
@@ -114,8 +123,8 @@ DEVICE void attn_core(const float* q, const T* k_cache, const T* v_cache, const 
 
     const u64 k_row = (u64)n_head_kv * dk;
     const u64 v_row = (u64)n_head_kv * dv;
-    const T* k_head = k_cache + (u64)kvh * dk;
-    const T* v_head = v_cache + (u64)kvh * dv;
+    P k_head = k_cache + (u64)kvh * dk;
+    P v_head = v_cache + (u64)kvh * dv;
     const u32 rows_par = dv <= n_threads ? n_threads / dv : 1;
 
     float m_run[ATTN_MAX_HEADS];
@@ -138,7 +147,7 @@ DEVICE void attn_core(const float* q, const T* k_cache, const T* v_cache, const 
         for (u32 g = 0; g < ATTN_MAX_HEADS; ++g) s[g] = 0.0f;
         if (valid) {
             const u64 row = kv_row(pages, (u32)(first + jj) % slots);
-            const T* kr = k_head + row * k_row;
+            P kr = k_head + row * k_row;
             for (u32 d = 0; d < dk; ++d) {
                 const float kd = kv_load(kr, d);
 #pragma unroll
@@ -249,9 +258,9 @@ KERNEL void attn_f16(const float* q, const u16* k_cache, const u16* v_cache,
     KERNEL_PROLOGUE();
     extern __shared__ float attn_smem[];
     __shared__ float red[ATTN_MAX_HEADS * 32];
-    attn_core<u16>(q, k_cache, v_cache, positions, out, part_ms, part_acc, n_head, n_head_kv, dk,
-                   dv, slots, window, scale, heads_per_block, n_split, keys_per_split, attn_smem,
-                   red, KV_PAGES_ARGS);
+    attn_core<const u16*>(q, k_cache, v_cache, positions, out, part_ms, part_acc, n_head,
+                          n_head_kv, dk, dv, slots, window, scale, heads_per_block, n_split,
+                          keys_per_split, attn_smem, red, KV_PAGES_ARGS);
 }
 
 KERNEL void attn_f32(const float* q, const float* k_cache, const float* v_cache,
@@ -262,9 +271,22 @@ KERNEL void attn_f32(const float* q, const float* k_cache, const float* v_cache,
     KERNEL_PROLOGUE();
     extern __shared__ float attn_smem[];
     __shared__ float red[ATTN_MAX_HEADS * 32];
-    attn_core<float>(q, k_cache, v_cache, positions, out, part_ms, part_acc, n_head, n_head_kv,
-                     dk, dv, slots, window, scale, heads_per_block, n_split, keys_per_split,
-                     attn_smem, red, KV_PAGES_ARGS);
+    attn_core<const float*>(q, k_cache, v_cache, positions, out, part_ms, part_acc, n_head,
+                            n_head_kv, dk, dv, slots, window, scale, heads_per_block, n_split,
+                            keys_per_split, attn_smem, red, KV_PAGES_ARGS);
+}
+
+KERNEL void attn_q8_0(const float* q, const u8* k_cache, const u8* v_cache,
+                      const i32* positions, float* out, float* part_ms, float* part_acc,
+                      u32 n_head, u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window,
+                      float scale, u32 heads_per_block, u32 n_split, u32 keys_per_split,
+                      KV_PAGES_PARAMS) {
+    KERNEL_PROLOGUE();
+    extern __shared__ float attn_smem[];
+    __shared__ float red[ATTN_MAX_HEADS * 32];
+    attn_core<KvQ8>(q, kv_q8_at(k_cache), kv_q8_at(v_cache), positions, out, part_ms, part_acc,
+                    n_head, n_head_kv, dk, dv, slots, window, scale, heads_per_block, n_split,
+                    keys_per_split, attn_smem, red, KV_PAGES_ARGS);
 }
 
 // Prefill, tiled: a block takes ATTN_TQ consecutive query tokens of one head (grid x: token
@@ -288,8 +310,8 @@ KERNEL void attn_f32(const float* q, const float* k_cache, const float* v_cache,
 // Output dimensions per thread: dv <= ATTN_TK * ATTN_T_ITEMS.
 #define ATTN_T_ITEMS 16
 
-template <typename T>
-DEVICE void attn_prefill_tiled(const float* q, const T* k_cache, const T* v_cache,
+template <typename P>
+DEVICE void attn_prefill_tiled(const float* q, P k_cache, P v_cache,
                                const i32* positions, float* out, u32 n_tokens, u32 n_head,
                                u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window,
                                float scale, float* smem, KV_PAGES_PARAMS) {
@@ -324,8 +346,8 @@ DEVICE void attn_prefill_tiled(const float* q, const T* k_cache, const T* v_cach
 
     const u64 k_row = (u64)n_head_kv * dk;
     const u64 v_row = (u64)n_head_kv * dv;
-    const T* k_head = k_cache + (u64)kvh * dk;
-    const T* v_head = v_cache + (u64)kvh * dv;
+    P k_head = k_cache + (u64)kvh * dk;
+    P v_head = v_cache + (u64)kvh * dv;
     const u32 n_items = (dv + ATTN_TK - 1) / ATTN_TK;
     // The row's running max and sum: the 16 threads of a row hold the same values.
     float m_run = attn_neg_inf();
@@ -341,7 +363,7 @@ DEVICE void attn_prefill_tiled(const float* q, const T* k_cache, const T* v_cach
         const bool load_valid = lp <= k_hi;
         const u64 slot = load_valid ? kv_row(pages, (u32)lp % slots) : 0;
         {
-            const T* kr = k_head + slot * k_row;
+            P kr = k_head + slot * k_row;
             for (u32 d = c; d < dk; d += ATTN_TK)
                 kv_sh[r * kv_stride + d] = load_valid ? kv_load(kr, d) : 0.0f;
         }
@@ -373,7 +395,7 @@ DEVICE void attn_prefill_tiled(const float* q, const T* k_cache, const T* v_cach
         p_sh[r * ATTN_TK + c] = p;
         __syncthreads();  // every score is taken: the K tile may be overwritten
         {
-            const T* vr = v_head + slot * v_row;
+            P vr = v_head + slot * v_row;
             for (u32 d = c; d < dv; d += ATTN_TK)
                 kv_sh[r * kv_stride + d] = load_valid ? kv_load(vr, d) : 0.0f;
         }
@@ -411,8 +433,9 @@ KERNEL void attn_prefill_f16(const float* q, const u16* k_cache, const u16* v_ca
                              KV_PAGES_PARAMS) {
     KERNEL_PROLOGUE();
     extern __shared__ float attn_smem[];
-    attn_prefill_tiled<u16>(q, k_cache, v_cache, positions, out, n_tokens, n_head, n_head_kv, dk,
-                            dv, slots, window, scale, attn_smem, KV_PAGES_ARGS);
+    attn_prefill_tiled<const u16*>(q, k_cache, v_cache, positions, out, n_tokens, n_head,
+                                   n_head_kv, dk, dv, slots, window, scale, attn_smem,
+                                   KV_PAGES_ARGS);
 }
 
 KERNEL void attn_prefill_f32(const float* q, const float* k_cache, const float* v_cache,
@@ -421,8 +444,20 @@ KERNEL void attn_prefill_f32(const float* q, const float* k_cache, const float* 
                              KV_PAGES_PARAMS) {
     KERNEL_PROLOGUE();
     extern __shared__ float attn_smem[];
-    attn_prefill_tiled<float>(q, k_cache, v_cache, positions, out, n_tokens, n_head, n_head_kv,
-                              dk, dv, slots, window, scale, attn_smem, KV_PAGES_ARGS);
+    attn_prefill_tiled<const float*>(q, k_cache, v_cache, positions, out, n_tokens, n_head,
+                                     n_head_kv, dk, dv, slots, window, scale, attn_smem,
+                                     KV_PAGES_ARGS);
+}
+
+KERNEL void attn_prefill_q8_0(const float* q, const u8* k_cache, const u8* v_cache,
+                              const i32* positions, float* out, u32 n_tokens, u32 n_head,
+                              u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window, float scale,
+                              KV_PAGES_PARAMS) {
+    KERNEL_PROLOGUE();
+    extern __shared__ float attn_smem[];
+    attn_prefill_tiled<KvQ8>(q, kv_q8_at(k_cache), kv_q8_at(v_cache), positions, out, n_tokens,
+                             n_head, n_head_kv, dk, dv, slots, window, scale, attn_smem,
+                             KV_PAGES_ARGS);
 }
 
 // Merges the splits of one (token, head) per block: out = sum_s acc_s e^(m_s - M) /
@@ -493,16 +528,16 @@ KERNEL void attn_combine(const float* part_ms, const float* part_acc, float* out
 // A lane's DPL consecutive values of a key or value row, with the widest load their
 // alignment allows: rows start at multiples of 64 values (d is), so a lane's slice is aligned
 // to its own size.
-template <typename T, int DPL>
+template <typename P, int DPL>
 struct KvRowPart {
-    static DEVICE void load(const T* row, u32 lane, float* out) {
+    static DEVICE void load(P row, u32 lane, float* out) {
 #pragma unroll
         for (int i = 0; i < DPL; ++i) out[i] = kv_load(row, (u64)lane * DPL + i);
     }
 };
 
 template <>
-struct KvRowPart<u16, 8> {
+struct KvRowPart<const u16*, 8> {
     static DEVICE void load(const u16* row, u32 lane, float* out) {
         const uint4 v = *(const uint4*)(row + (u64)lane * 8);
         const u32 w[4] = {v.x, v.y, v.z, v.w};
@@ -515,7 +550,7 @@ struct KvRowPart<u16, 8> {
 };
 
 template <>
-struct KvRowPart<u16, 4> {
+struct KvRowPart<const u16*, 4> {
     static DEVICE void load(const u16* row, u32 lane, float* out) {
         const uint2 v = *(const uint2*)(row + (u64)lane * 4);
         out[0] = f16_to_f32((u16)(v.x & 0xFFFFu));
@@ -526,7 +561,7 @@ struct KvRowPart<u16, 4> {
 };
 
 template <>
-struct KvRowPart<float, 8> {
+struct KvRowPart<const float*, 8> {
     static DEVICE void load(const float* row, u32 lane, float* out) {
         const float4 a = *(const float4*)(row + (u64)lane * 8);
         const float4 b = *(const float4*)(row + (u64)lane * 8 + 4);
@@ -536,16 +571,40 @@ struct KvRowPart<float, 8> {
 };
 
 template <>
-struct KvRowPart<float, 4> {
+struct KvRowPart<const float*, 4> {
     static DEVICE void load(const float* row, u32 lane, float* out) {
         const float4 a = *(const float4*)(row + (u64)lane * 4);
         out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
     }
 };
 
-template <typename T, int DPL>
-DEVICE void kv_row_part(const T* row, u32 lane, float* out) {
-    KvRowPart<T, DPL>::load(row, lane, out);
+// q8_0: a lane's DPL <= 8 values lie in one block (DPL divides 32 and the row starts on a
+// block), so it reads the block's scale once and its quants two at a time: a block is only
+// 2-byte aligned (34-byte blocks put its quants at 2 or 0 mod 4, alternating from block to
+// block), so a wider load would need an alignment the lanes of one wave do not share.
+template <int DPL>
+struct KvRowPart<KvQ8, DPL> {
+    static DEVICE void load(KvQ8 row, u32 lane, float* out) {
+        const u64 v = row.off + (u64)lane * DPL;
+        const u8* b = kv_q8_block(row, v);
+        const float d = kv_q8_scale(b);
+        const u8* qs = b + 2 + v % KV_Q8_BLOCK;
+        if (DPL == 1) {
+            out[0] = d * (float)(i8)qs[0];
+        } else {
+#pragma unroll
+            for (int i = 0; i < DPL / 2; ++i) {
+                const u16 w = ((const u16*)qs)[i];
+                out[2 * i] = d * (float)(i8)(u8)(w & 0xffu);
+                out[2 * i + 1] = d * (float)(i8)(u8)(w >> 8);
+            }
+        }
+    }
+};
+
+template <typename P, int DPL>
+DEVICE void kv_row_part(P row, u32 lane, float* out) {
+    KvRowPart<P, DPL>::load(row, lane, out);
 }
 
 // One key's online-softmax update of every head of the block: the score is a warp sum of
@@ -570,8 +629,8 @@ DEVICE void attn_key_update(const float (*qv)[DPL], const float* kr, const float
     }
 }
 
-template <typename T, int DPL>
-DEVICE void attn_decode_core(const float* q, const T* k_cache, const T* v_cache,
+template <typename P, int DPL>
+DEVICE void attn_decode_core(const float* q, P k_cache, P v_cache,
                              const i32* positions, float* out, float* part_ms, float* part_acc,
                              u32 n_head, u32 n_head_kv, u32 d, u32 slots, u32 window,
                              float scale, u32 heads_per_block, u32 n_split,
@@ -639,8 +698,8 @@ DEVICE void attn_decode_core(const float* q, const T* k_cache, const T* v_cache,
         for (int i = 0; i < DPL; ++i) acc[g][i] = 0.0f;
     }
     const u64 row = (u64)n_head_kv * d;
-    const T* k_head = k_cache + (u64)kvh * d;
-    const T* v_head = v_cache + (u64)kvh * d;
+    P k_head = k_cache + (u64)kvh * d;
+    P v_head = v_cache + (u64)kvh * d;
     // Two keys per warp and iteration: both keys' rows are loaded before either is used, so
     // twice the loads are in flight (a short cache makes this loop latency-bound).
     for (i64 j = k_begin + warp; j < k_end; j += 2 * (i64)n_warps) {
@@ -649,10 +708,10 @@ DEVICE void attn_decode_core(const float* q, const T* k_cache, const T* v_cache,
         const u64 slot = kv_row(pages, (u32)((first + j) % (i64)slots));
         const u64 slot2 = kv_row(pages, (u32)((first + (two ? j2 : j)) % (i64)slots));
         float kr[DPL], vr[DPL], kr2[DPL], vr2[DPL];
-        kv_row_part<T, DPL>(k_head + slot * row, lane, kr);
-        kv_row_part<T, DPL>(v_head + slot * row, lane, vr);
-        kv_row_part<T, DPL>(k_head + slot2 * row, lane, kr2);
-        kv_row_part<T, DPL>(v_head + slot2 * row, lane, vr2);
+        kv_row_part<P, DPL>(k_head + slot * row, lane, kr);
+        kv_row_part<P, DPL>(v_head + slot * row, lane, vr);
+        kv_row_part<P, DPL>(k_head + slot2 * row, lane, kr2);
+        kv_row_part<P, DPL>(v_head + slot2 * row, lane, vr2);
         attn_key_update<DPL>(qv, kr, vr, nh, m, l, acc);
         if (two) attn_key_update<DPL>(qv, kr2, vr2, nh, m, l, acc);
     }
@@ -697,7 +756,7 @@ DEVICE void attn_decode_core(const float* q, const T* k_cache, const T* v_cache,
     }
 }
 
-#define ATTN_DECODE_ENTRY(name, T)                                                             \
+#define ATTN_DECODE_ENTRY(name, T, P)                                                           \
     KERNEL void name(const float* q, const T* k_cache, const T* v_cache, const i32* positions, \
                      float* out, float* part_ms, float* part_acc, u32 n_head, u32 n_head_kv,   \
                      u32 d, u32 slots, u32 window, float scale, u32 heads_per_block,           \
@@ -708,37 +767,38 @@ DEVICE void attn_decode_core(const float* q, const T* k_cache, const T* v_cache,
         __shared__ float sm_ml[ATTN_DEC_WARPS * ATTN_DEC_HEADS * 2];                           \
         switch (d / WARP_SIZE) {                                                               \
             case 1:                                                                            \
-                attn_decode_core<T, 1>(q, k_cache, v_cache, positions, out, part_ms, part_acc, \
-                                       n_head, n_head_kv, d, slots, window, scale,             \
-                                       heads_per_block, n_split, keys_per_split, sm_acc,       \
-                                       sm_ml, KV_PAGES_ARGS);                                  \
+                attn_decode_core<P, 1>(q, kv_ptr(k_cache), kv_ptr(v_cache), positions, out,    \
+                                       part_ms, part_acc, n_head, n_head_kv, d, slots, window, \
+                                       scale, heads_per_block, n_split, keys_per_split,        \
+                                       sm_acc, sm_ml, KV_PAGES_ARGS);                          \
                 break;                                                                         \
             case 2:                                                                            \
-                attn_decode_core<T, 2>(q, k_cache, v_cache, positions, out, part_ms, part_acc, \
-                                       n_head, n_head_kv, d, slots, window, scale,             \
-                                       heads_per_block, n_split, keys_per_split, sm_acc,       \
-                                       sm_ml, KV_PAGES_ARGS);                                  \
+                attn_decode_core<P, 2>(q, kv_ptr(k_cache), kv_ptr(v_cache), positions, out,    \
+                                       part_ms, part_acc, n_head, n_head_kv, d, slots, window, \
+                                       scale, heads_per_block, n_split, keys_per_split,        \
+                                       sm_acc, sm_ml, KV_PAGES_ARGS);                          \
                 break;                                                                         \
             case 4:                                                                            \
-                attn_decode_core<T, 4>(q, k_cache, v_cache, positions, out, part_ms, part_acc, \
-                                       n_head, n_head_kv, d, slots, window, scale,             \
-                                       heads_per_block, n_split, keys_per_split, sm_acc,       \
-                                       sm_ml, KV_PAGES_ARGS);                                  \
+                attn_decode_core<P, 4>(q, kv_ptr(k_cache), kv_ptr(v_cache), positions, out,    \
+                                       part_ms, part_acc, n_head, n_head_kv, d, slots, window, \
+                                       scale, heads_per_block, n_split, keys_per_split,        \
+                                       sm_acc, sm_ml, KV_PAGES_ARGS);                          \
                 break;                                                                         \
             case 8:                                                                            \
-                attn_decode_core<T, 8>(q, k_cache, v_cache, positions, out, part_ms, part_acc, \
-                                       n_head, n_head_kv, d, slots, window, scale,             \
-                                       heads_per_block, n_split, keys_per_split, sm_acc,       \
-                                       sm_ml, KV_PAGES_ARGS);                                  \
+                attn_decode_core<P, 8>(q, kv_ptr(k_cache), kv_ptr(v_cache), positions, out,    \
+                                       part_ms, part_acc, n_head, n_head_kv, d, slots, window, \
+                                       scale, heads_per_block, n_split, keys_per_split,        \
+                                       sm_acc, sm_ml, KV_PAGES_ARGS);                          \
                 break;                                                                         \
             default:                                                                           \
                 break;                                                                         \
         }                                                                                      \
     }
 
-// Entry points attn_decode_f16 and attn_decode_f32.
-ATTN_DECODE_ENTRY(attn_decode_f16, u16)
-ATTN_DECODE_ENTRY(attn_decode_f32, float)
+// Entry points attn_decode_f16, attn_decode_f32 and attn_decode_q8_0.
+ATTN_DECODE_ENTRY(attn_decode_f16, u16, const u16*)
+ATTN_DECODE_ENTRY(attn_decode_f32, float, const float*)
+ATTN_DECODE_ENTRY(attn_decode_q8_0, u8, KvQ8)
 
 // ---- Decode attention in key tiles: the fast path for f16 caches (dk == dv, a multiple of
 // 64, at most 256).

@@ -1,4 +1,5 @@
-// Causal prefill attention on the matrix cores (mma.h), flash style: f16 K/V caches, grouped KV
+// Causal prefill attention on the matrix cores (mma.h), flash style: f16 or q8_0 K/V caches
+// (q8_0 rows are dequantized to f16 as they are copied into the tiles), grouped KV
 // heads (GQA), an optional sliding window, ring slots and paged caches, as attention.hip's
 // prefill kernels (the same shapes, arguments and visibility rule).
 //
@@ -16,18 +17,19 @@
 // accumulator tile differs between mma.h's variants (mma_m names it).
 //
 // Numerics: scores and the output accumulate in f32; queries and probabilities are rounded to
-// f16 (keys and values already are), so results differ from the f32 kernels by about 1e-3 of
-// the output's magnitude.
+// f16 (keys and values already are, or are rounded to it from q8_0), so results differ from
+// the f32 kernels by about 1e-3 of the output's magnitude.
 //
 // The launch's tokens are one sequence's, at ascending positions, as for attn_prefill_*: the
 // tile reads keys from its first query's first visible position to its last query's position,
 // through its first token's block table.
 //
-// Entry points: attn_prefill_mma_d64, attn_prefill_mma_d128, attn_prefill_mma_d256, for head
-// sizes dk = dv = D; block FA_BQ / 16 warps (4 for D <= 128, 2 for D = 256 so the tiles fit the
+// Entry points: attn_prefill_mma_d64, attn_prefill_mma_d128, attn_prefill_mma_d256 (f16) and
+// attn_prefill_mma_q8_0_d64, _d128, _d256 (q8_0), for head sizes dk = dv = D; block FA_BQ / 16 warps (4 for D <= 128, 2 for D = 256 so the tiles fit the
 // 48 KiB of static shared memory every device gives).
 #include "portability.h"
 #include "kv_pages.h"
+#include "kv_q8.h"
 #include "mma.h"
 
 #define FA_BKV 32
@@ -37,12 +39,29 @@
 
 DEVICE float fa_neg_inf() { return __int_as_float((int)0xff800000u); }
 
-// Copies eight halves (16 bytes) from an f16 cache row to shared memory.
-DEVICE void fa_copy8(u16* dst, const u16* src) { *(uint4*)dst = *(const uint4*)src; }
+// Eight values of a cache row from value `off` (a multiple of 8) as eight halves, 16 bytes for
+// the tiles: an f16 row as stored (one 16-byte load), a q8_0 row dequantized and rounded to f16
+// (its 8 values lie in one block, as rows and heads start on blocks; 2-byte loads, as a block
+// is only 2-byte aligned).
+DEVICE uint4 fa_row8(const u16* row, u64 off) { return *(const uint4*)(row + off); }
+DEVICE uint4 fa_row8(KvQ8 row, u64 off) {
+    const u64 v = row.off + off;
+    const u8* b = kv_q8_block(row, v);
+    const float d = kv_q8_scale(b);
+    const u16* qs = (const u16*)(b + 2 + v % KV_Q8_BLOCK);
+    u32 w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const u16 x = qs[k];
+        w[k] = pack_f16x2(d * (float)(i8)(u8)(x & 0xffu), d * (float)(i8)(u8)(x >> 8));
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
 
-template <int D, int BQ>
-DEVICE void attn_prefill_mma(const float* __restrict__ q, const u16* __restrict__ k_cache,
-                             const u16* __restrict__ v_cache, const i32* __restrict__ positions,
+// P: the caches as `const u16*` (f16) or KvQ8 (q8_0), with fa_row8 reading them.
+template <typename P, int D, int BQ>
+DEVICE void attn_prefill_mma(const float* __restrict__ q, P k_cache, P v_cache,
+                             const i32* __restrict__ positions,
                              float* __restrict__ out, u32 n_tokens, u32 n_head, u32 n_head_kv,
                              u32 slots, u32 window, float scale, KV_PAGES_PARAMS) {
     constexpr u32 LDQ = D + 8;  // row stride (halves) of Q and K
@@ -85,8 +104,8 @@ DEVICE void attn_prefill_mma(const float* __restrict__ q, const u16* __restrict_
     const i64 k_hi = (i64)positions[t0 + n_rows - 1];
     const KvPages pages = kv_pages(KV_PAGES_ARGS, t0);
     const u64 kv_row_len = (u64)n_head_kv * D;
-    const u16* k_head = k_cache + (u64)kvh * D;
-    const u16* v_head = v_cache + (u64)kvh * D;
+    const P k_head = k_cache + (u64)kvh * D;
+    const P v_head = v_cache + (u64)kvh * D;
 
     MmaAcc o[D / 16];
 #pragma unroll
@@ -99,7 +118,7 @@ DEVICE void attn_prefill_mma(const float* __restrict__ q, const u16* __restrict_
             const i64 kp = kt + j;
             u16* dst = kv_sh + j * LDQ + d0;
             if (kp <= k_hi) {
-                fa_copy8(dst, k_head + kv_row(pages, (u32)kp % slots) * kv_row_len + d0);
+                *(uint4*)dst = fa_row8(k_head, kv_row(pages, (u32)kp % slots) * kv_row_len + d0);
             } else {
                 *(uint4*)dst = make_uint4(0u, 0u, 0u, 0u);
             }
@@ -126,7 +145,7 @@ DEVICE void attn_prefill_mma(const float* __restrict__ q, const u16* __restrict_
             const i64 kp = kt + j;
             uint4 v = make_uint4(0u, 0u, 0u, 0u);
             if (kp <= k_hi) {
-                v = *(const uint4*)(v_head + kv_row(pages, (u32)kp % slots) * kv_row_len + d0);
+                v = fa_row8(v_head, kv_row(pages, (u32)kp % slots) * kv_row_len + d0);
             }
             const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -200,9 +219,26 @@ DEVICE void attn_prefill_mma(const float* __restrict__ q, const u16* __restrict_
                                       u32 n_head, u32 n_head_kv, u32 slots, u32 window,      \
                                       float scale, KV_PAGES_PARAMS) {                        \
         KERNEL_PROLOGUE();                                                                   \
-        attn_prefill_mma<D, BQ>(q, k_cache, v_cache, positions, out, n_tokens, n_head,       \
-                                n_head_kv, slots, window, scale, KV_PAGES_ARGS);             \
+        attn_prefill_mma<const u16*, D, BQ>(q, k_cache, v_cache, positions, out, n_tokens,   \
+                                            n_head, n_head_kv, slots, window, scale,         \
+                                            KV_PAGES_ARGS);                                  \
     }
 ATTN_PREFILL_MMA_ENTRY(64, 64)
 ATTN_PREFILL_MMA_ENTRY(128, 64)
 ATTN_PREFILL_MMA_ENTRY(256, 32)
+
+// The same over q8_0 caches: attn_prefill_mma_q8_0_d64, _d128 and _d256.
+#define ATTN_PREFILL_MMA_Q8_ENTRY(D, BQ)                                                     \
+    KERNEL void attn_prefill_mma_q8_0_d##D(const float* q, const u8* k_cache,               \
+                                           const u8* v_cache, const i32* positions,         \
+                                           float* out, u32 n_tokens, u32 n_head,            \
+                                           u32 n_head_kv, u32 slots, u32 window,            \
+                                           float scale, KV_PAGES_PARAMS) {                  \
+        KERNEL_PROLOGUE();                                                                   \
+        attn_prefill_mma<KvQ8, D, BQ>(q, kv_q8_at(k_cache), kv_q8_at(v_cache), positions,    \
+                                      out, n_tokens, n_head, n_head_kv, slots, window,       \
+                                      scale, KV_PAGES_ARGS);                                 \
+    }
+ATTN_PREFILL_MMA_Q8_ENTRY(64, 64)
+ATTN_PREFILL_MMA_Q8_ENTRY(128, 64)
+ATTN_PREFILL_MMA_Q8_ENTRY(256, 32)

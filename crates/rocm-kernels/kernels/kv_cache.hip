@@ -7,6 +7,7 @@
 // the row, and y covers the row's `dim` values in blocks of blockDim.x.
 #include "portability.h"
 #include "kv_pages.h"
+#include "kv_q8.h"
 
 DEVICE u32 kv_slot(i32 pos, u32 slots) {
     // Positions are never negative; the unsigned remainder keeps even a bad one in range.
@@ -41,4 +42,24 @@ KERNEL void kv_store_f32(float* dst0, const float* src0, u32 dim0, float* dst1,
     if (row >= rows || c >= dim) return;
     const u64 slot = kv_row(kv_pages(KV_PAGES_ARGS, row), kv_slot(positions[row], slots));
     dst[slot * dim + c] = src[(u64)row * dim + c];
+}
+
+// q8_0 (kv_q8.h): a row of dim values is dim / 32 blocks of 34 bytes. Thread c quantizes value
+// c; the host makes dim and blockDim.x multiples of 32, so the 32 values of a block are 32
+// consecutive lanes of one wave and a block's lanes return (or not) together.
+KERNEL void kv_store_q8_0(u8* dst0, const float* src0, u32 dim0, u8* dst1, const float* src1,
+                          u32 dim1, const i32* positions, u32 rows, u32 slots,
+                          KV_PAGES_PARAMS) {
+    KERNEL_PROLOGUE();
+    const u32 row = blockIdx.x;
+    const bool second = blockIdx.z == 1;
+    u8* dst = second ? dst1 : dst0;
+    const float* src = second ? src1 : src0;
+    const u32 dim = second ? dim1 : dim0;
+    const u32 c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (row >= rows || c >= dim) return;
+    const u64 slot = kv_row(kv_pages(KV_PAGES_ARGS, row), kv_slot(positions[row], slots));
+    const u64 row_bytes = (u64)(dim / KV_Q8_BLOCK) * KV_Q8_BLOCK_BYTES;
+    u8* block = dst + slot * row_bytes + (u64)(c / KV_Q8_BLOCK) * KV_Q8_BLOCK_BYTES;
+    kv_q8_store_lane(src[(u64)row * dim + c], c % KV_Q8_BLOCK, block);
 }

@@ -48,6 +48,7 @@ pub enum KernelModule {
 const PORTABILITY_H: &str = include_str!("../kernels/portability.h");
 const QUANT_H: &str = include_str!("../kernels/quant.h");
 const KV_PAGES_H: &str = include_str!("../kernels/kv_pages.h");
+const KV_Q8_H: &str = include_str!("../kernels/kv_q8.h");
 const MMA_H: &str = include_str!("../kernels/mma.h");
 
 impl KernelModule {
@@ -141,7 +142,7 @@ impl KernelModule {
                 "embed_q6_k",
             ],
             KernelModule::Rope => &["rope_f32", "rope_store_f16", "rope_store_f32"],
-            KernelModule::KvCache => &["kv_store_f16", "kv_store_f32"],
+            KernelModule::KvCache => &["kv_store_f16", "kv_store_f32", "kv_store_q8_0"],
             KernelModule::Attention => &[
                 "attn_f16",
                 "attn_f32",
@@ -151,11 +152,17 @@ impl KernelModule {
                 "attn_decode_f32",
                 "attn_prefill_f16",
                 "attn_prefill_f32",
+                "attn_q8_0",
+                "attn_decode_q8_0",
+                "attn_prefill_q8_0",
             ],
             KernelModule::AttentionMma => &[
                 "attn_prefill_mma_d64",
                 "attn_prefill_mma_d128",
                 "attn_prefill_mma_d256",
+                "attn_prefill_mma_q8_0_d64",
+                "attn_prefill_mma_q8_0_d128",
+                "attn_prefill_mma_q8_0_d256",
             ],
             KernelModule::Matvec => &[
                 "matvec_f32",
@@ -267,7 +274,8 @@ impl KernelModule {
         }
     }
 
-    /// Whether the module reads or writes K/V caches (and so needs `kv_pages.h`).
+    /// Whether the module reads or writes K/V caches (and so needs `kv_pages.h` and the q8_0
+    /// cache format, `kv_q8.h`).
     fn touches_kv_cache(self) -> bool {
         matches!(
             self,
@@ -309,6 +317,7 @@ impl KernelModule {
         }
         if self.touches_kv_cache() {
             parts.push(KV_PAGES_H);
+            parts.push(KV_Q8_H);
         }
         if self.uses_matrix_cores() {
             parts.push(MMA_H);
@@ -320,6 +329,7 @@ impl KernelModule {
                 if trimmed.starts_with("#include \"portability.h\"")
                     || trimmed.starts_with("#include \"quant.h\"")
                     || trimmed.starts_with("#include \"kv_pages.h\"")
+                    || trimmed.starts_with("#include \"kv_q8.h\"")
                     || trimmed.starts_with("#include \"mma.h\"")
                     || trimmed == "#pragma once"
                 {

@@ -11,7 +11,11 @@
 //!   error 1e-5 (only the f32 summation order differs);
 //! * attention through an f16 cache against an f32 reference of the unrounded values: max 5e-3,
 //!   RMS 1e-3 (the f16 rounding of K and V; a numpy model of the kernel gave 8e-4 and 3e-4, and
-//!   the H200 3.3e-3 and 3.3e-4 on 300 keys of head size 128, 2026-11-30).
+//!   the H200 3.3e-3 and 3.3e-4 on 300 keys of head size 128, 2026-11-30);
+//! * q8_0 caches: the store is byte-exact against `reference::kv_q8::quantize_q8_0`, and
+//!   attention is compared with the reference reading the same bytes, at the tolerances of the
+//!   same-contents case above (the flash kernel at its own, as it rounds the dequantized values
+//!   to f16).
 //!
 //! Every comparison also fails on a NaN or infinity in the GPU output.
 
@@ -30,6 +34,7 @@ use rocm_kernels::ops::kv_cache::{
 use rocm_kernels::ops::rope::{rope, RopeParams, RopeShape};
 use rocm_kernels::reference;
 use rocm_kernels::reference::kv_cache::{f32_to_f16_bits, HostKv};
+use rocm_kernels::reference::kv_q8::{quantize_q8_0, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, Q8_0_NAN_SCALE};
 use rocm_kernels::{DeviceSlice, DeviceSliceMut, Kernels};
 use std::sync::MutexGuard;
 use test_support::gpu::gpu_lock;
@@ -111,10 +116,18 @@ impl<T: DeviceCopy> Buf<T> {
     }
 }
 
-/// A K or V cache on the device in either element type.
+/// `values` (a whole number of blocks) as q8_0 bytes.
+fn q8_0_bytes(values: &[f32]) -> Vec<u8> {
+    let mut out = vec![0u8; values.len() / Q8_0_BLOCK * Q8_0_BLOCK_BYTES];
+    quantize_q8_0(values, &mut out);
+    out
+}
+
+/// A K or V cache on the device in any element type.
 enum Cache {
     F16(Buf<u16>),
     F32(Buf<f32>),
+    Q8_0(Buf<u8>),
 }
 
 impl Cache {
@@ -125,6 +138,7 @@ impl Cache {
                 Cache::F16(Buf::from(gpu, &bits))
             }
             KvElem::F32 => Cache::F32(Buf::from(gpu, values)),
+            KvElem::Q8_0 => Cache::Q8_0(Buf::from(gpu, &q8_0_bytes(values))),
         }
     }
 
@@ -132,14 +146,17 @@ impl Cache {
         match self {
             Cache::F16(b) => KvSlice::F16(b.view()),
             Cache::F32(b) => KvSlice::F32(b.view()),
+            Cache::Q8_0(b) => KvSlice::Q8_0(b.view()),
         }
     }
 
-    /// The cache's contents as raw bits (f16 widened, f32 as its bits), for exact comparison.
+    /// The cache's contents as raw bits (f16 widened, f32 as its bits, q8_0 bytes widened), for
+    /// exact comparison.
     fn bits(&self, gpu: &Gpu) -> Vec<u32> {
         match self {
             Cache::F16(b) => b.read(gpu).into_iter().map(u32::from).collect(),
             Cache::F32(b) => b.read(gpu).into_iter().map(f32::to_bits).collect(),
+            Cache::Q8_0(b) => b.read(gpu).into_iter().map(u32::from).collect(),
         }
     }
 
@@ -147,6 +164,7 @@ impl Cache {
         match self {
             Cache::F16(b) => KvSliceMut::F16(b.view_mut()),
             Cache::F32(b) => KvSliceMut::F32(b.view_mut()),
+            Cache::Q8_0(b) => KvSliceMut::Q8_0(b.view_mut()),
         }
     }
 }
@@ -155,13 +173,16 @@ impl Cache {
 enum HostCache {
     F16(Vec<u16>),
     F32(Vec<f32>),
+    Q8_0(Vec<u8>),
 }
 
 impl HostCache {
+    /// `len` zero values (for q8_0, blocks of zero bytes).
     fn new(len: usize, elem: KvElem) -> HostCache {
         match elem {
             KvElem::F16 => HostCache::F16(vec![0; len]),
             KvElem::F32 => HostCache::F32(vec![0.0; len]),
+            KvElem::Q8_0 => HostCache::Q8_0(vec![0; len / Q8_0_BLOCK * Q8_0_BLOCK_BYTES]),
         }
     }
 
@@ -169,6 +190,7 @@ impl HostCache {
         match elem {
             KvElem::F16 => HostCache::F16(values.iter().map(|&v| f32_to_f16_bits(v)).collect()),
             KvElem::F32 => HostCache::F32(values.to_vec()),
+            KvElem::Q8_0 => HostCache::Q8_0(q8_0_bytes(values)),
         }
     }
 
@@ -176,6 +198,7 @@ impl HostCache {
         match self {
             HostCache::F16(v) => HostKv::F16(v),
             HostCache::F32(v) => HostKv::F32(v),
+            HostCache::Q8_0(v) => HostKv::Q8_0(v),
         }
     }
 
@@ -200,6 +223,9 @@ impl HostCache {
             HostCache::F32(c) => {
                 reference::kv_cache::store_rows_f32(c, src, positions, pages, rows, dim, slots)
             }
+            HostCache::Q8_0(c) => {
+                reference::kv_cache::store_rows_q8_0(c, src, positions, pages, rows, dim, slots)
+            }
         }
         .expect("reference store");
     }
@@ -209,6 +235,7 @@ impl HostCache {
         match self {
             HostCache::F16(v) => v.iter().map(|&b| u32::from(b)).collect(),
             HostCache::F32(v) => v.iter().map(|b| b.to_bits()).collect(),
+            HostCache::Q8_0(v) => v.iter().map(|&b| u32::from(b)).collect(),
         }
     }
 }
@@ -595,6 +622,372 @@ fn kv_store_refuses_short_views_and_mixed_element_types() {
     )
     .expect_err("too few source rows and positions");
     assert!(err.to_string().contains("kv_store"), "{err}");
+}
+
+#[test]
+fn kv_store_q8_0_writes_the_bytes_of_quantize_q8_0_on_rings_pages_and_non_finite_blocks() {
+    let Some(gpu) = gpu("kv_store_q8_0_writes_the_bytes_of_quantize_q8_0") else {
+        return;
+    };
+    let mut noise = seeded(3);
+    let slots = 16;
+    // Rows at positions 13..20 wrap around the 16-slot ring: slots 13, 14, 15, 0, 1, 2, 3.
+    let positions: Vec<i32> = (13..20).collect();
+    let rows = positions.len();
+    // K rows of 5 blocks (160), V rows of 4 (128): the grid covers the wider one.
+    let (dim_k, dim_v) = (2 * 80, 2 * 64);
+    let mut k_src = uniform_vec(&mut noise, rows * dim_k, -3.0, 3.0);
+    let mut v_src = uniform_vec(&mut noise, rows * dim_v, -3.0, 3.0);
+    // Blocks of K row 0: ties that round away from zero (amax 127 makes the scale 1), zeros,
+    // a NaN, an infinity; block 4 of row 1 is tiny (a subnormal f16 scale) and of row 2 huge.
+    for (i, x) in k_src[..32].iter_mut().enumerate() {
+        *x = match i {
+            0 => 127.0,
+            1 => 0.5,
+            2 => -2.5,
+            3 => 1.5,
+            4 => -0.5,
+            _ => (i as f32 - 16.0) * 0.5,
+        };
+    }
+    k_src[32..64].fill(0.0);
+    k_src[64 + 7] = f32::NAN;
+    k_src[96 + 31] = f32::NEG_INFINITY;
+    for x in &mut k_src[dim_k + 128..dim_k + 160] {
+        *x *= 1e-6;
+    }
+    for x in &mut k_src[2 * dim_k + 128..2 * dim_k + 160] {
+        *x *= 1e30;
+    }
+    v_src[dim_v * 3 + 40] = f32::INFINITY;
+    // A recognisable pattern in the cache shows that untouched slots stay untouched.
+    let init_k: Vec<f32> = (0..slots * dim_k).map(|i| (i % 97) as f32 * 0.25).collect();
+    let init_v: Vec<f32> = (0..slots * dim_v)
+        .map(|i| -((i % 89) as f32) * 0.5)
+        .collect();
+    let mut want_k = HostCache::from_f32(&init_k, KvElem::Q8_0);
+    let mut want_v = HostCache::from_f32(&init_v, KvElem::Q8_0);
+    want_k.store(&k_src, &positions, rows, dim_k, slots);
+    want_v.store(&v_src, &positions, rows, dim_v, slots);
+    // The reference store is quantize_q8_0 of each row at its slot; check that much directly.
+    let row_k = dim_k / 32 * 34;
+    let HostCache::Q8_0(wk) = &want_k else {
+        unreachable!()
+    };
+    let slot13 = &wk[13 * row_k..14 * row_k];
+    assert_eq!(slot13, &q8_0_bytes(&k_src[..dim_k])[..]);
+    assert_eq!(&slot13[2..7], &[127u8, 1, (-3i8) as u8, 2, (-1i8) as u8]);
+    let nan_scale = Q8_0_NAN_SCALE.to_le_bytes();
+    assert_eq!(&slot13[2 * 34..2 * 34 + 2], &nan_scale);
+    assert_eq!(&slot13[3 * 34..3 * 34 + 2], &nan_scale);
+
+    let mut dk = Cache::from_f32(&gpu, &init_k, KvElem::Q8_0);
+    let mut dv = Cache::from_f32(&gpu, &init_v, KvElem::Q8_0);
+    let (ks, vs, dpos) = (
+        Buf::from(&gpu, &k_src),
+        Buf::from(&gpu, &v_src),
+        Buf::from(&gpu, &positions),
+    );
+    store_kv(
+        gpu.kernels,
+        &gpu.stream,
+        &ks.view(),
+        &vs.view(),
+        &mut dk.view_mut(),
+        &mut dv.view_mut(),
+        &dpos.view(),
+        None,
+        KvStoreShape {
+            rows,
+            dim_k,
+            dim_v,
+            slots,
+        },
+    )
+    .expect("store_kv q8_0");
+    let check = |what: &str, got: &Cache, want: &HostCache| {
+        let (g, w) = (got.bits(&gpu), want.bits());
+        if let Some(i) = g.iter().zip(&w).position(|(a, b)| a != b) {
+            panic!(
+                "{what}: byte {i} (block {}, byte {} of it): GPU {:#04x}, reference {:#04x}",
+                i / 34,
+                i % 34,
+                g[i],
+                w[i]
+            );
+        }
+        assert_eq!(g.len(), w.len(), "{what}");
+    };
+    check("ring K", &dk, &want_k);
+    check("ring V", &dv, &want_v);
+
+    // The one-tensor store writes only its cache.
+    let one_pos = [35i32]; // slot 3
+    let one_row = uniform_vec(&mut noise, dim_k, -1.0, 1.0);
+    want_k.store(&one_row, &one_pos, 1, dim_k, slots);
+    let (src, pos) = (Buf::from(&gpu, &one_row), Buf::from(&gpu, &one_pos));
+    store_rows(
+        gpu.kernels,
+        &gpu.stream,
+        &src.view(),
+        &mut dk.view_mut(),
+        &pos.view(),
+        None,
+        1,
+        dim_k,
+        slots,
+    )
+    .expect("store_rows q8_0");
+    check("K after store_rows", &dk, &want_k);
+    check("V after store_rows", &dv, &want_v);
+
+    // Paged: two sequences' rows interleaved, through scrambled tables of blocks of 4 rows.
+    let pool = Pool::new(2, 4, 4, 2);
+    let dim = 96;
+    let positions = [0i32, 0, 1, 5, 2, 15, 9, 6];
+    let seqs = [0i32, 1, 0, 1, 0, 1, 0, 1];
+    let src = uniform_vec(&mut noise, positions.len() * dim, -2.0, 2.0);
+    let init = uniform_vec(&mut noise, pool.rows() * dim, -9.0, 9.0);
+    let mut want = HostCache::from_f32(&init, KvElem::Q8_0);
+    let host = pool.host(&seqs);
+    want.store_paged(&src, &positions, Some(&host), positions.len(), dim, 16);
+    let mut cache = Cache::from_f32(&gpu, &init, KvElem::Q8_0);
+    let (dsrc, dpos, dseqs, dtables) = (
+        Buf::from(&gpu, &src),
+        Buf::from(&gpu, &positions),
+        Buf::from(&gpu, &seqs),
+        Buf::from(&gpu, &pool.tables),
+    );
+    let pages = KvPages {
+        seqs: dseqs.view(),
+        tables: dtables.view(),
+        table_len: pool.table_len,
+        block: pool.block,
+    };
+    store_rows(
+        gpu.kernels,
+        &gpu.stream,
+        &dsrc.view(),
+        &mut cache.view_mut(),
+        &dpos.view(),
+        Some(&pages),
+        positions.len(),
+        dim,
+        16,
+    )
+    .expect("paged store_rows q8_0");
+    check("paged", &cache, &want);
+}
+
+#[test]
+fn q8_0_caches_refuse_rows_and_heads_that_are_not_whole_blocks_and_unfit_kernels() {
+    let Some(gpu) = gpu("q8_0_caches_refuse_rows_and_heads_that_are_not_whole_blocks") else {
+        return;
+    };
+    use rocm_kernels::ops::rope::{rope_pair_store, KvStore};
+    let src = Buf::<f32>::new(&gpu, 4 * 160);
+    let pos = Buf::from(&gpu, &[0i32, 1, 2, 3]);
+    let mut k = Cache::Q8_0(Buf::new(&gpu, 16 * 160 / 32 * 34));
+    let mut v = Cache::Q8_0(Buf::new(&gpu, 16 * 160 / 32 * 34));
+    // A store of rows of 80 values (2.5 blocks).
+    let err = store_kv(
+        gpu.kernels,
+        &gpu.stream,
+        &src.view(),
+        &src.view(),
+        &mut k.view_mut(),
+        &mut v.view_mut(),
+        &pos.view(),
+        None,
+        KvStoreShape {
+            rows: 4,
+            dim_k: 80,
+            dim_v: 64,
+            slots: 16,
+        },
+    )
+    .expect_err("dim_k 80");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("dim = 80") && msg.contains("multiple of 32"),
+        "{msg}"
+    );
+    let err = store_rows(
+        gpu.kernels,
+        &gpu.stream,
+        &src.view(),
+        &mut v.view_mut(),
+        &pos.view(),
+        None,
+        4,
+        48,
+        16,
+    )
+    .expect_err("dim 48");
+    assert!(err.to_string().contains("48"), "{err}");
+    // A q8_0 cache at an odd address.
+    let Cache::Q8_0(kb) = &k else { unreachable!() };
+    // SAFETY: the view lies inside the buffer (one byte in, one byte shorter) and is refused
+    // before any launch, so nothing reads or writes through it.
+    let mut odd =
+        KvSliceMut::Q8_0(unsafe { DeviceSliceMut::from_raw(kb.view().ptr().0 + 1, kb.len - 1) });
+    let err = store_rows(
+        gpu.kernels,
+        &gpu.stream,
+        &src.view(),
+        &mut odd,
+        &pos.view(),
+        None,
+        4,
+        64,
+        16,
+    )
+    .expect_err("odd address");
+    assert!(err.to_string().contains("aligned"), "{err}");
+    // Mixed element types.
+    let mut v16 = Cache::F16(Buf::new(&gpu, 16 * 64));
+    let err = store_kv(
+        gpu.kernels,
+        &gpu.stream,
+        &src.view(),
+        &src.view(),
+        &mut k.view_mut(),
+        &mut v16.view_mut(),
+        &pos.view(),
+        None,
+        KvStoreShape {
+            rows: 4,
+            dim_k: 64,
+            dim_v: 64,
+            slots: 16,
+        },
+    )
+    .expect_err("q8_0 K with f16 V");
+    assert!(err.to_string().contains("Q8_0"), "{err}");
+
+    // Attention over heads of 80 (K) or 48 (V) values.
+    let mut q = Buf::<f32>::new(&gpu, 4 * 4 * 160);
+    let mut out = Buf::<f32>::new(&gpu, 4 * 4 * 160);
+    let mut ws = Buf::<f32>::new(&gpu, 1 << 16);
+    let base = AttentionShape {
+        n_tokens: 1,
+        n_head: 2,
+        n_head_kv: 1,
+        head_dim_k: 64,
+        head_dim_v: 64,
+        scale: 0.1,
+        window: None,
+        slots: 16,
+    };
+    for (dk, dv, name) in [(80, 80, "head_dim_k = 80"), (64, 48, "head_dim_v = 48")] {
+        let shape = AttentionShape {
+            head_dim_k: dk,
+            head_dim_v: dv,
+            ..base
+        };
+        let err = attention_decode(
+            gpu.kernels,
+            &gpu.stream,
+            &q.view(),
+            &k.view(),
+            &v.view(),
+            &pos.view(),
+            None,
+            &mut out.view_mut(),
+            &mut ws.view_mut(),
+            &shape,
+        )
+        .expect_err("not whole blocks");
+        let msg = err.to_string();
+        assert!(
+            msg.contains(name) && msg.contains("multiple of 32"),
+            "{msg}"
+        );
+        let err = attention_prefill(
+            gpu.kernels,
+            &gpu.stream,
+            &q.view(),
+            &k.view(),
+            &v.view(),
+            &pos.view(),
+            None,
+            &mut out.view_mut(),
+            &shape,
+        )
+        .expect_err("not whole blocks");
+        assert!(err.to_string().contains(name), "{err}");
+    }
+    // The key-tile decode kernel is f16 only; the flash kernel has no heads of 96.
+    let err = attention_decode_on(
+        gpu.kernels,
+        &gpu.stream,
+        DecodeKernel::KeyTiles,
+        &q.view(),
+        &k.view(),
+        &v.view(),
+        &pos.view(),
+        None,
+        &mut out.view_mut(),
+        &mut ws.view_mut(),
+        &base,
+        None,
+    )
+    .expect_err("key tiles over q8_0");
+    assert!(
+        err.to_string().contains("key-tile") && err.to_string().contains("Q8_0"),
+        "{err}"
+    );
+    let d96 = AttentionShape {
+        head_dim_k: 96,
+        head_dim_v: 96,
+        ..base
+    };
+    let err = attention_prefill_on(
+        gpu.kernels,
+        &gpu.stream,
+        PrefillKernel::Flash,
+        &q.view(),
+        &k.view(),
+        &v.view(),
+        &pos.view(),
+        None,
+        &mut out.view_mut(),
+        &d96,
+    )
+    .expect_err("flash with heads of 96");
+    assert!(err.to_string().contains("flash"), "{err}");
+    // Rope's fused store does not write q8_0: it says to store after rotating.
+    let mut x2 = Buf::<f32>::new(&gpu, 4 * 64);
+    let err = rope_pair_store(
+        gpu.kernels,
+        &gpu.stream,
+        &mut q.view_mut(),
+        &mut x2.view_mut(),
+        1,
+        &pos.view(),
+        None,
+        RopeShape {
+            rows: 4,
+            n_heads: 2,
+            head_dim: 64,
+        },
+        &RopeParams {
+            neox: false,
+            freq_base: 10_000.0,
+            position_scale: 1.0,
+            n_rot: 64,
+        },
+        Some(KvStore {
+            v: &src.view(),
+            dim_v: 64,
+            k_cache: &mut k.view_mut(),
+            v_cache: &mut v.view_mut(),
+            slots: 16,
+            pages: None,
+        }),
+    )
+    .expect_err("rope's fused store into q8_0");
+    assert!(err.to_string().contains("store_kv"), "{err}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1118,6 +1511,7 @@ fn flash_prefill_refuses_what_it_is_not_built_for() {
                 Cache::F32(Buf::new(&gpu, 16 * d)),
                 Cache::F32(Buf::new(&gpu, 16 * d)),
             ),
+            KvElem::Q8_0 => unreachable!("no q8_0 case here"),
         };
         let mut out = Buf::<f32>::new(&gpu, 4 * 2 * d);
         let err = attention_prefill_on(
@@ -1134,6 +1528,77 @@ fn flash_prefill_refuses_what_it_is_not_built_for() {
         )
         .expect_err("the flash kernel is not built for this");
         assert!(err.to_string().contains("flash"), "{err}");
+    }
+}
+
+#[test]
+fn q8_0_decode_attention_matches_the_reference_over_the_same_bytes() {
+    let Some(gpu) = gpu("q8_0_decode_attention_matches_the_reference") else {
+        return;
+    };
+    let mut seed = 1500;
+    // Heads of 64, 128 and 256 on the one-warp-per-key kernel (as Auto picks it and explicitly)
+    // and of 96 and 32 on the one-thread-per-key one; short and long caches (one split and
+    // many), groupings with blocks of fewer heads than the group.
+    for (n_head, n_head_kv) in [(1, 1), (8, 2), (12, 1)] {
+        for head_dim in [64, 128, 256, 96, 32] {
+            for (slots, pos) in [(8, 4), (512, 299), (4100, 4096)] {
+                for path in [Kind::Decode, Kind::DecodeWarpPerKey] {
+                    seed += 1;
+                    let mut c = case(n_head, n_head_kv, head_dim, slots, pos);
+                    c.elem = KvElem::Q8_0;
+                    c.path = path;
+                    run_case(&gpu, c, seed);
+                }
+            }
+        }
+    }
+    // A window on a ring, and several tokens at once.
+    for head_dim in [64, 128, 96] {
+        seed += 1;
+        let mut c = case(8, 2, head_dim, 131, 4093);
+        c.window = Some(128);
+        c.n_tokens = 4;
+        c.elem = KvElem::Q8_0;
+        run_case(&gpu, c, seed);
+    }
+}
+
+#[test]
+fn q8_0_prefill_attention_matches_the_reference_over_the_same_bytes() {
+    let Some(gpu) = gpu("q8_0_prefill_attention_matches_the_reference") else {
+        return;
+    };
+    let prefill = |n_head, n_head_kv, head_dim, slots, pos0, n_tokens, window, path| Case {
+        n_head,
+        n_head_kv,
+        head_dim,
+        slots,
+        window,
+        pos0,
+        n_tokens,
+        elem: KvElem::Q8_0,
+        path,
+    };
+    let mut cases = Vec::new();
+    for path in [Kind::Prefill, Kind::PrefillPerQuery, Kind::PrefillFlash] {
+        cases.extend([
+            prefill(8, 2, 128, 512, 0, 300, None, path),
+            prefill(16, 8, 64, 64, 0, 37, None, path),
+            prefill(4, 1, 256, 300, 0, 300, None, path),
+            prefill(8, 8, 64, 600, 256, 65, None, path),
+            prefill(8, 2, 64, 600, 0, 300, Some(128), path),
+            prefill(8, 2, 256, 191, 4000, 64, Some(128), path),
+            prefill(4, 1, 128, 64, 10, 1, None, path),
+        ]);
+    }
+    // Heads the flash kernel is not built for, on the SIMT kernels.
+    for path in [Kind::Prefill, Kind::PrefillPerQuery] {
+        cases.push(prefill(4, 4, 96, 64, 3, 17, None, path));
+        cases.push(prefill(16, 8, 32, 191, 200, 64, Some(128), path));
+    }
+    for (i, c) in cases.into_iter().enumerate() {
+        run_case(&gpu, c, 1600 + i as u64);
     }
 }
 
@@ -1360,6 +1825,7 @@ fn replay_decode_steps(gpu: &Gpu, elem: KvElem, window: Option<usize>, slots: us
         let (max_rel, rms_rel) = match elem {
             KvElem::F16 => (2e-3, 5e-4),
             KvElem::F32 => (5e-5 + 1e-6 * p as f32, 1e-5 + 1e-6 * p as f32),
+            KvElem::Q8_0 => unreachable!("replayed over f16 and f32 caches"),
         };
         let what =
             format!("replayed step at position {p} ({elem:?}, window {window:?}, {slots} slots)");
@@ -1432,7 +1898,14 @@ fn paged_stores_and_attention_read_each_sequences_own_blocks() {
     let slots = block * table_len;
     let pool = Pool::new(n_seq, table_len, block, 4);
     let dev_tables = Buf::from(&gpu, &pool.tables);
-    for (d, elem) in [(64, KvElem::F16), (80, KvElem::F32), (64, KvElem::F32)] {
+    // q8_0 on both decode kernels too (96 is a whole number of blocks but not of 64).
+    for (d, elem) in [
+        (64, KvElem::F16),
+        (80, KvElem::F32),
+        (64, KvElem::F32),
+        (64, KvElem::Q8_0),
+        (96, KvElem::Q8_0),
+    ] {
         let (n_head, n_head_kv) = (8, 2);
         let kv_dim = n_head_kv * d;
         let what = format!("head dim {d}, {elem:?}");
@@ -1578,7 +2051,7 @@ fn paged_stores_and_attention_read_each_sequences_own_blocks() {
             ..pages
         };
         let mut prefill_kernels = vec![PrefillKernel::Tiled, PrefillKernel::PerQuery];
-        if elem == KvElem::F16 {
+        if elem != KvElem::F32 && d == 64 {
             prefill_kernels.push(PrefillKernel::Flash);
         }
         for kernel in prefill_kernels {

@@ -34,7 +34,9 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<()> {
-    let args = Args::parse();
+    let args = Args::parse_from(decode::kv::element::expand_cache_type_flags(
+        std::env::args(),
+    ));
     if let Err(message) = args.validate() {
         // The same shape of error clap gives for a bad value, and its exit code.
         clap::Error::raw(
@@ -73,8 +75,14 @@ fn run() -> Result<()> {
         // Before any model is read, so a CPU run fails at once.
         alloc_trace::refuse_cpu(&choice.backend)?;
     }
-    let gpu_config = decode::backend::gpu::GpuConfig::from_process()?;
+    let kv_type = decode::kv::KvType::of_flags(args.cache_type_k, args.cache_type_v)
+        .map_err(anyhow::Error::msg)?;
+    let mut gpu_config = decode::backend::gpu::GpuConfig::from_process()?;
+    if let Some(kv) = kv_type {
+        gpu_config.kv_type = kv;
+    }
     let settings = BackendSettings {
+        kv_type,
         cpu_precision: if args.exact {
             Precision::Exact
         } else {

@@ -20,7 +20,7 @@ use crate::error::{DecodeError, Result};
 use crate::memory::{DeviceMemory, MemoryReport, MemoryTag};
 
 pub use crate::batch::{Phase, StepBatch};
-pub use crate::kv::{BlockTables, KvGroup};
+pub use crate::kv::{BlockTables, KvGroup, KvType};
 use crate::quant;
 use gguf_loader::{GgmlType, GgufFile, TensorInfo};
 use std::sync::Arc;
@@ -194,9 +194,14 @@ pub trait Backend: Send {
     fn load_weight(&mut self, src: &WeightSource<'_>) -> Result<Self::Weight>;
     /// Bytes in use per tag.
     fn memory(&self) -> MemoryReport;
-    /// Bytes of one value of the KV cache as this backend stores it (f32 unless it says).
-    fn kv_elem_bytes(&self) -> usize {
-        4
+    /// The type of the KV cache's values: what attention reads back (f32 unless it says).
+    fn kv_type(&self) -> KvType {
+        KvType::F32
+    }
+    /// The type whose bytes a KV buffer takes here: [`Backend::kv_type`] where the backend
+    /// stores the values as they are (the CPU holds every type's values in f32 rows).
+    fn kv_storage(&self) -> KvType {
+        self.kv_type()
     }
     /// The most bytes a new KV cache can take here, and what that limit is (for the error
     /// that refuses a larger one before allocating); `None` where no limit is known.

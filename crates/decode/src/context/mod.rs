@@ -153,6 +153,7 @@ impl<B: Backend> Context<B> {
             ));
         }
         let (kd, vd) = (s.widths.k, s.widths.v);
+        check_kv_type(s, backend.kv_type())?;
         // The sizes are the layout's (`crate::layout::context`), which `ModelLayout` lists.
         let context = layout::clamp_context(s, options.context);
         let mb = options.max_batch;
@@ -171,7 +172,7 @@ impl<B: Backend> Context<B> {
         }
         // A cache that cannot fit is refused before anything is allocated (on the host an
         // allocation that large would be taken lazily and end in the OOM killer).
-        let kv_need = plan.total_bytes((kd, vd), backend.kv_elem_bytes())?;
+        let kv_need = plan.total_bytes((kd, vd), backend.kv_storage())?;
         if let Some((room, what)) = backend.kv_room().filter(|&(room, _)| kv_need > room) {
             let fits = (room as u128 * context as u128 / kv_need.max(1) as u128) as usize;
             return Err(DecodeError::InvalidArgument(format!(
@@ -485,4 +486,20 @@ impl<B: Backend> Context<B> {
         slot.as_mut()
             .ok_or_else(|| DecodeError::InvalidArgument(format!("sequence {seq} has no sampler")))
     }
+}
+
+/// Refuses a KV cache type whose blocks do not tile this model's heads (q8_0 needs head sizes
+/// of whole 32-value blocks, so each head's keys start on a block), before anything is
+/// allocated.
+fn check_kv_type(s: &crate::model::ModelSpec, kv: crate::kv::KvType) -> Result<()> {
+    let block = kv.block_values();
+    for (what, dim) in [("key", s.head_dim_k), ("value", s.head_dim_v)] {
+        if dim % block != 0 {
+            return Err(DecodeError::InvalidArgument(format!(
+                "a {kv} KV cache stores heads of whole {block}-value blocks, but this model's \
+                 {what} heads have {dim} values; use -ctk f16 -ctv f16 (or f32)"
+            )));
+        }
+    }
+    Ok(())
 }

@@ -7,14 +7,17 @@
 //! when [`BlockPool::reserve`] says a shared block must be copied before it is written
 //! (copy-on-write), and maps a position to its slot through the sequence's [`SeqBlocks`].
 //!
+//! - [`element`]: [`KvType`], how the cache stores its values and the bytes that takes.
 //! - [`pool`]: [`BlockPool`], the blocks, their reference counts and the budget.
 //! - [`prefix`]: the keys the prefix cache finds full blocks by.
 //! - [`tables`]: [`BlockTables`], which block holds each sequence's slots, as the context and
 //!   the backends' kernels read them.
 
+pub mod element;
 pub mod pool;
 pub mod prefix;
 pub mod tables;
 
+pub use element::KvType;
 pub use pool::{BlockCopy, BlockId, BlockPool, PoolError, PoolStats, SeqBlocks};
 pub use tables::{BlockTables, KvGroup, BLOCK_POSITIONS};

@@ -9,10 +9,9 @@
 //! row per sequence (every row of the step with `all_logits`).
 
 use super::bytes::overflow;
-use crate::backend::gpu::KvType;
 use crate::backend::{Attention, MoeShape, StepBounds};
 use crate::error::{DecodeError, Result};
-use crate::kv::{BlockTables, KvGroup};
+use crate::kv::{BlockTables, KvGroup, KvType};
 use crate::model::ModelSpec;
 
 /// The positions a context keeps: the requested context, clamped to the model's trained one.
@@ -88,24 +87,24 @@ pub struct KvPlan {
 }
 
 impl KvPlan {
-    /// Bytes of layer `layer`'s key and value buffers for heads of `(k_dim, v_dim)` values,
-    /// `elem_bytes` each: what `ModelLayout` lists and the backend allocates.
+    /// Bytes of layer `layer`'s key and value buffers for rows of `(k_dim, v_dim)` values
+    /// stored as `kv`: what `ModelLayout` lists and the backend allocates.
     pub fn layer_bytes(
         &self,
         layer: usize,
         (k_dim, v_dim): (usize, usize),
-        elem_bytes: usize,
+        kv: KvType,
     ) -> Result<[usize; 2]> {
         Ok([
-            kv_buffer_bytes(self.values(layer, k_dim)?, elem_bytes)?,
-            kv_buffer_bytes(self.values(layer, v_dim)?, elem_bytes)?,
+            kv_buffer_bytes(self.values(layer, k_dim)?, kv)?,
+            kv_buffer_bytes(self.values(layer, v_dim)?, kv)?,
         ])
     }
 
     /// Bytes of every layer's buffers ([`KvPlan::layer_bytes`]) together.
-    pub fn total_bytes(&self, dims: (usize, usize), elem_bytes: usize) -> Result<u64> {
+    pub fn total_bytes(&self, dims: (usize, usize), kv: KvType) -> Result<u64> {
         (0..self.slots.len()).try_fold(0u64, |sum, il| {
-            let [k, v] = self.layer_bytes(il, dims, elem_bytes)?;
+            let [k, v] = self.layer_bytes(il, dims, kv)?;
             Ok(sum.saturating_add(k as u64).saturating_add(v as u64))
         })
     }
@@ -202,15 +201,14 @@ pub fn kv_plan(
     })
 }
 
-/// Bytes of one KV value on the GPU backend.
 /// Bytes one block of the KV pool takes over the pool's layers (those that keep the whole
-/// context), with `elem_bytes` per value: what a KV budget in bytes is divided by to give the
-/// pool's blocks.
+/// context), stored as `kv`: what a KV budget in bytes is divided by to give the pool's
+/// blocks.
 pub fn pool_block_bytes(
     spec: &ModelSpec,
     context: usize,
     max_batch: usize,
-    elem_bytes: usize,
+    kv: KvType,
 ) -> Result<u64> {
     let plan = kv_plan(
         spec,
@@ -223,15 +221,20 @@ pub fn pool_block_bytes(
     let pool_layers = (plan.groups.iter())
         .filter(|g| **g == KvGroup::POOL)
         .count();
-    let per_position = (spec.widths.k + spec.widths.v) as u64 * elem_bytes as u64;
-    Ok(pool_layers as u64 * plan.block as u64 * per_position)
+    let per_position = kv_row_bytes(kv, spec.widths.k)? + kv_row_bytes(kv, spec.widths.v)?;
+    Ok(pool_layers as u64 * plan.block as u64 * per_position as u64)
 }
 
-pub fn kv_elem_bytes(kv_type: KvType) -> usize {
-    match kv_type {
-        KvType::F16 => 2,
-        KvType::F32 => 4,
-    }
+/// Bytes of one row of `dim` values stored as `kv`, or an error where `dim` is not whole
+/// blocks of the type (a q8_0 cache of a model whose K or V rows are not 32-value blocks).
+pub fn kv_row_bytes(kv: KvType, dim: usize) -> Result<usize> {
+    kv.bytes(dim).ok_or_else(|| {
+        DecodeError::InvalidArgument(format!(
+            "a {kv} KV cache stores rows of whole {}-value blocks, but this model's K or V rows \
+             have {dim} values; use -ctk f16 -ctv f16",
+            kv.block_values()
+        ))
+    })
 }
 
 /// Bytes the GPU backend asks for a buffer of `values` values of `elem_bytes`: whole f32
@@ -387,7 +390,10 @@ pub fn kv_reads(s: &ModelSpec, slots: &[usize], context: usize, row_bytes: usize
     u64::try_from(sum / c.max(1)).map_err(|_| overflow("the KV reads"))
 }
 
-/// Bytes of a KV buffer of `values` values on `elem_bytes`, checked.
-pub fn kv_buffer_bytes(values: usize, elem_bytes: usize) -> Result<usize> {
-    gpu_buffer_bytes(values, elem_bytes).ok_or_else(|| overflow("the KV cache"))
+/// Bytes of a KV buffer of `values` values stored as `kv` (whole f32 words, as the GPU
+/// backend allocates), checked.
+pub fn kv_buffer_bytes(values: usize, kv: KvType) -> Result<usize> {
+    kv.bytes(values)
+        .and_then(|b| b.checked_next_multiple_of(4))
+        .ok_or_else(|| overflow("the KV cache"))
 }

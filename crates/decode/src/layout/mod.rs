@@ -53,7 +53,7 @@ pub struct LayoutOptions {
     pub bounds: ContextOptions,
     /// The backend.
     pub target: Target,
-    /// The GPU's KV cache element type (`HIPDECODE_KV_TYPE`); the CPU's is f32.
+    /// The KV cache's type (`-ctk` / `-ctv`); the CPU books f32 rows for every type.
     pub kv_type: KvType,
     /// Whether decode products read 8-bit copies of their inputs (`HIPDECODE_GPU_MATVEC`).
     pub int8_matvec: bool,
@@ -241,18 +241,20 @@ impl ModelLayout {
             o.bounds.kv_blocks,
         )?;
         let slots = &kv.slots;
-        let elem = if gpu {
-            context::kv_elem_bytes(o.kv_type)
-        } else {
-            4
-        };
+        // The CPU holds every type's values in f32 rows.
+        let stored = if gpu { o.kv_type } else { KvType::F32 };
         for il in 0..slots.len() {
-            let bytes = kv.layer_bytes(il, (kd, vd), elem)?;
+            let bytes = kv.layer_bytes(il, (kd, vd), stored)?;
             for (bytes, what) in bytes.into_iter().zip(["keys", "values"]) {
                 lines.add(PlanTag::KvCache, format!("layer {il} {what}"), bytes);
             }
         }
-        let kv_read_per_token = context::kv_reads(&s, slots, context, (kd + vd) * elem)?;
+        let kv_read_per_token = context::kv_reads(
+            &s,
+            slots,
+            context,
+            context::kv_row_bytes(stored, kd)? + context::kv_row_bytes(stored, vd)?,
+        )?;
         let act = context::activations(&s, mb, o.bounds.sequences, o.bounds.all_logits)?;
         for which in Activation::ALL {
             // `activations` checked that the bytes fit.

@@ -1,5 +1,6 @@
 //! Causal attention against a layer's K/V cache: grouped KV heads (GQA), an optional sliding
-//! window, ring slots, and an f16 or f32 cache.
+//! window, ring slots, and an f16, f32 or q8_0 cache (q8_0: head sizes multiples of 32, so
+//! each head starts on a block).
 //!
 //! Shapes: `q` is `[n_tokens][n_head][head_dim_k]` f32, the K cache `[slots][n_head_kv]
 //! [head_dim_k]` and the V cache `[slots][n_head_kv][head_dim_v]` (see [`KvSlice`]), `out`
@@ -23,11 +24,12 @@
 //!
 //! Both take any number of tokens; decode is meant for a few, prefill for many. Decode of heads
 //! of 64, 128 or 256 values (dk = dv) runs on one of two kernels with the same splits and
-//! partials ([`DecodeKernel`]): key tiles for f16 caches, one warp per key otherwise.
+//! partials ([`DecodeKernel`]): key tiles for f16 caches, one warp per key otherwise (f32 and
+//! q8_0 caches, heads of 256).
 
 use crate::error::{check_shape, Result};
 use crate::kernels::Kernels;
-use crate::ops::kv_cache::{to_u32, KvElem, KvPages, KvSlice, PageArgs};
+use crate::ops::kv_cache::{check_elem, to_u32, KvElem, KvPages, KvSlice, PageArgs};
 use crate::source::KernelModule;
 use crate::view::{DeviceSlice, DeviceSliceMut};
 use hip_ffi::{DevicePtr, LaunchConfig, Stream};
@@ -152,6 +154,19 @@ pub fn check(
     Ok(())
 }
 
+/// The element type's rules for `shape`, shared with the CPU reference: a q8_0 cache's heads are
+/// whole blocks of 32 values (each head starts on a block, which the kernels' per-head reads
+/// assume), and the caches are at addresses the kernels may load their elements from.
+pub fn check_cache_elem(
+    elem: KvElem,
+    k_addr: u64,
+    v_addr: u64,
+    shape: &AttentionShape,
+) -> Result<()> {
+    check_elem(OP, elem, k_addr, "head_dim_k", shape.head_dim_k)?;
+    check_elem(OP, elem, v_addr, "head_dim_v", shape.head_dim_v)
+}
+
 /// How one call is cut into blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Plan {
@@ -180,10 +195,11 @@ const DECODE_TILE_THREADS: u32 = 128;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecodeKernel {
     /// [`DecodeKernel::KeyTiles`] for f16 caches with heads of at most 128 values,
-    /// [`DecodeKernel::WarpPerKey`] otherwise (f32 caches, heads of 256).
+    /// [`DecodeKernel::WarpPerKey`] otherwise (f32 and q8_0 caches, heads of 256).
     Auto,
     /// Tiles of keys: a block scores a tile with 16-byte loads, takes one softmax step per
-    /// tile and head, then adds the tile's V rows. f16 caches only; an f32 cache is an error.
+    /// tile and head, then adds the tile's V rows. f16 caches only; an f32 or q8_0 cache is an
+    /// error.
     KeyTiles,
     /// One warp per key, with an online-softmax step per key and head.
     WarpPerKey,
@@ -379,6 +395,7 @@ fn check_io(io: &Io<'_>, shape: &AttentionShape) -> Result<PageArgs> {
             io.v.elem()
         )
     })?;
+    check_cache_elem(io.k.elem(), io.k.ptr().0, io.v.ptr().0, shape)?;
     let k_rows = io.k.len() / (shape.n_head_kv * shape.head_dim_k);
     let v_rows = io.v.len() / (shape.n_head_kv * shape.head_dim_v);
     PageArgs::new(
@@ -456,9 +473,11 @@ fn launch(
     let entry = match (io.k.elem(), plan.warp_per_key) {
         (KvElem::F16, false) => "attn_f16",
         (KvElem::F32, false) => "attn_f32",
+        (KvElem::Q8_0, false) => "attn_q8_0",
         (KvElem::F16, true) if key_tiles => "attn_decode_tile_f16",
         (KvElem::F16, true) => "attn_decode_f16",
         (KvElem::F32, true) => "attn_decode_f32",
+        (KvElem::Q8_0, true) => "attn_decode_q8_0",
     };
     let threads = if key_tiles {
         DECODE_TILE_THREADS
@@ -503,7 +522,7 @@ fn launch(
         block: [threads, 1, 1],
         shared_bytes,
     };
-    // SAFETY: the arguments match `attn_f16`/`attn_f32` (or, with one head size, the
+    // SAFETY: the arguments match `attn_{f16,f32,q8_0}` (or, with one head size, the
     // `attn_decode_*` kernels, which take d = dk = dv and static shared memory only; their
     // plan keeps at most DECODE_HEADS heads per block and dk / wave <= 8; the key-tile kernel
     // runs DECODE_TILE_THREADS threads, reads an f16 cache 16 bytes at a time at offsets that
@@ -511,7 +530,9 @@ fn launch(
     // checked, and d <= 256 keeps its rows of d / 8 threads inside one wave) in order and type. `check_io` made q,
     // out, both caches and the positions long enough for the shape; cache rows are slots
     // (position % slots < slots) unpaged, and paged the rows of the token's table, which the
-    // kernel clamps to the caches' row count that `PageArgs` took from the views. With more
+    // kernel clamps to the caches' row count that `PageArgs` took from the views (in values; a
+    // q8_0 row and head are whole blocks, and the caches are 2-byte aligned for its scale and
+    // 2-byte quant loads, both checked by `check_cache_elem`). With more
     // than one split the caller passed a workspace
     // of `decode_workspace_floats` values, which holds the n_tokens * n_head * n_split
     // (max, sum) pairs followed by as many rows of head_dim_v; with one split the null
@@ -553,8 +574,9 @@ fn launch(
 /// must hold at least [`decode_workspace_floats`]`(shape)` values (none when that is 0).
 ///
 /// Errors when a view is too short, the K and V caches differ in element type, `n_head` is not
-/// a multiple of `n_head_kv`, `window` is 0, `head_dim_v` exceeds [`MAX_HEAD_DIM_V`], or the
-/// heads need more shared memory than a block has.
+/// a multiple of `n_head_kv`, `window` is 0, `head_dim_v` exceeds [`MAX_HEAD_DIM_V`], the
+/// heads need more shared memory than a block has, or (q8_0) a head size is not a multiple of
+/// 32 or a cache is at an odd address.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_decode(
     kernels: &Kernels,
@@ -610,8 +632,8 @@ pub fn attention_decode_q8(
 }
 
 /// [`attention_decode_q8`] on a chosen kernel (the same results up to summation order; the
-/// choice is for measuring one against another). [`DecodeKernel::KeyTiles`] with an f32 cache
-/// or caches not at 16-byte aligned addresses is an error.
+/// choice is for measuring one against another). [`DecodeKernel::KeyTiles`] with an f32 or q8_0
+/// cache or caches not at 16-byte aligned addresses is an error.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_decode_on(
     kernels: &Kernels,
@@ -728,8 +750,9 @@ pub enum PrefillKernel {
     /// ([`flash_fits`]), [`PrefillKernel::Tiled`] otherwise.
     Auto,
     /// Flash attention on the matrix cores (`attention_mma.hip`): 64 or 32 queries of a head
-    /// against 32-key tiles, queries and probabilities rounded to f16. f16 caches and heads of
-    /// 64, 128 or 256 (dk = dv) only; anything else is an error.
+    /// against 32-key tiles, queries and probabilities rounded to f16. f16 caches (16-byte
+    /// aligned) or q8_0 caches (dequantized to f16 tiles) and heads of 64, 128 or 256 (dk = dv)
+    /// only; anything else is an error.
     Flash,
     /// 16 queries of a head against 16-key tiles (heads up to [`PREFILL_TILED_MAX_HEAD_DIM`];
     /// larger ones fall back to the other).
@@ -769,9 +792,9 @@ pub fn attention_prefill_on(
         return Err(crate::ops::matvec::shape_error(
             OP,
             format!(
-                "the flash prefill kernel takes f16 caches at 16-byte aligned addresses and \
-                 heads of 64, 128 or 256 values (dk = dv), not {:?} caches with dk {} and dv \
-                 {}; use the tiled kernel",
+                "the flash prefill kernel takes f16 caches at 16-byte aligned addresses or \
+                 q8_0 caches, and heads of 64, 128 or 256 values (dk = dv), not {:?} caches \
+                 with dk {} and dv {}; use the tiled kernel",
                 k_cache.elem(),
                 shape.head_dim_k,
                 shape.head_dim_v
@@ -809,23 +832,32 @@ pub fn attention_prefill_on(
 }
 
 /// Whether [`PrefillKernel::Flash`] takes a call: f16 caches whose rows can be copied 16 bytes
-/// at a time, and equal K and V heads of one of the sizes it is built for.
+/// at a time, or q8_0 caches at even addresses (their rows are dequantized two bytes at a time),
+/// and equal K and V heads of one of the sizes it is built for.
 pub fn flash_fits(k_cache: &KvSlice, v_cache: &KvSlice, shape: &AttentionShape) -> bool {
-    k_cache.elem() == KvElem::F16
-        && v_cache.elem() == KvElem::F16
-        && k_cache.ptr().0 % 16 == 0
-        && v_cache.ptr().0 % 16 == 0
+    let elem = k_cache.elem();
+    let aligned = |a: u64| k_cache.ptr().0 % a == 0 && v_cache.ptr().0 % a == 0;
+    let caches = match elem {
+        KvElem::F16 => aligned(16),
+        KvElem::Q8_0 => aligned(2),
+        KvElem::F32 => false,
+    };
+    caches
+        && v_cache.elem() == elem
         && shape.head_dim_k == shape.head_dim_v
-        && flash_kernel(shape.head_dim_k).is_some()
+        && flash_kernel(elem, shape.head_dim_k).is_some()
 }
 
-/// The flash kernel's entry point for a head size and its queries per block
-/// (`attention_mma.hip`), or `None` for a size it is not built for.
-fn flash_kernel(head_dim: usize) -> Option<(&'static str, usize)> {
-    match head_dim {
-        64 => Some(("attn_prefill_mma_d64", 64)),
-        128 => Some(("attn_prefill_mma_d128", 64)),
-        256 => Some(("attn_prefill_mma_d256", 32)),
+/// The flash kernel's entry point for a cache type and head size and its queries per block
+/// (`attention_mma.hip`), or `None` for a pair it is not built for.
+fn flash_kernel(elem: KvElem, head_dim: usize) -> Option<(&'static str, usize)> {
+    match (elem, head_dim) {
+        (KvElem::F16, 64) => Some(("attn_prefill_mma_d64", 64)),
+        (KvElem::F16, 128) => Some(("attn_prefill_mma_d128", 64)),
+        (KvElem::F16, 256) => Some(("attn_prefill_mma_d256", 32)),
+        (KvElem::Q8_0, 64) => Some(("attn_prefill_mma_q8_0_d64", 64)),
+        (KvElem::Q8_0, 128) => Some(("attn_prefill_mma_q8_0_d128", 64)),
+        (KvElem::Q8_0, 256) => Some(("attn_prefill_mma_q8_0_d256", 32)),
         _ => None,
     }
 }
@@ -852,7 +884,7 @@ fn launch_prefill_flash(
         )
     })?;
     let d = shape.head_dim_k;
-    let (entry, queries) = flash_kernel(d).ok_or_else(|| {
+    let (entry, queries) = flash_kernel(io.k.elem(), d).ok_or_else(|| {
         crate::ops::matvec::shape_error(OP, format!("no flash prefill kernel for heads of {d}"))
     })?;
     let function = kernels.function(KernelModule::AttentionMma, entry)?;
@@ -877,12 +909,14 @@ fn launch_prefill_flash(
         block: [warps * kernels.wave_size(), 1, 1],
         shared_bytes: 0,
     };
-    // SAFETY: the arguments match `attn_prefill_mma_d<D>` in order and type, with D the head
-    // size of both caches (flash_fits). `check_io` made q, out, both caches and the positions
+    // SAFETY: the arguments match `attn_prefill_mma_d<D>` (f16) or `attn_prefill_mma_q8_0_d<D>`
+    // (q8_0, chosen by the caches' element type) in order and type, with D the head size of
+    // both caches (flash_fits). `check_io` made q, out, both caches and the positions
     // long enough for the shape (n_tokens > 0, so every block has a query); cache rows are
     // slots (position % slots < slots) unpaged, and paged rows of the tile's table, clamped to
     // the caches' rows; the caches are f16 at 16-byte aligned addresses, as the kernel's
-    // 16-byte row copies need; the block is the queries / 16 warps its tiling assumes, and its
+    // 16-byte row copies need, or q8_0 at even addresses, as its 2-byte loads need (rows and
+    // heads of D, a multiple of 32, are whole blocks); the block is the queries / 16 warps its tiling assumes, and its
     // shared memory is static.
     unsafe { l.launch(config) }?;
     Ok(())
@@ -924,6 +958,7 @@ fn launch_prefill_tiled(
     let entry = match io.k.elem() {
         KvElem::F16 => "attn_prefill_f16",
         KvElem::F32 => "attn_prefill_f32",
+        KvElem::Q8_0 => "attn_prefill_q8_0",
     };
     let function = kernels.function(KernelModule::Attention, entry)?;
     let (q_ptr, k_ptr, v_ptr) = (io.q.ptr(), io.k.ptr(), io.v.ptr());
@@ -948,7 +983,8 @@ fn launch_prefill_tiled(
         block: [(t * t) as u32, 1, 1],
         shared_bytes,
     };
-    // SAFETY: the arguments match `attn_prefill_f16`/`attn_prefill_f32` in order and type.
+    // SAFETY: the arguments match `attn_prefill_{f16,f32,q8_0}` in order and type (q8_0 caches
+    // with whole-block heads at even addresses, which `check_io` checked).
     // `check_io` made q, out, both caches and the positions long enough for the shape (n_tokens
     // > 0, so every block has at least one query); cache rows are slots (position % slots <
     // slots) unpaged, and paged rows of the tile's table, clamped to the caches' rows; head sizes are at most PREFILL_TILED_MAX_HEAD_DIM, which the kernel's

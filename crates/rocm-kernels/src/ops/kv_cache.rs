@@ -1,7 +1,9 @@
 //! Stores of new K/V rows into a layer's cache.
 //!
 //! The cache of a layer is `[slots][dim]` with `dim = n_head_kv * head_dim`, in f16 (IEEE half,
-//! stored as `u16` bits, rounded to nearest even) or f32. The row of position p goes to slot
+//! stored as `u16` bits, rounded to nearest even), f32, or q8_0 (blocks of 32 values in 34
+//! bytes, quantized bit for bit as [`crate::reference::kv_q8::quantize_q8_0`]; `dim` a multiple
+//! of 32). The row of position p goes to slot
 //! `p % slots`: a full-length cache is never wrapped, a sliding-window layer's cache is a ring.
 //! Positions are read from device memory (the step block), so a captured step replays at new
 //! positions.
@@ -12,6 +14,7 @@
 
 use crate::error::{check_shape, KernelError, Result};
 use crate::kernels::Kernels;
+use crate::reference::kv_q8::{q8_0_row_bytes, Q8_0_BLOCK, Q8_0_BLOCK_BYTES};
 use crate::source::KernelModule;
 use crate::view::{DeviceSlice, DeviceSliceMut};
 use hip_ffi::{DevicePtr, LaunchBuilder, LaunchConfig, Stream};
@@ -27,34 +30,66 @@ pub enum KvElem {
     F16,
     /// f32, stored as is.
     F32,
+    /// ggml's q8_0 blocks (`reference::kv_q8`): per 32 values an f16 scale and 32 signed
+    /// bytes, 34 bytes in all. Rows (and, for attention, heads) are whole blocks.
+    Q8_0,
 }
 
 impl KvElem {
-    /// Bytes per element.
-    pub fn bytes(self) -> usize {
+    /// Bytes of a row of `dim` values, or `None` where `dim` is not a whole number of the
+    /// type's blocks (q8_0: a multiple of 32) or the size overflows.
+    pub fn row_bytes(self, dim: usize) -> Option<usize> {
         match self {
-            KvElem::F16 => 2,
+            KvElem::F16 => dim.checked_mul(2),
+            KvElem::F32 => dim.checked_mul(4),
+            KvElem::Q8_0 => q8_0_row_bytes(dim),
+        }
+    }
+
+    /// Values per block: the granularity of a row (1 for f16 and f32, 32 for q8_0).
+    pub fn block_values(self) -> usize {
+        match self {
+            KvElem::F16 | KvElem::F32 => 1,
+            KvElem::Q8_0 => Q8_0_BLOCK,
+        }
+    }
+
+    /// Alignment, in bytes, the kernels need of a cache's address: the element's (q8_0: its
+    /// 2-byte scale, the most a 34-byte block is aligned to).
+    pub fn align(self) -> usize {
+        match self {
+            KvElem::F16 | KvElem::Q8_0 => 2,
             KvElem::F32 => 4,
         }
     }
 }
 
-/// Read-only view of a K or V cache in either element type.
+/// Read-only view of a K or V cache in any element type.
 #[derive(Clone, Copy, Debug)]
 pub enum KvSlice {
     /// f16 elements as `u16` bits.
     F16(DeviceSlice<u16>),
     /// f32 elements.
     F32(DeviceSlice<f32>),
+    /// q8_0 blocks as bytes (34 per 32 values); [`KvSlice::len`] counts the values of its
+    /// whole blocks.
+    Q8_0(DeviceSlice<u8>),
 }
 
-/// Writable view of a K or V cache in either element type.
+/// Writable view of a K or V cache in any element type.
 #[derive(Debug)]
 pub enum KvSliceMut {
     /// f16 elements as `u16` bits.
     F16(DeviceSliceMut<u16>),
     /// f32 elements.
     F32(DeviceSliceMut<f32>),
+    /// q8_0 blocks as bytes (34 per 32 values); [`KvSliceMut::len`] counts values.
+    Q8_0(DeviceSliceMut<u8>),
+}
+
+/// Values held by `bytes` bytes of q8_0 blocks (a trailing partial block holds none).
+pub fn q8_0_values(bytes: usize) -> usize {
+    bytes / Q8_0_BLOCK_BYTES * Q8_0_BLOCK
 }
 
 impl KvSlice {
@@ -63,14 +98,17 @@ impl KvSlice {
         match self {
             KvSlice::F16(_) => KvElem::F16,
             KvSlice::F32(_) => KvElem::F32,
+            KvSlice::Q8_0(_) => KvElem::Q8_0,
         }
     }
 
-    /// Number of elements.
+    /// Number of values (for q8_0, those of its whole blocks, not bytes), so shapes check in
+    /// values whatever the element type.
     pub fn len(&self) -> usize {
         match self {
             KvSlice::F16(s) => s.len(),
             KvSlice::F32(s) => s.len(),
+            KvSlice::Q8_0(s) => q8_0_values(s.len()),
         }
     }
 
@@ -84,6 +122,7 @@ impl KvSlice {
         match self {
             KvSlice::F16(s) => s.ptr(),
             KvSlice::F32(s) => s.ptr(),
+            KvSlice::Q8_0(s) => s.ptr(),
         }
     }
 }
@@ -94,14 +133,16 @@ impl KvSliceMut {
         match self {
             KvSliceMut::F16(_) => KvElem::F16,
             KvSliceMut::F32(_) => KvElem::F32,
+            KvSliceMut::Q8_0(_) => KvElem::Q8_0,
         }
     }
 
-    /// Number of elements.
+    /// Number of values (for q8_0, those of its whole blocks, not bytes).
     pub fn len(&self) -> usize {
         match self {
             KvSliceMut::F16(s) => s.len(),
             KvSliceMut::F32(s) => s.len(),
+            KvSliceMut::Q8_0(s) => q8_0_values(s.len()),
         }
     }
 
@@ -115,6 +156,7 @@ impl KvSliceMut {
         match self {
             KvSliceMut::F16(s) => s.ptr(),
             KvSliceMut::F32(s) => s.ptr(),
+            KvSliceMut::Q8_0(s) => s.ptr(),
         }
     }
 
@@ -123,6 +165,7 @@ impl KvSliceMut {
         match self {
             KvSliceMut::F16(s) => KvSlice::F16(s.as_const()),
             KvSliceMut::F32(s) => KvSlice::F32(s.as_const()),
+            KvSliceMut::Q8_0(s) => KvSlice::Q8_0(s.as_const()),
         }
     }
 }
@@ -245,6 +288,32 @@ struct Store<'a> {
     dim: usize,
 }
 
+/// Whether a cache of `elem` at `addr` takes rows of `dim` values: q8_0 rows are whole blocks
+/// of 32, and every cache sits at an address its kernels may load its elements from. `what`
+/// names the width in the message ("K: dim", "head_dim_k").
+pub(crate) fn check_elem(
+    op: &'static str,
+    elem: KvElem,
+    addr: u64,
+    what: &str,
+    dim: usize,
+) -> Result<()> {
+    check_shape(elem.row_bytes(dim).is_some(), op, || {
+        format!(
+            "{what} = {dim} is not a multiple of {}: a {elem:?} cache stores whole blocks of {} \
+             values",
+            elem.block_values(),
+            elem.block_values()
+        )
+    })?;
+    check_shape(addr % elem.align() as u64 == 0, op, || {
+        format!(
+            "a {elem:?} cache at {addr:#x} is not {}-byte aligned",
+            elem.align()
+        )
+    })
+}
+
 fn check_store(
     store: &Store<'_>,
     name: &str,
@@ -252,6 +321,13 @@ fn check_store(
     slots: usize,
     paged: bool,
 ) -> Result<()> {
+    check_elem(
+        OP,
+        store.cache.elem(),
+        store.cache.ptr().0,
+        &format!("{name}: dim"),
+        store.dim,
+    )?;
     let src_need = rows.checked_mul(store.dim);
     check_shape(src_need.is_some_and(|n| n <= store.src.len()), OP, || {
         format!(
@@ -375,6 +451,7 @@ fn launch_store(
     let entry = match first.cache.elem() {
         KvElem::F16 => "kv_store_f16",
         KvElem::F32 => "kv_store_f32",
+        KvElem::Q8_0 => "kv_store_q8_0",
     };
     let function = kernels.function(KernelModule::KvCache, entry)?;
     let other = second.as_ref().unwrap_or(&first);
@@ -413,22 +490,29 @@ fn launch_store(
         .arg(&rows_u32)
         .arg(&slots_u32);
     page_args.push(&mut launch);
-    // SAFETY: the arguments match `kv_store_{f16,f32}` in order and type (two pointer/pointer/u32
-    // triples, the positions pointer, rows, slots, then the six paging arguments). The views
-    // vouch for their memory; the checks above make every source row r < rows lie inside the
-    // sources, and every cache row inside the caches: unpaged, rows are slots (< slots, by the
-    // kernel's modulo); paged, `PageArgs` gave the kernel the caches' row count, which it clamps
-    // every row to, and a sequence id per token. The kernel reads `rows` positions, which exist.
+    // SAFETY: the arguments match `kv_store_{f16,f32,q8_0}` in order and type (two
+    // pointer/pointer/u32 triples, the positions pointer, rows, slots, then the six paging
+    // arguments). The views vouch for their memory; the checks above make every source row
+    // r < rows lie inside the sources, and every cache row inside the caches (counted in values,
+    // which for q8_0 are those of whole blocks, and a q8_0 row of dim values, a multiple of 32
+    // that `check_elem` enforced, is dim / 32 whole blocks): unpaged, rows are slots (< slots, by
+    // the kernel's modulo); paged, `PageArgs` gave the kernel the caches' row count, which it
+    // clamps every row to, and a sequence id per token. The caches are aligned for the kernel's
+    // element (2-byte scale) stores; for q8_0 the 256-thread blocks and dims that are multiples
+    // of 32 keep each block's 32 lanes together in one wave, as its shuffles need. The kernel
+    // reads `rows` positions, which exist.
     unsafe { launch.launch(config) }?;
     Ok(())
 }
 
 /// Writes `rows` rows of `dim` f32 values from `src` into `cache` (`[slots][dim]`), row r at
 /// slot `positions[r] % slots` (through its block table when `pages` is given), converting to
-/// the cache's element type.
+/// the cache's element type (for q8_0, quantized bit for bit as
+/// [`crate::reference::kv_q8::quantize_q8_0`]).
 ///
 /// Errors when a view is too short for the shape, when `rows > slots` (two rows would race for
-/// one slot), or when a size exceeds the kernels' 32-bit indices.
+/// one slot), when a size exceeds the kernels' 32-bit indices, or, for a q8_0 cache, when `dim`
+/// is not a multiple of 32 or the cache is at an odd address.
 #[allow(clippy::too_many_arguments)]
 pub fn store_rows(
     kernels: &Kernels,

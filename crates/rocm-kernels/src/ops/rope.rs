@@ -12,7 +12,7 @@
 //! a frequency turns into an angle difference of about `p * 1.2e-7`, so outputs agree to about
 //! `(1e-6 + 2.5e-7 * p / position_scale) * |x|` (the tests use twice that).
 
-use crate::error::{check_shape, Result};
+use crate::error::{check_shape, KernelError, Result};
 use crate::kernels::Kernels;
 use crate::ops::kv_cache::to_u32;
 use crate::source::KernelModule;
@@ -220,6 +220,7 @@ fn rope_launch(
             entry: match kv.k_cache.elem() {
                 crate::ops::kv_cache::KvElem::F16 => "rope_store_f16",
                 crate::ops::kv_cache::KvElem::F32 => "rope_store_f32",
+                crate::ops::kv_cache::KvElem::Q8_0 => return Err(q8_0_store_refused()),
             },
         }),
         None => None,
@@ -296,6 +297,18 @@ fn rope_launch(
     Ok(())
 }
 
+/// Why [`rope_pair_store`] takes no q8_0 cache: its threads own single rotation pairs, while a
+/// q8_0 block's scale needs the block's 32 values together, so the fused store would be a
+/// different kernel; rotating, then storing with the K/V store, leaves the same bytes.
+fn q8_0_store_refused() -> KernelError {
+    KernelError::Shape {
+        op: OP,
+        message: "rope's fused K/V store does not write q8_0 caches: rotate with rope_pair, then \
+                  store with kv_cache::store_kv"
+            .to_string(),
+    }
+}
+
 /// The new K and V rows [`rope_pair_store`] writes into a layer's caches.
 pub struct KvStore<'a> {
     /// The value rows (`rows * dim_v` values).
@@ -315,7 +328,9 @@ pub struct KvStore<'a> {
 /// [`rope_pair`] of a layer's queries `x` and keys `x2`, with (given `store`) the rotated key
 /// rows and the value rows stored in the layer's caches in the same launch: what [`rope_pair`]
 /// followed by [`crate::ops::kv_cache::store_kv`] leave, bit for bit, in one kernel instead of
-/// two. With no store it is [`rope_pair`]. Errors (nothing queued) as either of those would.
+/// two. With no store it is [`rope_pair`]. Errors (nothing queued) as either of those would,
+/// and on q8_0 caches, which this fused store does not write: for those, call [`rope_pair`] and
+/// then [`crate::ops::kv_cache::store_kv`].
 #[allow(clippy::too_many_arguments)]
 pub fn rope_pair_store(
     kernels: &Kernels,
@@ -346,6 +361,12 @@ pub fn rope_pair_store(
     crate::error::check_shape(a + bytes <= b || b + bytes2 <= a, OP, || {
         "the two tensors overlap".to_string()
     })?;
+    if store
+        .as_ref()
+        .is_some_and(|kv| kv.k_cache.elem() == crate::ops::kv_cache::KvElem::Q8_0)
+    {
+        return Err(q8_0_store_refused());
+    }
     let store = match store {
         Some(kv) => Some({
             let pages = crate::ops::kv_cache::check_kv_store(

@@ -1,8 +1,8 @@
 //! CPU reference of causal attention against a K/V cache: the decode crate's `attention` with a
-//! position per query token and a cache in f16 or f32, in f32.
+//! position per query token and a cache in f16, f32 or q8_0, in f32.
 
 use crate::error::{check_shape, Result};
-use crate::ops::attention::{check, AttentionShape};
+use crate::ops::attention::{check, check_cache_elem, AttentionShape};
 use crate::reference::kv_cache::{cache_row, HostKv, HostPages};
 
 /// Writes `[n_tokens][n_head][head_dim_v]` to `out`; see [`crate::ops::attention`]. Errors on
@@ -26,6 +26,15 @@ pub fn attention(
         shape,
         pages.is_some(),
     )?;
+    check_shape(k.elem() == v.elem(), "attention reference", || {
+        format!(
+            "the K cache is {:?} but the V cache is {:?}",
+            k.elem(),
+            v.elem()
+        )
+    })?;
+    // Host memory has no device alignment to keep: only the element type's shape rules apply.
+    check_cache_elem(k.elem(), 0, 0, shape)?;
     let cache_rows = (k.len() / (shape.n_head_kv * shape.head_dim_k))
         .min(v.len() / (shape.n_head_kv * shape.head_dim_v));
     let row_of = |t, slot| cache_row("attention reference", pages, t, slot, cache_rows);

@@ -1,7 +1,8 @@
-//! CPU reference of the K/V store, and host views of a cache in either element type.
+//! CPU reference of the K/V store, and host views of a cache in any element type.
 
 use crate::error::{check_shape, Result};
-use crate::ops::kv_cache::KvElem;
+use crate::ops::kv_cache::{q8_0_values, KvElem};
+use crate::reference::kv_q8::{q8_0_row_bytes, q8_0_value, quantize_q8_0};
 
 /// A host copy of a K or V cache.
 #[derive(Clone, Copy, Debug)]
@@ -10,6 +11,8 @@ pub enum HostKv<'a> {
     F16(&'a [u16]),
     /// f32.
     F32(&'a [f32]),
+    /// q8_0 blocks as bytes (`reference::kv_q8`); values are counted, not bytes.
+    Q8_0(&'a [u8]),
 }
 
 impl HostKv<'_> {
@@ -18,14 +21,16 @@ impl HostKv<'_> {
         match self {
             HostKv::F16(s) => half::f16::from_bits(s[i]).to_f32(),
             HostKv::F32(s) => s[i],
+            HostKv::Q8_0(s) => q8_0_value(s, i),
         }
     }
 
-    /// Number of elements.
+    /// Number of values (for q8_0, those of its whole blocks).
     pub fn len(&self) -> usize {
         match self {
             HostKv::F16(s) => s.len(),
             HostKv::F32(s) => s.len(),
+            HostKv::Q8_0(s) => q8_0_values(s.len()),
         }
     }
 
@@ -39,6 +44,7 @@ impl HostKv<'_> {
         match self {
             HostKv::F16(_) => KvElem::F16,
             HostKv::F32(_) => KvElem::F32,
+            HostKv::Q8_0(_) => KvElem::Q8_0,
         }
     }
 }
@@ -171,6 +177,37 @@ pub fn store_rows_f16(
     Ok(())
 }
 
+/// As [`store_rows_f32`] into a q8_0 cache (bytes, `dim / 32` blocks of 34 per row), each row
+/// quantized by [`quantize_q8_0`]: what `kv_store_q8_0` writes. Errors as the others, and
+/// where `dim` is not a multiple of 32.
+pub fn store_rows_q8_0(
+    cache: &mut [u8],
+    src: &[f32],
+    positions: &[i32],
+    pages: Option<&HostPages<'_>>,
+    rows: usize,
+    dim: usize,
+    slots: usize,
+) -> Result<()> {
+    let row_bytes = q8_0_row_bytes(dim);
+    check_shape(row_bytes.is_some(), OP, || {
+        format!("dim = {dim} is not a multiple of 32: a q8_0 cache stores whole blocks of 32")
+    })?;
+    let row_bytes = row_bytes.unwrap_or(0);
+    let values = q8_0_values(cache.len());
+    let paged = pages.is_some();
+    check(src.len(), values, positions, rows, dim, slots, paged)?;
+    let cache_rows = values / dim.max(1);
+    for (r, &p) in positions[..rows].iter().enumerate() {
+        let slot = cache_row(OP, pages, r, p as usize % slots, cache_rows)?;
+        quantize_q8_0(
+            &src[r * dim..][..dim],
+            &mut cache[slot * row_bytes..][..row_bytes],
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,5 +266,25 @@ mod tests {
         let view = HostKv::F16(&cache);
         assert_eq!(view.get(1), 1.0 + 2f32.powi(-9));
         assert_eq!(view.elem(), KvElem::F16);
+    }
+
+    #[test]
+    fn q8_0_rows_are_quantized_blocks_at_their_slots() {
+        // Two slots of 64 values (two blocks each); position 3 goes to slot 1.
+        let dim = 64;
+        let mut cache = vec![0xaau8; 2 * 68];
+        let src: Vec<f32> = (0..dim).map(|i| (i as f32 - 20.0) * 0.1).collect();
+        store_rows_q8_0(&mut cache, &src, &[3], None, 1, dim, 2).unwrap();
+        let mut want = vec![0u8; 68];
+        quantize_q8_0(&src, &mut want);
+        assert_eq!(&cache[68..], &want[..]);
+        assert!(cache[..68].iter().all(|&b| b == 0xaa), "slot 0 untouched");
+        let view = HostKv::Q8_0(&cache);
+        assert_eq!((view.len(), view.elem()), (128, KvElem::Q8_0));
+        assert_eq!(view.get(64 + 5), q8_0_value(&want, 5));
+        // A row that is not whole blocks, and a cache too short for its slots.
+        let err = store_rows_q8_0(&mut cache, &src, &[0], None, 1, 48, 2).unwrap_err();
+        assert!(err.to_string().contains("multiple of 32"), "{err}");
+        assert!(store_rows_q8_0(&mut cache, &src, &[0], None, 1, 32, 5).is_err());
     }
 }

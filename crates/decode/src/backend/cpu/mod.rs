@@ -10,6 +10,7 @@ use super::{
     Rope, StepBatch, WeightSource,
 };
 use crate::error::{DecodeError, Result};
+use crate::kv::KvType;
 use crate::memory::{MemoryReport, MemoryTag};
 use crate::quant::{self, Q16Row};
 use gguf_loader::{GgmlType, GgufFile, TensorInfo};
@@ -78,6 +79,8 @@ struct SeqSpan {
 /// The CPU backend.
 pub struct CpuBackend {
     precision: Precision,
+    /// The KV cache's type: its values are rounded to it on store and kept in f32 rows.
+    kv_type: KvType,
     books: MemoryReport,
     /// The current step's tokens (from `begin_step`).
     step_tokens: Vec<u32>,
@@ -99,6 +102,7 @@ impl CpuBackend {
     pub fn new(precision: Precision) -> CpuBackend {
         CpuBackend {
             precision,
+            kv_type: KvType::F32,
             books: MemoryReport {
                 location: "host".into(),
                 ..Default::default()
@@ -115,6 +119,13 @@ impl CpuBackend {
 
     pub fn precision(&self) -> Precision {
         self.precision
+    }
+
+    /// Makes later contexts' KV caches of type `kv`: each stored row is rounded as the GPU's
+    /// store kernel rounds it (bit for bit), and kept in f32, so attention here reads the
+    /// numbers a GPU cache of that type holds. Memory is f32's whatever the type.
+    pub fn set_kv_type(&mut self, kv: KvType) {
+        self.kv_type = kv;
     }
 }
 
@@ -157,7 +168,19 @@ impl Backend for CpuBackend {
             Precision::Fast => "16-bit integer activations",
             Precision::Exact => "f32 activations",
         };
-        format!("cpu ({} threads, {mode})", rayon::current_num_threads())
+        format!(
+            "cpu ({} threads, {mode}, {} KV)",
+            rayon::current_num_threads(),
+            self.kv_type
+        )
+    }
+
+    fn kv_type(&self) -> KvType {
+        self.kv_type
+    }
+
+    fn kv_storage(&self) -> KvType {
+        KvType::F32
     }
 
     fn kv_room(&self) -> Option<(u64, String)> {
@@ -448,6 +471,12 @@ impl Backend for CpuBackend {
                 });
             }
         }
+        let kv_type = self.kv_type;
+        if dim % kv_type.block_values() != 0 {
+            return Err(DecodeError::InvalidArgument(format!(
+                "{kv_type} KV rows of {dim} values are not whole blocks"
+            )));
+        }
         let tables = self.step_tables()?;
         let cache_rows = cache.len() / dim.max(1);
         for (row, &(pos, seq)) in src.chunks_exact(dim).zip(&self.step_rows).take(rows) {
@@ -456,7 +485,10 @@ impl Backend for CpuBackend {
                 .row(layer.group, seq, slot)
                 .filter(|&r| r < cache_rows)
                 .ok_or_else(|| unmapped(seq, pos))?;
-            cache[at * dim..(at + 1) * dim].copy_from_slice(row);
+            let stored = &mut cache[at * dim..(at + 1) * dim];
+            stored.copy_from_slice(row);
+            // Rows are whole blocks: the context checked the head sizes.
+            kv_type.round(stored);
         }
         Ok(())
     }

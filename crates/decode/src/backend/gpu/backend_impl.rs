@@ -35,13 +35,14 @@ impl Backend for GpuBackend {
 
     fn describe(&self) -> String {
         format!(
-            "gpu ({}, wave {}, {} matvec, prefill on {})",
+            "gpu ({}, wave {}, {} matvec, {} KV, prefill on {})",
             self.alloc.device_name(),
             self.kernels.wave_size(),
             match self.matvec_path {
                 MatvecPath::Int8 => "int8",
                 MatvecPath::Exact => "exact f32",
             },
+            self.kv_type,
             match (&self.vendor_gemm, &self.vendor_gemm_absent) {
                 (Some(v), _) if self.matvec_path == MatvecPath::Int8 => v.describe(),
                 (Some(_), _) => "kernels (exact path)".into(),
@@ -51,21 +52,23 @@ impl Backend for GpuBackend {
         )
     }
 
-    fn kv_elem_bytes(&self) -> usize {
-        crate::layout::context::kv_elem_bytes(self.kv_type)
+    fn kv_type(&self) -> KvType {
+        self.kv_type
     }
 
     fn alloc(&mut self, tag: MemoryTag, len: usize) -> Result<GpuBuffer> {
-        let elem = if tag == MemoryTag::KvCache && self.kv_type == KvType::F16 {
-            Elem::F16
-        } else {
-            Elem::F32
+        let kv = match tag {
+            MemoryTag::KvCache => self.kv_type,
+            _ => KvType::F32,
         };
-        let size = if elem == Elem::F16 { 2 } else { 4 };
-        let bytes = crate::layout::context::gpu_buffer_bytes(len, size).ok_or_else(|| {
+        let elem = Elem::of(kv);
+        let bytes = crate::layout::context::kv_buffer_bytes(len, kv).map_err(|_| {
             DecodeError::Allocation {
                 what: format!("{len} values of {}", tag.name()),
-                reason: "the byte count overflows".into(),
+                reason: format!(
+                    "the byte count overflows, or {len} is not whole {}-value {kv} blocks",
+                    kv.block_values()
+                ),
             }
         })?;
         let mem = self.device_alloc(tag, bytes, &format!("{len} values of {}", tag.name()))?;
@@ -326,6 +329,27 @@ impl Backend for GpuBackend {
         self.stream
             .synchronize()
             .map_err(|e| gpu_err("waiting for the stream", e))?;
+        if src.elem == Elem::Q8_0 {
+            // Whole blocks around the range, dequantized on the host (tests read caches).
+            let block = rocm_kernels::reference::kv_q8::Q8_0_BLOCK;
+            let first = offset / block;
+            let end = (offset + dst.len()).div_ceil(block);
+            let mut blocks = vec![0u8; src.elem.bytes((end - first) * block)];
+            let at = src.elem.bytes(first * block) as u64;
+            // SAFETY: blocks `first..end` lie inside the buffer (the range is, and the buffer
+            // is whole blocks); the stream is idle and the copy is synchronized before use.
+            unsafe {
+                self.stream
+                    .copy_to_host_raw(&mut blocks, DevicePtr(src.mem.ptr() + at))
+            }
+            .and_then(|()| self.stream.synchronize())
+            .map_err(|e| gpu_err("reading from the device", e))?;
+            let skip = offset - first * block;
+            for (i, d) in dst.iter_mut().enumerate() {
+                *d = rocm_kernels::reference::kv_q8::q8_0_value(&blocks, skip + i);
+            }
+            return Ok(());
+        }
         if src.elem == Elem::F16 {
             let mut halves = vec![0u16; dst.len()];
             // SAFETY: as below, for `dst.len()` f16 values at `offset`.
@@ -870,8 +894,12 @@ impl Backend for GpuBackend {
         kv: KvDestination<'_, GpuBuffer>,
     ) -> Result<()> {
         // The fused kernel writes keys of the rotated layout only (k_dim = n_head_kv *
-        // head_dim) into caches of one element type; anything else takes the two ops.
-        let fused = kv.k_cache.elem == kv.v_cache.elem && kv.k_dim == n_head_kv * head_dim;
+        // head_dim) into float caches of one element type; anything else (a q8_0 cache, whose
+        // blocks need a reduction over 32 values the rope kernel does not do) takes the two
+        // ops.
+        let fused = kv.k_cache.elem == kv.v_cache.elem
+            && kv.k_cache.elem != Elem::Q8_0
+            && kv.k_dim == n_head_kv * head_dim;
         if !fused {
             let heads = (n_head, n_head_kv, head_dim);
             return crate::backend::rope_qk_then_store_kv(
@@ -1017,8 +1045,8 @@ impl Backend for GpuBackend {
                     .min(shape.window.unwrap_or(usize::MAX))
             })
             .sum();
-        let elem_bytes = if k_cache.elem == Elem::F16 { 2 } else { 4 };
-        let kv_bytes = seen * shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v) * elem_bytes;
+        let row_values = shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v);
+        let kv_bytes = seen * k_cache.elem.bytes(row_values);
         let kind = match self.step_phase {
             Phase::Decode => "decode",
             Phase::Prefill => "prefill",
@@ -1105,15 +1133,16 @@ impl Backend for GpuBackend {
         copies: &[(usize, usize)],
         block_values: usize,
     ) -> Result<()> {
-        // Copied as 32-bit words: an f16 block of an even number of values is half as many.
-        let elem_bytes = if cache.elem == Elem::F16 { 2 } else { 4 };
-        let block_bytes = block_values * elem_bytes;
-        if block_bytes % 4 != 0 {
+        // Copied as 32-bit words: an f16 block of an even number of values is half as many,
+        // a q8_0 block of an even number of 34-byte blocks a whole number too.
+        let block_bytes = cache.elem.kv_type().bytes(block_values);
+        let Some(block_bytes) = block_bytes.filter(|b| b % 4 == 0) else {
             return Err(DecodeError::InvalidArgument(format!(
-                "a KV block of {block_values} f16 values is not whole 32-bit words"
+                "a KV block of {block_values} {:?} values is not whole 32-bit words",
+                cache.elem
             )));
-        }
-        let (words, total) = (block_bytes / 4, cache.len * elem_bytes / 4);
+        };
+        let (words, total) = (block_bytes / 4, cache.elem.bytes(cache.len) / 4);
         for &(from, to) in copies {
             let end = from.max(to).saturating_add(1).saturating_mul(words);
             if end > total || from == to {

@@ -1,5 +1,7 @@
-//! Device arrays: the backend's f32 (or f16) buffers and their 8-bit shadows.
+//! Device arrays: the backend's f32 buffers (KV caches also f16 or q8_0) and their 8-bit
+//! shadows.
 
+use crate::kv::KvType;
 use crate::layout::workspace;
 use rocm_alloc::Allocation;
 use rocm_kernels::ops::{
@@ -9,8 +11,8 @@ use rocm_kernels::ops::{
 use rocm_kernels::{DeviceSlice, DeviceSliceMut};
 use std::cell::RefCell;
 
-/// A device array drawn from the allocator: f32, or f16 for a KV cache that stores half
-/// precision (see [`KvType`]).
+/// A device array drawn from the allocator: f32, or for a KV cache the type it stores (see
+/// [`crate::kv::KvType`]).
 pub struct GpuBuffer {
     pub(super) mem: Allocation,
     pub(super) len: usize,
@@ -57,8 +59,13 @@ impl GpuBuffer {
     }
 
     pub(super) fn view(&self) -> DeviceSlice<f32> {
-        // Only KV caches are f16, and only the KV ops take them (through `kv_view`).
-        assert_eq!(self.elem, Elem::F32, "an f16 KV buffer used as f32");
+        // Only KV caches are f16 or q8_0, and only the KV ops take them (through `kv_view`).
+        assert_eq!(
+            self.elem,
+            Elem::F32,
+            "a {:?} KV buffer used as f32",
+            self.elem
+        );
         // SAFETY: the allocation holds `len` f32 and lives as long as `self`; kernels using the
         // view are queued on the backend's one stream, and the allocation returns to the
         // allocator on that same stream, so its memory is not reused before they run.
@@ -66,7 +73,12 @@ impl GpuBuffer {
     }
 
     pub(super) fn view_mut(&mut self) -> DeviceSliceMut<f32> {
-        assert_eq!(self.elem, Elem::F32, "an f16 KV buffer used as f32");
+        assert_eq!(
+            self.elem,
+            Elem::F32,
+            "a {:?} KV buffer used as f32",
+            self.elem
+        );
         self.version += 1;
         // SAFETY: as in `view`; `&mut self` guarantees no other host-side view of this buffer
         // is handed to the same launch.
@@ -92,6 +104,10 @@ impl GpuBuffer {
                 Elem::F16 => {
                     kv_cache::KvSlice::F16(DeviceSlice::from_raw(self.mem.ptr(), self.len))
                 }
+                Elem::Q8_0 => kv_cache::KvSlice::Q8_0(DeviceSlice::from_raw(
+                    self.mem.ptr(),
+                    self.elem.bytes(self.len),
+                )),
             }
         }
     }
@@ -107,6 +123,10 @@ impl GpuBuffer {
                 Elem::F16 => {
                     kv_cache::KvSliceMut::F16(DeviceSliceMut::from_raw(self.mem.ptr(), self.len))
                 }
+                Elem::Q8_0 => kv_cache::KvSliceMut::Q8_0(DeviceSliceMut::from_raw(
+                    self.mem.ptr(),
+                    self.elem.bytes(self.len),
+                )),
             }
         }
     }
@@ -117,6 +137,35 @@ impl GpuBuffer {
 pub(super) enum Elem {
     F32,
     F16,
+    /// ggml's q8_0 blocks (`rocm_kernels::reference::kv_q8`); `len` counts values, a whole
+    /// number of blocks.
+    Q8_0,
+}
+
+impl Elem {
+    /// The element type of a KV cache of `kv`.
+    pub(super) fn of(kv: KvType) -> Elem {
+        match kv {
+            KvType::F32 => Elem::F32,
+            KvType::F16 => Elem::F16,
+            KvType::Q8_0 => Elem::Q8_0,
+        }
+    }
+
+    pub(super) fn kv_type(self) -> KvType {
+        match self {
+            Elem::F32 => KvType::F32,
+            Elem::F16 => KvType::F16,
+            Elem::Q8_0 => KvType::Q8_0,
+        }
+    }
+
+    /// Bytes of `values` values, which the buffer's allocation holds (checked when made).
+    pub(super) fn bytes(self, values: usize) -> usize {
+        self.kv_type()
+            .bytes(values)
+            .expect("a buffer's values fit its type: checked when it was made")
+    }
 }
 
 /// A buffer's leading rows quantized to 8 bits (`matvec_q8::quantize`), made when a matrix-vector

@@ -11,23 +11,7 @@ use crate::error::Result;
 use knobs::{Env, Knob, Scope};
 use rocm_kernels::ops::{attention as attn, matvec::MAX_TOKENS};
 
-/// How the KV cache stores keys and values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KvType {
-    /// Half precision (the default): half the bytes, a relative rounding of 2^-11.
-    F16,
-    /// Single precision, as the CPU backend stores it (the exact comparisons).
-    F32,
-}
-
-pub static KV_TYPE: Knob<KvType> = Knob {
-    name: "HIPDECODE_KV_TYPE",
-    default: "f16",
-    doc: "the GPU's KV cache element type: `f16` or `f32` (as the CPU stores it; the exact \
-          comparisons)",
-    scope: Scope::Run,
-    parse: |v| knobs::parse::choice(v, &[("f16", KvType::F16), ("f32", KvType::F32)]),
-};
+pub use crate::kv::KvType;
 
 /// How decode's matrix-vector products treat activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,7 +121,8 @@ impl GpuConfig {
         Ok(GpuConfig {
             matvec_path: MATVEC_PATH.value(env)?,
             mma_max_rows: MMA_MAX_ROWS.value(env)?,
-            kv_type: KV_TYPE.value(env)?,
+            // `-ctk` / `-ctv` set it (`BackendSettings::kv_type`); no knob reads it.
+            kv_type: KvType::F16,
             attn_prefill: ATTN_PREFILL.value(env)?,
             attn_decode: ATTN_DECODE.value(env)?,
             prefill_path: GPU_PREFILL.value(env)?,
@@ -163,14 +148,9 @@ mod tests {
         let defaults = GpuConfig::from_env(&Env::default()).unwrap();
         assert_eq!(defaults.matvec_path, MatvecPath::Int8);
         assert_eq!(defaults.kv_type, KvType::F16);
-        let env = Env::from_pairs([
-            (MATVEC_PATH.name, "exact"),
-            (KV_TYPE.name, "f32"),
-            (CAPTURE_STREAM.name, "side"),
-        ]);
+        let env = Env::from_pairs([(MATVEC_PATH.name, "exact"), (CAPTURE_STREAM.name, "side")]);
         let set = GpuConfig::from_env(&env).unwrap();
         assert_eq!(set.matvec_path, MatvecPath::Exact);
-        assert_eq!(set.kv_type, KvType::F32);
         assert_eq!(set.capture_stream, CaptureStream::Side);
         assert_eq!(set.graph_pool, defaults.graph_pool);
         let bad = Env::from_pairs([(GPU_PREFILL.name, "cublas")]);

@@ -36,7 +36,7 @@ mod weight_block;
 
 pub use buffer::GpuBuffer;
 pub use config::{
-    GpuConfig, KvType, MatvecPath, ATTN_DECODE, ATTN_PREFILL, INT8_MAX_ROWS, KV_TYPE, MATVEC_PATH,
+    GpuConfig, KvType, MatvecPath, ATTN_DECODE, ATTN_PREFILL, INT8_MAX_ROWS, MATVEC_PATH,
     MMA_MAX_ROWS,
 };
 pub use offload::host_weights::{HostPlacement, WeightMemory};
