@@ -13,10 +13,14 @@
 #      at -ctk/-ctv f16 and q8_0 after it (the A/B alternates the two arms of ours); pp4096 the
 #      same way;
 #   4. the device peak (nvidia-smi every 100 ms) of -p 0 -n 64 -d 32000 for both programs and
-#      both types.
+#      both types;
+#   5. (with 2, once the models are there) real Gemma's GPU-vs-CPU tests, and greedy text of
+#      SmolLM2 and Gemma from `hipdecode run` on the GPU and the CPU, side by side.
+# Step 3 also keeps one `llama-bench -o json` (the key set bench-decode's JSON must match).
 # Env: STEPS (default "1 3 4 2"), MODELS (default /tmp/models).
 set -o pipefail
 D=/tmp/kvq8
+[ -e /work/main ] || { mkdir -p /work && ln -sfn "$PWD" /work/main; }
 if [ "${1:-}" = collect ]; then
   tar czf "$OUT/kvq8.tgz" -C /tmp kvq8 2>/dev/null
   cat $D/status 2>/dev/null
@@ -69,6 +73,9 @@ if step 3; then
       > $D/llama-pp4096-$kv.md 2> $D/llama-pp4096-$kv.log
   done
   echo "llama pp4096 at $(date -u +%T)" >> $D/status
+  timeout 120 $LB/llama-bench -m $L -p 64 -n 16 -d 0,512 -fa 1 -ngl 99 -r 2 -o json \
+    > $D/llama-bench.json 2> $D/llama-bench-json.log
+  echo "llama-bench json exit $? at $(date -u +%T)" >> $D/status
 fi
 
 if step 4; then
@@ -89,6 +96,21 @@ if step 2; then
       timeout 300 $B/hipdecode perplexity -m $m -f data/eval/gnu-gpl3-fdl13.txt --device gpu \
         -ctk $kv --json > $D/nll-$n-$kv.json 2> $D/nll-$n-$kv.log
       echo "nll $n $kv exit $? at $(date -u +%T)" >> $D/status
+    done
+  done
+fi
+
+if step 2; then
+  (cd crates/decode && HIPDECODE_MODELS_DIR=$MODELS HIPDECODE_REQUIRE_MODELS=1 timeout 300 \
+    ../../bundle/$T/gpu_backend-* real_ --test-threads=1 > $D/test-gpu_backend-real.log 2>&1)
+  echo "gpu_backend real_ exit $? at $(date -u +%T)" >> $D/status
+  for m in $MODELS/smollm2-135m-instruct-q4_1.gguf $MODELS/gemma3-270m-q4_k_m.gguf; do
+    [ -f $m ] || continue
+    n=$(basename $m .gguf)
+    for dev in gpu cpu; do
+      timeout 120 $B/hipdecode run -m $m --device $dev --temp 0 -n 48 \
+        -p "The three primary colours of light are" > $D/greedy-$n-$dev.txt 2> $D/greedy-$n-$dev.log
+      echo "greedy $n $dev exit $? at $(date -u +%T)" >> $D/status
     done
   done
 fi
