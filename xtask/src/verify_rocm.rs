@@ -293,6 +293,12 @@ fn print_device(ordinal: usize, device: &Device) {
             .clone()
             .unwrap_or_else(|| "unknown (hiprtc targets the current device)".into()),
     );
+    if let Ok(v) = std::env::var(hip_ffi::sysfs::HSA_OVERRIDE_GFX_VERSION) {
+        row(
+            "HSA_OVERRIDE_GFX_VERSION",
+            format!("{v:?} (kernels are compiled for the arch above, not the card's own)"),
+        );
+    }
     row(
         "compute capability",
         format!(

@@ -6,6 +6,10 @@
 //! * The GTT size of integrated (UMA) devices: on APUs most of what the GPU can use is GTT
 //!   (system memory mapped through the GART), which `hipMemGetInfo` does not show separately.
 //!
+//! * `HSA_OVERRIDE_GFX_VERSION`, which the ROCm runtime honours to treat a card as another ISA
+//!   (Radeon owners set `10.3.0` or `11.0.0` so that kernels built for a neighbour run): the
+//!   kernels are compiled for the architecture it names, as the runtime would load them.
+//!
 //! Every reader takes the sysfs root as a parameter so tests can point it at a temp dir.
 
 use std::path::Path;
@@ -72,6 +76,56 @@ pub fn gfx_name_from_target_version(version: u32) -> Option<String> {
         return None;
     }
     Some(format!("gfx{major}{minor:x}{stepping:x}"))
+}
+
+/// The ROCm runtime's variable that makes a device report another gfx version.
+pub const HSA_OVERRIDE_GFX_VERSION: &str = "HSA_OVERRIDE_GFX_VERSION";
+
+/// Reads a `HSA_OVERRIDE_GFX_VERSION` value, `major.minor.stepping` in decimal as the ROCm
+/// runtime takes it, into a gfx name: `11.0.0` → `gfx1100`, `10.3.0` → `gfx1030`, `9.0.10` →
+/// `gfx90a`. The error says what was wrong and what the form is.
+pub fn gfx_name_from_override(text: &str) -> Result<String, String> {
+    let form = "the form is MAJOR.MINOR.STEPPING in decimal, e.g. 11.0.0 for gfx1100, 10.3.0 \
+                for gfx1030 or 9.0.10 for gfx90a";
+    let parts: Vec<&str> = text.trim().split('.').collect();
+    let [major, minor, stepping] = parts[..] else {
+        return Err(format!(
+            "{HSA_OVERRIDE_GFX_VERSION}={text:?} is not three numbers; {form}"
+        ));
+    };
+    let number = |what: &str, s: &str, max: u32| -> Result<u32, String> {
+        match s.parse::<u32>() {
+            Ok(n) if n <= max => Ok(n),
+            _ => Err(format!(
+                "{HSA_OVERRIDE_GFX_VERSION}={text:?}: the {what} {s:?} is not a number from 0 \
+                 to {max}; {form}"
+            )),
+        }
+    };
+    let major = number("major version", major, 99)?;
+    let minor = number("minor version", minor, 15)?;
+    let stepping = number("stepping", stepping, 15)?;
+    if major == 0 {
+        return Err(format!(
+            "{HSA_OVERRIDE_GFX_VERSION}={text:?}: major version 0 is no GPU; {form}"
+        ));
+    }
+    gfx_name_from_target_version(major * 10_000 + minor * 100 + stepping)
+        .ok_or_else(|| format!("{HSA_OVERRIDE_GFX_VERSION}={text:?}; {form}"))
+}
+
+/// The gfx name kernels are compiled for on the AMD device at `pci`: the one
+/// `HSA_OVERRIDE_GFX_VERSION` names when it is set and not empty (`override_text`), else the
+/// KFD topology's. A malformed override is an error, never ignored.
+pub fn gfx_arch(
+    topology: &Path,
+    pci: PciLocation,
+    override_text: Option<&str>,
+) -> Result<Option<String>, String> {
+    match override_text.map(str::trim).filter(|t| !t.is_empty()) {
+        Some(text) => gfx_name_from_override(text).map(Some),
+        None => Ok(gfx_arch_for_pci(topology, pci.domain, pci.bus, pci.device)),
+    }
 }
 
 /// Finds the KFD node at the given PCI location and returns its gfx name.

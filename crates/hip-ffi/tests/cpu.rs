@@ -1,6 +1,8 @@
 //! Tests that need no GPU: detection, environment parsing, errors, sysfs parsing.
 
-use hip_ffi::sysfs::{gfx_arch_for_pci, gfx_name_from_target_version, gtt_info};
+use hip_ffi::sysfs::{
+    gfx_arch, gfx_arch_for_pci, gfx_name_from_override, gfx_name_from_target_version, gtt_info,
+};
 use hip_ffi::{Api, ErrorKind, GttInfo, HipError, PciLocation, Platform, PlatformKind, Visibility};
 use std::path::{Path, PathBuf};
 
@@ -220,6 +222,54 @@ fn gfx_arch_is_found_by_pci_location_in_kfd_topology() {
         gfx_arch_for_pci(Path::new("/nonexistent/kfd"), 0, 0, 0),
         None
     );
+    let _ = std::fs::remove_dir_all(&topo);
+}
+
+/// `HSA_OVERRIDE_GFX_VERSION`, as the ROCm runtime reads it, decides the arch kernels are
+/// compiled for over the KFD topology's; empty means unset, and a malformed value is an error
+/// that names the variable and the form, never a silent fallback to the topology.
+#[test]
+fn hsa_override_gfx_version_sets_the_arch_over_the_kfd_topology() {
+    for (text, want) in [
+        ("11.0.0", "gfx1100"),
+        ("10.3.0", "gfx1030"),
+        ("9.0.10", "gfx90a"),
+        ("9.4.2", "gfx942"),
+        (" 11.5.1 ", "gfx1151"),
+        ("12.0.1", "gfx1201"),
+    ] {
+        assert_eq!(gfx_name_from_override(text).as_deref(), Ok(want), "{text}");
+    }
+    for bad in [
+        "11", "11.0", "11.0.0.0", "gfx1100", "11.x.0", "11.0.16", "0.0.0", "-1.0.0",
+    ] {
+        let e = gfx_name_from_override(bad).unwrap_err();
+        assert!(
+            e.contains("HSA_OVERRIDE_GFX_VERSION") && e.contains("MAJOR.MINOR.STEPPING"),
+            "{bad}: {e}"
+        );
+    }
+
+    let topo = temp_dir("kfd-override");
+    write(
+        &topo.join("1/properties"),
+        &format!(
+            "gfx_target_version 110501\nlocation_id {}\ndomain 0\n",
+            0xc3 << 8
+        ),
+    );
+    let apu = PciLocation {
+        domain: 0,
+        bus: 0xc3,
+        device: 0,
+    };
+    assert_eq!(gfx_arch(&topo, apu, None), Ok(Some("gfx1151".into())));
+    assert_eq!(gfx_arch(&topo, apu, Some("")), Ok(Some("gfx1151".into())));
+    assert_eq!(
+        gfx_arch(&topo, apu, Some("11.0.0")),
+        Ok(Some("gfx1100".into()))
+    );
+    assert!(gfx_arch(&topo, apu, Some("11.0")).is_err());
     let _ = std::fs::remove_dir_all(&topo);
 }
 

@@ -226,15 +226,26 @@ impl GpuApi for HipApi {
     fn arch_name(&self, dev: i32) -> Result<Option<String>> {
         // The gfx name lives only in hipDeviceProp_t, whose layout changed between ROCm 5 and 6;
         // the KFD topology in sysfs has it too, keyed by PCI location, which attributes give.
-        let domain = self.attribute(dev, Attr::PciDomainId)?;
-        let bus = self.attribute(dev, Attr::PciBusId)?;
-        let device = self.attribute(dev, Attr::PciDeviceId)?;
-        Ok(crate::sysfs::gfx_arch_for_pci(
+        // HSA_OVERRIDE_GFX_VERSION comes first: the runtime loads code objects for the ISA it
+        // names, so kernels compiled for the topology's would not load.
+        let pci = crate::sysfs::PciLocation {
+            domain: self.attribute(dev, Attr::PciDomainId)? as u32,
+            bus: self.attribute(dev, Attr::PciBusId)? as u32,
+            device: self.attribute(dev, Attr::PciDeviceId)? as u32,
+        };
+        let override_text = std::env::var(crate::sysfs::HSA_OVERRIDE_GFX_VERSION).ok();
+        crate::sysfs::gfx_arch(
             std::path::Path::new(crate::sysfs::KFD_TOPOLOGY),
-            domain as u32,
-            bus as u32,
-            device as u32,
-        ))
+            pci,
+            override_text.as_deref(),
+        )
+        .map_err(|reason| {
+            HipError::host(
+                "HSA_OVERRIDE_GFX_VERSION",
+                ErrorKind::InvalidArgument,
+                format!("{reason}; unset it to use the device's own architecture"),
+            )
+        })
     }
 
     fn make_current(&self, dev: i32) -> Result<()> {
