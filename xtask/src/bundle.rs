@@ -48,6 +48,7 @@ pub const CPU_ONLY_TESTS: &[&str] = &[
     "decode/vocab_cases",
     "gguf-loader/dequant_vs_gguf_py",
     "gguf-loader/hostile",
+    "gguf-loader/mapping_guard",
     "gguf-loader/model_config",
     "gguf-loader/mutations",
     "gguf-loader/real_gemma",

@@ -86,14 +86,18 @@ impl UnreadableTensor {
 /// Where the bytes come from. Both kinds keep their bytes at a fixed address for as long as
 /// they live, which is what lets the index borrow them (see [`GgufFile`]).
 enum Backing {
-    Mapped(Mmap),
+    /// The guard is declared first so it leaves the SIGBUS table before the mapping goes.
+    Mapped {
+        _guard: crate::mapping_guard::Guard,
+        map: Mmap,
+    },
     Owned(Box<[u8]>),
 }
 
 impl Backing {
     fn bytes(&self) -> &[u8] {
         match self {
-            Backing::Mapped(m) => m,
+            Backing::Mapped { map, .. } => map,
             Backing::Owned(b) => b,
         }
     }
@@ -136,7 +140,9 @@ impl GgufFile {
     ///
     /// Like every memory-mapped reader, this assumes nobody truncates or rewrites the file
     /// while it is open; model files are written once (the fetch and synth commands write to a
-    /// temporary name and rename).
+    /// temporary name and rename). If it happens anyway, reading a page past the new end ends
+    /// the process with a message naming the file and status 1 (see `mapping_guard`), not a
+    /// bare SIGBUS.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
         // Before opening: opening a FIFO blocks until a writer comes, and a directory or a
@@ -165,7 +171,8 @@ impl GgufFile {
         // precondition of `open` is that the file is not modified while mapped; model files are
         // written under a temporary name and renamed, so a reader never sees one being written.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| GgufError::io("memory-map", path, e))?;
-        Self::from_backing(Backing::Mapped(map))
+        let _guard = crate::mapping_guard::register(&map, path);
+        Self::from_backing(Backing::Mapped { _guard, map })
     }
 
     /// Indexes a GGUF image held in memory (tests, fuzzing, files received over a network).

@@ -9,6 +9,7 @@ pub mod file;
 pub mod fuzzing;
 pub mod inspect;
 pub mod knobs;
+pub mod mapping_guard;
 pub mod metadata;
 pub mod model;
 pub mod npy;

@@ -27,6 +27,8 @@ pub struct SafeTensorInfo {
 
 struct Shard {
     path: PathBuf,
+    /// Declared before `map` so it leaves the SIGBUS table before the mapping goes.
+    _guard: crate::mapping_guard::Guard,
     map: Mmap,
 }
 
@@ -204,7 +206,8 @@ impl SafetensorsModel {
             });
         }
         drop(parsed);
-        self.shards.push(Shard { path, map });
+        let _guard = crate::mapping_guard::register(&map, &path);
+        self.shards.push(Shard { path, _guard, map });
         Ok(())
     }
 
