@@ -173,7 +173,8 @@ struct RunArgs {
     /// Do not prepend the BOS token.
     #[arg(long)]
     no_bos: bool,
-    /// Print timing and memory as one JSON line on stderr at the end.
+    /// Print timing and memory as one JSON line on stderr at the end ("device" holds the GPU
+    /// allocator's reserved, cached and peak bytes and the bytes outside it; null on the CPU).
     #[arg(long)]
     json_stats: bool,
     /// GPU: cap everything the run takes on the device (bytes, "6.5GiB", "75%"): the offload
@@ -383,6 +384,24 @@ impl WithBackend for Generation<'_> {
             eprint!("{}", device?);
         }
         if args.json_stats {
+            // The GPU allocator's own figures beside the per-tag ones: what it holds from the
+            // device (reserved, of it cached), its peaks, and what the process took outside it.
+            let device = match model.backend().device_memory() {
+                Some(memory) => {
+                    let memory = memory?;
+                    serde_json::json!({
+                        "reserved": memory.stats.reserved_bytes,
+                        "peak_reserved": memory.stats.peak_reserved_bytes,
+                        "active": memory.stats.active_bytes,
+                        "peak_active": memory.stats.peak_active_bytes,
+                        "cached": memory.stats.cached_bytes,
+                        "process_used": memory.process_used,
+                        "outside_allocator": memory.outside_allocator,
+                        "memory_limit": memory.stats.memory_limit,
+                    })
+                }
+                None => serde_json::Value::Null,
+            };
             let stats = serde_json::json!({
                 "prompt_tokens": report.prompt_tokens,
                 "generated_tokens": report.tokens.len(),
@@ -396,6 +415,7 @@ impl WithBackend for Generation<'_> {
                     "total": mem.total(),
                     "total_human": human_bytes(mem.total()),
                 },
+                "device": device,
             });
             eprintln!("{stats}");
         }

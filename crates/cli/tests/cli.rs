@@ -848,3 +848,50 @@ fn a_nan_in_the_weights_ends_the_run_with_an_error_naming_the_tensor() {
     }
     std::fs::remove_file(&model).ok();
 }
+
+/// `--json-stats` ends stderr with one JSON line: speeds, the per-tag memory, and under
+/// "device" the GPU allocator's reserved, cached and peak bytes and the bytes outside it
+/// (null on the CPU, which has no allocator of its own).
+#[test]
+fn json_stats_carry_the_allocators_figures() {
+    let model = tiny_model("json-stats");
+    let last_json = |stderr: &str| -> serde_json::Value {
+        let line = stderr.lines().last().unwrap_or_default();
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line:?}\n{stderr}"))
+    };
+    let (code, _, stderr) = run_on_cpu(&model, &["-p", "hello", "-n", "3", "--json-stats"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let stats = last_json(&stderr);
+    assert_eq!(stats["generated_tokens"], 3, "{stats}");
+    assert!(
+        stats["memory"]["total"].as_u64().unwrap_or(0) > 0,
+        "{stats}"
+    );
+    assert!(stats["device"].is_null(), "{stats}");
+
+    if hip_ffi::Platform::default_device().is_err() {
+        eprintln!("json_stats_carry_the_allocators_figures: no GPU, the device half is skipped");
+        return;
+    }
+    let out = hipdecode()
+        .args(["run", "-m"])
+        .arg(&model)
+        .args(["--device", "gpu", "-p", "hello", "-n", "3", "--json-stats"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let device = &last_json(&stderr)["device"];
+    let field = |k: &str| {
+        device[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("device.{k} missing: {device}"))
+    };
+    assert!(field("reserved") > 0, "{device}");
+    assert!(field("peak_reserved") >= field("reserved"), "{device}");
+    assert!(field("cached") <= field("reserved"), "{device}");
+    assert!(field("peak_active") >= field("active"), "{device}");
+    assert!(field("process_used") >= field("reserved"), "{device}");
+    assert!(device["outside_allocator"].is_u64(), "{device}");
+    std::fs::remove_file(&model).ok();
+}
