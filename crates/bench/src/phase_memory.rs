@@ -4,7 +4,7 @@
 
 use crate::explain::Explained;
 use crate::table::{markdown, Column};
-use decode::memory::{human_bytes, DeviceMemory, MemoryReport, MemoryTag};
+use decode::memory::{human_bytes, DeviceMemory, DeviceNumbers, MemoryReport, MemoryTag};
 use serde_json::{json, Value};
 
 /// A stretch of the benchmark whose memory is reported on its own.
@@ -54,18 +54,6 @@ pub struct TagBytes {
     pub peak: u64,
 }
 
-/// The allocator's and the runtime's numbers, on a device backend.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DeviceNumbers {
-    pub reserved: u64,
-    pub peak_reserved: u64,
-    pub cached: u64,
-    /// Device bytes the process took since the backend was created.
-    pub process_used: u64,
-    /// `process_used` minus reserved: kernel modules, graphs, the runtime.
-    pub outside_allocator: u64,
-}
-
 /// The memory of one phase, read when it ended.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PhaseMemory {
@@ -105,13 +93,7 @@ impl PhaseMemory {
             location: location.to_string(),
             tags,
             peak_window,
-            device: Some(DeviceNumbers {
-                reserved: d.stats.reserved_bytes,
-                peak_reserved: d.stats.peak_reserved_bytes,
-                cached: d.stats.cached_bytes,
-                process_used: d.process_used,
-                outside_allocator: d.outside_allocator,
-            }),
+            device: Some(DeviceNumbers::from(d)),
             rss: None,
             peak_rss: None,
             rss_window: Window::Process,
@@ -166,13 +148,7 @@ impl PhaseMemory {
             "location": self.location,
             "peak_window": self.peak_window.name(),
             "tags": tags,
-            "device": self.device.map(|d| json!({
-                "reserved": d.reserved,
-                "peak_reserved": d.peak_reserved,
-                "cached": d.cached,
-                "process_used": d.process_used,
-                "outside_allocator": d.outside_allocator,
-            })),
+            "device": self.device.as_ref().map(DeviceNumbers::to_json),
             "rss": self.rss,
             "peak_rss": self.peak_rss,
             "rss_window": self.rss_window.name(),

@@ -384,22 +384,10 @@ impl WithBackend for Generation<'_> {
             eprint!("{}", device?);
         }
         if args.json_stats {
-            // The GPU allocator's own figures beside the per-tag ones: what it holds from the
-            // device (reserved, of it cached), its peaks, and what the process took outside it.
+            // The GPU allocator's own figures beside the per-tag ones, named as bench-decode
+            // names them.
             let device = match model.backend().device_memory() {
-                Some(memory) => {
-                    let memory = memory?;
-                    serde_json::json!({
-                        "reserved": memory.stats.reserved_bytes,
-                        "peak_reserved": memory.stats.peak_reserved_bytes,
-                        "active": memory.stats.active_bytes,
-                        "peak_active": memory.stats.peak_active_bytes,
-                        "cached": memory.stats.cached_bytes,
-                        "process_used": memory.process_used,
-                        "outside_allocator": memory.outside_allocator,
-                        "memory_limit": memory.stats.memory_limit,
-                    })
-                }
+                Some(memory) => decode::memory::DeviceNumbers::from(&memory?).to_json(),
                 None => serde_json::Value::Null,
             };
             let stats = serde_json::json!({

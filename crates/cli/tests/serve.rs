@@ -90,6 +90,15 @@ fn alone(model: &Path, prompts: &[Vec<u32>], max_new: usize) -> Vec<String> {
         .collect()
 }
 
+/// Sets its flag when dropped, on a normal return or while unwinding from a panic.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
 #[test]
 fn sixteen_streams_in_a_budget_of_four_sequences_equal_each_request_alone() {
     let Some(model) = test_support::models::smollm2_path() else {
@@ -142,6 +151,9 @@ fn sixteen_streams_in_a_budget_of_four_sequences_equal_each_request_alone() {
     let most_used = AtomicU64::new(0);
     let metrics_seen = Mutex::new(String::new());
     let results = std::thread::scope(|s| {
+        // A failed assertion below unwinds out of this closure; the probes must stop then too,
+        // or the scope would wait for them forever and the failure would read as a hang.
+        let _stop_probes = StopOnDrop(&stop);
         s.spawn(|| {
             let a = server::agent(Duration::from_secs(5));
             while !stop.load(Ordering::SeqCst) {

@@ -62,6 +62,44 @@ pub struct DeviceMemory {
     pub stranded: Vec<(u64, u64)>,
 }
 
+/// The headline of [`DeviceMemory`]: what the allocator holds from the device (reserved, of
+/// it cached), its peak, and the bytes the process took outside it. One set of names for every
+/// report that prints them (`--json-stats`, bench-decode's phases).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceNumbers {
+    pub reserved: u64,
+    pub peak_reserved: u64,
+    pub cached: u64,
+    /// Device bytes the process took since the backend was created.
+    pub process_used: u64,
+    /// `process_used` minus reserved: kernel modules, graphs, the runtime.
+    pub outside_allocator: u64,
+}
+
+impl DeviceNumbers {
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "reserved": self.reserved,
+            "peak_reserved": self.peak_reserved,
+            "cached": self.cached,
+            "process_used": self.process_used,
+            "outside_allocator": self.outside_allocator,
+        })
+    }
+}
+
+impl From<&DeviceMemory> for DeviceNumbers {
+    fn from(d: &DeviceMemory) -> DeviceNumbers {
+        DeviceNumbers {
+            reserved: d.stats.reserved_bytes,
+            peak_reserved: d.stats.peak_reserved_bytes,
+            cached: d.stats.cached_bytes,
+            process_used: d.process_used,
+            outside_allocator: d.outside_allocator,
+        }
+    }
+}
+
 impl DeviceMemory {
     /// Outside-the-allocator bytes that nothing above explains: `outside_allocator` minus the
     /// runtime's bytes at start and the graphs' measured bytes (0 when those exceed it).

@@ -10,8 +10,8 @@
 //! This is the crate's one module of raw libc calls. The handler only reads atomics and calls
 //! async-signal-safe functions (`write`, `_exit`, `sigaction`).
 
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
-use std::sync::Once;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::{Once, OnceLock};
 
 /// Mappings guarded at once; more are still mapped, only without the message.
 const SLOTS: usize = 64;
@@ -23,8 +23,8 @@ struct Slot {
     /// The path's bytes (a leaked `Box<[u8]>` until the slot is released) and their length.
     path: AtomicPtr<u8>,
     path_len: AtomicUsize,
-    /// 0 free, 1 taken: claimed with a compare-exchange before any other field is written.
-    taken: AtomicUsize,
+    /// Claimed with a compare-exchange before any other field is written.
+    taken: AtomicBool,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -33,14 +33,14 @@ const FREE: Slot = Slot {
     len: AtomicUsize::new(0),
     path: AtomicPtr::new(std::ptr::null_mut()),
     path_len: AtomicUsize::new(0),
-    taken: AtomicUsize::new(0),
+    taken: AtomicBool::new(false),
 };
 
 static TABLE: [Slot; SLOTS] = [FREE; SLOTS];
 
-/// The SIGBUS action before ours, for faults outside every registered mapping. Written once,
-/// before our handler is installed, and only read after.
-static mut PREVIOUS: Option<libc::sigaction> = None;
+/// The SIGBUS action before ours, for faults outside every registered mapping. Set before our
+/// handler is installed; reading it in the handler is one atomic load.
+static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
 static INSTALL: Once = Once::new();
 
 type SigInfoHandler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
@@ -58,7 +58,7 @@ pub fn register(bytes: &[u8], path: &std::path::Path) -> Guard {
     let Some(index) = (0..SLOTS).find(|&i| {
         TABLE[i]
             .taken
-            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
     }) else {
         return Guard { slot: None };
@@ -89,20 +89,20 @@ impl Drop for Guard {
             // its owner is being dropped.
             drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(path, len)) });
         }
-        slot.taken.store(0, Ordering::Release);
+        slot.taken.store(false, Ordering::Release);
     }
 }
 
 fn install() {
     // SAFETY: `sigaction` with a zeroed struct whose handler and flags are set below is the
     // documented way to install a handler; the previous action is stored before ours can run
-    // (the store happens before the second `sigaction` call that installs it).
+    // (the `set` happens before the second `sigaction` call that installs it).
     unsafe {
         let mut previous: libc::sigaction = std::mem::zeroed();
         if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut previous) != 0 {
             return;
         }
-        PREVIOUS = Some(previous);
+        let _ = PREVIOUS.set(previous);
         let mut ours: libc::sigaction = std::mem::zeroed();
         ours.sa_sigaction = on_sigbus as SigInfoHandler as usize;
         ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
@@ -138,9 +138,7 @@ extern "C" fn on_sigbus(
         // SAFETY: `_exit` is async-signal-safe and does not return.
         unsafe { libc::_exit(1) };
     }
-    // SAFETY: PREVIOUS was written before this handler was installed and is never written again.
-    let previous = unsafe { *std::ptr::addr_of!(PREVIOUS) };
-    match previous {
+    match PREVIOUS.get() {
         Some(p) if p.sa_sigaction != libc::SIG_DFL && p.sa_sigaction != libc::SIG_IGN => {
             if p.sa_flags & libc::SA_SIGINFO != 0 {
                 // SAFETY: an SA_SIGINFO action's handler has this signature.

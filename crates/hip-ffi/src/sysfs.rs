@@ -93,23 +93,21 @@ pub fn gfx_name_from_override(text: &str) -> Result<String, String> {
             "{HSA_OVERRIDE_GFX_VERSION}={text:?} is not three numbers; {form}"
         ));
     };
-    let number = |what: &str, s: &str, max: u32| -> Result<u32, String> {
-        match s.parse::<u32>() {
-            Ok(n) if n <= max => Ok(n),
-            _ => Err(format!(
-                "{HSA_OVERRIDE_GFX_VERSION}={text:?}: the {what} {s:?} is not a number from 0 \
-                 to {max}; {form}"
-            )),
-        }
+    // Major 0 is no GPU; a minor or stepping above 15 has no hex digit in a gfx name.
+    let number = |what: &str, s: &str, range: std::ops::RangeInclusive<u32>| match s.parse::<u32>()
+    {
+        Ok(n) if range.contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{HSA_OVERRIDE_GFX_VERSION}={text:?}: the {what} {s:?} is not a number from {} \
+                 to {}; {form}",
+            range.start(),
+            range.end()
+        )),
     };
-    let major = number("major version", major, 99)?;
-    let minor = number("minor version", minor, 15)?;
-    let stepping = number("stepping", stepping, 15)?;
-    if major == 0 {
-        return Err(format!(
-            "{HSA_OVERRIDE_GFX_VERSION}={text:?}: major version 0 is no GPU; {form}"
-        ));
-    }
+    let major = number("major version", major, 1..=99)?;
+    let minor = number("minor version", minor, 0..=15)?;
+    let stepping = number("stepping", stepping, 0..=15)?;
+    // In range, the target version always has a name; the error only guards a change there.
     gfx_name_from_target_version(major * 10_000 + minor * 100 + stepping)
         .ok_or_else(|| format!("{HSA_OVERRIDE_GFX_VERSION}={text:?}; {form}"))
 }
