@@ -11,7 +11,8 @@
 //! - [`model_info`]: the model, size and params columns.
 //! - [`phase_memory`]: bytes per tag, allocator and process memory per phase; [`explain`]:
 //!   every device byte of a phase in parts, graph memory, stranded bytes.
-//! - [`report`]: the md, json and csv output; [`table`]: Markdown tables and CSV lines.
+//! - [`report`]: the md, json and csv output; [`table`]: Markdown tables and CSV lines;
+//!   [`llama_bench`]: llama-bench's JSON fields in every JSON test object.
 //! - [`arms`], [`ab`], [`verdict`]: `--ab`, its child processes and its noise rule; [`sweep`]:
 //!   `--sweep`, every memory knob against the defaults.
 //! - [`timeline`], [`svg`]: `--svg`, the memory timeline.
@@ -29,6 +30,7 @@ pub mod batched_report;
 pub mod cli;
 pub mod curve;
 pub mod explain;
+pub mod llama_bench;
 pub mod measure;
 pub mod model_info;
 pub mod offload_sweep;

@@ -5,6 +5,7 @@
 //! test runs after them: the speed at that much context. Memory is read at the end of
 //! each phase (load, prefill, decode).
 
+use crate::llama_bench::{DeviceLabel, RunSetup};
 use crate::model_info::ModelInfo;
 use crate::phase_memory::{Phase, PhaseMemory, Window};
 use crate::stats::{summarize, Summary};
@@ -91,6 +92,8 @@ pub struct TestResult {
     /// Tokens per second of each measured repetition, in run order.
     pub samples: Vec<f64>,
     pub summary: Summary,
+    /// When the test's first run started, UTC, as llama-bench writes it (`2026-12-06T02:05:01Z`).
+    pub started: String,
 }
 
 impl TestResult {
@@ -120,6 +123,8 @@ impl TestResult {
 pub struct ModelReport {
     pub info: ModelInfo,
     pub backend: String,
+    /// The run's settings in llama-bench's terms (its JSON fields).
+    pub setup: RunSetup,
     pub warmup: usize,
     pub tests: Vec<TestResult>,
     /// Load first, then prefill and decode for the tests that ran.
@@ -221,6 +226,7 @@ pub fn run_model<B: Backend>(
     file: &Arc<GgufFile>,
     mut backend: B,
     plan: &Plan,
+    device: &DeviceLabel,
     timeline: Option<&mut Timeline>,
 ) -> Result<ModelReport> {
     let info = ModelInfo::from_file(path, file);
@@ -287,6 +293,7 @@ pub fn run_model<B: Backend>(
         let rss_window = rec.begin(Phase::Prefill, &model.memory());
         for (n_prompt, depth) in pp {
             let prompt = prompt_tokens(n_prompt, vocab);
+            let started = utc_now();
             let mut samples = Vec::with_capacity(plan.repetitions);
             for run in 0..runs {
                 fill(&mut model, depth)?;
@@ -302,7 +309,7 @@ pub fn run_model<B: Backend>(
                     samples.push(rate(n_prompt, secs)?);
                 }
             }
-            tests.push(result(TestKind::Pp, n_prompt, depth, samples)?);
+            tests.push(result(TestKind::Pp, n_prompt, depth, samples, started)?);
         }
         memory.push(rec.end(&model, Phase::Prefill, Window::Phase, rss_window)?);
     }
@@ -311,6 +318,7 @@ pub fn run_model<B: Backend>(
         model.backend_mut().reset_device_peaks();
         let rss_window = rec.begin(Phase::Decode, &model.memory());
         for (n_gen, depth) in tg {
+            let started = utc_now();
             let mut samples = Vec::with_capacity(plan.repetitions);
             for run in 0..runs {
                 fill(&mut model, depth)?;
@@ -329,7 +337,7 @@ pub fn run_model<B: Backend>(
                     samples.push(rate(n_gen, secs)?);
                 }
             }
-            tests.push(result(TestKind::Tg, n_gen, depth, samples)?);
+            tests.push(result(TestKind::Tg, n_gen, depth, samples, started)?);
         }
         memory.push(rec.end(&model, Phase::Decode, Window::Phase, rss_window)?);
     }
@@ -340,16 +348,24 @@ pub fn run_model<B: Backend>(
             eprintln!("{}: {}", info.name, line.trim());
         }
     }
+    let setup = RunSetup::of_session(&model, file, device, plan.step_rows());
     Ok(ModelReport {
         info,
         backend: backend_name,
+        setup,
         warmup: plan.warmup,
         tests,
         memory,
     })
 }
 
-fn result(kind: TestKind, tokens: usize, depth: usize, samples: Vec<f64>) -> Result<TestResult> {
+fn result(
+    kind: TestKind,
+    tokens: usize,
+    depth: usize,
+    samples: Vec<f64>,
+    started: String,
+) -> Result<TestResult> {
     let summary = summarize(&samples).context("summarizing the repetitions")?;
     Ok(TestResult {
         kind,
@@ -357,7 +373,15 @@ fn result(kind: TestKind, tokens: usize, depth: usize, samples: Vec<f64>) -> Res
         depth,
         samples,
         summary,
+        started,
     })
+}
+
+/// The time now, UTC, to the second, as llama-bench writes `test_time`.
+fn utc_now() -> String {
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
 }
 
 #[cfg(test)]
@@ -388,6 +412,7 @@ mod tests {
             depth: 0,
             samples: vec![1.0],
             summary: s,
+            started: String::new(),
         };
         assert_eq!((t.name(), t.phase()), ("pp512".to_string(), Phase::Prefill));
         let t = TestResult {

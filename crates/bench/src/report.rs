@@ -104,15 +104,16 @@ fn explained_sections(reports: &[ModelReport]) -> String {
     out
 }
 
-/// One object per model and test, with every number: the repetitions' t/s, their summary,
-/// the memory of the test's phase and of the load.
+/// One object per model and test, with every number: llama-bench's fields
+/// ([`crate::llama_bench`]), then the repetitions' t/s, their summary, the memory of the test's
+/// phase and of the load.
 pub fn json_report(reports: &[ModelReport]) -> Value {
     let tests: Vec<Value> = reports
         .iter()
         .flat_map(|r| {
             r.tests.iter().map(move |t| {
                 let s = &t.summary;
-                json!({
+                let ours = json!({
                     "model": r.info.name,
                     "model_path": r.info.path,
                     "size_bytes": r.info.size_bytes,
@@ -133,7 +134,13 @@ pub fn json_report(reports: &[ModelReport]) -> Value {
                     "ts_mad": s.mad,
                     "memory": r.phase(t.phase()).map(PhaseMemory::to_json),
                     "load_memory": r.phase(Phase::Load).map(PhaseMemory::to_json),
-                })
+                });
+                // llama-bench's fields first, then ours; the three both have agree.
+                let mut object = crate::llama_bench::record(r, t);
+                if let Value::Object(ours) = ours {
+                    object.extend(ours);
+                }
+                Value::Object(object)
             })
         })
         .collect();
@@ -204,7 +211,7 @@ pub fn csv_report(reports: &[ModelReport]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::measure::{TestKind, TestResult};
     use crate::model_info::ModelInfo;
@@ -224,13 +231,14 @@ mod tests {
         m
     }
 
-    fn report() -> ModelReport {
+    pub(crate) fn report() -> ModelReport {
         let test = |kind, tokens, samples: Vec<f64>| TestResult {
             kind,
             tokens,
             depth: 0,
             summary: summarize(&samples).unwrap(),
             samples,
+            started: "2026-12-06T02:05:01Z".into(),
         };
         ModelReport {
             info: ModelInfo {
@@ -240,6 +248,17 @@ mod tests {
                 params: 1_500_000_000,
             },
             backend: "cpu (2 threads, 16-bit integer activations)".into(),
+            setup: crate::llama_bench::RunSetup {
+                backends: "CPU".into(),
+                gpu_info: String::new(),
+                cpu_info: "a test CPU".into(),
+                model_type: "llama 1.50 B Q4_K".into(),
+                n_threads: 2,
+                kv_type: "f32".into(),
+                n_gpu_layers: 0,
+                n_batch: 512,
+                flash_attn: false,
+            },
             warmup: 1,
             tests: vec![
                 test(TestKind::Pp, 512, vec![100.0, 110.0, 90.0]),

@@ -614,3 +614,103 @@ fn output_paths_are_checked_before_the_run() {
     );
     assert!(out.stdout.is_empty(), "it measured first");
 }
+
+/// The JSON type of a value as llama-bench writes it: its integers have no fraction, its
+/// floats always do (printf's `%f`), so a whole-number float would read as an integer; a
+/// float field is therefore any number.
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "bool",
+        Value::Number(n) if n.is_u64() || n.is_i64() => "integer",
+        Value::Number(_) => "float",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// `llama-bench -o json` from llama.cpp d32676d, captured on the device on 2026-12-06
+/// (`scripts/h200/kv-q8-core.sh`): bench-decode's JSON must carry each of its keys, with the
+/// same type, in the same unit (ns per repetition, tokens per second), so that scripts made
+/// for llama-bench read it.
+#[test]
+fn json_carries_every_llama_bench_key_with_its_type_and_unit() {
+    let captured: Value =
+        serde_json::from_str(include_str!("data/llama-bench-h100-2026-12-06.json"))
+            .expect("the captured llama-bench output is JSON");
+    let reference = &captured[0];
+    let reference_keys = reference.as_object().expect("a test object");
+    assert!(reference_keys.len() >= 40, "{reference}");
+
+    let tiny = TinyModel::new("llama-bench-keys");
+    let model = tiny.path();
+    let args = [
+        "-m",
+        model.to_str().unwrap(),
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-d",
+        "0,3",
+        "-r",
+        "2",
+        "-o",
+        "json",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+    ];
+    let v: Value = serde_json::from_str(&ok(&bench(&args))).expect("JSON");
+    let tests = v.as_array().expect("an array of tests");
+    assert_eq!(tests.len(), 4, "{v}");
+    for t in tests {
+        for (key, value) in reference_keys {
+            let ours = t.get(key).unwrap_or_else(|| panic!("no {key:?} in {t}"));
+            let (want, got) = (json_kind(value), json_kind(ours));
+            let numbers = ["integer", "float"];
+            let same = want == got || (want == "float" && numbers.contains(&got));
+            assert!(
+                same,
+                "{key}: llama-bench writes {want} ({value}), we write {got} ({ours})"
+            );
+        }
+        // The units: a repetition's nanoseconds and its tokens per second are one figure.
+        let tokens = t["n_prompt"].as_u64().unwrap() + t["n_gen"].as_u64().unwrap();
+        let ns = t["samples_ns"].as_array().unwrap();
+        let ts = t["samples_ts"].as_array().unwrap();
+        assert_eq!((ns.len(), ts.len()), (2, 2), "{t}");
+        for (n, s) in ns.iter().zip(ts) {
+            let from_ns = tokens as f64 * 1e9 / n.as_u64().unwrap() as f64;
+            let s = s.as_f64().unwrap();
+            assert!(
+                (from_ns / s - 1.0).abs() < 1e-6,
+                "{n} ns against {s} t/s: {t}"
+            );
+        }
+        assert_eq!(t["samples_ts"], t["ts"], "{t}");
+        let avg_ts = t["avg_ts"].as_f64().unwrap();
+        assert!(
+            (avg_ts - t["ts_mean"].as_f64().unwrap()).abs() < 1e-9,
+            "{t}"
+        );
+        assert_eq!(t["backends"], "CPU", "{t}");
+        assert_eq!(
+            (t["type_k"].as_str(), t["n_gpu_layers"].as_u64()),
+            (Some("f32"), Some(0))
+        );
+        assert_eq!(t["n_threads"], 1, "{t}");
+        let time = t["test_time"].as_str().unwrap();
+        assert!(
+            time.len() == 20 && time.ends_with('Z') && time.as_bytes()[10] == b'T',
+            "{time}"
+        );
+    }
+    let depths: Vec<u64> = tests
+        .iter()
+        .map(|t| t["n_depth"].as_u64().unwrap())
+        .collect();
+    assert_eq!(depths, [0, 3, 0, 3]);
+}

@@ -49,6 +49,21 @@ const INDIRECT: &[(&str, &str, &str)] = &[
         "var",
         "HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES, printed in the report",
     ),
+    (
+        "crates/gguf-loader/tests/mapping_guard.rs",
+        "CHILD_VAR",
+        "GGUF_LOADER_TRUNCATE_CHILD, the test's marker for its own re-run",
+    ),
+    (
+        "crates/hip-ffi/src/ffi/hip.rs",
+        "crate::sysfs::HSA_OVERRIDE_GFX_VERSION",
+        "HSA_OVERRIDE_GFX_VERSION, the ROCm runtime's own, read as the runtime reads it",
+    ),
+    (
+        "xtask/src/verify_rocm.rs",
+        "hip_ffi::sysfs::HSA_OVERRIDE_GFX_VERSION",
+        "HSA_OVERRIDE_GFX_VERSION, printed in the report",
+    ),
 ];
 
 fn workspace_root() -> PathBuf {

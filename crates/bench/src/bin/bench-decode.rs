@@ -7,6 +7,7 @@
 use anyhow::{Context, Result};
 use bench::batched::{BatchedPlan, BatchedReport};
 use bench::cli::{Args, Format};
+use bench::llama_bench::DeviceLabel;
 use bench::measure::{run_model, ModelReport, Plan};
 use bench::timeline::Timeline;
 use bench::{ab, alloc_trace, batched, batched_report, report, svg, sweep};
@@ -106,6 +107,7 @@ fn run() -> Result<()> {
         warmup: args.warmup,
         max_batch: settings.gpu_max_batch,
     };
+    let device = DeviceLabel::of(&choice.backend);
     let mut timeline = args.svg.as_ref().map(|_| Timeline::new());
     let mut reports = Vec::new();
     for path in &args.models {
@@ -140,6 +142,7 @@ fn run() -> Result<()> {
             path,
             file: &file,
             plan: &plan,
+            device: &device,
             timeline: timeline.as_mut(),
         };
         let report = match &args.alloc_trace {
@@ -248,6 +251,7 @@ struct Bench<'a> {
     path: &'a Path,
     file: &'a Arc<GgufFile>,
     plan: &'a Plan,
+    device: &'a DeviceLabel,
     timeline: Option<&'a mut Timeline>,
 }
 
@@ -255,6 +259,13 @@ impl WithBackend for Bench<'_> {
     type Output = Result<ModelReport>;
 
     fn run<B: Backend>(self, backend: B) -> Result<ModelReport> {
-        run_model(self.path, self.file, backend, self.plan, self.timeline)
+        run_model(
+            self.path,
+            self.file,
+            backend,
+            self.plan,
+            self.device,
+            self.timeline,
+        )
     }
 }
