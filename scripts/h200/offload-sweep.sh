@@ -33,7 +33,7 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 mkdir -p $O/runs models
 cp /tmp/gemma3-270m-q4_k_m.gguf models/ 2>/dev/null
 for p in hipdecode bench-decode offload-sweep-report; do
-  [ -x $B/$p ] || { echo "error: $B/$p is missing; build it (cargo build --release -p bench / -p decode) and copy it into $B"; exit 1; }
+  [ -x $B/$p ] || { echo "error: $B/$p is missing; build it (cargo build --release -p bench / -p hipdecode) and copy it into $B"; exit 1; }
 done
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; free -m; ulimit -l; date -u; } > $O/machine.txt 2>&1
 [ -f $L ] || bundle/xtask synth-model llama3-8b-q4_k_m -o $L > /dev/null 2>&1 &

@@ -35,17 +35,17 @@ pub struct Args {
 /// Test binaries (`<package>/<target>`) with no GPU test in them: CI runs them on every
 /// machine, so a bundle for the GPU machine (`--gpu-only`) need not carry them.
 pub const CPU_ONLY_TESTS: &[&str] = &[
-    "decode/chat_templates",
-    "decode/engine",
-    "decode/gemma_reference",
-    "decode/generation",
-    "decode/hostile_models",
-    "decode/kv_pool",
-    "decode/model_spec",
-    "decode/scheduler",
-    "decode/synthetic_reference",
-    "decode/tokenizer_defaults",
-    "decode/vocab_cases",
+    "hipdecode-engine/chat_templates",
+    "hipdecode-engine/engine",
+    "hipdecode-engine/gemma_reference",
+    "hipdecode-engine/generation",
+    "hipdecode-engine/hostile_models",
+    "hipdecode-engine/kv_pool",
+    "hipdecode-engine/model_spec",
+    "hipdecode-engine/scheduler",
+    "hipdecode-engine/synthetic_reference",
+    "hipdecode-engine/tokenizer_defaults",
+    "hipdecode-engine/vocab_cases",
     "gguf-loader/dequant_vs_gguf_py",
     "gguf-loader/hostile",
     "gguf-loader/mapping_guard",
@@ -56,14 +56,14 @@ pub const CPU_ONLY_TESTS: &[&str] = &[
     "gguf-loader/synth_presets",
     "hipdecode/offload_plan",
     "hipdecode/serve",
-    "offload/offload",
-    "offload/planner",
+    "hipdecode-offload/offload",
+    "hipdecode-offload/planner",
     "rocm-alloc/properties",
     "rocm-alloc/replay",
     "rocm-alloc/replay_format",
     "rocm-alloc/semantics",
     "rocm-alloc/sim_core",
-    "serve/serve",
+    "hipdecode-serve/serve",
 ];
 
 /// Programs (`<package>/<target>`) that measure the host or another runtime and that no test
@@ -334,13 +334,24 @@ pub(crate) fn cargo_artifacts_status(
     Ok((artifacts, output.status.success()))
 }
 
-/// The package name: the crate directory's name is the package name in this workspace.
+/// The package name from cargo's package id (`path+file:///…/crates/cli#hipdecode@0.1.0`). The
+/// id leaves the name out where it is the folder's (`…/crates/knobs#0.1.0`), so the folder's
+/// name stands in then.
 fn package_name(package_id: &str, manifest: &Path) -> String {
-    manifest
-        .parent()
-        .and_then(|p| p.file_name())
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| package_id.to_string())
+    let folder = || {
+        manifest
+            .parent()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| package_id.to_string())
+    };
+    match package_id.rsplit_once('#') {
+        Some((_, fragment)) => match fragment.split_once('@') {
+            Some((name, _)) => name.to_string(),
+            None => folder(),
+        },
+        None => folder(),
+    }
 }
 
 fn copy_binary(from: &Path, to: &Path, strip: bool) -> Result<()> {
@@ -584,6 +595,18 @@ pub fn restore_programs(bundle: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn package_names_come_from_the_id_or_else_the_folder() {
+        let manifest = Path::new("/w/crates/cli/Cargo.toml");
+        let id = "path+file:///w/crates/cli#hipdecode@0.1.0";
+        assert_eq!(package_name(id, manifest), "hipdecode");
+        let manifest = Path::new("/w/crates/knobs/Cargo.toml");
+        assert_eq!(
+            package_name("path+file:///w/crates/knobs#0.1.0", manifest),
+            "knobs"
+        );
+    }
 
     /// The `--gpu-only` lists name targets that exist, and no listed test binary holds a GPU
     /// test: a GPU test added to one would otherwise silently leave the device's run.

@@ -7,6 +7,8 @@ mod bundle;
 mod cycles;
 mod demo;
 mod models;
+#[cfg(test)]
+mod msrv;
 mod replay;
 mod test;
 mod verify_rocm;

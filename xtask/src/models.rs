@@ -59,7 +59,7 @@ const KNOWN_MODELS: &[KnownModel] = &[
 pub struct FetchArgs {
     /// Which model to fetch (known: gemma3-270m, smollm2-135m).
     pub model: String,
-    /// Where to put it (default: $HIPDECODE_MODELS_DIR, else <workspace>/models).
+    /// Where to put it (default: $HIPDECODE_MODELS_DIR, else the workspace's models/ folder).
     #[arg(long)]
     pub models_dir: Option<PathBuf>,
     /// Download again even when a file with the right checksum is already there.
@@ -72,7 +72,7 @@ pub struct SynthArgs {
     /// Preset name, e.g. tiny-llama, tiny-qwen3, tiny-qwen3moe, tiny-gemma3, gemma3-270m-q4_k_m,
     /// llama3-8b-q4_k_m, qwen3-30b-a3b-q4_k_m.
     pub preset: String,
-    /// Output file (default: <models dir>/synth-<preset>.gguf).
+    /// Output file (default: synth-PRESET.gguf in the models folder).
     #[arg(long, short)]
     pub out: Option<PathBuf>,
     /// Seed of the random weights.

@@ -12,7 +12,7 @@
 //! whose GPU tests then fail instead of skipping, and the run fails when no GPU is usable or any
 //! test still printed a GPU skip. A GPU whose device node exists but which the runtime cannot
 //! use (a driver older than the runtime, a failed initialisation) is reported as
-//! "GPU present but unusable: <why>".
+//! `GPU present but unusable: <why>`.
 
 use anyhow::{bail, Context, Result};
 const REQUIRE_GPU_VAR: &str = hip_ffi::knobs::REQUIRE_GPU.name;

@@ -12,7 +12,8 @@
 //! - [`phase_memory`]: bytes per tag, allocator and process memory per phase; [`explain`]:
 //!   every device byte of a phase in parts, graph memory, stranded bytes.
 //! - [`report`]: the md, json and csv output; [`table`]: Markdown tables and CSV lines;
-//!   [`llama_bench`]: llama-bench's JSON fields in every JSON test object.
+//!   [`llama_bench`]: llama-bench's JSON fields in every JSON test object, from the run's
+//!   [`run_setup`].
 //! - [`arms`], [`ab`], [`verdict`]: `--ab`, its child processes and its noise rule; [`sweep`]:
 //!   `--sweep`, every memory knob against the defaults.
 //! - [`timeline`], [`svg`]: `--svg`, the memory timeline.
@@ -36,6 +37,7 @@ pub mod model_info;
 pub mod offload_sweep;
 pub mod phase_memory;
 pub mod report;
+pub mod run_setup;
 pub mod stats;
 pub mod svg;
 pub mod sweep;

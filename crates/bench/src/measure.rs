@@ -5,9 +5,9 @@
 //! test runs after them: the speed at that much context. Memory is read at the end of
 //! each phase (load, prefill, decode).
 
-use crate::llama_bench::{DeviceLabel, RunSetup};
 use crate::model_info::ModelInfo;
 use crate::phase_memory::{Phase, PhaseMemory, Window};
+use crate::run_setup::{DeviceLabel, RunSetup};
 use crate::stats::{summarize, Summary};
 use crate::timeline::Timeline;
 use crate::{process_memory, reset_peak_rss};

@@ -248,7 +248,7 @@ pub(crate) mod tests {
                 params: 1_500_000_000,
             },
             backend: "cpu (2 threads, 16-bit integer activations)".into(),
-            setup: crate::llama_bench::RunSetup {
+            setup: crate::run_setup::RunSetup {
                 backends: "CPU".into(),
                 gpu_info: String::new(),
                 cpu_info: "a test CPU".into(),

@@ -65,3 +65,8 @@ pub fn open_model(path: &std::path::Path) -> Result<std::sync::Arc<GgufFile>> {
             source,
         })
 }
+
+/// The README's examples, run as doc tests so the README stays true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

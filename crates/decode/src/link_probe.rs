@@ -155,7 +155,7 @@ impl ReadBench {
 
 /// Runs the probe on `device` with `bytes` (a multiple of 4, at least 1 MiB).
 pub fn probe(device: &Device, bytes: usize) -> Result<LinkProbe> {
-    if bytes < (1 << 20) || bytes % 4 != 0 {
+    if bytes < (1 << 20) || !bytes.is_multiple_of(4) {
         return Err(DecodeError::InvalidArgument(format!(
             "the link probe moves whole f32 values, at least 1 MiB; got {bytes} bytes"
         )));

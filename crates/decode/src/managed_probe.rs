@@ -98,7 +98,7 @@ fn gpu(what: &str) -> impl Fn(hip_ffi::HipError) -> DecodeError + '_ {
 /// Runs the probe on `device` with `bytes` (a multiple of 4, at least 4 KiB). A device without
 /// managed memory is an error naming that, not a verdict.
 pub fn probe(device: &Device, bytes: usize) -> Result<ManagedProbe> {
-    if bytes < 4096 || bytes % 4 != 0 {
+    if bytes < 4096 || !bytes.is_multiple_of(4) {
         return Err(DecodeError::InvalidArgument(format!(
             "the managed-memory probe reads whole f32 values, at least 4 KiB; got {bytes} bytes"
         )));

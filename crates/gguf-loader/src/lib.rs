@@ -25,3 +25,8 @@ pub use metadata::{MetadataArray, MetadataValue, ValueType};
 pub use model::{Architecture, ModelConfig, RopeScaling};
 pub use quant::{dequantize, GgmlType};
 pub use writer::GgufWriter;
+
+/// The README's examples, run as doc tests so the README stays true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

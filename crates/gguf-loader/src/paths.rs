@@ -34,22 +34,3 @@ pub fn require_models() -> bool {
         .read()
         .unwrap_or_else(|e| panic!("{e}"))
 }
-
-/// The Gemma test model's path if present. When absent: `None` (after printing why the caller
-/// skips), or a panic when `HIPDECODE_REQUIRE_MODELS=1`, so CI cannot skip silently. For tests.
-pub fn gemma3_270m_for_test(test: &str) -> Option<PathBuf> {
-    let path = gemma3_270m_path();
-    if path.exists() {
-        return Some(path);
-    }
-    assert!(
-        !require_models(),
-        "{test}: HIPDECODE_REQUIRE_MODELS=1 but {} is missing; run `cargo xtask fetch-model gemma3-270m`",
-        path.display()
-    );
-    eprintln!(
-        "skipping {test}: {} is absent (run `cargo xtask fetch-model gemma3-270m`)",
-        path.display()
-    );
-    None
-}

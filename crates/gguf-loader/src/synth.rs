@@ -235,7 +235,7 @@ fn use_more_bits(layer: usize, n_layers: usize) -> bool {
 
 /// K-quants need rows that are a multiple of 256; llama.cpp falls back to a legacy type.
 fn fit_row(ty: GgmlType, row: usize) -> GgmlType {
-    if row % ty.block_size() == 0 {
+    if row.is_multiple_of(ty.block_size()) {
         return ty;
     }
     match ty {

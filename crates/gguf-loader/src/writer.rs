@@ -199,7 +199,7 @@ impl GgufWriter {
                 dims.len()
             )));
         }
-        if dims[0] % ggml_type.block_size() as u64 != 0 {
+        if !dims[0].is_multiple_of(ggml_type.block_size() as u64) {
             return Err(bad(format!(
                 "row length {} is not a multiple of the {ggml_type} block size {}",
                 dims[0],

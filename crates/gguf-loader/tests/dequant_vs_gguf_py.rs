@@ -3,14 +3,14 @@
 mod common;
 
 use common::{gguf_py_available, run_reference, sha256_f32_le};
-use gguf_loader::paths::gemma3_270m_for_test;
 use gguf_loader::{GgmlType, GgufFile};
+use test_support::models::gemma_path;
 
 /// Every tensor of the real Gemma file: sha256 of our f32 output equals gguf-py's.
 #[test]
 fn real_gemma_every_tensor_matches_gguf_py() {
     let test = "real_gemma_every_tensor_matches_gguf_py";
-    let Some(path) = gemma3_270m_for_test(test) else {
+    let Some(path) = gemma_path() else {
         return;
     };
     if !gguf_py_available(test) {

@@ -1,11 +1,11 @@
 //! The real Gemma 3 270M Q4_K_M file: index, metadata, model description.
 
-use gguf_loader::paths::gemma3_270m_for_test;
 use gguf_loader::{Architecture, GgmlType, GgufFile, ModelConfig};
+use test_support::models::gemma_path;
 
 #[test]
 fn gemma_indexes_and_describes() {
-    let Some(path) = gemma3_270m_for_test("gemma_indexes_and_describes") else {
+    let Some(path) = gemma_path() else {
         return;
     };
     let f = GgufFile::open(&path).unwrap();
@@ -64,7 +64,7 @@ fn resident_bytes() -> Option<u64> {
 /// Opening reads the header only: resident memory grows by a small part of the 253 MB file.
 #[test]
 fn opening_does_not_read_tensor_data() {
-    let Some(path) = gemma3_270m_for_test("opening_does_not_read_tensor_data") else {
+    let Some(path) = gemma_path() else {
         return;
     };
     let Some(before) = resident_bytes() else {

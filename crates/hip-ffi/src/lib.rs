@@ -14,8 +14,8 @@
 //!   [`PinnedHostBuffer`], [`HostRegistration`], [`ManagedBuffer`], [`Module`], [`Function`]
 //!   with [`LaunchBuilder`], [`Graph`], [`GraphExec`], and [`rtc::Compiler`], which compiles
 //!   kernels without a GPU.
-//! * [`testing`]: `device_or_skip` for GPU tests (`HIPDECODE_REQUIRE_GPU=1` turns skips into
-//!   failures).
+//! * `testing` (behind the `testing` feature, for tests only): `device_or_skip` for GPU tests
+//!   (`HIPDECODE_REQUIRE_GPU=1` turns skips into failures).
 //!
 //! ```no_run
 //! use hip_ffi::{DeviceBuffer, Platform};
@@ -42,6 +42,7 @@ pub mod rtc;
 pub mod stream;
 pub mod sys;
 pub mod sysfs;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 pub use blas::{BlasLt, GemmPlan, GemmShape};
@@ -57,3 +58,8 @@ pub use platform::{Platform, PlatformKind, Visibility};
 pub use rtc::Compiler;
 pub use stream::{Event, Stream};
 pub use sysfs::{GttInfo, PciLocation};
+
+/// The README's examples, run as doc tests so the README stays true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

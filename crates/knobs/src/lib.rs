@@ -445,3 +445,8 @@ mod tests {
         assert_eq!(edit_distance("CACHE_LIMT", "CACHE_LIMIT"), 1);
     }
 }
+
+/// The README's examples, run as doc tests so the README stays true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

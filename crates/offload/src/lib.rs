@@ -20,3 +20,8 @@ pub use plan::{
     device_footprint, mib, minimum_budget, plan, Placement, PlacementSummary, Plan, PlanError,
     PlanRequest, PlanTag, PlannedTensor, ResidentNeeds, TensorKind, WeightTensor,
 };
+
+/// The README's examples, run as doc tests so the README stays true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

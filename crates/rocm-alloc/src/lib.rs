@@ -62,3 +62,8 @@ pub use snapshot::{
 pub use stats::{Stats, TagUsage};
 pub use tag::Tag;
 pub use trace::{TraceError, TraceEvent, TraceFile, TraceKind};
+
+/// The README's examples, run as doc tests so the README stays true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -10,7 +10,7 @@
 //! * [`mma`]: which implementation of the matrix-core layer (`kernels/mma.h`) a device gets.
 //! * [`view`]: typed views of device memory that the launch wrappers take.
 //! * [`ops`]: one safe launch wrapper per op; shapes are checked against the views.
-//! * [`reference`]: the CPU reference of every op, which the GPU tests compare against.
+//! * [`reference`](mod@reference): the CPU reference of every op, which the GPU tests compare against.
 
 pub mod cache;
 pub mod error;
@@ -26,3 +26,8 @@ pub use error::{KernelError, Result};
 pub use kernels::Kernels;
 pub use source::KernelModule;
 pub use view::{DeviceSlice, DeviceSliceMut};
+
+/// The README's examples, run as doc tests so the README stays true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

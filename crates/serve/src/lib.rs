@@ -25,3 +25,8 @@ pub mod state;
 pub use config::ServeConfig;
 pub use server::{ServeError, Server};
 pub use state::LoadedModel;
+
+/// The README's examples, run as doc tests so the README stays true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -20,7 +20,14 @@ pub fn models_dir() -> PathBuf {
 /// The real Gemma 3 270M file, or `None` after a printed skip; a panic instead when
 /// `HIPDECODE_REQUIRE_MODELS=1`, so a machine meant to have it cannot skip silently.
 pub fn gemma_path() -> Option<PathBuf> {
-    gguf_loader::paths::gemma3_270m_for_test(&current_test())
+    let path = gguf_loader::paths::gemma3_270m_path();
+    if path.exists() {
+        return Some(path);
+    }
+    skip_unless_required(&format!(
+        "{} is absent (run `cargo xtask fetch-model gemma3-270m`)",
+        path.display()
+    ))
 }
 
 /// The real SmolLM2-135M-Instruct file (`cargo xtask fetch-model smollm2-135m`), or `None`

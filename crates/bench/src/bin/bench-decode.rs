@@ -7,8 +7,8 @@
 use anyhow::{Context, Result};
 use bench::batched::{BatchedPlan, BatchedReport};
 use bench::cli::{Args, Format};
-use bench::llama_bench::DeviceLabel;
 use bench::measure::{run_model, ModelReport, Plan};
+use bench::run_setup::DeviceLabel;
 use bench::timeline::Timeline;
 use bench::{ab, alloc_trace, batched, batched_report, report, svg, sweep};
 use clap::Parser;

@@ -323,7 +323,7 @@ impl BlockPool {
         let grow = self.blocks_for(new_len) - seq.blocks.len();
         // The sequence writes next into its last block when that one is partly filled: if
         // another sequence holds it too, it gets a copy of its own.
-        let shared_tail = (seq.len % self.block_len != 0)
+        let shared_tail = (!seq.len.is_multiple_of(self.block_len))
             .then(|| seq.blocks.last().copied().flatten())
             .flatten()
             .filter(|&id| self.refs(id) > 1);

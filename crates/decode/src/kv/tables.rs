@@ -77,7 +77,7 @@ impl BlockTables {
             )));
         }
         let group = |slots: usize, blocks: usize, identity: bool| -> Result<GroupTables> {
-            if slots % block != 0 || slots == 0 {
+            if !slots.is_multiple_of(block) || slots == 0 {
                 return Err(DecodeError::InvalidArgument(format!(
                     "{slots} KV slots are not whole blocks of {block}"
                 )));

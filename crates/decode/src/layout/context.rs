@@ -150,7 +150,7 @@ impl KvPlan {
 
 /// The paged KV storage of a context of `context` positions (already clamped) per sequence,
 /// steps of up to `max_batch` rows and `sequences` sequences, in blocks of `block` positions:
-/// a ring layer's slots (see [`kv_slots`]) and the context rounded up to whole blocks, and a
+/// a ring layer's slots (see `kv_slots`) and the context rounded up to whole blocks, and a
 /// pool of `pool_blocks` blocks (by default every sequence's whole context).
 pub fn kv_plan(
     spec: &ModelSpec,

@@ -183,7 +183,9 @@ quant_blocks!(
 /// to at least 32 bytes, so this only fails for slices that were cut unusually).
 pub fn as_blocks<B: QuantBlock>(bytes: &[u8]) -> Option<&[B]> {
     let size = size_of::<B>();
-    if bytes.len() % size != 0 || (bytes.as_ptr() as usize) % align_of::<B>() != 0 {
+    if !bytes.len().is_multiple_of(size)
+        || !(bytes.as_ptr() as usize).is_multiple_of(align_of::<B>())
+    {
         return None;
     }
     // SAFETY: the pointer is aligned for B (checked above), the length is a whole number of

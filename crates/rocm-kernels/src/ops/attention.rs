@@ -104,7 +104,7 @@ pub fn check(
             s.n_head, s.n_head_kv
         )
     })?;
-    check_shape(s.n_head % s.n_head_kv == 0, OP, || {
+    check_shape(s.n_head.is_multiple_of(s.n_head_kv), OP, || {
         format!(
             "n_head = {} is not a multiple of n_head_kv = {}",
             s.n_head, s.n_head_kv
@@ -218,7 +218,9 @@ const DECODE_TILE: usize = 8;
 /// Whether the one-warp-per-key decode kernel takes `shape`: equal K and V head sizes that a
 /// warp of 32 or 64 lanes splits into at most eight values per lane.
 fn warp_per_key_applies(shape: &AttentionShape) -> bool {
-    shape.head_dim_k == shape.head_dim_v && shape.head_dim_k % 64 == 0 && shape.head_dim_k <= 256
+    shape.head_dim_k == shape.head_dim_v
+        && shape.head_dim_k.is_multiple_of(64)
+        && shape.head_dim_k <= 256
 }
 
 /// The decode plan: the one-warp-per-key kernel where it applies, else [`plan`].
@@ -666,7 +668,7 @@ pub fn attention_decode_on(
         )
     })?;
     let plan = decode_plan(shape)?;
-    let aligned = k_cache.ptr().0 % 16 == 0 && v_cache.ptr().0 % 16 == 0;
+    let aligned = k_cache.ptr().0.is_multiple_of(16) && v_cache.ptr().0.is_multiple_of(16);
     let f16 = k_cache.elem() == KvElem::F16;
     check_shape(
         kernel != DecodeKernel::KeyTiles || (f16 && aligned),
@@ -690,7 +692,10 @@ pub fn attention_decode_on(
         DecodeKernel::Auto => DecodeKernel::WarpPerKey,
         chosen => chosen,
     };
-    let fused = plan.n_split > 1 && shape.head_dim_v % crate::ops::matvec_q8::GROUP == 0;
+    let fused = plan.n_split > 1
+        && shape
+            .head_dim_v
+            .is_multiple_of(crate::ops::matvec_q8::GROUP);
     let q8_ptrs = match q8.filter(|_| fused) {
         Some(q8) => {
             let values = shape.n_tokens * shape.n_head * shape.head_dim_v;
@@ -836,7 +841,7 @@ pub fn attention_prefill_on(
 /// and equal K and V heads of one of the sizes it is built for.
 pub fn flash_fits(k_cache: &KvSlice, v_cache: &KvSlice, shape: &AttentionShape) -> bool {
     let elem = k_cache.elem();
-    let aligned = |a: u64| k_cache.ptr().0 % a == 0 && v_cache.ptr().0 % a == 0;
+    let aligned = |a: u64| k_cache.ptr().0.is_multiple_of(a) && v_cache.ptr().0.is_multiple_of(a);
     let caches = match elem {
         KvElem::F16 => aligned(16),
         KvElem::Q8_0 => aligned(2),

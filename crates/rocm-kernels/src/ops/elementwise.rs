@@ -94,7 +94,7 @@ pub fn gated_q8(
     fits(OP, "gate", gate.len(), len)?;
     fits(OP, "up", up.len(), len)?;
     disjoint(OP, ("gate", gate.addr()), ("up", up.addr()), len)?;
-    check_shape(len % 32 == 0, OP, || {
+    check_shape(len.is_multiple_of(32), OP, || {
         format!("{len} values are not whole groups of 32")
     })?;
     fits(OP, "the quantized values", q8.values.len(), len)?;

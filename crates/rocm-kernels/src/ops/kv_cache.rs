@@ -306,7 +306,7 @@ pub(crate) fn check_elem(
             elem.block_values()
         )
     })?;
-    check_shape(addr % elem.align() as u64 == 0, op, || {
+    check_shape(addr.is_multiple_of(elem.align() as u64), op, || {
         format!(
             "a {elem:?} cache at {addr:#x} is not {}-byte aligned",
             elem.align()

@@ -50,8 +50,8 @@ const REDUCE_THREADS: u32 = 256;
 
 /// How many splits of the columns a product of `n_tokens` rows by a `rows` x `cols` matrix
 /// takes on a device of `multiprocessors`, given a partials buffer of `partial_floats` f32:
-/// enough for [`BLOCKS_PER_MULTIPROCESSOR`] blocks per multiprocessor, each split at least
-/// [`MIN_SPLIT_STEPS`] steps, at most [`MAX_SPLITS`], and all of them in the buffer. 1 means
+/// enough for `BLOCKS_PER_MULTIPROCESSOR` blocks per multiprocessor, each split at least
+/// `MIN_SPLIT_STEPS` steps, at most [`MAX_SPLITS`], and all of them in the buffer. 1 means
 /// no split (and no partials).
 pub fn splits_for(
     multiprocessors: u32,

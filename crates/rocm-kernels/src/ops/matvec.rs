@@ -113,7 +113,7 @@ pub fn check_matrix(
     check_shape(rows > 0 && cols > 0, op, || {
         format!("a {rows} x {cols} matrix has no values")
     })?;
-    check_shape(cols % format.block_size() == 0, op, || {
+    check_shape(cols.is_multiple_of(format.block_size()), op, || {
         format!(
             "{cols} columns are not a whole number of {format} blocks ({} values each)",
             format.block_size()
@@ -168,7 +168,7 @@ impl QuantMatrix {
         )?;
         check_matrix(OP, format, rows, cols, data.len())?;
         let align = if format == GgmlType::F32 { 4 } else { 2 };
-        check_shape(data.addr() % align == 0, OP, || {
+        check_shape(data.addr().is_multiple_of(align), OP, || {
             format!(
                 "{format} data at {:#x} is not {align}-byte aligned",
                 data.addr()

@@ -90,7 +90,7 @@ impl Q8ActivationsMut {
 }
 
 fn check_cols(cols: usize) -> Result<()> {
-    check_shape(cols > 0 && cols % GROUP == 0, OP, || {
+    check_shape(cols > 0 && cols.is_multiple_of(GROUP), OP, || {
         format!("{cols} columns are not a whole number of groups of {GROUP}")
     })
 }
@@ -127,9 +127,11 @@ pub fn quantize(
             )
         },
     )?;
-    check_shape(x.addr() % 16 == 0 && q.values.addr() % 16 == 0, OP, || {
-        "x and the quantized values must be 16-byte aligned".into()
-    })?;
+    check_shape(
+        x.addr().is_multiple_of(16) && q.values.addr().is_multiple_of(16),
+        OP,
+        || "x and the quantized values must be 16-byte aligned".into(),
+    )?;
     if n == 0 {
         return Ok(());
     }
@@ -229,7 +231,7 @@ fn launch_products(
             n_tokens * cols / GROUP
         )
     })?;
-    check_shape(x.values.addr() % 16 == 0, OP, || {
+    check_shape(x.values.addr().is_multiple_of(16), OP, || {
         "the quantized values must be 16-byte aligned".into()
     })?;
     let entries = &KernelModule::MatvecQ8.entry_points()[1..1 + 2 * Q8_FORMATS.len()];
@@ -428,7 +430,7 @@ fn matvec_id_launch(
             x_rows * cols / GROUP
         )
     })?;
-    check_shape(x.values.addr() % 16 == 0, OP, || {
+    check_shape(x.values.addr().is_multiple_of(16), OP, || {
         "the quantized values must be 16-byte aligned".into()
     })?;
     let pairs = n_tokens.saturating_mul(k);
@@ -554,7 +556,7 @@ pub fn moe_down(
             n_tokens * rows
         )
     })?;
-    check_shape(x.values.addr() % 16 == 0, OP, || {
+    check_shape(x.values.addr().is_multiple_of(16), OP, || {
         "the quantized values must be 16-byte aligned".into()
     })?;
     if n_tokens == 0 || rows == 0 {

@@ -186,7 +186,7 @@ pub fn add_rms_norm(
     let yw_p = yw.map_or(DevicePtr(0), |w| w.ptr());
     let (q_p, d_p) = match &q8 {
         Some(q) => {
-            check_shape(dim % 32 == 0, OP, || {
+            check_shape(dim.is_multiple_of(32), OP, || {
                 format!("{dim} values per row are not whole groups of 32 to quantize")
             })?;
             check_shape(q.values.len() >= n && q.scales.len() >= n / 32, OP, || {

@@ -65,7 +65,7 @@ pub fn check(
         n_heads,
         head_dim,
     } = shape;
-    check_shape(params.n_rot % 2 == 0, OP, || {
+    check_shape(params.n_rot.is_multiple_of(2), OP, || {
         format!("n_rot = {} must be even (it rotates pairs)", params.n_rot)
     })?;
     check_shape(params.n_rot <= MAX_ROT, OP, || {

@@ -21,7 +21,8 @@ pub const Q8_0_NAN_SCALE: u16 = 0x7e00;
 
 /// Bytes of a row of `dim` values, or `None` where `dim` is not a whole number of blocks.
 pub fn q8_0_row_bytes(dim: usize) -> Option<usize> {
-    (dim % Q8_0_BLOCK == 0).then(|| dim / Q8_0_BLOCK * Q8_0_BLOCK_BYTES)
+    dim.is_multiple_of(Q8_0_BLOCK)
+        .then(|| dim / Q8_0_BLOCK * Q8_0_BLOCK_BYTES)
 }
 
 /// One block's scale bits and quants.

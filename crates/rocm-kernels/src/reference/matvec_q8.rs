@@ -29,7 +29,7 @@ impl HostQ8 {
 /// Quantizes `x` in groups of 32: `d = max|x| / 127`, `q = round_half_even(x / d)` computed as
 /// `x * (1 / d)` (zero for an all-zero group), as the kernel does.
 pub fn quantize(x: &[f32]) -> Result<HostQ8> {
-    if x.len() % GROUP != 0 {
+    if !x.len().is_multiple_of(GROUP) {
         return Err(KernelError::Shape {
             op: "reference quantize_q8",
             message: format!("{} values are not whole groups of {GROUP}", x.len()),

@@ -51,7 +51,7 @@ pub fn matvec_id(
     input: ExpertInput,
 ) -> Result<Vec<f32>> {
     check_shape(
-        n_expert > 0 && experts.rows() % n_expert == 0,
+        n_expert > 0 && experts.rows().is_multiple_of(n_expert),
         "matvec_id",
         || format!("{} rows are not {n_expert} equal experts", experts.rows()),
     )?;

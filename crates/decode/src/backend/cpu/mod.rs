@@ -1,6 +1,6 @@
 //! The CPU backend: the reference every GPU kernel is checked against, the fallback without a
 //! GPU, and the path CI runs. Buffers are heap vectors; weights are read in place from the
-//! memory-mapped file in their stored format by the fused kernels in [`super::kernels`].
+//! memory-mapped file in their stored format by the fused kernels in `super::kernels`.
 
 pub mod kernels;
 mod ops;
@@ -472,7 +472,7 @@ impl Backend for CpuBackend {
             }
         }
         let kv_type = self.kv_type;
-        if dim % kv_type.block_values() != 0 {
+        if !dim.is_multiple_of(kv_type.block_values()) {
             return Err(DecodeError::InvalidArgument(format!(
                 "{kv_type} KV rows of {dim} values are not whole blocks"
             )));
@@ -519,7 +519,7 @@ impl Backend for CpuBackend {
         a: &Attention,
         group: KvGroup,
     ) -> Result<()> {
-        if a.n_head_kv == 0 || a.n_head % a.n_head_kv != 0 {
+        if a.n_head_kv == 0 || !a.n_head.is_multiple_of(a.n_head_kv) {
             return Err(DecodeError::InvalidArgument(format!(
                 "{} query heads cannot share {} KV heads",
                 a.n_head, a.n_head_kv

@@ -1063,7 +1063,7 @@ impl Backend for GpuBackend {
     ) -> Result<()> {
         // Decode: leave the result quantized for the down projection.
         if self.matvec_path == MatvecPath::Int8
-            && len % matvec_q8::GROUP == 0
+            && len.is_multiple_of(matvec_q8::GROUP)
             && self.step_tokens <= INT8_MAX_ROWS
             && len <= gate.len
         {

@@ -181,13 +181,13 @@ impl GpuBackend {
     }
 
     /// Switches how matrix-vector products read activations (tests run both paths; users set
-    /// [`MATVEC_PATH`]).
+    /// `MATVEC_PATH`).
     pub fn set_matvec_path(&mut self, path: MatvecPath) {
         self.matvec_path = path;
     }
 
     /// Sets how prefill reads weights in pinned host memory (before the model loads; tests and
-    /// A/B runs, users set [`prefetch::OFFLOAD_PREFILL`]).
+    /// A/B runs, users set `prefetch::OFFLOAD_PREFILL`).
     pub fn set_host_prefill(&mut self, mode: HostPrefill) {
         self.host_prefill = mode;
     }

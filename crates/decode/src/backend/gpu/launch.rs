@@ -122,7 +122,7 @@ impl GpuBackend {
         // Leave `out` quantized when the int8 products will read it.
         let quantize = self.matvec_path == MatvecPath::Int8
             && rows <= INT8_MAX_ROWS
-            && dim % matvec_q8::GROUP == 0
+            && dim.is_multiple_of(matvec_q8::GROUP)
             && values <= out.len;
         let mut q8 = if quantize {
             Some(self.q8_shadow(out, values)?)
@@ -196,7 +196,7 @@ impl GpuBackend {
             let values = s.n_tokens * s.n_head * s.head_dim_v;
             let quantize = self.matvec_path == MatvecPath::Int8
                 && s.n_tokens <= INT8_MAX_ROWS
-                && s.head_dim_v % matvec_q8::GROUP == 0
+                && s.head_dim_v.is_multiple_of(matvec_q8::GROUP)
                 && values <= out.len;
             let mut q8 = if quantize {
                 Some(self.q8_shadow(out, values)?)

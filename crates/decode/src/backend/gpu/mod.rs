@@ -5,13 +5,13 @@
 //! block that the kernels read, so the sequence of launches of a decode step is the same at
 //! every position and can be captured into a graph and replayed. The host writes the step block
 //! through a small pinned staging buffer with one stream-ordered copy per step. The per-step
-//! workspace is reserved when the model is loaded ([`Backend::reserve_workspace`]), so no step
+//! workspace is reserved when the model is loaded (`Backend::reserve_workspace`), so no step
 //! allocates. A decode step is captured into a graph on its first run and replayed from then
 //! on; the capture goes through rocm-alloc's graph pool, so a step that did allocate would do
 //! so in a pool of its own, never in memory an eager step frees.
 //!
 //! Memory: weights, KV cache, activations and workspace are rocm-alloc allocations on the
-//! backend's stream, tagged like the CPU backend's books. [`Backend::device_report`] adds
+//! backend's stream, tagged like the CPU backend's books. `Backend::device_report` adds
 //! what the allocator reserved and cached and what the process holds outside it (context,
 //! module code), from `mem_get_info` before load and now.
 

@@ -129,7 +129,7 @@ impl GpuBackend {
         cols: usize,
     ) -> Result<Q8ActivationsMut> {
         let values = n_tokens * cols;
-        if values > x.len || cols % matvec_q8::GROUP != 0 {
+        if values > x.len || !cols.is_multiple_of(matvec_q8::GROUP) {
             return Err(DecodeError::InvalidArgument(format!(
                 "matmul: {n_tokens} rows of {cols} from a buffer of {} values",
                 x.len

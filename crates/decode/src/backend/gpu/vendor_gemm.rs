@@ -8,7 +8,7 @@
 //! at most [`WEIGHT_BLOCK_VALUES`] values.
 //!
 //! Every byte is the allocator's, under the workspace tag, taken once by
-//! [`VendorGemm::reserve`] before the first step: the f16 weight block, the f16 activations and
+//! `VendorGemm::reserve` before the first step: the f16 weight block, the f16 activations and
 //! the library's own workspace (the library is handed it per call and allocates nothing).
 //!
 //! Only products of at least [`VENDOR_GEMM_MIN_ROWS`] token rows come here: below that, reading

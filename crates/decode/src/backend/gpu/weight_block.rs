@@ -85,7 +85,7 @@ mod tests {
             len,
         };
         assert_eq!((mem.size(), mem.ptr()), (1000, base));
-        assert!(offsets.iter().all(|o| (base + o) % 256 == 0));
+        assert!(offsets.iter().all(|o| (base + o).is_multiple_of(256)));
         // The block is as large as the allocator rounded it; past that, a weight is refused
         // (and the backend gives it an allocation of its own).
         let room = b.block.block_size() - b.used;

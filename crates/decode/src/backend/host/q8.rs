@@ -1,5 +1,5 @@
 //! Matrix-vector products against 8-bit activations on the host's cores: the CPU half of the
-//! hybrid offload ([`super::gpu`] splits an offloaded product's rows between a kernel reading
+//! hybrid offload (`super::gpu` splits an offloaded product's rows between a kernel reading
 //! mapped host memory and these functions reading the same memory).
 //!
 //! The activations are the GPU's own ([`rocm_kernels::ops::matvec_q8`]): 32 signed bytes and
@@ -40,7 +40,7 @@ impl HostActivations {
     /// Takes quantized activations as the device wrote them: `values` (a multiple of 32) and
     /// one scale per 32.
     pub fn set(&mut self, values: &[i8], scales: &[f32]) -> Result<()> {
-        if values.len() % GROUP != 0 || scales.len() != values.len() / GROUP {
+        if !values.len().is_multiple_of(GROUP) || scales.len() != values.len() / GROUP {
             return Err(DecodeError::InvalidArgument(format!(
                 "host activations: {} values with {} scales; expected whole groups of {GROUP} \
                  and one scale per group",

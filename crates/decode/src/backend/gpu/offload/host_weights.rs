@@ -29,7 +29,7 @@ pub struct HostPlacement {
     /// Bytes of one streaming slot: the largest streamed tensor (0 when none streams).
     pub stream_slot_bytes: u64,
     /// The bytes of the weights the plan keeps on the device, each counted as
-    /// [`super::weight_block::piece_bytes`] rounds it: the backend takes them as one allocation
+    /// `super::weight_block::piece_bytes` rounds it: the backend takes them as one allocation
     /// (0: one allocation per weight).
     pub device_weight_bytes: u64,
     /// The most bytes of weights that may be pinned.
