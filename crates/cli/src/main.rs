@@ -459,7 +459,7 @@ fn plan(args: PlanArgs) -> Result<()> {
     }
     let options = decode::layout::LayoutOptions::for_config(args.context, &gpu_config);
     let layout = decode::layout::ModelLayout::new(&file, &options)?;
-    let defaults = decode::budget_run::default_link(gpu_config.cpu_share);
+    let defaults = decode::budget_run::default_link(gpu_config.cpu_share)?;
     let given = args.hbm_gbps.is_some()
         || args.zero_copy_gbps.is_some()
         || args.copy_gbps.is_some()
@@ -563,8 +563,43 @@ fn probe_link(bytes: &str) -> Result<()> {
     let bytes = usize::try_from(bytes).context("--bytes does not fit this machine's words")?;
     let gpu = device::probe_gpu()
         .map_err(|reason| anyhow::anyhow!("the link probe needs a GPU: {reason}"))?;
-    out!("{}", decode::link_probe::probe(&gpu, bytes)?)?;
-    Ok(())
+    let probe = decode::link_probe::probe(&gpu, bytes)?;
+    out!("{probe}")?;
+    keep_rates(|rates| {
+        rates.link = Some(offload::measured::LinkRates {
+            device: gpu.name().unwrap_or_else(|_| "this GPU".into()),
+            zero_copy_gbps: probe.zero_copy_gbps,
+            copy_gbps: probe.copy_gbps,
+            measured_at: utc_now(),
+        });
+    })
+}
+
+/// The time now, UTC, to the second.
+fn utc_now() -> String {
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+/// Records what a probe measured in the rates file that the offload planner reads
+/// ([`offload::measured`]), keeping what the other probe left there, and says where.
+fn keep_rates(update: impl FnOnce(&mut offload::measured::MeasuredRates)) -> Result<()> {
+    let Some(path) = offload::measured::rates_path()? else {
+        return outln!(
+            "the rates are not kept ({} is off, or there is no cache folder); pass them to \
+             hipdecode plan with its --*-gbps flags",
+            offload::knobs::RATES_FILE.name
+        );
+    };
+    // A broken file is replaced: this probe is the fix its error names.
+    let mut rates = offload::measured::MeasuredRates::load(&path).unwrap_or_default();
+    update(&mut rates);
+    rates.save(&path)?;
+    outln!(
+        "kept in {} for hipdecode plan and --gpu-budget runs",
+        path.display()
+    )
 }
 
 fn probe_host(bytes: &str) -> Result<()> {
@@ -573,8 +608,12 @@ fn probe_host(bytes: &str) -> Result<()> {
     outln!(
         "host product rate (one token, 4096 columns, median of 5, weights streamed from memory):"
     )?;
+    let mut slowest: Option<(f64, usize)> = None;
     for format in [gguf_loader::GgmlType::Q4K, gguf_loader::GgmlType::Q6K] {
         let r = decode::backend::host::q8::measure_rate(format, bytes, 5)?;
+        if slowest.is_none_or(|(gbps, _)| r.gbps() < gbps) {
+            slowest = Some((r.gbps(), r.threads));
+        }
         outln!(
             "  {:<5} {:>7.1} GB/s  ({:.0} MiB in {:.2} ms, {} threads)",
             format.name(),
@@ -584,7 +623,17 @@ fn probe_host(bytes: &str) -> Result<()> {
             r.threads
         )?;
     }
-    Ok(())
+    let Some((gbps, threads)) = slowest else {
+        return Ok(());
+    };
+    // The slower format: a plan priced with it does not promise what the host cannot give.
+    keep_rates(|rates| {
+        rates.host = Some(offload::measured::HostRate {
+            gbps,
+            threads,
+            measured_at: utc_now(),
+        });
+    })
 }
 
 fn inspect(args: InspectArgs) -> Result<()> {

@@ -18,8 +18,11 @@ const TINY: [Preset; 4] = [
 
 fn hipdecode() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_hipdecode"));
-    // The budget comes from the flag in these tests unless one sets the variable.
+    // The budget comes from the flag in these tests unless one sets the variable, and the
+    // rates are the H200 defaults unless a test keeps its own: this machine's probes must not
+    // change what the tests see.
     c.env_remove(offload::knobs::GPU_BUDGET.name);
+    c.env(offload::knobs::RATES_FILE.name, "off");
     c
 }
 
@@ -217,5 +220,91 @@ fn budget_forms_and_their_errors() {
         assert!(!out.status.success());
         assert!(stderr.contains("--device-memory"), "{stderr}");
     }
+    std::fs::remove_file(&model).ok();
+}
+
+/// The rates `hipdecode probe-link` and `probe-host` keep are what `hipdecode plan` prices with,
+/// and its link line says which rate came from where; a broken file is an error naming it.
+#[test]
+fn plan_uses_the_rates_the_probes_kept_and_says_so() {
+    use offload::measured::{LinkRates, MeasuredRates};
+    let dir = common::scratch_dir().join(format!("rates-{}", std::process::id()));
+    let rates = dir.join("measured-rates.json");
+    let model = tiny_model(Preset::TinyLlama, "rates");
+    let plan = |file: &std::path::Path| {
+        hipdecode()
+            .env(offload::knobs::RATES_FILE.name, file)
+            .args(["plan", "-m"])
+            .arg(&model)
+            .args(["--gpu-budget", "256MiB"])
+            .output()
+            .unwrap()
+    };
+    let link_line = |out: &std::process::Output| {
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        stdout
+            .lines()
+            .find(|l| l.starts_with("link model:"))
+            .unwrap_or_else(|| panic!("no link line:\n{stdout}"))
+            .to_string()
+    };
+
+    // No file yet: the H200's figures.
+    let line = link_line(&plan(&rates));
+    assert!(
+        line.contains("zero-copy 50.0 GB/s") && !line.contains("probe-link on"),
+        "{line}"
+    );
+
+    // What probe-link keeps (it needs a GPU, so written here as it writes it), then a real
+    // probe-host run, which adds its rate beside the link's.
+    MeasuredRates {
+        link: Some(LinkRates {
+            device: "Test GPU".into(),
+            zero_copy_gbps: 12.5,
+            copy_gbps: 13.5,
+            measured_at: "2026-12-06T00:00:00Z".into(),
+        }),
+        host: None,
+    }
+    .save(&rates)
+    .unwrap();
+    let probe = hipdecode()
+        .env(offload::knobs::RATES_FILE.name, &rates)
+        .args(["probe-host", "--bytes", "1MiB"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&probe.stdout);
+    assert!(probe.status.success() && said.contains("kept in"), "{said}");
+    let kept = MeasuredRates::load(&rates).unwrap();
+    let host = kept.host.as_ref().expect("probe-host kept its rate");
+    assert!(host.gbps.is_finite() && host.gbps > 0.0, "{host:?}");
+    assert_eq!(kept.link.as_ref().unwrap().device, "Test GPU");
+
+    let line = link_line(&plan(&rates));
+    assert!(
+        line.contains("zero-copy 12.5 GB/s, copy 13.5 GB/s"),
+        "{line}"
+    );
+    assert!(line.contains("probe-link on Test GPU"), "{line}");
+    assert!(line.contains("measured by hipdecode probe-host"), "{line}");
+    assert!(line.contains("the rest from H200 defaults"), "{line}");
+
+    // Off: the defaults again, whatever the file holds.
+    let line = link_line(&plan(std::path::Path::new("off")));
+    assert!(!line.contains("Test GPU"), "{line}");
+
+    // A broken file stops the plan with its name and the fix.
+    std::fs::write(&rates, "{ not json").unwrap();
+    let out = plan(&rates);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("measured-rates.json") && stderr.contains("probe-link"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
     std::fs::remove_file(&model).ok();
 }

@@ -79,14 +79,24 @@ pub struct BudgetRequest {
     pub cpu_share: CpuShare,
 }
 
-/// The link model the planner predicts with: the H200's rates, with the host's cores adding
+/// The link model the planner predicts with: the H200's rates, replaced by the ones
+/// `hipdecode probe-link` and `probe-host` measured on this machine where they were kept
+/// ([`offload::measured`]), with the host's cores adding
 /// to zero-copy reads unless the hybrid split is off (`cpu_share`, the run's
 /// [`crate::backend::gpu::GpuConfig::cpu_share`]).
-pub fn default_link(cpu_share: CpuShare) -> LinkModel {
+pub fn default_link(cpu_share: CpuShare) -> Result<LinkModel> {
     let link = LinkModel::h200_default();
-    match cpu_share {
+    let link = match cpu_share {
         CpuShare::Off => link.with_host_compute_gbps(0.0),
         _ => link,
+    };
+    // The rates hipdecode probe-link / probe-host measured on this machine, where kept.
+    let invalid = |e: offload::measured::RatesError| DecodeError::InvalidArgument(e.to_string());
+    match offload::measured::rates_path().map_err(invalid)? {
+        Some(path) => Ok(offload::measured::MeasuredRates::load(&path)
+            .map_err(invalid)?
+            .apply(link)),
+        None => Ok(link),
     }
 }
 
@@ -193,8 +203,12 @@ pub fn prepare(file: &GgufFile, req: &BudgetRequest) -> Result<BudgetRun> {
         .resolve(Some(req.device_total))
         .map_err(|e| invalid(&e))?;
     let layout = ModelLayout::new(file, &req.options)?;
-    let plan = offload::plan(&plan_request(&layout, budget, default_link(req.cpu_share))?)
-        .map_err(|e| invalid(&e))?;
+    let plan = offload::plan(&plan_request(
+        &layout,
+        budget,
+        default_link(req.cpu_share)?,
+    )?)
+    .map_err(|e| invalid(&e))?;
     let mut host = std::collections::HashMap::new();
     let mut device_weight_bytes = 0u64;
     for t in &plan.tensors {

@@ -25,7 +25,17 @@ pub static GPU_BUDGET: Knob<Option<Budget>> = Knob {
     },
 };
 
-pub static TABLE: Table = &[&GPU_BUDGET];
+pub static RATES_FILE: Knob<Option<String>> = Knob {
+    name: "HIPDECODE_RATES_FILE",
+    default: "",
+    doc: "where hipdecode probe-link and probe-host keep the rates they measured, which the \
+          offload planner then uses: a file path, or `off` (unset: \
+          $XDG_CACHE_HOME/hipdecode/measured-rates.json, else ~/.cache/hipdecode/...)",
+    scope: Scope::Run,
+    parse: knobs::parse::text,
+};
+
+pub static TABLE: Table = &[&GPU_BUDGET, &RATES_FILE];
 
 #[cfg(test)]
 mod tests {

@@ -6,12 +6,15 @@
 //! fills the rest with the weights that gain most from the device, and predicts the decode
 //! speed from a link model ([`LinkModel`]). The decode crate carries a plan out with kernels
 //! reading mapped pinned host memory in place, splitting their products with the host's cores,
-//! or streaming them into device slots by the copy engine (`decode::budget_run`).
+//! or streaming them into device slots by the copy engine (`decode::budget_run`). The link
+//! model takes the rates that `hipdecode probe-link` and `probe-host` measured on this machine
+//! where they were kept ([`measured`]).
 //! docs/offload.md says what is and is not there.
 
 pub mod budget;
 pub mod knobs;
 pub mod link;
+pub mod measured;
 pub mod plan;
 
 pub use budget::{parse_size, Budget, BudgetError, BUDGET_FORMS};
