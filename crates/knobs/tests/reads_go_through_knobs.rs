@@ -50,6 +50,11 @@ const INDIRECT: &[(&str, &str, &str)] = &[
         "HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES, printed in the report",
     ),
     (
+        "crates/offload/src/measured.rs",
+        "name",
+        "XDG_CACHE_HOME and HOME, for the measured-rates file's default folder",
+    ),
+    (
         "crates/gguf-loader/tests/mapping_guard.rs",
         "CHILD_VAR",
         "GGUF_LOADER_TRUNCATE_CHILD, the test's marker for its own re-run",
