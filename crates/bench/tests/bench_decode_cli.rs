@@ -58,11 +58,10 @@ fn positive_finite(v: &Value) -> bool {
     v.as_f64().is_some_and(|x| x.is_finite() && x > 0.0)
 }
 
-#[test]
-fn json_report_has_both_tests_with_positive_finite_rates() {
-    let tiny = TinyModel::new("json-report");
-    let model = tiny.path();
-    let out = bench(&[
+/// bench-decode's JSON for pp8 and tg4, two repetitions each, on one CPU thread, with `extra`
+/// flags.
+fn small_cpu_json(model: &Path, extra: &[&str]) -> Value {
+    let mut args = vec![
         "-m",
         model.to_str().unwrap(),
         "-p",
@@ -77,9 +76,16 @@ fn json_report_has_both_tests_with_positive_finite_rates() {
         "cpu",
         "--threads",
         "1",
-    ]);
-    let stdout = ok(&out);
-    let v: Value = serde_json::from_str(&stdout).expect("the output is JSON");
+    ];
+    args.extend_from_slice(extra);
+    serde_json::from_str(&ok(&bench(&args))).expect("the output is JSON")
+}
+
+#[test]
+fn json_report_has_both_tests_with_positive_finite_rates() {
+    let tiny = TinyModel::new("json-report");
+    let model = tiny.path();
+    let v = small_cpu_json(model, &[]);
     let tests = v.as_array().expect("an array of tests");
     let names: Vec<&str> = tests.iter().map(|t| t["test"].as_str().unwrap()).collect();
     assert_eq!(names, ["pp8", "tg4"]);
@@ -645,25 +651,7 @@ fn json_carries_every_llama_bench_key_with_its_type_and_unit() {
 
     let tiny = TinyModel::new("llama-bench-keys");
     let model = tiny.path();
-    let args = [
-        "-m",
-        model.to_str().unwrap(),
-        "-p",
-        "8",
-        "-n",
-        "4",
-        "-d",
-        "0,3",
-        "-r",
-        "2",
-        "-o",
-        "json",
-        "--device",
-        "cpu",
-        "--threads",
-        "1",
-    ];
-    let v: Value = serde_json::from_str(&ok(&bench(&args))).expect("JSON");
+    let v = small_cpu_json(model, &["-d", "0,3"]);
     let tests = v.as_array().expect("an array of tests");
     assert_eq!(tests.len(), 4, "{v}");
     for t in tests {
