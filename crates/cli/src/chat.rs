@@ -12,7 +12,6 @@ use decode::context::ContextOptions;
 use decode::device::{self, WithBackend};
 use decode::generate::StopReason;
 use decode::sampler::SamplerConfig;
-use decode::session::Session;
 use decode::tokenizer::Tokenizer;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -98,12 +97,13 @@ impl WithBackend for Conversation<'_> {
             context: args.backend.ctx,
             ..Default::default()
         };
-        let session = Session::load(file, backend, options)?;
+        let (session, load_time) = crate::load_progress::load(file, backend, options)?;
         eprintln!(
-            "chat with {} on {} through {}, context {}: /reset starts over, /exit or Ctrl-D \
-             ends, Ctrl-C stops an answer",
+            "chat with {} on {} (loaded in {}) through {}, context {}: /reset starts over, \
+             /exit or Ctrl-D ends, Ctrl-C stops an answer",
             session.spec().arch_name,
             session.backend().describe(),
+            crate::load_progress::seconds(load_time),
             template.name(),
             session.options().context
         );

@@ -12,7 +12,6 @@ use decode::generate::{generate, StopReason};
 use decode::gguf_loader;
 use decode::memory::human_bytes;
 use decode::sampler::SamplerConfig;
-use decode::session::Session;
 use decode::stop_strings::StopStrings;
 use decode::tokenizer::{TextStream, Tokenizer};
 use std::path::PathBuf;
@@ -20,6 +19,7 @@ use std::process::ExitCode;
 
 mod args;
 mod chat;
+mod load_progress;
 mod logging;
 mod output;
 mod perplexity;
@@ -330,12 +330,13 @@ impl WithBackend for Generation<'_> {
             context: args.backend.ctx,
             ..Default::default()
         };
-        let mut model = Session::load(file, backend, options)?;
+        let (mut model, load_time) = load_progress::load(file, backend, options)?;
         let prompt = tokenizer.encode(text, !args.no_bos && tokenizer.vocab().add_bos);
         eprintln!(
-            "{} on {}: {} prompt tokens, context {}",
+            "{} on {}: loaded in {}; {} prompt tokens, context {}",
             model.spec().arch_name,
             model.backend().describe(),
+            load_progress::seconds(load_time),
             prompt.len(),
             model.options().context
         );

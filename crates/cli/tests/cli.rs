@@ -40,6 +40,13 @@ fn run_streams_a_continuation_and_reports_speed_and_memory() {
     assert!(stdout.starts_with("hello world"), "{stdout}");
     assert!(stderr.contains("tok/s"), "{stderr}");
     assert!(stderr.contains("kv_cache"), "{stderr}");
+    // The load's time, and no progress bar where standard error is not a terminal.
+    let first = stderr.lines().next().unwrap_or_default();
+    assert!(
+        first.contains(": loaded in ") && (first.contains(" s;") || first.contains(" ms;")),
+        "{first}"
+    );
+    assert!(!stderr.contains("layers,"), "{stderr}");
     std::fs::remove_file(&model).ok();
 }
 

@@ -31,7 +31,18 @@ pub struct Session<B: Backend> {
 impl<B: Backend> Session<B> {
     /// Loads `file`'s weights into `backend` and makes a context of one sequence for
     /// `options` (whose `sequences` must be 1).
-    pub fn load(file: &Arc<GgufFile>, mut backend: B, options: ContextOptions) -> Result<Self> {
+    pub fn load(file: &Arc<GgufFile>, backend: B, options: ContextOptions) -> Result<Self> {
+        Session::load_with_progress(file, backend, options, &mut |_, _| {})
+    }
+
+    /// [`Session::load`], calling `progress(layers loaded, layers)` as the weights load (see
+    /// [`Model::load_with_progress`]).
+    pub fn load_with_progress(
+        file: &Arc<GgufFile>,
+        mut backend: B,
+        options: ContextOptions,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
         if options.sequences != 1 {
             return Err(DecodeError::InvalidArgument(format!(
                 "a session drives one sequence, not {}; make a Context for several",
@@ -39,7 +50,7 @@ impl<B: Backend> Session<B> {
             )));
         }
         let started = std::time::Instant::now();
-        let model = Model::load(file, &mut backend)?;
+        let model = Model::load_with_progress(file, &mut backend, progress)?;
         let context = Context::new(&model, &mut backend, options)?;
         tracing::info!(
             "loaded {} onto {} in {:.2?}",
@@ -239,5 +250,36 @@ impl<B: Backend> Session<B> {
             done += chunk.len();
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{cpu::CpuBackend, Precision};
+
+    #[test]
+    fn the_load_reports_each_layer_once_in_order() {
+        let path =
+            std::env::temp_dir().join(format!("session-progress-{}.gguf", std::process::id()));
+        gguf_loader::synth::write_preset(gguf_loader::synth::Preset::TinyLlama, &path, 1).unwrap();
+        let file = crate::open_model(&path).unwrap();
+        let mut seen = Vec::new();
+        let options = ContextOptions {
+            context: 16,
+            ..ContextOptions::default()
+        };
+        let session = Session::load_with_progress(
+            &file,
+            CpuBackend::new(Precision::Exact),
+            options,
+            &mut |done, layers| seen.push((done, layers)),
+        )
+        .unwrap();
+        let layers = session.spec().n_layers;
+        assert!(layers > 1);
+        let expected: Vec<(usize, usize)> = (1..=layers).map(|d| (d, layers)).collect();
+        assert_eq!(seen, expected);
+        std::fs::remove_file(&path).ok();
     }
 }

@@ -102,6 +102,16 @@ impl<B: Backend> Model<B> {
     /// Loads the weights of `file` into `backend`. Contexts ([`crate::context::Context::new`]) then take the
     /// KV cache and activations for the bounds they run at.
     pub fn load(file: &Arc<GgufFile>, backend: &mut B) -> Result<Model<B>> {
+        Model::load_with_progress(file, backend, &mut |_, _| {})
+    }
+
+    /// [`Model::load`], calling `progress(layers loaded, layers)` after each layer, so a
+    /// command line can show how far a large model's load has come.
+    pub fn load_with_progress(
+        file: &Arc<GgufFile>,
+        backend: &mut B,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Model<B>> {
         let spec = ModelSpec::from_gguf(file)?;
         let s = &spec;
         let (e, qd, kd, vd) = (s.n_embd, s.widths.q, s.widths.k, s.widths.v);
@@ -165,6 +175,7 @@ impl<B: Backend> Model<B> {
                 ffn,
                 ffn_post_norm: post(&mut ld, "post_ffw_norm")?,
             });
+            progress(il + 1, s.n_layers);
         }
         let file_bytes = file.tensors().iter().map(|t| t.n_bytes).sum();
         Ok(Model {
