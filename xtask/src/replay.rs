@@ -64,20 +64,20 @@ pub fn run(args: Args) -> Result<()> {
     let events = trace.expanded_len()?;
     check_work(events, args.max_events)?;
     let h = &trace.header;
-    println!("trace:   {}", args.trace.display());
-    println!(
-        "         {} events ({} lines), recorded on {}",
+    let mut header = format!("trace:   {}\n", args.trace.display());
+    header += &format!(
+        "         {} events ({} lines), recorded on {}\n",
         events, h.events, h.device.name
     );
     if let Some(note) = &h.note {
-        println!("         {note}");
+        header += &format!("         {note}\n");
     }
-    println!(
-        "device:  {}: {}",
+    header += &format!(
+        "device:  {}: {}\n\n",
         args.profile.name(),
         args.profile.description()
     );
-    println!();
+    write_stdout(&header)?;
     let mut reports = Vec::new();
     for mode in modes {
         let started = Instant::now();
@@ -106,8 +106,19 @@ pub fn run(args: Args) -> Result<()> {
         }
         reports.push(report);
     }
-    print!("{}", replay::table(&reports));
-    Ok(())
+    write_stdout(&replay::table(&reports))
+}
+
+/// Writes to standard output as command line tools do: a reader that went away (`| head`)
+/// ends the program quietly with the status a SIGPIPE gives (141), and any other failure (a
+/// full disk) is an error that names standard output, never `print!`'s panic.
+fn write_stdout(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(141),
+        Err(e) => Err(e).context("writing to standard output"),
+    }
 }
 
 #[cfg(test)]
