@@ -58,12 +58,14 @@ pub const CPU_ONLY_TESTS: &[&str] = &[
     "hipdecode/serve",
     "hipdecode-offload/offload",
     "hipdecode-offload/planner",
+    "rocm-alloc/events",
     "rocm-alloc/properties",
     "rocm-alloc/replay",
     "rocm-alloc/replay_format",
     "rocm-alloc/semantics",
     "rocm-alloc/sim_core",
     "hipdecode-serve/serve",
+    "xtask/replay_output",
 ];
 
 /// Programs (`<package>/<target>`) that measure the host or another runtime and that no test

@@ -19,7 +19,7 @@ use crate::deferred::{PendingFrees, StuckFree};
 use crate::device::{DeviceError, MemoryInfo, RawDevice, StreamId};
 use crate::error::AllocError;
 use crate::limits::{self, LimitSpec};
-use crate::oom::{OomCause, OomReport};
+use crate::oom::{fmt_bytes, OomCause, OomReport};
 use crate::size_class::{kind_of, round_request, segment_size};
 use crate::snapshot::{self, Snapshot, StreamRoles, StuckBlock};
 use crate::stats::{Counters, Stats};
@@ -438,6 +438,11 @@ impl Allocator {
             Ok(addr) => {
                 let reserved = st.pool.reserved() + bytes;
                 st.counters.on_reserve(reserved);
+                tracing::debug!(
+                    "allocator grew by a segment of {}; it holds {} from the device",
+                    fmt_bytes(bytes),
+                    fmt_bytes(reserved)
+                );
                 if let Some(t) = &mut st.trace {
                     t.record_device(TraceKind::DeviceAlloc, addr, bytes);
                 }
@@ -469,7 +474,7 @@ impl Allocator {
         } else {
             self.device().memory_info().ok().map(|i| i.free)
         };
-        AllocError::OutOfMemory(Box::new(OomReport {
+        let report = OomReport {
             requested,
             segment,
             cause,
@@ -481,7 +486,12 @@ impl Allocator {
             capture_active,
             per_tag,
             hint,
-        }))
+        };
+        // The error carries the whole report to the user; the event is for a log that is
+        // watched (`-v`, and a server's default level), so a command line does not print the
+        // report twice.
+        tracing::info!("{report}");
+        AllocError::OutOfMemory(Box::new(report))
     }
 
     fn free_block(&self, block: BlockId) {
