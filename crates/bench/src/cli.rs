@@ -115,8 +115,8 @@ pub struct Args {
     /// GPU: run decode steps eagerly instead of replaying a captured graph.
     #[arg(long)]
     pub no_graph: bool,
-    /// CPU threads (default: one per core).
-    #[arg(long, value_name = "N", value_parser = threads)]
+    /// CPU threads (default: one per core; `-t` as in llama-bench).
+    #[arg(short = 't', long, value_name = "N", value_parser = threads)]
     pub threads: Option<usize>,
     /// CPU: f32 activations (the reference path) instead of 16-bit integer ones.
     #[arg(long)]
@@ -366,6 +366,12 @@ mod tests {
         assert_eq!(a.models, [PathBuf::from("a.gguf"), PathBuf::from("b.gguf")]);
         assert_eq!((a.n_prompt[0], a.n_gen[0], a.repetitions), (64, 32, 3));
         assert_eq!(a.format(), Format::Json);
+    }
+
+    #[test]
+    fn threads_take_llama_benchs_short_flag() {
+        assert_eq!(parse(&["-m", "a", "-t", "3"]).unwrap().threads, Some(3));
+        assert!(parse(&["-m", "a", "-t", "0"]).is_err());
     }
 
     #[test]
