@@ -348,7 +348,7 @@ pub fn run_model<B: Backend>(
             eprintln!("{}: {}", info.name, line.trim());
         }
     }
-    let setup = RunSetup::of_session(&model, file, device, plan.step_rows());
+    let setup = RunSetup::of_session(&model, file, &info, device, plan.step_rows());
     Ok(ModelReport {
         info,
         backend: backend_name,

@@ -2,7 +2,7 @@
 //! CPU, the model's type, threads, KV type, layers on the GPU and the step size. Read once per
 //! model after it is loaded; [`crate::llama_bench`] writes it into every JSON test object.
 
-use crate::model_info::format_params;
+use crate::model_info::{format_params, ModelInfo};
 use decode::backend::Backend;
 use decode::device::BackendChoice;
 use decode::session::Session;
@@ -63,10 +63,12 @@ impl DeviceLabel {
 }
 
 impl RunSetup {
-    /// The setup of a loaded session; `n_batch` is the most prompt rows a step takes.
+    /// The setup of a loaded session of the model `info` describes; `n_batch` is the most
+    /// prompt rows a step takes.
     pub fn of_session<B: Backend>(
         session: &Session<B>,
         file: &GgufFile,
+        info: &ModelInfo,
         device: &DeviceLabel,
         n_batch: usize,
     ) -> RunSetup {
@@ -75,7 +77,7 @@ impl RunSetup {
             backends: device.backends.clone(),
             gpu_info: device.gpu_info.clone(),
             cpu_info: cpu_model_name(),
-            model_type: model_type(file, &session.spec().arch_name),
+            model_type: model_type(file, &session.spec().arch_name, info.params),
             n_threads: rayon::current_num_threads(),
             kv_type: session.backend().kv_type().to_string(),
             n_gpu_layers: if on_gpu { session.spec().n_layers } else { 0 },
@@ -87,11 +89,9 @@ impl RunSetup {
 
 /// `llama 8.03 B Q4_K`: the architecture, the parameter count and the weight type that holds
 /// the most bytes (llama-bench prints the file type's long name; this names the same thing).
-pub fn model_type(file: &GgufFile, arch: &str) -> String {
+pub fn model_type(file: &GgufFile, arch: &str, params: u64) -> String {
     let mut bytes_by_type: Vec<(String, u64)> = Vec::new();
-    let mut params = 0u64;
     for t in file.tensors() {
-        params = params.saturating_add(t.n_elements());
         let name = t.ggml_type.to_string();
         match bytes_by_type.iter_mut().find(|(n, _)| *n == name) {
             Some((_, b)) => *b = b.saturating_add(t.n_bytes),
