@@ -37,7 +37,7 @@ pub struct Args {
 pub const CPU_ONLY_TESTS: &[&str] = &[
     "hipdecode-engine/chat_templates",
     "hipdecode-engine/engine",
-    "hipdecode-engine/gemma_reference",
+    "hipdecode-engine/real_model_reference",
     "hipdecode-engine/generation",
     "hipdecode-engine/hostile_models",
     "hipdecode-engine/kv_pool",

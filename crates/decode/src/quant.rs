@@ -17,6 +17,7 @@
 //! an error before any kernel sees them.
 
 use crate::error::{DecodeError, Result};
+use gguf_loader::quant::IQ4_NL_VALUES;
 use gguf_loader::GgmlType;
 use half::bf16;
 
@@ -31,7 +32,7 @@ const I16_MAX: f32 = 32767.0;
 
 /// Every weight type the backends read: the GPU kernels' list, which the CPU kernels read too
 /// (a test of `kernels` multiplies every one of them).
-pub const SUPPORTED: [GgmlType; 11] = rocm_kernels::ops::matvec::WEIGHT_FORMATS;
+pub const SUPPORTED: [GgmlType; 15] = rocm_kernels::ops::matvec::WEIGHT_FORMATS;
 
 /// Whether the CPU kernels read `ty`.
 pub fn is_supported(ty: GgmlType) -> bool {
@@ -66,8 +67,14 @@ pub const fn is_float(ty: GgmlType) -> bool {
 pub const fn has_offset(ty: GgmlType) -> bool {
     matches!(
         ty,
-        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q2K
     )
+}
+
+/// Whether unpacked blocks of `ty` change scale every 16 elements ([`GROUP`]) rather than
+/// every 32 (the activation block), so a kernel cannot take 32 at a time.
+pub const fn scale_per_16(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q6K | GgmlType::Q2K | GgmlType::Q3K)
 }
 
 /// Bytes one row of `n` elements of `ty` takes, or `None` when `n` is not a whole number of
@@ -232,11 +239,76 @@ pub fn unpack_block(format: GgmlType, src: &[u8], out: &mut Unpacked) {
             }
             out.offset = [0.0; 16];
         }
+        GgmlType::Q2K => {
+            let (scales, qs) = (&src[0..16], &src[16..80]);
+            let (d, dmin) = (f16_at(src, 80), f16_at(src, 82));
+            for (i, q) in out.q.iter_mut().enumerate() {
+                *q = ((qs[(i / 128) * 32 + i % 32] >> (2 * ((i % 128) / 32))) & 3) as i8;
+            }
+            for (g, &sc) in scales.iter().enumerate() {
+                out.scale[g] = d * (sc & 0x0F) as f32;
+                out.offset[g] = -(dmin * (sc >> 4) as f32);
+            }
+        }
+        GgmlType::Q3K => {
+            let (hmask, qs) = (&src[0..32], &src[32..96]);
+            let d = f16_at(src, 108);
+            for (i, q) in out.q.iter_mut().enumerate() {
+                let low = (qs[(i / 128) * 32 + i % 32] >> (2 * ((i % 128) / 32))) & 3;
+                // A set hmask bit means "no offset"; a clear one subtracts 4.
+                let high_clear = ((hmask[i % 32] >> (i / 32)) & 1) ^ 1;
+                *q = low as i8 - 4 * high_clear as i8;
+            }
+            for (g, &sc) in q3k_scales(&src[96..108]).iter().enumerate() {
+                out.scale[g] = d * sc as f32;
+            }
+            out.offset = [0.0; 16];
+        }
+        GgmlType::Iq4Nl => {
+            let d = f16_at(src, 0);
+            for (j, &b) in src[2..18].iter().enumerate() {
+                out.q[j] = IQ4_NL_VALUES[(b & 0x0F) as usize];
+                out.q[j + 16] = IQ4_NL_VALUES[(b >> 4) as usize];
+            }
+            out.scale[..2].fill(d);
+            out.offset[..2].fill(0.0);
+        }
+        GgmlType::Iq4Xs => {
+            let d = f16_at(src, 0);
+            let scales_h = u16::from_le_bytes([src[2], src[3]]);
+            for sub in 0..8 {
+                let low = (src[4 + sub / 2] >> (4 * (sub % 2))) & 0x0F;
+                let high = ((scales_h >> (2 * sub)) & 3) as u8;
+                let s = d * ((low | (high << 4)) as i32 - 32) as f32;
+                out.scale[2 * sub..2 * sub + 2].fill(s);
+                let qs = &src[8 + 16 * sub..24 + 16 * sub];
+                for (j, &b) in qs.iter().enumerate() {
+                    out.q[32 * sub + j] = IQ4_NL_VALUES[(b & 0x0F) as usize];
+                    out.q[32 * sub + j + 16] = IQ4_NL_VALUES[(b >> 4) as usize];
+                }
+            }
+            out.offset = [0.0; 16];
+        }
         other => unreachable!(
             "{other} blocks are not unpacked (floats are read by block_to_f32; \
              check_supported refuses the rest)"
         ),
     }
+}
+
+/// The sixteen signed 6-bit scales of a Q3_K super-block, unpacked from their 12 bytes: the
+/// low four bits of scale `k` are a nibble of byte `k % 8` (the high one for `k >= 8`), the
+/// high two are bits `2 (k / 4)` of byte `8 + k % 4`.
+fn q3k_scales(packed: &[u8]) -> [i8; 16] {
+    std::array::from_fn(|k| {
+        let low = if k < 8 {
+            packed[k] & 0x0F
+        } else {
+            packed[k - 8] >> 4
+        };
+        let high = (packed[8 + k % 4] >> (2 * (k / 4))) & 3;
+        (low | (high << 4)) as i8 - 32
+    })
 }
 
 /// The 6-bit scale and minimum of sub-block `j` of a Q4_K / Q5_K super-block.
@@ -436,12 +508,7 @@ mod tests {
 
     #[test]
     fn unsupported_types_are_refused_by_name_with_the_supported_list() {
-        for ty in [
-            GgmlType::Q2K,
-            GgmlType::Q8K,
-            GgmlType::Iq4Nl,
-            GgmlType::Mxfp4,
-        ] {
+        for ty in [GgmlType::Q8K, GgmlType::Mxfp4] {
             assert!(!is_supported(ty));
             let e = check_supported("blk.0.attn_q.weight", ty).unwrap_err();
             let msg = e.to_string();
@@ -460,7 +527,8 @@ mod tests {
         }
         assert_eq!(
             supported_names(),
-            "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K"
+            "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_NL, \
+             IQ4_XS"
         );
     }
 

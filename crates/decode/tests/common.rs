@@ -173,7 +173,9 @@ pub struct Edits {
     /// Repeat the layers' tensors cyclically up to this many layers (`blk.{i % n}` becomes
     /// `blk.{i}`); the metadata's block_count is not changed by this.
     pub layers: Option<usize>,
-    /// Tensors (by their name in the new file) stored as another type instead, zero-filled.
+    /// Tensors (by their name in the new file) stored as another type instead: random valid
+    /// blocks of a quantized type (`fill_random_blocks`, seeded by the name), zeros of a dense
+    /// one.
     pub retype: Vec<(String, GgmlType)>,
 }
 
@@ -221,7 +223,15 @@ pub fn rebuild_gguf_bytes(file: &GgufFile, edits: &Edits) -> Vec<u8> {
             Some(&(_, ty)) => {
                 let n = t.dims.iter().product();
                 let len = ty.bytes_for(n).expect("whole blocks of the new type");
-                (ty, vec![0u8; len as usize])
+                let mut bytes = vec![0u8; len as usize];
+                if ty.block_size() > 1 {
+                    let seed = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+                    });
+                    let mut rng = test_support::rng::seeded(seed);
+                    decode::gguf_loader::synth::fill_random_blocks(ty, &mut bytes, &mut rng);
+                }
+                (ty, bytes)
             }
             None => (t.ggml_type, file.tensor_data(t).to_vec()),
         };
@@ -287,6 +297,27 @@ pub fn preset_bytes(preset: Preset) -> Vec<u8> {
     let bytes = std::fs::read(&path).expect("read it back");
     std::fs::remove_file(&path).ok();
     bytes
+}
+
+/// The GGUF image of `preset` with every weight that is not f32 (the products', the
+/// embeddings' and the output's) stored as `ty` instead, with random valid blocks: a model
+/// whose every product reads `ty`.
+#[allow(dead_code)] // not every test crate that includes this module needs it
+pub fn preset_with_weights_as(preset: Preset, ty: GgmlType) -> Vec<u8> {
+    let file = preset_file(preset);
+    let retype = file
+        .tensors()
+        .iter()
+        .filter(|t| t.ggml_type != GgmlType::F32)
+        .map(|t| (t.name.clone(), ty))
+        .collect();
+    rebuild_gguf_bytes(
+        &file,
+        &Edits {
+            retype,
+            ..Default::default()
+        },
+    )
 }
 
 /// Where decode's tests write the models they build.

@@ -20,13 +20,13 @@ use decode::backend::gpu::{GpuBackend, KvType, MatvecPath};
 use decode::backend::{Backend, Precision};
 use decode::context::ContextOptions;
 use decode::gguf_loader::synth::Preset;
-use decode::gguf_loader::GgufFile;
+use decode::gguf_loader::{GgmlType, GgufFile};
 use decode::sampler::SamplerConfig;
 use decode::session::Session;
 use decode::tokenizer::Tokenizer;
 use std::sync::Arc;
 use test_support::gpu::gpu_lock;
-use test_support::models::gemma_path;
+use test_support::models::{gemma_path, smollm2_path};
 use test_support::tolerance::{compare, top2_margin};
 
 const GPU_TOL: f32 = 1e-3;
@@ -145,12 +145,17 @@ fn greedy<B: Backend>(file: &Arc<GgufFile>, backend: B, prompt: &[u32], n: usize
 }
 
 fn check_preset(preset: Preset) {
-    let test = format!("gpu_{}", preset.name());
+    check_model(&format!("gpu_{}", preset.name()), || preset_file(preset));
+}
+
+/// The model `make` builds, on the GPU's two product paths against the CPU's exact one:
+/// logits of a prefill and decode steps, and a greedy continuation.
+fn check_model(test: &str, make: impl FnOnce() -> GgufFile) {
     let _one_at_a_time = gpu_lock();
-    let Some(gpu) = gpu_backend(&test) else {
+    let Some(gpu) = gpu_backend(test) else {
         return;
     };
-    let file = Arc::new(preset_file(preset));
+    let file = Arc::new(make());
     let tok = Tokenizer::from_gguf(&file).unwrap();
     let mut tokens = tok.encode(
         "hello world, the quick brown fox jumps over 12 lazy dogs",
@@ -164,14 +169,14 @@ fn check_preset(preset: Preset) {
     let cpu_tokens = greedy(&file, CpuBackend::new(Precision::Exact), &tokens[..4], n);
     for (path, tol) in PATHS {
         let what = format!("{test} {path:?}");
-        let got = logits_of(&file, gpu_backend_on(&test, path).unwrap(), &tokens);
+        let got = logits_of(&file, gpu_backend_on(test, path).unwrap(), &tokens);
         let (max, rms) = compare(&got, &want);
         eprintln!("{what}: max |gpu - cpu| {max:.3e}, cpu rms {rms:.3}");
         assert!(
             max <= tol * rms.max(1.0),
             "{what}: max diff {max} > {tol} x max(rms {rms}, 1)"
         );
-        let gpu_tokens = greedy(&file, gpu_backend_on(&test, path).unwrap(), &tokens[..4], n);
+        let gpu_tokens = greedy(&file, gpu_backend_on(test, path).unwrap(), &tokens[..4], n);
         check_greedy(
             &what,
             &file,
@@ -181,6 +186,24 @@ fn check_preset(preset: Preset) {
             tol,
             path == MatvecPath::Int8,
         );
+    }
+}
+
+/// The formats no preset stores, in every weight of the tiny MoE model (attention, routed
+/// experts, embeddings, output); weight_formats.rs checks the same models on the CPU against
+/// the numpy reference.
+#[test]
+fn weights_in_q2_k_q3_k_iq4_nl_and_iq4_xs_on_the_gpu_match_the_cpu() {
+    for ty in [
+        GgmlType::Q2K,
+        GgmlType::Q3K,
+        GgmlType::Iq4Nl,
+        GgmlType::Iq4Xs,
+    ] {
+        check_model(&format!("gpu_tiny_qwen3moe_{}", ty.name()), || {
+            GgufFile::from_bytes(preset_with_weights_as(Preset::TinyQwen3Moe, ty))
+                .expect("the model opens")
+        });
     }
 }
 
@@ -489,13 +512,12 @@ fn no_step_allocates_on_the_device_after_load() {
     }
 }
 
-/// Real Gemma 3 270M: logits on three prompts within tolerance, and a 64-token greedy
-/// continuation equal to the CPU's (or, where they part, a near-tie on the CPU's side).
-#[test]
-fn real_gemma_on_the_gpu_matches_the_cpu() {
+/// A real model: logits on three prompts within tolerance, and a 64-token greedy continuation
+/// equal to the CPU's (or, where they part, a near-tie on the CPU's side).
+fn check_real_model(name: &str, path: Option<std::path::PathBuf>) {
     let _one_at_a_time = gpu_lock();
-    let Some(path) = gemma_path() else { return };
-    let Some(_) = hip_ffi::testing::device_or_skip("real_gemma_on_the_gpu_matches_the_cpu") else {
+    let Some(path) = path else { return };
+    let Some(_) = hip_ffi::testing::device_or_skip(&format!("real_{name}_on_the_gpu")) else {
         return;
     };
     let file = decode::open_model(&path).unwrap();
@@ -511,22 +533,17 @@ fn real_gemma_on_the_gpu_matches_the_cpu() {
         ] {
             let tokens = tok.encode(text, true);
             let want = logits_of(&file, CpuBackend::new(Precision::Exact), &tokens);
-            let got = logits_of(&file, gpu_backend_on("real_gemma", path).unwrap(), &tokens);
+            let got = logits_of(&file, gpu_backend_on(name, path).unwrap(), &tokens);
             let (max, rms) = compare(&got, &want);
-            eprintln!("gemma {path:?} {text:?}: max |gpu - cpu| {max:.3e}, cpu rms {rms:.3}");
+            eprintln!("{name} {path:?} {text:?}: max |gpu - cpu| {max:.3e}, cpu rms {rms:.3}");
             assert!(
                 max <= tol * rms.max(1.0),
-                "gemma {path:?} {text:?}: max diff {max} > {tol} x max(rms {rms}, 1)"
+                "{name} {path:?} {text:?}: max diff {max} > {tol} x max(rms {rms}, 1)"
             );
         }
-        let gpu = greedy(
-            &file,
-            gpu_backend_on("real_gemma", path).unwrap(),
-            &prompt,
-            n,
-        );
+        let gpu = greedy(&file, gpu_backend_on(name, path).unwrap(), &prompt, n);
         check_greedy(
-            &format!("gemma {path:?}"),
+            &format!("{name} {path:?}"),
             &file,
             &prompt,
             &cpu,
@@ -535,6 +552,18 @@ fn real_gemma_on_the_gpu_matches_the_cpu() {
             true,
         );
     }
+}
+
+/// Real Gemma 3 270M (Q4_K_M).
+#[test]
+fn real_gemma_on_the_gpu_matches_the_cpu() {
+    check_real_model("gemma", gemma_path());
+}
+
+/// Real SmolLM2-135M-Instruct (Llama, Q4_1).
+#[test]
+fn real_smollm2_on_the_gpu_matches_the_cpu() {
+    check_real_model("smollm2", smollm2_path());
 }
 
 /// Real-shape synthetic models (`cargo xtask synth-model llama3-8b-q4_k_m`, `qwen3-30b-a3b-q4_k_m`;

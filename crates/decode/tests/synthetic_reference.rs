@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use test_support::tolerance::compare;
 
 /// Logit tolerance: max |difference| <= TOL x max(1, RMS of the reference logits), as in
-/// gemma_reference.rs.
+/// real_model_reference.rs.
 const EXACT_TOL: f32 = 1e-4;
 const FAST_TOL: f32 = 2e-3;
 

@@ -12,7 +12,7 @@ use crate::writer::{GgufWriter, PlannedTensor, Value};
 use crate::GgufError;
 use half::f16;
 use rand::rngs::StdRng;
-use rand::{Rng, RngCore, SeedableRng};
+use rand::{Rng, SeedableRng};
 use std::collections::HashSet;
 use std::io::Write;
 use std::path::Path;
@@ -446,19 +446,52 @@ fn tensor_rng(seed: u64, name: &str) -> StdRng {
 }
 
 /// Positions and ranges of the fp16 scale fields in one block, chosen so that weights stay
-/// roughly within ±0.1: random bytes elsewhere give arbitrary quant codes and sub-scales.
+/// roughly within ±0.1 and every product of the dequantization below 1 in magnitude (the GPU
+/// dequantization test's rounding argument needs it): random bytes elsewhere give arbitrary
+/// quant codes and sub-scales.
 fn scale_fields(ty: GgmlType) -> &'static [(usize, f32, f32)] {
     match ty {
+        GgmlType::Iq4Xs => &[(0, 2e-5, 4e-5)],
         GgmlType::Q4K | GgmlType::Q5K => &[(0, 1e-4, 2e-4), (2, 1e-4, 2e-4)],
         GgmlType::Q6K => &[(208, 6.2e-5, 1e-4)],
         GgmlType::Q2K => &[(80, 1e-3, 2e-3), (82, 1e-3, 2e-3)],
         GgmlType::Q3K => &[(108, 1e-4, 2e-4)],
         GgmlType::Q8_0 => &[(0, 2e-4, 4e-4)],
         GgmlType::Q5_0 => &[(0, 2e-3, 4e-3)],
-        GgmlType::Q4_0 | GgmlType::Iq4Nl => &[(0, 4e-3, 8e-3)],
+        GgmlType::Q4_0 => &[(0, 4e-3, 8e-3)],
+        GgmlType::Iq4Nl => &[(0, 4e-4, 7e-4)],
         GgmlType::Q4_1 | GgmlType::Q5_1 => &[(0, 2e-3, 4e-3), (2, -0.03, -0.02)],
         _ => &[],
     }
+}
+
+/// Fills `bytes`, whole blocks of the quantized type `ty`, with random valid blocks: random
+/// bytes, then each block's f16 scale fields set to small finite values. Every other bit
+/// pattern of these formats is a valid weight, so every quant code and sub-scale path is
+/// exercised, and the weights stay small enough for products and activations to stay finite.
+/// Synthetic models and the kernel tests share it.
+///
+/// # Panics
+/// When `bytes` is not whole blocks of `ty`.
+pub fn fill_random_blocks<R: Rng + ?Sized>(ty: GgmlType, bytes: &mut [u8], rng: &mut R) {
+    let block = ty.type_size();
+    assert!(
+        bytes.len().is_multiple_of(block),
+        "{} bytes are not whole {ty} blocks of {block}",
+        bytes.len()
+    );
+    rng.fill_bytes(bytes);
+    for b in bytes.chunks_exact_mut(block) {
+        for &(at, lo, hi) in scale_fields(ty) {
+            let scale = f16::from_f32(rng.random_range(lo..hi));
+            b[at..at + 2].copy_from_slice(&scale.to_bits().to_le_bytes());
+        }
+    }
+}
+
+/// [`fill_random_blocks`] from a generator seeded with `seed`, for callers without one.
+pub fn fill_random_blocks_seeded(ty: GgmlType, bytes: &mut [u8], seed: u64) {
+    fill_random_blocks(ty, bytes, &mut StdRng::seed_from_u64(seed));
 }
 
 fn random_weights(
@@ -475,20 +508,13 @@ fn random_weights(
         return Ok(());
     }
     let block = ty.type_size();
-    let fields = scale_fields(ty);
     let blocks_per_chunk = (1 << 20) / block;
     let mut left = t.n_bytes / block as u64;
     let mut buf = vec![0u8; blocks_per_chunk * block];
     while left > 0 {
         let n = (left as usize).min(blocks_per_chunk);
         let chunk = &mut buf[..n * block];
-        rng.fill_bytes(chunk);
-        for b in chunk.chunks_exact_mut(block) {
-            for &(at, lo, hi) in fields {
-                let scale = f16::from_f32(rng.random_range(lo..hi));
-                b[at..at + 2].copy_from_slice(&scale.to_bits().to_le_bytes());
-            }
-        }
+        fill_random_blocks(ty, chunk, rng);
         sink.write_all(chunk)?;
         left -= n as u64;
     }

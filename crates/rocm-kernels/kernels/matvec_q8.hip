@@ -14,11 +14,9 @@
 //
 // Layout of the quantized activations: xq is [n_tokens][cols] bytes, xd [n_tokens][cols / 32]
 // f32; cols is a multiple of 32 for every quantized format (of 256 for the k-quants).
-// Entry points: quantize_q8; per format matvec_q8_<fmt> (up to MATVEC_Q8_MAX_TOKENS tokens)
-// and matvec_q8_one_<fmt> (one token): matvec_q8_q4_0, matvec_q8_one_q4_0, matvec_q8_q4_1,
-// matvec_q8_one_q4_1, matvec_q8_q5_0, matvec_q8_one_q5_0, matvec_q8_q5_1, matvec_q8_one_q5_1,
-// matvec_q8_q8_0, matvec_q8_one_q8_0, matvec_q8_q4_k, matvec_q8_one_q4_k, matvec_q8_q5_k,
-// matvec_q8_one_q5_k, matvec_q8_q6_k, matvec_q8_one_q6_k.
+// Entry points: quantize_q8; per format of Q8_FORMATS (ops::matvec_q8), in its order,
+// matvec_q8_<fmt> (up to MATVEC_Q8_MAX_TOKENS tokens) and matvec_q8_one_<fmt> (one token),
+// then matvec_id_q8_<fmt> and moe_down_q8_<fmt> (below).
 #include "portability.h"
 #include "quant.h"
 
@@ -381,6 +379,134 @@ template <> struct Q8Piece<FMT_Q6_K> {
     }
 };
 
+// Four packed weight words against four activation words, and the sum of the sixteen
+// activation bytes (for the offsets): the helpers of the formats below.
+DEVICE int dot4_words(const int* w, const int* x) {
+    return dot4_i8(w[3], x[3], dot4_i8(w[2], x[2], dot4_i8(w[1], x[1], dot4_i8(w[0], x[0], 0))));
+}
+DEVICE int sum4_words(const int* x) {
+    return dot4_i8(ONES, x[3], dot4_i8(ONES, x[2], dot4_i8(ONES, x[1], dot4_i8(ONES, x[0], 0))));
+}
+
+// Q2_K: piece p (of 8) is activation group p, values 32p .. 32p+31: chunk n = p / 4, bit pair
+// p % 4 of qs[32 n .. 32 n + 31]. Its first 16 values take scale byte 2p, the rest 2p + 1;
+// w = (d * sc) * q - (dmin * m).
+template <> struct Q8Piece<FMT_Q2_K> {
+    enum { PARTS = 8, SPLIT = 0 };
+    template <int MAXT>
+    static DEVICE void dot(const u8* b, int p, const i8* xq, const float* xd, u32 xq_stride,
+                           u32 xd_stride, int nt, float* acc) {
+        const u8* qs = b + 16 + 32 * (p >> 2);
+        const int shift = 2 * (p & 3);
+        int w[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            w[i] = (int)((load_u32_from_u16(qs + 4 * i) >> shift) & 0x03030303u);
+        }
+        const float d = load_half(b + 80), dmin = load_half(b + 82);
+        const int sc0 = b[2 * p], sc1 = b[2 * p + 1];
+        const float dl0 = d * (float)(sc0 & 0x0F), ml0 = dmin * (float)(sc0 >> 4);
+        const float dl1 = d * (float)(sc1 & 0x0F), ml1 = dmin * (float)(sc1 >> 4);
+#pragma unroll
+        for (int t = 0; t < MAXT; ++t) {
+            if (t >= nt) break;
+            const int* x = (const int*)(xq + (u64)t * xq_stride) + 8 * p;
+            const int s0 = dot4_words(w, x), s1 = dot4_words(w + 4, x + 4);
+            const int sx0 = sum4_words(x), sx1 = sum4_words(x + 4);
+            acc[t] += xd[(u64)t * xd_stride + p] *
+                      (dl0 * (float)s0 - ml0 * (float)sx0 + dl1 * (float)s1 - ml1 * (float)sx1);
+        }
+    }
+};
+
+// Q3_K: piece p as Q2_K's (low bits from qs at byte 32), plus the third bit from bit p of
+// hmask[0 .. 31]. The bits make q + 4 in 0..7, so a group's sum is d * s * (sum - 4 sum(x)).
+template <> struct Q8Piece<FMT_Q3_K> {
+    enum { PARTS = 8, SPLIT = 0 };
+    template <int MAXT>
+    static DEVICE void dot(const u8* b, int p, const i8* xq, const float* xd, u32 xq_stride,
+                           u32 xd_stride, int nt, float* acc) {
+        const u8* qs = b + 32 + 32 * (p >> 2);
+        const int shift = 2 * (p & 3);
+        int w[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const u32 low = (load_u32_from_u16(qs + 4 * i) >> shift) & 0x03030303u;
+            const u32 high = (load_u32_from_u16(b + 4 * i) >> p) & 0x01010101u;
+            w[i] = (int)(low | (high << 2));
+        }
+        const float d = load_half(b + 108);
+        const float dl0 = d * (float)q3_k_scale(b + 96, 2 * p);
+        const float dl1 = d * (float)q3_k_scale(b + 96, 2 * p + 1);
+#pragma unroll
+        for (int t = 0; t < MAXT; ++t) {
+            if (t >= nt) break;
+            const int* x = (const int*)(xq + (u64)t * xq_stride) + 8 * p;
+            const int s0 = dot4_words(w, x) - 4 * sum4_words(x);
+            const int s1 = dot4_words(w + 4, x + 4) - 4 * sum4_words(x + 4);
+            acc[t] += xd[(u64)t * xd_stride + p] * (dl0 * (float)s0 + dl1 * (float)s1);
+        }
+    }
+};
+
+// The IQ4 levels of the four indices in the low nibbles of `nibbles`' bytes, as four signed
+// bytes.
+DEVICE int iq4_levels4(u32 nibbles) {
+    u32 out = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        out |= (u32)(u8)iq4_level((int)((nibbles >> (8 * k)) & 0x0Fu)) << (8 * k);
+    }
+    return (int)out;
+}
+
+// IQ4_NL: pieces as Q4_0's (values 8p..8p+7 and 16+8p..16+8p+7); w = d * level[q].
+template <> struct Q8Piece<FMT_IQ4_NL> {
+    enum { PARTS = 2, SPLIT = 0 };
+    template <int MAXT>
+    static DEVICE void dot(const u8* b, int p, const i8* xq, const float* xd, u32 xq_stride,
+                           u32 xd_stride, int nt, float* acc) {
+        const float d = load_half(b);
+        const u32 v0 = load_u32_from_u16(b + 2 + 8 * p);
+        const u32 v1 = load_u32_from_u16(b + 6 + 8 * p);
+        const int w[4] = {iq4_levels4(v0), iq4_levels4(v1), iq4_levels4(v0 >> 4),
+                          iq4_levels4(v1 >> 4)};
+#pragma unroll
+        for (int t = 0; t < MAXT; ++t) {
+            if (t >= nt) break;
+            const int* x = (const int*)(xq + (u64)t * xq_stride);
+            const int xs[4] = {x[2 * p], x[2 * p + 1], x[4 + 2 * p], x[5 + 2 * p]};
+            acc[t] += d * xd[(u64)t * xd_stride] * (float)dot4_words(w, xs);
+        }
+    }
+};
+
+// IQ4_XS: piece p (of 8) is sub-block p, values 32p .. 32p+31: low nibbles of qs[16p ..
+// 16p+15] then their high nibbles; w = (d * (ls - 32)) * level[q].
+template <> struct Q8Piece<FMT_IQ4_XS> {
+    enum { PARTS = 8, SPLIT = 0 };
+    template <int MAXT>
+    static DEVICE void dot(const u8* b, int p, const i8* xq, const float* xd, u32 xq_stride,
+                           u32 xd_stride, int nt, float* acc) {
+        const u8* qs = b + 8 + 16 * p;
+        int w[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 v = load_u32_from_u16(qs + 4 * i);
+            w[i] = iq4_levels4(v);
+            w[4 + i] = iq4_levels4(v >> 4);
+        }
+        const float dl = iq4_xs_scale(b, p);
+#pragma unroll
+        for (int t = 0; t < MAXT; ++t) {
+            if (t >= nt) break;
+            const int* x = (const int*)(xq + (u64)t * xq_stride) + 8 * p;
+            const int s = dot4_words(w, x) + dot4_words(w + 4, x + 4);
+            acc[t] += dl * xd[(u64)t * xd_stride + p] * (float)s;
+        }
+    }
+};
+
 // The main loop over a row's pieces, by kind of piece.
 template <int FMT, int MAXT, int SPLIT>
 struct Q8RowLoop;
@@ -611,8 +737,8 @@ DEVICE void moe_down_q8_impl(const u8* __restrict__ w, const i32* __restrict__ i
         moe_down_q8_impl<FMT>(w, ids, weights, xq, xd, out, n_expert, rows, cols, k);          \
     }
 
-// moe_down_q8_q4_0, moe_down_q8_q4_1, moe_down_q8_q5_0, moe_down_q8_q5_1, moe_down_q8_q8_0,
-// moe_down_q8_q4_k, moe_down_q8_q5_k, moe_down_q8_q6_k.
+// moe_down_q8_<fmt> and matvec_id_q8_<fmt> for every format of Q8_FORMATS (ops::matvec_q8),
+// in its order.
 MOE_DOWN_Q8_ENTRY(q4_0, FMT_Q4_0)
 MOE_DOWN_Q8_ENTRY(q4_1, FMT_Q4_1)
 MOE_DOWN_Q8_ENTRY(q5_0, FMT_Q5_0)
@@ -621,9 +747,11 @@ MOE_DOWN_Q8_ENTRY(q8_0, FMT_Q8_0)
 MOE_DOWN_Q8_ENTRY(q4_k, FMT_Q4_K)
 MOE_DOWN_Q8_ENTRY(q5_k, FMT_Q5_K)
 MOE_DOWN_Q8_ENTRY(q6_k, FMT_Q6_K)
+MOE_DOWN_Q8_ENTRY(q2_k, FMT_Q2_K)
+MOE_DOWN_Q8_ENTRY(q3_k, FMT_Q3_K)
+MOE_DOWN_Q8_ENTRY(iq4_nl, FMT_IQ4_NL)
+MOE_DOWN_Q8_ENTRY(iq4_xs, FMT_IQ4_XS)
 
-// matvec_id_q8_q4_0, matvec_id_q8_q4_1, matvec_id_q8_q5_0, matvec_id_q8_q5_1, matvec_id_q8_q8_0,
-// matvec_id_q8_q4_k, matvec_id_q8_q5_k, matvec_id_q8_q6_k.
 MATVEC_ID_Q8_ENTRY(q4_0, FMT_Q4_0)
 MATVEC_ID_Q8_ENTRY(q4_1, FMT_Q4_1)
 MATVEC_ID_Q8_ENTRY(q5_0, FMT_Q5_0)
@@ -632,6 +760,10 @@ MATVEC_ID_Q8_ENTRY(q8_0, FMT_Q8_0)
 MATVEC_ID_Q8_ENTRY(q4_k, FMT_Q4_K)
 MATVEC_ID_Q8_ENTRY(q5_k, FMT_Q5_K)
 MATVEC_ID_Q8_ENTRY(q6_k, FMT_Q6_K)
+MATVEC_ID_Q8_ENTRY(q2_k, FMT_Q2_K)
+MATVEC_ID_Q8_ENTRY(q3_k, FMT_Q3_K)
+MATVEC_ID_Q8_ENTRY(iq4_nl, FMT_IQ4_NL)
+MATVEC_ID_Q8_ENTRY(iq4_xs, FMT_IQ4_XS)
 
 MATVEC_Q8_ENTRY(q4_0, FMT_Q4_0)
 MATVEC_Q8_ENTRY(q4_1, FMT_Q4_1)
@@ -641,3 +773,7 @@ MATVEC_Q8_ENTRY(q8_0, FMT_Q8_0)
 MATVEC_Q8_ENTRY(q4_k, FMT_Q4_K)
 MATVEC_Q8_ENTRY(q5_k, FMT_Q5_K)
 MATVEC_Q8_ENTRY(q6_k, FMT_Q6_K)
+MATVEC_Q8_ENTRY(q2_k, FMT_Q2_K)
+MATVEC_Q8_ENTRY(q3_k, FMT_Q3_K)
+MATVEC_Q8_ENTRY(iq4_nl, FMT_IQ4_NL)
+MATVEC_Q8_ENTRY(iq4_xs, FMT_IQ4_XS)

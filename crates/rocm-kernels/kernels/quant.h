@@ -25,9 +25,13 @@
 #define FMT_Q5_0 6
 #define FMT_Q5_1 7
 #define FMT_Q8_0 8
+#define FMT_Q2_K 10
+#define FMT_Q3_K 11
 #define FMT_Q4_K 12
 #define FMT_Q5_K 13
 #define FMT_Q6_K 14
+#define FMT_IQ4_NL 20
+#define FMT_IQ4_XS 23
 #define FMT_BF16 30
 
 #define QK_K 256
@@ -41,9 +45,13 @@ template <> struct FormatInfo<FMT_Q4_1> { enum { elems = 32, bytes = 20, dense =
 template <> struct FormatInfo<FMT_Q5_0> { enum { elems = 32, bytes = 22, dense = 0 }; };
 template <> struct FormatInfo<FMT_Q5_1> { enum { elems = 32, bytes = 24, dense = 0 }; };
 template <> struct FormatInfo<FMT_Q8_0> { enum { elems = 32, bytes = 34, dense = 0 }; };
+template <> struct FormatInfo<FMT_Q2_K> { enum { elems = QK_K, bytes = 84, dense = 0 }; };
+template <> struct FormatInfo<FMT_Q3_K> { enum { elems = QK_K, bytes = 110, dense = 0 }; };
 template <> struct FormatInfo<FMT_Q4_K> { enum { elems = QK_K, bytes = 144, dense = 0 }; };
 template <> struct FormatInfo<FMT_Q5_K> { enum { elems = QK_K, bytes = 176, dense = 0 }; };
 template <> struct FormatInfo<FMT_Q6_K> { enum { elems = QK_K, bytes = 210, dense = 0 }; };
+template <> struct FormatInfo<FMT_IQ4_NL> { enum { elems = 32, bytes = 18, dense = 0 }; };
+template <> struct FormatInfo<FMT_IQ4_XS> { enum { elems = QK_K, bytes = 136, dense = 0 }; };
 
 // Bytes of one row of `cols` values (cols a multiple of the block size for quantized formats).
 template <int FMT> DEVICE u64 row_bytes(u32 cols) {
@@ -250,6 +258,103 @@ DEVICE void dq8_q6_k(const u8* b, int i0, float* v) {
     }
 }
 
+// ---- Q2_K: scales[16] (low nibble: scale, high nibble: minimum, one pair per 16 values),
+// qs[64], d, dmin (f16). Element i: chunk n = i / 128, shift 2 * ((i % 128) / 32), byte
+// qs[32 n + i % 32]; w = (d * sc) * q - (dmin * m) with (sc, m) = scales[i / 16].
+DEVICE float dq_q2_k(const u8* b, int i) {
+    const int q = (b[16 + (i >> 7) * 32 + (i & 31)] >> (2 * ((i >> 5) & 3))) & 3;
+    const int sc = b[i >> 4];
+    const float dl = load_half(b + 80) * (float)(sc & 0x0F);
+    const float ml = load_half(b + 82) * (float)(sc >> 4);
+    return dl * (float)q - ml;
+}
+// Eight values of one group of 16 (i0 a multiple of 8), so one scale and minimum.
+DEVICE void dq8_q2_k(const u8* b, int i0, float* v) {
+    const u8* qs = b + 16 + (i0 >> 7) * 32 + (i0 & 31);
+    const int shift = 2 * ((i0 >> 5) & 3);
+    const int sc = b[i0 >> 4];
+    const float dl = load_half(b + 80) * (float)(sc & 0x0F);
+    const float ml = load_half(b + 82) * (float)(sc >> 4);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = dl * (float)((qs[k] >> shift) & 3) - ml;
+}
+
+// ---- Q3_K: hmask[32], qs[64], scales[12], d (f16). Element i: the low two bits as Q2_K's
+// (bytes qs at 32), the third from bit i / 32 of hmask[i % 32], set meaning "no offset" and
+// clear subtracting 4; w = (d * s) * q with s the 6-bit scale i / 16, less 32. Scale k: low
+// four bits from scales[k % 8] (high nibble for k >= 8), high two from scales[8 + k % 4] at
+// bit 2 * (k / 4).
+DEVICE int q3_k_scale(const u8* packed, int k) {
+    const int low = (k < 8) ? (packed[k] & 0x0F) : (packed[k - 8] >> 4);
+    const int high = (packed[8 + (k & 3)] >> (2 * (k >> 2))) & 3;
+    return (low | (high << 4)) - 32;
+}
+DEVICE float dq_q3_k(const u8* b, int i) {
+    const int low = (b[32 + (i >> 7) * 32 + (i & 31)] >> (2 * ((i >> 5) & 3))) & 3;
+    const int high_clear = ((b[i & 31] >> (i >> 5)) & 1) ^ 1;
+    const float dl = load_half(b + 108) * (float)q3_k_scale(b + 96, i >> 4);
+    return dl * (float)(low - (high_clear << 2));
+}
+DEVICE void dq8_q3_k(const u8* b, int i0, float* v) {
+    const u8* qs = b + 32 + (i0 >> 7) * 32 + (i0 & 31);
+    const u8* hm = b + (i0 & 31);
+    const int shift = 2 * ((i0 >> 5) & 3);
+    const int bit = i0 >> 5;
+    const float dl = load_half(b + 108) * (float)q3_k_scale(b + 96, i0 >> 4);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const int high_clear = ((hm[k] >> bit) & 1) ^ 1;
+        v[k] = dl * (float)(((qs[k] >> shift) & 3) - (high_clear << 2));
+    }
+}
+
+// ---- IQ4_NL and IQ4_XS: four-bit indices into one table of 16 non-uniform signed levels
+// (ggml's kvalues_iq4nl: -127 -104 -83 -65 -49 -35 -22 -10 1 13 25 38 53 69 89 113), held
+// as the bytes of two 64-bit constants so that a lookup is a shift, with no memory table.
+#define IQ4_LEVELS_LO 0xF6EADDCFBFAD9881ull
+#define IQ4_LEVELS_HI 0x7159453526190D01ull
+DEVICE int iq4_level(int n) {
+    const u64 table = (n < 8) ? IQ4_LEVELS_LO : IQ4_LEVELS_HI;
+    return (int)(i8)(u8)(table >> (8 * (n & 7)));
+}
+
+// IQ4_NL: d (f16), qs[16] laid out as Q4_0's; w = d * level[q].
+DEVICE float dq_iq4_nl(const u8* b, int j) {
+    const u8 byte = b[2 + (j & 15)];
+    const int n = (j < 16) ? (byte & 0x0F) : (byte >> 4);
+    return load_half(b) * (float)iq4_level(n);
+}
+DEVICE void dq8_iq4_nl(const u8* b, int j0, float* v) {
+    const float d = load_half(b);
+    const u8* qs = b + 2 + (j0 & 15);
+    const int shift = (j0 < 16) ? 0 : 4;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = d * (float)iq4_level((qs[i] >> shift) & 0x0F);
+}
+
+// IQ4_XS: d (f16), scales_h (u16), scales_l[4], qs[128]. Sub-block s of 32 values has the
+// 6-bit scale ls = (nibble s of scales_l) | (bits 2s, 2s+1 of scales_h) << 4, its 16 bytes
+// qs[16 s ..] laid out as IQ4_NL's; w = (d * (ls - 32)) * level[q].
+DEVICE float iq4_xs_scale(const u8* b, int s) {
+    const int low = (b[4 + (s >> 1)] >> (4 * (s & 1))) & 0x0F;
+    const int high = (load_u16(b + 2) >> (2 * s)) & 3;
+    return load_half(b) * (float)((low | (high << 4)) - 32);
+}
+DEVICE float dq_iq4_xs(const u8* b, int i) {
+    const int j = i & 31;
+    const u8 byte = b[8 + (i >> 5) * 16 + (j & 15)];
+    const int n = (j < 16) ? (byte & 0x0F) : (byte >> 4);
+    return iq4_xs_scale(b, i >> 5) * (float)iq4_level(n);
+}
+DEVICE void dq8_iq4_xs(const u8* b, int i0, float* v) {
+    const float dl = iq4_xs_scale(b, i0 >> 5);
+    const int j0 = i0 & 31;
+    const u8* qs = b + 8 + (i0 >> 5) * 16 + (j0 & 15);
+    const int shift = (j0 < 16) ? 0 : 4;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = dl * (float)iq4_level((qs[k] >> shift) & 0x0F);
+}
+
 // ---- Dispatch on the format at compile time.
 
 // Column c of a row that starts at `row`.
@@ -268,6 +373,10 @@ template <int FMT> DEVICE float dequant_one(const u8* row, u32 c) {
         case FMT_Q4_K: return dq_q4_k(b, j);
         case FMT_Q5_K: return dq_q5_k(b, j);
         case FMT_Q6_K: return dq_q6_k(b, j);
+        case FMT_Q2_K: return dq_q2_k(b, j);
+        case FMT_Q3_K: return dq_q3_k(b, j);
+        case FMT_IQ4_NL: return dq_iq4_nl(b, j);
+        case FMT_IQ4_XS: return dq_iq4_xs(b, j);
         default: return 0.0f;
     }
 }
@@ -292,6 +401,10 @@ template <int FMT> DEVICE void dequant_run8(const u8* row, u32 u, float* v) {
         case FMT_Q4_K: dq8_q4_k(b, j0, v); break;
         case FMT_Q5_K: dq8_q5_k(b, j0, v); break;
         case FMT_Q6_K: dq8_q6_k(b, j0, v); break;
+        case FMT_Q2_K: dq8_q2_k(b, j0, v); break;
+        case FMT_Q3_K: dq8_q3_k(b, j0, v); break;
+        case FMT_IQ4_NL: dq8_iq4_nl(b, j0, v); break;
+        case FMT_IQ4_XS: dq8_iq4_xs(b, j0, v); break;
         default: break;
     }
 }
@@ -362,4 +475,8 @@ DEVICE void warp_row_dot(const u8* row, const float* x, u64 x_stride, int n_toke
     MACRO(q8_0, FMT_Q8_0)             \
     MACRO(q4_k, FMT_Q4_K)             \
     MACRO(q5_k, FMT_Q5_K)             \
-    MACRO(q6_k, FMT_Q6_K)
+    MACRO(q6_k, FMT_Q6_K)             \
+    MACRO(q2_k, FMT_Q2_K)             \
+    MACRO(q3_k, FMT_Q3_K)             \
+    MACRO(iq4_nl, FMT_IQ4_NL)         \
+    MACRO(iq4_xs, FMT_IQ4_XS)

@@ -9,11 +9,12 @@
 //! rounds with `half::f16::from_f32`; the GPU computes the same f32 operations in the same order
 //! (quant.h) and rounds with the hardware conversion, which is also round-to-nearest-even. So:
 //! * dense formats (F32, F16, BF16) and the formats whose value is one product (Q4_0, Q5_0,
-//!   Q8_0, Q6_K, whose `d * sc` is exact in f32) must match bit for bit;
-//! * the formats with a multiply-add (Q4_1, Q5_1: `d * q + m`; Q4_K, Q5_K:
+//!   Q8_0, Q6_K, Q3_K, IQ4_NL, IQ4_XS, whose `d * sc` is exact in f32) must match bit for bit;
+//! * the formats with a multiply-add (Q4_1, Q5_1: `d * q + m`; Q4_K, Q5_K, Q2_K:
 //!   `(d * sc) * q - dmin * m`) may differ by 1 f16 ulp: the compilers may fuse the multiply-add
 //!   into one FMA (and gfx9's v_fma_mix rounds that straight to f16), which skips the rounding of
-//!   the product. With the test's scales every product is below 1 in magnitude, so that rounding
+//!   the product. The random blocks' scales (`gguf_loader::synth::fill_random_blocks`) keep
+//!   every product below 1 in magnitude, so that rounding
 //!   is at most 2^-25, below one f16 ulp (>= 2^-24) of any result, and the f16 values can differ
 //!   by at most one step. An indexing mistake differs by thousands of ulps.
 //!
@@ -22,6 +23,7 @@
 mod common;
 
 use common::{download, setup, upload, view, view_mut};
+use gguf_loader::synth::fill_random_blocks;
 use gguf_loader::GgmlType;
 use half::{bf16, f16};
 use hip_ffi::Stream;
@@ -39,20 +41,6 @@ use test_support::rng::{seeded, uniform_vec, StdRng};
 const SENTINEL: u16 = 0xFEED;
 /// Halves after the end of every output, which no launch may touch.
 const GUARD: usize = 24;
-
-/// Byte offsets and ranges of the f16 scale fields of one block: weights near ±0.1, every
-/// product below 1 in magnitude (the 1-ulp argument above needs it).
-fn scale_fields(format: GgmlType) -> &'static [(usize, f32, f32)] {
-    match format {
-        GgmlType::Q4_0 => &[(0, 4e-3, 8e-3)],
-        GgmlType::Q4_1 | GgmlType::Q5_1 => &[(0, 2e-3, 4e-3), (2, -0.03, -0.02)],
-        GgmlType::Q5_0 => &[(0, 2e-3, 4e-3)],
-        GgmlType::Q8_0 => &[(0, 2e-4, 4e-4)],
-        GgmlType::Q4K | GgmlType::Q5K => &[(0, 1e-4, 2e-4), (2, 1e-4, 2e-4)],
-        GgmlType::Q6K => &[(208, 6.2e-5, 1e-4)],
-        _ => &[],
-    }
-}
 
 /// Values the f32 and BF16 matrices carry besides uniform ones: zeros of both signs, f32 and
 /// f16 subnormals, the f16 extremes and their rounding edges, overflow to ±inf, inf and NaN.
@@ -98,15 +86,8 @@ fn random_weights(rng: &mut StdRng, format: GgmlType, rows: usize, cols: usize) 
             bytes
         }
         _ => {
-            let block = format.type_size();
             let mut bytes = vec![0u8; matvec::matrix_bytes(format, rows, cols).unwrap()];
-            rng.fill_bytes(&mut bytes);
-            for b in bytes.chunks_exact_mut(block) {
-                for &(at, lo, hi) in scale_fields(format) {
-                    let d = f16::from_f32(rng.random_range(lo..hi));
-                    b[at..at + 2].copy_from_slice(&d.to_bits().to_le_bytes());
-                }
-            }
+            fill_random_blocks(format, &mut bytes, rng);
             bytes
         }
     }
@@ -115,7 +96,7 @@ fn random_weights(rng: &mut StdRng, format: GgmlType, rows: usize, cols: usize) 
 /// f16 ulps the GPU may differ by, per format (see the module docs).
 fn allowed_ulps(format: GgmlType) -> u32 {
     match format {
-        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => 1,
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q2K => 1,
         _ => 0,
     }
 }

@@ -15,10 +15,11 @@
 mod common;
 
 use common::{download, setup, upload, view, view_mut};
+use gguf_loader::synth::fill_random_blocks;
 use gguf_loader::GgmlType;
 use half::{bf16, f16};
 use hip_ffi::{DeviceBuffer, Stream};
-use rand::{Rng, RngCore};
+use rand::Rng;
 use rocm_kernels::mma::MmaVariant;
 use rocm_kernels::ops::embed;
 use rocm_kernels::ops::matvec::{self, QuantMatrix, MAX_TOKENS, WEIGHT_FORMATS};
@@ -31,19 +32,6 @@ use rocm_kernels::reference::matvec_q8::HostQ8;
 use rocm_kernels::{DeviceSlice, DeviceSliceMut, KernelError, Kernels};
 use test_support::rng::{seeded, uniform_vec, StdRng};
 use test_support::tolerance::try_relative_error;
-
-/// Byte offsets and ranges of the f16 scale fields of one block, keeping weights near +-0.1.
-fn scale_fields(format: GgmlType) -> &'static [(usize, f32, f32)] {
-    match format {
-        GgmlType::Q4_0 => &[(0, 4e-3, 8e-3)],
-        GgmlType::Q4_1 | GgmlType::Q5_1 => &[(0, 2e-3, 4e-3), (2, -0.03, -0.02)],
-        GgmlType::Q5_0 => &[(0, 2e-3, 4e-3)],
-        GgmlType::Q8_0 => &[(0, 2e-4, 4e-4)],
-        GgmlType::Q4K | GgmlType::Q5K => &[(0, 1e-4, 2e-4), (2, 1e-4, 2e-4)],
-        GgmlType::Q6K => &[(208, 6.2e-5, 1e-4)],
-        _ => &[],
-    }
-}
 
 /// Random valid GGUF data for a `rows` x `cols` matrix of `format`.
 fn random_weights(rng: &mut StdRng, format: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
@@ -62,15 +50,8 @@ fn random_weights(rng: &mut StdRng, format: GgmlType, rows: usize, cols: usize) 
             .flat_map(|&v| bf16::from_f32(v).to_bits().to_le_bytes())
             .collect(),
         _ => {
-            let block = format.type_size();
             let mut bytes = vec![0u8; matvec::matrix_bytes(format, rows, cols).unwrap()];
-            rng.fill_bytes(&mut bytes);
-            for b in bytes.chunks_exact_mut(block) {
-                for &(at, lo, hi) in scale_fields(format) {
-                    let d = f16::from_f32(rng.random_range(lo..hi));
-                    b[at..at + 2].copy_from_slice(&d.to_bits().to_le_bytes());
-                }
-            }
+            fill_random_blocks(format, &mut bytes, rng);
             bytes
         }
     }

@@ -198,7 +198,7 @@ mod tests {
         }
         assert_eq!(names.len(), WEIGHT_FORMATS.len() + 1);
         assert_eq!(names[WEIGHT_FORMATS.len()], "convert_f32_to_f16");
-        let err = format_entry(KernelModule::Dequant, 0, OP_DEQUANT, GgmlType::Q2K).unwrap_err();
-        assert!(err.to_string().contains("Q2_K"), "{err}");
+        let err = format_entry(KernelModule::Dequant, 0, OP_DEQUANT, GgmlType::Mxfp4).unwrap_err();
+        assert!(err.to_string().contains("MXFP4"), "{err}");
     }
 }

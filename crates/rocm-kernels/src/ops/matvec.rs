@@ -10,7 +10,7 @@
 //! [`matvec`] launches once per group of [`MAX_TOKENS`] tokens. Accumulation is f32.
 //!
 //! Formats: [`WEIGHT_FORMATS`] (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
-//! Q6_K); other formats are a [`KernelError::UnsupportedFormat`].
+//! Q6_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS); other formats are a [`KernelError::UnsupportedFormat`].
 
 use crate::error::{check_shape, KernelError, Result};
 use crate::kernels::Kernels;
@@ -23,7 +23,7 @@ const OP: &str = "matvec";
 
 /// The weight formats the quantized-weight kernels (matvec, matmul, embed, MoE) read, in the
 /// order of each module's per-format entry points (`FOR_EACH_WEIGHT_FORMAT` in `quant.h`).
-pub const WEIGHT_FORMATS: [GgmlType; 11] = [
+pub const WEIGHT_FORMATS: [GgmlType; 15] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Bf16,
@@ -35,6 +35,10 @@ pub const WEIGHT_FORMATS: [GgmlType; 11] = [
     GgmlType::Q4K,
     GgmlType::Q5K,
     GgmlType::Q6K,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
 ];
 
 /// [`WEIGHT_FORMATS`]' names, for messages: "F32, F16, BF16, Q4_0, ...".
@@ -330,8 +334,8 @@ mod tests {
                 module.entry_points().len(),
                 first + WEIGHT_FORMATS.len() + after
             );
-            let err = format_entry(module, first, op, GgmlType::Q2K).unwrap_err();
-            assert!(err.to_string().contains("Q2_K"), "{err}");
+            let err = format_entry(module, first, op, GgmlType::Mxfp4).unwrap_err();
+            assert!(err.to_string().contains("MXFP4"), "{err}");
         }
     }
 
@@ -357,7 +361,7 @@ mod tests {
     fn quant_matrix_validates_format_length_and_alignment() {
         let m = QuantMatrix::new(view(0x1000, 2 * 34), GgmlType::Q8_0, 1, 64).unwrap();
         assert_eq!((m.rows(), m.cols(), m.row_bytes()), (1, 64, 68));
-        let err = QuantMatrix::new(view(0x1000, 84), GgmlType::Q2K, 1, 256).unwrap_err();
+        let err = QuantMatrix::new(view(0x1000, 17), GgmlType::Mxfp4, 1, 32).unwrap_err();
         assert!(
             matches!(err, KernelError::UnsupportedFormat { .. }),
             "{err}"

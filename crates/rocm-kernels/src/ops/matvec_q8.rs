@@ -28,7 +28,7 @@ pub const GROUP: usize = 32;
 
 /// The weight formats with an 8-bit-activation kernel, in the order of the module's entry
 /// points (`kernels/matvec_q8.hip`).
-pub const Q8_FORMATS: [GgmlType; 8] = [
+pub const Q8_FORMATS: [GgmlType; 12] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -37,6 +37,10 @@ pub const Q8_FORMATS: [GgmlType; 8] = [
     GgmlType::Q4K,
     GgmlType::Q5K,
     GgmlType::Q6K,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
 ];
 
 /// `format`'s place in [`Q8_FORMATS`] (and so in the module's entry points), or the error that

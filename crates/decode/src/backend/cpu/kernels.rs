@@ -280,8 +280,8 @@ fn dot_unpacked<D: IntDot>(
 ) {
     let bl = format.block_size();
     let groups = bl / GROUP;
-    // Only Q6_K changes scale every 16 elements; the others can take 32 at a time.
-    let by32 = format != GgmlType::Q6K;
+    // Q6_K, Q2_K and Q3_K change scale every 16 elements; the others take 32 at a time.
+    let by32 = !quant::scale_per_16(format);
     let has_offset = quant::has_offset(format);
     let mut vacc = [D::zero(); TILE];
     let mut offsets = [0f32; TILE];
@@ -450,7 +450,7 @@ pub(crate) mod tests {
     use test_support::rng::StdRng;
 
     /// A random but valid row: random dense values in [-1, 1), or blocks with random integer
-    /// fields and small finite scales.
+    /// fields and small finite scales (`fill_random_blocks`, as the synthetic models' weights).
     pub(crate) fn random_row(format: GgmlType, cols: usize, rng: &mut StdRng) -> Vec<u8> {
         match format {
             GgmlType::F32 => {
@@ -470,25 +470,8 @@ pub(crate) mod tests {
             }
             _ => {}
         }
-        let bb = format.type_size();
-        let mut out = Vec::new();
-        for _ in 0..cols / format.block_size() {
-            let mut b: Vec<u8> = (0..bb).map(|_| rng.random()).collect();
-            let mut put =
-                |at: usize, v: f32| b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
-            match format {
-                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
-                    put(0, rng.random_range(0.01..0.03))
-                }
-                GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => {
-                    put(0, rng.random_range(0.01..0.03));
-                    put(2, rng.random_range(-0.01..0.01));
-                }
-                GgmlType::Q6K => put(208, rng.random_range(0.001..0.003)),
-                other => panic!("no random blocks for {other}"),
-            }
-            out.extend_from_slice(&b);
-        }
+        let mut out = vec![0u8; quant::row_bytes(format, cols).expect("whole blocks")];
+        gguf_loader::synth::fill_random_blocks(format, &mut out, rng);
         out
     }
 

@@ -203,9 +203,11 @@ pub fn matvec_batch(tasks: Vec<RowTask<'_>>) -> Result<()> {
 fn checked_row_bytes(format: GgmlType, cols: usize) -> Result<usize> {
     if !rocm_kernels::ops::matvec_q8::supports(format) {
         return Err(DecodeError::InvalidArgument(format!(
-            "host product: {} has no 8-bit-activation product (the integer formats Q4_0, \
-             Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K have one)",
-            format.name()
+            "host product: {} has no 8-bit-activation product (these formats have one: {})",
+            format.name(),
+            rocm_kernels::ops::matvec_q8::Q8_FORMATS
+                .map(GgmlType::name)
+                .join(", ")
         )));
     }
     quant::row_bytes(format, cols)
@@ -261,25 +263,8 @@ pub fn measure_rate(format: GgmlType, bytes: usize, runs: usize) -> Result<HostR
     let row_bytes = checked_row_bytes(format, COLS)?;
     let rows = (bytes / row_bytes).max(ROW_QUANTUM_FOR_PROBE);
     let mut matrix = vec![0u8; rows * row_bytes];
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    for b in matrix.iter_mut() {
-        state = state
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        *b = (state >> 33) as u8;
-    }
-    // Scales at 2^-12 (f16 0x0C00) keep every block finite.
-    let block = format.type_size();
-    let scale_at: &[usize] = match format {
-        GgmlType::Q6K => &[208],
-        GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
-        _ => &[0],
-    };
-    for blk in matrix.chunks_exact_mut(block) {
-        for &at in scale_at {
-            blk[at..at + 2].copy_from_slice(&0x0C00u16.to_le_bytes());
-        }
-    }
+    // The synthetic models' random blocks: small finite scales keep every product finite.
+    gguf_loader::synth::fill_random_blocks_seeded(format, &mut matrix, 0x9e37_79b9_7f4a_7c15);
     let x: Vec<f32> = (0..COLS)
         .map(|i| ((i * 7919) % 201) as f32 / 100.0 - 1.0)
         .collect();
@@ -570,15 +555,7 @@ mod tests {
     #[test]
     fn rows_match_the_reference_for_every_quantized_format() {
         let mut rng = test_support::rng::seeded(0x5eed);
-        let formats = [
-            GgmlType::Q4K,
-            GgmlType::Q6K,
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::Q5_0,
-            GgmlType::Q5K,
-        ];
-        for format in formats {
+        for format in rocm_kernels::ops::matvec_q8::Q8_FORMATS {
             let (rows, cols) = (37, 512);
             let matrix: Vec<u8> = (0..rows)
                 .flat_map(|_| random_row(format, cols, &mut rng))

@@ -1,5 +1,7 @@
-//! The real Gemma 3 270M against the independent numpy reference (`tests/reference/`):
-//! logits at every position of several prompts, greedy continuations, and tokenization.
+//! The real models, Gemma 3 270M (Q4_K_M, SentencePiece) and SmolLM2-135M-Instruct (Llama,
+//! Q4_1, byte-level BPE), against the independent numpy reference (`tests/reference/`): logits
+//! at every position of several prompts, greedy continuations, and Gemma's tokenization
+//! (SmolLM2's pre-tokenizer is checked against llama.cpp's own cases in vocab_cases.rs).
 
 mod common;
 
@@ -9,7 +11,8 @@ use decode::backend::Precision;
 use decode::context::ContextOptions;
 use decode::session::Session;
 use decode::tokenizer::Tokenizer;
-use test_support::models::gemma_path;
+use std::path::{Path, PathBuf};
+use test_support::models::{gemma_path, smollm2_path};
 use test_support::tolerance::compare;
 
 const PROMPTS: [&str; 3] = [
@@ -25,8 +28,8 @@ const EXACT_TOL: f32 = 1e-4;
 /// Fast path (activations quantized to 16 bits per block of 32 before every weight product).
 const FAST_TOL: f32 = 2e-3;
 
-fn load(path: &std::path::Path, precision: Precision, all_logits: bool) -> Session<CpuBackend> {
-    let file = decode::open_model(path).expect("open gemma");
+fn load(path: &Path, precision: Precision, all_logits: bool) -> Session<CpuBackend> {
+    let file = decode::open_model(path).expect("open the model");
     Session::load(
         &file,
         CpuBackend::new(precision),
@@ -38,12 +41,12 @@ fn load(path: &std::path::Path, precision: Precision, all_logits: bool) -> Sessi
             kv_blocks: None,
         },
     )
-    .expect("load gemma")
+    .expect("load the model")
 }
 
-#[test]
-fn gemma_logits_match_the_reference_at_every_position() {
-    let Some(path) = gemma_path() else { return };
+/// Logits of every prompt at every position, on both CPU precisions.
+fn check_logits(path: Option<PathBuf>) {
+    let Some(path) = path else { return };
     let Some(()) = python_ready() else { return };
     let file = decode::open_model(&path).unwrap();
     let tok = Tokenizer::from_gguf(&file).unwrap();
@@ -84,8 +87,18 @@ fn gemma_logits_match_the_reference_at_every_position() {
 }
 
 #[test]
-fn gemma_greedy_continuations_match_the_reference_for_16_tokens() {
-    let Some(path) = gemma_path() else { return };
+fn gemma_logits_match_the_reference_at_every_position() {
+    check_logits(gemma_path());
+}
+
+#[test]
+fn smollm2_logits_match_the_reference_at_every_position() {
+    check_logits(smollm2_path());
+}
+
+/// Greedy continuations of the first two prompts on the CPU's fast path: the same 16 tokens.
+fn check_greedy(path: Option<PathBuf>) {
+    let Some(path) = path else { return };
     let Some(()) = python_ready() else { return };
     let file = decode::open_model(&path).unwrap();
     let tok = Tokenizer::from_gguf(&file).unwrap();
@@ -106,6 +119,16 @@ fn gemma_greedy_continuations_match_the_reference_for_16_tokens() {
         eprintln!("{prompt:?} -> {:?}", tok.decode(&report.tokens));
         assert_eq!(report.tokens, want, "greedy continuation of {prompt:?}");
     }
+}
+
+#[test]
+fn gemma_greedy_continuations_match_the_reference_for_16_tokens() {
+    check_greedy(gemma_path());
+}
+
+#[test]
+fn smollm2_greedy_continuations_match_the_reference_for_16_tokens() {
+    check_greedy(smollm2_path());
 }
 
 #[test]
