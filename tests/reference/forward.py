@@ -35,7 +35,7 @@ from gguf.quants import dequantize
 
 from ggufread import GGUFFile, GGUFFormatError
 
-SUPPORTED_ARCHS = ("llama", "qwen3", "qwen3moe", "gemma3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3")
 _MISSING = object()
 
 

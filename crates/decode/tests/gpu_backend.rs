@@ -227,6 +227,11 @@ fn tiny_gemma3_on_the_gpu_matches_the_cpu() {
     check_preset(Preset::TinyGemma3);
 }
 
+#[test]
+fn tiny_qwen2_on_the_gpu_matches_the_cpu() {
+    check_preset(Preset::TinyQwen2);
+}
+
 /// A q8_0 KV cache on the GPU against the CPU storing the same q8_0 rows (its bit-identical
 /// quantizer), both on the exact f32 products: the cached values are the same bytes but for a
 /// rounding that summation order flips at a block's boundary (one step of amax/127 on one
@@ -257,6 +262,7 @@ fn a_q8_0_kv_cache_on_the_gpu_matches_the_cpu_storing_the_same_q8_0_rows() {
         Preset::TinyQwen3,
         Preset::TinyQwen3Moe,
         Preset::TinyGemma3,
+        Preset::TinyQwen2,
     ] {
         let what = format!("{test} {}", preset.name());
         let file = Arc::new(preset_file(preset));
@@ -450,6 +456,7 @@ fn no_step_allocates_on_the_device_after_load() {
             Preset::TinyQwen3,
             Preset::TinyQwen3Moe,
             Preset::TinyGemma3,
+            Preset::TinyQwen2,
         ] {
             let test = "no_step_allocates_on_the_device_after_load";
             let Some(gpu) = gpu_backend_on(test, path) else {

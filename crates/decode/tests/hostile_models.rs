@@ -68,6 +68,7 @@ fn the_unedited_models_load() {
         Preset::TinyQwen3,
         Preset::TinyQwen3Moe,
         Preset::TinyLlama,
+        Preset::TinyQwen2,
     ] {
         load(preset, &[], small()).unwrap();
     }

@@ -1,4 +1,4 @@
-//! Tiny synthetic llama, qwen3, qwen3moe and gemma3 models (random quantized weights with the
+//! Tiny synthetic llama, qwen2, qwen3, qwen3moe and gemma3 models (random quantized weights with the
 //! real tensor layouts, written by gguf-loader's synth presets) against the numpy reference:
 //! logits at every position, and tokenization.
 
@@ -101,6 +101,11 @@ fn tiny_qwen3moe_matches_the_reference() {
 #[test]
 fn tiny_gemma3_matches_the_reference() {
     check(Preset::TinyGemma3);
+}
+
+#[test]
+fn tiny_qwen2_with_qkv_biases_matches_the_reference() {
+    check(Preset::TinyQwen2);
 }
 
 /// Gemma 3 27B scales attention by 1/sqrt(n_embd / n_head), not 1/sqrt(head size); GGUF has no

@@ -30,10 +30,12 @@ pub enum Preset {
     TinyQwen3,
     TinyQwen3Moe,
     TinyGemma3,
+    /// Qwen2 / Qwen2.5: Qwen3 without the Q/K norms, with Q, K and V biases.
+    TinyQwen2,
 }
 
 impl Preset {
-    pub const ALL: [Preset; 7] = [
+    pub const ALL: [Preset; 8] = [
         Preset::Llama3_8bQ4KM,
         Preset::Qwen3_30bA3bQ4KM,
         Preset::Gemma3_270mQ4KM,
@@ -41,6 +43,7 @@ impl Preset {
         Preset::TinyQwen3,
         Preset::TinyQwen3Moe,
         Preset::TinyGemma3,
+        Preset::TinyQwen2,
     ];
 
     pub fn name(self) -> &'static str {
@@ -52,6 +55,7 @@ impl Preset {
             Preset::TinyQwen3 => "tiny-qwen3",
             Preset::TinyQwen3Moe => "tiny-qwen3moe",
             Preset::TinyGemma3 => "tiny-gemma3",
+            Preset::TinyQwen2 => "tiny-qwen2",
         }
     }
 
@@ -63,7 +67,11 @@ impl Preset {
     pub fn is_tiny(self) -> bool {
         matches!(
             self,
-            Preset::TinyLlama | Preset::TinyQwen3 | Preset::TinyQwen3Moe | Preset::TinyGemma3
+            Preset::TinyLlama
+                | Preset::TinyQwen3
+                | Preset::TinyQwen3Moe
+                | Preset::TinyGemma3
+                | Preset::TinyQwen2
         )
     }
 
@@ -89,6 +97,7 @@ impl Preset {
             n_ff_expert: 0,
             tied_embeddings: false,
             llama3_rope_factors: true,
+            attn_bias: false,
         };
         let qwen3_30b = Spec {
             arch: Architecture::Qwen3Moe,
@@ -110,6 +119,7 @@ impl Preset {
             n_ff_expert: 768,
             tied_embeddings: false,
             llama3_rope_factors: false,
+            attn_bias: false,
         };
         let gemma3_270m = Spec {
             arch: Architecture::Gemma3,
@@ -131,6 +141,7 @@ impl Preset {
             n_ff_expert: 0,
             tied_embeddings: true,
             llama3_rope_factors: false,
+            attn_bias: false,
         };
         match self {
             Preset::Llama3_8bQ4KM => llama3_8b,
@@ -192,6 +203,24 @@ impl Preset {
                 sliding_window: Some(8),
                 ..gemma3_270m
             },
+            Preset::TinyQwen2 => Spec {
+                arch: Architecture::Qwen2,
+                name: "Synthetic tiny Qwen2",
+                n_layers: 2,
+                n_embd: 256,
+                n_ff: 512,
+                n_head: 4,
+                n_head_kv: 2,
+                head_dim: 64,
+                write_head_dim: false,
+                vocab: 640,
+                context_length: 2048,
+                n_expert: 0,
+                n_expert_used: 0,
+                n_ff_expert: 0,
+                attn_bias: true,
+                ..qwen3_30b
+            },
         }
     }
 }
@@ -222,6 +251,8 @@ pub struct Spec {
     pub tied_embeddings: bool,
     /// Llama 3.1's `rope_freqs.weight` (per-dimension RoPE factors).
     pub llama3_rope_factors: bool,
+    /// `attn_{q,k,v}.bias` beside their weights (Qwen2).
+    pub attn_bias: bool,
 }
 
 /// llama.cpp's Q4_K_M rule: some layers get more bits for `attn_v` and `ffn_down`.
@@ -251,6 +282,10 @@ enum Fill {
     Random,
     /// Norm weights around 1.
     Norm,
+    /// Biases in ±0.5, ten times the weights' range: large enough that a bias left out moves
+    /// the logits well past the tests' tolerances (a K bias alone barely does: softmax ignores
+    /// a shift shared by every key, and only RoPE's rotation of it shows).
+    Bias,
     /// Explicit f32 values.
     Values(Vec<f32>),
 }
@@ -331,6 +366,11 @@ fn plan_tensors(w: &mut GgufWriter, s: &Spec) -> Result<(), GgufError> {
         w.add_tensor_planned(b("attn_q.weight"), &[e, q_dim], q4(s.n_embd))?;
         w.add_tensor_planned(b("attn_k.weight"), &[e, kv_dim], q4(s.n_embd))?;
         w.add_tensor_planned(b("attn_v.weight"), &[e, kv_dim], q4_or_q6(s.n_embd))?;
+        if s.attn_bias {
+            w.add_tensor_planned(b("attn_q.bias"), &[q_dim], f32t)?;
+            w.add_tensor_planned(b("attn_k.bias"), &[kv_dim], f32t)?;
+            w.add_tensor_planned(b("attn_v.bias"), &[kv_dim], f32t)?;
+        }
         w.add_tensor_planned(b("attn_output.weight"), &[q_dim, e], q4(q_dim as usize))?;
         if matches!(
             s.arch,
@@ -391,6 +431,8 @@ fn fill_for(name: &str, s: &Spec) -> Fill {
         Fill::Values(llama3_rope_factors(s.head_dim, s.rope_freq_base))
     } else if name.ends_with("norm.weight") {
         Fill::Norm
+    } else if name.ends_with(".bias") {
+        Fill::Bias
     } else {
         Fill::Random
     }
@@ -424,6 +466,12 @@ pub fn write_preset_with_progress(
             Fill::Norm => {
                 for _ in 0..t.n_bytes / 4 {
                     let v: f32 = 1.0 + rng.random_range(-0.1f32..0.1);
+                    sink.write_all(&v.to_le_bytes()).map_err(io)?;
+                }
+            }
+            Fill::Bias => {
+                for _ in 0..t.n_bytes / 4 {
+                    let v: f32 = rng.random_range(-0.5f32..0.5);
                     sink.write_all(&v.to_le_bytes()).map_err(io)?;
                 }
             }
