@@ -35,7 +35,7 @@ from gguf.quants import dequantize
 
 from ggufread import GGUFFile, GGUFFormatError
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3")
 _MISSING = object()
 
 
@@ -142,11 +142,13 @@ def _int_meta(m: GGUFModel, key: str, default=_MISSING) -> int:
 # instead of the head size (128). GGUF has no key for it; the 27B model is recognised by its
 # 62 layers, the only Gemma 3 size with that depth.
 GEMMA3_27B_LAYERS = 62
+# Gemma 2 27B likewise (4608 / 32 = 144 against heads of 128), recognised by its 46 layers.
+GEMMA2_27B_LAYERS = 46
 
 
 def query_pre_attn_scalar(arch: str, n_layer: int, n_embd: int, n_head: int, head_dim: int) -> int:
     """The number whose inverse square root scales attention scores."""
-    if arch == "gemma3" and n_layer == GEMMA3_27B_LAYERS:
+    if (arch, n_layer) in (("gemma3", GEMMA3_27B_LAYERS), ("gemma2", GEMMA2_27B_LAYERS)):
         return n_embd // n_head
     return head_dim
 
@@ -178,10 +180,14 @@ def load_config(m: GGUFModel) -> Config:
     elif scaling not in ("none", ""):
         raise ReferenceError(f"rope scaling type {scaling!r} is not supported (only none and linear)")
 
-    is_gemma = arch == "gemma3"
-    sliding_window = _int_meta(m, a + "attention.sliding_window", 0) if is_gemma else 0
+    is_gemma = arch in ("gemma2", "gemma3")
+    is_gemma2 = arch == "gemma2"
+    # Gemma 2: a window of 4096 and every other layer sliding unless the file says otherwise;
+    # Gemma 3 must state its window and has five sliding layers to a global one.
+    sliding_window = (_int_meta(m, a + "attention.sliding_window", 4096 if is_gemma2 else _MISSING)
+                      if is_gemma else 0)
     if is_gemma:
-        pattern = m.meta(a + "attention.sliding_window_pattern", 6)
+        pattern = m.meta(a + "attention.sliding_window_pattern", 2 if is_gemma2 else 6)
         if isinstance(pattern, list):
             if len(pattern) != n_layer:
                 raise ReferenceError(f"sliding_window_pattern has {len(pattern)} entries for {n_layer} layers")
@@ -190,7 +196,8 @@ def load_config(m: GGUFModel) -> Config:
             # Period n: the last layer of every n is global; n = 0 makes every layer local.
             period = int(pattern)
             swa_layers = [period == 0 or (il % period) < period - 1 for il in range(n_layer)]
-        rope_base_swa = float(m.meta(a + "rope.freq_base_swa", 10000.0))
+        # Gemma 2's local layers share the global base; Gemma 3's use 10 000.
+        rope_base_swa = float(m.meta(a + "rope.freq_base_swa", rope_base if is_gemma2 else 10000.0))
     else:
         swa_layers = [False] * n_layer
         rope_base_swa = rope_base
@@ -223,8 +230,9 @@ def load_config(m: GGUFModel) -> Config:
         gelu_ffn=is_gemma,
         expert_used=_int_meta(m, a + "expert_used_count", 0),
         expert_norm=bool(m.meta(a + "expert_weights_norm", True)),
-        attn_softcap=float(m.meta(a + "attn_logit_softcapping", 0.0) or 0.0),
-        final_softcap=float(m.meta(a + "final_logit_softcapping", 0.0) or 0.0),
+        # Gemma 2 caps at 50 and 30 when the file does not say (every released Gemma 2 does).
+        attn_softcap=float(m.meta(a + "attn_logit_softcapping", 50.0 if is_gemma2 else 0.0) or 0.0),
+        final_softcap=float(m.meta(a + "final_logit_softcapping", 30.0 if is_gemma2 else 0.0) or 0.0),
         vocab=int(vocab),
         eos=None if eos is None else int(eos),
     )

@@ -1068,6 +1068,7 @@ fn attention<B: Backend + 'static>(make: impl Fn() -> B) {
                     head_dim_k: HEAD_DIM,
                     head_dim_v: HEAD_DIM,
                     scale: 1.0 / (HEAD_DIM as f32).sqrt(),
+                    softcap: None,
                     window,
                     slots,
                 };

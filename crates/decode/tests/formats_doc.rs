@@ -1,7 +1,8 @@
-//! `docs/formats.md`'s table of tensor types against the code's own lists: every type gguf-loader
-//! knows has a row, its geometry and CPU dequantization are gguf-loader's, and its "weight
-//! products" column says what the kernels' format lists say. A type added to a kernel list
-//! without the doc, or the reverse, fails here.
+//! `docs/formats.md` against the code's own lists. The table of tensor types: every type
+//! gguf-loader knows has a row, its geometry and CPU dequantization are gguf-loader's, and its
+//! "weight products" column says what the kernels' format lists say. The architecture list:
+//! gguf-loader's. A type or architecture added to the code without the doc, or the reverse,
+//! fails here.
 
 use gguf_loader::GgmlType;
 use rocm_kernels::ops::matvec::WEIGHT_FORMATS;
@@ -63,4 +64,18 @@ fn the_tensor_type_table_matches_the_loader_and_the_kernels() {
         assert!(seen.contains(&ty), "{ty} has no row");
     }
     assert_eq!(seen.len(), GgmlType::ALL.len(), "a type listed twice");
+}
+
+#[test]
+fn the_architecture_list_is_the_loaders() {
+    let doc = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/formats.md"),
+    )
+    .expect("docs/formats.md");
+    let listed = doc
+        .split("<!-- architectures:begin -->")
+        .nth(1)
+        .and_then(|rest| rest.split("<!-- architectures:end -->").next())
+        .expect("docs/formats.md has the architecture list between its markers");
+    assert_eq!(listed, gguf_loader::model::Architecture::names());
 }

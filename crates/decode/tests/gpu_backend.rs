@@ -228,6 +228,11 @@ fn tiny_gemma3_on_the_gpu_matches_the_cpu() {
 }
 
 #[test]
+fn tiny_gemma2_on_the_gpu_matches_the_cpu() {
+    check_preset(Preset::TinyGemma2);
+}
+
+#[test]
 fn tiny_qwen2_on_the_gpu_matches_the_cpu() {
     check_preset(Preset::TinyQwen2);
 }
@@ -263,6 +268,7 @@ fn a_q8_0_kv_cache_on_the_gpu_matches_the_cpu_storing_the_same_q8_0_rows() {
         Preset::TinyQwen3Moe,
         Preset::TinyGemma3,
         Preset::TinyQwen2,
+        Preset::TinyGemma2,
     ] {
         let what = format!("{test} {}", preset.name());
         let file = Arc::new(preset_file(preset));
@@ -457,6 +463,7 @@ fn no_step_allocates_on_the_device_after_load() {
             Preset::TinyQwen3Moe,
             Preset::TinyGemma3,
             Preset::TinyQwen2,
+            Preset::TinyGemma2,
         ] {
             let test = "no_step_allocates_on_the_device_after_load";
             let Some(gpu) = gpu_backend_on(test, path) else {

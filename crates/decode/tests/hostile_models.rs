@@ -69,6 +69,7 @@ fn the_unedited_models_load() {
         Preset::TinyQwen3Moe,
         Preset::TinyLlama,
         Preset::TinyQwen2,
+        Preset::TinyGemma2,
     ] {
         load(preset, &[], small()).unwrap();
     }

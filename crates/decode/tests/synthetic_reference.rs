@@ -1,4 +1,4 @@
-//! Tiny synthetic llama, qwen2, qwen3, qwen3moe and gemma3 models (random quantized weights with the
+//! Tiny synthetic llama, qwen2, qwen3, qwen3moe, gemma2 and gemma3 models (random quantized weights with the
 //! real tensor layouts, written by gguf-loader's synth presets) against the numpy reference:
 //! logits at every position, and tokenization.
 
@@ -101,6 +101,11 @@ fn tiny_qwen3moe_matches_the_reference() {
 #[test]
 fn tiny_gemma3_matches_the_reference() {
     check(Preset::TinyGemma3);
+}
+
+#[test]
+fn tiny_gemma2_with_soft_capping_matches_the_reference() {
+    check(Preset::TinyGemma2);
 }
 
 #[test]

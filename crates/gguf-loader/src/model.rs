@@ -15,16 +15,18 @@ pub enum Architecture {
     Qwen2,
     Qwen3,
     Qwen3Moe,
+    Gemma2,
     Gemma3,
 }
 
 impl Architecture {
     /// Every architecture, the one list the messages and checks read.
-    pub const ALL: [Architecture; 5] = [
+    pub const ALL: [Architecture; 6] = [
         Architecture::Llama,
         Architecture::Qwen2,
         Architecture::Qwen3,
         Architecture::Qwen3Moe,
+        Architecture::Gemma2,
         Architecture::Gemma3,
     ];
 
@@ -44,12 +46,18 @@ impl Architecture {
     }
 
     /// Whether the architecture has sliding-window attention layers. Of the families here only
-    /// Gemma 3 does: llama.cpp builds llama, qwen2, qwen3 and qwen3moe with full attention on
-    /// every layer and never reads their `attention.sliding_window`, so a file of those
+    /// Gemma 2 and 3 do: llama.cpp builds llama, qwen2, qwen3 and qwen3moe with full attention
+    /// on every layer and never reads their `attention.sliding_window`, so a file of those
     /// architectures that carries the key (copied from a training config, say) still attends
     /// globally everywhere, in llama.cpp, in the Python reference and here.
     pub fn has_sliding_window_layers(self) -> bool {
-        self == Architecture::Gemma3
+        self.is_gemma()
+    }
+
+    /// Gemma 2 or 3: embeddings scaled by sqrt(n_embd), GELU feed-forward, norms after the
+    /// attention and feed-forward blocks as well as before.
+    pub fn is_gemma(self) -> bool {
+        matches!(self, Architecture::Gemma2 | Architecture::Gemma3)
     }
 
     /// The prefix of this architecture's metadata keys (`general.architecture`'s value).
@@ -59,6 +67,7 @@ impl Architecture {
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
             Architecture::Qwen3Moe => "qwen3moe",
+            Architecture::Gemma2 => "gemma2",
             Architecture::Gemma3 => "gemma3",
         }
     }
@@ -70,6 +79,16 @@ pub const GEMMA3_SLIDING_WINDOW_PATTERN: usize = 6;
 /// Gemma 3's sliding-window layers use RoPE base 10 000 (its global layers use `rope.freq_base`).
 /// Fixed by the architecture; a file may override it with `gemma3.rope.freq_base_swa`.
 pub const GEMMA3_ROPE_FREQ_BASE_LOCAL: f32 = 10_000.0;
+
+/// Gemma 2 alternates sliding-window and global layers (layers 0, 2, 4, ... slide), with a
+/// window of 4096 unless `gemma2.attention.sliding_window` says otherwise; llama.cpp fixes both
+/// for the architecture and lets the keys override them.
+pub const GEMMA2_SLIDING_WINDOW_PATTERN: usize = 2;
+pub const GEMMA2_SLIDING_WINDOW: usize = 4096;
+/// Gemma 2's soft-caps when the file does not state them (`attn_logit_softcapping`,
+/// `final_logit_softcapping`): the values of every released Gemma 2, and llama.cpp's defaults.
+pub const GEMMA2_ATTN_LOGIT_SOFTCAP: f32 = 50.0;
+pub const GEMMA2_FINAL_LOGIT_SOFTCAP: f32 = 30.0;
 
 /// How positions are rescaled for long contexts.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -114,6 +133,10 @@ pub struct ModelConfig {
     pub n_ff_expert: Option<usize>,
     pub vocab_size: usize,
     pub context_length: usize,
+    /// Soft-capping of the scaled attention scores, `cap * tanh(s / cap)` (Gemma 2).
+    pub attn_logit_softcap: Option<f32>,
+    /// Soft-capping of the output logits (Gemma 2).
+    pub final_logit_softcap: Option<f32>,
 }
 
 /// Reads architecture-prefixed keys, converting and naming the key in every error.
@@ -206,24 +229,49 @@ impl ModelConfig {
         }
 
         // Sliding windows belong to the architecture (see `has_sliding_window_layers`): the
-        // keys are read only where the architecture has such layers, and there the window is
-        // required while the pattern and local RoPE base default to Gemma 3's fixed values.
-        let (sliding_window, sliding_window_pattern, rope_freq_base_local) =
-            if architecture.has_sliding_window_layers() {
-                (
-                    Some(k.usize("attention.sliding_window")?),
-                    Some(
-                        k.opt_usize("attention.sliding_window_pattern")?
-                            .unwrap_or(GEMMA3_SLIDING_WINDOW_PATTERN),
-                    ),
-                    Some(
-                        k.opt_f32("rope.freq_base_swa")?
-                            .unwrap_or(GEMMA3_ROPE_FREQ_BASE_LOCAL),
-                    ),
-                )
-            } else {
-                (None, None, None)
-            };
+        // keys are read only where the architecture has such layers. Gemma 3 requires the
+        // window, and its pattern and local RoPE base default to its fixed values; Gemma 2's
+        // window and pattern have defaults, and its local layers use the global base unless
+        // the file gives another.
+        let (sliding_window, sliding_window_pattern, rope_freq_base_local) = match architecture {
+            Architecture::Gemma3 => (
+                Some(k.usize("attention.sliding_window")?),
+                Some(
+                    k.opt_usize("attention.sliding_window_pattern")?
+                        .unwrap_or(GEMMA3_SLIDING_WINDOW_PATTERN),
+                ),
+                Some(
+                    k.opt_f32("rope.freq_base_swa")?
+                        .unwrap_or(GEMMA3_ROPE_FREQ_BASE_LOCAL),
+                ),
+            ),
+            Architecture::Gemma2 => (
+                Some(
+                    k.opt_usize("attention.sliding_window")?
+                        .unwrap_or(GEMMA2_SLIDING_WINDOW),
+                ),
+                Some(
+                    k.opt_usize("attention.sliding_window_pattern")?
+                        .unwrap_or(GEMMA2_SLIDING_WINDOW_PATTERN),
+                ),
+                k.opt_f32("rope.freq_base_swa")?,
+            ),
+            _ => (None, None, None),
+        };
+        let (attn_logit_softcap, final_logit_softcap) = if architecture == Architecture::Gemma2 {
+            (
+                Some(
+                    k.opt_f32("attn_logit_softcapping")?
+                        .unwrap_or(GEMMA2_ATTN_LOGIT_SOFTCAP),
+                ),
+                Some(
+                    k.opt_f32("final_logit_softcapping")?
+                        .unwrap_or(GEMMA2_FINAL_LOGIT_SOFTCAP),
+                ),
+            )
+        } else {
+            (None, None)
+        };
 
         let is_moe = architecture == Architecture::Qwen3Moe;
         let (n_expert, n_expert_used, n_ff_expert) = if is_moe {
@@ -267,6 +315,8 @@ impl ModelConfig {
             n_ff_expert,
             vocab_size: vocab_size(f, &k)?,
             context_length: k.usize("context_length")?,
+            attn_logit_softcap,
+            final_logit_softcap,
         })
     }
 
@@ -370,6 +420,8 @@ mod tests {
             n_ff_expert: None,
             vocab_size: 262_144,
             context_length: 32_768,
+            attn_logit_softcap: None,
+            final_logit_softcap: None,
         }
     }
 

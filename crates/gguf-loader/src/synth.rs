@@ -32,10 +32,12 @@ pub enum Preset {
     TinyGemma3,
     /// Qwen2 / Qwen2.5: Qwen3 without the Q/K norms, with Q, K and V biases.
     TinyQwen2,
+    /// Gemma 2: soft-capped attention scores and logits, every other layer sliding.
+    TinyGemma2,
 }
 
 impl Preset {
-    pub const ALL: [Preset; 8] = [
+    pub const ALL: [Preset; 9] = [
         Preset::Llama3_8bQ4KM,
         Preset::Qwen3_30bA3bQ4KM,
         Preset::Gemma3_270mQ4KM,
@@ -44,6 +46,7 @@ impl Preset {
         Preset::TinyQwen3Moe,
         Preset::TinyGemma3,
         Preset::TinyQwen2,
+        Preset::TinyGemma2,
     ];
 
     pub fn name(self) -> &'static str {
@@ -56,6 +59,7 @@ impl Preset {
             Preset::TinyQwen3Moe => "tiny-qwen3moe",
             Preset::TinyGemma3 => "tiny-gemma3",
             Preset::TinyQwen2 => "tiny-qwen2",
+            Preset::TinyGemma2 => "tiny-gemma2",
         }
     }
 
@@ -72,6 +76,7 @@ impl Preset {
                 | Preset::TinyQwen3Moe
                 | Preset::TinyGemma3
                 | Preset::TinyQwen2
+                | Preset::TinyGemma2
         )
     }
 
@@ -98,6 +103,7 @@ impl Preset {
             tied_embeddings: false,
             llama3_rope_factors: true,
             attn_bias: false,
+            softcaps: None,
         };
         let qwen3_30b = Spec {
             arch: Architecture::Qwen3Moe,
@@ -120,6 +126,7 @@ impl Preset {
             tied_embeddings: false,
             llama3_rope_factors: false,
             attn_bias: false,
+            softcaps: None,
         };
         let gemma3_270m = Spec {
             arch: Architecture::Gemma3,
@@ -142,6 +149,7 @@ impl Preset {
             tied_embeddings: true,
             llama3_rope_factors: false,
             attn_bias: false,
+            softcaps: None,
         };
         match self {
             Preset::Llama3_8bQ4KM => llama3_8b,
@@ -221,6 +229,25 @@ impl Preset {
                 attn_bias: true,
                 ..qwen3_30b
             },
+            Preset::TinyGemma2 => Spec {
+                arch: Architecture::Gemma2,
+                name: "Synthetic tiny Gemma 2",
+                n_layers: 4,
+                n_embd: 128,
+                n_ff: 256,
+                n_head: 2,
+                n_head_kv: 1,
+                head_dim: 128,
+                vocab: 512,
+                context_length: 2048,
+                rope_freq_base: 10_000.0,
+                sliding_window: Some(8),
+                // Far below Gemma 2's 50 and 30, which random tiny weights never come near:
+                // these caps bend the scores and logits the tests see, so a kernel that skips
+                // one fails them.
+                softcaps: Some((0.5, 1.0)),
+                ..gemma3_270m
+            },
         }
     }
 }
@@ -253,6 +280,8 @@ pub struct Spec {
     pub llama3_rope_factors: bool,
     /// `attn_{q,k,v}.bias` beside their weights (Qwen2).
     pub attn_bias: bool,
+    /// Gemma 2's `attn_logit_softcapping` and `final_logit_softcapping`.
+    pub softcaps: Option<(f32, f32)>,
 }
 
 /// llama.cpp's Q4_K_M rule: some layers get more bits for `attn_v` and `ffn_down`.
@@ -328,6 +357,10 @@ pub fn plan(preset: Preset, seed: u64) -> Result<GgufWriter, GgufError> {
         w.add(k("vocab_size"), u32v(s.vocab))?;
         w.add(k("rope.dimension_count"), u32v(s.head_dim))?;
     }
+    if let Some((attn, last)) = s.softcaps {
+        w.add(k("attn_logit_softcapping"), Value::F32(attn))?;
+        w.add(k("final_logit_softcapping"), Value::F32(last))?;
+    }
     if s.n_expert > 0 {
         w.add(k("expert_count"), u32v(s.n_expert))?;
         w.add(k("expert_used_count"), u32v(s.n_expert_used))?;
@@ -379,7 +412,7 @@ fn plan_tensors(w: &mut GgufWriter, s: &Spec) -> Result<(), GgufError> {
             w.add_tensor_planned(b("attn_q_norm.weight"), &[hd], f32t)?;
             w.add_tensor_planned(b("attn_k_norm.weight"), &[hd], f32t)?;
         }
-        if s.arch == Architecture::Gemma3 {
+        if s.arch.is_gemma() {
             w.add_tensor_planned(b("post_attention_norm.weight"), &[e], f32t)?;
             w.add_tensor_planned(b("post_ffw_norm.weight"), &[e], f32t)?;
         }
@@ -595,7 +628,7 @@ const TOKEN_BYTE: i32 = 6;
 
 fn add_tokenizer(w: &mut GgufWriter, s: &Spec, seed: u64) -> Result<(), GgufError> {
     let mut rng = tensor_rng(seed, "tokenizer");
-    if s.arch == Architecture::Gemma3 {
+    if s.arch.is_gemma() {
         return add_sentencepiece_tokenizer(w, s, &mut rng);
     }
     let specials: &[&str] = match s.arch {

@@ -214,6 +214,58 @@ fn gemma3_without_a_pattern_key_has_every_sixth_layer_global() {
 }
 
 #[test]
+fn gemma2_defaults_to_llama_cpps_window_pattern_and_caps_and_takes_the_files() {
+    // Nothing stated: a window of 4096 on layers 0, 2, ..., the global base everywhere, and
+    // caps of 50 and 30.
+    let c = ModelConfig::from_gguf(&file("gemma2", &[], &[])).unwrap();
+    assert_eq!(c.architecture, Architecture::Gemma2);
+    let windows: Vec<Option<usize>> = (0..c.n_layers).map(|l| c.window_for_layer(l)).collect();
+    assert_eq!(windows, [Some(4096), None, Some(4096), None]);
+    assert!((0..c.n_layers).all(|l| c.rope_base_for_layer(l) == 10_000.0));
+    assert_eq!(
+        (c.attn_logit_softcap, c.final_logit_softcap),
+        (Some(50.0), Some(30.0))
+    );
+    // The file's values win.
+    let f = file(
+        "gemma2",
+        &[
+            ("attention.sliding_window", Value::U32(64)),
+            ("attention.sliding_window_pattern", Value::U32(4)),
+            ("attn_logit_softcapping", Value::F32(20.0)),
+            ("final_logit_softcapping", Value::F32(15.0)),
+            ("rope.freq_base_swa", Value::F32(500.0)),
+        ],
+        &[],
+    );
+    let c = ModelConfig::from_gguf(&f).unwrap();
+    let windows: Vec<Option<usize>> = (0..c.n_layers).map(|l| c.window_for_layer(l)).collect();
+    assert_eq!(windows, [Some(64), Some(64), Some(64), None]);
+    assert_eq!(c.rope_base_for_layer(0), 500.0);
+    assert_eq!(c.rope_base_for_layer(3), 10_000.0);
+    assert_eq!(
+        (c.attn_logit_softcap, c.final_logit_softcap),
+        (Some(20.0), Some(15.0))
+    );
+    // A cap that is not a positive number is refused by name.
+    let f = file(
+        "gemma2",
+        &[("attn_logit_softcapping", Value::F32(0.0))],
+        &[],
+    );
+    let e = ModelConfig::from_gguf(&f).unwrap_err().to_string();
+    assert!(e.contains("gemma2.attn_logit_softcapping"), "{e}");
+    // Other families have no caps.
+    let c = ModelConfig::from_gguf(&file(
+        "gemma3",
+        &[("attention.sliding_window", Value::U32(8))],
+        &[],
+    ))
+    .unwrap();
+    assert_eq!((c.attn_logit_softcap, c.final_logit_softcap), (None, None));
+}
+
+#[test]
 fn a_window_key_changes_nothing_for_architectures_without_sliding_layers() {
     let window = [
         ("attention.sliding_window", Value::U32(16)),

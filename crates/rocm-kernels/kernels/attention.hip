@@ -77,7 +77,7 @@ DEVICE void attn_block_reduce(float* v, u32 nh, float* red) {
 template <typename P>
 DEVICE void attn_core(const float* q, P k_cache, P v_cache, const i32* positions,
                       float* out, float* part_ms, float* part_acc, u32 n_head, u32 n_head_kv,
-                      u32 dk, u32 dv, u32 slots, u32 window, float scale, u32 heads_per_block,
+                      u32 dk, u32 dv, u32 slots, u32 window, float scale, float softcap, u32 heads_per_block,
                       u32 n_split, u32 keys_per_split, float* smem, float* red,
                       KV_PAGES_PARAMS) {
     const u32 n_threads = blockDim.x;
@@ -156,7 +156,7 @@ DEVICE void attn_core(const float* q, P k_cache, P v_cache, const i32* positions
                 }
             }
 #pragma unroll
-            for (u32 g = 0; g < ATTN_MAX_HEADS; ++g) s[g] *= scale;
+            for (u32 g = 0; g < ATTN_MAX_HEADS; ++g) s[g] = softcap_logit(s[g] * scale, softcap);
         } else {
 #pragma unroll
             for (u32 g = 0; g < ATTN_MAX_HEADS; ++g) s[g] = attn_neg_inf();
@@ -250,42 +250,42 @@ DEVICE void attn_core(const float* q, P k_cache, P v_cache, const i32* positions
     }
 }
 
-KERNEL void attn_f16(const float* q, const u16* k_cache, const u16* v_cache,
+KERNEL void __launch_bounds__(256) attn_f16(const float* q, const u16* k_cache, const u16* v_cache,
                      const i32* positions, float* out, float* part_ms, float* part_acc,
                      u32 n_head, u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window,
-                     float scale, u32 heads_per_block, u32 n_split, u32 keys_per_split,
+                     float scale, float softcap, u32 heads_per_block, u32 n_split, u32 keys_per_split,
                      KV_PAGES_PARAMS) {
     KERNEL_PROLOGUE();
     extern __shared__ float attn_smem[];
     __shared__ float red[ATTN_MAX_HEADS * 32];
     attn_core<const u16*>(q, k_cache, v_cache, positions, out, part_ms, part_acc, n_head,
-                          n_head_kv, dk, dv, slots, window, scale, heads_per_block, n_split,
+                          n_head_kv, dk, dv, slots, window, scale, softcap, heads_per_block, n_split,
                           keys_per_split, attn_smem, red, KV_PAGES_ARGS);
 }
 
-KERNEL void attn_f32(const float* q, const float* k_cache, const float* v_cache,
+KERNEL void __launch_bounds__(256) attn_f32(const float* q, const float* k_cache, const float* v_cache,
                      const i32* positions, float* out, float* part_ms, float* part_acc,
                      u32 n_head, u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window,
-                     float scale, u32 heads_per_block, u32 n_split, u32 keys_per_split,
+                     float scale, float softcap, u32 heads_per_block, u32 n_split, u32 keys_per_split,
                      KV_PAGES_PARAMS) {
     KERNEL_PROLOGUE();
     extern __shared__ float attn_smem[];
     __shared__ float red[ATTN_MAX_HEADS * 32];
     attn_core<const float*>(q, k_cache, v_cache, positions, out, part_ms, part_acc, n_head,
-                            n_head_kv, dk, dv, slots, window, scale, heads_per_block, n_split,
+                            n_head_kv, dk, dv, slots, window, scale, softcap, heads_per_block, n_split,
                             keys_per_split, attn_smem, red, KV_PAGES_ARGS);
 }
 
-KERNEL void attn_q8_0(const float* q, const u8* k_cache, const u8* v_cache,
+KERNEL void __launch_bounds__(256) attn_q8_0(const float* q, const u8* k_cache, const u8* v_cache,
                       const i32* positions, float* out, float* part_ms, float* part_acc,
                       u32 n_head, u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window,
-                      float scale, u32 heads_per_block, u32 n_split, u32 keys_per_split,
+                      float scale, float softcap, u32 heads_per_block, u32 n_split, u32 keys_per_split,
                       KV_PAGES_PARAMS) {
     KERNEL_PROLOGUE();
     extern __shared__ float attn_smem[];
     __shared__ float red[ATTN_MAX_HEADS * 32];
     attn_core<KvQ8>(q, kv_q8_at(k_cache), kv_q8_at(v_cache), positions, out, part_ms, part_acc,
-                    n_head, n_head_kv, dk, dv, slots, window, scale, heads_per_block, n_split,
+                    n_head, n_head_kv, dk, dv, slots, window, scale, softcap, heads_per_block, n_split,
                     keys_per_split, attn_smem, red, KV_PAGES_ARGS);
 }
 
@@ -314,7 +314,7 @@ template <typename P>
 DEVICE void attn_prefill_tiled(const float* q, P k_cache, P v_cache,
                                const i32* positions, float* out, u32 n_tokens, u32 n_head,
                                u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window,
-                               float scale, float* smem, KV_PAGES_PARAMS) {
+                               float scale, float softcap, float* smem, KV_PAGES_PARAMS) {
     const u32 tid = threadIdx.x;
     const u32 r = tid / ATTN_TK;  // this thread's query row (and the K/V row it loads)
     const u32 c = tid % ATTN_TK;  // this thread's key column (and first dimension it loads)
@@ -377,7 +377,7 @@ DEVICE void attn_prefill_tiled(const float* q, P k_cache, P v_cache,
             const float* qr = q_sh + r * q_stride;
             const float* kr = kv_sh + c * kv_stride;
             for (u32 d = 0; d < dk; ++d) dot += qr[d] * kr[d];
-            s = dot * scale;
+            s = softcap_logit(dot * scale, softcap);
         }
         // Online softmax over the row's 16 threads (an aligned group of lanes in any wave).
         float m_tile = s;
@@ -427,36 +427,36 @@ DEVICE void attn_prefill_tiled(const float* q, P k_cache, P v_cache,
     }
 }
 
-KERNEL void attn_prefill_f16(const float* q, const u16* k_cache, const u16* v_cache,
+KERNEL void __launch_bounds__(ATTN_T_THREADS) attn_prefill_f16(const float* q, const u16* k_cache, const u16* v_cache,
                              const i32* positions, float* out, u32 n_tokens, u32 n_head,
-                             u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window, float scale,
+                             u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window, float scale, float softcap,
                              KV_PAGES_PARAMS) {
     KERNEL_PROLOGUE();
     extern __shared__ float attn_smem[];
     attn_prefill_tiled<const u16*>(q, k_cache, v_cache, positions, out, n_tokens, n_head,
-                                   n_head_kv, dk, dv, slots, window, scale, attn_smem,
+                                   n_head_kv, dk, dv, slots, window, scale, softcap, attn_smem,
                                    KV_PAGES_ARGS);
 }
 
-KERNEL void attn_prefill_f32(const float* q, const float* k_cache, const float* v_cache,
+KERNEL void __launch_bounds__(ATTN_T_THREADS) attn_prefill_f32(const float* q, const float* k_cache, const float* v_cache,
                              const i32* positions, float* out, u32 n_tokens, u32 n_head,
-                             u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window, float scale,
+                             u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window, float scale, float softcap,
                              KV_PAGES_PARAMS) {
     KERNEL_PROLOGUE();
     extern __shared__ float attn_smem[];
     attn_prefill_tiled<const float*>(q, k_cache, v_cache, positions, out, n_tokens, n_head,
-                                     n_head_kv, dk, dv, slots, window, scale, attn_smem,
+                                     n_head_kv, dk, dv, slots, window, scale, softcap, attn_smem,
                                      KV_PAGES_ARGS);
 }
 
-KERNEL void attn_prefill_q8_0(const float* q, const u8* k_cache, const u8* v_cache,
+KERNEL void __launch_bounds__(ATTN_T_THREADS) attn_prefill_q8_0(const float* q, const u8* k_cache, const u8* v_cache,
                               const i32* positions, float* out, u32 n_tokens, u32 n_head,
-                              u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window, float scale,
+                              u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window, float scale, float softcap,
                               KV_PAGES_PARAMS) {
     KERNEL_PROLOGUE();
     extern __shared__ float attn_smem[];
     attn_prefill_tiled<KvQ8>(q, kv_q8_at(k_cache), kv_q8_at(v_cache), positions, out, n_tokens,
-                             n_head, n_head_kv, dk, dv, slots, window, scale, attn_smem,
+                             n_head, n_head_kv, dk, dv, slots, window, scale, softcap, attn_smem,
                              KV_PAGES_ARGS);
 }
 
@@ -470,7 +470,7 @@ KERNEL void attn_prefill_q8_0(const float* q, const u8* k_cache, const u8* v_cac
 //
 // With xq (dv a multiple of 32), the output is also quantized for the next int8 product as
 // quantize_q8 would, so that product needs no quantizing launch of its own.
-KERNEL void attn_combine(const float* part_ms, const float* part_acc, float* out, u32 n_head,
+KERNEL void __launch_bounds__(256) attn_combine(const float* part_ms, const float* part_acc, float* out, u32 n_head,
                          u32 dv, u32 n_split, i8* xq, float* xd) {
     KERNEL_PROLOGUE();
     __shared__ float factor[ATTN_MAX_SPLITS];
@@ -611,14 +611,14 @@ DEVICE void kv_row_part(P row, u32 lane, float* out) {
 // the lanes' slices.
 template <int DPL>
 DEVICE void attn_key_update(const float (*qv)[DPL], const float* kr, const float* vr, u32 nh,
-                            float* m, float* l, float (*acc)[DPL]) {
+                            float softcap, float* m, float* l, float (*acc)[DPL]) {
 #pragma unroll
     for (u32 g = 0; g < ATTN_DEC_HEADS; ++g) {
         if (g >= nh) break;
         float s = 0.0f;
 #pragma unroll
         for (int i = 0; i < DPL; ++i) s += qv[g][i] * kr[i];
-        s = warp_sum(s);
+        s = softcap_logit(warp_sum(s), softcap);
         const float m_new = fmaxf(m[g], s);
         const float alpha = m[g] > attn_neg_inf() ? expf(m[g] - m_new) : 0.0f;
         const float p = expf(s - m_new);
@@ -633,7 +633,7 @@ template <typename P, int DPL>
 DEVICE void attn_decode_core(const float* q, P k_cache, P v_cache,
                              const i32* positions, float* out, float* part_ms, float* part_acc,
                              u32 n_head, u32 n_head_kv, u32 d, u32 slots, u32 window,
-                             float scale, u32 heads_per_block, u32 n_split,
+                             float scale, float softcap, u32 heads_per_block, u32 n_split,
                              u32 keys_per_split, float* sm_acc, float* sm_ml,
                              KV_PAGES_PARAMS) {
     const u32 lane = threadIdx.x % WARP_SIZE;
@@ -712,8 +712,8 @@ DEVICE void attn_decode_core(const float* q, P k_cache, P v_cache,
         kv_row_part<P, DPL>(v_head + slot * row, lane, vr);
         kv_row_part<P, DPL>(k_head + slot2 * row, lane, kr2);
         kv_row_part<P, DPL>(v_head + slot2 * row, lane, vr2);
-        attn_key_update<DPL>(qv, kr, vr, nh, m, l, acc);
-        if (two) attn_key_update<DPL>(qv, kr2, vr2, nh, m, l, acc);
+        attn_key_update<DPL>(qv, kr, vr, nh, softcap, m, l, acc);
+        if (two) attn_key_update<DPL>(qv, kr2, vr2, nh, softcap, m, l, acc);
     }
     // The warps' partials meet in shared memory.
 #pragma unroll
@@ -757,9 +757,10 @@ DEVICE void attn_decode_core(const float* q, P k_cache, P v_cache,
 }
 
 #define ATTN_DECODE_ENTRY(name, T, P)                                                           \
-    KERNEL void name(const float* q, const T* k_cache, const T* v_cache, const i32* positions, \
+    KERNEL void __launch_bounds__(ATTN_DEC_WARPS * WARP_SIZE)                                 \
+    name(const float* q, const T* k_cache, const T* v_cache, const i32* positions, \
                      float* out, float* part_ms, float* part_acc, u32 n_head, u32 n_head_kv,   \
-                     u32 d, u32 slots, u32 window, float scale, u32 heads_per_block,           \
+                     u32 d, u32 slots, u32 window, float scale, float softcap, u32 heads_per_block, \
                      u32 n_split, u32 keys_per_split, KV_PAGES_PARAMS) {                       \
         KERNEL_PROLOGUE();                                                                     \
         /* Declared here once: per instantiation below they would add up. */                  \
@@ -769,25 +770,25 @@ DEVICE void attn_decode_core(const float* q, P k_cache, P v_cache,
             case 1:                                                                            \
                 attn_decode_core<P, 1>(q, kv_ptr(k_cache), kv_ptr(v_cache), positions, out,    \
                                        part_ms, part_acc, n_head, n_head_kv, d, slots, window, \
-                                       scale, heads_per_block, n_split, keys_per_split,        \
+                                       scale, softcap, heads_per_block, n_split, keys_per_split, \
                                        sm_acc, sm_ml, KV_PAGES_ARGS);                          \
                 break;                                                                         \
             case 2:                                                                            \
                 attn_decode_core<P, 2>(q, kv_ptr(k_cache), kv_ptr(v_cache), positions, out,    \
                                        part_ms, part_acc, n_head, n_head_kv, d, slots, window, \
-                                       scale, heads_per_block, n_split, keys_per_split,        \
+                                       scale, softcap, heads_per_block, n_split, keys_per_split, \
                                        sm_acc, sm_ml, KV_PAGES_ARGS);                          \
                 break;                                                                         \
             case 4:                                                                            \
                 attn_decode_core<P, 4>(q, kv_ptr(k_cache), kv_ptr(v_cache), positions, out,    \
                                        part_ms, part_acc, n_head, n_head_kv, d, slots, window, \
-                                       scale, heads_per_block, n_split, keys_per_split,        \
+                                       scale, softcap, heads_per_block, n_split, keys_per_split, \
                                        sm_acc, sm_ml, KV_PAGES_ARGS);                          \
                 break;                                                                         \
             case 8:                                                                            \
                 attn_decode_core<P, 8>(q, kv_ptr(k_cache), kv_ptr(v_cache), positions, out,    \
                                        part_ms, part_acc, n_head, n_head_kv, d, slots, window, \
-                                       scale, heads_per_block, n_split, keys_per_split,        \
+                                       scale, softcap, heads_per_block, n_split, keys_per_split, \
                                        sm_acc, sm_ml, KV_PAGES_ARGS);                          \
                 break;                                                                         \
             default:                                                                           \
@@ -832,10 +833,10 @@ DEVICE void f16x8_to_f32(uint4 raw, float* out) {
     }
 }
 
-KERNEL void attn_decode_tile_f16(const float* q, const u16* k_cache, const u16* v_cache,
+KERNEL void __launch_bounds__(ATTN_TD_THREADS) attn_decode_tile_f16(const float* q, const u16* k_cache, const u16* v_cache,
                                  const i32* positions, float* out, float* part_ms,
                                  float* part_acc, u32 n_head, u32 n_head_kv, u32 d, u32 slots,
-                                 u32 window, float scale, u32 heads_per_block, u32 n_split,
+                                 u32 window, float scale, float softcap, u32 heads_per_block, u32 n_split,
                                  u32 keys_per_split, KV_PAGES_PARAMS) {
     KERNEL_PROLOGUE();
     // Scores, then probabilities, of the tile per head; the rescale factor of each head; the
@@ -944,7 +945,7 @@ KERNEL void attn_decode_tile_f16(const float* q, const u16* k_cache, const u16* 
 #pragma unroll
                     for (int j = 0; j < 8; ++j) s += qv[g][j] * kf[j];
                     for (u32 m = lpr / 2; m > 0; m >>= 1) s += warp_shfl_xor(s, (int)m);
-                    if (c == 0) s_sh[g][key] = valid ? s : attn_neg_inf();
+                    if (c == 0) s_sh[g][key] = valid ? softcap_logit(s, softcap) : attn_neg_inf();
                 }
             }
         }

@@ -63,7 +63,7 @@ template <typename P, int D, int BQ>
 DEVICE void attn_prefill_mma(const float* __restrict__ q, P k_cache, P v_cache,
                              const i32* __restrict__ positions,
                              float* __restrict__ out, u32 n_tokens, u32 n_head, u32 n_head_kv,
-                             u32 slots, u32 window, float scale, KV_PAGES_PARAMS) {
+                             u32 slots, u32 window, float scale, float softcap, KV_PAGES_PARAMS) {
     constexpr u32 LDQ = D + 8;  // row stride (halves) of Q and K
     constexpr u32 WARPS = BQ / 16;
     constexpr u32 KV_HALVES = (FA_BKV * LDQ > D * FA_LDP) ? FA_BKV * LDQ : D * FA_LDP;
@@ -162,7 +162,7 @@ DEVICE void attn_prefill_mma(const float* __restrict__ q, P k_cache, P v_cache,
             for (u32 c = 0; c < FA_BKV / FA_TPR; ++c) {
                 const i64 kp = kt + sc + c;
                 const bool visible = row_valid && kp <= pos && kp >= first;
-                s[c] = visible ? s_sh[sr * FA_LDS + sc + c] : fa_neg_inf();
+                s[c] = visible ? softcap_logit(s_sh[sr * FA_LDS + sc + c], softcap) : fa_neg_inf();
                 m_tile = fmaxf(m_tile, s[c]);
             }
 #pragma unroll
@@ -214,13 +214,14 @@ DEVICE void attn_prefill_mma(const float* __restrict__ q, P k_cache, P v_cache,
 }
 
 #define ATTN_PREFILL_MMA_ENTRY(D, BQ)                                                        \
-    KERNEL void attn_prefill_mma_d##D(const float* q, const u16* k_cache, const u16* v_cache, \
+    KERNEL void __launch_bounds__(BQ / 16 * WARP_SIZE)                                      \
+    attn_prefill_mma_d##D(const float* q, const u16* k_cache, const u16* v_cache, \
                                       const i32* positions, float* out, u32 n_tokens,        \
                                       u32 n_head, u32 n_head_kv, u32 slots, u32 window,      \
-                                      float scale, KV_PAGES_PARAMS) {                        \
+                                      float scale, float softcap, KV_PAGES_PARAMS) {         \
         KERNEL_PROLOGUE();                                                                   \
         attn_prefill_mma<const u16*, D, BQ>(q, k_cache, v_cache, positions, out, n_tokens,   \
-                                            n_head, n_head_kv, slots, window, scale,         \
+                                            n_head, n_head_kv, slots, window, scale, softcap, \
                                             KV_PAGES_ARGS);                                  \
     }
 ATTN_PREFILL_MMA_ENTRY(64, 64)
@@ -229,15 +230,16 @@ ATTN_PREFILL_MMA_ENTRY(256, 32)
 
 // The same over q8_0 caches: attn_prefill_mma_q8_0_d64, _d128 and _d256.
 #define ATTN_PREFILL_MMA_Q8_ENTRY(D, BQ)                                                     \
-    KERNEL void attn_prefill_mma_q8_0_d##D(const float* q, const u8* k_cache,               \
+    KERNEL void __launch_bounds__(BQ / 16 * WARP_SIZE)                                      \
+    attn_prefill_mma_q8_0_d##D(const float* q, const u8* k_cache,               \
                                            const u8* v_cache, const i32* positions,         \
                                            float* out, u32 n_tokens, u32 n_head,            \
                                            u32 n_head_kv, u32 slots, u32 window,            \
-                                           float scale, KV_PAGES_PARAMS) {                  \
+                                           float scale, float softcap, KV_PAGES_PARAMS) {   \
         KERNEL_PROLOGUE();                                                                   \
         attn_prefill_mma<KvQ8, D, BQ>(q, kv_q8_at(k_cache), kv_q8_at(v_cache), positions,    \
                                       out, n_tokens, n_head, n_head_kv, slots, window,       \
-                                      scale, KV_PAGES_ARGS);                                 \
+                                      scale, softcap, KV_PAGES_ARGS);                        \
     }
 ATTN_PREFILL_MMA_Q8_ENTRY(64, 64)
 ATTN_PREFILL_MMA_Q8_ENTRY(128, 64)

@@ -190,6 +190,11 @@ DEVICE int dot4_i8(int a, int b, int c) {
 #endif
 }
 
+// Gemma 2's soft-capping of a logit: cap * tanh(x / cap), which bounds it to (-cap, cap) and
+// is about x for |x| << cap; cap = 0 leaves x as it is. Attention applies it to every scaled
+// score before the softmax, and the output layer to the final logits.
+DEVICE float softcap_logit(float x, float cap) { return cap > 0.0f ? cap * tanhf(x / cap) : x; }
+
 // A float's bits mapped to an unsigned integer with the same order as Rust's `f32::total_cmp`
 // (-NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN).
 DEVICE u32 float_order_key(float v) {

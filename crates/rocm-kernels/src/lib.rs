@@ -3,6 +3,10 @@
 //!
 //! * [`source`]: the table of kernel modules: each module's source file and entry points. Every
 //!   source starts with `kernels/portability.h`, the only place where HIP and CUDA differ.
+//! * [`code_object`]: what each kernel of an AMD code object asks of the hardware (registers,
+//!   spills, LDS, scratch, the block size it was compiled for) and the rules it is held to.
+//! * [`launch_bounds`]: the largest block each kernel is launched with, which its
+//!   `__launch_bounds__` declares.
 //! * [`cache`]: compiled code objects on disk, keyed by source hash, architecture, compiler
 //!   version and flags; the folder is `$HIPDECODE_KERNEL_CACHE` (`off` disables it), else the
 //!   user's cache folder.
@@ -13,9 +17,11 @@
 //! * [`reference`](mod@reference): the CPU reference of every op, which the GPU tests compare against.
 
 pub mod cache;
+pub mod code_object;
 pub mod error;
 pub mod kernels;
 pub mod knobs;
+pub mod launch_bounds;
 pub mod mma;
 pub mod ops;
 pub mod reference;

@@ -51,6 +51,25 @@ const KV_PAGES_H: &str = include_str!("../kernels/kv_pages.h");
 const KV_Q8_H: &str = include_str!("../kernels/kv_q8.h");
 const MMA_H: &str = include_str!("../kernels/mma.h");
 
+/// The headers the programs are pasted together from, by file name under `kernels/`.
+const HEADERS: [(&str, &str); 5] = [
+    ("portability.h", PORTABILITY_H),
+    ("quant.h", QUANT_H),
+    ("kv_pages.h", KV_PAGES_H),
+    ("kv_q8.h", KV_Q8_H),
+    ("mma.h", MMA_H),
+];
+
+/// Every file the programs are made of, as (file name under `kernels/`, text): the headers,
+/// then each module's own file in [`KernelModule::ALL`]'s order. Source checks (the wave-size
+/// audit) read this list, so a new module or header is checked without being named again.
+pub fn bundled_files() -> Vec<(&'static str, &'static str)> {
+    HEADERS
+        .into_iter()
+        .chain(KernelModule::ALL.into_iter().map(KernelModule::file))
+        .collect()
+}
+
 impl KernelModule {
     /// Every module, in a fixed order.
     pub const ALL: [KernelModule; 14] = [
@@ -90,23 +109,33 @@ impl KernelModule {
         }
     }
 
-    fn body(self) -> &'static str {
-        match self {
-            KernelModule::Embed => include_str!("../kernels/embed.hip"),
-            KernelModule::Norm => include_str!("../kernels/norm.hip"),
-            KernelModule::Rope => include_str!("../kernels/rope.hip"),
-            KernelModule::Elementwise => include_str!("../kernels/elementwise.hip"),
-            KernelModule::KvCache => include_str!("../kernels/kv_cache.hip"),
-            KernelModule::Attention => include_str!("../kernels/attention.hip"),
-            KernelModule::AttentionMma => include_str!("../kernels/attention_mma.hip"),
-            KernelModule::Sampling => include_str!("../kernels/sampling.hip"),
-            KernelModule::Matvec => include_str!("../kernels/matvec.hip"),
-            KernelModule::MatvecQ8 => include_str!("../kernels/matvec_q8.hip"),
-            KernelModule::Matmul => include_str!("../kernels/matmul.hip"),
-            KernelModule::MatmulMma => include_str!("../kernels/matmul_mma.hip"),
-            KernelModule::Moe => include_str!("../kernels/moe.hip"),
-            KernelModule::Dequant => include_str!("../kernels/dequant.hip"),
+    /// The module's own file: its name under `kernels/` and its text.
+    pub fn file(self) -> (&'static str, &'static str) {
+        macro_rules! kernel_file {
+            ($name:literal) => {
+                ($name, include_str!(concat!("../kernels/", $name)))
+            };
         }
+        match self {
+            KernelModule::Embed => kernel_file!("embed.hip"),
+            KernelModule::Norm => kernel_file!("norm.hip"),
+            KernelModule::Rope => kernel_file!("rope.hip"),
+            KernelModule::Elementwise => kernel_file!("elementwise.hip"),
+            KernelModule::KvCache => kernel_file!("kv_cache.hip"),
+            KernelModule::Attention => kernel_file!("attention.hip"),
+            KernelModule::AttentionMma => kernel_file!("attention_mma.hip"),
+            KernelModule::Sampling => kernel_file!("sampling.hip"),
+            KernelModule::Matvec => kernel_file!("matvec.hip"),
+            KernelModule::MatvecQ8 => kernel_file!("matvec_q8.hip"),
+            KernelModule::Matmul => kernel_file!("matmul.hip"),
+            KernelModule::MatmulMma => kernel_file!("matmul_mma.hip"),
+            KernelModule::Moe => kernel_file!("moe.hip"),
+            KernelModule::Dequant => kernel_file!("dequant.hip"),
+        }
+    }
+
+    fn body(self) -> &'static str {
+        self.file().1
     }
 
     /// The `extern "C"` kernels of the module that [`crate::Kernels`] looks up at load time.
@@ -121,6 +150,7 @@ impl KernelModule {
                 "add_bias_rows",
                 "add_scaled",
                 "scale_inplace",
+                "softcap_inplace",
                 "copy_f32",
                 "zero_f32",
                 "spin_cycles",
@@ -417,7 +447,8 @@ mod tests {
         for module in KernelModule::ALL {
             let body = module.body();
             let mut kernels = 0;
-            for (at, _) in body.match_indices("KERNEL void ") {
+            // Every declaration, whatever follows the macro (`KERNEL void __launch_bounds__(…)`).
+            for (at, _) in body.match_indices("KERNEL ") {
                 kernels += 1;
                 let open = at + body[at..].find('{').expect("a kernel has a body");
                 let first = body[open + 1..]
@@ -443,11 +474,15 @@ mod tests {
             let names = module.entry_points();
             for (i, name) in names.iter().enumerate() {
                 assert!(!names[..i].contains(name), "{name} listed twice");
-                // Macro-generated names are spelled whole only after expansion; their stem
-                // (up to the last '_') is in the source.
-                let stem = name.rsplit_once('_').map_or(*name, |(s, _)| s);
+                // Macro-generated names are spelled whole only after expansion: `<op>##param`
+                // in an entry macro, instantiated with `(<rest>, …)` (directly, or through
+                // quant.h's FOR_EACH_WEIGHT_FORMAT).
+                let generated = (1..name.len()).any(|at| {
+                    let (op, rest) = name.split_at(at);
+                    source.contains(&format!("{op}##")) && source.contains(&format!("({rest},"))
+                });
                 assert!(
-                    source.contains(name) || source.contains(stem),
+                    source.contains(name) || generated,
                     "{}: entry point {name} is not in the source",
                     module.name()
                 );

@@ -876,6 +876,7 @@ fn q8_0_caches_refuse_rows_and_heads_that_are_not_whole_blocks_and_unfit_kernels
         head_dim_k: 64,
         head_dim_v: 64,
         scale: 0.1,
+        softcap: None,
         window: None,
         slots: 16,
     };
@@ -1025,6 +1026,8 @@ struct Case {
     n_tokens: usize,
     elem: KvElem,
     path: Kind,
+    /// Soft-capping of the scores (Gemma 2).
+    softcap: Option<f32>,
 }
 
 /// Runs one case with random cache contents in every slot, against the reference reading the
@@ -1039,6 +1042,7 @@ fn run_case(gpu: &Gpu, case: Case, seed: u64) {
         head_dim_k: d,
         head_dim_v: d,
         scale: 1.0 / (d as f32).sqrt(),
+        softcap: case.softcap,
         window: case.window,
         slots: case.slots,
     };
@@ -1160,6 +1164,7 @@ fn case(n_head: usize, n_head_kv: usize, head_dim: usize, slots: usize, pos0: us
         n_tokens: 1,
         elem: KvElem::F32,
         path: Kind::Decode,
+        softcap: None,
     }
 }
 
@@ -1274,6 +1279,7 @@ fn decode_attention_can_leave_its_output_quantized_as_the_quantizer_would() {
             head_dim_k: d,
             head_dim_v: d,
             scale: 1.0 / (d as f32).sqrt(),
+            softcap: None,
             window: None,
             slots: 300,
         };
@@ -1395,6 +1401,7 @@ fn prefill_attention_matches_the_reference_causal_windowed_and_grouped() {
         n_tokens,
         elem,
         path: Kind::Prefill,
+        softcap: None,
     };
     let cases = [
         // A whole prompt from position 0.
@@ -1415,6 +1422,7 @@ fn prefill_attention_matches_the_reference_causal_windowed_and_grouped() {
         // A prefill-sized batch through the decode path gives the same answers.
         Case {
             path: Kind::Decode,
+            softcap: None,
             ..prefill(8, 2, 128, 512, 0, 40, None, KvElem::F16)
         },
     ];
@@ -1424,6 +1432,7 @@ fn prefill_attention_matches_the_reference_causal_windowed_and_grouped() {
         if c.path == Kind::Prefill {
             let other = Case {
                 path: Kind::PrefillPerQuery,
+                softcap: None,
                 ..c
             };
             run_case(&gpu, other, 400 + i as u64);
@@ -1447,6 +1456,7 @@ fn flash_prefill_matches_the_reference_causal_windowed_grouped_and_partial() {
         n_tokens,
         elem: KvElem::F16,
         path: Kind::PrefillFlash,
+        softcap: None,
     };
     let cases = [
         // Whole prompts from position 0: tiles of 64 queries (heads of 64 and 128) and of 32
@@ -1497,6 +1507,7 @@ fn flash_prefill_refuses_what_it_is_not_built_for() {
             head_dim_k: d,
             head_dim_v: d,
             scale: 0.1,
+            softcap: None,
             window: None,
             slots: 16,
         };
@@ -1579,6 +1590,7 @@ fn q8_0_prefill_attention_matches_the_reference_over_the_same_bytes() {
         n_tokens,
         elem: KvElem::Q8_0,
         path,
+        softcap: None,
     };
     let mut cases = Vec::new();
     for path in [Kind::Prefill, Kind::PrefillPerQuery, Kind::PrefillFlash] {
@@ -1602,6 +1614,149 @@ fn q8_0_prefill_attention_matches_the_reference_over_the_same_bytes() {
     }
 }
 
+/// Gemma 2's soft-capped scores on every kernel: decode (auto, one warp per key, key tiles),
+/// prefill (tiled, one query per block, flash on the matrix cores and its SIMT build), over f32,
+/// f16 and q8_0 caches, against the reference with the same cap. The cap (2) is below the
+/// scores these inputs make, so a kernel that skipped it would be far off: the first check
+/// asserts that for the reference itself.
+#[test]
+fn soft_capped_scores_match_the_reference_on_every_kernel() {
+    let Some(gpu) = gpu("soft_capped_scores_match_the_reference") else {
+        return;
+    };
+    let capped = |path, elem, head_dim, slots, pos0, n_tokens, window| Case {
+        n_head: 8,
+        n_head_kv: 2,
+        head_dim,
+        slots,
+        window,
+        pos0,
+        n_tokens,
+        elem,
+        path,
+        softcap: Some(2.0),
+    };
+    {
+        // The cap matters at these inputs: capped and uncapped references differ by far more
+        // than any tolerance below.
+        let c = capped(Kind::Decode, KvElem::F32, 64, 300, 299, 1, None);
+        let mut noise = seeded(1);
+        let d = c.head_dim;
+        let q = uniform_vec(
+            &mut noise,
+            c.n_head * d,
+            -2.0 * 3f32.sqrt(),
+            2.0 * 3f32.sqrt(),
+        );
+        let k = uniform_vec(
+            &mut noise,
+            c.slots * c.n_head_kv * d,
+            -3f32.sqrt(),
+            3f32.sqrt(),
+        );
+        let v = uniform_vec(&mut noise, c.slots * c.n_head_kv * d, -1.0, 1.0);
+        let shape = AttentionShape {
+            n_tokens: 1,
+            n_head: c.n_head,
+            n_head_kv: c.n_head_kv,
+            head_dim_k: d,
+            head_dim_v: d,
+            scale: 1.0 / (d as f32).sqrt(),
+            softcap: c.softcap,
+            window: None,
+            slots: c.slots,
+        };
+        let run = |shape: &AttentionShape| {
+            let mut out = vec![0.0; c.n_head * d];
+            let (hk, hv) = (HostKv::F32(&k), HostKv::F32(&v));
+            reference::attention::attention(&q, hk, hv, &[299], None, &mut out, shape).unwrap();
+            out
+        };
+        let (with, without) = (
+            run(&shape),
+            run(&AttentionShape {
+                softcap: None,
+                ..shape
+            }),
+        );
+        let rms = (with.iter().map(|x| x * x).sum::<f32>() / with.len() as f32).sqrt();
+        let max = with
+            .iter()
+            .zip(&without)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(
+            max > 0.05 * rms,
+            "the cap changes the output by only {max} (rms {rms})"
+        );
+    }
+    let mut seed = 2300;
+    for elem in [KvElem::F32, KvElem::F16, KvElem::Q8_0] {
+        for path in [
+            Kind::Decode,
+            Kind::DecodeWarpPerKey,
+            Kind::Prefill,
+            Kind::PrefillPerQuery,
+        ] {
+            for (head_dim, slots, pos0, n_tokens, window) in [
+                (64, 300, 299, 1, None),
+                (128, 4100, 4096, 3, None),
+                (64, 131, 4093, 4, Some(128)),
+                (128, 200, 0, 37, None),
+            ] {
+                let decode = matches!(path, Kind::Decode | Kind::DecodeWarpPerKey);
+                if decode != (n_tokens <= 4) {
+                    continue;
+                }
+                seed += 1;
+                run_case(
+                    &gpu,
+                    capped(path, elem, head_dim, slots, pos0, n_tokens, window),
+                    seed,
+                );
+            }
+        }
+    }
+    // Key tiles read f16 caches only; the flash kernel f16 and q8_0 ones.
+    seed += 1;
+    run_case(
+        &gpu,
+        capped(Kind::DecodeKeyTiles, KvElem::F16, 128, 4100, 4096, 1, None),
+        seed,
+    );
+    let flash = [
+        capped(Kind::PrefillFlash, KvElem::F16, 128, 512, 0, 300, None),
+        capped(
+            Kind::PrefillFlash,
+            KvElem::F16,
+            256,
+            191,
+            4000,
+            64,
+            Some(128),
+        ),
+        capped(Kind::PrefillFlash, KvElem::Q8_0, 64, 600, 256, 65, None),
+    ];
+    for c in flash {
+        seed += 1;
+        run_case(&gpu, c, seed);
+    }
+    let Gpu {
+        kernels,
+        stream,
+        _serial,
+    } = gpu;
+    let simt = Gpu {
+        kernels: common::simt_kernels("soft_capped_scores_match_the_reference", kernels.device()),
+        stream,
+        _serial,
+    };
+    for c in flash {
+        seed += 1;
+        run_case(&simt, c, seed);
+    }
+}
+
 #[test]
 fn attention_refuses_bad_shapes_and_a_short_workspace() {
     let Some(gpu) = gpu("attention_refuses_bad_shapes") else {
@@ -1614,6 +1769,7 @@ fn attention_refuses_bad_shapes_and_a_short_workspace() {
         head_dim_k: 64,
         head_dim_v: 64,
         scale: 0.125,
+        softcap: None,
         window: None,
         slots: 1024,
     };
@@ -1715,6 +1871,7 @@ fn replay_decode_steps(gpu: &Gpu, elem: KvElem, window: Option<usize>, slots: us
         head_dim_k: d,
         head_dim_v: d,
         scale: 1.0 / (d as f32).sqrt(),
+        softcap: None,
         window,
         slots,
     };
@@ -1972,6 +2129,7 @@ fn paged_stores_and_attention_read_each_sequences_own_blocks() {
             head_dim_k: d,
             head_dim_v: d,
             scale: 1.0 / (d as f32).sqrt(),
+            softcap: None,
             window: None,
             slots,
         };

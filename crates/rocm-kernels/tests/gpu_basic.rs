@@ -240,6 +240,41 @@ fn gated_activations_match_the_reference() {
 }
 
 #[test]
+fn softcap_matches_the_reference_and_stays_inside_the_cap() {
+    let Some((k, s)) = setup("softcap_matches_the_reference") else {
+        return;
+    };
+    let mut rng = seeded(4);
+    for cap in [30.0f32, 0.5] {
+        for len in LENS {
+            let x = uniform_vec(&mut rng, len, -100.0, 100.0);
+            let mut want = x.clone();
+            reference::elementwise::softcap(&mut want, len, cap).unwrap();
+            let xb = upload(k, &x);
+            elementwise::softcap(k, &s, &mut view_mut(&xb, len), len, cap).unwrap();
+            let got = download::<f32>(&s, &xb, len);
+            // tanhf differs by a few ulp between libraries.
+            assert_close(
+                &got,
+                &want,
+                1e-5,
+                1e-6 * cap,
+                &format!("cap {cap} len {len}"),
+            );
+            assert!(
+                got.iter().all(|v| v.abs() <= cap),
+                "cap {cap}: a value past the cap"
+            );
+        }
+    }
+    let xb = upload(k, &[1.0f32]);
+    for cap in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        let e = elementwise::softcap(k, &s, &mut view_mut(&xb, 1), 1, cap).unwrap_err();
+        assert!(e.to_string().contains("cap"), "{e}");
+    }
+}
+
+#[test]
 fn add_bias_scale_copy_and_zero_match_the_reference_exactly() {
     let Some((k, s)) = setup("add_bias_scale_copy_and_zero_match_the_reference_exactly") else {
         return;

@@ -501,6 +501,9 @@ pub trait Backend: Send {
     ) -> Result<()>;
     /// `x += y` over `len` values (the residual add).
     fn add(&mut self, x: &mut Self::Buffer, y: &Self::Buffer, len: usize) -> Result<()>;
+    /// `x = cap * tanh(x / cap)` over `len` values (Gemma 2's final logits); `cap` is finite
+    /// and positive.
+    fn softcap(&mut self, x: &mut Self::Buffer, len: usize, cap: f32) -> Result<()>;
     /// Copies row `src_row` of `src` to row `dst_row` of `dst`.
     fn copy_row(
         &mut self,

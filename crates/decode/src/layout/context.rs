@@ -51,6 +51,7 @@ pub fn step_bounds(spec: &ModelSpec, kv: &KvPlan, max_batch: usize) -> StepBound
                 head_dim_k: s.head_dim_k,
                 head_dim_v: s.head_dim_v,
                 scale: s.attn_scale,
+                softcap: s.attn_softcap,
                 window: l.window,
                 slots,
             })

@@ -317,6 +317,7 @@ impl<B: Backend> Model<B> {
                 head_dim_k: s.head_dim_k,
                 head_dim_v: s.head_dim_v,
                 scale: s.attn_scale,
+                softcap: s.attn_softcap,
                 window: ls.window,
                 slots: layer_kv.slots,
             };
@@ -423,6 +424,9 @@ impl<B: Backend> Model<B> {
             be.rms_norm(&a.proj, output_norm, &mut a.xn, n_out, e, s.eps)?;
             probe(be, norm_site, &a.xn, n_out * e)?;
             be.matmul(out_w, &a.xn, &mut a.logits, n_out)?;
+        }
+        if let (Some(cap), true) = (s.final_softcap, n_out > 0) {
+            be.softcap(&mut a.logits, n_out * s.vocab, cap)?;
         }
         probe(be, out_site, &a.logits, n_out * s.vocab)
     }

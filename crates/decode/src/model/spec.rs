@@ -37,6 +37,10 @@ pub struct ModelSpec {
     pub context_length: usize,
     pub embed_scale: f32,
     pub attn_scale: f32,
+    /// Soft-capping of the scaled attention scores (Gemma 2).
+    pub attn_softcap: Option<f32>,
+    /// Soft-capping of the output logits (Gemma 2).
+    pub final_softcap: Option<f32>,
     pub gate: GateActivation,
     pub qk_norm: bool,
     pub sandwich_norms: bool,
@@ -66,7 +70,8 @@ impl ModelSpec {
         let key = |k: &str| format!("{arch_name}.{k}");
         // Before anything is sized by a count from the metadata.
         let widths = consistency::check(file, &arch_name, &c)?;
-        let gemma = c.architecture == Architecture::Gemma3;
+        let gemma = c.architecture.is_gemma();
+        let gemma3 = c.architecture == Architecture::Gemma3;
         let n_rot = match file.get(&key("rope.dimension_count")) {
             Some(_) => file.get_u32(&key("rope.dimension_count"))? as usize,
             None => c.head_dim_k,
@@ -96,7 +101,7 @@ impl ModelSpec {
                     neox: c.architecture != Architecture::Llama,
                     freq_base: c.rope_base_for_layer(il),
                     // Gemma 3 scales positions on its global layers only.
-                    position_scale: if gemma && c.is_sliding_layer(il) {
+                    position_scale: if gemma3 && c.is_sliding_layer(il) {
                         1.0
                     } else {
                         position_scale
@@ -122,6 +127,8 @@ impl ModelSpec {
             context_length: c.context_length,
             embed_scale: if gemma { (c.n_embd as f32).sqrt() } else { 1.0 },
             attn_scale: 1.0 / (query_pre_attn_scalar(&c) as f32).sqrt(),
+            attn_softcap: c.attn_logit_softcap,
+            final_softcap: c.final_logit_softcap,
             gate: if gemma {
                 GateActivation::GeluTanh
             } else {
@@ -150,10 +157,18 @@ impl ModelSpec {
 /// GGUF has no key for it, so the 27B model is recognised by its depth: 62 layers, which no
 /// other Gemma 3 size has (270M: 18, 1B: 26, 4B: 34, 12B: 48). llama.cpp decides it the same way.
 pub const GEMMA3_27B_LAYERS: usize = 62;
+/// Gemma 2 27B likewise scales by `n_embd / n_head` (4608 / 32 = 144, against heads of 128),
+/// and is recognised by its 46 layers (2B: 26, 9B: 42), as llama.cpp does.
+pub const GEMMA2_27B_LAYERS: usize = 46;
 
 /// The number whose inverse square root scales attention scores.
 pub fn query_pre_attn_scalar(c: &ModelConfig) -> usize {
-    if c.architecture == Architecture::Gemma3 && c.n_layers == GEMMA3_27B_LAYERS {
+    let is_27b = match c.architecture {
+        Architecture::Gemma3 => c.n_layers == GEMMA3_27B_LAYERS,
+        Architecture::Gemma2 => c.n_layers == GEMMA2_27B_LAYERS,
+        _ => false,
+    };
+    if is_27b {
         // n_head >= 1: ModelConfig refuses a zero count.
         c.n_embd / c.n_head
     } else {

@@ -10,11 +10,15 @@
 //!   digits);
 //! - a pattern without look-around, matched with the `regex` crate;
 //! - a pattern `P|\s+(?!\S)|\s+` (or without the last `|\s+`): `P` matched with the `regex`
-//!   crate at each position, then the whitespace rule by hand.
+//!   crate at each position, then the whitespace rule by hand;
+//! - any other pattern with look-arounds (tekken's, gpt-4o's, granite-embed-multi-97m's):
+//!   `fancy-regex`,
+//!   a backtracking matcher that takes the `regex` crate's Unicode classes, as Python's `regex`
+//!   and llama.cpp's `std::regex` backtrack.
 //!
-//! Names whose patterns need other look-arounds (gpt-4o, llama4, tekken, ...) or that llama.cpp
-//! treats apart (byte-level encoding off, separators added, custom matchers) are in
-//! [`REFUSED`]: errors that say why.
+//! Names whose look-aheads make matching quadratic (tiny_aya's digit groups, jais-2's cascade of
+//! whitespace runs, ...) or that llama.cpp treats apart (byte-level encoding off, separators
+//! added, custom matchers) are in [`REFUSED`]: errors that say why.
 //!
 //! Letters and numbers in the scanners are the Unicode general categories `L` and `N`, taken
 //! from the `regex` crate's tables so the scanners and the regex passes agree on every code
@@ -72,7 +76,8 @@ pub struct Refused {
     pub reason: &'static str,
 }
 
-const LOOK_AROUND: &str = "its pattern needs look-arounds other than a trailing \\s+(?!\\S)";
+const QUADRATIC: &str = "its look-ahead makes matching quadratic in a long run of digits or \
+                         spaces, which a request could use to stall the tokenizer";
 const NO_BYTE_MAP: &str = "llama.cpp encodes it without GPT-2's byte map";
 const SEPARATORS: &str = "llama.cpp adds separator tokens around its text";
 const CUSTOM: &str = "llama.cpp splits it with a matcher of its own, not a pattern";
@@ -80,26 +85,19 @@ const CUSTOM: &str = "llama.cpp splits it with a matcher of its own, not a patte
 /// llama.cpp's names that [`PreTokenizer::for_name`] refuses.
 #[rustfmt::skip]
 pub const REFUSED: &[Refused] = &[
+    Refused { name: "cohere2moe", reason: QUADRATIC },
+    Refused { name: "jais-2", reason: QUADRATIC },
+    Refused { name: "superbpe", reason: QUADRATIC },
+    Refused { name: "tiny_aya", reason: QUADRATIC },
     Refused { name: "afmoe", reason: CUSTOM },
     Refused { name: "chameleon", reason: "llama.cpp splits its image and sentinel tokens apart" },
-    Refused { name: "cohere2moe", reason: LOOK_AROUND },
     Refused { name: "gemma4", reason: NO_BYTE_MAP },
-    Refused { name: "gpt-4o", reason: LOOK_AROUND },
     Refused { name: "granite-embed-multi-311m", reason: NO_BYTE_MAP },
-    Refused { name: "granite-embed-multi-97m", reason: LOOK_AROUND },
-    Refused { name: "jais-2", reason: LOOK_AROUND },
     Refused { name: "jina-v1-en", reason: SEPARATORS },
     Refused { name: "jina-v2-code", reason: SEPARATORS },
-    Refused { name: "kanana2", reason: LOOK_AROUND },
     Refused { name: "kimi-k2", reason: CUSTOM },
-    Refused { name: "llama4", reason: LOOK_AROUND },
-    Refused { name: "minimax-m2", reason: LOOK_AROUND },
     Refused { name: "roberta-bpe", reason: SEPARATORS },
     Refused { name: "sarvam-moe", reason: NO_BYTE_MAP },
-    Refused { name: "superbpe", reason: LOOK_AROUND },
-    Refused { name: "talkie", reason: LOOK_AROUND },
-    Refused { name: "tekken", reason: LOOK_AROUND },
-    Refused { name: "tiny_aya", reason: LOOK_AROUND },
     Refused { name: "whitespace", reason: NO_BYTE_MAP },
 ];
 
@@ -260,6 +258,27 @@ pub const RECIPES: &[Recipe] = &[
         ],
         ignore_merges: true,
     },
+    Recipe {
+        names: &["tekken"],
+        patterns: &[
+            r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ],
+        ignore_merges: true,
+    },
+    Recipe {
+        names: &["gpt-4o", "kanana2", "llama4", "minimax-m2", "talkie"],
+        patterns: &[
+            r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ],
+        ignore_merges: false,
+    },
+    Recipe {
+        names: &["granite-embed-multi-97m"],
+        patterns: &[
+            r"[^\r\n\p{L}\p{N}]?((?=[\p{L}\p{M}])([^a-z]))*((?=[\p{L}\p{M}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}\p{M}])([^a-z]))+((?=[\p{L}\p{M}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ],
+        ignore_merges: true,
+    },
 ];
 
 /// A compiled pass.
@@ -268,6 +287,8 @@ enum Compiled {
     Pattern(Regex),
     /// `P` anchored at the position it is tried at, and whether `\s+` follows the look-ahead.
     PatternOrSpace(Regex, bool),
+    /// A pattern with look-arounds, backtracking.
+    LookAround(fancy_regex::Regex),
 }
 
 /// How one of llama.cpp's patterns is run here (see the module docs), or why it cannot be.
@@ -290,6 +311,13 @@ fn compile(name: &str, pattern: &str) -> Result<Compiled> {
                 return Ok(Compiled::PatternOrSpace(regex(&format!("^(?:{p})"))?, tail));
             }
         }
+    }
+    if pattern.contains("(?=") || pattern.contains("(?!") || pattern.contains("(?<") {
+        return fancy_regex::Regex::new(pattern)
+            .map(Compiled::LookAround)
+            .map_err(|e| {
+                DecodeError::Tokenizer(format!("pre-tokenizer '{name}': pattern {pattern:?}: {e}"))
+            });
     }
     regex(pattern).map(Compiled::Pattern)
 }
@@ -355,21 +383,33 @@ impl PreTokenizer {
                     Compiled::Scan(scheme) => split(*scheme, piece, &mut next, work),
                     Compiled::Pattern(re) => {
                         work.matcher_steps += piece.len() as u64;
-                        let mut last = 0;
+                        let spans = re.find_iter(piece).map(|m| m.range());
+                        split_at_matches(piece, spans, &mut next);
+                    }
+                    Compiled::LookAround(re) => {
+                        work.matcher_steps += piece.len() as u64;
+                        let mut spans = Vec::new();
                         for m in re.find_iter(piece) {
-                            // An empty match splits nothing.
-                            if m.start() == m.end() {
-                                continue;
+                            match m {
+                                Ok(m) => spans.push(m.range()),
+                                Err(e) => {
+                                    // The matcher's only run-time error: a search took more
+                                    // than its backtracking limit (a million backtracks). The
+                                    // accepted patterns stay far below it on long runs of one
+                                    // character class; should text ever reach it, the rest of
+                                    // the piece stays one pre-token: the encoding still spells
+                                    // the text, but its tokens may differ from llama.cpp's.
+                                    work.matcher_limits += 1;
+                                    tracing::warn!(
+                                        "pre-tokenizer pattern gave up on a {} byte piece \
+                                         ({e}); it stays one pre-token",
+                                        piece.len() - spans.last().map_or(0, |r| r.end)
+                                    );
+                                    break;
+                                }
                             }
-                            if m.start() > last {
-                                next.push(&piece[last..m.start()]);
-                            }
-                            next.push(m.as_str());
-                            last = m.end();
                         }
-                        if last < piece.len() {
-                            next.push(&piece[last..]);
-                        }
+                        split_at_matches(piece, spans.into_iter(), &mut next);
                     }
                     Compiled::PatternOrSpace(re, tail) => {
                         split_pattern_or_space(re, *tail, piece, &mut next, work)
@@ -379,6 +419,29 @@ impl PreTokenizer {
             pieces = next;
         }
         pieces
+    }
+}
+
+/// `piece` cut into the non-empty `matches` (in order, not overlapping) and the stretches
+/// between them; an empty match splits nothing.
+fn split_at_matches<'t>(
+    piece: &'t str,
+    matches: impl Iterator<Item = std::ops::Range<usize>>,
+    out: &mut Vec<&'t str>,
+) {
+    let mut last = 0;
+    for m in matches {
+        if m.start == m.end {
+            continue;
+        }
+        if m.start > last {
+            out.push(&piece[last..m.start]);
+        }
+        out.push(&piece[m.clone()]);
+        last = m.end;
+    }
+    if last < piece.len() {
+        out.push(&piece[last..]);
     }
 }
 
@@ -702,12 +765,15 @@ mod tests {
         unique.dedup();
         assert_eq!(unique.len(), names.len(), "a name is in two recipes");
         assert!(names.len() >= 60, "{names:?}");
-        let e = PreTokenizer::for_name(Some("gpt-4o"))
+        let e = PreTokenizer::for_name(Some("tiny_aya"))
             .err()
             .unwrap()
             .to_string();
-        assert!(e.contains("gpt-4o") && e.contains("deepseek-coder"), "{e}");
-        assert!(e.contains("look-arounds"), "{e}");
+        assert!(
+            e.contains("tiny_aya") && e.contains("deepseek-coder"),
+            "{e}"
+        );
+        assert!(e.contains("quadratic"), "{e}");
         for r in REFUSED {
             assert!(
                 !names.contains(&r.name),
@@ -730,6 +796,7 @@ mod tests {
                     Compiled::Scan(s) => format!("{s:?}"),
                     Compiled::Pattern(_) => "pattern".into(),
                     Compiled::PatternOrSpace(_, tail) => format!("pattern+space({tail})"),
+                    Compiled::LookAround(_) => "look-around".into(),
                 })
                 .collect()
         };
@@ -739,6 +806,7 @@ mod tests {
         assert_eq!(kinds("smollm"), ["pattern", "Gpt2"]);
         assert_eq!(kinds("qwen35"), ["pattern+space(true)"]);
         assert_eq!(kinds("bloom"), ["pattern"]);
+        assert_eq!(kinds("tekken"), ["look-around"]);
     }
 
     #[test]

@@ -12,4 +12,7 @@ pub struct Work {
     pub merge_lookups: u64,
     /// Merges done.
     pub merges: u64,
+    /// Searches of a look-around pattern that stopped at the matcher's backtracking limit
+    /// (see [`super::PreTokenizer::split_counting`]).
+    pub matcher_limits: u64,
 }

@@ -37,7 +37,7 @@ use hip_ffi::{DevicePtr, LaunchConfig, Stream};
 const OP: &str = "attention";
 /// Threads per attention block, which is also the keys per tile (one key per thread). A
 /// multiple of both wave sizes.
-const BLOCK: u32 = 256;
+pub(crate) const BLOCK: u32 = 256;
 /// Query heads per block; `ATTN_MAX_HEADS` in `attention.hip`.
 const MAX_HEADS_PER_BLOCK: usize = 8;
 /// V dimensions per thread; `ATTN_MAX_ITEMS` in `attention.hip`.
@@ -80,10 +80,21 @@ pub struct AttentionShape {
     pub head_dim_v: usize,
     /// Factor applied to every `q · k`.
     pub scale: f32,
+    /// Gemma 2's soft-capping of the scaled scores, `cap * tanh(s / cap)`, before the softmax;
+    /// `None` leaves them as they are.
+    pub softcap: Option<f32>,
     /// Sliding window: a query at position p sees keys at positions > p - window.
     pub window: Option<usize>,
     /// Rows of the K and V caches; position p is in slot `p % slots`.
     pub slots: usize,
+}
+
+impl AttentionShape {
+    /// A scaled score after the shape's soft-capping (itself when there is none): what the
+    /// kernels' `softcap_logit` computes, for the CPU implementations.
+    pub fn cap_score(&self, s: f32) -> f32 {
+        crate::reference::elementwise::softcap_logit(s, self.softcap.unwrap_or(0.0))
+    }
 }
 
 /// Checks `shape` against the lengths of the views (in elements); shared with the CPU reference.
@@ -129,6 +140,16 @@ pub fn check(
     check_shape(s.scale.is_finite(), OP, || {
         format!("scale = {} is not finite", s.scale)
     })?;
+    check_shape(
+        s.softcap.is_none_or(|c| c.is_finite() && c > 0.0),
+        OP,
+        || {
+            format!(
+                "softcap = {:?} must be a finite positive cap, or None for no capping",
+                s.softcap
+            )
+        },
+    )?;
     let fits = |what: &str, parts: &[usize], len: usize| -> Result<()> {
         let need = parts.iter().try_fold(1usize, |a, &b| a.checked_mul(b));
         check_shape(need.is_some_and(|n| n <= len), OP, || {
@@ -187,10 +208,10 @@ struct Plan {
 }
 
 /// Threads per block of the key-tile decode kernel (`ATTN_TD_THREADS`).
-const DECODE_TILE_THREADS: u32 = 128;
+pub(crate) const DECODE_TILE_THREADS: u32 = 128;
 
 /// Which kernel [`attention_decode_on`] runs for a shape whose heads split evenly over a warp
-/// (`head_dim_k == head_dim_v`, a multiple of 64, at most 256). Other shapes always take the
+/// (`head_dim_k == head_dim_v`, 64, 128 or 256). Other shapes always take the
 /// one-thread-per-key kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecodeKernel {
@@ -206,7 +227,7 @@ pub enum DecodeKernel {
 }
 
 /// Warps per block of the one-warp-per-key decode kernel (`ATTN_DEC_WARPS`).
-const DECODE_WARPS: u32 = 4;
+pub(crate) const DECODE_WARPS: u32 = 4;
 /// Query heads per block of that kernel (`ATTN_DEC_HEADS`).
 const DECODE_HEADS: usize = 4;
 /// Keys per split unit of that kernel: two per warp, so the key range spreads over many
@@ -216,11 +237,12 @@ const DECODE_HEADS: usize = 4;
 const DECODE_TILE: usize = 8;
 
 /// Whether the one-warp-per-key decode kernel takes `shape`: equal K and V head sizes that a
-/// warp of 32 or 64 lanes splits into at most eight values per lane.
+/// warp of 32 or 64 lanes splits into at most eight values per lane. Only 64, 128 and 256: the
+/// kernel has a case for 1, 2, 4 and 8 values per lane (a head of 192 would be 6 or 3, and
+/// write nothing), and the key-tile kernel's rows of d / 8 lanes must be a power of two for
+/// its shuffle sums.
 fn warp_per_key_applies(shape: &AttentionShape) -> bool {
-    shape.head_dim_k == shape.head_dim_v
-        && shape.head_dim_k.is_multiple_of(64)
-        && shape.head_dim_k <= 256
+    shape.head_dim_k == shape.head_dim_v && matches!(shape.head_dim_k, 64 | 128 | 256)
 }
 
 /// The decode plan: the one-warp-per-key kernel where it applies, else [`plan`].
@@ -497,6 +519,8 @@ fn launch(
     )?;
     let shared_bytes = to_u32(OP, "shared bytes", plan.shared_bytes)?;
     let function = kernels.function(KernelModule::Attention, entry)?;
+    // The kernels take 0 for "no cap".
+    let softcap = shape.softcap.unwrap_or(0.0);
     let mut l = function.builder(stream);
     l.arg(&q_ptr)
         .arg(&k_ptr)
@@ -515,6 +539,7 @@ fn launch(
     l.arg(&slots)
         .arg(&window)
         .arg(&shape.scale)
+        .arg(&softcap)
         .arg(&heads_per_block)
         .arg(&n_split)
         .arg(&plan.keys_per_split);
@@ -867,6 +892,17 @@ fn flash_kernel(elem: KvElem, head_dim: usize) -> Option<(&'static str, usize)> 
     }
 }
 
+/// Warps per block of the flash kernel `entry` (its queries / 16, as [`launch_prefill_flash`]
+/// launches it), for the launch-bounds table; `None` for another name.
+pub(crate) fn flash_warps(entry: &str) -> Option<u32> {
+    [KvElem::F16, KvElem::Q8_0]
+        .into_iter()
+        .flat_map(|elem| [64, 128, 256].map(|d| flash_kernel(elem, d)))
+        .flatten()
+        .find(|(name, _)| *name == entry)
+        .map(|(_, queries)| (queries / 16) as u32)
+}
+
 fn launch_prefill_flash(
     kernels: &Kernels,
     stream: &Stream,
@@ -895,6 +931,8 @@ fn launch_prefill_flash(
     let function = kernels.function(KernelModule::AttentionMma, entry)?;
     let (q_ptr, k_ptr, v_ptr) = (io.q.ptr(), io.k.ptr(), io.v.ptr());
     let (positions_ptr, out_ptr) = (io.positions.ptr(), io.out.ptr());
+    // The kernels take 0 for "no cap".
+    let softcap = shape.softcap.unwrap_or(0.0);
     let mut l = function.builder(stream);
     l.arg(&q_ptr)
         .arg(&k_ptr)
@@ -906,7 +944,8 @@ fn launch_prefill_flash(
         .arg(&n_head_kv)
         .arg(&slots)
         .arg(&window)
-        .arg(&shape.scale);
+        .arg(&shape.scale)
+        .arg(&softcap);
     pages.push(&mut l);
     let warps = (queries / 16) as u32;
     let config = LaunchConfig {
@@ -933,6 +972,8 @@ fn launch_prefill_flash(
 pub const PREFILL_TILED_MAX_HEAD_DIM: usize = 256;
 /// Queries and keys per tile of `attn_prefill_*` (ATTN_TQ, ATTN_TK in attention.hip).
 const PREFILL_TILE: usize = 16;
+/// Threads per block of `attn_prefill_*`: one per (query, key) of a tile (ATTN_T_THREADS).
+pub(crate) const PREFILL_THREADS: u32 = (PREFILL_TILE * PREFILL_TILE) as u32;
 
 fn launch_prefill_tiled(
     kernels: &Kernels,
@@ -968,6 +1009,8 @@ fn launch_prefill_tiled(
     let function = kernels.function(KernelModule::Attention, entry)?;
     let (q_ptr, k_ptr, v_ptr) = (io.q.ptr(), io.k.ptr(), io.v.ptr());
     let (positions_ptr, out_ptr) = (io.positions.ptr(), io.out.ptr());
+    // The kernels take 0 for "no cap".
+    let softcap = shape.softcap.unwrap_or(0.0);
     let mut l = function.builder(stream);
     l.arg(&q_ptr)
         .arg(&k_ptr)
@@ -981,11 +1024,12 @@ fn launch_prefill_tiled(
         .arg(&dv)
         .arg(&slots)
         .arg(&window)
-        .arg(&shape.scale);
+        .arg(&shape.scale)
+        .arg(&softcap);
     pages.push(&mut l);
     let config = LaunchConfig {
         grid: [n_tokens.div_ceil(t as u32), n_head, 1],
-        block: [(t * t) as u32, 1, 1],
+        block: [PREFILL_THREADS, 1, 1],
         shared_bytes,
     };
     // SAFETY: the arguments match `attn_prefill_{f16,f32,q8_0}` in order and type (q8_0 caches
@@ -1010,6 +1054,7 @@ mod tests {
             head_dim_k: dk,
             head_dim_v: dv,
             scale: 0.125,
+            softcap: None,
             window: None,
             slots: 4096,
         }
@@ -1046,6 +1091,11 @@ mod tests {
         let p = decode_plan(&big).unwrap();
         assert!(p.warp_per_key && !decode_plan(&odd).unwrap().warp_per_key);
         assert_eq!(p.keys_per_split, 8);
+        // A multiple of 64 that is not 64, 128 or 256 has no warp-per-key instance.
+        let mut d192 = big;
+        d192.head_dim_k = 192;
+        d192.head_dim_v = 192;
+        assert!(!decode_plan(&d192).unwrap().warp_per_key);
     }
 
     #[test]

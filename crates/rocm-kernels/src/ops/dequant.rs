@@ -32,7 +32,7 @@ use std::ops::Range;
 const OP_DEQUANT: &str = "dequantize_f16";
 const OP_CONVERT: &str = "f32_to_f16";
 /// Threads per block: a multiple of both wave sizes; the kernels do not depend on it.
-const THREADS: u32 = 256;
+pub(crate) const THREADS: u32 = 256;
 /// Values per thread: one 16-byte store of halves.
 const RUN: usize = 8;
 

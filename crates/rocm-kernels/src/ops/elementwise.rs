@@ -14,7 +14,12 @@ use crate::view::{DeviceSlice, DeviceSliceMut};
 use hip_ffi::{LaunchConfig, Stream};
 
 /// Threads per block: a multiple of both wave sizes.
-const BLOCK: u32 = 256;
+pub(crate) const BLOCK: u32 = 256;
+/// Threads per block of `gated_q8`: one per value, a multiple of 32 so that the 32 values of
+/// a quantization group are whole on 32 lanes.
+pub(crate) const GATED_Q8_THREADS: u32 = 256;
+/// `spin_cycles` runs on one thread.
+pub(crate) const SPIN_THREADS: u32 = 1;
 /// Most blocks of one launch; the kernels loop over what remains.
 const MAX_BLOCKS: u32 = 8192;
 
@@ -116,7 +121,7 @@ pub fn gated_q8(
         .arg(&d_p)
         .arg(&groups)
         .arg(&act_code);
-    const THREADS: u32 = 256;
+    const THREADS: u32 = GATED_Q8_THREADS;
     // SAFETY: the arguments match `gated_q8(float*, const float*, i8*, float*, u32, u32)`;
     // thread k < 32 * groups = n touches value k of gate, up and the quantized values and
     // scale k / 32, all inside the views checked above; gate and up do not overlap. THREADS
@@ -272,6 +277,33 @@ pub fn scale(
     Ok(())
 }
 
+/// `x = cap * tanh(x / cap)` over `len` values: soft-capped logits (Gemma 2's final ones).
+/// `cap` must be finite and positive.
+pub fn softcap(
+    kernels: &Kernels,
+    stream: &Stream,
+    x: &mut DeviceSliceMut<f32>,
+    len: usize,
+    cap: f32,
+) -> Result<()> {
+    const OP: &str = "softcap";
+    let n = count(OP, len)?;
+    fits(OP, "x", x.len(), len)?;
+    check_shape(cap.is_finite() && cap > 0.0, OP, || {
+        format!("cap = {cap} must be finite and positive")
+    })?;
+    if n == 0 {
+        return Ok(());
+    }
+    let function = kernels.function(KernelModule::Elementwise, "softcap_inplace")?;
+    let mut l = function.builder(stream);
+    let x_p = x.ptr();
+    l.arg(&x_p).arg(&cap).arg(&n);
+    // SAFETY: the arguments match `softcap_inplace(float*, float, u32)`; x holds `len` values.
+    unsafe { l.launch(config(n)) }?;
+    Ok(())
+}
+
 /// Copies `rows` rows of `dim` starting at row `src_row` of `src` to row `dst_row` of `dst`.
 ///
 /// Reads `rows * dim` values of `src` from value `src_row * dim`, writes as many of `dst` from
@@ -346,7 +378,7 @@ pub fn spin(kernels: &Kernels, stream: &Stream, cycles: u64) -> Result<()> {
     unsafe {
         l.launch(hip_ffi::LaunchConfig {
             grid: [1, 1, 1],
-            block: [1, 1, 1],
+            block: [SPIN_THREADS, 1, 1],
             shared_bytes: 0,
         })
     }?;

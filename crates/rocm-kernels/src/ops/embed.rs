@@ -18,7 +18,7 @@ use hip_ffi::{DevicePtr, LaunchConfig, Stream};
 
 const OP: &str = "embed";
 /// Threads per block (one block per token).
-const THREADS: u32 = 256;
+pub(crate) const THREADS: u32 = 256;
 
 /// Writes `out[t][c] = table[tokens[t]][c] * scale` for `t < n_tokens`, `c < dim` (the
 /// table's columns); an out-of-range id gives a zero row and sets `error_flag[0] = 1` when a

@@ -21,7 +21,7 @@ use hip_ffi::{DevicePtr, LaunchBuilder, LaunchConfig, Stream};
 
 const OP: &str = "kv_store";
 /// Threads per block of the store kernels (a multiple of both wave sizes).
-const BLOCK: u32 = 256;
+pub(crate) const BLOCK: u32 = 256;
 
 /// Element type of a K/V cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

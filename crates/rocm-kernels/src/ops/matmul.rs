@@ -18,7 +18,7 @@ use hip_ffi::{LaunchConfig, Stream};
 
 const OP: &str = "matmul";
 /// Threads per block, fixed by the kernel's tiling (`MATMUL_THREADS`).
-const THREADS: u32 = 256;
+pub(crate) const THREADS: u32 = 256;
 /// Tokens per tile (`MATMUL_BT`).
 const TILE_TOKENS: u32 = 64;
 /// Rows per tile (`MATMUL_BR`).

@@ -27,7 +27,7 @@ use hip_ffi::{LaunchConfig, Stream};
 
 const OP: &str = "matmul_mma";
 /// Warps per block (`MMA_WARPS`): each owns 16 weight rows of the tile.
-const WARPS: u32 = 4;
+pub(crate) const WARPS: u32 = 4;
 /// Tokens per tile (`MM_BT`).
 pub const TILE_TOKENS: usize = 64;
 /// Weight rows per tile (`MM_BR`).
@@ -46,7 +46,7 @@ const MIN_SPLIT_STEPS: usize = 2;
 /// what keeps enough weight loads in flight.
 const BLOCKS_PER_MULTIPROCESSOR: usize = 4;
 /// Threads per block of the reduction.
-const REDUCE_THREADS: u32 = 256;
+pub(crate) const REDUCE_THREADS: u32 = 256;
 
 /// How many splits of the columns a product of `n_tokens` rows by a `rows` x `cols` matrix
 /// takes on a device of `multiprocessors`, given a partials buffer of `partial_floats` f32:

@@ -146,7 +146,7 @@ pub fn quantize(
     let (x_p, v_p, s_p) = (x.ptr(), q.values.ptr(), q.scales.ptr());
     let mut l = function.builder(stream);
     l.arg(&x_p).arg(&v_p).arg(&s_p).arg(&groups);
-    const THREADS: u32 = 256;
+    const THREADS: u32 = QUANTIZE_THREADS;
     // SAFETY: `quantize_q8(const float*, i8*, float*, u32)`: thread k < 32 * groups reads x[k]
     // and writes values[k] and scales[k / 32], all inside the views checked above (n = 32 *
     // groups values). THREADS is a multiple of 32, as the kernel's group shuffles need.
@@ -160,8 +160,12 @@ pub fn quantize(
     Ok(())
 }
 
+/// Threads per block of `quantize_q8`: one per value, a multiple of 32 so that the 32 values
+/// of a group are whole on 32 lanes.
+pub(crate) const QUANTIZE_THREADS: u32 = 256;
+
 /// Threads per block of the product (a multiple of both wave sizes).
-const BLOCK_THREADS: u32 = 128;
+pub(crate) const BLOCK_THREADS: u32 = 128;
 
 fn warps_per_row(rows: usize, pieces_per_row: usize, wave: u32, multiprocessors: u32) -> u32 {
     crate::ops::matvec::warps_per_row(rows, pieces_per_row, wave, multiprocessors, BLOCK_THREADS)

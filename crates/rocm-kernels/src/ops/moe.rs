@@ -27,7 +27,7 @@ use hip_ffi::{LaunchConfig, Stream};
 /// Largest grid y dimension every device takes.
 const MAX_GRID_Y: u32 = 65_535;
 /// Threads per block of the weighted sum.
-const SUM_THREADS: u32 = 256;
+pub(crate) const SUM_THREADS: u32 = 256;
 
 /// Where each (token, slot) pair of [`matvec_id`] takes its input row from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

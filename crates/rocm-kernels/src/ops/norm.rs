@@ -20,7 +20,10 @@ const OP: &str = "rms_norm";
 /// Longest row normalized by one warp (`rms_norm_warp`); longer rows get a block.
 pub const WARP_ROW_MAX: usize = 256;
 /// Threads per block of the one-warp-per-row kernel: a multiple of both wave sizes.
-const WARP_KERNEL_BLOCK: u32 = 256;
+pub(crate) const WARP_KERNEL_BLOCK: u32 = 256;
+/// Most threads per block of the one-block-per-row kernels (`rms_norm_rows`,
+/// `add_rms_norm_q8`), which take about four values per thread.
+pub(crate) const ROWS_MAX_BLOCK: u32 = 1024;
 /// Most rows of one launch: one block per row of up to 1024 threads must keep the grid's thread
 /// count within 2^32 (HIP's limit).
 pub const MAX_ROWS: usize = 1 << 22;
@@ -201,7 +204,7 @@ pub fn add_rms_norm(
     }
     let (x_p, w_p, o_p) = (x.ptr(), weight.ptr(), out.ptr());
     let dim_u = dim as u32;
-    let block = (dim_u.div_ceil(4).div_ceil(64) * 64).clamp(64, 1024);
+    let block = (dim_u.div_ceil(4).div_ceil(64) * 64).clamp(64, ROWS_MAX_BLOCK);
     let function = kernels.function(KernelModule::Norm, "add_rms_norm_q8")?;
     let mut l = function.builder(stream);
     l.arg(&x_p)
@@ -320,7 +323,7 @@ fn launch(
     } else {
         // About four values per thread, in whole multiples of 64 (a multiple of both wave
         // sizes), between 64 and 1024 threads.
-        let block = (dim_u.div_ceil(4).div_ceil(64) * 64).clamp(64, 1024);
+        let block = (dim_u.div_ceil(4).div_ceil(64) * 64).clamp(64, ROWS_MAX_BLOCK);
         let function = kernels.function(KernelModule::Norm, "rms_norm_rows")?;
         let mut l = function.builder(stream);
         l.arg(&x).arg(&weight).arg(&out).arg(&dim_u).arg(&eps);

@@ -21,7 +21,7 @@ use hip_ffi::{DevicePtr, LaunchConfig, Stream};
 
 const OP: &str = "rope";
 /// Most threads per block (blocks per row cover the row's (head, pair) items).
-const MAX_BLOCK: u32 = 256;
+pub(crate) const MAX_BLOCK: u32 = 256;
 /// Most blocks per row (grid y); a row with more items loops over them.
 const MAX_ROW_BLOCKS: u32 = 64;
 /// Most rotated dimensions per head: the kernel keeps one angle per pair in shared memory

@@ -43,11 +43,11 @@ const OP: &str = "sampling";
 /// Length (u64 values) of the workspace [`argmax`] and [`sample`] need, whatever `n`.
 pub const ARGMAX_WORKSPACE: usize = 256;
 /// Threads per argmax block: a multiple of both wave sizes.
-const ARGMAX_BLOCK: u32 = 256;
+pub(crate) const ARGMAX_BLOCK: u32 = 256;
 /// Values per thread of an argmax block before another block is worth its launch share.
 const ARGMAX_PER_THREAD: u32 = 8;
 /// Threads of the one sampling block.
-const SAMPLE_BLOCK: u32 = 1024;
+pub(crate) const SAMPLE_BLOCK: u32 = 1024;
 /// Longest row [`sample`] takes: the fixed-point weights (2^40 per unit) of every candidate
 /// must sum within 2^64.
 pub const MAX_SAMPLE_VOCAB: usize = 1 << 23;

@@ -61,7 +61,7 @@ pub fn attention(
                     .enumerate()
                     .map(|(d, &x)| x * k.get(base + d))
                     .sum();
-                let s = dot * shape.scale;
+                let s = shape.cap_score(dot * shape.scale);
                 max = max.max(s);
                 scores.push(s);
             }
@@ -96,6 +96,7 @@ mod tests {
             head_dim_k: 2,
             head_dim_v: 2,
             scale: 1.0,
+            softcap: None,
             window,
             slots,
         }

@@ -62,6 +62,25 @@ pub fn scale(x: &mut [f32], len: usize, factor: f32) -> Result<()> {
     Ok(())
 }
 
+/// `cap * tanh(x / cap)`: a soft-capped logit (Gemma 2's attention scores and final logits);
+/// `cap = 0` leaves `x` as it is, as the kernels' `softcap_logit` does.
+pub fn softcap_logit(x: f32, cap: f32) -> f32 {
+    if cap > 0.0 {
+        cap * (x / cap).tanh()
+    } else {
+        x
+    }
+}
+
+/// `x = cap * tanh(x / cap)` over `len` values.
+pub fn softcap(x: &mut [f32], len: usize, cap: f32) -> Result<()> {
+    check_len("softcap", "x", x.len(), len)?;
+    for v in &mut x[..len] {
+        *v = softcap_logit(*v, cap);
+    }
+    Ok(())
+}
+
 /// Copies `rows` rows of `dim` from row `src_row` of `src` to row `dst_row` of `dst`.
 pub fn copy_rows(
     src: &[f32],

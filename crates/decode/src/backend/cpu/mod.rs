@@ -599,6 +599,14 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn softcap(&mut self, x: &mut Vec<f32>, len: usize, cap: f32) -> Result<()> {
+        check_len("softcap", x.len(), len)?;
+        for v in &mut x[..len] {
+            *v = rocm_kernels::reference::elementwise::softcap_logit(*v, cap);
+        }
+        Ok(())
+    }
+
     fn copy_row(
         &mut self,
         src: &Vec<f32>,

@@ -42,7 +42,7 @@ pub fn attention(
             let mut max = f32::NEG_INFINITY;
             for j in first..=pos {
                 let kj = &k[row(j) * kv_stride_k + kvh * a.head_dim_k..][..a.head_dim_k];
-                let s = super::kernels::dot_f32_slice(qh, kj) * a.scale;
+                let s = a.cap_score(super::kernels::dot_f32_slice(qh, kj) * a.scale);
                 max = max.max(s);
                 scores.push(s);
             }
@@ -93,6 +93,7 @@ mod tests {
             head_dim_k: 2,
             head_dim_v: 2,
             scale: 1.0,
+            softcap: None,
             window: None,
             slots: 3,
         };
@@ -138,6 +139,7 @@ mod tests {
             head_dim_k: 1,
             head_dim_v: 1,
             scale: 1.0,
+            softcap: None,
             window: None,
             slots: 2,
         };

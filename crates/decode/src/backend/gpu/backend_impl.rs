@@ -1105,6 +1105,12 @@ impl Backend for GpuBackend {
         self.op_done(|| "add".into(), (3 * len * 4) as u64)
     }
 
+    fn softcap(&mut self, x: &mut GpuBuffer, len: usize, cap: f32) -> Result<()> {
+        elementwise::softcap(&self.kernels, &self.stream, &mut x.view_mut(), len, cap)
+            .map_err(kerr("softcap"))?;
+        self.op_done(|| "softcap".into(), (2 * len * 4) as u64)
+    }
+
     fn copy_row(
         &mut self,
         src: &GpuBuffer,
