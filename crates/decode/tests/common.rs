@@ -320,6 +320,49 @@ pub fn preset_with_weights_as(preset: Preset, ty: GgmlType) -> Vec<u8> {
     )
 }
 
+/// Logit tolerances of the CPU against the numpy reference: max |difference| <= TOL x max(1,
+/// RMS of the reference logits). The exact path differs from numpy in summation order only;
+/// the fast one also quantizes activations to 16 bits per block of 32.
+#[allow(dead_code)]
+pub const EXACT_TOL: f32 = 1e-4;
+#[allow(dead_code)]
+pub const FAST_TOL: f32 = 2e-3;
+
+/// `tokens`' logits at every position on the CPU backend at both precisions, in a context of
+/// 64 with prefill chunked by 10 (so chunking is exercised too), against `want`, the
+/// reference's logits over a vocabulary of `vocab`.
+#[allow(dead_code)]
+pub fn check_cpu_logits(
+    what: &str,
+    file: &std::sync::Arc<GgufFile>,
+    tokens: &[u32],
+    want: &[f32],
+    vocab: usize,
+) {
+    use decode::backend::cpu::CpuBackend;
+    use decode::backend::Precision;
+    use decode::context::ContextOptions;
+    for (precision, tol) in [(Precision::Exact, EXACT_TOL), (Precision::Fast, FAST_TOL)] {
+        let options = ContextOptions {
+            context: 64,
+            max_batch: 10,
+            all_logits: true,
+            sequences: 1,
+            kv_blocks: None,
+        };
+        let mut model = decode::session::Session::load(file, CpuBackend::new(precision), options)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(model.spec().vocab, vocab);
+        let got = model.forward_all_logits(tokens).unwrap();
+        let (max, rms) = test_support::tolerance::compare(&got, want);
+        eprintln!("{what} {precision:?}: max |diff| {max:.2e}, reference rms {rms:.3}");
+        assert!(
+            max <= tol * rms.max(1.0),
+            "{what} {precision:?}: max diff {max} > {tol} x max(rms {rms}, 1)"
+        );
+    }
+}
+
 /// Where decode's tests write the models they build.
 pub fn scratch_dir() -> PathBuf {
     test_support::models::scratch_dir("decode-tests")

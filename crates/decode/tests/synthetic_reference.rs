@@ -15,11 +15,6 @@ use decode::tokenizer::Tokenizer;
 use std::path::PathBuf;
 use test_support::tolerance::compare;
 
-/// Logit tolerance: max |difference| <= TOL x max(1, RMS of the reference logits), as in
-/// real_model_reference.rs.
-const EXACT_TOL: f32 = 1e-4;
-const FAST_TOL: f32 = 2e-3;
-
 const TEXT: &str = "hello world, the quick brown fox jumps over 12 lazy dogs";
 
 fn synth(preset: Preset) -> PathBuf {
@@ -53,33 +48,7 @@ fn check(preset: Preset) {
     let mut tokens = tok.encode(TEXT, tok.vocab().bos.is_some());
     tokens.truncate(24);
     let (want, vocab) = reference_logits(&path, &tokens, &scratch_dir());
-    for (precision, tol) in [(Precision::Exact, EXACT_TOL), (Precision::Fast, FAST_TOL)] {
-        let mut model = Session::load(
-            &file,
-            CpuBackend::new(precision),
-            ContextOptions {
-                context: 64,
-                // Smaller than the sequence, so chunked prefill is exercised too.
-                max_batch: 10,
-                all_logits: true,
-                sequences: 1,
-                kv_blocks: None,
-            },
-        )
-        .unwrap();
-        assert_eq!(model.spec().vocab, vocab);
-        let got = model.forward_all_logits(&tokens).unwrap();
-        let (max, rms) = compare(&got, &want);
-        eprintln!(
-            "{} {precision:?}: max |diff| {max:.2e}, reference rms {rms:.3}",
-            preset.name()
-        );
-        assert!(
-            max <= tol * rms.max(1.0),
-            "{} {precision:?}: max diff {max} > {tol} x max(rms {rms}, 1)",
-            preset.name()
-        );
-    }
+    check_cpu_logits(preset.name(), &file, &tokens, &want, vocab);
     std::fs::remove_file(&path).ok();
 }
 

@@ -7,19 +7,10 @@
 mod common;
 
 use common::*;
-use decode::backend::cpu::CpuBackend;
-use decode::backend::Precision;
-use decode::context::ContextOptions;
 use decode::gguf_loader::synth::Preset;
 use decode::gguf_loader::{GgmlType, GgufFile};
-use decode::session::Session;
 use decode::tokenizer::Tokenizer;
 use std::sync::Arc;
-use test_support::tolerance::compare;
-
-/// As synthetic_reference.rs: max |difference| <= TOL x max(1, RMS of the reference logits).
-const EXACT_TOL: f32 = 1e-4;
-const FAST_TOL: f32 = 2e-3;
 
 fn check(ty: GgmlType) {
     let Some(()) = python_ready() else { return };
@@ -42,29 +33,7 @@ fn check(ty: GgmlType) {
     tokens.truncate(24);
     let (want, vocab) = reference_logits(&path, &tokens, &scratch_dir());
     std::fs::remove_file(&path).ok();
-    for (precision, tol) in [(Precision::Exact, EXACT_TOL), (Precision::Fast, FAST_TOL)] {
-        let mut model = Session::load(
-            &file,
-            CpuBackend::new(precision),
-            ContextOptions {
-                context: 64,
-                // Smaller than the sequence, so chunked prefill is exercised too.
-                max_batch: 10,
-                all_logits: true,
-                sequences: 1,
-                kv_blocks: None,
-            },
-        )
-        .unwrap_or_else(|e| panic!("{ty}: {e}"));
-        assert_eq!(model.spec().vocab, vocab);
-        let got = model.forward_all_logits(&tokens).unwrap();
-        let (max, rms) = compare(&got, &want);
-        eprintln!("{ty} {precision:?}: max |diff| {max:.2e}, reference rms {rms:.3}");
-        assert!(
-            max <= tol * rms.max(1.0),
-            "{ty} {precision:?}: max diff {max} > {tol} x max(rms {rms}, 1)"
-        );
-    }
+    check_cpu_logits(ty.name(), &file, &tokens, &want, vocab);
 }
 
 #[test]
