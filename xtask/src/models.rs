@@ -375,7 +375,9 @@ mod tests {
                 "synth-tiny-llama.gguf",
                 "synth-tiny-qwen3.gguf",
                 "synth-tiny-qwen3moe.gguf",
-                "synth-tiny-gemma3.gguf"
+                "synth-tiny-gemma3.gguf",
+                "synth-tiny-qwen2.gguf",
+                "synth-tiny-gemma2.gguf"
             ]
         );
         for path in &written {

@@ -250,7 +250,7 @@ DEVICE void attn_core(const float* q, P k_cache, P v_cache, const i32* positions
     }
 }
 
-KERNEL void __launch_bounds__(256) attn_f16(const float* q, const u16* k_cache, const u16* v_cache,
+KERNEL void LAUNCH_BOUNDS(256) attn_f16(const float* q, const u16* k_cache, const u16* v_cache,
                      const i32* positions, float* out, float* part_ms, float* part_acc,
                      u32 n_head, u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window,
                      float scale, float softcap, u32 heads_per_block, u32 n_split, u32 keys_per_split,
@@ -263,7 +263,7 @@ KERNEL void __launch_bounds__(256) attn_f16(const float* q, const u16* k_cache, 
                           keys_per_split, attn_smem, red, KV_PAGES_ARGS);
 }
 
-KERNEL void __launch_bounds__(256) attn_f32(const float* q, const float* k_cache, const float* v_cache,
+KERNEL void LAUNCH_BOUNDS(256) attn_f32(const float* q, const float* k_cache, const float* v_cache,
                      const i32* positions, float* out, float* part_ms, float* part_acc,
                      u32 n_head, u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window,
                      float scale, float softcap, u32 heads_per_block, u32 n_split, u32 keys_per_split,
@@ -276,7 +276,7 @@ KERNEL void __launch_bounds__(256) attn_f32(const float* q, const float* k_cache
                             keys_per_split, attn_smem, red, KV_PAGES_ARGS);
 }
 
-KERNEL void __launch_bounds__(256) attn_q8_0(const float* q, const u8* k_cache, const u8* v_cache,
+KERNEL void LAUNCH_BOUNDS(256) attn_q8_0(const float* q, const u8* k_cache, const u8* v_cache,
                       const i32* positions, float* out, float* part_ms, float* part_acc,
                       u32 n_head, u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window,
                       float scale, float softcap, u32 heads_per_block, u32 n_split, u32 keys_per_split,
@@ -427,7 +427,7 @@ DEVICE void attn_prefill_tiled(const float* q, P k_cache, P v_cache,
     }
 }
 
-KERNEL void __launch_bounds__(ATTN_T_THREADS) attn_prefill_f16(const float* q, const u16* k_cache, const u16* v_cache,
+KERNEL void LAUNCH_BOUNDS(ATTN_T_THREADS) attn_prefill_f16(const float* q, const u16* k_cache, const u16* v_cache,
                              const i32* positions, float* out, u32 n_tokens, u32 n_head,
                              u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window, float scale, float softcap,
                              KV_PAGES_PARAMS) {
@@ -438,7 +438,7 @@ KERNEL void __launch_bounds__(ATTN_T_THREADS) attn_prefill_f16(const float* q, c
                                    KV_PAGES_ARGS);
 }
 
-KERNEL void __launch_bounds__(ATTN_T_THREADS) attn_prefill_f32(const float* q, const float* k_cache, const float* v_cache,
+KERNEL void LAUNCH_BOUNDS(ATTN_T_THREADS) attn_prefill_f32(const float* q, const float* k_cache, const float* v_cache,
                              const i32* positions, float* out, u32 n_tokens, u32 n_head,
                              u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window, float scale, float softcap,
                              KV_PAGES_PARAMS) {
@@ -449,7 +449,7 @@ KERNEL void __launch_bounds__(ATTN_T_THREADS) attn_prefill_f32(const float* q, c
                                      KV_PAGES_ARGS);
 }
 
-KERNEL void __launch_bounds__(ATTN_T_THREADS) attn_prefill_q8_0(const float* q, const u8* k_cache, const u8* v_cache,
+KERNEL void LAUNCH_BOUNDS(ATTN_T_THREADS) attn_prefill_q8_0(const float* q, const u8* k_cache, const u8* v_cache,
                               const i32* positions, float* out, u32 n_tokens, u32 n_head,
                               u32 n_head_kv, u32 dk, u32 dv, u32 slots, u32 window, float scale, float softcap,
                               KV_PAGES_PARAMS) {
@@ -470,7 +470,7 @@ KERNEL void __launch_bounds__(ATTN_T_THREADS) attn_prefill_q8_0(const float* q, 
 //
 // With xq (dv a multiple of 32), the output is also quantized for the next int8 product as
 // quantize_q8 would, so that product needs no quantizing launch of its own.
-KERNEL void __launch_bounds__(256) attn_combine(const float* part_ms, const float* part_acc, float* out, u32 n_head,
+KERNEL void LAUNCH_BOUNDS(256) attn_combine(const float* part_ms, const float* part_acc, float* out, u32 n_head,
                          u32 dv, u32 n_split, i8* xq, float* xd) {
     KERNEL_PROLOGUE();
     __shared__ float factor[ATTN_MAX_SPLITS];
@@ -757,7 +757,7 @@ DEVICE void attn_decode_core(const float* q, P k_cache, P v_cache,
 }
 
 #define ATTN_DECODE_ENTRY(name, T, P)                                                           \
-    KERNEL void __launch_bounds__(ATTN_DEC_WARPS * WARP_SIZE)                                 \
+    KERNEL void LAUNCH_BOUNDS(ATTN_DEC_WARPS * WARP_SIZE)                                 \
     name(const float* q, const T* k_cache, const T* v_cache, const i32* positions, \
                      float* out, float* part_ms, float* part_acc, u32 n_head, u32 n_head_kv,   \
                      u32 d, u32 slots, u32 window, float scale, float softcap, u32 heads_per_block, \
@@ -833,7 +833,7 @@ DEVICE void f16x8_to_f32(uint4 raw, float* out) {
     }
 }
 
-KERNEL void __launch_bounds__(ATTN_TD_THREADS) attn_decode_tile_f16(const float* q, const u16* k_cache, const u16* v_cache,
+KERNEL void LAUNCH_BOUNDS(ATTN_TD_THREADS) attn_decode_tile_f16(const float* q, const u16* k_cache, const u16* v_cache,
                                  const i32* positions, float* out, float* part_ms,
                                  float* part_acc, u32 n_head, u32 n_head_kv, u32 d, u32 slots,
                                  u32 window, float scale, float softcap, u32 heads_per_block, u32 n_split,

@@ -214,7 +214,7 @@ DEVICE void attn_prefill_mma(const float* __restrict__ q, P k_cache, P v_cache,
 }
 
 #define ATTN_PREFILL_MMA_ENTRY(D, BQ)                                                        \
-    KERNEL void __launch_bounds__(BQ / 16 * WARP_SIZE)                                      \
+    KERNEL void LAUNCH_BOUNDS(BQ / 16 * WARP_SIZE)                                      \
     attn_prefill_mma_d##D(const float* q, const u16* k_cache, const u16* v_cache, \
                                       const i32* positions, float* out, u32 n_tokens,        \
                                       u32 n_head, u32 n_head_kv, u32 slots, u32 window,      \
@@ -230,7 +230,7 @@ ATTN_PREFILL_MMA_ENTRY(256, 32)
 
 // The same over q8_0 caches: attn_prefill_mma_q8_0_d64, _d128 and _d256.
 #define ATTN_PREFILL_MMA_Q8_ENTRY(D, BQ)                                                     \
-    KERNEL void __launch_bounds__(BQ / 16 * WARP_SIZE)                                      \
+    KERNEL void LAUNCH_BOUNDS(BQ / 16 * WARP_SIZE)                                      \
     attn_prefill_mma_q8_0_d##D(const float* q, const u8* k_cache,               \
                                            const u8* v_cache, const i32* positions,         \
                                            float* out, u32 n_tokens, u32 n_head,            \

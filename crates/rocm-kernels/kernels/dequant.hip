@@ -55,14 +55,14 @@ DEVICE void dequant_f16_impl(const u8* __restrict__ w, u16* __restrict__ out, u3
 }
 
 #define DEQUANT_F16_ENTRY(suffix, FMT)                                                       \
-    KERNEL void __launch_bounds__(256) dequant_f16_##suffix(const u8* w, u16* out, u32 cols, u32 runs_per_row,     \
+    KERNEL void LAUNCH_BOUNDS(256) dequant_f16_##suffix(const u8* w, u16* out, u32 cols, u32 runs_per_row,     \
                                      u32 total_runs) {                                      \
         KERNEL_PROLOGUE();                                                                  \
         dequant_f16_impl<FMT>(w, out, cols, runs_per_row, total_runs);                      \
     }
 FOR_EACH_WEIGHT_FORMAT(DEQUANT_F16_ENTRY)
 
-KERNEL void __launch_bounds__(256) convert_f32_to_f16(const float* __restrict__ x, u16* __restrict__ out, u32 n) {
+KERNEL void LAUNCH_BOUNDS(256) convert_f32_to_f16(const float* __restrict__ x, u16* __restrict__ out, u32 n) {
     KERNEL_PROLOGUE();
     const u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     const u64 i0 = t * 8;

@@ -11,7 +11,7 @@
          i += (u64)gridDim.x * blockDim.x)
 
 // gate = silu(gate) * up = gate / (1 + exp(-gate)) * up.
-KERNEL void __launch_bounds__(256) gated_silu(float* __restrict__ gate, const float* __restrict__ up, u32 n) {
+KERNEL void LAUNCH_BOUNDS(256) gated_silu(float* __restrict__ gate, const float* __restrict__ up, u32 n) {
     KERNEL_PROLOGUE();
     GRID_STRIDE_LOOP(i, n) {
         const float g = gate[i];
@@ -20,7 +20,7 @@ KERNEL void __launch_bounds__(256) gated_silu(float* __restrict__ gate, const fl
 }
 
 // gate = gelu_tanh(gate) * up = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * up.
-KERNEL void __launch_bounds__(256) gated_gelu_tanh(float* __restrict__ gate, const float* __restrict__ up, u32 n) {
+KERNEL void LAUNCH_BOUNDS(256) gated_gelu_tanh(float* __restrict__ gate, const float* __restrict__ up, u32 n) {
     KERNEL_PROLOGUE();
     const float sqrt_2_over_pi = 0.7978846f;
     GRID_STRIDE_LOOP(i, n) {
@@ -36,7 +36,7 @@ KERNEL void __launch_bounds__(256) gated_gelu_tanh(float* __restrict__ gate, con
 // quantize_q8 does into xq / xd. A thread per value, not per group, keeps the loads coalesced
 // and the grid wide enough to reach every multiprocessor: a decode row is only 448 groups.
 // Grid: (ceil(32 * n_groups / blockDim.x), 1, 1), blockDim.x a multiple of 32.
-KERNEL void __launch_bounds__(256) gated_q8(float* __restrict__ gate, const float* __restrict__ up, i8* __restrict__ xq,
+KERNEL void LAUNCH_BOUNDS(256) gated_q8(float* __restrict__ gate, const float* __restrict__ up, i8* __restrict__ xq,
                      float* __restrict__ xd, u32 n_groups, u32 act) {
     KERNEL_PROLOGUE();
     const u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -58,19 +58,19 @@ KERNEL void __launch_bounds__(256) gated_q8(float* __restrict__ gate, const floa
 }
 
 // x += y.
-KERNEL void __launch_bounds__(256) add_inplace(float* __restrict__ x, const float* __restrict__ y, u32 n) {
+KERNEL void LAUNCH_BOUNDS(256) add_inplace(float* __restrict__ x, const float* __restrict__ y, u32 n) {
     KERNEL_PROLOGUE();
     GRID_STRIDE_LOOP(i, n) x[i] += y[i];
 }
 
 // x[r][c] += bias[c] for n = rows * dim elements.
-KERNEL void __launch_bounds__(256) add_bias_rows(float* __restrict__ x, const float* __restrict__ bias, u32 n, u32 dim) {
+KERNEL void LAUNCH_BOUNDS(256) add_bias_rows(float* __restrict__ x, const float* __restrict__ bias, u32 n, u32 dim) {
     KERNEL_PROLOGUE();
     GRID_STRIDE_LOOP(i, n) x[i] += bias[i % dim];
 }
 
 // x += alpha[0] * y, with alpha read from device memory (an MoE routing weight).
-KERNEL void __launch_bounds__(256) add_scaled(float* __restrict__ x, const float* __restrict__ y,
+KERNEL void LAUNCH_BOUNDS(256) add_scaled(float* __restrict__ x, const float* __restrict__ y,
                        const float* __restrict__ alpha, u32 n) {
     KERNEL_PROLOGUE();
     const float a = alpha[0];
@@ -78,19 +78,19 @@ KERNEL void __launch_bounds__(256) add_scaled(float* __restrict__ x, const float
 }
 
 // x *= s.
-KERNEL void __launch_bounds__(256) scale_inplace(float* __restrict__ x, float s, u32 n) {
+KERNEL void LAUNCH_BOUNDS(256) scale_inplace(float* __restrict__ x, float s, u32 n) {
     KERNEL_PROLOGUE();
     GRID_STRIDE_LOOP(i, n) x[i] *= s;
 }
 
 // x = cap * tanh(x / cap): Gemma 2's soft-capped final logits (cap > 0; the host checks).
-KERNEL void __launch_bounds__(256) softcap_inplace(float* __restrict__ x, float cap, u32 n) {
+KERNEL void LAUNCH_BOUNDS(256) softcap_inplace(float* __restrict__ x, float cap, u32 n) {
     KERNEL_PROLOGUE();
     GRID_STRIDE_LOOP(i, n) x[i] = softcap_logit(x[i], cap);
 }
 
 // dst = src (the ranges do not overlap; the host checks).
-KERNEL void __launch_bounds__(256) copy_f32(const float* __restrict__ src, float* __restrict__ dst, u32 n) {
+KERNEL void LAUNCH_BOUNDS(256) copy_f32(const float* __restrict__ src, float* __restrict__ dst, u32 n) {
     KERNEL_PROLOGUE();
     GRID_STRIDE_LOOP(i, n) dst[i] = src[i];
 }
@@ -98,7 +98,7 @@ KERNEL void __launch_bounds__(256) copy_f32(const float* __restrict__ src, float
 // Busy-waits about `cycles` clock ticks (one thread). A profiler queues it first so the host has
 // enqueued a whole step before the device reaches it, and events then time kernels, not the
 // host's enqueue rate.
-KERNEL void __launch_bounds__(1) spin_cycles(u64 cycles) {
+KERNEL void LAUNCH_BOUNDS(1) spin_cycles(u64 cycles) {
     KERNEL_PROLOGUE();
     const u64 start = (u64)clock64();
     while ((u64)clock64() - start < cycles) {
@@ -106,7 +106,7 @@ KERNEL void __launch_bounds__(1) spin_cycles(u64 cycles) {
 }
 
 // x = 0.
-KERNEL void __launch_bounds__(256) zero_f32(float* __restrict__ x, u32 n) {
+KERNEL void LAUNCH_BOUNDS(256) zero_f32(float* __restrict__ x, u32 n) {
     KERNEL_PROLOGUE();
     GRID_STRIDE_LOOP(i, n) x[i] = 0.0f;
 }

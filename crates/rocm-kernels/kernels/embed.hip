@@ -38,7 +38,7 @@ DEVICE void embed_impl(const u8* __restrict__ table, const i32* __restrict__ tok
 }
 
 #define EMBED_ENTRY(suffix, FMT)                                                          \
-    KERNEL void __launch_bounds__(256) embed_##suffix(const u8* table, const i32* tokens, float* out, i32* error_flag, \
+    KERNEL void LAUNCH_BOUNDS(256) embed_##suffix(const u8* table, const i32* tokens, float* out, i32* error_flag, \
                                u32 vocab, u32 dim, float scale) {                         \
         KERNEL_PROLOGUE();                                                                \
         embed_impl<FMT>(table, tokens, out, error_flag, vocab, dim, scale);               \

@@ -14,7 +14,7 @@ DEVICE u32 kv_slot(i32 pos, u32 slots) {
     return (u32)pos % slots;
 }
 
-KERNEL void __launch_bounds__(256) kv_store_f16(u16* dst0, const float* src0, u32 dim0, u16* dst1, const float* src1,
+KERNEL void LAUNCH_BOUNDS(256) kv_store_f16(u16* dst0, const float* src0, u32 dim0, u16* dst1, const float* src1,
                          u32 dim1, const i32* positions, u32 rows, u32 slots,
                          KV_PAGES_PARAMS) {
     KERNEL_PROLOGUE();
@@ -29,7 +29,7 @@ KERNEL void __launch_bounds__(256) kv_store_f16(u16* dst0, const float* src0, u3
     dst[slot * dim + c] = f32_to_f16(src[(u64)row * dim + c]);
 }
 
-KERNEL void __launch_bounds__(256) kv_store_f32(float* dst0, const float* src0, u32 dim0, float* dst1,
+KERNEL void LAUNCH_BOUNDS(256) kv_store_f32(float* dst0, const float* src0, u32 dim0, float* dst1,
                          const float* src1, u32 dim1, const i32* positions, u32 rows,
                          u32 slots, KV_PAGES_PARAMS) {
     KERNEL_PROLOGUE();
@@ -47,7 +47,7 @@ KERNEL void __launch_bounds__(256) kv_store_f32(float* dst0, const float* src0, 
 // q8_0 (kv_q8.h): a row of dim values is dim / 32 blocks of 34 bytes. Thread c quantizes value
 // c; the host makes dim and blockDim.x multiples of 32, so the 32 values of a block are 32
 // consecutive lanes of one wave and a block's lanes return (or not) together.
-KERNEL void __launch_bounds__(256) kv_store_q8_0(u8* dst0, const float* src0, u32 dim0, u8* dst1, const float* src1,
+KERNEL void LAUNCH_BOUNDS(256) kv_store_q8_0(u8* dst0, const float* src0, u32 dim0, u8* dst1, const float* src1,
                           u32 dim1, const i32* positions, u32 rows, u32 slots,
                           KV_PAGES_PARAMS) {
     KERNEL_PROLOGUE();

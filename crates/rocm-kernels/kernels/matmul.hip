@@ -109,7 +109,7 @@ DEVICE void matmul_impl(const u8* __restrict__ w, const float* __restrict__ x,
 }
 
 #define MATMUL_ENTRY(suffix, FMT)                                                        \
-    KERNEL void __launch_bounds__(MATMUL_THREADS) matmul_##suffix(const u8* w, const float* x, float* out, u32 rows, u32 cols, \
+    KERNEL void LAUNCH_BOUNDS(MATMUL_THREADS) matmul_##suffix(const u8* w, const float* x, float* out, u32 rows, u32 cols, \
                                 u32 n_tokens) {                                          \
         KERNEL_PROLOGUE();                                                               \
         matmul_impl<FMT>(w, x, out, rows, cols, n_tokens);                               \

@@ -139,7 +139,7 @@ DEVICE void matmul_mma_impl(const u8* __restrict__ w, const float* __restrict__ 
 }
 
 #define MATMUL_MMA_ENTRY(suffix, FMT)                                                       \
-    KERNEL void __launch_bounds__(MMA_WARPS * WARP_SIZE) matmul_mma_##suffix(const u8* w, const float* x, float* dst, u32 rows,      \
+    KERNEL void LAUNCH_BOUNDS(MMA_WARPS * WARP_SIZE) matmul_mma_##suffix(const u8* w, const float* x, float* dst, u32 rows,      \
                                     u32 cols, u32 n_tokens, u32 k_split) {                  \
         KERNEL_PROLOGUE();                                                                  \
         matmul_mma_impl<FMT>(w, x, dst, rows, cols, n_tokens, k_split);                     \
@@ -148,7 +148,7 @@ FOR_EACH_WEIGHT_FORMAT(MATMUL_MMA_ENTRY)
 
 // out[i] = sum over s < splits of partials[s * n + i], s in order: the split-K sums of
 // matmul_mma_* added the same way on every run. Grid-stride over i < n.
-KERNEL void __launch_bounds__(256) matmul_mma_reduce(const float* __restrict__ partials, float* __restrict__ out,
+KERNEL void LAUNCH_BOUNDS(256) matmul_mma_reduce(const float* __restrict__ partials, float* __restrict__ out,
                               u32 n, u32 splits) {
     KERNEL_PROLOGUE();
     for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {

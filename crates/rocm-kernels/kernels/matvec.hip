@@ -59,7 +59,7 @@ DEVICE void matvec_impl(const u8* __restrict__ w, const float* __restrict__ x,
 }
 
 #define MATVEC_ENTRY(suffix, FMT)                                                        \
-    KERNEL void __launch_bounds__(256) matvec_##suffix(const u8* w, const float* x, float* out, u32 rows, u32 cols, \
+    KERNEL void LAUNCH_BOUNDS(256) matvec_##suffix(const u8* w, const float* x, float* out, u32 rows, u32 cols, \
                                 u32 n_tokens, u32 warps_per_row) {                       \
         KERNEL_PROLOGUE();                                                               \
         __shared__ float partial[32][MATVEC_MAX_TOKENS];                                 \

@@ -26,7 +26,7 @@
 // consecutive lanes of one warp) find its max with shuffles. A thread per value keeps the
 // loads coalesced and spreads a decode row (128 groups for a 4096-wide one) over many
 // multiprocessors. Grid: (ceil(32 * n_groups / blockDim.x), 1, 1), blockDim.x a multiple of 32.
-KERNEL void __launch_bounds__(256) quantize_q8(const float* __restrict__ x, i8* __restrict__ xq, float* __restrict__ xd,
+KERNEL void LAUNCH_BOUNDS(256) quantize_q8(const float* __restrict__ x, i8* __restrict__ xq, float* __restrict__ xd,
                         u32 n_groups) {
     KERNEL_PROLOGUE();
     const u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -632,14 +632,14 @@ DEVICE void matvec_q8_impl(const u8* __restrict__ w, const i8* __restrict__ xq,
 }
 
 #define MATVEC_Q8_ENTRY(suffix, FMT)                                                            \
-    KERNEL void __launch_bounds__(128) matvec_q8_##suffix(const u8* w, const i8* xq, const float* xd, float* out,      \
+    KERNEL void LAUNCH_BOUNDS(128) matvec_q8_##suffix(const u8* w, const i8* xq, const float* xd, float* out,      \
                                    u32 rows, u32 cols, u32 n_tokens, u32 warps_per_row,         \
                                    const u8* w2, float* out2, u32 rows2) {                      \
         KERNEL_PROLOGUE();                                                                      \
         matvec_q8_impl<FMT, MATVEC_Q8_MAX_TOKENS>(w, xq, xd, out, rows, cols, n_tokens,         \
                                                   warps_per_row, w2, out2, rows2);              \
     }                                                                                           \
-    KERNEL void __launch_bounds__(128) matvec_q8_one_##suffix(const u8* w, const i8* xq, const float* xd, float* out,  \
+    KERNEL void LAUNCH_BOUNDS(128) matvec_q8_one_##suffix(const u8* w, const i8* xq, const float* xd, float* out,  \
                                        u32 rows, u32 cols, u32 n_tokens, u32 warps_per_row,     \
                                        const u8* w2, float* out2, u32 rows2) {                  \
         KERNEL_PROLOGUE();                                                                      \
@@ -684,7 +684,7 @@ DEVICE void matvec_id_q8_impl(const u8* __restrict__ w, const i32* __restrict__ 
 }
 
 #define MATVEC_ID_Q8_ENTRY(suffix, FMT)                                                        \
-    KERNEL void __launch_bounds__(128) matvec_id_q8_##suffix(const u8* w, const i32* ids, const i8* xq, const float* xd, \
+    KERNEL void LAUNCH_BOUNDS(128) matvec_id_q8_##suffix(const u8* w, const i32* ids, const i8* xq, const float* xd, \
                                       float* out, u32 n_expert, u32 rows, u32 cols, u32 k,     \
                                       u32 x_per_slot, const u8* w2, float* out2) {             \
         KERNEL_PROLOGUE();                                                                     \
@@ -730,7 +730,7 @@ DEVICE void moe_down_q8_impl(const u8* __restrict__ w, const i32* __restrict__ i
 }
 
 #define MOE_DOWN_Q8_ENTRY(suffix, FMT)                                                         \
-    KERNEL void __launch_bounds__(16 * WARP_SIZE) moe_down_q8_##suffix(const u8* w, const i32* ids, const float* weights,        \
+    KERNEL void LAUNCH_BOUNDS(16 * WARP_SIZE) moe_down_q8_##suffix(const u8* w, const i32* ids, const float* weights,        \
                                      const i8* xq, const float* xd, float* out, u32 n_expert,  \
                                      u32 rows, u32 cols, u32 k) {                              \
         KERNEL_PROLOGUE();                                                                     \

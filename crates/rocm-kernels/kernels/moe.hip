@@ -31,7 +31,7 @@ DEVICE i32 total_order_key(float v) {
     return bits < 0 ? (bits ^ 0x7fffffff) : bits;
 }
 
-KERNEL void __launch_bounds__(256) moe_route_top_k(const float* __restrict__ logits, i32* __restrict__ ids,
+KERNEL void LAUNCH_BOUNDS(256) moe_route_top_k(const float* __restrict__ logits, i32* __restrict__ ids,
                             float* __restrict__ weights, u32 rows, u32 n_expert, u32 k) {
     KERNEL_PROLOGUE();
     const u32 warps = blockDim.x / WARP_SIZE;
@@ -108,14 +108,14 @@ DEVICE void matvec_id_impl(const u8* __restrict__ w, const i32* __restrict__ ids
 }
 
 #define MATVEC_ID_ENTRY(suffix, FMT)                                                           \
-    KERNEL void __launch_bounds__(256) matvec_id_##suffix(const u8* w, const i32* ids, const float* x, float* out,   \
+    KERNEL void LAUNCH_BOUNDS(256) matvec_id_##suffix(const u8* w, const i32* ids, const float* x, float* out,   \
                                    u32 n_expert, u32 rows, u32 cols, u32 k, u32 x_per_slot) { \
         KERNEL_PROLOGUE();                                                                    \
         matvec_id_impl<FMT>(w, ids, x, out, n_expert, rows, cols, k, x_per_slot);             \
     }
 FOR_EACH_WEIGHT_FORMAT(MATVEC_ID_ENTRY)
 
-KERNEL void __launch_bounds__(256) moe_weighted_sum(const float* __restrict__ y, const float* __restrict__ weights,
+KERNEL void LAUNCH_BOUNDS(256) moe_weighted_sum(const float* __restrict__ y, const float* __restrict__ weights,
                              float* out, u32 n_tokens, u32 k, u32 dim, u32 accumulate) {
     KERNEL_PROLOGUE();
     const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;

@@ -11,7 +11,7 @@
 
 // One block per vector (row); blockDim.x is any multiple of WARP_SIZE up to 1024.
 // Grid: (n_vectors, 1, 1).
-KERNEL void __launch_bounds__(1024) rms_norm_rows(const float* x, const float* w, float* out, u32 dim, float eps) {
+KERNEL void LAUNCH_BOUNDS(1024) rms_norm_rows(const float* x, const float* w, float* out, u32 dim, float eps) {
     KERNEL_PROLOGUE();
     __shared__ float scratch[32];
     const u64 base = (u64)blockIdx.x * dim;
@@ -32,7 +32,7 @@ KERNEL void __launch_bounds__(1024) rms_norm_rows(const float* x, const float* w
 // Vectors n_vectors .. n_vectors + n_vectors2 are those of a second tensor, normalized in
 // place with w2 (a layer's keys beside its queries: one launch for both).
 // Grid: (ceil((n_vectors + n_vectors2) / (blockDim.x / WARP_SIZE)), 1, 1).
-KERNEL void __launch_bounds__(256) rms_norm_warp(const float* x, const float* w, float* out, u32 n_vectors, u32 dim,
+KERNEL void LAUNCH_BOUNDS(256) rms_norm_warp(const float* x, const float* w, float* out, u32 n_vectors, u32 dim,
                           float eps, float* x2, const float* w2, u32 n_vectors2) {
     KERNEL_PROLOGUE();
     const u32 warps_per_block = blockDim.x / WARP_SIZE;
@@ -74,7 +74,7 @@ KERNEL void __launch_bounds__(256) rms_norm_warp(const float* x, const float* w,
 // NORM_REG_VALUES * blockDim.x take the loop form.
 #define NORM_REG_VALUES 8
 
-KERNEL void __launch_bounds__(1024) add_rms_norm_q8(float* x, float* y, const float* yw, const float* w, float* out,
+KERNEL void LAUNCH_BOUNDS(1024) add_rms_norm_q8(float* x, float* y, const float* yw, const float* w, float* out,
                             i8* xq, float* xd, u32 dim, float eps) {
     KERNEL_PROLOGUE();
     __shared__ float scratch[32];

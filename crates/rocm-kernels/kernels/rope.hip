@@ -20,7 +20,7 @@
 
 // A second tensor x2 of `n_heads2` heads per row (may be null with 0 heads) rotates by the same
 // angles in the same launch: a layer's queries and keys.
-KERNEL void __launch_bounds__(256) rope_f32(float* x, const i32* positions, const float* freq_factors,
+KERNEL void LAUNCH_BOUNDS(256) rope_f32(float* x, const i32* positions, const float* freq_factors,
                      u32 has_freq_factors, u32 rows, u32 n_heads, u32 head_dim, u32 n_rot,
                      float freq_base, float position_scale, u32 neox, float* x2, u32 n_heads2) {
     KERNEL_PROLOGUE();
@@ -135,7 +135,7 @@ DEVICE void rope_store_impl(float* x, const i32* positions, const float* freq_fa
 }
 
 #define ROPE_STORE_ENTRY(name, T)                                                               \
-    KERNEL void __launch_bounds__(256) name(float* x, const i32* positions, const float* freq_factors,                 \
+    KERNEL void LAUNCH_BOUNDS(256) name(float* x, const i32* positions, const float* freq_factors,                 \
                      u32 has_freq_factors, u32 rows, u32 n_heads, u32 head_dim, u32 n_rot,      \
                      float freq_base, float position_scale, u32 neox, float* x2, u32 n_heads2,  \
                      const float* v, u32 dim_v, T* k_cache, T* v_cache, u32 slots,              \

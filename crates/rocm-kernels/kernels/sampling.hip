@@ -18,7 +18,7 @@ DEVICE u64 argmax_key(float v, u32 i) {
 
 // Pass 1: each block reduces a grid-stride share of the row to its best key in partial[block].
 // Grid: (n_partial, 1, 1), any block size that is a multiple of WARP_SIZE.
-KERNEL void __launch_bounds__(256) argmax_partial(const float* __restrict__ x, u32 n, u64* __restrict__ partial) {
+KERNEL void LAUNCH_BOUNDS(256) argmax_partial(const float* __restrict__ x, u32 n, u64* __restrict__ partial) {
     KERNEL_PROLOGUE();
     __shared__ u64 scratch[32];
     u64 best = 0ull;
@@ -32,7 +32,7 @@ KERNEL void __launch_bounds__(256) argmax_partial(const float* __restrict__ x, u
 }
 
 // Pass 2: one block reduces the partial keys and writes the index.
-KERNEL void __launch_bounds__(256) argmax_final(const u64* __restrict__ partial, u32 n_partial, i32* __restrict__ out) {
+KERNEL void LAUNCH_BOUNDS(256) argmax_final(const u64* __restrict__ partial, u32 n_partial, i32* __restrict__ out) {
     KERNEL_PROLOGUE();
     __shared__ u64 scratch[32];
     u64 best = 0ull;
@@ -208,7 +208,7 @@ DEVICE u32 sample_mass_walk(SampleShared& sh, const float* __restrict__ logits, 
 // One block (blockDim.x a multiple of WARP_SIZE, at most 1024). `draw` points to one f32 in
 // [0, 1) (clamped into it); temperature enters as inv_t = 1 / temperature, computed by the host
 // as the CPU sampler does. 0 < top_p <= 1; top_k == 0 keeps all.
-KERNEL void __launch_bounds__(1024) sample_logits(const float* __restrict__ logits, u32 n,
+KERNEL void LAUNCH_BOUNDS(1024) sample_logits(const float* __restrict__ logits, u32 n,
                                                   u32 top_k, float top_p, float inv_t,
                                                   const float* __restrict__ draw,
                                                   i32* __restrict__ out) {

@@ -2,7 +2,8 @@
 //!
 //! One row per entry point, read from the launchers' own constants in [`crate::ops`], so the
 //! number is written once on the host. The kernel sources write it a second time, in
-//! `__launch_bounds__(…)` (C++ cannot read Rust); `tests/compile_all.rs` ties the two: it
+//! `LAUNCH_BOUNDS(…)` (C++ cannot read Rust; `portability.h` makes it `__launch_bounds__` on
+//! AMD and nothing on NVIDIA, where it cost the decode products speed); `tests/compile_all.rs` ties the two: it
 //! reads `.max_flat_workgroup_size` from every AMD code object and fails where it differs
 //! from [`max_block`], and checks that block against the kernel's register count
 //! ([`crate::code_object`]).
@@ -133,9 +134,9 @@ mod tests {
                 kernels += 1;
                 let declaration = &body[at..at + body[at..].find('(').unwrap_or(0)];
                 assert!(
-                    declaration.starts_with("KERNEL void __launch_bounds__"),
-                    "{file}: the kernel at byte {at} declares no __launch_bounds__ (write \
-                     `KERNEL void __launch_bounds__(N) name(` with N its launcher's largest block, \
+                    declaration.starts_with("KERNEL void LAUNCH_BOUNDS"),
+                    "{file}: the kernel at byte {at} declares no launch bounds (write \
+                     `KERNEL void LAUNCH_BOUNDS(N) name(` with N its launcher's largest block, \
                      and give it a row in launch_bounds.rs)"
                 );
             }
