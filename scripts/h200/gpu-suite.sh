@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU test binary of the tree, with the GPU required, after changes that touch every
 # kernel (launch bounds) and add GPU paths (Gemma 2's soft-capping, tiny-qwen2 and tiny-gemma2,
-# the four new weight formats). golden_tokens writes the entries it adds (the new presets' GPU
-# ones) to /tmp/logs/golden.json, to be reviewed and committed.
+# the four new weight formats). With BLESS=1, golden_tokens writes the entries it adds (the new
+# presets' GPU ones) to /tmp/logs/golden.json, to be reviewed and committed; without, it
+# compares with the committed file.
 #
 # From the checkout root, with the test binaries in bundle-g/tests (a subset of
 # `cargo xtask bundle --gpu-only`):
@@ -33,7 +34,11 @@ run rocm-kernels gpu_dequant
 run rocm-kernels gpu_attention
 run decode gpu_backend
 run decode backend_conformance
-HIPDECODE_BLESS_GOLDEN=$L/golden.json run decode golden_tokens
+if [ -n "${BLESS:-}" ]; then
+    HIPDECODE_BLESS_GOLDEN=$L/golden.json run decode golden_tokens
+else
+    run decode golden_tokens
+fi
 run decode step_batch
 run decode capture_stream
 run decode layout
