@@ -1032,7 +1032,17 @@ struct Case {
 
 /// Runs one case with random cache contents in every slot, against the reference reading the
 /// same (rounded) cache, and for f16 also against an f32 reference of the unrounded values.
-fn run_case(gpu: &Gpu, case: Case, seed: u64) {
+/// A case's shape and random inputs: queries twice as large as keys so the softmax is not
+/// flat, every slot of both caches filled, consecutive positions from `pos0`.
+struct Inputs {
+    shape: AttentionShape,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    positions: Vec<i32>,
+}
+
+fn case_inputs(case: &Case, seed: u64) -> Inputs {
     let mut noise = seeded(seed);
     let d = case.head_dim;
     let shape = AttentionShape {
@@ -1046,7 +1056,6 @@ fn run_case(gpu: &Gpu, case: Case, seed: u64) {
         window: case.window,
         slots: case.slots,
     };
-    // q twice as large as k so the softmax is not flat.
     let q = uniform_vec(
         &mut noise,
         case.n_tokens * case.n_head * d,
@@ -1060,7 +1069,25 @@ fn run_case(gpu: &Gpu, case: Case, seed: u64) {
         3f32.sqrt(),
     );
     let v = uniform_vec(&mut noise, case.slots * case.n_head_kv * d, -1.0, 1.0);
-    let positions: Vec<i32> = (0..case.n_tokens).map(|t| (case.pos0 + t) as i32).collect();
+    let positions = (0..case.n_tokens).map(|t| (case.pos0 + t) as i32).collect();
+    Inputs {
+        shape,
+        q,
+        k,
+        v,
+        positions,
+    }
+}
+
+fn run_case(gpu: &Gpu, case: Case, seed: u64) {
+    let d = case.head_dim;
+    let Inputs {
+        shape,
+        q,
+        k,
+        v,
+        positions,
+    } = case_inputs(&case, seed);
 
     let (hk, hv) = (
         HostCache::from_f32(&k, case.elem),
@@ -1614,11 +1641,52 @@ fn q8_0_prefill_attention_matches_the_reference_over_the_same_bytes() {
     }
 }
 
+/// The cap of the soft-capping test (2) matters at its inputs: the capped and uncapped
+/// references differ by far more than any tolerance there, so a kernel that skipped the cap
+/// would fail it. No GPU needed.
+#[test]
+fn the_soft_cap_moves_the_reference_far_past_the_tolerances() {
+    let c = Case {
+        softcap: Some(2.0),
+        n_head: 8,
+        n_head_kv: 2,
+        ..case(8, 2, 64, 300, 299)
+    };
+    let Inputs {
+        shape,
+        q,
+        k,
+        v,
+        positions,
+    } = case_inputs(&c, 1);
+    let run = |shape: &AttentionShape| {
+        let mut out = vec![0.0; c.n_head * c.head_dim];
+        let (hk, hv) = (HostKv::F32(&k), HostKv::F32(&v));
+        reference::attention::attention(&q, hk, hv, &positions, None, &mut out, shape).unwrap();
+        out
+    };
+    let with = run(&shape);
+    let without = run(&AttentionShape {
+        softcap: None,
+        ..shape
+    });
+    let rms = (with.iter().map(|x| x * x).sum::<f32>() / with.len() as f32).sqrt();
+    let max = with
+        .iter()
+        .zip(&without)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(
+        max > 0.05 * rms,
+        "the cap changes the output by only {max} (rms {rms})"
+    );
+}
+
 /// Gemma 2's soft-capped scores on every kernel: decode (auto, one warp per key, key tiles),
 /// prefill (tiled, one query per block, flash on the matrix cores and its SIMT build), over f32,
 /// f16 and q8_0 caches, against the reference with the same cap. The cap (2) is below the
-/// scores these inputs make, so a kernel that skipped it would be far off: the first check
-/// asserts that for the reference itself.
+/// scores these inputs make, so a kernel that skipped it would be far off
+/// (`the_soft_cap_moves_the_reference_far_past_the_tolerances`).
 #[test]
 fn soft_capped_scores_match_the_reference_on_every_kernel() {
     let Some(gpu) = gpu("soft_capped_scores_match_the_reference") else {
@@ -1636,60 +1704,6 @@ fn soft_capped_scores_match_the_reference_on_every_kernel() {
         path,
         softcap: Some(2.0),
     };
-    {
-        // The cap matters at these inputs: capped and uncapped references differ by far more
-        // than any tolerance below.
-        let c = capped(Kind::Decode, KvElem::F32, 64, 300, 299, 1, None);
-        let mut noise = seeded(1);
-        let d = c.head_dim;
-        let q = uniform_vec(
-            &mut noise,
-            c.n_head * d,
-            -2.0 * 3f32.sqrt(),
-            2.0 * 3f32.sqrt(),
-        );
-        let k = uniform_vec(
-            &mut noise,
-            c.slots * c.n_head_kv * d,
-            -3f32.sqrt(),
-            3f32.sqrt(),
-        );
-        let v = uniform_vec(&mut noise, c.slots * c.n_head_kv * d, -1.0, 1.0);
-        let shape = AttentionShape {
-            n_tokens: 1,
-            n_head: c.n_head,
-            n_head_kv: c.n_head_kv,
-            head_dim_k: d,
-            head_dim_v: d,
-            scale: 1.0 / (d as f32).sqrt(),
-            softcap: c.softcap,
-            window: None,
-            slots: c.slots,
-        };
-        let run = |shape: &AttentionShape| {
-            let mut out = vec![0.0; c.n_head * d];
-            let (hk, hv) = (HostKv::F32(&k), HostKv::F32(&v));
-            reference::attention::attention(&q, hk, hv, &[299], None, &mut out, shape).unwrap();
-            out
-        };
-        let (with, without) = (
-            run(&shape),
-            run(&AttentionShape {
-                softcap: None,
-                ..shape
-            }),
-        );
-        let rms = (with.iter().map(|x| x * x).sum::<f32>() / with.len() as f32).sqrt();
-        let max = with
-            .iter()
-            .zip(&without)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
-        assert!(
-            max > 0.05 * rms,
-            "the cap changes the output by only {max} (rms {rms})"
-        );
-    }
     let mut seed = 2300;
     for elem in [KvElem::F32, KvElem::F16, KvElem::Q8_0] {
         for path in [
