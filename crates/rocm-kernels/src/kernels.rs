@@ -9,7 +9,7 @@ use crate::source::KernelModule;
 use hip_ffi::rtc::Compiler;
 use hip_ffi::{device_compile_options, Device, Function, PlatformKind};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// Options every module is compiled with, after the device-derived ones (architecture and
@@ -30,7 +30,14 @@ pub struct Kernels {
     multiprocessors: u32,
     matvec_blocks_per_sm: Option<u32>,
     mma_variant: MmaVariant,
-    functions: HashMap<(KernelModule, &'static str), Function>,
+    functions: HashMap<(KernelModule, &'static str), LoadedEntry>,
+}
+
+/// An entry point, and whether it has been looked up for a launch since the record was last
+/// cleared (what the self-test's coverage check reads).
+struct LoadedEntry {
+    function: Function,
+    launched: AtomicBool,
 }
 
 impl std::fmt::Debug for Kernels {
@@ -158,7 +165,13 @@ impl Kernels {
                 } else {
                     function
                 };
-                functions.insert((module, entry), function);
+                functions.insert(
+                    (module, entry),
+                    LoadedEntry {
+                        function,
+                        launched: AtomicBool::new(false),
+                    },
+                );
             }
         }
         tracing::debug!(
@@ -203,14 +216,46 @@ impl Kernels {
         self.mma_variant
     }
 
-    /// The entry point `name` of `module`; an error naming both when it does not exist.
+    /// The entry point `name` of `module` for a launch (marked launched); an error naming both
+    /// when it does not exist.
     pub(crate) fn function(&self, module: KernelModule, name: &'static str) -> Result<&Function> {
-        self.functions
+        let entry = self
+            .functions
             .get(&(module, name))
             .ok_or(KernelError::MissingEntryPoint {
                 module: module.name(),
                 name,
+            })?;
+        // Relaxed: the record is read after the launching thread is done (the self-test's
+        // coverage check), never used to order other memory.
+        entry.launched.store(true, Ordering::Relaxed);
+        Ok(&entry.function)
+    }
+
+    /// Forgets which entry points were launched.
+    pub fn clear_launch_record(&self) {
+        for entry in self.functions.values() {
+            entry.launched.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// The entry points of [`KernelModule::ALL`] not launched since the record was cleared (or
+    /// since loading), in source-list order.
+    pub fn entry_points_not_launched(&self) -> Vec<(KernelModule, &'static str)> {
+        KernelModule::ALL
+            .into_iter()
+            .flat_map(|module| {
+                module
+                    .entry_points()
+                    .iter()
+                    .map(move |&name| (module, name))
             })
+            .filter(|key| {
+                self.functions
+                    .get(key)
+                    .is_none_or(|e| !e.launched.load(Ordering::Relaxed))
+            })
+            .collect()
     }
 }
 

@@ -80,12 +80,29 @@ pub static EARLY_LAUNCH: Knob<bool> = Knob {
     parse: |v| parse::choice(v, &[("auto", true), ("off", false)]),
 };
 
+pub static SELFTEST_BREAK: Knob<Option<String>> = Knob {
+    name: "HIPDECODE_SELFTEST_BREAK",
+    default: "",
+    doc: "test only: the self-test moves the results of this op before comparing them, so a \
+          test can check that the report names that op and only it (unset: off)",
+    scope: Scope::Test,
+    parse: |v| match v.trim() {
+        "" => Ok(None),
+        op if crate::selftest::ops().contains(&op) => Ok(Some(op.to_string())),
+        _ => Err(format!(
+            "names no op of the self-test; use one of {}",
+            crate::selftest::ops().join(", ")
+        )),
+    },
+};
+
 pub static TABLE: Table = &[
     &KERNEL_CACHE,
     &MATVEC_DEPTH,
     &MATVEC_BLOCKS_PER_SM,
     &EARLY_LAUNCH,
     &crate::mma::MMA,
+    &SELFTEST_BREAK,
 ];
 
 #[cfg(test)]

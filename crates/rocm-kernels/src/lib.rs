@@ -15,6 +15,8 @@
 //! * [`view`]: typed views of device memory that the launch wrappers take.
 //! * [`ops`]: one safe launch wrapper per op; shapes are checked against the views.
 //! * [`reference`](mod@reference): the CPU reference of every op, which the GPU tests compare against.
+//! * [`selftest`]: every kernel against its reference at small shapes; the table the GPU tests
+//!   run and `hipdecode selftest` runs on a user's GPU.
 
 pub mod cache;
 pub mod code_object;
@@ -25,6 +27,7 @@ pub mod launch_bounds;
 pub mod mma;
 pub mod ops;
 pub mod reference;
+pub mod selftest;
 pub mod source;
 pub mod view;
 
