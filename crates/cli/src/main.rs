@@ -24,6 +24,7 @@ mod logging;
 mod output;
 mod perplexity;
 mod profile;
+mod selftest;
 mod serve;
 
 use args::{BackendArgs, SamplingArgs};
@@ -77,6 +78,10 @@ enum Command {
     /// copy engine moving it to the device, the rates `hipdecode plan --zero-copy-gbps` and
     /// `--copy-gbps` take.
     ProbeLink(ProbeArgs),
+    /// Check this machine's GPU: every kernel against its CPU reference at small shapes, then
+    /// a tiny model of each architecture, GPU against CPU. Prints a pass/fail table and a
+    /// report to paste into an issue. Exit status 0 all passed, 1 something failed, 2 no GPU.
+    Selftest(selftest::SelftestArgs),
     /// List every HIPDECODE_* variable: its value here (or its default) and what it does,
     /// then whether the set ones are valid.
     Env(EnvArgs),
@@ -223,6 +228,12 @@ fn main() -> ExitCode {
     decode::error_report::exit(match cli.command {
         // `env` shows a bad value instead of refusing to start over it.
         Command::Env(args) => env(&args),
+        Command::Selftest(args) => {
+            return match check_environment() {
+                Ok(()) => selftest::selftest(&args),
+                Err(e) => decode::error_report::exit(Err(e)),
+            }
+        }
         command => check_environment().and_then(|()| dispatch(command)),
     })
 }
@@ -240,6 +251,10 @@ fn dispatch(command: Command) -> Result<()> {
         Command::ProbeHost(args) => probe_host(&args.bytes),
         Command::ProbeLink(args) => probe_link(&args.bytes),
         Command::Env(args) => env(&args),
+        Command::Selftest(args) => match selftest::selftest(&args) {
+            code if code == std::process::ExitCode::SUCCESS => Ok(()),
+            _ => anyhow::bail!("the self-test did not pass"),
+        },
     }
 }
 

@@ -45,6 +45,7 @@ pub mod nll;
 pub mod quant;
 pub mod sampler;
 pub mod scheduler;
+pub mod selftest;
 pub mod session;
 pub mod stop_strings;
 pub mod tokenizer;

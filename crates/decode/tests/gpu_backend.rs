@@ -22,25 +22,19 @@ use decode::context::ContextOptions;
 use decode::gguf_loader::synth::Preset;
 use decode::gguf_loader::{GgmlType, GgufFile};
 use decode::sampler::SamplerConfig;
+use decode::selftest::{self, all_logits_options as options};
 use decode::session::Session;
 use decode::tokenizer::Tokenizer;
 use std::sync::Arc;
 use test_support::gpu::gpu_lock;
 use test_support::models::{gemma_path, smollm2_path};
-use test_support::tolerance::{compare, top2_margin};
+use test_support::tolerance::compare;
 
-const GPU_TOL: f32 = 1e-3;
-/// Measured on the H200 (2026-11-30), as max |Δ| / max(1, RMS): 1.4e-2 to 2.4e-2 on the tiny
-/// models, 0.10 to 0.14 on real Gemma 3 270M (its residual stream has outliers that widen the
-/// 8-bit groups they fall in), 1.2e-2 on the 8B and 30B-A3B shapes; the kernels alone agree
-/// with their reference to 1e-4 (rocm-kernels' gpu_quant).
-const INT8_TOL: f32 = 0.2;
+use decode::selftest::PATHS;
 
 /// Prefill on the vendor GEMM: weights and activations rounded to f16 (2^-11 relative) before
 /// f32 products, and an f16 KV cache, compounded over the layers.
 const VENDOR_GEMM_TOL: f32 = 2e-2;
-
-const PATHS: [(MatvecPath, f32); 2] = [(MatvecPath::Exact, GPU_TOL), (MatvecPath::Int8, INT8_TOL)];
 
 fn gpu_backend(test: &str) -> Option<GpuBackend> {
     gpu_backend_with(test, true)
@@ -51,20 +45,13 @@ fn gpu_backend_with(test: &str, graphs: bool) -> Option<GpuBackend> {
     Some(GpuBackend::new(device, 64, graphs).expect("the GPU backend starts"))
 }
 
-/// The backend on `path`; the exact path also keeps an f32 KV cache like the CPU's, the int8
-/// path the default f16 one.
+/// The backend on `path` ([`decode::selftest::gpu_backend_on`]), or `None` after a skip.
 fn gpu_backend_on(test: &str, path: MatvecPath) -> Option<GpuBackend> {
-    let mut be = gpu_backend(test)?;
-    be.set_matvec_path(path);
-    be.set_kv_type(match path {
-        MatvecPath::Exact => KvType::F32,
-        MatvecPath::Int8 => KvType::F16,
-    });
-    Some(be)
+    let device = hip_ffi::testing::device_or_skip(test)?;
+    Some(selftest::gpu_backend_on(device, path).expect("the GPU backend starts"))
 }
 
-/// Checks two greedy continuations of `prompt`: equal, or (when `near_ties_allowed`) parting
-/// only where the CPU's top two logits are within `tol` x max(1, RMS) of each other.
+/// Asserts [`decode::selftest::greedy_check`], the CPU's exact path giving the margin.
 fn check_greedy(
     what: &str,
     file: &Arc<GgufFile>,
@@ -74,119 +61,43 @@ fn check_greedy(
     tol: f32,
     near_ties_allowed: bool,
 ) {
-    let Some(first) = cpu.iter().zip(gpu).position(|(a, b)| a != b) else {
-        eprintln!("{what}: greedy continuations equal ({} tokens)", cpu.len());
-        return;
-    };
-    assert!(
-        near_ties_allowed,
-        "{what}: greedy continuations differ at token {first}: {cpu:?} vs {gpu:?}"
-    );
-    let mut model = Session::load(
-        file,
-        CpuBackend::new(Precision::Exact),
-        ContextOptions::default(),
-    )
-    .unwrap();
-    let mut context = prompt.to_vec();
-    context.extend(&cpu[..first]);
-    model.forward(&context).unwrap();
-    let mut logits = Vec::new();
-    model.last_logits(&mut logits).unwrap();
-    let (margin, rms) = top2_margin(&logits);
-    eprintln!("{what}: greedy parts at token {first}: CPU top-2 margin {margin:.3e}, rms {rms:.3}");
-    assert!(
-        margin <= tol * rms.max(1.0),
-        "{what}: greedy continuations part at token {first} without a near-tie (margin {margin})"
-    );
-}
-
-fn options(max_batch: usize) -> ContextOptions {
-    ContextOptions {
-        context: 128,
-        max_batch,
-        all_logits: true,
-        sequences: 1,
-        kv_blocks: None,
-    }
+    let exact = CpuBackend::new(Precision::Exact);
+    let check = selftest::greedy_check(what, file, exact, prompt, cpu, gpu, tol, near_ties_allowed)
+        .expect("the CPU reruns the prompt");
+    eprintln!("{what}: {}", check.detail);
+    assert!(check.passed, "{what}: {}", check.detail);
 }
 
 fn logits_of<B: Backend>(file: &Arc<GgufFile>, backend: B, tokens: &[u32]) -> Vec<f32> {
-    let mut model = Session::load(file, backend, options(10)).expect("load");
-    let mut all = model.forward_all_logits(tokens).expect("prefill");
-    // Decode steps after the prefill: the one-token path (split-KV attention, matvec). On the
-    // GPU the first runs eagerly, the second is captured, the rest replay the graph.
-    for &t in &tokens[..4] {
-        all.extend(model.forward_all_logits(&[t]).expect("decode step"));
-    }
-    all
+    selftest::logits_of(file, backend, tokens).expect("prefill and decode steps")
 }
 
 fn greedy<B: Backend>(file: &Arc<GgufFile>, backend: B, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut model = Session::load(
-        file,
-        backend,
-        ContextOptions {
-            context: 256,
-            ..ContextOptions::default()
-        },
-    )
-    .expect("load");
-    decode::generate::generate(
-        &mut model,
-        prompt,
-        n,
-        SamplerConfig::default(),
-        &|_| false,
-        &mut |_| {},
-    )
-    .expect("generate")
-    .tokens
+    selftest::greedy(file, backend, prompt, n).expect("generate")
 }
 
 fn check_preset(preset: Preset) {
     check_model(&format!("gpu_{}", preset.name()), || preset_file(preset));
 }
 
-/// The model `make` builds, on the GPU's two product paths against the CPU's exact one:
-/// logits of a prefill and decode steps, and a greedy continuation.
+/// The model `make` builds, on the GPU's two product paths against the CPU's exact one
+/// ([`decode::selftest::check_model`], what `hipdecode selftest` runs on the tiny models).
 fn check_model(test: &str, make: impl FnOnce() -> GgufFile) {
     let _one_at_a_time = gpu_lock();
-    let Some(gpu) = gpu_backend(test) else {
+    let Some(device) = hip_ffi::testing::device_or_skip(test) else {
         return;
     };
     let file = Arc::new(make());
-    let tok = Tokenizer::from_gguf(&file).unwrap();
-    let mut tokens = tok.encode(
-        "hello world, the quick brown fox jumps over 12 lazy dogs",
-        tok.vocab().bos.is_some(),
-    );
-    tokens.truncate(24);
-
-    drop(gpu);
-    let want = logits_of(&file, CpuBackend::new(Precision::Exact), &tokens);
-    let n = 32;
-    let cpu_tokens = greedy(&file, CpuBackend::new(Precision::Exact), &tokens[..4], n);
-    for (path, tol) in PATHS {
-        let what = format!("{test} {path:?}");
-        let got = logits_of(&file, gpu_backend_on(test, path).unwrap(), &tokens);
-        let (max, rms) = compare(&got, &want);
-        eprintln!("{what}: max |gpu - cpu| {max:.3e}, cpu rms {rms:.3}");
-        assert!(
-            max <= tol * rms.max(1.0),
-            "{what}: max diff {max} > {tol} x max(rms {rms}, 1)"
-        );
-        let gpu_tokens = greedy(&file, gpu_backend_on(test, path).unwrap(), &tokens[..4], n);
-        check_greedy(
-            &what,
-            &file,
-            &tokens[..4],
-            &cpu_tokens,
-            &gpu_tokens,
-            tol,
-            path == MatvecPath::Int8,
-        );
+    let checks = selftest::check_model(&file, device).expect("the model runs on both backends");
+    for c in &checks {
+        eprintln!("{test} {}: {}", c.what, c.detail);
     }
+    let failed: Vec<String> = checks
+        .iter()
+        .filter(|c| !c.passed)
+        .map(|c| format!("{}: {}", c.what, c.detail))
+        .collect();
+    assert!(failed.is_empty(), "{test}: {}", failed.join("; "));
 }
 
 /// The formats no preset stores, in every weight of the tiny MoE model (attention, routed

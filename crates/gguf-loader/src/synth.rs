@@ -488,32 +488,54 @@ pub fn write_preset_with_progress(
     let total = writer.file_size();
     let mut done = 0u64;
     writer.write_streaming(path, |t, sink| {
-        let io = |e| GgufError::io("write", path, e);
-        let mut rng = tensor_rng(seed, &t.name);
-        match fill_for(&t.name, &spec) {
-            Fill::Values(values) => {
-                for v in values {
-                    sink.write_all(&v.to_le_bytes()).map_err(io)?;
-                }
-            }
-            Fill::Norm => {
-                for _ in 0..t.n_bytes / 4 {
-                    let v: f32 = 1.0 + rng.random_range(-0.1f32..0.1);
-                    sink.write_all(&v.to_le_bytes()).map_err(io)?;
-                }
-            }
-            Fill::Bias => {
-                for _ in 0..t.n_bytes / 4 {
-                    let v: f32 = rng.random_range(-0.5f32..0.5);
-                    sink.write_all(&v.to_le_bytes()).map_err(io)?;
-                }
-            }
-            Fill::Random => random_weights(t, &mut rng, sink).map_err(io)?,
-        }
+        fill_tensor(t, &spec, seed, sink, path)?;
         done += t.n_bytes;
         progress(done, total);
         Ok(())
     })
+}
+
+/// `preset`'s GGUF image with weights from `seed`, made in memory: the bytes
+/// [`write_preset`] would write (for the tiny presets; a large one needs as much memory as
+/// its file).
+pub fn preset_bytes(preset: Preset, seed: u64) -> Result<Vec<u8>, GgufError> {
+    let spec = preset.spec();
+    plan(preset, seed)?
+        .to_bytes_streaming(|t, sink| fill_tensor(t, &spec, seed, sink, Path::new("<memory>")))
+}
+
+/// The synthetic data of tensor `t` of `spec` into `sink`; `label` names the destination in
+/// errors.
+fn fill_tensor(
+    t: &PlannedTensor,
+    spec: &Spec,
+    seed: u64,
+    sink: &mut dyn Write,
+    label: &Path,
+) -> Result<(), GgufError> {
+    let io = |e| GgufError::io("write", label, e);
+    let mut rng = tensor_rng(seed, &t.name);
+    match fill_for(&t.name, spec) {
+        Fill::Values(values) => {
+            for v in values {
+                sink.write_all(&v.to_le_bytes()).map_err(io)?;
+            }
+        }
+        Fill::Norm => {
+            for _ in 0..t.n_bytes / 4 {
+                let v: f32 = 1.0 + rng.random_range(-0.1f32..0.1);
+                sink.write_all(&v.to_le_bytes()).map_err(io)?;
+            }
+        }
+        Fill::Bias => {
+            for _ in 0..t.n_bytes / 4 {
+                let v: f32 = rng.random_range(-0.5f32..0.5);
+                sink.write_all(&v.to_le_bytes()).map_err(io)?;
+            }
+        }
+        Fill::Random => random_weights(t, &mut rng, sink).map_err(io)?,
+    }
+    Ok(())
 }
 
 /// Each tensor has its own stream, so its content depends only on the seed and its name.

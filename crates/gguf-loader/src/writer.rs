@@ -286,40 +286,14 @@ impl GgufWriter {
     pub fn write_streaming(
         &self,
         path: &Path,
-        mut produce: impl FnMut(&PlannedTensor, &mut dyn Write) -> Result<(), GgufError>,
+        produce: impl FnMut(&PlannedTensor, &mut dyn Write) -> Result<(), GgufError>,
     ) -> Result<(), GgufError> {
         let tmp = path.with_extension(format!("gguf.partial-{}", std::process::id()));
         let result = (|| {
             let file = std::fs::File::create(&tmp).map_err(|e| GgufError::io("create", &tmp, e))?;
             let mut out = BufWriter::with_capacity(1 << 20, file);
+            self.write_to(&mut out, &tmp, produce)?;
             let io = |e| GgufError::io("write", &tmp, e);
-            let header = self.header_bytes();
-            out.write_all(&header).map_err(io)?;
-            let pad = header.len() as u64;
-            write_zeros(&mut out, pad.next_multiple_of(self.alignment) - pad).map_err(io)?;
-            let mut written = 0u64;
-            for t in &self.tensors {
-                write_zeros(&mut out, t.offset - written).map_err(io)?;
-                match &t.data {
-                    Some(data) => out.write_all(data).map_err(io)?,
-                    None => {
-                        let mut counter = CountingWriter {
-                            inner: &mut out,
-                            count: 0,
-                        };
-                        produce(t, &mut counter)?;
-                        if counter.count != t.n_bytes {
-                            return Err(GgufError::SizeMismatch {
-                                what: format!("data produced for tensor {:?}", t.name),
-                                expected: t.n_bytes,
-                                actual: counter.count,
-                            });
-                        }
-                    }
-                }
-                written = t.offset + t.n_bytes;
-            }
-            write_zeros(&mut out, self.data_len - written).map_err(io)?;
             let file = out.into_inner().map_err(|e| io(e.into_error()))?;
             file.sync_all().map_err(io)?;
             Ok(())
@@ -329,6 +303,54 @@ impl GgufWriter {
             return Err(e);
         }
         std::fs::rename(&tmp, path).map_err(|e| GgufError::io("rename into place", path, e))
+    }
+
+    /// The whole file in memory, asking `produce` for the data of each planned tensor without
+    /// data, as [`GgufWriter::write_streaming`] does (a small model made without touching disk).
+    pub fn to_bytes_streaming(
+        &self,
+        produce: impl FnMut(&PlannedTensor, &mut dyn Write) -> Result<(), GgufError>,
+    ) -> Result<Vec<u8>, GgufError> {
+        let mut out = Vec::with_capacity(usize::try_from(self.file_size()).unwrap_or(0));
+        self.write_to(&mut out, Path::new("<memory>"), produce)?;
+        Ok(out)
+    }
+
+    /// The file's bytes into `out`; `label` names the destination in errors.
+    fn write_to(
+        &self,
+        out: &mut dyn Write,
+        label: &Path,
+        mut produce: impl FnMut(&PlannedTensor, &mut dyn Write) -> Result<(), GgufError>,
+    ) -> Result<(), GgufError> {
+        let io = |e| GgufError::io("write", label, e);
+        let header = self.header_bytes();
+        out.write_all(&header).map_err(io)?;
+        let pad = header.len() as u64;
+        write_zeros(out, pad.next_multiple_of(self.alignment) - pad).map_err(io)?;
+        let mut written = 0u64;
+        for t in &self.tensors {
+            write_zeros(out, t.offset - written).map_err(io)?;
+            match &t.data {
+                Some(data) => out.write_all(data).map_err(io)?,
+                None => {
+                    let mut counter = CountingWriter {
+                        inner: &mut *out,
+                        count: 0,
+                    };
+                    produce(t, &mut counter)?;
+                    if counter.count != t.n_bytes {
+                        return Err(GgufError::SizeMismatch {
+                            what: format!("data produced for tensor {:?}", t.name),
+                            expected: t.n_bytes,
+                            actual: counter.count,
+                        });
+                    }
+                }
+            }
+            written = t.offset + t.n_bytes;
+        }
+        write_zeros(out, self.data_len - written).map_err(io)
     }
 
     /// The whole file in memory (for tests and small models).
@@ -420,7 +442,7 @@ fn put_value(h: &mut Vec<u8>, value: &Value) {
     }
 }
 
-fn write_zeros(out: &mut impl Write, mut n: u64) -> std::io::Result<()> {
+fn write_zeros(out: &mut (impl Write + ?Sized), mut n: u64) -> std::io::Result<()> {
     const ZEROS: [u8; 4096] = [0; 4096];
     while n > 0 {
         let k = n.min(ZEROS.len() as u64) as usize;
@@ -431,12 +453,12 @@ fn write_zeros(out: &mut impl Write, mut n: u64) -> std::io::Result<()> {
 }
 
 /// Counts what a tensor producer writes, so a wrong size is caught before it corrupts the file.
-struct CountingWriter<'w, W: Write> {
+struct CountingWriter<'w, W: Write + ?Sized> {
     inner: &'w mut W,
     count: u64,
 }
 
-impl<W: Write> Write for CountingWriter<'_, W> {
+impl<W: Write + ?Sized> Write for CountingWriter<'_, W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let n = self.inner.write(buf)?;
         self.count += n as u64;

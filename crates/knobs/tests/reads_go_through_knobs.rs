@@ -69,6 +69,11 @@ const INDIRECT: &[(&str, &str, &str)] = &[
         "hip_ffi::sysfs::HSA_OVERRIDE_GFX_VERSION",
         "HSA_OVERRIDE_GFX_VERSION, printed in the report",
     ),
+    (
+        "crates/cli/src/selftest.rs",
+        "hip_ffi::sysfs::HSA_OVERRIDE_GFX_VERSION",
+        "HSA_OVERRIDE_GFX_VERSION, printed in the self-test's report",
+    ),
 ];
 
 fn workspace_root() -> PathBuf {

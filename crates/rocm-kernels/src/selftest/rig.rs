@@ -166,6 +166,12 @@ impl<'k> Rig<'k> {
         self.compare(what, got, want, |_, _| bound);
     }
 
+    /// Records that every `got[i]` is within `bound(i)` of `want[i]`: a tolerance that depends
+    /// on the inputs behind each value.
+    pub fn within_each(&self, what: &str, got: &[f32], want: &[f32], bound: impl Fn(usize) -> f64) {
+        self.compare(what, got, want, |i, _| bound(i));
+    }
+
     /// Records that every `got[i]` is within `tol * max(1, RMS(want))` of `want[i]`: the scale a
     /// tolerance for a whole product or attention output is stated in.
     pub fn close_to_rms(&self, what: &str, got: &[f32], want: &[f32], tol: f64) {
@@ -296,8 +302,13 @@ fn compare(what: &str, got: &[f32], want: &[f32], allowed: impl Fn(usize, f32) -
     let mut first_bad: Option<(usize, f64)> = None;
     let mut beyond = 0usize;
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let error = (f64::from(g) - f64::from(w)).abs();
-        if error.is_nan() || g.is_nan() != w.is_nan() {
+        // The same infinity on both sides is no error (its difference would be NaN).
+        let error = if g == w {
+            0.0
+        } else {
+            (f64::from(g) - f64::from(w)).abs()
+        };
+        if error.is_nan() {
             return Check::new(
                 what,
                 None,
@@ -305,9 +316,6 @@ fn compare(what: &str, got: &[f32], want: &[f32], allowed: impl Fn(usize, f32) -
                 format!("NaN at index {i}: got {g}, want {w}"),
             );
         }
-        // inf against the same inf is no error; f64 subtraction gives NaN, caught above, only
-        // for opposite infinities or inf against a finite value, which `error` reports as inf.
-        let error = if g == w { 0.0 } else { error };
         max_error = max_error.max(error);
         let bound = allowed(i, w);
         if error > bound {
