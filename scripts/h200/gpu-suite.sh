@@ -28,6 +28,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$L/gpu.tx
 run hip-ffi gpu
 run hip-ffi blas
 run rocm-alloc hip_core
+run rocm-kernels gpu_selftest
 run rocm-kernels gpu_basic
 run rocm-kernels gpu_quant
 run rocm-kernels gpu_dequant

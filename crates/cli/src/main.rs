@@ -1,7 +1,7 @@
 //! The `hipdecode` command line: `run` generates text, `chat` talks through the model's chat
 //! template, `serve` answers OpenAI-compatible HTTP requests, `perplexity` scores a text,
 //! `inspect` reports on a GGUF file, `profile` times a decode step's ops on the GPU, `plan`
-//! plans GPU memory under a budget.
+//! plans GPU memory under a budget, `selftest` checks the GPU's kernels against the CPU.
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};

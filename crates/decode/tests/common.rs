@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use decode::gguf_loader::synth::{write_preset, Preset};
+use decode::gguf_loader::synth::Preset;
 use decode::gguf_loader::writer::Value;
 use decode::gguf_loader::{GgmlType, GgufFile, GgufWriter, MetadataArray, MetadataValue};
 use std::path::{Path, PathBuf};
@@ -279,24 +279,14 @@ fn owned(v: &MetadataValue<'_>) -> Value {
     }
 }
 
-/// A synthetic preset loaded into memory (written to a scratch file, which is removed).
+/// A synthetic preset made in memory.
 pub fn preset_file(preset: Preset) -> GgufFile {
     GgufFile::from_bytes(preset_bytes(preset)).expect("a synthetic model opens")
 }
 
 /// A synthetic preset's GGUF image, for a test that edits it before opening it.
-#[allow(dead_code)] // not every test crate that includes this module edits images
 pub fn preset_bytes(preset: Preset) -> Vec<u8> {
-    let path = scratch_dir().join(format!(
-        "common-{}-{}-{:?}.gguf",
-        preset.name(),
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    write_preset(preset, &path, 11).expect("write the synthetic model");
-    let bytes = std::fs::read(&path).expect("read it back");
-    std::fs::remove_file(&path).ok();
-    bytes
+    decode::gguf_loader::synth::preset_bytes(preset, 11).expect("the synthetic model builds")
 }
 
 /// The GGUF image of `preset` with every weight that is not f32 (the products', the

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{gguf_py_available, run_reference, sha256_f32_le};
-use gguf_loader::synth::{write_preset, Preset};
+use gguf_loader::synth::{preset_bytes, write_preset, Preset};
 use gguf_loader::{Architecture, GgufFile, ModelConfig};
 
 fn tiny_presets() -> Vec<Preset> {
@@ -117,6 +117,18 @@ fn tiny_presets_depend_on_the_seed_only() {
     assert_ne!(a.tensor_data(t), c.tensor_data(t));
     for p in [p1, p2, p3] {
         std::fs::remove_file(p).unwrap();
+    }
+}
+
+#[test]
+fn a_preset_made_in_memory_is_the_file_written_to_disk_byte_for_byte() {
+    for preset in tiny_presets() {
+        let (path, _) = write(preset, 11);
+        let on_disk = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let in_memory = preset_bytes(preset, 11).unwrap();
+        assert_eq!(in_memory.len(), on_disk.len(), "{}", preset.name());
+        assert!(in_memory == on_disk, "{}: the bytes differ", preset.name());
     }
 }
 

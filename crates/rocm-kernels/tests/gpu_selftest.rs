@@ -32,8 +32,15 @@ fn every_kernel_matches_its_reference_and_every_entry_point_runs() {
         }
     };
     // The environment's break switch is the CLI test's; this one runs the table unbroken.
-    let report = selftest::run(kernels, &selftest::cases(), &RunOptions::default(), print)
-        .expect("the table runs");
+    let simt = common::simt_kernels(test, kernels.device());
+    let report = selftest::run(
+        kernels,
+        simt,
+        &selftest::cases(),
+        &RunOptions::default(),
+        print,
+    )
+    .expect("the table runs");
     eprintln!("{} cases in {:.2?}", report.outcomes.len(), report.elapsed);
     let failed: Vec<String> = report
         .failures()

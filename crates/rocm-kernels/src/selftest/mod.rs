@@ -166,15 +166,18 @@ impl RunOptions {
 /// Runs `cases` on `kernels`, calling `on_case` after each, and lists the entry points no case
 /// launched. The kernels' launch record is cleared first, so the list covers this run only; it
 /// is left empty when `options.filter` picks a subset.
+///
+/// `simt` is the build with the SIMT variant of the matrix-core layer that the native variants
+/// are checked against ([`load_simt`]); `kernels` itself where that is their variant.
 pub fn run(
     kernels: &Kernels,
+    simt: &Kernels,
     cases: &[Case],
     options: &RunOptions,
     on_case: &mut dyn FnMut(&CaseOutcome),
 ) -> crate::Result<Report> {
     kernels.clear_launch_record();
     let started = Instant::now();
-    let simt = rig::SimtKernels::default();
     let mut outcomes = Vec::new();
     for case in cases {
         if let Some(filter) = &options.filter {
@@ -183,7 +186,7 @@ pub fn run(
             }
         }
         let breaking = options.break_op.as_deref() == Some(case.op);
-        let outcome = run_case(kernels, &simt, case, breaking)?;
+        let outcome = run_case(kernels, simt, case, breaking)?;
         on_case(&outcome);
         outcomes.push(outcome);
     }
@@ -203,11 +206,25 @@ pub fn run(
     })
 }
 
+/// The kernels built with the SIMT variant of the matrix-core layer, for [`run`]; `None` when
+/// `kernels` already are (their variant is SIMT on parts without matrix cores). Loading them
+/// compiles every module again on a cold cache, so a caller that times the compile apart
+/// loads them with the kernels.
+pub fn load_simt(
+    kernels: &Kernels,
+    cache: &crate::cache::KernelCache,
+) -> crate::Result<Option<Kernels>> {
+    if kernels.mma_variant() == crate::mma::MmaVariant::Simt {
+        return Ok(None);
+    }
+    Kernels::load_with_mma(kernels.device(), cache, crate::mma::MmaSetting::Simt).map(Some)
+}
+
 /// One case on a fresh stream. A panic inside it (a bug of the case or of a reference) is
 /// caught and reported as its failure, so the rest of the table still runs.
 fn run_case(
     kernels: &Kernels,
-    simt: &rig::SimtKernels,
+    simt: &Kernels,
     case: &Case,
     breaking: bool,
 ) -> crate::Result<CaseOutcome> {

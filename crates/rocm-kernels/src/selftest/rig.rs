@@ -1,13 +1,11 @@
 //! What a case works with: the kernels, a stream, device buffers, and the comparisons it
 //! records (never panicking on a wrong result).
 
-use crate::cache::KernelCache;
-use crate::mma::{MmaSetting, MmaVariant};
+use crate::mma::MmaVariant;
 use crate::{DeviceSlice, DeviceSliceMut, KernelError, Kernels};
 use hip_ffi::{DeviceBuffer, DeviceCopy, Stream};
 use std::cell::RefCell;
 use std::fmt::Display;
-use std::sync::OnceLock;
 
 /// One comparison of a case.
 #[derive(Clone, Debug, PartialEq)]
@@ -34,15 +32,10 @@ impl Check {
     }
 }
 
-/// The kernels built with the SIMT variant of the matrix-core layer, loaded on first use and
-/// shared by the cases of one run (the native variants are checked against them).
-#[derive(Default)]
-pub(super) struct SimtKernels(OnceLock<Result<Kernels, String>>);
-
 /// What a case launches on and records its comparisons in.
 pub struct Rig<'k> {
     kernels: &'k Kernels,
-    simt: &'k SimtKernels,
+    simt: &'k Kernels,
     stream: Stream,
     breaking: bool,
     // A cell, so a case can record while it holds the rig's stream and kernels.
@@ -55,7 +48,7 @@ const BREAK_OFFSET: f32 = 1.0;
 impl<'k> Rig<'k> {
     pub(super) fn new(
         kernels: &'k Kernels,
-        simt: &'k SimtKernels,
+        simt: &'k Kernels,
         breaking: bool,
     ) -> crate::Result<Rig<'k>> {
         Ok(Rig {
@@ -74,18 +67,13 @@ impl<'k> Rig<'k> {
 
     /// The kernels with the SIMT variant of the matrix-core layer, whatever the device has.
     pub fn simt_kernels(&self) -> crate::Result<&'k Kernels> {
-        let loaded = self.simt.0.get_or_init(|| {
-            let cache = KernelCache::from_env().map_err(|e| e.to_string())?;
-            Kernels::load_with_mma(self.kernels.device(), &cache, MmaSetting::Simt)
-                .map_err(|e| e.to_string())
-        });
-        match loaded {
-            Ok(k) if k.mma_variant() == MmaVariant::Simt => Ok(k),
-            Ok(k) => Err(self.failure(format!(
-                "asked for the SIMT kernels, got the {:?} variant",
-                k.mma_variant()
-            ))),
-            Err(e) => Err(self.failure(format!("loading the SIMT kernels failed: {e}"))),
+        if self.simt.mma_variant() == MmaVariant::Simt {
+            Ok(self.simt)
+        } else {
+            Err(self.failure(format!(
+                "the SIMT build was asked for, the {:?} variant given",
+                self.simt.mma_variant()
+            )))
         }
     }
 
