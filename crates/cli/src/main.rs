@@ -230,7 +230,7 @@ fn main() -> ExitCode {
         Command::Env(args) => env(&args),
         Command::Selftest(args) => {
             return match check_environment() {
-                Ok(()) => selftest::selftest(&args),
+                Ok(()) => selftest::selftest(&args, cli.verbose > 0),
                 Err(e) => decode::error_report::exit(Err(e)),
             }
         }
@@ -251,7 +251,7 @@ fn dispatch(command: Command) -> Result<()> {
         Command::ProbeHost(args) => probe_host(&args.bytes),
         Command::ProbeLink(args) => probe_link(&args.bytes),
         Command::Env(args) => env(&args),
-        Command::Selftest(args) => match selftest::selftest(&args) {
+        Command::Selftest(args) => match selftest::selftest(&args, false) {
             code if code == std::process::ExitCode::SUCCESS => Ok(()),
             _ => anyhow::bail!("the self-test did not pass"),
         },

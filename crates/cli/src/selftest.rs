@@ -30,8 +30,17 @@ pub struct SelftestArgs {
     no_models: bool,
 }
 
-/// Runs the self-test; the exit status says how it went (see the module docs).
-pub fn selftest(args: &SelftestArgs) -> ExitCode {
+/// Runs the self-test; the exit status says how it went (see the module docs). With `verbose`
+/// (`-v`), it also lists each kernel's registers, local and shared memory.
+pub fn selftest(args: &SelftestArgs, verbose: bool) -> ExitCode {
+    // A bad switch is an error before anything else, GPU or not.
+    let options = match RunOptions::from_env() {
+        Ok(options) => RunOptions {
+            filter: args.filter.clone(),
+            ..options
+        },
+        Err(e) => return decode::error_report::exit(Err(e.into())),
+    };
     let platform = Platform::detect();
     let device = match platform.device(0) {
         Ok(device) => device,
@@ -43,7 +52,7 @@ pub fn selftest(args: &SelftestArgs) -> ExitCode {
             return ExitCode::from(NO_GPU);
         }
     };
-    match run(args, platform, &device) {
+    match run(args, &options, verbose, platform, &device) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => decode::error_report::exit(Err(e)),
@@ -51,7 +60,13 @@ pub fn selftest(args: &SelftestArgs) -> ExitCode {
 }
 
 /// Everything after the device was found; `Ok(passed)`.
-fn run(args: &SelftestArgs, platform: &Platform, device: &Device) -> Result<bool> {
+fn run(
+    args: &SelftestArgs,
+    options: &RunOptions,
+    verbose: bool,
+    platform: &Platform,
+    device: &Device,
+) -> Result<bool> {
     let facts = facts(platform, device);
     let cache = KernelCache::from_env().context("the kernel cache")?;
     let cache_path = cache
@@ -74,11 +89,9 @@ fn run(args: &SelftestArgs, platform: &Platform, device: &Device) -> Result<bool
         kernels.mma_variant()
     );
 
-    let mut options = RunOptions::from_env().context("reading HIPDECODE_SELFTEST_BREAK")?;
-    options.filter = args.filter.clone();
     let cases = selftest::cases();
     let bar = progress_bar(cases.len() as u64);
-    let report = selftest::run(&kernels, simt, &cases, &options, &mut |outcome| {
+    let report = selftest::run(&kernels, simt, &cases, options, &mut |outcome| {
         bar.inc(1);
         if !outcome.passed() {
             bar.suspend(|| eprintln!("FAIL {}", describe_failure(outcome)));
@@ -105,6 +118,12 @@ fn run(args: &SelftestArgs, platform: &Platform, device: &Device) -> Result<bool
             report.not_launched.len(),
             report.not_launched.join(", ")
         );
+    }
+    if verbose {
+        let usage = kernels
+            .resources()
+            .context("reading the kernels' resources")?;
+        println!("{}", resource_table(&usage));
     }
     println!(
         "{}",
@@ -186,6 +205,33 @@ fn table(outcomes: &[&CaseOutcome]) -> String {
             r.cases,
             crate::load_progress::seconds(r.time)
         );
+    }
+    out
+}
+
+/// One row per kernel: registers (and on AMD scalar registers and spills), local and shared
+/// memory, the largest block.
+fn resource_table(usage: &[rocm_kernels::KernelUsage]) -> String {
+    let opt = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
+    let mut out = format!(
+        "{:<32} {:>6} {:>6} {:>7} {:>9} {:>9} {:>9}\n",
+        "kernel", "regs", "sregs", "spills", "local B", "shared B", "max block"
+    );
+    for u in usage {
+        let _ = writeln!(
+            out,
+            "{:<32} {:>6} {:>6} {:>7} {:>9} {:>9} {:>9}",
+            u.name,
+            u.registers,
+            opt(u.scalar_registers),
+            opt(u.spilled_registers),
+            u.local_bytes,
+            u.shared_bytes,
+            u.max_block
+        );
+    }
+    if usage.is_empty() {
+        out.push_str("(the platform reported no kernel's resources)\n");
     }
     out
 }
@@ -345,6 +391,35 @@ mod tests {
                 && lines[2].contains("2.000e0"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_resource_table_has_a_row_per_kernel_and_dashes_for_what_nvidia_does_not_say() {
+        let row = |name, scalar: Option<u32>| rocm_kernels::KernelUsage {
+            module: rocm_kernels::KernelModule::Norm,
+            name,
+            registers: 40,
+            scalar_registers: scalar,
+            spilled_registers: scalar.map(|_| 0),
+            local_bytes: 0,
+            shared_bytes: 1024,
+            max_block: 256,
+        };
+        let text = resource_table(&[row("rms_norm_rows", None), row("rms_norm_warp", Some(24))]);
+        let lines: Vec<Vec<&str>> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert_eq!(
+            lines[1],
+            ["rms_norm_rows", "40", "-", "-", "0", "1024", "256"]
+        );
+        assert_eq!(
+            lines[2],
+            ["rms_norm_warp", "40", "24", "0", "0", "1024", "256"]
+        );
+        assert!(resource_table(&[]).contains("no kernel"));
     }
 
     #[test]

@@ -48,7 +48,7 @@ pub mod testing;
 pub use blas::{BlasLt, GemmPlan, GemmShape};
 pub use device::{Device, DeviceAttributes, DevicePtr, MemInfo};
 pub use error::{Api, ErrorKind, HipError, Result};
-pub use ffi::RawHandle;
+pub use ffi::{FunctionResources, RawHandle};
 pub use graph::{Graph, GraphExec};
 pub use memory::{DeviceBuffer, DeviceCopy, HostRegistration, ManagedBuffer, PinnedHostBuffer};
 pub use module::{

@@ -234,6 +234,15 @@ impl Function {
         &self.name
     }
 
+    /// The kernel's registers, local and static shared memory as the driver reports them
+    /// (`cuFuncGetAttribute`); `None` on AMD, where the code object's metadata says it.
+    pub fn resources(&self) -> Result<Option<crate::ffi::FunctionResources>> {
+        let device = &self.module.device;
+        // SAFETY: the function is live: its module is held by `self.module`.
+        unsafe { device.api.function_resources(device.ordinal, self.handle) }
+            .map_err(|e| e.with_detail(format!("kernel `{}`", self.name)))
+    }
+
     /// This kernel, launched from now on with programmatic dependent launch: the launch may
     /// begin while the kernel ahead of it on the stream is still running, which hides most of
     /// the gap between two dependent kernels. Call it only where

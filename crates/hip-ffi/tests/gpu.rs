@@ -266,6 +266,46 @@ fn runtime_compiled_kernel_writes_every_element() {
 
 #[test]
 #[serial]
+fn a_kernels_resources_are_read_from_the_driver_on_nvidia() {
+    let Some(device) = gpu_or_skip("a_kernels_resources_are_read_from_the_driver_on_nvidia") else {
+        return;
+    };
+    // 3 KiB of static shared memory, and a per-thread array indexed at run time, which the
+    // compiler places in local memory.
+    let source = r#"
+extern "C" __global__ void uses_shared_and_local(float* out, unsigned int i) {
+    __shared__ float tile[768];
+    float scratch[64];
+    for (unsigned int k = 0; k < 64; ++k) scratch[k] = out[k] * (float)(k + i);
+    tile[threadIdx.x] = scratch[(threadIdx.x * 7 + i) % 64];
+    __syncthreads();
+    out[threadIdx.x] = tile[(threadIdx.x + 1) % 768];
+}
+"#;
+    let module = device
+        .compile_module(source, "resources.cu", &[])
+        .expect("compile");
+    let function = module.function("uses_shared_and_local").expect("lookup");
+    let resources = function.resources().expect("the query answers");
+    match device.platform() {
+        PlatformKind::Nvidia => {
+            let r = resources.expect("NVIDIA reports a kernel's resources");
+            eprintln!("uses_shared_and_local: {r:?}");
+            assert!(r.registers > 0, "{r:?}");
+            assert_eq!(r.static_shared_bytes, 768 * 4, "{r:?}");
+            assert!(
+                r.local_bytes >= 64 * 4,
+                "the run-time indexed array is local: {r:?}"
+            );
+            assert!(r.max_threads_per_block >= 256, "{r:?}");
+        }
+        // HIP's answer comes from the code object's metadata (rocm-kernels), not the runtime.
+        _ => assert_eq!(resources, None),
+    }
+}
+
+#[test]
+#[serial]
 fn kernel_reads_mapped_pinned_host_memory() {
     let Some(device) = gpu_or_skip("kernel_reads_mapped_pinned_host_memory") else {
         return;

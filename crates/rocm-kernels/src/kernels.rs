@@ -31,6 +31,32 @@ pub struct Kernels {
     matvec_blocks_per_sm: Option<u32>,
     mma_variant: MmaVariant,
     functions: HashMap<(KernelModule, &'static str), LoadedEntry>,
+    /// On AMD, each kernel's resources from its code object's metadata (the runtime does not
+    /// report them); empty elsewhere.
+    amd_resources: HashMap<String, crate::code_object::KernelResources>,
+}
+
+/// What one loaded kernel takes of the hardware ([`Kernels::resources`]): from the driver on
+/// NVIDIA, from the code object's metadata on AMD.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelUsage {
+    /// The kernel's module.
+    pub module: KernelModule,
+    /// The entry point.
+    pub name: &'static str,
+    /// Vector registers per lane (AMD VGPRs, NVIDIA registers per thread).
+    pub registers: u32,
+    /// Scalar registers per wave (AMD only).
+    pub scalar_registers: Option<u32>,
+    /// Registers spilled (AMD: VGPR and SGPR spills together; NVIDIA does not report it, its
+    /// spills show as local memory).
+    pub spilled_registers: Option<u32>,
+    /// Local (NVIDIA) or scratch (AMD private segment) memory per lane, bytes.
+    pub local_bytes: u32,
+    /// Static shared memory (LDS) per block, bytes.
+    pub shared_bytes: u32,
+    /// The largest block the kernel can be launched with.
+    pub max_block: u32,
 }
 
 /// An entry point, and whether it has been looked up for a launch since the record was last
@@ -128,10 +154,19 @@ impl Kernels {
         let programmatic =
             crate::knobs::EARLY_LAUNCH.read()? && device.supports_programmatic_launch()?;
         let mut functions = HashMap::new();
+        let mut amd_resources = HashMap::new();
         for (i, ((module, source, key), image)) in jobs.iter().zip(images).enumerate() {
             let (module, name) = (*module, module.name());
             let from_cache = !missing.contains(&i);
             let image = image.unwrap_or_default();
+            if device.platform() == PlatformKind::Amd {
+                match crate::code_object::read(&image) {
+                    Ok(object) => amd_resources
+                        .extend(object.kernels.into_iter().map(|k| (k.name.clone(), k))),
+                    // Only the verbose self-test reads them: a warning, not a failed load.
+                    Err(e) => tracing::warn!("kernel module {name}: {e}"),
+                }
+            }
             let loaded = match device.load_module(&image) {
                 Ok(loaded) => loaded,
                 // A cached code object the runtime refuses (one the checksum cannot catch,
@@ -187,6 +222,7 @@ impl Kernels {
             matvec_blocks_per_sm,
             mma_variant,
             functions,
+            amd_resources,
         })
     }
 
@@ -230,6 +266,44 @@ impl Kernels {
         // coverage check), never used to order other memory.
         entry.launched.store(true, Ordering::Relaxed);
         Ok(&entry.function)
+    }
+
+    /// Every entry point's registers, local and shared memory, in source-list order. A kernel
+    /// whose figures the platform does not give (an AMD code object that could not be read) is
+    /// left out.
+    pub fn resources(&self) -> Result<Vec<KernelUsage>> {
+        let mut usage = Vec::new();
+        for module in KernelModule::ALL {
+            for &name in module.entry_points() {
+                let Some(entry) = self.functions.get(&(module, name)) else {
+                    continue;
+                };
+                if let Some(r) = entry.function.resources()? {
+                    usage.push(KernelUsage {
+                        module,
+                        name,
+                        registers: r.registers,
+                        scalar_registers: None,
+                        spilled_registers: None,
+                        local_bytes: r.local_bytes,
+                        shared_bytes: r.static_shared_bytes,
+                        max_block: r.max_threads_per_block,
+                    });
+                } else if let Some(r) = self.amd_resources.get(name) {
+                    usage.push(KernelUsage {
+                        module,
+                        name,
+                        registers: r.vgpr_count,
+                        scalar_registers: Some(r.sgpr_count),
+                        spilled_registers: Some(r.vgpr_spill_count + r.sgpr_spill_count),
+                        local_bytes: r.private_segment_fixed_size,
+                        shared_bytes: r.group_segment_fixed_size,
+                        max_block: r.max_flat_workgroup_size,
+                    });
+                }
+            }
+        }
+        Ok(usage)
     }
 
     /// Forgets which entry points were launched.

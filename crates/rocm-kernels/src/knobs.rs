@@ -86,13 +86,12 @@ pub static SELFTEST_BREAK: Knob<Option<String>> = Knob {
     doc: "test only: the self-test moves the results of this op before comparing them, so a \
           test can check that the report names that op and only it (unset: off)",
     scope: Scope::Test,
+    // Whether the word names an op of the table is checked where the table is
+    // (`selftest::RunOptions::from_env`), which this module must not depend on.
     parse: |v| match v.trim() {
         "" => Ok(None),
-        op if crate::selftest::ops().contains(&op) => Ok(Some(op.to_string())),
-        _ => Err(format!(
-            "names no op of the self-test; use one of {}",
-            crate::selftest::ops().join(", ")
-        )),
+        op if op.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') => Ok(Some(op.to_string())),
+        _ => Err("is not an op name; use one word such as rms_norm".to_string()),
     },
 };
 

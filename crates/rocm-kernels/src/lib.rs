@@ -32,7 +32,7 @@ pub mod source;
 pub mod view;
 
 pub use error::{KernelError, Result};
-pub use kernels::Kernels;
+pub use kernels::{KernelUsage, Kernels};
 pub use source::KernelModule;
 pub use view::{DeviceSlice, DeviceSliceMut};
 

@@ -60,6 +60,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuModuleLoadData",
     "cuModuleUnload",
     "cuModuleGetFunction",
+    "cuFuncGetAttribute",
     "cuLaunchKernel",
     "cuLaunchKernelEx",
     "cuStreamBeginCapture_v2",
@@ -677,6 +678,30 @@ impl GpuApi for CudaApi {
         })
         .map_err(|e| e.with_detail(format!("kernel `{name}`")))?;
         Ok(RawHandle::from_ptr(function))
+    }
+
+    unsafe fn function_resources(
+        &self,
+        dev: i32,
+        function: RawHandle,
+    ) -> Result<Option<super::FunctionResources>> {
+        use cu::CUfunction_attribute as A;
+        self.bind(dev)?;
+        let get = |attribute: A| -> Result<u32> {
+            let mut value: std::ffi::c_int = 0;
+            // SAFETY: the caller guarantees the function is live; `value` is a valid out
+            // pointer.
+            check("cuFuncGetAttribute", unsafe {
+                cu::cuFuncGetAttribute(&mut value, attribute, function.as_ptr())
+            })?;
+            Ok(u32::try_from(value).unwrap_or(0))
+        };
+        Ok(Some(super::FunctionResources {
+            registers: get(A::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+            local_bytes: get(A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+            static_shared_bytes: get(A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
+            max_threads_per_block: get(A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+        }))
     }
 
     unsafe fn launch(

@@ -533,6 +533,16 @@ impl GpuApi for HipApi {
         Ok(RawHandle::from_ptr(function))
     }
 
+    unsafe fn function_resources(
+        &self,
+        _dev: i32,
+        _function: RawHandle,
+    ) -> Result<Option<super::FunctionResources>> {
+        // The bindings are cut from the HIP 5.2 headers without hipFuncGetAttribute; on AMD the
+        // code object's metadata says the same (rocm-kernels' code_object).
+        Ok(None)
+    }
+
     unsafe fn launch(
         &self,
         dev: i32,

@@ -67,6 +67,21 @@ pub(crate) enum CopyKind {
 /// Source or destination of a copy: host pointers and device addresses travel as integers.
 pub(crate) type Addr = u64;
 
+/// What one kernel takes of the hardware, as the NVIDIA driver reports it
+/// ([`crate::Function::resources`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FunctionResources {
+    /// Registers per thread.
+    pub registers: u32,
+    /// Local (spill and stack) memory per thread, in bytes.
+    pub local_bytes: u32,
+    /// Statically declared shared memory per block, in bytes (dynamic shared memory is the
+    /// launch's).
+    pub static_shared_bytes: u32,
+    /// The largest block the kernel can be launched with, given its registers.
+    pub max_threads_per_block: u32,
+}
+
 /// The HIP-shaped API both platforms implement. `dev` is the runtime's device ordinal; every
 /// method that touches a device makes it current on the calling thread first.
 pub(crate) trait GpuApi: Send + Sync + 'static {
@@ -176,6 +191,15 @@ pub(crate) trait GpuApi: Send + Sync + 'static {
     /// # Safety
     /// `module` is live.
     unsafe fn module_function(&self, dev: i32, module: RawHandle, name: &str) -> Result<RawHandle>;
+    /// What the kernel takes of the hardware as the driver reports it, or `None` where this
+    /// platform's runtime does not say (HIP: read the code object's metadata instead).
+    /// # Safety
+    /// `function` is live.
+    unsafe fn function_resources(
+        &self,
+        dev: i32,
+        function: RawHandle,
+    ) -> Result<Option<FunctionResources>>;
     /// # Safety
     /// `function` is live; `params` points to one pointer per kernel parameter, each pointing to
     /// a value of the parameter's exact type; `stream` is live. With `programmatic`, the kernel

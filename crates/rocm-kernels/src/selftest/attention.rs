@@ -29,9 +29,10 @@
 //! run on one shape share its inputs and references, and `run_all` computes references on
 //! several threads.
 
-use super::pointwise::{seeded, uniform_vec};
+use super::case::Case;
+use super::case::{seeded, uniform_vec};
 use super::rig::rms;
-use super::{Case, Rig};
+use super::rig::Rig;
 use crate::ops::attention::{
     attention_decode, attention_decode_on, attention_decode_q8, attention_prefill_on,
     decode_splits, decode_workspace_floats, AttentionShape, DecodeKernel, PrefillKernel,

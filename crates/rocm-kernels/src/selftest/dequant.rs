@@ -17,8 +17,9 @@
 //!
 //! NaN must stay NaN (its payload may change); a NaN where a number was expected fails.
 
-use super::pointwise::{seeded, uniform_vec};
-use super::{Case, Rig};
+use super::case::Case;
+use super::case::{seeded, uniform_vec};
+use super::rig::Rig;
 use crate::ops::dequant;
 use crate::ops::matvec::{self, QuantMatrix, WEIGHT_FORMATS};
 use crate::reference;

@@ -13,34 +13,18 @@
 //! compared, so a test can check that the report names that op, and only it.
 
 mod attention;
+mod case;
 mod dequant;
 mod pointwise;
 mod products;
 mod rig;
 
+pub use case::Case;
 pub use rig::{Check, Rig};
 
 use crate::Kernels;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
-
-/// One entry of the table: an op (or a chain of ops) against its CPU reference.
-#[derive(Clone, Copy)]
-pub struct Case {
-    /// What the case checks, as a test name would say it.
-    pub name: &'static str,
-    /// The op it exercises, the name reports group by and
-    /// [`crate::knobs::SELFTEST_BREAK`] takes.
-    pub op: &'static str,
-    /// Launches the op and records its comparisons on the rig; an error is a failed case.
-    pub run: fn(&Rig<'_>) -> crate::Result<()>,
-}
-
-impl std::fmt::Debug for Case {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({})", self.name, self.op)
-    }
-}
 
 /// The cases of each group, in the order a run takes them.
 pub mod groups {
@@ -154,11 +138,26 @@ pub struct RunOptions {
 }
 
 impl RunOptions {
-    /// Options with the break switch read from the environment.
+    /// Options with the break switch read from the environment; an error naming the table's
+    /// ops when it names none of them.
     pub fn from_env() -> crate::Result<RunOptions> {
+        let knob = &crate::knobs::SELFTEST_BREAK;
+        let break_op = knob.read()?;
+        if let Some(op) = &break_op {
+            if !ops().contains(&op.as_str()) {
+                return Err(crate::KernelError::Env {
+                    variable: knob.name,
+                    value: op.clone(),
+                    message: format!(
+                        "names no op of the self-test; use one of {}",
+                        ops().join(", ")
+                    ),
+                });
+            }
+        }
         Ok(RunOptions {
             filter: None,
-            break_op: crate::knobs::SELFTEST_BREAK.read()?,
+            break_op,
         })
     }
 }

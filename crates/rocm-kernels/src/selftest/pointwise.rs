@@ -1,6 +1,7 @@
 //! Norms, elementwise ops and sampling against the reference, at odd and real shapes.
 
-use super::{Case, Rig};
+use super::case::{seeded, uniform_vec, Case};
+use super::rig::Rig;
 use crate::ops::elementwise::{self, GateActivation};
 use crate::ops::matvec_q8::Q8ActivationsMut;
 use crate::ops::norm::{self, Residual};
@@ -8,17 +9,7 @@ use crate::ops::sampling::{self, SamplingParams, ARGMAX_WORKSPACE};
 use crate::reference;
 use crate::DeviceSliceMut;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-
-/// `n` values uniform in `[lo, hi)`.
-pub(super) fn uniform_vec(rng: &mut StdRng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(lo..hi)).collect()
-}
-
-/// A generator whose numbers depend only on `seed`.
-pub(super) fn seeded(seed: u64) -> StdRng {
-    StdRng::seed_from_u64(seed)
-}
+use rand::Rng;
 
 pub const CASES: &[Case] = &[
     Case {

@@ -16,9 +16,10 @@
 //! The bound is relative to the output's own RMS however small it is (the random blocks'
 //! scales keep products far below 1), not to `max(1, RMS)` as [`Rig::close_to_rms`] takes it.
 
-use super::pointwise::{seeded, uniform_vec};
+use super::case::Case;
+use super::case::{seeded, uniform_vec};
 use super::rig::rms;
-use super::{Case, Rig};
+use super::rig::Rig;
 use crate::mma::MmaVariant;
 use crate::ops::embed;
 use crate::ops::matvec::{self, QuantMatrix, MAX_TOKENS, WEIGHT_FORMATS};
