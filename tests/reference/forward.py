@@ -35,7 +35,7 @@ from gguf.quants import dequantize
 
 from ggufread import GGUFFile, GGUFFormatError
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3")
 _MISSING = object()
 
 
@@ -202,6 +202,8 @@ def load_config(m: GGUFModel) -> Config:
         swa_layers = [False] * n_layer
         rope_base_swa = rope_base
 
+    if m.has("rope_factors_long.weight"):
+        raise ReferenceError("LongRoPE (rope_factors_long/short) is not supported by this reference")
     if not m.has("token_embd.weight"):
         raise ReferenceError("tensor 'token_embd.weight' is missing")
     vocab = m.tensors["token_embd.weight"].ne[1]
@@ -329,9 +331,17 @@ class Transformer:
         cfg, m = self.cfg, self.m
         p = f"blk.{il}."
         n = h.shape[0]
-        q = linear(m, h, p + "attn_q").reshape(n, cfg.n_head, cfg.head_dim)
-        k = linear(m, h, p + "attn_k").reshape(n, cfg.n_head_kv, cfg.head_dim)
-        v = linear(m, h, p + "attn_v").reshape(n, cfg.n_head_kv, cfg.head_dim_v)
+        if m.has(p + "attn_qkv.weight"):
+            # Phi-3: one product, its outputs Q, then K, then V.
+            qkv = linear(m, h, p + "attn_qkv")
+            nq, nk = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+            q = qkv[:, :nq].reshape(n, cfg.n_head, cfg.head_dim)
+            k = qkv[:, nq:nq + nk].reshape(n, cfg.n_head_kv, cfg.head_dim)
+            v = qkv[:, nq + nk:].reshape(n, cfg.n_head_kv, cfg.head_dim_v)
+        else:
+            q = linear(m, h, p + "attn_q").reshape(n, cfg.n_head, cfg.head_dim)
+            k = linear(m, h, p + "attn_k").reshape(n, cfg.n_head_kv, cfg.head_dim)
+            v = linear(m, h, p + "attn_v").reshape(n, cfg.n_head_kv, cfg.head_dim_v)
         if cfg.qk_norm:
             q = rms_norm(q, m.weight(p + "attn_q_norm.weight"), cfg.eps)
             k = rms_norm(k, m.weight(p + "attn_k_norm.weight"), cfg.eps)
@@ -367,8 +377,14 @@ class Transformer:
     def dense_ffn(self, il: int, h: np.ndarray) -> np.ndarray:
         p = f"blk.{il}."
         act = gelu_tanh if self.cfg.gelu_ffn else silu
-        g = linear(self.m, h, p + "ffn_gate")
-        u = linear(self.m, h, p + "ffn_up")
+        if self.m.has(p + "ffn_gate.weight"):
+            g = linear(self.m, h, p + "ffn_gate")
+            u = linear(self.m, h, p + "ffn_up")
+        else:
+            # Phi-3: gate and up in one product of twice the width, the gate's half first
+            # (llama.cpp's SwiGLU on a single tensor).
+            gu = linear(self.m, h, p + "ffn_up")
+            g, u = np.split(gu, 2, axis=1)
         return linear(self.m, act(g) * u, p + "ffn_down")
 
     def moe_ffn(self, il: int, h: np.ndarray) -> np.ndarray:

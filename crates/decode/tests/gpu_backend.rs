@@ -148,6 +148,16 @@ fn tiny_qwen2_on_the_gpu_matches_the_cpu() {
     check_preset(Preset::TinyQwen2);
 }
 
+#[test]
+fn tiny_phi3_on_the_gpu_matches_the_cpu() {
+    check_preset(Preset::TinyPhi3);
+}
+
+#[test]
+fn tiny_mistral_nemo_on_the_gpu_matches_the_cpu() {
+    check_preset(Preset::TinyMistralNemo);
+}
+
 /// A q8_0 KV cache on the GPU against the CPU storing the same q8_0 rows (its bit-identical
 /// quantizer), both on the exact f32 products: the cached values are the same bytes but for a
 /// rounding that summation order flips at a block's boundary (one step of amax/127 on one
@@ -180,6 +190,8 @@ fn a_q8_0_kv_cache_on_the_gpu_matches_the_cpu_storing_the_same_q8_0_rows() {
         Preset::TinyGemma3,
         Preset::TinyQwen2,
         Preset::TinyGemma2,
+        Preset::TinyPhi3,
+        Preset::TinyMistralNemo,
     ] {
         let what = format!("{test} {}", preset.name());
         let file = Arc::new(preset_file(preset));
@@ -375,6 +387,8 @@ fn no_step_allocates_on_the_device_after_load() {
             Preset::TinyGemma3,
             Preset::TinyQwen2,
             Preset::TinyGemma2,
+            Preset::TinyPhi3,
+            Preset::TinyMistralNemo,
         ] {
             let test = "no_step_allocates_on_the_device_after_load";
             let Some(gpu) = gpu_backend_on(test, path) else {

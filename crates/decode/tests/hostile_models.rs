@@ -70,6 +70,8 @@ fn the_unedited_models_load() {
         Preset::TinyLlama,
         Preset::TinyQwen2,
         Preset::TinyGemma2,
+        Preset::TinyPhi3,
+        Preset::TinyMistralNemo,
     ] {
         load(preset, &[], small()).unwrap();
     }

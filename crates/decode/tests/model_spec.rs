@@ -105,3 +105,41 @@ fn real_gemma_has_global_layers_5_11_17() {
         .iter()
         .all(|l| l.window.is_none_or(|w| w == 512)));
 }
+
+/// Phi-3's 128k files (LongRoPE factor tensors) are refused with the reason; the same model
+/// without them loads.
+#[test]
+fn phi3_with_longrope_is_refused_naming_it_and_without_it_loads() {
+    use decode::gguf_loader::synth::preset_bytes_with;
+    use decode::gguf_loader::GgmlType;
+    let n_rot = Preset::TinyPhi3.spec().head_dim as u64;
+    let bytes = preset_bytes_with(Preset::TinyPhi3, 11, |w| {
+        let factors = vec![0u8; n_rot as usize / 2 * 4];
+        w.add_tensor(
+            "rope_factors_long.weight",
+            &[n_rot / 2],
+            GgmlType::F32,
+            factors.clone(),
+        )?;
+        w.add_tensor(
+            "rope_factors_short.weight",
+            &[n_rot / 2],
+            GgmlType::F32,
+            factors,
+        )
+    })
+    .unwrap();
+    let file = GgufFile::from_bytes(bytes).unwrap();
+    let err = ModelSpec::from_gguf(&file)
+        .expect_err("LongRoPE is not supported")
+        .to_string();
+    assert!(
+        err.contains("LongRoPE") && err.contains("rope_factors_long"),
+        "{err}"
+    );
+    let plain = ModelSpec::from_gguf(&preset_file(Preset::TinyPhi3)).expect("4k Phi-3 loads");
+    assert!(plain
+        .layers
+        .iter()
+        .all(|l| l.rope.neox && l.window.is_none()));
+}

@@ -1,4 +1,4 @@
-//! Tiny synthetic llama, qwen2, qwen3, qwen3moe, gemma2 and gemma3 models (random quantized weights with the
+//! Tiny synthetic llama, qwen2, qwen3, qwen3moe, gemma2, gemma3 and phi3 models (random quantized weights with the
 //! real tensor layouts, written by gguf-loader's synth presets) against the numpy reference:
 //! logits at every position, and tokenization.
 
@@ -80,6 +80,20 @@ fn tiny_gemma2_with_soft_capping_matches_the_reference() {
 #[test]
 fn tiny_qwen2_with_qkv_biases_matches_the_reference() {
     check(Preset::TinyQwen2);
+}
+
+/// Phi-3's fused `attn_qkv` and `ffn_up` are read through the file index's row views; the
+/// reference splits the fused products itself.
+#[test]
+fn tiny_phi3_with_fused_projections_matches_the_reference() {
+    check(Preset::TinyPhi3);
+}
+
+/// Mistral Nemo's heads are wider than `n_embd / n_head` (`attention.key_length`), on the Llama
+/// architecture's RoPE layout.
+#[test]
+fn tiny_mistral_nemo_with_wide_heads_matches_the_reference() {
+    check(Preset::TinyMistralNemo);
 }
 
 /// Gemma 3 27B scales attention by 1/sqrt(n_embd / n_head), not 1/sqrt(head size); GGUF has no

@@ -122,6 +122,8 @@ pub struct GgufFile {
     // Field order matters: `index` borrows from `backing` and must be dropped first.
     index: Index<'static>,
     backing: Backing,
+    /// Parts of fused tensors, by name ([`crate::fused`]); looked up before the file's own.
+    views: HashMap<String, TensorInfo>,
 }
 
 impl std::fmt::Debug for GgufFile {
@@ -189,7 +191,47 @@ impl GgufFile {
         let bytes: &'static [u8] =
             unsafe { std::slice::from_raw_parts(bytes.as_ptr(), bytes.len()) };
         let index = parse(bytes)?;
-        Ok(GgufFile { index, backing })
+        let mut file = GgufFile {
+            index,
+            backing,
+            views: HashMap::new(),
+        };
+        file.views = file.fused_views()?;
+        Ok(file)
+    }
+
+    /// Entries for the parts of the file's fused tensors ([`crate::fused`]), by name.
+    fn fused_views(&self) -> Result<HashMap<String, TensorInfo>, GgufError> {
+        let Ok(arch) = self.get_str("general.architecture") else {
+            return Ok(HashMap::new());
+        };
+        let metadata = |key: &str| -> Result<Option<u64>, GgufError> {
+            match self.get(key) {
+                Some(_) => self.get_u32(key).map(|v| Some(u64::from(v))),
+                None => Ok(None),
+            }
+        };
+        let rows = |name: &str| self.file_tensor(name).and_then(|t| t.dims.get(1).copied());
+        let parts = crate::fused::parts(arch, &metadata, &rows)?;
+        let mut views = HashMap::with_capacity(parts.len());
+        for part in parts {
+            // `parts` named only tensors `rows` found, with at least one row each.
+            let Some(fused) = self.file_tensor(&part.fused) else {
+                continue;
+            };
+            let row_bytes = fused.n_bytes / fused.dims[1].max(1);
+            views.insert(
+                part.name.clone(),
+                TensorInfo {
+                    name: part.name,
+                    dims: vec![fused.dims[0], part.rows],
+                    ggml_type: fused.ggml_type,
+                    offset: fused.offset + part.first_row * row_bytes,
+                    n_bytes: part.rows * row_bytes,
+                },
+            );
+        }
+        Ok(views)
     }
 
     pub fn version(&self) -> u32 {
@@ -375,7 +417,16 @@ impl GgufFile {
         &self.index.unreadable
     }
 
+    /// The tensor of that name as a model reads it: a part of a fused tensor where the
+    /// architecture fuses one ([`crate::fused`]: Phi-3's `attn_q`, `ffn_gate`, and `ffn_up`,
+    /// whose part shadows the fused tensor of the same name), else the file's own.
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.views.get(name).or_else(|| self.file_tensor(name))
+    }
+
+    /// The tensor the file itself stores under that name (one of [`GgufFile::tensors`]), never
+    /// a part of a fused one.
+    pub fn file_tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.index
             .tensors_by_name
             .get(name)

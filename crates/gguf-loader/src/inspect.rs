@@ -192,9 +192,13 @@ pub fn json_report(f: &GgufFile) -> Json {
 }
 
 /// Dequantizes tensor `name` and writes it to `path` as a `.npy` file of f32, shaped like
-/// gguf-py shapes it (outermost dimension first).
+/// gguf-py shapes it (outermost dimension first). A name the file stores is that tensor; a
+/// name it does not may be a part of a fused one (Phi-3's `blk.0.attn_q.weight`).
 pub fn write_tensor_npy(f: &GgufFile, name: &str, path: &Path) -> Result<(), GgufError> {
-    let t = f.require_tensor(name)?;
+    let t = match f.file_tensor(name) {
+        Some(t) => t,
+        None => f.require_tensor(name)?,
+    };
     let values = f.dequantize_tensor(t)?;
     let shape: Vec<usize> = t
         .shape_outer_first()

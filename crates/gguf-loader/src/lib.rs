@@ -6,6 +6,7 @@
 mod cursor;
 pub mod error;
 pub mod file;
+pub mod fused;
 pub mod fuzzing;
 pub mod inspect;
 pub mod knobs;

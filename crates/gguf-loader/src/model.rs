@@ -17,17 +17,22 @@ pub enum Architecture {
     Qwen3Moe,
     Gemma2,
     Gemma3,
+    /// Phi-3 and Phi-3.5 (and Phi-4 mini): Q, K and V in one `attn_qkv` tensor and the gate
+    /// and up projections in one `ffn_up`, which the file index shows as the separate tensors
+    /// ([`crate::fused`]); otherwise Llama with NeoX RoPE.
+    Phi3,
 }
 
 impl Architecture {
     /// Every architecture, the one list the messages and checks read.
-    pub const ALL: [Architecture; 6] = [
+    pub const ALL: [Architecture; 7] = [
         Architecture::Llama,
         Architecture::Qwen2,
         Architecture::Qwen3,
         Architecture::Qwen3Moe,
         Architecture::Gemma2,
         Architecture::Gemma3,
+        Architecture::Phi3,
     ];
 
     /// The names of [`Architecture::ALL`], for messages: "llama, qwen2, ...".
@@ -69,6 +74,7 @@ impl Architecture {
             Architecture::Qwen3Moe => "qwen3moe",
             Architecture::Gemma2 => "gemma2",
             Architecture::Gemma3 => "gemma3",
+            Architecture::Phi3 => "phi3",
         }
     }
 }
@@ -103,6 +109,13 @@ pub enum RopeScaling {
     },
     /// Per-dimension frequency factors stored as a tensor (Llama 3.1's `rope_freqs.weight`).
     FreqFactors { tensor: String },
+    /// Phi-3's LongRoPE: one set of frequency factors for contexts up to
+    /// `original_context_length` (`rope_factors_short.weight`), another beyond it
+    /// (`rope_factors_long.weight`), and the rotated dimensions scaled by `attn_factor`.
+    LongRope {
+        original_context_length: usize,
+        attn_factor: f32,
+    },
 }
 
 /// Architecture and hyperparameters of a model.
@@ -362,15 +375,31 @@ fn rope_scaling(f: &GgufFile, k: &Keys<'_>) -> Result<Option<RopeScaling>, GgufE
                 factor: k.f32("rope.scaling.factor")?,
                 original_context_length: k.usize("rope.scaling.original_context_length")?,
             }),
+            // Read from the factor tensors below; the type alone says too little.
+            "longrope" if f.tensor("rope_factors_long.weight").is_some() => None,
             other => {
                 return Err(GgufError::InvalidValue {
                     key: type_key,
                     value: format!("{other:?}"),
-                    reason: "supported scaling types are none, linear and yarn".into(),
+                    reason: "supported scaling types are none, linear, yarn, and longrope with \
+                             the rope_factors_long and rope_factors_short tensors"
+                        .into(),
                 })
             }
         },
     };
+    if scaling.is_none() && f.tensor("rope_factors_long.weight").is_some() {
+        return Ok(Some(RopeScaling::LongRope {
+            original_context_length: match k.opt_usize("rope.scaling.original_context_length")? {
+                Some(n) => n,
+                None => k.usize("context_length")?,
+            },
+            attn_factor: match f.get(&k.key("rope.scaling.attn_factor")) {
+                Some(_) => k.f32("rope.scaling.attn_factor")?,
+                None => 1.0,
+            },
+        }));
+    }
     if scaling.is_none() && f.tensor("rope_freqs.weight").is_some() {
         return Ok(Some(RopeScaling::FreqFactors {
             tensor: "rope_freqs.weight".into(),

@@ -34,10 +34,14 @@ pub enum Preset {
     TinyQwen2,
     /// Gemma 2: soft-capped attention scores and logits, every other layer sliding.
     TinyGemma2,
+    /// Phi-3: Q, K and V fused in `attn_qkv`, gate and up fused in `ffn_up`.
+    TinyPhi3,
+    /// Llama with heads wider than `n_embd / n_head` (Mistral Nemo: 5120 wide, 32 heads of 128).
+    TinyMistralNemo,
 }
 
 impl Preset {
-    pub const ALL: [Preset; 9] = [
+    pub const ALL: [Preset; 11] = [
         Preset::Llama3_8bQ4KM,
         Preset::Qwen3_30bA3bQ4KM,
         Preset::Gemma3_270mQ4KM,
@@ -47,6 +51,8 @@ impl Preset {
         Preset::TinyGemma3,
         Preset::TinyQwen2,
         Preset::TinyGemma2,
+        Preset::TinyPhi3,
+        Preset::TinyMistralNemo,
     ];
 
     pub fn name(self) -> &'static str {
@@ -60,6 +66,8 @@ impl Preset {
             Preset::TinyGemma3 => "tiny-gemma3",
             Preset::TinyQwen2 => "tiny-qwen2",
             Preset::TinyGemma2 => "tiny-gemma2",
+            Preset::TinyPhi3 => "tiny-phi3",
+            Preset::TinyMistralNemo => "tiny-mistral-nemo",
         }
     }
 
@@ -77,6 +85,8 @@ impl Preset {
                 | Preset::TinyGemma3
                 | Preset::TinyQwen2
                 | Preset::TinyGemma2
+                | Preset::TinyPhi3
+                | Preset::TinyMistralNemo
         )
     }
 
@@ -104,6 +114,7 @@ impl Preset {
             llama3_rope_factors: true,
             attn_bias: false,
             softcaps: None,
+            fused_projections: false,
         };
         let qwen3_30b = Spec {
             arch: Architecture::Qwen3Moe,
@@ -127,6 +138,7 @@ impl Preset {
             llama3_rope_factors: false,
             attn_bias: false,
             softcaps: None,
+            fused_projections: false,
         };
         let gemma3_270m = Spec {
             arch: Architecture::Gemma3,
@@ -150,6 +162,7 @@ impl Preset {
             llama3_rope_factors: false,
             attn_bias: false,
             softcaps: None,
+            fused_projections: false,
         };
         match self {
             Preset::Llama3_8bQ4KM => llama3_8b,
@@ -248,6 +261,42 @@ impl Preset {
                 softcaps: Some((0.5, 1.0)),
                 ..gemma3_270m
             },
+            Preset::TinyPhi3 => Spec {
+                arch: Architecture::Phi3,
+                name: "Synthetic tiny Phi-3",
+                n_layers: 2,
+                n_embd: 256,
+                n_ff: 512,
+                n_head: 4,
+                // Phi-3 mini has as many K/V heads as query heads; medium groups them. Two
+                // for four puts K and V at other row counts than Q in the fused tensor.
+                n_head_kv: 2,
+                head_dim: 64,
+                vocab: 640,
+                context_length: 4096,
+                rope_freq_base: 10_000.0,
+                rms_eps: 1e-5,
+                llama3_rope_factors: false,
+                fused_projections: true,
+                ..llama3_8b
+            },
+            Preset::TinyMistralNemo => Spec {
+                name: "Synthetic tiny Mistral Nemo",
+                n_layers: 2,
+                n_embd: 192,
+                n_ff: 512,
+                n_head: 4,
+                n_head_kv: 2,
+                // 4 x 64 = 256 query outputs from a residual of 192: Q, K and V are wider than
+                // the model and the output projection narrows them back, as in Nemo.
+                head_dim: 64,
+                write_head_dim: true,
+                vocab: 512,
+                context_length: 2048,
+                rope_freq_base: 1_000_000.0,
+                llama3_rope_factors: false,
+                ..llama3_8b
+            },
         }
     }
 }
@@ -282,6 +331,10 @@ pub struct Spec {
     pub attn_bias: bool,
     /// Gemma 2's `attn_logit_softcapping` and `final_logit_softcapping`.
     pub softcaps: Option<(f32, f32)>,
+    /// Phi-3's fused tensors: `attn_qkv` (Q, K and V rows in that order) instead of
+    /// `attn_{q,k,v}`, and `ffn_up` of twice the width (gate rows first) instead of
+    /// `ffn_gate` and `ffn_up`.
+    pub fused_projections: bool,
 }
 
 /// llama.cpp's Q4_K_M rule: some layers get more bits for `attn_v` and `ffn_down`.
@@ -355,6 +408,8 @@ pub fn plan(preset: Preset, seed: u64) -> Result<GgufWriter, GgufError> {
     }
     if s.arch == Architecture::Llama {
         w.add(k("vocab_size"), u32v(s.vocab))?;
+    }
+    if matches!(s.arch, Architecture::Llama | Architecture::Phi3) {
         w.add(k("rope.dimension_count"), u32v(s.head_dim))?;
     }
     if let Some((attn, last)) = s.softcaps {
@@ -396,9 +451,13 @@ fn plan_tensors(w: &mut GgufWriter, s: &Spec) -> Result<(), GgufError> {
         let q4 = |row: usize| fit_row(GgmlType::Q4K, row);
         let q4_or_q6 = |row: usize| fit_row(if more { GgmlType::Q6K } else { GgmlType::Q4K }, row);
         w.add_tensor_planned(b("attn_norm.weight"), &[e], f32t)?;
-        w.add_tensor_planned(b("attn_q.weight"), &[e, q_dim], q4(s.n_embd))?;
-        w.add_tensor_planned(b("attn_k.weight"), &[e, kv_dim], q4(s.n_embd))?;
-        w.add_tensor_planned(b("attn_v.weight"), &[e, kv_dim], q4_or_q6(s.n_embd))?;
+        if s.fused_projections {
+            w.add_tensor_planned(b("attn_qkv.weight"), &[e, q_dim + 2 * kv_dim], q4(s.n_embd))?;
+        } else {
+            w.add_tensor_planned(b("attn_q.weight"), &[e, q_dim], q4(s.n_embd))?;
+            w.add_tensor_planned(b("attn_k.weight"), &[e, kv_dim], q4(s.n_embd))?;
+            w.add_tensor_planned(b("attn_v.weight"), &[e, kv_dim], q4_or_q6(s.n_embd))?;
+        }
         if s.attn_bias {
             w.add_tensor_planned(b("attn_q.bias"), &[q_dim], f32t)?;
             w.add_tensor_planned(b("attn_k.bias"), &[kv_dim], f32t)?;
@@ -429,8 +488,12 @@ fn plan_tensors(w: &mut GgufWriter, s: &Spec) -> Result<(), GgufError> {
             )?;
         } else {
             let f = s.n_ff as u64;
-            w.add_tensor_planned(b("ffn_gate.weight"), &[e, f], q4(s.n_embd))?;
-            w.add_tensor_planned(b("ffn_up.weight"), &[e, f], q4(s.n_embd))?;
+            if s.fused_projections {
+                w.add_tensor_planned(b("ffn_up.weight"), &[e, 2 * f], q4(s.n_embd))?;
+            } else {
+                w.add_tensor_planned(b("ffn_gate.weight"), &[e, f], q4(s.n_embd))?;
+                w.add_tensor_planned(b("ffn_up.weight"), &[e, f], q4(s.n_embd))?;
+            }
             w.add_tensor_planned(b("ffn_down.weight"), &[f, e], q4_or_q6(s.n_ff))?;
         }
     }
@@ -499,9 +562,20 @@ pub fn write_preset_with_progress(
 /// [`write_preset`] would write (for the tiny presets; a large one needs as much memory as
 /// its file).
 pub fn preset_bytes(preset: Preset, seed: u64) -> Result<Vec<u8>, GgufError> {
+    preset_bytes_with(preset, seed, |_| Ok(()))
+}
+
+/// [`preset_bytes`] with whatever `extra` adds to the plan (metadata, or tensors with their
+/// data) before it is written: a variant of a preset for one test.
+pub fn preset_bytes_with(
+    preset: Preset,
+    seed: u64,
+    extra: impl FnOnce(&mut GgufWriter) -> Result<(), GgufError>,
+) -> Result<Vec<u8>, GgufError> {
     let spec = preset.spec();
-    plan(preset, seed)?
-        .to_bytes_streaming(|t, sink| fill_tensor(t, &spec, seed, sink, Path::new("<memory>")))
+    let mut writer = plan(preset, seed)?;
+    extra(&mut writer)?;
+    writer.to_bytes_streaming(|t, sink| fill_tensor(t, &spec, seed, sink, Path::new("<memory>")))
 }
 
 /// The synthetic data of tensor `t` of `spec` into `sink`; `label` names the destination in

@@ -85,6 +85,55 @@ fn rope_scaling_variants() {
         .contains("longrope"));
 }
 
+/// Phi-3's 128k files: two factor tensors, the original context and the attention factor.
+#[test]
+fn phi3_longrope_is_read_from_its_factor_tensors() {
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", "phi3").unwrap();
+    for (key, v) in [
+        ("block_count", Value::U32(2)),
+        ("embedding_length", Value::U32(256)),
+        ("feed_forward_length", Value::U32(512)),
+        ("attention.head_count", Value::U32(4)),
+        ("attention.head_count_kv", Value::U32(4)),
+        ("rope.freq_base", Value::F32(10000.0)),
+        ("attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+        ("context_length", Value::U32(131_072)),
+        ("vocab_size", Value::U32(1000)),
+        ("rope.scaling.original_context_length", Value::U32(4096)),
+        ("rope.scaling.attn_factor", Value::F32(1.19)),
+        ("rope.scaling.type", "longrope".into()),
+    ] {
+        w.add(format!("phi3.{key}"), v).unwrap();
+    }
+    let factors = |v: f32| (0..32).flat_map(|_| v.to_le_bytes()).collect::<Vec<u8>>();
+    w.add_tensor(
+        "rope_factors_long.weight",
+        &[32],
+        gguf_loader::GgmlType::F32,
+        factors(4.0),
+    )
+    .unwrap();
+    w.add_tensor(
+        "rope_factors_short.weight",
+        &[32],
+        gguf_loader::GgmlType::F32,
+        factors(1.0),
+    )
+    .unwrap();
+    let f = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
+    let c = ModelConfig::from_gguf(&f).unwrap();
+    assert_eq!(c.architecture, Architecture::Phi3);
+    assert_eq!(
+        c.rope_scaling,
+        Some(RopeScaling::LongRope {
+            original_context_length: 4096,
+            attn_factor: 1.19
+        })
+    );
+    assert_eq!(c.sliding_window, None, "llama.cpp turns Phi-3's window off");
+}
+
 #[test]
 fn missing_keys_are_named_never_defaulted() {
     for (arch, skip, key) in [

@@ -83,16 +83,23 @@ impl ModelSpec {
                 c.head_dim_k
             )));
         }
-        let position_scale = match &c.rope_scaling {
-            None | Some(RopeScaling::FreqFactors { .. }) => 1.0,
-            Some(RopeScaling::Linear { factor }) => *factor,
-            Some(RopeScaling::Yarn { .. }) => {
-                return Err(DecodeError::InvalidArgument(format!(
-                    "{} = yarn is not supported yet (none, linear and frequency factors are)",
-                    key("rope.scaling.type")
-                )))
-            }
-        };
+        let position_scale =
+            match &c.rope_scaling {
+                None | Some(RopeScaling::FreqFactors { .. }) => 1.0,
+                Some(RopeScaling::Linear { factor }) => *factor,
+                Some(RopeScaling::Yarn { .. }) => {
+                    return Err(DecodeError::InvalidArgument(format!(
+                        "{} = yarn is not supported yet (none, linear and frequency factors are)",
+                        key("rope.scaling.type")
+                    )))
+                }
+                Some(RopeScaling::LongRope { .. }) => return Err(DecodeError::InvalidArgument(
+                    "LongRoPE (the rope_factors_long and rope_factors_short tensors of Phi-3's \
+                     128k-context models) is not supported yet; Phi-3 files without them (the \
+                     4k-context ones) are"
+                        .to_string(),
+                )),
+            };
         // Which layers slide, their window and every layer's RoPE base are ModelConfig's to
         // decide (one rule for every architecture); the spec only copies its answers.
         let layers = (0..c.n_layers)
