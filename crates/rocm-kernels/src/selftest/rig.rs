@@ -104,9 +104,10 @@ impl<'k> Rig<'k> {
     /// A view of the first `len` values of `buf`; an error when it holds fewer.
     pub fn view<T>(&self, buf: &DeviceBuffer, len: usize) -> crate::Result<DeviceSlice<T>> {
         fits::<T>(buf, len)?;
-        // SAFETY: the buffer holds `len` values of T (checked above). Buffers of a case outlive
-        // its launches: the rig synchronizes the stream before any is read back, and `finish`
-        // waits for the case's work before the case's buffers are dropped.
+        // SAFETY: the buffer holds `len` values of T (checked above). No launch outlives the
+        // memory it uses: the rig synchronizes the stream before any buffer is read back, and a
+        // buffer dropped with work still queued (a case that returns early) is freed by hipFree
+        // or cuMemFree, which wait for that work first.
         Ok(unsafe { DeviceSlice::from_raw(buf.ptr().0, len) })
     }
 
