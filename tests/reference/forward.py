@@ -11,6 +11,7 @@ CLI:
   forward.py --model M --tokens 2,1234,56 --greedy 16        # prints {"tokens": [...]}
   forward.py ... --greedy 16 --margins                         # adds "margins": top-1 minus top-2 logit per step
   forward.py ... --query-pre-attn-scalar 128                   # attention scale 1/sqrt(128) instead of the model's
+  forward.py ... --context 64                                  # positions per sequence (LongRoPE's choice)
 """
 
 from __future__ import annotations
@@ -125,6 +126,9 @@ class Config:
     expert_norm: bool
     attn_softcap: float  # 0 = none
     final_softcap: float  # 0 = none
+    # Phi-3's LongRoPE: (original context, attention factor), or None.
+    long_rope: tuple | None
+    context_length: int
     vocab: int
     eos: int | None
 
@@ -202,8 +206,12 @@ def load_config(m: GGUFModel) -> Config:
         swa_layers = [False] * n_layer
         rope_base_swa = rope_base
 
+    long_rope = None
     if m.has("rope_factors_long.weight"):
-        raise ReferenceError("LongRoPE (rope_factors_long/short) is not supported by this reference")
+        if not m.has("rope_factors_short.weight"):
+            raise ReferenceError("rope_factors_long.weight without rope_factors_short.weight")
+        long_rope = (_int_meta(m, a + "rope.scaling.original_context_length", _int_meta(m, a + "context_length")),
+                     float(m.meta(a + "rope.scaling.attn_factor", 1.0)))
     if not m.has("token_embd.weight"):
         raise ReferenceError("tensor 'token_embd.weight' is missing")
     vocab = m.tensors["token_embd.weight"].ne[1]
@@ -235,6 +243,8 @@ def load_config(m: GGUFModel) -> Config:
         # Gemma 2 caps at 50 and 30 when the file does not say (every released Gemma 2 does).
         attn_softcap=float(m.meta(a + "attn_logit_softcapping", 50.0 if is_gemma2 else 0.0) or 0.0),
         final_softcap=float(m.meta(a + "final_logit_softcapping", 30.0 if is_gemma2 else 0.0) or 0.0),
+        long_rope=long_rope,
+        context_length=_int_meta(m, a + "context_length"),
         vocab=int(vocab),
         eos=None if eos is None else int(eos),
     )
@@ -268,10 +278,11 @@ def softmax64(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 def rope(x: np.ndarray, pos: np.ndarray, cfg: Config, base: float, freq_scale: float,
-         freq_factors: np.ndarray | None) -> np.ndarray:
+         freq_factors: np.ndarray | None, mscale: float = 1.0) -> np.ndarray:
     """Rotate the first n_rot dims of each head. x: [n_tok, n_heads, head_dim], pos: [n_tok].
 
-    Pair i (0 <= i < n_rot/2) turns by angle pos * freq_scale * base^(-2i/n_rot) / factor[i].
+    Pair i (0 <= i < n_rot/2) turns by angle pos * freq_scale * base^(-2i/n_rot) / factor[i],
+    and the rotated dims are multiplied by mscale (LongRoPE's attention factor).
     NeoX layout pairs dims (i, i + n_rot/2); the normal (GPT-J) layout pairs dims (2i, 2i+1).
     """
     half = cfg.n_rot // 2
@@ -279,8 +290,8 @@ def rope(x: np.ndarray, pos: np.ndarray, cfg: Config, base: float, freq_scale: f
     if freq_factors is not None:
         inv_freq = inv_freq / freq_factors.astype(np.float64)
     ang = pos.astype(np.float64)[:, None] * freq_scale * inv_freq[None, :]  # [n_tok, half]
-    cos = np.cos(ang)[:, None, :]
-    sin = np.sin(ang)[:, None, :]
+    cos = mscale * np.cos(ang)[:, None, :]
+    sin = mscale * np.sin(ang)[:, None, :]
     out = x.astype(np.float64).copy()
     if cfg.rope_neox:
         a = out[..., :half].copy()
@@ -310,11 +321,15 @@ def linear(m: GGUFModel, x: np.ndarray, name: str) -> np.ndarray:
 class Transformer:
     """Causal decoder with a per-layer K/V cache (positions start at 0)."""
 
-    def __init__(self, m: GGUFModel, query_pre_attn_scalar: int | None = None):
+    def __init__(self, m: GGUFModel, query_pre_attn_scalar: int | None = None,
+                 context: int | None = None):
+        """context: positions per sequence, which picks LongRoPE's factors (llama.cpp's n_ctx;
+        its default, the trained context length, here too)."""
         self.m = m
         self.cfg = load_config(m)
         if query_pre_attn_scalar is not None:
             self.cfg.attn_scale = 1.0 / math.sqrt(query_pre_attn_scalar)
+        self.context = self.cfg.context_length if context is None else context
         self.reset()
 
     def reset(self):
@@ -351,8 +366,13 @@ class Transformer:
         # Gemma 3 applies linear rope scaling to its global layers only.
         scale = 1.0 if local else cfg.rope_freq_scale
         factors = m.weight("rope_freqs.weight") if m.has("rope_freqs.weight") else None
-        q = rope(q, pos, cfg, base, scale, factors)
-        k = rope(k, pos, cfg, base, scale, factors)
+        mscale = 1.0
+        if cfg.long_rope is not None:
+            original, mscale = cfg.long_rope
+            factors = m.weight("rope_factors_long.weight" if self.context > original
+                               else "rope_factors_short.weight")
+        q = rope(q, pos, cfg, base, scale, factors, mscale)
+        k = rope(k, pos, cfg, base, scale, factors, mscale)
 
         self.k_cache[il] = np.concatenate([self.k_cache[il], k], axis=0)
         self.v_cache[il] = np.concatenate([self.v_cache[il], v], axis=0)
@@ -504,6 +524,9 @@ def main(argv=None) -> int:
     ap.add_argument("--query-pre-attn-scalar", type=int, metavar="S",
                     help="scale attention scores by 1/sqrt(S) instead of the model's own scale "
                          "(tests use it to show a wrong scale is detected)")
+    ap.add_argument("--context", type=int, metavar="N",
+                    help="positions per sequence, as a run would set them: LongRoPE models turn by "
+                         "their long factors beyond the original context (default: the trained context)")
     args = ap.parse_args(argv)
     if (args.out is None) == (args.greedy is None):
         ap.error("give exactly one of --out or --greedy")
@@ -511,9 +534,11 @@ def main(argv=None) -> int:
         ap.error("--greedy must be at least 1")
     if args.query_pre_attn_scalar is not None and args.query_pre_attn_scalar < 1:
         ap.error("--query-pre-attn-scalar must be at least 1")
+    if args.context is not None and args.context < 1:
+        ap.error("--context must be at least 1")
     try:
         ids = parse_ids(args.tokens)
-        model = Transformer(GGUFModel(args.model), args.query_pre_attn_scalar)
+        model = Transformer(GGUFModel(args.model), args.query_pre_attn_scalar, args.context)
         if args.out is not None:
             np.save(args.out, model.logits(ids))
         else:

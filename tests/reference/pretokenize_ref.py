@@ -4,7 +4,8 @@
 Reads JSON `{"pattern_lists": [[pattern, ...], ...], "texts": [text, ...]}` on stdin and
 prints `{"splits": [[[piece, ...] per text] per list]}`. Each pattern of a list splits every
 piece the previous ones left into its matches and the stretches between them; an empty match
-splits nothing. The patterns are llama.cpp's strings, compiled by `regex` unchanged.
+splits nothing. The patterns are llama.cpp's strings (or, for a trigger of one of its own
+matchers, the pattern that matcher was written after), compiled by `regex` unchanged.
 """
 import json
 import sys
@@ -36,7 +37,9 @@ def main():
     texts = request["texts"]
     splits = []
     for patterns in request["pattern_lists"]:
-        compiled = [regex.compile(p) for p in patterns]
+        # `&&` is class intersection (Kimi K2's pattern, written for tiktoken) only in the
+        # module's version 1 syntax.
+        compiled = [regex.compile(("(?V1)" if "&&" in p else "") + p) for p in patterns]
         splits.append([split(compiled, t) for t in texts])
     json.dump({"splits": splits}, sys.stdout)
 

@@ -691,7 +691,8 @@ def test_synth_models_from_xtask():
     # Files from `cargo xtask synth-model <preset>` (default path <models dir>/synth-<preset>.gguf):
     # the reference must load them, and its one-pass and incremental paths must agree.
     found = 0
-    for preset in ("tiny-llama", "tiny-qwen3", "tiny-qwen3moe", "tiny-gemma3", "tiny-qwen2", "tiny-gemma2", "tiny-phi3", "tiny-mistral-nemo"):
+    for preset in ("tiny-llama", "tiny-qwen3", "tiny-qwen3moe", "tiny-gemma3", "tiny-qwen2", "tiny-gemma2", "tiny-phi3", "tiny-phi3-longrope",
+                   "tiny-mistral-nemo"):
         path = os.path.join(models_dir(), f"synth-{preset}.gguf")
         if not os.path.exists(path):
             continue

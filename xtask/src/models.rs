@@ -69,7 +69,7 @@ pub struct FetchArgs {
 
 #[derive(clap::Args)]
 pub struct SynthArgs {
-    /// Preset name, e.g. tiny-llama, tiny-qwen2, tiny-phi3, tiny-qwen3, tiny-qwen3moe, tiny-gemma3, gemma3-270m-q4_k_m,
+    /// Preset name, e.g. tiny-llama, tiny-qwen2, tiny-phi3, tiny-phi3-longrope, tiny-qwen3, tiny-qwen3moe, tiny-gemma3, gemma3-270m-q4_k_m,
     /// llama3-8b-q4_k_m, qwen3-30b-a3b-q4_k_m.
     pub preset: String,
     /// Output file (default: synth-PRESET.gguf in the models folder).
@@ -379,6 +379,7 @@ mod tests {
                 "synth-tiny-qwen2.gguf",
                 "synth-tiny-gemma2.gguf",
                 "synth-tiny-phi3.gguf",
+                "synth-tiny-phi3-longrope.gguf",
                 "synth-tiny-mistral-nemo.gguf"
             ]
         );

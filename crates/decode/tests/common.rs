@@ -329,12 +329,25 @@ pub fn check_cpu_logits(
     want: &[f32],
     vocab: usize,
 ) {
+    check_cpu_logits_in(what, file, tokens, want, vocab, 64)
+}
+
+/// [`check_cpu_logits`] in a context of `context` positions.
+#[allow(dead_code)]
+pub fn check_cpu_logits_in(
+    what: &str,
+    file: &std::sync::Arc<GgufFile>,
+    tokens: &[u32],
+    want: &[f32],
+    vocab: usize,
+    context: usize,
+) {
     use decode::backend::cpu::CpuBackend;
     use decode::backend::Precision;
     use decode::context::ContextOptions;
     for (precision, tol) in [(Precision::Exact, EXACT_TOL), (Precision::Fast, FAST_TOL)] {
         let options = ContextOptions {
-            context: 64,
+            context,
             max_batch: 10,
             all_logits: true,
             sequences: 1,

@@ -154,6 +154,11 @@ fn tiny_phi3_on_the_gpu_matches_the_cpu() {
 }
 
 #[test]
+fn tiny_phi3_with_longrope_on_the_gpu_matches_the_cpu() {
+    check_preset(Preset::TinyPhi3LongRope);
+}
+
+#[test]
 fn tiny_mistral_nemo_on_the_gpu_matches_the_cpu() {
     check_preset(Preset::TinyMistralNemo);
 }
@@ -183,16 +188,7 @@ fn a_q8_0_kv_cache_on_the_gpu_matches_the_cpu_storing_the_same_q8_0_rows() {
         be.set_kv_type(KvType::Q8_0);
         be
     };
-    for preset in [
-        Preset::TinyLlama,
-        Preset::TinyQwen3,
-        Preset::TinyQwen3Moe,
-        Preset::TinyGemma3,
-        Preset::TinyQwen2,
-        Preset::TinyGemma2,
-        Preset::TinyPhi3,
-        Preset::TinyMistralNemo,
-    ] {
+    for preset in decode::selftest::tiny_presets() {
         let what = format!("{test} {}", preset.name());
         let file = Arc::new(preset_file(preset));
         let tok = Tokenizer::from_gguf(&file).unwrap();
@@ -380,16 +376,7 @@ fn run_cpu(file: &Arc<GgufFile>, tokens: &[u32]) -> Vec<f32> {
 fn no_step_allocates_on_the_device_after_load() {
     let _one_at_a_time = gpu_lock();
     for (path, _) in PATHS {
-        for preset in [
-            Preset::TinyLlama,
-            Preset::TinyQwen3,
-            Preset::TinyQwen3Moe,
-            Preset::TinyGemma3,
-            Preset::TinyQwen2,
-            Preset::TinyGemma2,
-            Preset::TinyPhi3,
-            Preset::TinyMistralNemo,
-        ] {
+        for preset in decode::selftest::tiny_presets() {
             let test = "no_step_allocates_on_the_device_after_load";
             let Some(gpu) = gpu_backend_on(test, path) else {
                 return;

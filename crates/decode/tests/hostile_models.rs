@@ -63,16 +63,7 @@ fn refused(preset: Preset, key: &str, value: Value, shown: &str, says: &str) -> 
 
 #[test]
 fn the_unedited_models_load() {
-    for preset in [
-        Preset::TinyGemma3,
-        Preset::TinyQwen3,
-        Preset::TinyQwen3Moe,
-        Preset::TinyLlama,
-        Preset::TinyQwen2,
-        Preset::TinyGemma2,
-        Preset::TinyPhi3,
-        Preset::TinyMistralNemo,
-    ] {
+    for preset in decode::selftest::tiny_presets() {
         load(preset, &[], small()).unwrap();
     }
 }

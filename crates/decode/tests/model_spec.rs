@@ -106,40 +106,39 @@ fn real_gemma_has_global_layers_5_11_17() {
         .all(|l| l.window.is_none_or(|w| w == 512)));
 }
 
-/// Phi-3's 128k files (LongRoPE factor tensors) are refused with the reason; the same model
-/// without them loads.
+/// Phi-3's 128k files (LongRoPE factor tensors) load: a context longer than the original one
+/// turns by the long factors, a shorter one by the short, and the attention factor scales the
+/// scores by its square. With only part of each head rotated, that scale would be wrong, and
+/// such a file is refused naming the key.
 #[test]
-fn phi3_with_longrope_is_refused_naming_it_and_without_it_loads() {
-    use decode::gguf_loader::synth::preset_bytes_with;
-    use decode::gguf_loader::GgmlType;
-    let n_rot = Preset::TinyPhi3.spec().head_dim as u64;
-    let bytes = preset_bytes_with(Preset::TinyPhi3, 11, |w| {
-        let factors = vec![0u8; n_rot as usize / 2 * 4];
-        w.add_tensor(
-            "rope_factors_long.weight",
-            &[n_rot / 2],
-            GgmlType::F32,
-            factors.clone(),
-        )?;
-        w.add_tensor(
-            "rope_factors_short.weight",
-            &[n_rot / 2],
-            GgmlType::F32,
-            factors,
-        )
-    })
-    .unwrap();
-    let file = GgufFile::from_bytes(bytes).unwrap();
-    let err = ModelSpec::from_gguf(&file)
-        .expect_err("LongRoPE is not supported")
-        .to_string();
-    assert!(
-        err.contains("LongRoPE") && err.contains("rope_factors_long"),
-        "{err}"
-    );
+fn phi3_longrope_picks_factors_by_context_and_scales_attention() {
+    let file = preset_file(Preset::TinyPhi3LongRope);
+    let spec = ModelSpec::from_gguf(&file).expect("LongRoPE Phi-3 loads");
+    let long = spec.long_rope.expect("the LongRoPE tensors are seen");
+    assert_eq!(long.original_context, 48);
+    assert_eq!(long.factors_for(48), "rope_factors_short.weight");
+    assert_eq!(long.factors_for(49), "rope_factors_long.weight");
     let plain = ModelSpec::from_gguf(&preset_file(Preset::TinyPhi3)).expect("4k Phi-3 loads");
+    assert!(plain.long_rope.is_none());
     assert!(plain
         .layers
         .iter()
         .all(|l| l.rope.neox && l.window.is_none()));
+    let ratio = spec.attn_scale / plain.attn_scale;
+    let want = long.attn_factor * long.attn_factor;
+    assert!(
+        (ratio - want).abs() < 1e-6,
+        "scale ratio {ratio}, want {want}"
+    );
+
+    let half = Preset::TinyPhi3LongRope.spec().head_dim as u32 / 2;
+    let partial = edited(
+        Preset::TinyPhi3LongRope,
+        &[("rope.dimension_count", Value::U32(half))],
+        None,
+    );
+    let err = ModelSpec::from_gguf(&partial)
+        .expect_err("a partly rotated head cannot take the factor as a scale")
+        .to_string();
+    assert!(err.contains("phi3.rope.scaling.attn_factor"), "{err}");
 }

@@ -355,7 +355,7 @@ fn pre_tokenizers_split_as_python_regex_splits_with_llama_cpp_s_patterns() {
     let mut lists: Vec<Vec<&str>> = Vec::new();
     let mut names = Vec::new();
     for recipe in PRE_TOKENIZER_RECIPES {
-        let patterns = recipe.patterns.to_vec();
+        let patterns = recipe.patterns_run();
         if !lists.contains(&patterns) {
             lists.push(patterns);
             names.push(recipe.names[0]);

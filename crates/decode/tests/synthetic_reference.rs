@@ -91,6 +91,37 @@ fn tiny_phi3_with_fused_projections_matches_the_reference() {
 
 /// Mistral Nemo's heads are wider than `n_embd / n_head` (`attention.key_length`), on the Llama
 /// architecture's RoPE layout.
+/// Phi-3's LongRoPE turns by its short factors in a context up to the original one (48) and by
+/// its long factors beyond, with the attention factor on every rotated query and key: the
+/// numpy reference, told the same context, agrees on both sides, and the two sides differ.
+/// (Both breaks were tried: the sets swapped, and the attention factor left out.)
+#[test]
+fn tiny_phi3_with_longrope_matches_the_reference_on_both_sides_of_its_original_context() {
+    let Some(()) = python_ready() else { return };
+    let preset = Preset::TinyPhi3LongRope;
+    let path = synth(preset);
+    let file = decode::open_model(&path).unwrap();
+    let tok = Tokenizer::from_gguf(&file).unwrap();
+    let mut tokens = tok.encode(TEXT, tok.vocab().bos.is_some());
+    tokens.truncate(24);
+    let mut per_context = Vec::new();
+    for context in [48usize, 64] {
+        let arg = context.to_string();
+        let (want, vocab) =
+            reference_logits_with(&path, &tokens, &scratch_dir(), &["--context", &arg]);
+        let what = format!("{} in a context of {context}", preset.name());
+        check_cpu_logits_in(&what, &file, &tokens, &want, vocab, context);
+        per_context.push(want);
+    }
+    // Far enough apart that the exact path's bound tells the sets apart.
+    let (apart, rms) = compare(&per_context[0], &per_context[1]);
+    assert!(
+        apart > 10.0 * EXACT_TOL * rms.max(1.0),
+        "the short and long factors give nearly the same logits (max diff {apart}, rms {rms})"
+    );
+    std::fs::remove_file(&path).ok();
+}
+
 #[test]
 fn tiny_mistral_nemo_with_wide_heads_matches_the_reference() {
     check(Preset::TinyMistralNemo);

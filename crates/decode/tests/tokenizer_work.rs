@@ -4,6 +4,7 @@
 //! to 100k characters each counter may grow at most 12x. The vocabularies are llama.cpp's test
 //! ones (`tests/data/vocab`), with their own pre-tokenizers and, on StarCoder's merges, the
 //! Llama 3, Qwen 2 and Qwen 3.5 pre-tokenizers (the two scanners and a pattern with the
+//! hand-written look-ahead), Kimi K2's (intersected classes with the
 //! hand-written look-ahead), and tekken's and gpt-4o's (look-aheads on the backtracking
 //! matcher, whose time on these runs was also seen to grow 4x from 10k to 40k characters).
 
@@ -57,6 +58,7 @@ fn encode_work_grows_linearly_on_long_runs() {
         ("qwen35", starcoder_as("qwen35")),
         ("tekken", starcoder_as("tekken")),
         ("gpt-4o", starcoder_as("gpt-4o")),
+        ("kimi-k2", starcoder_as("kimi-k2")),
     ];
     let inputs: [(&str, MakeText); 3] = [
         ("digits", |n| {

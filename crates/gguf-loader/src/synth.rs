@@ -36,12 +36,15 @@ pub enum Preset {
     TinyGemma2,
     /// Phi-3: Q, K and V fused in `attn_qkv`, gate and up fused in `ffn_up`.
     TinyPhi3,
+    /// Phi-3 with LongRoPE (the 128k-context files): `rope_factors_long` and
+    /// `rope_factors_short`, an original context of 48 and an attention factor.
+    TinyPhi3LongRope,
     /// Llama with heads wider than `n_embd / n_head` (Mistral Nemo: 5120 wide, 32 heads of 128).
     TinyMistralNemo,
 }
 
 impl Preset {
-    pub const ALL: [Preset; 11] = [
+    pub const ALL: [Preset; 12] = [
         Preset::Llama3_8bQ4KM,
         Preset::Qwen3_30bA3bQ4KM,
         Preset::Gemma3_270mQ4KM,
@@ -52,6 +55,7 @@ impl Preset {
         Preset::TinyQwen2,
         Preset::TinyGemma2,
         Preset::TinyPhi3,
+        Preset::TinyPhi3LongRope,
         Preset::TinyMistralNemo,
     ];
 
@@ -67,6 +71,7 @@ impl Preset {
             Preset::TinyQwen2 => "tiny-qwen2",
             Preset::TinyGemma2 => "tiny-gemma2",
             Preset::TinyPhi3 => "tiny-phi3",
+            Preset::TinyPhi3LongRope => "tiny-phi3-longrope",
             Preset::TinyMistralNemo => "tiny-mistral-nemo",
         }
     }
@@ -86,6 +91,7 @@ impl Preset {
                 | Preset::TinyQwen2
                 | Preset::TinyGemma2
                 | Preset::TinyPhi3
+                | Preset::TinyPhi3LongRope
                 | Preset::TinyMistralNemo
         )
     }
@@ -115,6 +121,7 @@ impl Preset {
             attn_bias: false,
             softcaps: None,
             fused_projections: false,
+            long_rope: None,
         };
         let qwen3_30b = Spec {
             arch: Architecture::Qwen3Moe,
@@ -139,6 +146,7 @@ impl Preset {
             attn_bias: false,
             softcaps: None,
             fused_projections: false,
+            long_rope: None,
         };
         let gemma3_270m = Spec {
             arch: Architecture::Gemma3,
@@ -163,6 +171,7 @@ impl Preset {
             attn_bias: false,
             softcaps: None,
             fused_projections: false,
+            long_rope: None,
         };
         match self {
             Preset::Llama3_8bQ4KM => llama3_8b,
@@ -280,6 +289,14 @@ impl Preset {
                 fused_projections: true,
                 ..llama3_8b
             },
+            Preset::TinyPhi3LongRope => Spec {
+                name: "Synthetic tiny Phi-3 with LongRoPE",
+                context_length: 512,
+                // Shorter than the tests' contexts on one side, longer on the other.
+                // sqrt(1 + ln(512 / 48) / ln 48), as the converter derives it.
+                long_rope: Some((48, 1.2694)),
+                ..Preset::TinyPhi3.spec()
+            },
             Preset::TinyMistralNemo => Spec {
                 name: "Synthetic tiny Mistral Nemo",
                 n_layers: 2,
@@ -335,6 +352,9 @@ pub struct Spec {
     /// `attn_{q,k,v}`, and `ffn_up` of twice the width (gate rows first) instead of
     /// `ffn_gate` and `ffn_up`.
     pub fused_projections: bool,
+    /// Phi-3's LongRoPE: `rope_factors_long`/`short` tensors, with this original context
+    /// (`rope.scaling.original_context_length`) and `rope.scaling.attn_factor`.
+    pub long_rope: Option<(usize, f32)>,
 }
 
 /// llama.cpp's Q4_K_M rule: some layers get more bits for `attn_v` and `ffn_down`.
@@ -412,6 +432,10 @@ pub fn plan(preset: Preset, seed: u64) -> Result<GgufWriter, GgufError> {
     if matches!(s.arch, Architecture::Llama | Architecture::Phi3) {
         w.add(k("rope.dimension_count"), u32v(s.head_dim))?;
     }
+    if let Some((original, attn_factor)) = s.long_rope {
+        w.add(k("rope.scaling.original_context_length"), u32v(original))?;
+        w.add(k("rope.scaling.attn_factor"), Value::F32(attn_factor))?;
+    }
     if let Some((attn, last)) = s.softcaps {
         w.add(k("attn_logit_softcapping"), Value::F32(attn))?;
         w.add(k("final_logit_softcapping"), Value::F32(last))?;
@@ -444,6 +468,10 @@ fn plan_tensors(w: &mut GgufWriter, s: &Spec) -> Result<(), GgufError> {
     }
     if s.llama3_rope_factors {
         w.add_tensor_planned("rope_freqs.weight", &[hd / 2], f32t)?;
+    }
+    if s.long_rope.is_some() {
+        w.add_tensor_planned("rope_factors_long.weight", &[hd / 2], f32t)?;
+        w.add_tensor_planned("rope_factors_short.weight", &[hd / 2], f32t)?;
     }
     for i in 0..s.n_layers {
         let more = use_more_bits(i, s.n_layers);
@@ -522,9 +550,26 @@ fn llama3_rope_factors(head_dim: usize, base: f32) -> Vec<f32> {
         .collect()
 }
 
+/// LongRoPE factors: growing from the fast-turning pairs to the slow ones, the long set
+/// further and from a higher start. Made up (the real ones are searched per model), but
+/// different from the first pair on, so a test of a few dozen positions sees which set a
+/// context used.
+fn long_rope_factors(head_dim: usize, long: bool) -> Vec<f32> {
+    let half = head_dim / 2;
+    let (first, last) = if long { (1.5, 8.0) } else { (1.0, 2.0) };
+    (0..half)
+        .map(|i| {
+            let t = i as f64 / (half - 1).max(1) as f64;
+            (first + (last - first) * t) as f32
+        })
+        .collect()
+}
+
 fn fill_for(name: &str, s: &Spec) -> Fill {
     if name == "rope_freqs.weight" {
         Fill::Values(llama3_rope_factors(s.head_dim, s.rope_freq_base))
+    } else if let Some(long) = name.strip_prefix("rope_factors_") {
+        Fill::Values(long_rope_factors(s.head_dim, long == "long.weight"))
     } else if name.ends_with("norm.weight") {
         Fill::Norm
     } else if name.ends_with(".bias") {

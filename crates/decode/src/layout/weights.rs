@@ -87,7 +87,10 @@ pub fn loaded_weights(
     add("token_embd.weight", None, embed_kind, true)?;
     add("output_norm.weight", None, TensorKind::Shared, true)?;
     add("output.weight", None, TensorKind::Shared, false)?;
-    add("rope_freqs.weight", None, TensorKind::Shared, false)?;
+    if !add("rope_freqs.weight", None, TensorKind::Shared, false)? && s.long_rope.is_some() {
+        add("rope_factors_long.weight", None, TensorKind::Shared, true)?;
+        add("rope_factors_short.weight", None, TensorKind::Shared, true)?;
+    }
     let experts = TensorKind::Experts {
         n_expert: u32::try_from(s.n_expert).map_err(|_| overflow("the expert count"))?,
         n_used: u32::try_from(s.n_expert_used).map_err(|_| overflow("the expert count"))?,

@@ -296,7 +296,7 @@ impl<B: Backend> Model<B> {
                 probe(be, at(Weight("attn_q_norm.weight")), &a.q, n * qd)?;
                 probe(be, at(Weight("attn_k_norm.weight")), &a.k, n * kd)?;
             }
-            let rf = rope_factors.as_ref();
+            let rf = rope_factors.for_context(s, kv.capacity());
             let (nh, nkv, hd) = (s.n_head, s.n_head_kv, s.head_dim_k);
             let layer_kv = kv.layers[il];
             let dest = KvDestination {

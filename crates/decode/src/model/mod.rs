@@ -33,6 +33,34 @@ struct Layer<W> {
     ffn_post_norm: Option<W>,
 }
 
+/// The per-dimension frequency factors RoPE divides by, where the model has them.
+enum RopeFactors<W> {
+    None,
+    /// Llama 3.1's `rope_freqs.weight`, for every context.
+    Fixed(W),
+    /// Phi-3's LongRoPE pair, chosen by the context's length ([`spec::LongRope`]).
+    ByContext {
+        long: W,
+        short: W,
+    },
+}
+
+impl<W> RopeFactors<W> {
+    /// The factors a context of `positions` per sequence turns by.
+    fn for_context(&self, spec: &ModelSpec, positions: usize) -> Option<&W> {
+        match self {
+            RopeFactors::None => None,
+            RopeFactors::Fixed(w) => Some(w),
+            RopeFactors::ByContext { long, short } => {
+                let long_context = spec
+                    .long_rope
+                    .is_some_and(|l| l.factors_for(positions) == "rope_factors_long.weight");
+                Some(if long_context { long } else { short })
+            }
+        }
+    }
+}
+
 /// A loaded model: its description and its weights on a backend. It is read-only once
 /// loaded, so it is shared: every [`crate::context::Context`] on the same backend runs over it.
 pub struct Model<B: Backend> {
@@ -41,7 +69,7 @@ pub struct Model<B: Backend> {
     output_norm: B::Weight,
     /// `None` when the output projection is tied to the embedding.
     output: Option<B::Weight>,
-    rope_factors: Option<B::Weight>,
+    rope_factors: RopeFactors<B::Weight>,
     layers: Vec<Layer<B::Weight>>,
     file_bytes: u64,
 }
@@ -119,7 +147,15 @@ impl<B: Backend> Model<B> {
         let embed = ld.required("token_embd.weight", &[e, s.vocab])?;
         let output_norm = ld.required("output_norm.weight", &[e])?;
         let output = ld.optional("output.weight", &[e, s.vocab])?;
-        let rope_factors = ld.optional("rope_freqs.weight", &[s.layers[0].rope.n_rot / 2])?;
+        let half_rot = [s.layers[0].rope.n_rot / 2];
+        let rope_factors = match ld.optional("rope_freqs.weight", &half_rot)? {
+            Some(w) => RopeFactors::Fixed(w),
+            None if s.long_rope.is_some() => RopeFactors::ByContext {
+                long: ld.required("rope_factors_long.weight", &half_rot)?,
+                short: ld.required("rope_factors_short.weight", &half_rot)?,
+            },
+            None => RopeFactors::None,
+        };
         let mut layers = Vec::with_capacity(s.n_layers);
         for il in 0..s.n_layers {
             let n = |t: &str| format!("blk.{il}.{t}.weight");

@@ -48,6 +48,29 @@ pub struct ModelSpec {
     pub n_expert_used: usize,
     pub n_ff_expert: usize,
     pub layers: Vec<LayerSpec>,
+    /// Phi-3's LongRoPE: which of its two sets of frequency factors a context uses.
+    pub long_rope: Option<LongRope>,
+}
+
+/// Phi-3's LongRoPE, as llama.cpp applies it: a context of more than `original_context`
+/// positions per sequence turns by `rope_factors_long.weight`, a shorter one by
+/// `rope_factors_short.weight`, and `attn_factor` scales every rotated query and key (here
+/// folded into [`ModelSpec::attn_scale`], as its square).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LongRope {
+    pub original_context: usize,
+    pub attn_factor: f32,
+}
+
+impl LongRope {
+    /// The factor tensor a context of `positions` per sequence turns by.
+    pub fn factors_for(&self, positions: usize) -> &'static str {
+        if positions > self.original_context {
+            "rope_factors_long.weight"
+        } else {
+            "rope_factors_short.weight"
+        }
+    }
 }
 
 impl ModelSpec {
@@ -83,23 +106,45 @@ impl ModelSpec {
                 c.head_dim_k
             )));
         }
-        let position_scale =
-            match &c.rope_scaling {
-                None | Some(RopeScaling::FreqFactors { .. }) => 1.0,
-                Some(RopeScaling::Linear { factor }) => *factor,
-                Some(RopeScaling::Yarn { .. }) => {
+        let (position_scale, long_rope) = match &c.rope_scaling {
+            None | Some(RopeScaling::FreqFactors { .. }) => (1.0, None),
+            Some(RopeScaling::Linear { factor }) => (*factor, None),
+            Some(RopeScaling::Yarn { .. }) => {
+                return Err(DecodeError::InvalidArgument(format!(
+                    "{} = yarn is not supported yet (none, linear, frequency factors and \
+                     Phi-3's LongRoPE are)",
+                    key("rope.scaling.type")
+                )))
+            }
+            Some(RopeScaling::LongRope {
+                original_context_length,
+                attn_factor,
+            }) => {
+                // The factor scales the rotated part of every query and key, so their product
+                // by its square: that is the attention scale's only where every dimension
+                // turns.
+                if n_rot != c.head_dim_k && *attn_factor != 1.0 {
                     return Err(DecodeError::InvalidArgument(format!(
-                        "{} = yarn is not supported yet (none, linear and frequency factors are)",
-                        key("rope.scaling.type")
-                    )))
+                        "LongRoPE with {} = {attn_factor} over {n_rot} of {} head dimensions is \
+                         not supported: the factor scales only the rotated dimensions, and \
+                         hipdecode applies it as an attention scale (all dimensions rotated)",
+                        key("rope.scaling.attn_factor"),
+                        c.head_dim_k
+                    )));
                 }
-                Some(RopeScaling::LongRope { .. }) => return Err(DecodeError::InvalidArgument(
-                    "LongRoPE (the rope_factors_long and rope_factors_short tensors of Phi-3's \
-                     128k-context models) is not supported yet; Phi-3 files without them (the \
-                     4k-context ones) are"
-                        .to_string(),
-                )),
-            };
+                if !attn_factor.is_finite() || *attn_factor <= 0.0 {
+                    return Err(DecodeError::InvalidArgument(format!(
+                        "{} = {attn_factor} must be a positive number",
+                        key("rope.scaling.attn_factor")
+                    )));
+                }
+                let long = LongRope {
+                    original_context: *original_context_length,
+                    attn_factor: *attn_factor,
+                };
+                (1.0, Some(long))
+            }
+        };
         // Which layers slide, their window and every layer's RoPE base are ModelConfig's to
         // decide (one rule for every architecture); the spec only copies its answers.
         let layers = (0..c.n_layers)
@@ -133,7 +178,8 @@ impl ModelSpec {
             vocab: c.vocab_size,
             context_length: c.context_length,
             embed_scale: if gemma { (c.n_embd as f32).sqrt() } else { 1.0 },
-            attn_scale: 1.0 / (query_pre_attn_scalar(&c) as f32).sqrt(),
+            attn_scale: long_rope.map_or(1.0, |l| l.attn_factor * l.attn_factor)
+                / (query_pre_attn_scalar(&c) as f32).sqrt(),
             attn_softcap: c.attn_logit_softcap,
             final_softcap: c.final_logit_softcap,
             gate: if gemma {
@@ -150,6 +196,7 @@ impl ModelSpec {
             n_expert_used: c.n_expert_used,
             n_ff_expert: c.n_ff_expert.unwrap_or(c.n_ff),
             layers,
+            long_rope,
         })
     }
 

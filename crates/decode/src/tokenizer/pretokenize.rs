@@ -11,6 +11,9 @@
 //! - a pattern without look-around, matched with the `regex` crate;
 //! - a pattern `P|\s+(?!\S)|\s+` (or without the last `|\s+`): `P` matched with the `regex`
 //!   crate at each position, then the whitespace rule by hand;
+//! - llama.cpp's trigger `\p{Han}+` (kimi-k2): the pattern it stands for, Kimi K2's own
+//!   (`pat_str` of its `tokenization_kimi.py`, see [`Recipe::patterns_run`]), as a pattern with the
+//!   whitespace rule;
 //! - any other pattern with look-arounds (tekken's, gpt-4o's, granite-embed-multi-97m's):
 //!   `fancy-regex`,
 //!   a backtracking matcher that takes the `regex` crate's Unicode classes, as Python's `regex`
@@ -95,7 +98,6 @@ pub const REFUSED: &[Refused] = &[
     Refused { name: "granite-embed-multi-311m", reason: NO_BYTE_MAP },
     Refused { name: "jina-v1-en", reason: SEPARATORS },
     Refused { name: "jina-v2-code", reason: SEPARATORS },
-    Refused { name: "kimi-k2", reason: CUSTOM },
     Refused { name: "roberta-bpe", reason: SEPARATORS },
     Refused { name: "sarvam-moe", reason: NO_BYTE_MAP },
     Refused { name: "whitespace", reason: NO_BYTE_MAP },
@@ -259,6 +261,13 @@ pub const RECIPES: &[Recipe] = &[
         ignore_merges: true,
     },
     Recipe {
+        names: &["kimi-k2"],
+        patterns: &[
+            KIMI_K2_TRIGGER,
+        ],
+        ignore_merges: false,
+    },
+    Recipe {
         names: &["tekken"],
         patterns: &[
             r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
@@ -281,6 +290,37 @@ pub const RECIPES: &[Recipe] = &[
     },
 ];
 
+/// llama.cpp's whole pattern list for kimi-k2: a string its splitter recognises and answers
+/// with a matcher of its own, written after Kimi K2's pattern.
+const KIMI_K2_TRIGGER: &str = r"\p{Han}+";
+
+/// Kimi K2's pattern, from the `pat_str` of its `tokenization_kimi.py` (tiktoken, whose
+/// matcher reads `&&` as class intersection and a bare script name as the script extension,
+/// as the `regex` crate does). llama.cpp's hand-written matcher for it approximates it: it
+/// does not split a word where lower case turns to upper (`camelCase`), counts marks apart
+/// from letters, and takes Han from block ranges. This runs the pattern itself, so the
+/// pieces are those the model was trained on.
+const KIMI_K2: &str = r"[\p{Han}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The pattern a pass of [`RECIPES`] runs: the recipe's own string, except where llama.cpp
+/// writes a trigger for a matcher of its own (kimi-k2's), which runs the pattern that
+/// matcher was written after.
+fn runs_as(pattern: &'static str) -> &'static str {
+    if pattern == KIMI_K2_TRIGGER {
+        KIMI_K2
+    } else {
+        pattern
+    }
+}
+
+impl Recipe {
+    /// The patterns its passes run, in order: [`Recipe::patterns`] with llama.cpp's triggers
+    /// replaced by what they stand for.
+    pub fn patterns_run(&self) -> Vec<&'static str> {
+        self.patterns.iter().map(|p| runs_as(p)).collect()
+    }
+}
+
 /// A compiled pass.
 enum Compiled {
     Scan(Scheme),
@@ -292,7 +332,8 @@ enum Compiled {
 }
 
 /// How one of llama.cpp's patterns is run here (see the module docs), or why it cannot be.
-fn compile(name: &str, pattern: &str) -> Result<Compiled> {
+fn compile(name: &str, pattern: &'static str) -> Result<Compiled> {
+    let pattern = runs_as(pattern);
     let regex = |p: &str| {
         Regex::new(p).map_err(|e| {
             DecodeError::Tokenizer(format!("pre-tokenizer '{name}': pattern {pattern:?}: {e}"))
@@ -752,6 +793,17 @@ mod tests {
         assert_eq!(
             s.split("w048 7tuijk"),
             vec!["w", "0", "4", "8", " ", "7", "tuijk"]
+        );
+    }
+
+    #[test]
+    fn kimi_k2_runs_its_own_pattern_not_llama_cpp_s_trigger() {
+        // The trigger alone would cut only the Han run out. Kimi K2's pattern also splits a
+        // word where lower case turns upper, keeps the contraction with its word, and leaves
+        // a space before Han on its own.
+        assert_eq!(
+            named("kimi-k2").split("HelloWorld 你好世界abc's 12345"),
+            ["Hello", "World", " ", "你好世界", "abc's", " ", "123", "45"]
         );
     }
 
