@@ -11,20 +11,10 @@ mod common;
 use common::{setup, upload, view, view_mut};
 use gguf_loader::synth::fill_random_blocks_seeded;
 use gguf_loader::GgmlType;
-use hip_ffi::Stream;
 use rocm_kernels::ops::matvec::{self, QuantMatrix};
 use rocm_kernels::ops::matvec_q8::{self, Q8Activations};
 use rocm_kernels::ops::{matmul, matmul_mma};
-use rocm_kernels::{DeviceSlice, DeviceSliceMut, KernelError, Kernels};
-
-type ProductOp = fn(
-    &Kernels,
-    &Stream,
-    &QuantMatrix,
-    DeviceSlice<f32>,
-    &mut DeviceSliceMut<f32>,
-    usize,
-) -> rocm_kernels::Result<()>;
+use rocm_kernels::{KernelError, Kernels};
 
 /// Random valid blocks of `format` for a `rows` x `cols` matrix, uploaded, as a matrix; and the
 /// buffer that holds it. The refusals never read it.
@@ -52,7 +42,7 @@ fn products_refuse_short_views_without_launching() {
     let xb = upload(k, &[0.0f32; 128]);
     let ob = upload(k, &[0.0f32; 8]);
     for op in [
-        matvec::matvec as ProductOp,
+        matvec::matvec as matvec::MatrixProduct,
         matmul::matmul,
         matmul_mma::matmul_mma,
     ] {

@@ -236,6 +236,17 @@ pub(crate) fn check_io(
     })
 }
 
+/// The signature [`matvec`], [`crate::ops::matmul::matmul`] and
+/// [`crate::ops::matmul_mma::matmul_mma`] share: `out = w x` for `n_tokens` rows of `x`.
+pub type MatrixProduct = fn(
+    &Kernels,
+    &Stream,
+    &QuantMatrix,
+    DeviceSlice<f32>,
+    &mut DeviceSliceMut<f32>,
+    usize,
+) -> Result<()>;
+
 /// `out[t][r] = sum_c w[r][c] * x[t][c]` for `t < n_tokens` (any count; one launch per
 /// [`MAX_TOKENS`] tokens: for many tokens [`crate::ops::matmul::matmul`] reads the weights
 /// fewer times).

@@ -29,11 +29,11 @@ use crate::ops::{matmul, matmul_mma};
 use crate::reference;
 use crate::reference::matvec::HostMatrix;
 use crate::reference::matvec_q8::HostQ8;
-use crate::{DeviceSlice, DeviceSliceMut, Kernels};
+
 use gguf_loader::synth::fill_random_blocks;
 use gguf_loader::GgmlType;
 use half::{bf16, f16};
-use hip_ffi::{DeviceBuffer, Stream};
+use hip_ffi::DeviceBuffer;
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -212,14 +212,7 @@ fn col_counts(format: GgmlType) -> Vec<usize> {
     }
 }
 
-type ProductOp = fn(
-    &Kernels,
-    &Stream,
-    &QuantMatrix,
-    DeviceSlice<f32>,
-    &mut DeviceSliceMut<f32>,
-    usize,
-) -> crate::Result<()>;
+type ProductOp = crate::ops::matvec::MatrixProduct;
 
 type ReferenceOp = fn(&HostMatrix<'_>, &[f32], usize) -> crate::Result<Vec<f32>>;
 
