@@ -159,6 +159,8 @@ impl Kernels {
             let (module, name) = (*module, module.name());
             let from_cache = !missing.contains(&i);
             let image = image.unwrap_or_default();
+            // Read while the image is at hand: a few milliseconds of msgpack at load, where
+            // keeping every image for a later read would hold megabytes for the process's life.
             if device.platform() == PlatformKind::Amd {
                 match crate::code_object::read(&image) {
                     Ok(object) => amd_resources
