@@ -36,6 +36,8 @@ pub struct Explained {
     pub graph: GraphMemory,
     /// Stranded bytes per stream.
     pub stranded: Vec<(u64, u64)>,
+    /// The process as nvidia-smi or rocm-smi list it, context included, when readable.
+    pub per_process: Option<u64>,
 }
 
 impl Explained {
@@ -60,7 +62,15 @@ impl Explained {
             unattributed: d.unattributed(),
             graph: d.graph,
             stranded: d.stranded.clone(),
+            per_process: d.per_process.as_ref().ok().copied(),
         }
+    }
+
+    /// What the process held before the backend's first reading (the runtime's context and
+    /// whatever else came first): the per-process figure minus `process_used`.
+    pub fn before_backend(&self) -> Option<u64> {
+        self.per_process
+            .map(|p| p.saturating_sub(self.process_used))
     }
 
     /// Unattributed bytes as a percentage of the phase's peak reserved bytes (0 when nothing
@@ -105,6 +115,8 @@ impl Explained {
             "graph_outside": self.graph_outside,
             "unattributed": self.unattributed,
             "unattributed_pct_of_peak_reserved": self.unattributed_pct(),
+            "per_process": self.per_process,
+            "before_backend": self.before_backend(),
             "graph": {
                 "captures": self.graph.captures,
                 "kernel_nodes": self.graph.kernel_nodes,
@@ -130,6 +142,7 @@ pub fn explained_table(rows: &[(String, &Explained, &str)]) -> String {
     if rows.is_empty() {
         return String::new();
     }
+    let per_process = rows.iter().any(|(_, e, _)| e.per_process.is_some());
     let mut columns = vec![Column::left("model"), Column::left("phase")];
     columns.extend(SHOWN_TAGS.iter().map(|t| Column::right(t.name())));
     for h in [
@@ -146,6 +159,10 @@ pub fn explained_table(rows: &[(String, &Explained, &str)]) -> String {
         "unattr. / peak",
     ] {
         columns.push(Column::right(h));
+    }
+    if per_process {
+        columns.push(Column::right("before backend"));
+        columns.push(Column::right("per process (smi)"));
     }
     let body: Vec<Vec<String>> = rows
         .iter()
@@ -170,6 +187,11 @@ pub fn explained_table(rows: &[(String, &Explained, &str)]) -> String {
                 human_bytes(e.peak_reserved),
                 format!("{:.2} %", e.unattributed_pct()),
             ]);
+            if per_process {
+                let hb = |v: Option<u64>| v.map(human_bytes).unwrap_or_else(|| "-".into());
+                r.push(hb(e.before_backend()));
+                r.push(hb(e.per_process));
+            }
             r
         })
         .collect();
@@ -184,6 +206,14 @@ pub fn explained_table(rows: &[(String, &Explained, &str)]) -> String {
          started (kernel modules, streams, the BLAS handle). unattributed: process used minus \
          all of the above; unattr. / peak is its share of the phase's peak reserved.\n",
     );
+    if per_process {
+        out.push_str(
+            "per process (smi): the process's device memory as nvidia-smi (NVML) or rocm-smi \
+             (amdkfd) list it, the figure runtimes are compared by; before backend: its part \
+             that predates the backend's first reading, the runtime's context above all, \
+             which process used cannot see.\n",
+        );
+    }
     out
 }
 
@@ -293,5 +323,23 @@ mod tests {
         assert!(s.contains("3.0 MiB on stream 7"), "{s}");
         let g = graph_table(&[("m".into(), e.graph)]);
         assert!(g.contains("1.00 |") && g.contains("300"), "{g}");
+    }
+
+    /// The per-process figure (nvidia-smi's or rocm-smi's) minus process used is what came
+    /// before the backend; both columns show only when a row has the figure.
+    #[test]
+    fn the_per_process_figure_splits_off_what_came_before_the_backend() {
+        let mut e = sample();
+        let t = explained_table(&[("m".into(), &e, "decode")]);
+        assert!(!t.contains("before backend"), "{t}");
+        assert_eq!(e.to_json()["before_backend"], Value::Null);
+        e.per_process = Some(e.process_used + (500 << 20));
+        assert_eq!(e.before_backend(), Some(500 << 20));
+        let t = explained_table(&[("m".into(), &e, "decode")]);
+        assert!(
+            t.contains("before backend") && t.contains("500.0 MiB"),
+            "{t}"
+        );
+        assert_eq!(e.to_json()["before_backend"], 500u64 << 20);
     }
 }

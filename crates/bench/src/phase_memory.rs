@@ -168,6 +168,7 @@ impl PhaseMemory {
             "cached",
             "process_used",
             "outside_allocator",
+            "per_process",
             "rss",
             "peak_rss",
             "peak_window",
@@ -188,6 +189,7 @@ impl PhaseMemory {
         c.push(opt(d.map(|d| d.cached)));
         c.push(opt(d.map(|d| d.process_used)));
         c.push(opt(d.map(|d| d.outside_allocator)));
+        c.push(opt(d.and_then(|d| d.per_process)));
         c.push(opt(self.rss));
         c.push(opt(self.peak_rss));
         c.push(self.peak_window.name().to_string());
@@ -213,6 +215,9 @@ pub fn memory_table(rows: &[(String, PhaseMemory)]) -> String {
         .filter(|&t| MAIN_TAGS.contains(&t) || rows.iter().any(|(_, m)| m.tag(t).peak > 0))
         .collect();
     let any_device = rows.iter().any(|(_, m)| m.device.is_some());
+    let any_per_process = rows
+        .iter()
+        .any(|(_, m)| m.device.is_some_and(|d| d.per_process.is_some()));
     let any_rss = rows.iter().any(|(_, m)| m.rss.is_some());
     let mut columns = vec![Column::left("model"), Column::left("phase")];
     columns.extend(tags.iter().map(|t| Column::right(t.name())));
@@ -226,6 +231,9 @@ pub fn memory_table(rows: &[(String, PhaseMemory)]) -> String {
         ] {
             columns.push(Column::right(h));
         }
+    }
+    if any_per_process {
+        columns.push(Column::right("per process (smi)"));
     }
     if any_rss {
         columns.push(Column::right("rss"));
@@ -245,6 +253,9 @@ pub fn memory_table(rows: &[(String, PhaseMemory)]) -> String {
                 r.push(hb(d.map(|d| d.cached)));
                 r.push(hb(d.map(|d| d.process_used)));
                 r.push(hb(d.map(|d| d.outside_allocator)));
+            }
+            if any_per_process {
+                r.push(hb(m.device.and_then(|d| d.per_process)));
             }
             if any_rss {
                 r.push(hb(m.rss));
@@ -337,6 +348,7 @@ mod tests {
             cached: 1 << 30,
             process_used: 5 << 30,
             outside_allocator: 3 << 30,
+            per_process: None,
         });
         m.peak_window = Window::Process;
         m.tags[MemoryTag::Graph.index()].peak = 4096;
@@ -350,5 +362,41 @@ mod tests {
         assert_eq!(j["tags"].as_object().unwrap().len(), MemoryTag::COUNT);
         assert_eq!(j["peak_window"], "process");
         assert_eq!(PhaseMemory::csv_headers("x_").len(), m.csv_cells().len());
+        assert!(!t.contains("per process"), "no row has the figure: {t}");
+        assert_eq!(j["device"]["per_process"], Value::Null);
+    }
+
+    /// The per-process column (what nvidia-smi or rocm-smi list) shows when a row has it, and
+    /// a row without it shows "-".
+    #[test]
+    fn the_per_process_column_shows_when_a_row_has_the_figure() {
+        let numbers = |per_process| DeviceNumbers {
+            reserved: 2 << 30,
+            peak_reserved: 2 << 30,
+            cached: 0,
+            process_used: 2 << 30,
+            outside_allocator: 0,
+            per_process,
+        };
+        let mut with = host_phase(Phase::Load, 1 << 30, 0);
+        with.device = Some(numbers(Some(2560 << 20)));
+        let mut without = host_phase(Phase::Decode, 1 << 30, 0);
+        without.device = Some(numbers(None));
+        let t = memory_table(&[("a".into(), with.clone()), ("b".into(), without)]);
+        let header = t.lines().next().unwrap();
+        assert!(header.contains("per process (smi)"), "{t}");
+        let cell = |row: &str| {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let at = header
+                .split('|')
+                .map(str::trim)
+                .position(|h| h == "per process (smi)")
+                .unwrap();
+            cells[at].to_string()
+        };
+        let rows: Vec<&str> = t.lines().skip(2).collect();
+        assert_eq!(cell(rows[0]), "2.5 GiB", "{t}");
+        assert_eq!(cell(rows[1]), "-", "{t}");
+        assert_eq!(with.to_json()["device"]["per_process"], 2560u64 << 20);
     }
 }

@@ -60,6 +60,11 @@ pub struct DeviceMemory {
     pub graph: GraphMemory,
     /// Bytes the main stream cannot reuse, per stream (the snapshot's stranded blocks).
     pub stranded: Vec<(u64, u64)>,
+    /// The process's device memory as the vendor's per-process tool lists it (nvidia-smi's
+    /// `used_memory`, rocm-smi's per-process VRAM): the context, kernel modules and libraries
+    /// included, which `process_used` (counted from the backend's start) leaves out. The
+    /// figure users compare runtimes by. `Err`: why it cannot be read here.
+    pub per_process: std::result::Result<u64, String>,
 }
 
 /// The headline of [`DeviceMemory`]: what the allocator holds from the device (reserved, of
@@ -74,6 +79,8 @@ pub struct DeviceNumbers {
     pub process_used: u64,
     /// `process_used` minus reserved: kernel modules, graphs, the runtime.
     pub outside_allocator: u64,
+    /// [`DeviceMemory::per_process`], when it could be read.
+    pub per_process: Option<u64>,
 }
 
 impl DeviceNumbers {
@@ -84,6 +91,7 @@ impl DeviceNumbers {
             "cached": self.cached,
             "process_used": self.process_used,
             "outside_allocator": self.outside_allocator,
+            "per_process": self.per_process,
         })
     }
 }
@@ -96,6 +104,7 @@ impl From<&DeviceMemory> for DeviceNumbers {
             cached: d.stats.cached_bytes,
             process_used: d.process_used,
             outside_allocator: d.outside_allocator,
+            per_process: d.per_process.as_ref().ok().copied(),
         }
     }
 }

@@ -14,6 +14,9 @@
 //!   [`PinnedHostBuffer`], [`HostRegistration`], [`ManagedBuffer`], [`Module`], [`Function`]
 //!   with [`LaunchBuilder`], [`Graph`], [`GraphExec`], and [`rtc::Compiler`], which compiles
 //!   kernels without a GPU.
+//! * [`Device::process_memory`] ([`process_memory`]): the process's device memory as
+//!   nvidia-smi (NVML, loaded at run time like the runtimes) or rocm-smi (amdkfd's sysfs) list
+//!   it, the runtime's context included.
 //! * `testing` (behind the `testing` feature, for tests only): `device_or_skip` for GPU tests
 //!   (`HIPDECODE_REQUIRE_GPU=1` turns skips into failures).
 //!
@@ -38,6 +41,7 @@ pub mod memory;
 pub mod module;
 pub mod platform;
 mod platform_kind;
+pub mod process_memory;
 pub mod rtc;
 pub mod stream;
 pub mod sys;
@@ -55,6 +59,7 @@ pub use module::{
     device_compile_options, Function, KernelArg, LaunchBuilder, LaunchConfig, Module,
 };
 pub use platform::{Platform, PlatformKind, Visibility};
+pub use process_memory::ProcessMemory;
 pub use rtc::Compiler;
 pub use stream::{Event, Stream};
 pub use sysfs::{GttInfo, PciLocation};

@@ -6,6 +6,9 @@
 //! * The GTT size of integrated (UMA) devices: on APUs most of what the GPU can use is GTT
 //!   (system memory mapped through the GART), which `hipMemGetInfo` does not show separately.
 //!
+//! * The device memory this process holds, the runtime's included, as amdkfd counts it per
+//!   process (what `rocm-smi` shows): the figure a user compares runtimes by.
+//!
 //! * `HSA_OVERRIDE_GFX_VERSION`, which the ROCm runtime honours to treat a card as another ISA
 //!   (Radeon owners set `10.3.0` or `11.0.0` so that kernels built for a neighbour run): the
 //!   kernels are compiled for the architecture it names, as the runtime would load them.
@@ -130,25 +133,85 @@ pub fn gfx_arch(
 ///
 /// KFD's `location_id` is `bus << 8 | device << 3 | function` and `domain` is separate.
 pub fn gfx_arch_for_pci(topology: &Path, domain: u32, bus: u32, device: u32) -> Option<String> {
+    let pci = PciLocation {
+        domain,
+        bus,
+        device,
+    };
+    let node = kfd_node_at(topology, pci)?;
+    gfx_name_from_target_version(node_field(&node.properties, "gfx_target_version")?)
+}
+
+/// Where amdkfd lists what each process holds on each GPU (`<pid>/vram_<gpu_id>`).
+pub const KFD_PROCESSES: &str = "/sys/class/kfd/kfd/proc";
+
+/// The device memory process `pid` holds on the AMD GPU at `pci`, in bytes, as amdkfd counts
+/// it (`<processes>/<pid>/vram_<gpu_id>`, the GPU named by the `gpu_id` of its topology node):
+/// every allocation of the process on that GPU, the runtime's own included, which is the
+/// per-process figure `rocm-smi --showpids` and `amd-smi process` print. `None` when a file is
+/// missing or unreadable (not amdkfd, another PID namespace, no such node).
+pub fn kfd_process_vram(
+    topology: &Path,
+    processes: &Path,
+    pci: PciLocation,
+    pid: u32,
+) -> Option<u64> {
+    let node = kfd_node_at(topology, pci)?;
+    let gpu_id: u32 = std::fs::read_to_string(node.dir.join("gpu_id"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    std::fs::read_to_string(
+        processes
+            .join(pid.to_string())
+            .join(format!("vram_{gpu_id}")),
+    )
+    .ok()?
+    .trim()
+    .parse()
+    .ok()
+}
+
+/// A KFD topology node: its directory and its `properties` text.
+struct KfdNode {
+    dir: std::path::PathBuf,
+    properties: String,
+}
+
+/// The KFD node of the GPU at `pci`. KFD's `location_id` is `bus << 8 | device << 3 |
+/// function` and `domain` is separate; CPU nodes (`gfx_target_version 0`) are skipped.
+fn kfd_node_at(topology: &Path, pci: PciLocation) -> Option<KfdNode> {
     let nodes = std::fs::read_dir(topology).ok()?;
     for node in nodes.flatten() {
         let Ok(text) = std::fs::read_to_string(node.path().join("properties")) else {
             continue;
         };
-        let field = |key: &str| -> Option<u32> {
-            text.lines().find_map(|line| {
-                let mut parts = line.split_whitespace();
-                (parts.next() == Some(key)).then(|| parts.next()?.parse().ok())?
-            })
-        };
-        let (Some(version), Some(location)) = (field("gfx_target_version"), field("location_id"))
-        else {
+        let (Some(version), Some(location)) = (
+            node_field(&text, "gfx_target_version"),
+            node_field(&text, "location_id"),
+        ) else {
             continue;
         };
-        let node_domain = field("domain").unwrap_or(0);
-        if node_domain == domain && location >> 8 == bus && (location & 0xff) >> 3 == device {
-            return gfx_name_from_target_version(version);
+        let domain = node_field(&text, "domain").unwrap_or(0);
+        if version != 0
+            && domain == pci.domain
+            && location >> 8 == pci.bus
+            && (location & 0xff) >> 3 == pci.device
+        {
+            return Some(KfdNode {
+                dir: node.path(),
+                properties: text,
+            });
         }
     }
     None
+}
+
+/// The number after `key` on its line of a topology `properties` file.
+fn node_field(properties: &str, key: &str) -> Option<u32> {
+    properties.lines().find_map(|line| {
+        let mut parts = line.split_whitespace();
+        (parts.next() == Some(key)).then(|| parts.next()?.parse().ok())?
+    })
 }

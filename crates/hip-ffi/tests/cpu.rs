@@ -2,6 +2,7 @@
 
 use hip_ffi::sysfs::{
     gfx_arch, gfx_arch_for_pci, gfx_name_from_override, gfx_name_from_target_version, gtt_info,
+    kfd_process_vram,
 };
 use hip_ffi::{Api, ErrorKind, GttInfo, HipError, PciLocation, Platform, PlatformKind, Visibility};
 use std::path::{Path, PathBuf};
@@ -223,6 +224,55 @@ fn gfx_arch_is_found_by_pci_location_in_kfd_topology() {
         None
     );
     let _ = std::fs::remove_dir_all(&topo);
+}
+
+/// A process's device memory on an AMD GPU is amdkfd's `proc/<pid>/vram_<gpu_id>`, the GPU
+/// named by the `gpu_id` of the topology node at its PCI location; anything missing is `None`.
+#[test]
+fn process_vram_is_read_from_kfd_for_the_gpu_at_the_pci_location() {
+    let root = temp_dir("kfd-proc");
+    let (topo, procs) = (root.join("topology/nodes"), root.join("proc"));
+    write(
+        &topo.join("0/properties"),
+        "cpu_cores_count 16\ngfx_target_version 0\nlocation_id 0\n",
+    );
+    write(&topo.join("0/gpu_id"), "0\n");
+    for (node, bus, gpu_id) in [(1, 0x03, 17_422), (2, 0xc3, 2_501)] {
+        write(
+            &topo.join(format!("{node}/properties")),
+            &format!(
+                "gfx_target_version 110501\nlocation_id {}\ndomain 0\n",
+                bus << 8
+            ),
+        );
+        write(&topo.join(format!("{node}/gpu_id")), &format!("{gpu_id}\n"));
+    }
+    write(&procs.join("4242/vram_2501"), "912261120\n");
+    write(&procs.join("4242/vram_17422"), "1048576\n");
+    let at = |bus| PciLocation {
+        domain: 0,
+        bus,
+        device: 0,
+    };
+    assert_eq!(
+        kfd_process_vram(&topo, &procs, at(0xc3), 4242),
+        Some(912_261_120)
+    );
+    assert_eq!(
+        kfd_process_vram(&topo, &procs, at(0x03), 4242),
+        Some(1_048_576)
+    );
+    assert_eq!(
+        kfd_process_vram(&topo, &procs, at(0xc3), 4243),
+        None,
+        "another pid"
+    );
+    assert_eq!(
+        kfd_process_vram(&topo, &procs, at(0x04), 4242),
+        None,
+        "no GPU there"
+    );
+    let _ = std::fs::remove_dir_all(&root);
 }
 
 /// `HSA_OVERRIDE_GFX_VERSION`, as the ROCm runtime reads it, decides the arch kernels are

@@ -139,6 +139,46 @@ fn mem_get_info_is_sane_and_sees_allocations() {
     );
 }
 
+/// The process's device memory as nvidia-smi or rocm-smi list it holds the context (more than
+/// nothing before any allocation) and grows by a 256 MiB allocation. Where the driver cannot
+/// list this process (no NVML or amdkfd, a container's PID namespace), the error must say so.
+#[test]
+#[serial]
+fn the_per_process_figure_holds_the_context_and_counts_an_allocation() {
+    let test = "the_per_process_figure_holds_the_context_and_counts_an_allocation";
+    let Some(device) = gpu_or_skip(test) else {
+        return;
+    };
+    let before = match device.process_memory() {
+        Ok(p) => p,
+        Err(why) => {
+            assert!(
+                why.contains("NVML") || why.contains("amdkfd"),
+                "the reason names its source: {why}"
+            );
+            eprintln!("{test}: the per-process figure is not readable here: {why}");
+            return;
+        }
+    };
+    eprintln!(
+        "{test}: {} bytes from {} before",
+        before.bytes, before.source
+    );
+    assert!(before.bytes > 0, "the context alone takes device memory");
+    const BYTES: usize = 256 << 20;
+    let mut buffer = DeviceBuffer::alloc(&device, BYTES).expect("alloc 256 MiB");
+    buffer.memset(0x5a).expect("touch it");
+    device.synchronize().expect("synchronize");
+    let during = device.process_memory().expect("readable a moment ago");
+    let grown = during.bytes.saturating_sub(before.bytes);
+    assert!(
+        grown >= BYTES as u64 && grown <= BYTES as u64 + (64 << 20),
+        "a {BYTES}-byte allocation grew the figure by {grown} ({} -> {})",
+        before.bytes,
+        during.bytes
+    );
+}
+
 #[test]
 #[serial]
 fn copies_round_trip_sync_and_async() {

@@ -11,6 +11,7 @@ pub(crate) mod blaslt;
 pub(crate) mod cuda;
 pub(crate) mod hip;
 mod library_search;
+pub(crate) mod nvml;
 pub(crate) mod rtc;
 
 use crate::error::{ErrorKind, HipError, Result};

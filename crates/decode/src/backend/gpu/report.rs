@@ -21,6 +21,7 @@ impl GpuBackend {
             breakdown: snap.breakdown(),
             runtime_at_start: self.capture.runtime_at_start,
             graph: self.capture.books,
+            per_process: self.device().process_memory().map(|p| p.bytes),
             stranded: snap
                 .stranded_bytes_by_stream()
                 .into_iter()
@@ -36,6 +37,7 @@ impl GpuBackend {
             stats,
             process_used,
             outside_allocator,
+            per_process,
             ..
         } = self.device_memory_now()?;
         let mut out = String::new();
@@ -65,6 +67,19 @@ impl GpuBackend {
             fmt_bytes(self.mem_before.free),
             fmt_bytes(outside_allocator),
         ));
+        let tool = match self.device().platform() {
+            hip_ffi::PlatformKind::Amd => "rocm-smi",
+            _ => "nvidia-smi",
+        };
+        out.push_str(&match per_process {
+            Ok(bytes) => format!(
+                "  as {tool} lists this process {} (of it {} before the first reading: context, \
+                 runtime)\n",
+                fmt_bytes(bytes),
+                fmt_bytes(bytes.saturating_sub(process_used)),
+            ),
+            Err(why) => format!("  as {tool} lists this process: unknown ({why})\n"),
+        });
         out.push_str(&self.host_weights.report_line());
         if let Some(line) = self.hybrid.report_line() {
             out.push_str(&line);
