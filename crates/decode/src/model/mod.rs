@@ -52,9 +52,7 @@ impl<W> RopeFactors<W> {
             RopeFactors::None => None,
             RopeFactors::Fixed(w) => Some(w),
             RopeFactors::ByContext { long, short } => {
-                let long_context = spec
-                    .long_rope
-                    .is_some_and(|l| l.factors_for(positions) == "rope_factors_long.weight");
+                let long_context = spec.long_rope.is_some_and(|l| l.is_long(positions));
                 Some(if long_context { long } else { short })
             }
         }

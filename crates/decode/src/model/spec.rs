@@ -63,13 +63,10 @@ pub struct LongRope {
 }
 
 impl LongRope {
-    /// The factor tensor a context of `positions` per sequence turns by.
-    pub fn factors_for(&self, positions: usize) -> &'static str {
-        if positions > self.original_context {
-            "rope_factors_long.weight"
-        } else {
-            "rope_factors_short.weight"
-        }
+    /// Whether a context of `positions` per sequence turns by the long factors rather than
+    /// the short ones: only beyond the original context, as llama.cpp decides by `n_ctx_seq`.
+    pub fn is_long(&self, positions: usize) -> bool {
+        positions > self.original_context
     }
 }
 
