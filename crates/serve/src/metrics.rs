@@ -37,6 +37,9 @@ pub struct Metrics {
     device_bytes: Family<Labels, Gauge>,
     allocator_reserved: Gauge,
     allocator_cached: Gauge,
+    /// One series, made when the figure is first known: absent where the driver cannot list
+    /// the process, rather than a 0 that reads as a measurement.
+    device_process: Family<Labels, Gauge>,
     engine_steps: Family<Labels, Gauge>,
     engine_rows: Family<Labels, Gauge>,
     engine_seconds: Family<Labels, Gauge<f64, AtomicU64>>,
@@ -74,6 +77,7 @@ impl Metrics {
             device_bytes: Family::default(),
             allocator_reserved: Gauge::default(),
             allocator_cached: Gauge::default(),
+            device_process: Family::default(),
             engine_steps: Family::default(),
             engine_rows: Family::default(),
             engine_seconds: Family::default(),
@@ -188,6 +192,13 @@ impl Metrics {
             Unit::Bytes,
             m.allocator_cached.clone(),
         );
+        r.register_with_unit(
+            "device_process",
+            "The process's device memory as nvidia-smi or rocm-smi list it, the runtime's \
+             context included (absent where the driver cannot list the process)",
+            Unit::Bytes,
+            m.device_process.clone(),
+        );
         r.register(
             "engine_steps",
             "Steps the engine ran, by kind: decode (decode rows only) or prefill (with prompt rows)",
@@ -255,6 +266,11 @@ impl Metrics {
             self.allocator_reserved.set(d.reserved_bytes as i64);
             self.allocator_cached.set(d.cached_bytes as i64);
         }
+        if let Some(bytes) = stats.device_process {
+            self.device_process
+                .get_or_create(&vec![("location", "device")])
+                .set(bytes as i64);
+        }
     }
 
     /// The text a scrape gets.
@@ -272,5 +288,43 @@ fn location(location: &str) -> &'static str {
         "host"
     } else {
         "device"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use decode::engine::StepCounters;
+    use decode::kv::PoolStats;
+    use decode::memory::MemoryReport;
+
+    fn stats(device_process: Option<u64>) -> EngineStats {
+        EngineStats {
+            pool: PoolStats::default(),
+            sequences: Vec::new(),
+            waiting: 0,
+            memory: MemoryReport::default(),
+            device: None,
+            device_process,
+            decode_steps: StepCounters::default(),
+            prefill_steps: StepCounters::default(),
+        }
+    }
+
+    /// The per-process figure is a series only once the driver gave it: a scrape never reads
+    /// a 0 that was not measured.
+    #[test]
+    fn the_per_process_device_memory_shows_only_when_known() {
+        let m = Metrics::new();
+        m.update(&stats(None));
+        let text = m.render();
+        assert!(!text.contains("hipdecode_device_process_bytes{"), "{text}");
+        m.update(&stats(Some(744 << 20)));
+        let text = m.render();
+        let want = format!(
+            "hipdecode_device_process_bytes{{location=\"device\"}} {}",
+            744u64 << 20
+        );
+        assert!(text.contains(&want), "{want} in:\n{text}");
     }
 }

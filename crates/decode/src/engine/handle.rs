@@ -78,6 +78,9 @@ pub struct EngineStats {
     /// The device allocator's counters (reserved, cached, per tag), on a backend with a
     /// device.
     pub device: Option<rocm_alloc::Stats>,
+    /// The process's device memory as nvidia-smi or rocm-smi list it, context included
+    /// ([`crate::memory::DeviceMemory::per_process`]), where the driver tells.
+    pub device_process: Option<u64>,
     /// Steps of decode rows only, and steps that carried prompt rows.
     pub decode_steps: StepCounters,
     pub prefill_steps: StepCounters,

@@ -291,15 +291,14 @@ fn step_loop<B: Backend>(
                 },
                 Command::Cancel(id) => scheduler.cancel(id),
                 Command::Stats(reply) => {
+                    let device = backend.device_memory().and_then(|m| m.ok());
                     let _ = reply.send(EngineStats {
                         pool: scheduler.pool().stats(),
                         sequences: scheduler.usage(),
                         waiting: scheduler.waiting(),
                         memory: backend.memory(),
-                        device: backend
-                            .device_memory()
-                            .and_then(|m| m.ok())
-                            .map(|m| m.stats),
+                        device_process: device.as_ref().and_then(|m| m.per_process.clone().ok()),
+                        device: device.map(|m| m.stats),
                         decode_steps,
                         prefill_steps,
                     });
