@@ -173,52 +173,42 @@ impl Preset {
             fused_projections: false,
             long_rope: None,
         };
+        // The shape most tiny presets share: two dense layers, 256 wide, four query heads of
+        // 64 over two K/V heads, a vocabulary of 640. Each keeps the rest of its base.
+        let tiny = |base: &Spec| Spec {
+            n_layers: 2,
+            n_embd: 256,
+            n_ff: 512,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            vocab: 640,
+            context_length: 2048,
+            n_expert: 0,
+            n_expert_used: 0,
+            n_ff_expert: 0,
+            ..base.clone()
+        };
         match self {
             Preset::Llama3_8bQ4KM => llama3_8b,
             Preset::Qwen3_30bA3bQ4KM => qwen3_30b,
             Preset::Gemma3_270mQ4KM => gemma3_270m,
             Preset::TinyLlama => Spec {
                 name: "Synthetic tiny Llama",
-                n_layers: 2,
-                n_embd: 256,
-                n_ff: 512,
-                n_head: 4,
-                n_head_kv: 2,
-                head_dim: 64,
                 vocab: 512,
-                context_length: 2048,
-                ..llama3_8b
+                ..tiny(&llama3_8b)
             },
             Preset::TinyQwen3 => Spec {
                 arch: Architecture::Qwen3,
                 name: "Synthetic tiny Qwen3",
-                n_layers: 2,
-                n_embd: 256,
-                n_ff: 512,
-                n_head: 4,
-                n_head_kv: 2,
-                head_dim: 64,
-                vocab: 640,
-                context_length: 2048,
-                n_expert: 0,
-                n_expert_used: 0,
-                n_ff_expert: 0,
-                ..qwen3_30b
+                ..tiny(&qwen3_30b)
             },
             Preset::TinyQwen3Moe => Spec {
                 name: "Synthetic tiny Qwen3 MoE",
-                n_layers: 2,
-                n_embd: 256,
-                n_ff: 512,
-                n_head: 4,
-                n_head_kv: 2,
-                head_dim: 64,
-                vocab: 640,
-                context_length: 2048,
                 n_expert: 8,
                 n_expert_used: 2,
                 n_ff_expert: 256,
-                ..qwen3_30b
+                ..tiny(&qwen3_30b)
             },
             Preset::TinyGemma3 => Spec {
                 name: "Synthetic tiny Gemma 3",
@@ -236,58 +226,32 @@ impl Preset {
             Preset::TinyQwen2 => Spec {
                 arch: Architecture::Qwen2,
                 name: "Synthetic tiny Qwen2",
-                n_layers: 2,
-                n_embd: 256,
-                n_ff: 512,
-                n_head: 4,
-                n_head_kv: 2,
-                head_dim: 64,
                 write_head_dim: false,
-                vocab: 640,
-                context_length: 2048,
-                n_expert: 0,
-                n_expert_used: 0,
-                n_ff_expert: 0,
                 attn_bias: true,
-                ..qwen3_30b
+                ..tiny(&qwen3_30b)
             },
             Preset::TinyGemma2 => Spec {
                 arch: Architecture::Gemma2,
                 name: "Synthetic tiny Gemma 2",
                 n_layers: 4,
-                n_embd: 128,
-                n_ff: 256,
-                n_head: 2,
-                n_head_kv: 1,
-                head_dim: 128,
-                vocab: 512,
-                context_length: 2048,
                 rope_freq_base: 10_000.0,
-                sliding_window: Some(8),
                 // Far below Gemma 2's 50 and 30, which random tiny weights never come near:
                 // these caps bend the scores and logits the tests see, so a kernel that skips
                 // one fails them.
                 softcaps: Some((0.5, 1.0)),
-                ..gemma3_270m
+                ..Preset::TinyGemma3.spec()
             },
             Preset::TinyPhi3 => Spec {
                 arch: Architecture::Phi3,
                 name: "Synthetic tiny Phi-3",
-                n_layers: 2,
-                n_embd: 256,
-                n_ff: 512,
-                n_head: 4,
-                // Phi-3 mini has as many K/V heads as query heads; medium groups them. Two
-                // for four puts K and V at other row counts than Q in the fused tensor.
-                n_head_kv: 2,
-                head_dim: 64,
-                vocab: 640,
+                // Phi-3 mini has as many K/V heads as query heads; medium groups them. The
+                // tiny shape's two for four puts K and V at other row counts than Q in the
+                // fused tensor.
                 context_length: 4096,
                 rope_freq_base: 10_000.0,
-                rms_eps: 1e-5,
                 llama3_rope_factors: false,
                 fused_projections: true,
-                ..llama3_8b
+                ..tiny(&llama3_8b)
             },
             Preset::TinyPhi3LongRope => Spec {
                 name: "Synthetic tiny Phi-3 with LongRoPE",
@@ -299,20 +263,14 @@ impl Preset {
             },
             Preset::TinyMistralNemo => Spec {
                 name: "Synthetic tiny Mistral Nemo",
-                n_layers: 2,
-                n_embd: 192,
-                n_ff: 512,
-                n_head: 4,
-                n_head_kv: 2,
                 // 4 x 64 = 256 query outputs from a residual of 192: Q, K and V are wider than
                 // the model and the output projection narrows them back, as in Nemo.
-                head_dim: 64,
+                n_embd: 192,
                 write_head_dim: true,
                 vocab: 512,
-                context_length: 2048,
                 rope_freq_base: 1_000_000.0,
                 llama3_rope_factors: false,
-                ..llama3_8b
+                ..tiny(&llama3_8b)
             },
         }
     }
