@@ -212,7 +212,8 @@ impl GgufFile {
             }
         };
         let rows = |name: &str| self.file_tensor(name).and_then(|t| t.dims.get(1).copied());
-        let parts = crate::fused::parts(arch, &metadata, &rows)?;
+        let tensors = self.tensors().len() as u64;
+        let parts = crate::fused::parts(arch, &metadata, &rows, tensors)?;
         let mut views = HashMap::with_capacity(parts.len());
         for part in parts {
             // `parts` named only tensors `rows` found, with at least one row each.

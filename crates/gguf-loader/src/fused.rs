@@ -34,12 +34,14 @@ pub struct Part {
 
 /// The parts of the fused tensors of a file of architecture `arch`; none for architectures that
 /// fuse nothing. `metadata(key)` is a count under that key (`None` when absent), and
-/// `rows(name)` the row count of the file's tensor of that name (`None` when there is none).
-/// A fused tensor whose rows the metadata does not account for is an error naming it.
+/// `rows(name)` the row count of the file's tensor of that name (`None` when there is none),
+/// and `tensors` how many tensors the file holds. A fused tensor whose rows the metadata does
+/// not account for is an error naming it.
 pub fn parts(
     arch: &str,
     metadata: &dyn Fn(&str) -> Result<Option<u64>, GgufError>,
     rows: &dyn Fn(&str) -> Option<u64>,
+    tensors: u64,
 ) -> Result<Vec<Part>, GgufError> {
     let mut out = Vec::new();
     if arch != PHI3 {
@@ -57,7 +59,9 @@ pub fn parts(
     let per_head = n_embd.checked_div(n_head).unwrap_or(0);
     let head_dim_k = optional("attention.key_length")?.unwrap_or(per_head);
     let head_dim_v = optional("attention.value_length")?.unwrap_or(per_head);
-    for il in 0..required("block_count")? {
+    // A layer past the file's tensor count has no tensor to fuse, so a hostile block count
+    // costs no more than the file's own listing.
+    for il in 0..required("block_count")?.min(tensors) {
         let name = |t: &str| format!("blk.{il}.{t}.weight");
         if let (Some(fused_rows), None) = (rows(&name("attn_qkv")), rows(&name("attn_q"))) {
             let split = [

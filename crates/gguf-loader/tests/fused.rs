@@ -82,6 +82,20 @@ fn a_fused_tensor_that_the_head_counts_do_not_fill_is_refused_naming_it() {
     );
 }
 
+/// A hostile block count does not make the file index walk billions of layers looking for
+/// fused tensors: the file opens at once, as any other with that count does. (Not a timing
+/// bound: walking 4e9 layers takes minutes, which the test harness would show as a hang.)
+#[test]
+fn a_huge_block_count_does_not_walk_its_layers() {
+    let mut bytes = preset_bytes(Preset::TinyPhi3, 11).unwrap();
+    set_u32(&mut bytes, "phi3.block_count", u32::MAX);
+    let f = GgufFile::from_bytes(bytes).expect("the index opens; the model's checks refuse it");
+    assert!(
+        f.tensor("blk.0.attn_q.weight").is_some(),
+        "the real layers still have views"
+    );
+}
+
 /// Overwrites a u32 metadata value in place (the key's bytes, then its type, then the value).
 fn set_u32(bytes: &mut [u8], key: &str, value: u32) {
     let at = bytes
