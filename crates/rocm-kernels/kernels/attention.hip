@@ -1031,3 +1031,270 @@ KERNEL void LAUNCH_BOUNDS(ATTN_TD_THREADS) attn_decode_tile_f16(const float* q, 
         }
     }
 }
+
+// ---- Decode attention in key streams: the fast path for f16 and q8_0 caches (dk == dv = 64,
+// 128 or 256).
+//
+// The key-tile kernel above meets in shared memory three times per tile (scores, one warp's
+// softmax per head, weighted V) and holds about 190 registers a thread, so an H100 keeps two
+// of its blocks per multiprocessor and each waits out every load (612 GB/s of KV at 16k keys on
+// the 8B shape). Here a row of d / 8 threads (8, 16 or 32: a power of two inside one wave of
+// 32 or 64) is a stream: it walks its own keys of the split with its own online softmax, and
+// the block meets only once, at the end. Each thread holds 8 dimensions of every head of the
+// block. A step loads ATTN_DS_KEYS key and value rows per stream (16 bytes a thread each for
+// f16, the block's scale and 8 quants for q8_0) before any is used, scores them with shuffle
+// sums inside the row, and takes one softmax step per head for all of them. Same grid, splits
+// and partials as the other decode kernels, so attn_combine and the captured graph are
+// unchanged.
+#define ATTN_DS_THREADS 128
+#define ATTN_DS_KEYS 4
+// Blocks an NVIDIA multiprocessor holds at once: four (128 registers a thread) keep a one-token
+// step of the 8B shape (8 KV heads x 63 splits) in one wave on 132 multiprocessors.
+#define ATTN_DS_RESIDENT 4
+// Most streams of a block: rows of 8 threads (d = 64).
+#define ATTN_DS_MAX_STREAMS (ATTN_DS_THREADS / 8)
+
+// Eight consecutive values of a cache row (the first a multiple of 8), as loaded: f16 bits in
+// 16 bytes; or a q8_0 block's scale and the 8 quants (2-byte loads: a block is only 2-byte
+// aligned), packed as {q0..q3, q4..q7, scale bits, 0}.
+DEVICE uint4 kv8_load(const u16* p, u64 v) { return *(const uint4*)(p + v); }
+
+DEVICE uint4 kv8_load(KvQ8 p, u64 v) {
+    const u64 at = p.off + v;
+    const u8* b = kv_q8_block(p, at);
+    const u16* qs = (const u16*)(b + 2 + at % KV_Q8_BLOCK);
+    uint4 r;
+    r.x = (u32)qs[0] | ((u32)qs[1] << 16);
+    r.y = (u32)qs[2] | ((u32)qs[3] << 16);
+    r.z = (u32) * (const u16*)b;
+    r.w = 0;
+    return r;
+}
+
+template <typename P>
+DEVICE void kv8_to_f32(uint4 raw, float* out);
+
+template <>
+DEVICE void kv8_to_f32<const u16*>(uint4 raw, float* out) {
+    f16x8_to_f32(raw, out);
+}
+
+// As kv_load rounds it: the scale times the quant, one product per value.
+template <>
+DEVICE void kv8_to_f32<KvQ8>(uint4 raw, float* out) {
+    const float d = f16_to_f32((u16)raw.z);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        out[i] = d * (float)(i8)(u8)(raw.x >> (8 * i));
+        out[4 + i] = d * (float)(i8)(u8)(raw.y >> (8 * i));
+    }
+}
+
+template <typename P>
+DEVICE void attn_decode_streams_core(const float* q, P k_cache, P v_cache, const i32* positions,
+                                     float* out, float* part_ms, float* part_acc, u32 n_head,
+                                     u32 n_head_kv, u32 d, u32 slots, u32 window, float scale,
+                                     float softcap, u32 heads_per_block, u32 n_split,
+                                     u32 keys_per_split, KV_PAGES_PARAMS) {
+    // Each stream's running max and sum per head, then its weighted V sums:
+    // acc_sh[(stream * heads + g) * d + dimension] (ATTN_DS_THREADS * 8 values per head).
+    __shared__ float ml_sh[ATTN_DS_MAX_STREAMS][ATTN_DEC_HEADS][2];
+    __shared__ float acc_sh[ATTN_DEC_HEADS * ATTN_DS_THREADS * 8];
+
+    const u32 tid = threadIdx.x;
+    const u32 lpr = d / 8;                       // threads per row
+    const u32 c = tid % lpr;                     // this thread's 8 dimensions: c * 8 ..
+    const u32 r = tid / lpr;                     // this thread's stream
+    const u32 n_streams = ATTN_DS_THREADS / lpr;
+
+    const u32 t = blockIdx.x;
+    const u32 split = blockIdx.z;
+    const u32 group = n_head / n_head_kv;
+    const u32 n_sub = (group + heads_per_block - 1) / heads_per_block;
+    const u32 kvh = blockIdx.y / n_sub;
+    const u32 h0 = kvh * group + (blockIdx.y % n_sub) * heads_per_block;
+    const u32 group_end = kvh * group + group;
+    const u32 nh = heads_per_block < group_end - h0 ? heads_per_block : group_end - h0;
+
+    const i64 pos = (i64)positions[t];
+    const KvPages pages = kv_pages(KV_PAGES_ARGS, t);
+    i64 first = 0;
+    if (window > 0 && pos - (i64)window + 1 > 0) first = pos - (i64)window + 1;
+    const i64 n_keys = pos - first + 1;
+    // The current keys spread over all splits (see attn_decode_core), at least one per stream.
+    i64 per_split = (i64)keys_per_split;
+    if (n_split > 1) {
+        i64 even = (n_keys + (i64)n_split - 1) / (i64)n_split;
+        if (even < (i64)n_streams) even = (i64)n_streams;
+        if (even < per_split) per_split = even;
+    }
+    const i64 k_begin = (i64)split * per_split;
+    i64 k_end = k_begin + per_split;
+    if (k_end > n_keys) k_end = n_keys;
+    const u64 row_q = (u64)t * n_head + h0;
+    if (k_begin >= k_end) {
+        if (n_split > 1) {
+            if (tid < nh) {
+                float* ms = part_ms + ((row_q + tid) * n_split + split) * 2;
+                ms[0] = attn_neg_inf();
+                ms[1] = 0.0f;
+            }
+        } else {
+            for (u32 i = tid; i < nh * d; i += ATTN_DS_THREADS) out[row_q * d + i] = 0.0f;
+        }
+        return;
+    }
+
+    float qv[ATTN_DEC_HEADS][8];
+#pragma unroll
+    for (u32 g = 0; g < ATTN_DEC_HEADS; ++g) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            qv[g][i] = g < nh ? q[(row_q + g) * d + (u64)c * 8 + i] * scale : 0.0f;
+        }
+    }
+    float m_run[ATTN_DEC_HEADS], l_run[ATTN_DEC_HEADS], acc[ATTN_DEC_HEADS][8];
+#pragma unroll
+    for (u32 g = 0; g < ATTN_DEC_HEADS; ++g) {
+        m_run[g] = attn_neg_inf();
+        l_run[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
+    }
+    const u64 row = (u64)n_head_kv * d;
+    const P k_head = k_cache + ((u64)kvh * d + (u64)c * 8);
+    const P v_head = v_cache + ((u64)kvh * d + (u64)c * 8);
+    // The block's keys of one step: stream r takes keys kb + j * n_streams + r. Every stream
+    // runs the same steps, so the rows' shuffles always find their lanes.
+    // Key offsets in 32 bits from here: positions are i32, so first + k_end fits.
+    const i32 kr_end = (i32)k_end;
+    const u32 slot0 = (u32)first + r;
+    const i32 step = (i32)(n_streams * ATTN_DS_KEYS);
+    for (i32 kb = (i32)k_begin; kb < kr_end; kb += step) {
+        // All of the step's rows in flight before any is used; keys past the split read as
+        // zeros, never as whatever the cache holds there (a NaN would survive a zero weight).
+        uint4 k_raw[ATTN_DS_KEYS], v_raw[ATTN_DS_KEYS];
+#pragma unroll
+        for (int j = 0; j < ATTN_DS_KEYS; ++j) {
+            const i32 key = kb + j * (i32)n_streams + (i32)r;
+            k_raw[j] = make_uint4(0, 0, 0, 0);
+            v_raw[j] = make_uint4(0, 0, 0, 0);
+            if (key < kr_end) {
+                const u64 slot = kv_row(pages, (slot0 + (u32)(kb + j * (i32)n_streams)) % slots);
+                k_raw[j] = kv8_load(k_head, slot * row);
+                v_raw[j] = kv8_load(v_head, slot * row);
+            }
+        }
+        float s[ATTN_DS_KEYS][ATTN_DEC_HEADS];
+#pragma unroll
+        for (int j = 0; j < ATTN_DS_KEYS; ++j) {
+            float kf[8];
+            kv8_to_f32<P>(k_raw[j], kf);
+#pragma unroll
+            for (u32 g = 0; g < ATTN_DEC_HEADS; ++g) {
+                float sum = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) sum += qv[g][i] * kf[i];
+                s[j][g] = sum;
+            }
+        }
+        // The row's partial scores meet across its lanes (every lane gets the sums).
+        for (u32 m = lpr / 2; m > 0; m >>= 1) {
+#pragma unroll
+            for (int j = 0; j < ATTN_DS_KEYS; ++j) {
+#pragma unroll
+                for (u32 g = 0; g < ATTN_DEC_HEADS; ++g) s[j][g] += warp_shfl_xor(s[j][g], (int)m);
+            }
+        }
+        // One online-softmax step per head for the step's keys; a key past the split weighs 0.
+#pragma unroll
+        for (u32 g = 0; g < ATTN_DEC_HEADS; ++g) {
+            float m_new = m_run[g];
+#pragma unroll
+            for (int j = 0; j < ATTN_DS_KEYS; ++j) {
+                const bool valid = kb + j * (i32)n_streams + (i32)r < kr_end;
+                s[j][g] = valid ? softcap_logit(s[j][g], softcap) : attn_neg_inf();
+                m_new = fmaxf(m_new, s[j][g]);
+            }
+            // A stream whose keys so far all lie past the split keeps m = -inf, and its
+            // weights stay 0 (never exp(-inf + inf)).
+            const float alpha = m_run[g] > attn_neg_inf() ? expf(m_run[g] - m_new) : 0.0f;
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < ATTN_DS_KEYS; ++j) {
+                s[j][g] = s[j][g] > attn_neg_inf() ? expf(s[j][g] - m_new) : 0.0f;
+                sum += s[j][g];
+            }
+            l_run[g] = l_run[g] * alpha + sum;
+            m_run[g] = m_new;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[g][i] *= alpha;
+        }
+#pragma unroll
+        for (int j = 0; j < ATTN_DS_KEYS; ++j) {
+            float vf[8];
+            kv8_to_f32<P>(v_raw[j], vf);
+#pragma unroll
+            for (u32 g = 0; g < ATTN_DEC_HEADS; ++g) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[g][i] += s[j][g] * vf[i];
+            }
+        }
+    }
+
+    // The streams meet once: each leaves its max, sum and weighted V per head.
+#pragma unroll
+    for (u32 g = 0; g < ATTN_DEC_HEADS; ++g) {
+        if (g < nh) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc_sh[(r * ATTN_DEC_HEADS + g) * d + c * 8 + i] = acc[g][i];
+            if (c == 0) {
+                ml_sh[r][g][0] = m_run[g];
+                ml_sh[r][g][1] = l_run[g];
+            }
+        }
+    }
+    __syncthreads();
+    for (u32 i = tid; i < nh * d; i += ATTN_DS_THREADS) {
+        const u32 g = i / d;
+        const u32 dd = i % d;
+        float mx = attn_neg_inf();
+        for (u32 rr = 0; rr < n_streams; ++rr) mx = fmaxf(mx, ml_sh[rr][g][0]);
+        float a = 0.0f, ls = 0.0f;
+        for (u32 rr = 0; rr < n_streams; ++rr) {
+            const float mr = ml_sh[rr][g][0];
+            if (mr > attn_neg_inf()) {
+                const float f = expf(mr - mx);
+                a += acc_sh[(rr * ATTN_DEC_HEADS + g) * d + dd] * f;
+                ls += ml_sh[rr][g][1] * f;
+            }
+        }
+        if (n_split > 1) {
+            part_acc[((row_q + g) * n_split + split) * d + dd] = a;
+            if (dd == 0) {
+                float* ms = part_ms + ((row_q + g) * n_split + split) * 2;
+                ms[0] = mx;
+                ms[1] = ls;
+            }
+        } else {
+            out[(row_q + g) * d + dd] = ls > 0.0f ? a / ls : 0.0f;
+        }
+    }
+}
+
+#define ATTN_DECODE_STREAMS_ENTRY(name, T, P)                                                   \
+    KERNEL void LAUNCH_BOUNDS_RESIDENT(ATTN_DS_THREADS, ATTN_DS_RESIDENT)                       \
+    name(const float* q, const T* k_cache, const T* v_cache, const i32* positions, float* out,  \
+         float* part_ms, float* part_acc, u32 n_head, u32 n_head_kv, u32 d, u32 slots,          \
+         u32 window, float scale, float softcap, u32 heads_per_block, u32 n_split,              \
+         u32 keys_per_split, KV_PAGES_PARAMS) {                                                 \
+        KERNEL_PROLOGUE();                                                                      \
+        attn_decode_streams_core<P>(q, kv_ptr(k_cache), kv_ptr(v_cache), positions, out,        \
+                                    part_ms, part_acc, n_head, n_head_kv, d, slots, window,     \
+                                    scale, softcap, heads_per_block, n_split, keys_per_split,   \
+                                    KV_PAGES_ARGS);                                             \
+    }
+
+// Entry points attn_decode_streams_f16 and attn_decode_streams_q8_0.
+ATTN_DECODE_STREAMS_ENTRY(attn_decode_streams_f16, u16, const u16*)
+ATTN_DECODE_STREAMS_ENTRY(attn_decode_streams_q8_0, u8, KvQ8)

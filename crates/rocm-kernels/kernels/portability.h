@@ -36,6 +36,16 @@ typedef unsigned long long u64;
 #define LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
 #endif
 
+// LAUNCH_BOUNDS, and on NVIDIA also the fewest blocks a multiprocessor must hold at once, which
+// caps the registers a thread may take, for a kernel that measured faster with more blocks
+// resident than the compiler would leave room for. HIP's second argument means something else
+// (waves per execution unit), so AMD keeps the plain bound.
+#if defined(__CUDACC__) && !defined(__HIP__)
+#define LAUNCH_BOUNDS_RESIDENT(threads, blocks) __launch_bounds__(threads, blocks)
+#else
+#define LAUNCH_BOUNDS_RESIDENT(threads, blocks) __launch_bounds__(threads)
+#endif
+
 // The first statement of every kernel. On NVIDIA compute capability 9.0 and later the host
 // launches kernels with programmatic dependent launch (HIPDECODE_GPU_PDL): a kernel may start
 // while the one ahead of it on the stream is still running, so it first waits for that grid to

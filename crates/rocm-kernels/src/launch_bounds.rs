@@ -59,6 +59,9 @@ pub fn max_block(module: KernelModule, entry: &str) -> Option<MaxBlock> {
                 Waves(ops::attention::DECODE_WARPS)
             }
             "attn_decode_tile_f16" => Threads(ops::attention::DECODE_TILE_THREADS),
+            "attn_decode_streams_f16" | "attn_decode_streams_q8_0" => {
+                Threads(ops::attention::DECODE_STREAM_THREADS)
+            }
             "attn_prefill_f16" | "attn_prefill_f32" | "attn_prefill_q8_0" => {
                 Threads(ops::attention::PREFILL_THREADS)
             }

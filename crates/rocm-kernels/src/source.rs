@@ -183,11 +183,13 @@ impl KernelModule {
                 "attn_combine",
                 "attn_decode_f16",
                 "attn_decode_tile_f16",
+                "attn_decode_streams_f16",
                 "attn_decode_f32",
                 "attn_prefill_f16",
                 "attn_prefill_f32",
                 "attn_q8_0",
                 "attn_decode_q8_0",
+                "attn_decode_streams_q8_0",
                 "attn_prefill_q8_0",
             ],
             KernelModule::AttentionMma => &[

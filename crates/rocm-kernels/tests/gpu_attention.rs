@@ -508,6 +508,25 @@ fn attention_refuses_bad_shapes_and_a_short_workspace() {
         err.to_string().contains("key-tile") && err.to_string().contains("F32"),
         "{err}"
     );
+    let err = attention_decode_on(
+        gpu.kernels,
+        &gpu.stream,
+        DecodeKernel::KeyStreams,
+        &q.view(),
+        &k32.view(),
+        &v32.view(),
+        &pos.view(),
+        None,
+        &mut out.view_mut(),
+        &mut ws.view_mut(),
+        &shape,
+        None,
+    )
+    .expect_err("the key-stream kernel on an f32 cache");
+    assert!(
+        err.to_string().contains("key-stream") && err.to_string().contains("F32"),
+        "{err}"
+    );
     let mut bad = shape;
     // 7 query heads cannot share 2 KV heads.
     bad.n_head = 7;

@@ -23,9 +23,9 @@
 //!   no workspace.
 //!
 //! Both take any number of tokens; decode is meant for a few, prefill for many. Decode of heads
-//! of 64, 128 or 256 values (dk = dv) runs on one of two kernels with the same splits and
-//! partials ([`DecodeKernel`]): key tiles for f16 caches, one warp per key otherwise (f32 and
-//! q8_0 caches, heads of 256).
+//! of 64, 128 or 256 values (dk = dv) runs on one of the kernels with the same splits and
+//! partials ([`DecodeKernel`]): key streams for f16 and q8_0 caches, one warp per key for f32
+//! caches.
 
 use crate::error::{check_shape, Result};
 use crate::kernels::Kernels;
@@ -209,15 +209,22 @@ struct Plan {
 
 /// Threads per block of the key-tile decode kernel (`ATTN_TD_THREADS`).
 pub(crate) const DECODE_TILE_THREADS: u32 = 128;
+/// Threads per block of the key-stream decode kernel (`ATTN_DS_THREADS`).
+pub(crate) const DECODE_STREAM_THREADS: u32 = 128;
 
 /// Which kernel [`attention_decode_on`] runs for a shape whose heads split evenly over a warp
 /// (`head_dim_k == head_dim_v`, 64, 128 or 256). Other shapes always take the
 /// one-thread-per-key kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecodeKernel {
-    /// [`DecodeKernel::KeyTiles`] for f16 caches with heads of at most 128 values,
-    /// [`DecodeKernel::WarpPerKey`] otherwise (f32 and q8_0 caches, heads of 256).
+    /// [`DecodeKernel::KeyStreams`] for f16 caches at 16-byte aligned addresses and q8_0
+    /// caches, [`DecodeKernel::WarpPerKey`] otherwise (f32 caches).
     Auto,
+    /// Streams of keys: each row of `head_dim / 8` threads walks its own keys of the split
+    /// with its own online softmax, four rows in flight at a time, and the block meets once at
+    /// the end. f16 caches at 16-byte aligned addresses and q8_0 caches; an f32 cache is an
+    /// error.
+    KeyStreams,
     /// Tiles of keys: a block scores a tile with 16-byte loads, takes one softmax step per
     /// tile and head, then adds the tile's V rows. f16 caches only; an f32 or q8_0 cache is an
     /// error.
@@ -493,22 +500,27 @@ fn launch(
         }
         None => (DevicePtr(0), DevicePtr(0)),
     };
-    let key_tiles = plan.warp_per_key && decode_kernel == DecodeKernel::KeyTiles;
-    let entry = match (io.k.elem(), plan.warp_per_key) {
-        (KvElem::F16, false) => "attn_f16",
-        (KvElem::F32, false) => "attn_f32",
-        (KvElem::Q8_0, false) => "attn_q8_0",
-        (KvElem::F16, true) if key_tiles => "attn_decode_tile_f16",
-        (KvElem::F16, true) => "attn_decode_f16",
-        (KvElem::F32, true) => "attn_decode_f32",
-        (KvElem::Q8_0, true) => "attn_decode_q8_0",
-    };
-    let threads = if key_tiles {
-        DECODE_TILE_THREADS
-    } else if plan.warp_per_key {
-        DECODE_WARPS * kernels.wave_size().max(1)
+    let decode_kernel = if plan.warp_per_key {
+        Some(decode_kernel)
     } else {
-        BLOCK
+        None
+    };
+    let entry = match (io.k.elem(), decode_kernel) {
+        (KvElem::F16, None) => "attn_f16",
+        (KvElem::F32, None) => "attn_f32",
+        (KvElem::Q8_0, None) => "attn_q8_0",
+        (KvElem::F16, Some(DecodeKernel::KeyTiles)) => "attn_decode_tile_f16",
+        (KvElem::F16, Some(DecodeKernel::KeyStreams)) => "attn_decode_streams_f16",
+        (KvElem::Q8_0, Some(DecodeKernel::KeyStreams)) => "attn_decode_streams_q8_0",
+        (KvElem::F16, Some(_)) => "attn_decode_f16",
+        (KvElem::F32, Some(_)) => "attn_decode_f32",
+        (KvElem::Q8_0, Some(_)) => "attn_decode_q8_0",
+    };
+    let threads = match decode_kernel {
+        Some(DecodeKernel::KeyTiles) => DECODE_TILE_THREADS,
+        Some(DecodeKernel::KeyStreams) => DECODE_STREAM_THREADS,
+        Some(_) => DECODE_WARPS * kernels.wave_size().max(1),
+        None => BLOCK,
     };
     let (q_ptr, k_ptr, v_ptr) = (io.q.ptr(), io.k.ptr(), io.v.ptr());
     let (positions_ptr, out_ptr) = (io.positions.ptr(), io.out.ptr());
@@ -695,6 +707,20 @@ pub fn attention_decode_on(
     let plan = decode_plan(shape)?;
     let aligned = k_cache.ptr().0.is_multiple_of(16) && v_cache.ptr().0.is_multiple_of(16);
     let f16 = k_cache.elem() == KvElem::F16;
+    let streams_apply = (f16 && aligned) || k_cache.elem() == KvElem::Q8_0;
+    check_shape(
+        kernel != DecodeKernel::KeyStreams || streams_apply,
+        OP,
+        || {
+            format!(
+                "the key-stream decode kernel takes f16 caches at 16-byte aligned addresses or \
+                 q8_0 caches, not {:?} caches at {:#x} and {:#x}; use the warp-per-key kernel",
+                k_cache.elem(),
+                k_cache.ptr().0,
+                v_cache.ptr().0
+            )
+        },
+    )?;
     check_shape(
         kernel != DecodeKernel::KeyTiles || (f16 && aligned),
         OP,
@@ -709,11 +735,11 @@ pub fn attention_decode_on(
         },
     )?;
     let kernel = match kernel {
-        // Measured on the H200 (docs/benchmark_results/decode-depth-2026-12-02.md): key tiles
-        // are 1.07x and 1.40x at 4k and 16k of context with heads of 128 (8B shape), but 0.91x
-        // and 0.93x with Gemma 3's single KV head of 256, whose 64 split blocks leave most of
-        // the device idle at 32 keys a tile.
-        DecodeKernel::Auto if f16 && aligned && shape.head_dim_k <= 128 => DecodeKernel::KeyTiles,
+        // Measured on an H100 (docs/benchmark_results/decode-streams-h100-2026-12-06.md): key
+        // streams are 1.25x and 1.45x the key tiles at 4k and 16k of context on the 8B shape
+        // (f16), 1.25x and 1.73x one warp per key there with a q8_0 cache, and 1.03x and 1.08x
+        // one warp per key on Gemma 3's single KV head of 256.
+        DecodeKernel::Auto if streams_apply => DecodeKernel::KeyStreams,
         DecodeKernel::Auto => DecodeKernel::WarpPerKey,
         chosen => chosen,
     };

@@ -783,6 +783,8 @@ enum Kind {
     DecodeWarpPerKey,
     /// Decode on the key-tile kernel (f16 caches only).
     DecodeKeyTiles,
+    /// Decode on the key-stream kernel (f16 and q8_0 caches).
+    DecodeKeyStreams,
     Prefill,
     /// Prefill on the one-query-per-block kernel.
     PrefillPerQuery,
@@ -994,12 +996,16 @@ fn run_paths(rig: &Rig<'_>, run: &Run, references: References) -> crate::Result<
             _ => rig.kernels(),
         };
         match path {
-            Kind::Decode | Kind::DecodeWarpPerKey | Kind::DecodeKeyTiles => {
+            Kind::Decode
+            | Kind::DecodeWarpPerKey
+            | Kind::DecodeKeyTiles
+            | Kind::DecodeKeyStreams => {
                 let need = decode_workspace_floats(&shape)?;
                 let ws = rig.filled::<f32>(need, 0xff)?;
                 let kernel = match path {
                     Kind::DecodeWarpPerKey => DecodeKernel::WarpPerKey,
                     Kind::DecodeKeyTiles => DecodeKernel::KeyTiles,
+                    Kind::DecodeKeyStreams => DecodeKernel::KeyStreams,
                     _ => DecodeKernel::Auto,
                 };
                 attention_decode_on(
@@ -1112,6 +1118,7 @@ fn decode_over_lengths_runs() -> Vec<Run> {
         for head_dim in [64, 128, 256, 80] {
             for (slots, pos) in [(8, 0), (8, 4), (512, 299), (4100, 4096)] {
                 for (elem, path) in [
+                    (KvElem::F16, Kind::DecodeKeyStreams),
                     (KvElem::F16, Kind::DecodeKeyTiles),
                     (KvElem::F16, Kind::DecodeWarpPerKey),
                     (KvElem::F32, Kind::Decode),
@@ -1153,9 +1160,11 @@ fn split_boundary_runs() -> Vec<Run> {
     ] {
         for (i, &pos) in positions.iter().enumerate() {
             let mut c = case(8, 2, 128, slots, pos);
-            (c.elem, c.path) = match i % 3 {
+            (c.elem, c.path) = match i % 5 {
                 0 => (KvElem::F16, Kind::DecodeKeyTiles),
                 1 => (KvElem::F32, Kind::Decode),
+                2 => (KvElem::F16, Kind::DecodeKeyStreams),
+                3 => (KvElem::Q8_0, Kind::DecodeKeyStreams),
                 _ => (KvElem::F16, Kind::DecodeWarpPerKey),
             };
             runs.push(Run::new(c, 100 + i as u64));
@@ -1228,7 +1237,7 @@ fn q8_0_decode_runs() -> Vec<Run> {
     for (n_head, n_head_kv) in [(1, 1), (8, 2), (12, 1)] {
         for head_dim in [64, 128, 256, 96, 32] {
             for (slots, pos) in [(8, 4), (512, 299), (4100, 4096)] {
-                for path in [Kind::Decode, Kind::DecodeWarpPerKey] {
+                for path in [Kind::DecodeKeyStreams, Kind::DecodeWarpPerKey] {
                     // The seeds stay those of the full loop.
                     seed += 1;
                     if slots > 512 && (n_head, n_head_kv) != (8, 2) {
@@ -1436,6 +1445,7 @@ fn soft_capped_runs() -> Vec<Run> {
                 (128, 200, 0, 37, None),
             ] {
                 let decode = matches!(path, Kind::Decode | Kind::DecodeWarpPerKey);
+                // Kind::Decode is the key-stream kernel for f16 and q8_0 caches.
                 if decode != (n_tokens <= 4) {
                     continue;
                 }

@@ -82,15 +82,16 @@ pub static ATTN_PREFILL: Knob<attn::PrefillKernel> = Knob {
 pub static ATTN_DECODE: Knob<attn::DecodeKernel> = Knob {
     name: "HIPDECODE_GPU_ATTN_DECODE",
     default: "auto",
-    doc: "the decode attention kernel for heads of 64, 128 or 256: `auto` (key tiles for an \
-          f16 cache and heads of at most 128, else one warp per key), `key-tiles` (f16 caches only) or \
-          `warp-per-key` (for A/B runs)",
+    doc: "the decode attention kernel for heads of 64, 128 or 256: `auto` (key streams for \
+          f16 and q8_0 caches, else one warp per key), `key-streams` (f16 and q8_0 caches), \
+          `key-tiles` (f16 caches only) or `warp-per-key` (for A/B runs)",
     scope: Scope::Run,
     parse: |v| {
         knobs::parse::choice(
             v,
             &[
                 ("auto", attn::DecodeKernel::Auto),
+                ("key-streams", attn::DecodeKernel::KeyStreams),
                 ("key-tiles", attn::DecodeKernel::KeyTiles),
                 ("warp-per-key", attn::DecodeKernel::WarpPerKey),
             ],
