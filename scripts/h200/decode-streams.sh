@@ -17,7 +17,8 @@
 # 64 MiB) and .peer/ (a copy of ../shared/tools/llama.cpp), from a copy outside the checkout (a
 # later call rewrites the checkout under a running script):
 #   cp scripts/h200/decode-streams.sh /tmp/ds.sh; setsid bash /tmp/ds.sh &
-# Logs land in /tmp/ds; "all-done" ends summary.txt. STEPS (default "tests profile ab peer")
+# Logs land in /tmp/ds; "all-done" ends summary.txt. Ran once, at 851f5a6: the key-tile kernel
+# (the `key-tiles` arms) was removed after this run, having lost every A/B. STEPS (default "tests profile ab peer")
 # picks the parts.
 set -u
 D=/tmp/ds

@@ -58,7 +58,6 @@ pub fn max_block(module: KernelModule, entry: &str) -> Option<MaxBlock> {
             "attn_decode_f16" | "attn_decode_f32" | "attn_decode_q8_0" => {
                 Waves(ops::attention::DECODE_WARPS)
             }
-            "attn_decode_tile_f16" => Threads(ops::attention::DECODE_TILE_THREADS),
             "attn_decode_streams_f16" | "attn_decode_streams_q8_0" => {
                 Threads(ops::attention::DECODE_STREAM_THREADS)
             }

@@ -182,7 +182,6 @@ impl KernelModule {
                 "attn_f32",
                 "attn_combine",
                 "attn_decode_f16",
-                "attn_decode_tile_f16",
                 "attn_decode_streams_f16",
                 "attn_decode_f32",
                 "attn_prefill_f16",

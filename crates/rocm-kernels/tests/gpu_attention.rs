@@ -308,26 +308,7 @@ fn q8_0_caches_refuse_rows_and_heads_that_are_not_whole_blocks_and_unfit_kernels
         .expect_err("not whole blocks");
         assert!(err.to_string().contains(name), "{err}");
     }
-    // The key-tile decode kernel is f16 only; the flash kernel has no heads of 96.
-    let err = attention_decode_on(
-        gpu.kernels,
-        &gpu.stream,
-        DecodeKernel::KeyTiles,
-        &q.view(),
-        &k.view(),
-        &v.view(),
-        &pos.view(),
-        None,
-        &mut out.view_mut(),
-        &mut ws.view_mut(),
-        &base,
-        None,
-    )
-    .expect_err("key tiles over q8_0");
-    assert!(
-        err.to_string().contains("key-tile") && err.to_string().contains("Q8_0"),
-        "{err}"
-    );
+    // The flash kernel has no heads of 96.
     let d96 = AttentionShape {
         head_dim_k: 96,
         head_dim_v: 96,
@@ -489,25 +470,6 @@ fn attention_refuses_bad_shapes_and_a_short_workspace() {
     );
     let k32 = Cache::F32(Buf::new(&gpu, 1024 * 2 * 64));
     let mut ws = Buf::<f32>::new(&gpu, need);
-    let err = attention_decode_on(
-        gpu.kernels,
-        &gpu.stream,
-        DecodeKernel::KeyTiles,
-        &q.view(),
-        &k32.view(),
-        &v32.view(),
-        &pos.view(),
-        None,
-        &mut out.view_mut(),
-        &mut ws.view_mut(),
-        &shape,
-        None,
-    )
-    .expect_err("the key-tile kernel on an f32 cache");
-    assert!(
-        err.to_string().contains("key-tile") && err.to_string().contains("F32"),
-        "{err}"
-    );
     let err = attention_decode_on(
         gpu.kernels,
         &gpu.stream,

@@ -202,13 +202,11 @@ struct Plan {
     /// Dynamic shared memory per block.
     shared_bytes: usize,
     /// Which kernel: `attn_decode_*` (one warp per key) or `attn_*` (one thread per key).
-    /// [`launch`] takes `attn_decode_tile_f16` instead where the call asks for it and the
-    /// cache is f16: the same splits and partials.
+    /// [`launch`] takes `attn_decode_streams_*` instead where the call asks for it and the
+    /// cache is f16 or q8_0: the same splits and partials.
     warp_per_key: bool,
 }
 
-/// Threads per block of the key-tile decode kernel (`ATTN_TD_THREADS`).
-pub(crate) const DECODE_TILE_THREADS: u32 = 128;
 /// Threads per block of the key-stream decode kernel (`ATTN_DS_THREADS`).
 pub(crate) const DECODE_STREAM_THREADS: u32 = 128;
 
@@ -225,10 +223,6 @@ pub enum DecodeKernel {
     /// the end. f16 caches at 16-byte aligned addresses and q8_0 caches; an f32 cache is an
     /// error.
     KeyStreams,
-    /// Tiles of keys: a block scores a tile with 16-byte loads, takes one softmax step per
-    /// tile and head, then adds the tile's V rows. f16 caches only; an f32 or q8_0 cache is an
-    /// error.
-    KeyTiles,
     /// One warp per key, with an online-softmax step per key and head.
     WarpPerKey,
 }
@@ -246,7 +240,7 @@ const DECODE_TILE: usize = 8;
 /// Whether the one-warp-per-key decode kernel takes `shape`: equal K and V head sizes that a
 /// warp of 32 or 64 lanes splits into at most eight values per lane. Only 64, 128 and 256: the
 /// kernel has a case for 1, 2, 4 and 8 values per lane (a head of 192 would be 6 or 3, and
-/// write nothing), and the key-tile kernel's rows of d / 8 lanes must be a power of two for
+/// write nothing), and the key-stream kernel's rows of d / 8 lanes must be a power of two for
 /// its shuffle sums.
 fn warp_per_key_applies(shape: &AttentionShape) -> bool {
     shape.head_dim_k == shape.head_dim_v && matches!(shape.head_dim_k, 64 | 128 | 256)
@@ -509,7 +503,6 @@ fn launch(
         (KvElem::F16, None) => "attn_f16",
         (KvElem::F32, None) => "attn_f32",
         (KvElem::Q8_0, None) => "attn_q8_0",
-        (KvElem::F16, Some(DecodeKernel::KeyTiles)) => "attn_decode_tile_f16",
         (KvElem::F16, Some(DecodeKernel::KeyStreams)) => "attn_decode_streams_f16",
         (KvElem::Q8_0, Some(DecodeKernel::KeyStreams)) => "attn_decode_streams_q8_0",
         (KvElem::F16, Some(_)) => "attn_decode_f16",
@@ -517,7 +510,6 @@ fn launch(
         (KvElem::Q8_0, Some(_)) => "attn_decode_q8_0",
     };
     let threads = match decode_kernel {
-        Some(DecodeKernel::KeyTiles) => DECODE_TILE_THREADS,
         Some(DecodeKernel::KeyStreams) => DECODE_STREAM_THREADS,
         Some(_) => DECODE_WARPS * kernels.wave_size().max(1),
         None => BLOCK,
@@ -563,10 +555,11 @@ fn launch(
     };
     // SAFETY: the arguments match `attn_{f16,f32,q8_0}` (or, with one head size, the
     // `attn_decode_*` kernels, which take d = dk = dv and static shared memory only; their
-    // plan keeps at most DECODE_HEADS heads per block and dk / wave <= 8; the key-tile kernel
-    // runs DECODE_TILE_THREADS threads, reads an f16 cache 16 bytes at a time at offsets that
-    // are multiples of 8 values from 16-byte aligned caches, which `attention_decode_on`
-    // checked, and d <= 256 keeps its rows of d / 8 threads inside one wave) in order and type. `check_io` made q,
+    // plan keeps at most DECODE_HEADS heads per block and dk / wave <= 8; the key-stream kernel
+    // runs DECODE_STREAM_THREADS threads, reads an f16 cache 16 bytes at a time at offsets
+    // that are multiples of 8 values from 16-byte aligned caches, which `attention_decode_on`
+    // checked, or a q8_0 cache 2 bytes at a time, and d of 64, 128 or 256 keeps its rows of
+    // d / 8 threads, a power of two, inside one wave) in order and type. `check_io` made q,
     // out, both caches and the positions long enough for the shape; cache rows are slots
     // (position % slots < slots) unpaged, and paged the rows of the token's table, which the
     // kernel clamps to the caches' row count that `PageArgs` took from the views (in values; a
@@ -671,8 +664,8 @@ pub fn attention_decode_q8(
 }
 
 /// [`attention_decode_q8`] on a chosen kernel (the same results up to summation order; the
-/// choice is for measuring one against another). [`DecodeKernel::KeyTiles`] with an f32 or q8_0
-/// cache or caches not at 16-byte aligned addresses is an error.
+/// choice is for measuring one against another). [`DecodeKernel::KeyStreams`] with an f32
+/// cache, or with f16 caches not at 16-byte aligned addresses, is an error.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_decode_on(
     kernels: &Kernels,
@@ -721,24 +714,11 @@ pub fn attention_decode_on(
             )
         },
     )?;
-    check_shape(
-        kernel != DecodeKernel::KeyTiles || (f16 && aligned),
-        OP,
-        || {
-            format!(
-            "the key-tile decode kernel takes f16 caches at 16-byte aligned addresses, not {:?} \
-             caches at {:#x} and {:#x}; use the warp-per-key kernel",
-            k_cache.elem(),
-            k_cache.ptr().0,
-            v_cache.ptr().0
-        )
-        },
-    )?;
     let kernel = match kernel {
         // Measured on an H100 (docs/benchmark_results/decode-streams-h100-2026-12-06.md): key
-        // streams are 1.25x and 1.45x the key tiles at 4k and 16k of context on the 8B shape
-        // (f16), 1.25x and 1.73x one warp per key there with a q8_0 cache, and 1.03x and 1.08x
-        // one warp per key on Gemma 3's single KV head of 256.
+        // streams are 1.25x and 1.45x the key-tile kernel they replaced at 4k and 16k of
+        // context on the 8B shape (f16), 1.25x and 1.73x one warp per key there with a q8_0
+        // cache, and 1.03x and 1.08x one warp per key on Gemma 3's single KV head of 256.
         DecodeKernel::Auto if streams_apply => DecodeKernel::KeyStreams,
         DecodeKernel::Auto => DecodeKernel::WarpPerKey,
         chosen => chosen,

@@ -1,8 +1,8 @@
 //! Rope, the K/V store and attention against the CPU references: rope (normal and NeoX, with
 //! frequency factors, position scaling and partial rotation) and its fused K/V store; the store
 //! into f16, f32 and q8_0 caches on rings and pages; decode attention on each of its kernels
-//! (key tiles, one warp per key, one thread per key, and the combine of their splits) on both
-//! sides of tile and split boundaries, with its output left quantized; prefill attention on the
+//! (key streams, one warp per key, one thread per key, and the combine of their splits) on
+//! both sides of tile and split boundaries, with its output left quantized; prefill attention on the
 //! tiled, one-query-per-block and flash (matrix-core, native and SIMT) kernels; windows on full
 //! caches and rings, paged caches, soft-capped scores on every kernel, q8_0 caches, and a
 //! captured decode step replayed at new positions.
@@ -781,8 +781,6 @@ enum Kind {
     Decode,
     /// Decode on the one-warp-per-key kernel, whatever the cache.
     DecodeWarpPerKey,
-    /// Decode on the key-tile kernel (f16 caches only).
-    DecodeKeyTiles,
     /// Decode on the key-stream kernel (f16 and q8_0 caches).
     DecodeKeyStreams,
     Prefill,
@@ -996,15 +994,11 @@ fn run_paths(rig: &Rig<'_>, run: &Run, references: References) -> crate::Result<
             _ => rig.kernels(),
         };
         match path {
-            Kind::Decode
-            | Kind::DecodeWarpPerKey
-            | Kind::DecodeKeyTiles
-            | Kind::DecodeKeyStreams => {
+            Kind::Decode | Kind::DecodeWarpPerKey | Kind::DecodeKeyStreams => {
                 let need = decode_workspace_floats(&shape)?;
                 let ws = rig.filled::<f32>(need, 0xff)?;
                 let kernel = match path {
                     Kind::DecodeWarpPerKey => DecodeKernel::WarpPerKey,
-                    Kind::DecodeKeyTiles => DecodeKernel::KeyTiles,
                     Kind::DecodeKeyStreams => DecodeKernel::KeyStreams,
                     _ => DecodeKernel::Auto,
                 };
@@ -1108,10 +1102,10 @@ fn decode_over_lengths_heads_and_head_dims(rig: &Rig<'_>) -> crate::Result<()> {
 fn decode_over_lengths_runs() -> Vec<Run> {
     let mut runs = Vec::new();
     let mut seed = 10;
-    // KV lengths 1, 5, 300, 4097 (position + 1) over head_dim 64/128/256 (the key-tile and
+    // KV lengths 1, 5, 300, 4097 (position + 1) over head_dim 64/128/256 (the key-stream and
     // one-warp-per-key kernels) and 80 (the one-thread-per-key kernel), and head groupings 1/1,
     // 8/2, 16/8, 12/1 (three blocks of four heads on the first) and 6/2 (three heads a block),
-    // in both cache types; f16 on both of its kernels. The cache of 4100 slots (tens of splits)
+    // in f16 and f32 caches; f16 on both of its kernels (q8_0 has its own case below). The cache of 4100 slots (tens of splits)
     // is for the 8/2 grouping only: the groupings are tested on the shorter caches, and long
     // caches' random contents and references for each would be most of the case's time.
     for (n_head, n_head_kv) in [(1, 1), (8, 2), (16, 8), (12, 1), (6, 2)] {
@@ -1119,7 +1113,6 @@ fn decode_over_lengths_runs() -> Vec<Run> {
             for (slots, pos) in [(8, 0), (8, 4), (512, 299), (4100, 4096)] {
                 for (elem, path) in [
                     (KvElem::F16, Kind::DecodeKeyStreams),
-                    (KvElem::F16, Kind::DecodeKeyTiles),
                     (KvElem::F16, Kind::DecodeWarpPerKey),
                     (KvElem::F32, Kind::Decode),
                 ] {
@@ -1160,11 +1153,10 @@ fn split_boundary_runs() -> Vec<Run> {
     ] {
         for (i, &pos) in positions.iter().enumerate() {
             let mut c = case(8, 2, 128, slots, pos);
-            (c.elem, c.path) = match i % 5 {
-                0 => (KvElem::F16, Kind::DecodeKeyTiles),
+            (c.elem, c.path) = match i % 4 {
+                0 => (KvElem::F16, Kind::DecodeKeyStreams),
                 1 => (KvElem::F32, Kind::Decode),
-                2 => (KvElem::F16, Kind::DecodeKeyStreams),
-                3 => (KvElem::Q8_0, Kind::DecodeKeyStreams),
+                2 => (KvElem::Q8_0, Kind::DecodeKeyStreams),
                 _ => (KvElem::F16, Kind::DecodeWarpPerKey),
             };
             runs.push(Run::new(c, 100 + i as u64));
@@ -1415,7 +1407,7 @@ fn flash_runs() -> Vec<Run> {
         .collect()
 }
 
-/// Gemma 2's soft-capped scores on every kernel: decode (auto, one warp per key, key tiles),
+/// Gemma 2's soft-capped scores on every kernel: decode (auto, one warp per key, key streams),
 /// prefill (tiled, one query per block, flash on the matrix cores and its SIMT build), over f32,
 /// f16 and q8_0 caches, against the reference with the same cap. The cap (2) is below the
 /// scores these inputs make, so a kernel that skipped it would be far off (the unit test
@@ -1458,7 +1450,15 @@ fn soft_capped_runs() -> Vec<Run> {
     // Key tiles read f16 caches only; the flash kernel f16 and q8_0 ones.
     seed += 1;
     runs.push(Run::new(
-        capped(Kind::DecodeKeyTiles, KvElem::F16, 128, 4100, 4096, 1, None),
+        capped(
+            Kind::DecodeKeyStreams,
+            KvElem::F16,
+            128,
+            4100,
+            4096,
+            1,
+            None,
+        ),
         seed,
     ));
     let flash = [

@@ -83,8 +83,8 @@ pub static ATTN_DECODE: Knob<attn::DecodeKernel> = Knob {
     name: "HIPDECODE_GPU_ATTN_DECODE",
     default: "auto",
     doc: "the decode attention kernel for heads of 64, 128 or 256: `auto` (key streams for \
-          f16 and q8_0 caches, else one warp per key), `key-streams` (f16 and q8_0 caches), \
-          `key-tiles` (f16 caches only) or `warp-per-key` (for A/B runs)",
+          f16 and q8_0 caches, else one warp per key), `key-streams` (f16 and q8_0 caches) or \
+          `warp-per-key` (for A/B runs)",
     scope: Scope::Run,
     parse: |v| {
         knobs::parse::choice(
@@ -92,7 +92,6 @@ pub static ATTN_DECODE: Knob<attn::DecodeKernel> = Knob {
             &[
                 ("auto", attn::DecodeKernel::Auto),
                 ("key-streams", attn::DecodeKernel::KeyStreams),
-                ("key-tiles", attn::DecodeKernel::KeyTiles),
                 ("warp-per-key", attn::DecodeKernel::WarpPerKey),
             ],
         )
