@@ -460,21 +460,29 @@ KERNEL void LAUNCH_BOUNDS(ATTN_T_THREADS) attn_prefill_q8_0(const float* q, cons
                              KV_PAGES_ARGS);
 }
 
-// Merges the splits of one (token, head) per block: out = sum_s acc_s e^(m_s - M) /
-// sum_s l_s e^(m_s - M) with M the largest split max; splits with max = -inf are skipped.
-// The first warp reads the n_split <= ATTN_MAX_SPLITS (max, sum) pairs lane-parallel and leaves
-// each split's factor e^(m_s - M) in shared memory, so no thread walks the splits' maxima one
-// after another; then thread d sums its dimension over the splits whose factor is not zero (a
-// skipped split's acc was never written, so its value is selected away, never multiplied).
+// Merges the splits of one (token, head) for 32 dimensions per block (grid z), out = sum_s acc_s
+// e^(m_s - M) / sum_s l_s e^(m_s - M) with M the largest split max; splits with max = -inf are
+// skipped. The first wave reads the n_split <= ATTN_MAX_SPLITS (max, sum) pairs lane-parallel
+// and leaves each split's factor e^(m_s - M) in shared memory, so no thread walks the splits'
+// maxima one after another. Then the block's ATTN_CB_LANES groups of 32 threads take every
+// ATTN_CB_LANES-th split each, so a thread's loads (at most 8 with 64 splits) are all in flight
+// at once, and the groups' sums meet in shared memory. (One thread per dimension walking all the
+// splits took eight dependent rounds of loads, in 32 blocks for the 8B shape's heads.) A skipped
+// split's acc was never written, so its value is selected away, never multiplied.
 #define ATTN_MAX_SPLITS 64
+#define ATTN_CB_DIMS 32
+#define ATTN_CB_LANES 8
 //
 // With xq (dv a multiple of 32), the output is also quantized for the next int8 product as
-// quantize_q8 would, so that product needs no quantizing launch of its own.
-KERNEL void LAUNCH_BOUNDS(256) attn_combine(const float* part_ms, const float* part_acc, float* out, u32 n_head,
-                         u32 dv, u32 n_split, i8* xq, float* xd) {
+// quantize_q8 would, so that product needs no quantizing launch of its own: the block's 32
+// dimensions are one group.
+KERNEL void LAUNCH_BOUNDS(ATTN_CB_DIMS * ATTN_CB_LANES)
+    attn_combine(const float* part_ms, const float* part_acc, float* out, u32 n_head, u32 dv,
+                 u32 n_split, i8* xq, float* xd) {
     KERNEL_PROLOGUE();
     __shared__ float factor[ATTN_MAX_SPLITS];
     __shared__ float total;
+    __shared__ float red[ATTN_CB_LANES][ATTN_CB_DIMS];
     const u64 row = (u64)blockIdx.x * n_head + blockIdx.y;
     const float* ms = part_ms + row * n_split * 2;
     const float* acc = part_acc + row * n_split * dv;
@@ -494,20 +502,31 @@ KERNEL void LAUNCH_BOUNDS(256) attn_combine(const float* part_ms, const float* p
         if (lane == 0) total = l;
     }
     __syncthreads();
-    const float l = total;
-    for (u32 d = threadIdx.x; d < dv; d += blockDim.x) {
-        float a = 0.0f;
-        // Loads with no branch around them, so the unrolled loop keeps several in flight; a
-        // skipped split's value (never written) is discarded by the select, not multiplied.
+    const u32 dl = threadIdx.x % ATTN_CB_DIMS;
+    const u32 group = threadIdx.x / ATTN_CB_DIMS;
+    const u32 d = blockIdx.z * ATTN_CB_DIMS + dl;
+    float a = 0.0f;
+    if (d < dv) {
+        // Loads with no branch around them, so the unrolled loop keeps them all in flight.
 #pragma unroll 8
-        for (u32 s = 0; s < n_split; ++s) {
+        for (u32 s = group; s < n_split; s += ATTN_CB_LANES) {
             const float v = acc[(u64)s * dv + d];
             const float f = factor[s];
             a += f != 0.0f ? v * f : 0.0f;
         }
-        const float o = l > 0.0f ? a / l : 0.0f;
-        out[row * dv + d] = o;
-        // dv and blockDim.x are multiples of 32 with xq: whole groups run this together.
+    }
+    red[group][dl] = a;
+    __syncthreads();
+    // The first 32 threads: one whole quantization group, inside one wave of 32 or 64, whose
+    // shuffles (masks below 32) read only these lanes.
+    if (group == 0) {
+        float sum = 0.0f;
+#pragma unroll
+        for (u32 g = 0; g < ATTN_CB_LANES; ++g) sum += red[g][dl];
+        const float l = total;
+        const float o = l > 0.0f ? sum / l : 0.0f;
+        if (d < dv) out[row * dv + d] = o;
+        // With xq, dv is a multiple of 32, so every lane of the group holds a dimension.
         if (xq) q8_quantize_lane(o, row * dv + d, xq, xd);
     }
 }

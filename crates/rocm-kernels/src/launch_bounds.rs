@@ -61,10 +61,11 @@ pub fn max_block(module: KernelModule, entry: &str) -> Option<MaxBlock> {
             "attn_decode_streams_f16" | "attn_decode_streams_q8_0" => {
                 Threads(ops::attention::DECODE_STREAM_THREADS)
             }
+            "attn_combine" => Threads(ops::attention::COMBINE_THREADS),
             "attn_prefill_f16" | "attn_prefill_f32" | "attn_prefill_q8_0" => {
                 Threads(ops::attention::PREFILL_THREADS)
             }
-            // attn_{f16,f32,q8_0}, and attn_combine, whose block is at most the same.
+            // attn_{f16,f32,q8_0}.
             _ => Threads(ops::attention::BLOCK),
         },
         KernelModule::AttentionMma => Waves(ops::attention::flash_warps(entry)?),

@@ -207,6 +207,11 @@ struct Plan {
     warp_per_key: bool,
 }
 
+/// Output dimensions per block of the split combine (`ATTN_CB_DIMS`): one quantization group.
+const COMBINE_DIMS: u32 = 32;
+/// Threads per block of the split combine: `ATTN_CB_LANES` groups of [`COMBINE_DIMS`], each
+/// summing every eighth split.
+pub(crate) const COMBINE_THREADS: u32 = 256;
 /// Threads per block of the key-stream decode kernel (`ATTN_DS_THREADS`).
 pub(crate) const DECODE_STREAM_THREADS: u32 = 128;
 
@@ -572,8 +577,7 @@ fn launch(
     unsafe { l.launch(config) }?;
     if n_split > 1 {
         let combine = kernels.function(KernelModule::Attention, "attn_combine")?;
-        let wave = kernels.wave_size().max(1);
-        let block = dv.div_ceil(wave).saturating_mul(wave).min(BLOCK);
+        let dim_blocks = dv.div_ceil(COMBINE_DIMS);
         let (q_values, q_scales) = q8.unwrap_or((DevicePtr(0), DevicePtr(0)));
         let mut l = combine.builder(stream);
         l.arg(&part_ms)
@@ -588,13 +592,14 @@ fn launch(
         // wrote (same stream, so in order) for n_tokens x n_head rows and writes that many rows
         // of head_dim_v into out, which `check_io` sized, and (when not null) as many quantized
         // values and a scale per 32, which the caller checked; dv is then a multiple of 32, so
-        // whole groups of lanes quantize together. n_split <= MAX_SPLITS (both plans cap it),
-        // the size of the kernel's shared factors; the block is whole waves, so its first warp
-        // is complete for the shuffles.
+        // each block's 32 dimensions are one whole group. n_split <= MAX_SPLITS (both plans cap
+        // it), the size of the kernel's shared factors; the block is COMBINE_THREADS, the
+        // kernel's shared reduction size and whole waves of 32 or 64, so its first wave is
+        // complete for the shuffles; grid z covers dv in blocks of COMBINE_DIMS.
         unsafe {
             l.launch(LaunchConfig {
-                grid: [n_tokens, n_head, 1],
-                block: [block, 1, 1],
+                grid: [n_tokens, n_head, dim_blocks],
+                block: [COMBINE_THREADS, 1, 1],
                 shared_bytes: 0,
             })
         }?;
