@@ -37,9 +37,10 @@ typedef unsigned long long u64;
 #endif
 
 // LAUNCH_BOUNDS, and on NVIDIA also the fewest blocks a multiprocessor must hold at once, which
-// caps the registers a thread may take, for a kernel that measured faster with more blocks
-// resident than the compiler would leave room for. HIP's second argument means something else
-// (waves per execution unit), so AMD keeps the plain bound.
+// caps the registers a thread may take: for a kernel whose grid should fit in one wave of
+// resident blocks, where the compiler would otherwise spend registers on fewer of them. HIP's
+// second argument means something else (waves per execution unit), so AMD keeps the plain
+// bound.
 #if defined(__CUDACC__) && !defined(__HIP__)
 #define LAUNCH_BOUNDS_RESIDENT(threads, blocks) __launch_bounds__(threads, blocks)
 #else
