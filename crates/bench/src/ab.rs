@@ -38,7 +38,9 @@ pub struct ChildSample {
 }
 
 /// Reads a child's `-o json -r 1` output: every test's t/s (the median, which for one
-/// repetition is that repetition).
+/// repetition is that repetition). A batched child (`--npl`) gives one row per batch size
+/// instead; each row becomes two tests, its prefill and its decode rate summed over the
+/// sequences (`S_PP` and `S_TG`, as llama-batched-bench names them).
 pub fn parse_child_output(stdout: &str) -> Result<Vec<ChildSample>> {
     let v: Value = serde_json::from_str(stdout.trim()).context("the child's output is not JSON")?;
     let tests = v
@@ -50,19 +52,35 @@ pub fn parse_child_output(stdout: &str) -> Result<Vec<ChildSample>> {
             .map(str::to_string)
             .ok_or_else(|| anyhow!("a test object of the child has no string '{key}'"))
     };
-    let samples: Vec<ChildSample> = tests
-        .iter()
-        .map(|t| {
-            Ok(ChildSample {
-                model: text(t, "model")?,
-                model_path: text(t, "model_path")?,
+    let number = |t: &Value, key: &str| {
+        t[key]
+            .as_f64()
+            .ok_or_else(|| anyhow!("a test object of the child has no number '{key}'"))
+    };
+    let mut samples = Vec::new();
+    for t in tests {
+        let (model, model_path) = (text(t, "model")?, text(t, "model_path")?);
+        if t.get("s_tg").is_some() {
+            let b = t["b"]
+                .as_u64()
+                .ok_or_else(|| anyhow!("a batched row of the child has no batch size 'b'"))?;
+            for (rate, key) in [("S_PP", "s_pp"), ("S_TG", "s_tg")] {
+                samples.push(ChildSample {
+                    model: model.clone(),
+                    model_path: model_path.clone(),
+                    test: format!("{rate} B={b}"),
+                    ts: number(t, key)?,
+                });
+            }
+        } else {
+            samples.push(ChildSample {
+                model,
+                model_path,
                 test: text(t, "test")?,
-                ts: t["ts_median"].as_f64().ok_or_else(|| {
-                    anyhow!("a test object of the child has no number 'ts_median'")
-                })?,
-            })
-        })
-        .collect::<Result<_>>()?;
+                ts: number(t, "ts_median")?,
+            });
+        }
+    }
     if samples.is_empty() {
         bail!("the child measured no test");
     }
@@ -413,6 +431,37 @@ mod tests {
         let csv = csv_report(&rows);
         assert_eq!(csv.lines().count(), 3);
         assert!(csv.lines().nth(1).unwrap().ends_with(",faster"));
+    }
+
+    #[test]
+    fn a_batched_childs_rows_become_its_prefill_and_decode_rates() {
+        let row = |b: usize, s_pp: &str, s_tg: &str| {
+            format!(
+                r#"{{"model":"t.gguf","model_path":"/m/t.gguf","b":{b},"pp":16,"tg":4,"s_pp":{s_pp},"s_tg":{s_tg}}}"#
+            )
+        };
+        let out = format!("[{},{}]", row(1, "50.5", "10.25"), row(8, "300", "70"));
+        let samples = parse_child_output(&out).unwrap();
+        let got: Vec<(&str, f64)> = samples.iter().map(|s| (s.test.as_str(), s.ts)).collect();
+        assert_eq!(
+            got,
+            [
+                ("S_PP B=1", 50.5),
+                ("S_TG B=1", 10.25),
+                ("S_PP B=8", 300.0),
+                ("S_TG B=8", 70.0)
+            ]
+        );
+        assert!(samples.iter().all(|s| s.model_path == "/m/t.gguf"));
+        // A rate that is not a number (a failed row's null) is an error, not a 0.
+        let e = parse_child_output(&format!("[{}]", row(1, "50", "null")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("s_tg"), "{e}");
+        let e = parse_child_output(r#"[{"model":"m","model_path":"m","s_tg":1,"s_pp":1}]"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("batch size"), "{e}");
     }
 
     #[test]

@@ -174,7 +174,7 @@ pub struct Args {
         value_name = "LIST",
         value_delimiter = ',',
         value_parser = batch_size,
-        conflicts_with_all = ["ab", "sweep", "svg", "alloc_trace", "gpu_budget", "host_budget", "n_prompt", "n_gen", "ctx"]
+        conflicts_with_all = ["sweep", "svg", "alloc_trace", "gpu_budget", "host_budget", "n_prompt", "n_gen", "ctx"]
     )]
     pub npl: Vec<usize>,
     /// Batched mode: prompt tokens of each sequence (llama-batched-bench's -npp).
@@ -274,11 +274,26 @@ impl Args {
             a.push("-m".to_string());
             a.push(m.display().to_string());
         }
+        if self.batched() {
+            // The batched mode's own sizes replace the pp/tg tests (which it refuses beside
+            // them); each child runs every batch size once.
+            a.extend([
+                "--npl".to_string(),
+                list(&self.npl),
+                "--npp".to_string(),
+                self.npp.to_string(),
+                "--ntg".to_string(),
+                self.ntg.to_string(),
+            ]);
+        } else {
+            a.extend([
+                "-p".to_string(),
+                list(&self.n_prompt),
+                "-n".to_string(),
+                list(&self.n_gen),
+            ]);
+        }
         a.extend([
-            "-p".to_string(),
-            list(&self.n_prompt),
-            "-n".to_string(),
-            list(&self.n_gen),
             "--warmup".to_string(),
             self.warmup.to_string(),
             "--device".to_string(),
@@ -446,7 +461,9 @@ mod tests {
         // --npp without --npl, and pp/tg flags beside it, are refused rather than ignored.
         assert!(parse(&["-m", "a", "--npp", "16"]).is_err());
         assert!(parse(&["-m", "a", "--npl", "1", "-p", "16"]).is_err());
-        assert!(parse(&["-m", "a", "--npl", "1", "--ab", "", ""]).is_err());
+        assert!(parse(&["-m", "a", "--npl", "1", "--sweep"]).is_err());
+        // --ab compares batched runs too (the children's sizes: child_args).
+        assert!(parse(&["-m", "a", "--npl", "1", "--ab", "", "X=1"]).is_ok());
     }
 
     #[test]
@@ -519,6 +536,39 @@ mod tests {
         let parsed = parse(&child.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
         assert_eq!((parsed.threads, parsed.repetitions), (Some(3), 1));
         assert_eq!(parsed.format(), Format::Json);
+        // A batched run's children get its sizes instead of -p/-n, and their command line
+        // parses as the batched mode.
+        let a = parse(&[
+            "-m",
+            "a.gguf",
+            "--npl",
+            "1,8",
+            "--npp",
+            "16",
+            "--ntg",
+            "4",
+            "--device",
+            "cpu",
+            "--ab",
+            "",
+            "HIPDECODE_FOO=1",
+        ])
+        .unwrap();
+        let child = a.child_args();
+        assert_eq!(
+            child.join(" "),
+            "-m a.gguf --npl 1,8 --npp 16 --ntg 4 --warmup 1 --device cpu -o json -r 1"
+        );
+        let parsed = parse(&child.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+        assert_eq!(
+            (
+                parsed.npl.as_slice(),
+                parsed.npp,
+                parsed.ntg,
+                parsed.batched()
+            ),
+            (&[1, 8][..], 16, 4, true)
+        );
         // A depth travels to the children, and a --ctx too small for it is refused.
         let a = parse(&["-m", "a.gguf", "-p", "0", "-n", "64", "-d", "4096,16384"]).unwrap();
         let c = a.child_args().join(" ");

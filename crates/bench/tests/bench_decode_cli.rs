@@ -196,6 +196,44 @@ fn ab_run_prints_a_verdict_per_test() {
 }
 
 #[test]
+fn a_batched_ab_run_compares_prefill_and_decode_rates_per_batch_size() {
+    let tiny = TinyModel::new("ab-batched");
+    let model = tiny.path();
+    let out = bench(&[
+        "-m",
+        model.to_str().unwrap(),
+        "--npl",
+        "1,3",
+        "--npp",
+        "8",
+        "--ntg",
+        "4",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--ab",
+        "",
+        "--threads 2",
+        "--rounds",
+        "2",
+    ]);
+    let stdout = ok(&out);
+    let tests: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("verdict "))
+        .map(|l| l.split(": B vs A").next().unwrap_or(l))
+        .collect();
+    let name = model.file_name().unwrap().to_str().unwrap();
+    let want: Vec<String> = ["S_PP B=1", "S_TG B=1", "S_PP B=3", "S_TG B=3"]
+        .iter()
+        .map(|t| format!("{name} {t}"))
+        .collect();
+    assert_eq!(tests, want, "{stdout}");
+    assert!(stdout.contains("B = --threads 2"), "{stdout}");
+}
+
+#[test]
 fn bad_flags_fail_with_clear_messages_and_no_panic() {
     let tiny = TinyModel::new("bad-flags");
     let model = tiny.path();
