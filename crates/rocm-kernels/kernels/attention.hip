@@ -465,11 +465,11 @@ KERNEL void LAUNCH_BOUNDS(ATTN_T_THREADS) attn_prefill_q8_0(const float* q, cons
 // skipped. The first wave reads the n_split <= ATTN_MAX_SPLITS (max, sum) pairs lane-parallel
 // and leaves each split's factor e^(m_s - M) in shared memory, so no thread walks the splits'
 // maxima one after another. Then the block's ATTN_CB_LANES groups of 32 threads take every
-// ATTN_CB_LANES-th split each, so a thread's loads (at most 8 with 64 splits) are all in flight
-// at once, and the groups' sums meet in shared memory. (One thread per dimension walking all the
+// ATTN_CB_LANES-th split each, so a thread's loads (8 with 64 splits, at most 32) are in flight
+// eight at a time, and the groups' sums meet in shared memory. (One thread per dimension walking all the
 // splits took eight dependent rounds of loads, in 32 blocks for the 8B shape's heads.) A skipped
 // split's acc was never written, so its value is selected away, never multiplied.
-#define ATTN_MAX_SPLITS 64
+#define ATTN_MAX_SPLITS 256
 #define ATTN_CB_DIMS 32
 #define ATTN_CB_LANES 8
 //

@@ -46,16 +46,22 @@ const MAX_ITEMS: usize = 2;
 pub const MAX_HEAD_DIM_V: usize = MAX_ITEMS * BLOCK as usize;
 /// Most splits of the key range in [`attention_decode`]; `ATTN_MAX_SPLITS` in
 /// `attention.hip`, where the combine keeps one factor per split in shared memory.
-pub const MAX_SPLITS: usize = 64;
+pub const MAX_SPLITS: usize = 256;
 /// Fewest splits a call of many tokens is cut to: with that many tokens' blocks the device is
 /// busy, and each token's splits cost workspace and a combine.
 const MIN_SPLITS_PER_TOKEN: usize = 4;
+/// Blocks a decode call aims for over its tokens, head blocks and splits: the 8B shape's one
+/// token (8 KV heads of 64 splits), where the split count was measured. A model with fewer KV
+/// heads (Gemma 3's one) gets more splits, up to [`MAX_SPLITS`], instead of leaving most of the
+/// device idle.
+const TARGET_BLOCKS: usize = 512;
 
-/// Splits a call of `n_tokens` may cut each token's keys into: [`MAX_SPLITS`] for one token,
-/// fewer as the tokens' own blocks fill the device, so the grid (and the workspace) grows with
-/// the batch no faster than the batch.
-fn max_splits(n_tokens: usize) -> usize {
-    (MAX_SPLITS / n_tokens.max(1)).clamp(MIN_SPLITS_PER_TOKEN, MAX_SPLITS)
+/// Splits a call of `n_tokens` may cut each token's keys into, with `head_blocks` blocks per
+/// token for its heads: enough for [`TARGET_BLOCKS`] in all, fewer as the tokens' own blocks
+/// fill the device, so the grid (and the workspace) grows with the batch no faster than the
+/// batch.
+fn max_splits(n_tokens: usize, head_blocks: usize) -> usize {
+    (TARGET_BLOCKS / (n_tokens.max(1) * head_blocks.max(1))).clamp(MIN_SPLITS_PER_TOKEN, MAX_SPLITS)
 }
 /// Static shared memory of the kernel: `red`, ATTN_MAX_HEADS * 32 floats.
 const STATIC_SHARED_BYTES: usize = MAX_HEADS_PER_BLOCK * 32 * 4;
@@ -273,7 +279,8 @@ fn decode_plan(shape: &AttentionShape) -> Result<Plan> {
     })?;
     let max_keys = shape.window.map_or(shape.slots, |w| w.min(shape.slots));
     let tiles = max_keys.div_ceil(DECODE_TILE);
-    let tiles_per_split = tiles.div_ceil(tiles.min(max_splits(shape.n_tokens)));
+    let most = max_splits(shape.n_tokens, shape.n_head_kv * n_sub);
+    let tiles_per_split = tiles.div_ceil(tiles.min(most));
     let n_split = tiles.div_ceil(tiles_per_split);
     let (n_split, keys_per_split) = if n_split > 1 {
         let keys = to_u32(OP, "keys per split", tiles_per_split * DECODE_TILE)?;
@@ -331,7 +338,8 @@ fn plan(shape: &AttentionShape, split: bool) -> Result<Plan> {
     let (n_split, keys_per_split) = if split {
         let max_keys = shape.window.map_or(shape.slots, |w| w.min(shape.slots));
         let tiles = max_keys.div_ceil(BLOCK as usize);
-        let tiles_per_split = tiles.div_ceil(tiles.min(max_splits(shape.n_tokens)));
+        let most = max_splits(shape.n_tokens, shape.n_head_kv * n_sub);
+        let tiles_per_split = tiles.div_ceil(tiles.min(most));
         let n_split = tiles.div_ceil(tiles_per_split);
         let keys = to_u32(OP, "keys per split", tiles_per_split * BLOCK as usize)?;
         if n_split > 1 {
@@ -1126,7 +1134,8 @@ mod tests {
     fn many_tokens_take_fewer_splits_and_the_bound_covers_every_count() {
         let mut s = shape(32, 8, 128, 128);
         s.slots = 4096;
-        assert_eq!(decode_splits(&s).unwrap(), MAX_SPLITS);
+        // One token of 8 KV heads: 64 splits make the 512 blocks aimed for.
+        assert_eq!(decode_splits(&s).unwrap(), TARGET_BLOCKS / 8);
         s.n_tokens = 8;
         assert_eq!(decode_splits(&s).unwrap(), 8);
         s.n_tokens = 64;
@@ -1137,6 +1146,24 @@ mod tests {
             assert!(decode_workspace_floats(&one).unwrap() <= most, "{n} tokens");
         }
         assert_eq!(most, decode_workspace_floats(&s).unwrap());
+    }
+
+    #[test]
+    fn few_kv_heads_take_more_splits_up_to_the_most() {
+        // Gemma 3 270M's one KV head of 256 values: 64 splits would be 64 blocks, so a token
+        // takes the most splits the target allows.
+        let mut s = shape(4, 1, 256, 256);
+        s.slots = 16_384;
+        let p = decode_plan(&s).unwrap();
+        assert_eq!((p.n_sub, p.n_split), (1, MAX_SPLITS));
+        assert!(p.n_split * p.keys_per_split as usize >= 16_384);
+        // Eight tokens share the target: 64 splits each.
+        s.n_tokens = 8;
+        assert_eq!(decode_splits(&s).unwrap(), TARGET_BLOCKS / 8);
+        // A short cache still takes at most one split per 8-key unit.
+        s.n_tokens = 1;
+        s.slots = 512;
+        assert_eq!(decode_splits(&s).unwrap(), 512 / DECODE_TILE);
     }
 
     #[test]

@@ -1138,9 +1138,11 @@ fn decode_at_tile_and_split_boundaries(rig: &Rig<'_>) -> crate::Result<()> {
 
 fn split_boundary_runs() -> Vec<Run> {
     let mut runs = Vec::new();
-    // 1024 slots: four splits of one 256-key tile each. 20_000 slots: 79 tiles, more than
-    // MAX_SPLITS, so 40 splits of two tiles (512 keys). Positions on both sides of the tile and
-    // split boundaries the current length crosses.
+    // Heads of 128 in groups of 4 over 2 KV heads, on the one-warp-per-key plan (8-key units,
+    // up to 256 splits for this grouping): 1024 slots make 128 splits of 8 keys, and 20_000
+    // slots 250 splits of 80 (the combine's many-split path). The kernels spread the current
+    // keys over all splits, so the positions put the ends of the key range on both sides of
+    // their boundaries and of a one-thread-per-key kernel's 256-key tiles.
     for (slots, positions) in [
         (
             1024,
