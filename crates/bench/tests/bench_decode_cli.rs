@@ -155,27 +155,32 @@ fn markdown_tables_and_the_svg_timeline() {
     assert_eq!(doc.matches("stroke-dasharray").count(), 3, "{doc}");
 }
 
-#[test]
-fn ab_run_prints_a_verdict_per_test() {
-    let tiny = TinyModel::new("ab-run");
+/// An `--ab` run of two rounds on a tiny model on the CPU (one thread), with `measure` as the
+/// measurement flags and `arm_b` against the baseline. The model is returned so its file
+/// lives as long as the caller looks at the run.
+fn ab_on_cpu(name: &str, measure: &[&str], arm_b: &str) -> (TinyModel, Output) {
+    let tiny = TinyModel::new(name);
     let model = tiny.path();
-    let out = bench(&[
-        "-m",
-        model.to_str().unwrap(),
-        "-p",
-        "8",
-        "-n",
-        "4",
+    let mut args = vec!["-m", model.to_str().unwrap()];
+    args.extend_from_slice(measure);
+    args.extend([
         "--device",
         "cpu",
         "--threads",
         "1",
         "--ab",
         "",
-        "HIPDECODE_FOO=1",
+        arm_b,
         "--rounds",
         "2",
     ]);
+    let out = bench(&args);
+    (tiny, out)
+}
+
+#[test]
+fn ab_run_prints_a_verdict_per_test() {
+    let (_tiny, out) = ab_on_cpu("ab-run", &["-p", "8", "-n", "4"], "HIPDECODE_FOO=1");
     let stdout = ok(&out);
     let verdicts: Vec<&str> = stdout
         .lines()
@@ -197,33 +202,15 @@ fn ab_run_prints_a_verdict_per_test() {
 
 #[test]
 fn a_batched_ab_run_compares_prefill_and_decode_rates_per_batch_size() {
-    let tiny = TinyModel::new("ab-batched");
-    let model = tiny.path();
-    let out = bench(&[
-        "-m",
-        model.to_str().unwrap(),
-        "--npl",
-        "1,3",
-        "--npp",
-        "8",
-        "--ntg",
-        "4",
-        "--device",
-        "cpu",
-        "--threads",
-        "1",
-        "--ab",
-        "",
-        "--threads 2",
-        "--rounds",
-        "2",
-    ]);
+    let measure = ["--npl", "1,3", "--npp", "8", "--ntg", "4"];
+    let (tiny, out) = ab_on_cpu("ab-batched", &measure, "--threads 2");
     let stdout = ok(&out);
     let tests: Vec<&str> = stdout
         .lines()
         .filter_map(|l| l.strip_prefix("verdict "))
         .map(|l| l.split(": B vs A").next().unwrap_or(l))
         .collect();
+    let model = tiny.path();
     let name = model.file_name().unwrap().to_str().unwrap();
     let want: Vec<String> = ["S_PP B=1", "S_TG B=1", "S_PP B=3", "S_TG B=3"]
         .iter()
