@@ -242,10 +242,10 @@ pub enum DecodeKernel {
 pub(crate) const DECODE_WARPS: u32 = 4;
 /// Query heads per block of that kernel (`ATTN_DEC_HEADS`).
 const DECODE_HEADS: usize = 4;
-/// Keys per split unit of that kernel: two per warp, so the key range spreads over many
-/// blocks even at short lengths (a decode step's attention is latency-bound, not bandwidth-
-/// bound, until the cache is long). A 640-slot cache makes 64 splits; the kernel spreads the
-/// current keys over all of them.
+/// Keys per split unit of the decode plan: small, so the key range spreads over many blocks
+/// even at short lengths (a decode step's attention is latency-bound, not bandwidth-bound,
+/// until the cache is long). A 512-slot cache makes 64 splits for the 8B shape's 8 KV heads;
+/// the kernels spread the current keys over all of them.
 const DECODE_TILE: usize = 8;
 
 /// Whether the one-warp-per-key decode kernel takes `shape`: equal K and V head sizes that a
