@@ -50,10 +50,11 @@ pub const MAX_SPLITS: usize = 256;
 /// Fewest splits a call of many tokens is cut to: with that many tokens' blocks the device is
 /// busy, and each token's splits cost workspace and a combine.
 const MIN_SPLITS_PER_TOKEN: usize = 4;
-/// Blocks a decode call aims for over its tokens, head blocks and splits: the 8B shape's one
-/// token (8 KV heads of 64 splits), where the split count was measured. A model with fewer KV
-/// heads (Gemma 3's one) gets more splits, up to [`MAX_SPLITS`], instead of leaving most of the
-/// device idle.
+/// Blocks a decode call aims for over its tokens, head blocks and splits: what the 8B shape's
+/// one token had under the earlier flat cap of 64 splits (8 KV heads of 64), so its plans and
+/// the 30B-A3B shape's stay as they were. A model with fewer KV heads (Gemma 3's one) gets more
+/// splits, up to [`MAX_SPLITS`], instead of leaving most of the device idle (measured:
+/// docs/benchmark_results/decode-streams-h100-2026-12-06.md, third lease).
 const TARGET_BLOCKS: usize = 512;
 
 /// Splits a call of `n_tokens` may cut each token's keys into, with `head_blocks` blocks per
