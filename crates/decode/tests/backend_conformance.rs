@@ -86,7 +86,7 @@ macro_rules! test_device {
 }
 
 /// Matmul on `gpu_int8`: activations quantized to 8 bits per group of 32 for products of at
-/// most eight rows, a relative error of about 0.4 % per value; over a row the errors average
+/// most eight rows (and, on matrix cores, up to `HIPDECODE_GPU_INT8_MMA_ROWS`), a relative error of about 0.4 % per value; over a row the errors average
 /// to about that share of the output's RMS, and the largest of many outputs stays within a
 /// few times it.
 const MATMUL_INT8_TOL: f32 = 3e-2;
@@ -112,8 +112,10 @@ fn stores_f16_kv<B: Backend + 'static>(be: &B) -> bool {
         .is_some_and(|g| g.kv_type() == KvType::F16)
 }
 
-/// The matmul tolerance for `be`: how its activations are rounded before weight products.
-fn matmul_tolerance<B: Backend + 'static>(be: &B, rows: usize) -> f32 {
+/// The matmul tolerance for `be`: how its activations are rounded before products of `rows`
+/// rows by a matrix of `format` (`None`: the MoE's experts, which take 8-bit activations only
+/// up to the matrix-vector kernels' rows).
+fn matmul_tolerance<B: Backend + 'static>(be: &B, rows: usize, format: Option<GgmlType>) -> f32 {
     let any = be as &dyn Any;
     if any
         .downcast_ref::<CpuBackend>()
@@ -124,7 +126,11 @@ fn matmul_tolerance<B: Backend + 'static>(be: &B, rows: usize) -> f32 {
     let gpu_int8 = any
         .downcast_ref::<GpuBackend>()
         .is_some_and(|g| g.matvec_path() == MatvecPath::Int8);
-    if gpu_int8 && rows <= decode::backend::gpu::INT8_MAX_ROWS {
+    let int8_matrix_cores = any
+        .downcast_ref::<GpuBackend>()
+        .zip(format)
+        .is_some_and(|(g, f)| g.int8_matrix_cores_take(rows, f));
+    if gpu_int8 && (rows <= decode::backend::gpu::INT8_MAX_ROWS || int8_matrix_cores) {
         return MATMUL_INT8_TOL;
     }
     if gpu_int8 && rows >= VENDOR_GEMM_MIN_ROWS {
@@ -268,8 +274,9 @@ fn matrices(formats: &[GgmlType]) -> Vec<Matrix> {
 }
 
 const ROWS: [usize; 3] = [1, 3, 17];
-/// Token rows of matrix products: [`ROWS`] and a prefill long enough for the vendor GEMM.
-const MATMUL_ROWS: [usize; 4] = [1, 3, 17, 40];
+/// Token rows of matrix products: [`ROWS`], a step of the int8 matrix-core kernel's rows, and a
+/// prefill long enough for the vendor GEMM whatever that kernel's default cap (64).
+const MATMUL_ROWS: [usize; 5] = [1, 3, 17, 40, 70];
 const DIMS: [usize; 3] = [7, 64, 1152];
 /// Row lengths of ops with a vector weight (an F32 vector may have any length).
 const WEIGHT_DIMS: [usize; 4] = [7, 32, 96, 1152];
@@ -351,7 +358,7 @@ fn add_rms_norm<B: Backend + 'static>(make: impl Fn() -> B) {
                     &want.normed,
                     F32_TOL,
                 );
-                let tol = matmul_tolerance(&probe, rows);
+                let tol = matmul_tolerance(&probe, rows, Some(m.format));
                 check(
                     &format!("{what}: product"),
                     &got.product,
@@ -421,12 +428,13 @@ fn matmul<B: Backend + 'static>(make: impl Fn() -> B) {
     let mut rng = seeded(3);
     for full in matrices(&formats) {
         for m in [full.rows(7), full] {
-            // 17 rows > 8 exercises the GPU's tiled path, 40 its vendor GEMM (on gpu_int8).
+            // On gpu_int8, 17 and 40 rows > 8 take the int8 matrix-core kernel (formats it
+            // reads, on matrix cores) or the vendor GEMM, 70 the vendor GEMM.
             for rows in MATMUL_ROWS {
                 let x = uniform_vec(&mut rng, rows * m.dims[0], -1.0, 1.0);
                 let want = go(&mut exact(), &m, &x, rows);
                 let got = go(&mut make(), &m, &x, rows);
-                let tol = matmul_tolerance(&probe, rows);
+                let tol = matmul_tolerance(&probe, rows, Some(m.format));
                 check(
                     &format!(
                         "matmul {} {} {:?} x {rows} rows",
@@ -587,7 +595,7 @@ fn gated_then_product<B: Backend + 'static>(make: impl Fn() -> B) {
                 &want[..len],
                 F32_TOL,
             );
-            let tol = matmul_tolerance(&probe, rows);
+            let tol = matmul_tolerance(&probe, rows, Some(m.format));
             check(&format!("{what}: product"), &got[len..], &want[len..], tol);
         }
     }
@@ -659,7 +667,7 @@ fn moe<B: Backend + 'static>(make: impl Fn() -> B) {
         let want = go(&mut exact(), [&gate, &up, &down], &x, &logits, &shape);
         let got = go(&mut make(), [&gate, &up, &down], &x, &logits, &shape);
         let what = format!("moe {} x {rows} rows", gate.format.name());
-        let tol = match matmul_tolerance(&probe, rows) {
+        let tol = match matmul_tolerance(&probe, rows, None) {
             MATMUL_F16_TOL => MOE_F16_TOL,
             tol => tol,
         };
@@ -761,7 +769,12 @@ fn matmul_pair<B: Backend + 'static>(make: impl Fn() -> B) {
                 let want = go(&mut exact(), m, &m2, &x, rows);
                 let got = go(&mut make(), m, &m2, &x, rows);
                 let what = format!("matmul_pair {} with {} x {rows} rows", m.name, m2.name);
-                check(&what, &got, &want, matmul_tolerance(&probe, rows));
+                check(
+                    &what,
+                    &got,
+                    &want,
+                    matmul_tolerance(&probe, rows, Some(m.format)),
+                );
             }
         }
     }

@@ -188,3 +188,117 @@ DEVICE void mma_16x16x16(MmaAcc& c, const u16* a, u32 lda, const u16* b, u32 ldb
     }
 }
 #endif
+
+// ---- 8-bit integer products, for the products of quantized weights by 8-bit activations
+// (matmul_q8_mma.hip):
+//
+//   MmaAccI c;           this lane's share of a 16 x 16 i32 tile C (MMA_ACC values), at the
+//                        same (mma_m(i), mma_n(i)) places as MmaAcc's
+//   mma_zero_i(c);
+//   mma_i8_16x16x16(c, a, lda, b, ldb);
+//                        c += A . B^T, A and B 16 x 16 tiles of signed bytes in shared memory,
+//                        k contiguous: A[m][k] at a[m * lda + k], B[n][k] at b[n * ldb + k]
+//                        (lda, ldb in bytes, multiples of 16; a, b 16-byte aligned)
+//
+// Sums are exact in i32 whatever the variant (16 products of at most 128 * 128 each).
+struct MmaAccI {
+    int v[MMA_ACC];
+};
+
+DEVICE void mma_zero_i(MmaAccI& c) {
+#pragma unroll
+    for (int i = 0; i < MMA_ACC; ++i) c.v[i] = 0;
+}
+
+#if MMA_VARIANT == MMA_NV_SYNC
+// m16n8k16 with s8 operands: lane (g, t) holds A's bytes (g, 4t..4t+3) and (g + 8, 4t..4t+3),
+// B's (k 4t..4t+3, n g), and C as in the f16 product (PTX's "Matrix fragments for mma.m16n8k16"
+// with .s8).
+DEVICE void mma_i8_16x16x16(MmaAccI& c, const i8* a, u32 lda, const i8* b, u32 ldb) {
+    const u32 g = mma_lane() / 4, t = mma_lane() % 4;
+    const u32 a0 = *(const u32*)(a + g * lda + 4 * t);
+    const u32 a1 = *(const u32*)(a + (g + 8) * lda + 4 * t);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u32 b0 = *(const u32*)(b + (g + 8 * h) * ldb + 4 * t);
+        int* d = c.v + 4 * h;
+        asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+            "{%0, %1, %2, %3};"
+            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+            : "r"(a0), "r"(a1), "r"(b0));
+    }
+}
+
+#elif MMA_VARIANT == MMA_AMD_MFMA
+typedef int mma_int4 __attribute__((ext_vector_type(4)));
+#if defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__) || defined(__gfx950__)
+// CDNA 3 has no 16 x 16 x 16 integer form; v_mfma_i32_16x16x32_i8 takes lane l's eight bytes
+// A[l % 16][8 (l / 16) + j] (and B's likewise), so the lanes of k 16..31 give zeros.
+DEVICE void mma_i8_16x16x16(MmaAccI& c, const i8* a, u32 lda, const i8* b, u32 ldb) {
+    const u32 r = mma_lane() % 16, q = mma_lane() / 16;
+    long av = 0, bv = 0;
+    if (q < 2) {
+        av = *(const long*)(a + r * lda + 8 * q);
+        bv = *(const long*)(b + r * ldb + 8 * q);
+    }
+    mma_int4 d = {c.v[0], c.v[1], c.v[2], c.v[3]};
+    d = __builtin_amdgcn_mfma_i32_16x16x32_i8(av, bv, d, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c.v[i] = d[i];
+}
+#else
+// v_mfma_i32_16x16x16i8 (gfx908, gfx90a): lane l holds four bytes A[l % 16][4 (l / 16) + j]
+// (and B's likewise); C as in the f16 product.
+DEVICE void mma_i8_16x16x16(MmaAccI& c, const i8* a, u32 lda, const i8* b, u32 ldb) {
+    const u32 r = mma_lane() % 16, k = 4 * (mma_lane() / 16);
+    const int av = *(const int*)(a + r * lda + k);
+    const int bv = *(const int*)(b + r * ldb + k);
+    mma_int4 d = {c.v[0], c.v[1], c.v[2], c.v[3]};
+    d = __builtin_amdgcn_mfma_i32_16x16x16i8(av, bv, d, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c.v[i] = d[i];
+}
+#endif
+
+#elif MMA_VARIANT == MMA_AMD_WMMA11 || MMA_VARIANT == MMA_AMD_WMMA12
+typedef int mma_int8 __attribute__((ext_vector_type(8)));
+#if MMA_VARIANT == MMA_AMD_WMMA11
+// gfx11: lanes l and l + 16 hold all 16 bytes of A's row l % 16 (and B's); C as the f16 one.
+typedef int mma_intk __attribute__((ext_vector_type(4)));
+#define MMA_I8_K_OFFSET 0
+#else
+// gfx12: lane l holds the eight bytes 8 (l / 16) .. + 7 of A's row l % 16 (and B's).
+typedef int mma_intk __attribute__((ext_vector_type(2)));
+#define MMA_I8_K_OFFSET (8 * (mma_lane() / 16))
+#endif
+DEVICE void mma_i8_16x16x16(MmaAccI& c, const i8* a, u32 lda, const i8* b, u32 ldb) {
+    const u32 r = mma_lane() % 16;
+    mma_intk av, bv;
+    __builtin_memcpy(&av, a + r * lda + MMA_I8_K_OFFSET, sizeof(av));
+    __builtin_memcpy(&bv, b + r * ldb + MMA_I8_K_OFFSET, sizeof(bv));
+    mma_int8 d;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) d[i] = c.v[i];
+    // Both operands signed, no clamping.
+#if MMA_VARIANT == MMA_AMD_WMMA11
+    d = __builtin_amdgcn_wmma_i32_16x16x16_iu8_w32(true, av, true, bv, d, false);
+#else
+    d = __builtin_amdgcn_wmma_i32_16x16x16_iu8_w32_gfx12(true, av, true, bv, d, false);
+#endif
+#pragma unroll
+    for (int i = 0; i < 8; ++i) c.v[i] = d[i];
+}
+
+#else  // MMA_SIMT
+DEVICE void mma_i8_16x16x16(MmaAccI& c, const i8* a, u32 lda, const i8* b, u32 ldb) {
+    const int* bn = (const int*)(b + mma_n(0) * ldb);
+#pragma unroll
+    for (int i = 0; i < MMA_ACC; ++i) {
+        const int* am = (const int*)(a + mma_m(i) * lda);
+        int s = c.v[i];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) s = dot4_i8(am[k], bn[k], s);
+        c.v[i] = s;
+    }
+}
+#endif

@@ -62,6 +62,31 @@ template <int FMT> DEVICE u64 row_bytes(u32 cols) {
 DEVICE u16 load_u16(const u8* p) { return *(const u16*)p; }
 DEVICE float load_half(const u8* p) { return f16_to_f32(load_u16(p)); }
 
+// ---- Loads. Blocks of 18, 22, 34 and 210 bytes are only 2-byte aligned, so their 32-bit words
+// are put together from 16-bit loads; 20- and 24-byte blocks allow 32-bit loads, and the
+// 144- and 176-byte k-quant blocks 128-bit loads.
+DEVICE u32 load_u32_from_u16(const u8* p) {
+    const u16* h = (const u16*)p;
+    return (u32)h[0] | ((u32)h[1] << 16);
+}
+DEVICE u32 load_u32_aligned(const u8* p) { return *(const u32*)p; }
+
+// The 8 bytes at p, an address that is even but maybe not a multiple of 4 (the 210-byte Q6_K
+// blocks alternate): two aligned 32-bit loads, and a third only when p is misaligned, shifted
+// into place. That is half the load instructions of 16-bit loads, which kept the Q6_K product
+// waiting on its load pipeline. A misaligned p reads 2 bytes past its 8, so p + 10 must lie in
+// the same buffer: every Q6_K chunk read this way is followed by at least 2 bytes of its own
+// block (the last, the scales at 200-207, by d at 208-209).
+DEVICE void load8_from_even(const u8* p, u32* out) {
+    const u64 addr = (u64)p;
+    const u32* w = (const u32*)(addr & ~(u64)3);
+    const u32 shift = (u32)(addr & 2) * 8;  // 0 or 16
+    const u32 w0 = w[0], w1 = w[1];
+    const u32 w2 = shift ? w[2] : 0u;
+    out[0] = (u32)((((u64)w1 << 32) | w0) >> shift);
+    out[1] = (u32)((((u64)w2 << 32) | w1) >> shift);
+}
+
 // ---- Q4_0: d (f16), qs[16]; element j < 16 is the low nibble of qs[j], j >= 16 the high
 // nibble of qs[j - 16]; w = d * (q - 8).
 DEVICE float dq_q4_0(const u8* b, int j) {

@@ -89,6 +89,7 @@ pub fn max_block(module: KernelModule, entry: &str) -> Option<MaxBlock> {
             "matmul_mma_reduce" => Threads(ops::matmul_mma::REDUCE_THREADS),
             _ => Waves(ops::matmul_mma::WARPS),
         },
+        KernelModule::MatmulQ8Mma => Waves(ops::matmul_q8_mma::WARPS),
         KernelModule::Moe => match entry {
             "moe_weighted_sum" => Threads(ops::moe::SUM_THREADS),
             // moe_route_top_k and matvec_id_*: warps of a matvec block.

@@ -39,6 +39,9 @@ pub enum KernelModule {
     /// Matrix-matrix products over quantized weights on the matrix cores (`mma.h`), for steps
     /// of a few dozen to a few hundred token rows.
     MatmulMma,
+    /// Products of quantized weights by 8-bit activations on the matrix cores' integer path
+    /// (`mma.h`), for batched decode steps.
+    MatmulQ8Mma,
     /// MoE routing, expert dispatch and weighted sum.
     Moe,
     /// Weight rows dequantized to f16 and f32 -> f16 conversion (prefill's vendor-GEMM inputs).
@@ -72,7 +75,7 @@ pub fn bundled_files() -> Vec<(&'static str, &'static str)> {
 
 impl KernelModule {
     /// Every module, in a fixed order.
-    pub const ALL: [KernelModule; 14] = [
+    pub const ALL: [KernelModule; 15] = [
         KernelModule::Embed,
         KernelModule::Norm,
         KernelModule::Rope,
@@ -85,6 +88,7 @@ impl KernelModule {
         KernelModule::MatvecQ8,
         KernelModule::Matmul,
         KernelModule::MatmulMma,
+        KernelModule::MatmulQ8Mma,
         KernelModule::Moe,
         KernelModule::Dequant,
     ];
@@ -104,6 +108,7 @@ impl KernelModule {
             KernelModule::MatvecQ8 => "matvec_q8",
             KernelModule::Matmul => "matmul",
             KernelModule::MatmulMma => "matmul_mma",
+            KernelModule::MatmulQ8Mma => "matmul_q8_mma",
             KernelModule::Moe => "moe",
             KernelModule::Dequant => "dequant",
         }
@@ -129,6 +134,7 @@ impl KernelModule {
             KernelModule::MatvecQ8 => kernel_file!("matvec_q8.hip"),
             KernelModule::Matmul => kernel_file!("matmul.hip"),
             KernelModule::MatmulMma => kernel_file!("matmul_mma.hip"),
+            KernelModule::MatmulQ8Mma => kernel_file!("matmul_q8_mma.hip"),
             KernelModule::Moe => kernel_file!("moe.hip"),
             KernelModule::Dequant => kernel_file!("dequant.hip"),
         }
@@ -304,6 +310,15 @@ impl KernelModule {
                 "matmul_mma_iq4_xs",
                 "matmul_mma_reduce",
             ],
+            // Per format of ops::matmul_q8_mma::FORMATS.
+            KernelModule::MatmulQ8Mma => &[
+                "matmul_q8_mma_q4_0",
+                "matmul_q8_mma_q4_1",
+                "matmul_q8_mma_q8_0",
+                "matmul_q8_mma_q4_k",
+                "matmul_q8_mma_q5_k",
+                "matmul_q8_mma_q6_k",
+            ],
             KernelModule::Moe => &[
                 "moe_route_top_k",
                 "moe_weighted_sum",
@@ -366,6 +381,7 @@ impl KernelModule {
                 | KernelModule::MatvecQ8
                 | KernelModule::Matmul
                 | KernelModule::MatmulMma
+                | KernelModule::MatmulQ8Mma
                 | KernelModule::Moe
                 | KernelModule::Dequant
         )
@@ -374,7 +390,10 @@ impl KernelModule {
     /// Whether the module multiplies on the matrix cores (and so needs `mma.h`, and the host's
     /// `-DMMA_VARIANT`).
     pub fn uses_matrix_cores(self) -> bool {
-        matches!(self, KernelModule::MatmulMma | KernelModule::AttentionMma)
+        matches!(
+            self,
+            KernelModule::MatmulMma | KernelModule::MatmulQ8Mma | KernelModule::AttentionMma
+        )
     }
 
     /// The whole program handed to the compiler. `#include "…"` lines of the bundled headers

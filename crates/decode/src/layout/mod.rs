@@ -25,7 +25,9 @@ pub mod workspace;
 
 use crate::backend::gpu::offload::prefetch::HostPrefill;
 use crate::backend::gpu::vendor_gemm::PrefillPath;
-use crate::backend::gpu::{GpuConfig, KvType, MatvecPath, DEFAULT_MAX_BATCH};
+use crate::backend::gpu::{
+    GpuConfig, KvType, MatvecPath, DEFAULT_MAX_BATCH, INT8_MMA_ROWS_DEFAULT,
+};
 use crate::backend::Attention;
 use crate::context::ContextOptions;
 use crate::error::{DecodeError, Result};
@@ -57,6 +59,9 @@ pub struct LayoutOptions {
     pub kv_type: KvType,
     /// Whether decode products read 8-bit copies of their inputs (`HIPDECODE_GPU_MATVEC`).
     pub int8_matvec: bool,
+    /// Most token rows of a product on the int8 matrix-core kernel
+    /// (`HIPDECODE_GPU_INT8_MMA_ROWS`), which reads 8-bit copies of that many rows.
+    pub int8_mma_rows: usize,
     /// Whether the vendor GEMM's prefill buffers are reserved (`HIPDECODE_GPU_PREFILL`; taken
     /// as present unless `kernels` is asked for, since whether the library opens is only known
     /// on the GPU: the larger estimate).
@@ -79,6 +84,7 @@ impl Default for LayoutOptions {
             target: Target::Gpu,
             kv_type: KvType::F16,
             int8_matvec: true,
+            int8_mma_rows: INT8_MMA_ROWS_DEFAULT,
             vendor_gemm: true,
             step_block_batch: DEFAULT_MAX_BATCH,
             stream_prefill: true,
@@ -97,6 +103,7 @@ impl LayoutOptions {
             },
             kv_type: config.kv_type,
             int8_matvec: config.matvec_path == MatvecPath::Int8,
+            int8_mma_rows: config.int8_mma_max_rows,
             vendor_gemm: config.prefill_path != PrefillPath::Kernels,
             stream_prefill: config.host_prefill == HostPrefill::Stream,
             ..LayoutOptions::default()
@@ -494,7 +501,7 @@ fn gpu_workspace(
     }
     if o.int8_matvec {
         for &(which, width) in &act.matmul_inputs {
-            let capacity = w::q8_input_capacity(mb, width, act.values(which));
+            let capacity = w::q8_input_capacity(mb, o.int8_mma_rows, width, act.values(which));
             let bytes = w::q8_shadow_bytes(capacity);
             lines.add(
                 PlanTag::Activations,

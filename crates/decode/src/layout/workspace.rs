@@ -73,17 +73,30 @@ pub fn attention_partials_floats(decode_attention: &[AttentionShape]) -> Result<
     })
 }
 
-/// Rows a product takes on the int8 path in a step of `max_tokens` (larger steps use the
-/// tiled f32 kernels for the rest).
-pub fn int8_rows(max_tokens: usize) -> usize {
-    max_tokens.min(MAX_TOKENS)
+/// Rows a product reads as 8-bit activations in a step of `max_tokens`: up to the int8
+/// matrix-vector kernels' rows, or the int8 matrix-core kernel's `int8_mma_rows`
+/// (`HIPDECODE_GPU_INT8_MMA_ROWS`) where that is more (larger steps take other kernels).
+pub fn int8_rows(max_tokens: usize, int8_mma_rows: usize) -> usize {
+    max_tokens.min(MAX_TOKENS.max(int8_mma_rows))
+}
+
+/// Whether a product of `rows` token rows runs on the int8 matrix-core kernel
+/// (`rocm_kernels::ops::matmul_q8_mma`): on a device whose matrix-core variant is `native`,
+/// from the rows the int8 matrix-vector kernels leave up to `max_rows`.
+pub fn int8_matrix_cores_take(rows: usize, max_rows: usize, native: bool) -> bool {
+    native && rows > MAX_TOKENS && rows <= max_rows
 }
 
 /// Values the 8-bit copy of a `buffer_values`-long activation buffer of rows of `width` holds
-/// for steps of up to `max_tokens`: the int8 path's rows, rounded down to whole groups.
-pub fn q8_input_capacity(max_tokens: usize, width: usize, buffer_values: usize) -> usize {
+/// for steps of up to `max_tokens`: [`int8_rows`]' rows, rounded down to whole groups.
+pub fn q8_input_capacity(
+    max_tokens: usize,
+    int8_mma_rows: usize,
+    width: usize,
+    buffer_values: usize,
+) -> usize {
     q8_capacity(
-        int8_rows(max_tokens)
+        int8_rows(max_tokens, int8_mma_rows)
             .saturating_mul(width)
             .min(buffer_values),
     )
@@ -211,7 +224,7 @@ pub fn moe_scratch(max_tokens: usize, n_embd: usize, n_ff: usize, k: usize) -> R
         pairs,
         hidden_floats: product(what, &[pairs, n_ff, 4])? / 4,
         out_floats: product(what, &[pairs, n_embd, 4])? / 4,
-        q8_values: product(what, &[int8_rows(max_tokens), k, n_ff])?,
+        q8_values: product(what, &[int8_rows(max_tokens, 0), k, n_ff])?,
     })
 }
 
@@ -282,8 +295,25 @@ mod tests {
         assert_eq!(q8_capacity(100), 96);
         assert_eq!(q8_shadow_bytes(96), 96 + 3 * 4);
         assert_eq!(q8_scales_offset(40), 48);
-        assert_eq!(q8_input_capacity(2, 64, 1000), 128);
-        assert_eq!(q8_input_capacity(2, 64, 100), 96);
+        assert_eq!(q8_input_capacity(2, 0, 64, 1000), 128);
+        assert_eq!(q8_input_capacity(2, 0, 64, 100), 96);
+    }
+
+    #[test]
+    fn q8_copies_cover_the_rows_of_the_int8_matrix_core_kernel() {
+        // Off: the matrix-vector kernels' eight rows at most.
+        assert_eq!(int8_rows(512, 0), MAX_TOKENS);
+        // On: up to its cap, and never more than a step's rows.
+        assert_eq!(int8_rows(512, 64), 64);
+        assert_eq!(int8_rows(33, 64), 33);
+        assert_eq!(q8_input_capacity(512, 64, 4096, usize::MAX), 64 * 4096);
+        // It takes the steps the matrix-vector kernels leave, up to the cap, on matrix cores.
+        assert!(!int8_matrix_cores_take(MAX_TOKENS, 64, true));
+        assert!(int8_matrix_cores_take(MAX_TOKENS + 1, 64, true));
+        assert!(int8_matrix_cores_take(64, 64, true));
+        assert!(!int8_matrix_cores_take(65, 64, true));
+        assert!(!int8_matrix_cores_take(32, 64, false));
+        assert!(!int8_matrix_cores_take(32, 0, true));
     }
 
     #[test]

@@ -19,7 +19,7 @@
 //! run (it differs from the unsplit sum only in the order of f32 additions).
 
 use super::matvec::{check_io, format_entry, shape_error, QuantMatrix};
-use crate::error::Result;
+use crate::error::{check_shape, Result};
 use crate::kernels::Kernels;
 use crate::source::KernelModule;
 use crate::view::{DeviceSlice, DeviceSliceMut};
@@ -61,16 +61,33 @@ pub fn splits_for(
     partial_floats: usize,
 ) -> usize {
     let tiles = rows.div_ceil(TILE_ROWS as usize) * n_tokens.div_ceil(TILE_TOKENS);
+    split_count(
+        multiprocessors,
+        tiles,
+        cols.div_ceil(TILE_COLS),
+        partial_floats / rows.saturating_mul(n_tokens).max(1),
+    )
+}
+
+/// The split rule of every split-K product here: for a product of `tiles` output tiles and
+/// `steps` column steps on a device of `multiprocessors`, with room for `by_buffer` splits'
+/// partial sums, the splits that give about `BLOCKS_PER_MULTIPROCESSOR` blocks per
+/// multiprocessor, each at least `MIN_SPLIT_STEPS` steps, at most [`MAX_SPLITS`], none empty;
+/// 1 means no split.
+pub(crate) fn split_count(
+    multiprocessors: u32,
+    tiles: usize,
+    steps: usize,
+    by_buffer: usize,
+) -> usize {
     let wanted = (multiprocessors as usize * BLOCKS_PER_MULTIPROCESSOR).div_ceil(tiles.max(1));
-    let by_steps = cols.div_ceil(TILE_COLS) / MIN_SPLIT_STEPS;
-    let by_buffer = partial_floats / rows.saturating_mul(n_tokens).max(1);
+    let by_steps = steps / MIN_SPLIT_STEPS;
     let splits = wanted.min(by_steps).min(by_buffer).min(MAX_SPLITS);
     if splits < 2 {
         return 1;
     }
     // Whole steps per split; the last split may be shorter, and none is left empty.
-    let steps = cols.div_ceil(TILE_COLS).div_ceil(splits);
-    cols.div_ceil(TILE_COLS).div_ceil(steps)
+    steps.div_ceil(steps.div_ceil(splits))
 }
 
 /// `out[t][r] = sum_c w[r][c] * x[t][c]` for `t < n_tokens`, on the matrix cores, in one pass
@@ -163,28 +180,46 @@ fn launch(
     // shared memory is static, and the arguments match the kernel's signature in order and
     // type.
     unsafe { l.launch(config) }?;
-    if splits == 1 {
-        return Ok(1);
+    if splits > 1 {
+        reduce_splits(kernels, stream, dst, out, n_tokens * rows, splits)?;
     }
-    let n = (n_tokens * rows) as u32;
+    Ok(splits)
+}
+
+/// Queues `out[i] = sum over s < splits of partials[s * n + i]`, the splits added in order
+/// (`matmul_mma_reduce`), for a split-K product whose `splits` partial sums of `n` values each
+/// lie at `partials`.
+pub(crate) fn reduce_splits(
+    kernels: &Kernels,
+    stream: &Stream,
+    partials: hip_ffi::DevicePtr,
+    out: &mut DeviceSliceMut<f32>,
+    n: usize,
+    splits: usize,
+) -> Result<()> {
+    check_shape(out.len() >= n, OP, || {
+        format!("out holds {} values; the reduction writes {n}", out.len())
+    })?;
+    let n = u32::try_from(n).map_err(|_| shape_error(OP, format!("{n} values to reduce")))?;
     let reduce = kernels.function(KernelModule::MatmulMma, "matmul_mma_reduce")?;
     let blocks = n
         .div_ceil(REDUCE_THREADS)
         .min(kernels.multiprocessors().max(1) * 8);
-    let (p_p, out_p, s32) = (dst, out.ptr(), splits as u32);
+    let (out_p, s32) = (out.ptr(), splits as u32);
     let mut l = reduce.builder(stream);
-    l.arg(&p_p).arg(&out_p).arg(&n).arg(&s32);
-    // SAFETY: the reduction reads splits * n values of the partials written above (within the
-    // buffer, as above) and writes n = n_tokens * rows values of out (check_io); the two do not
-    // overlap (the caller's contract), and the arguments match its signature.
+    l.arg(&partials).arg(&out_p).arg(&n).arg(&s32);
+    // SAFETY: the reduction reads splits * n values at `partials` (the caller's split launch
+    // wrote them there, inside its partials buffer) and writes n values of out (checked
+    // above); the two do not overlap (the split launchers' contract), and the arguments match
+    // its signature.
     unsafe {
         l.launch(LaunchConfig {
-            grid: [blocks, 1, 1],
+            grid: [blocks.max(1), 1, 1],
             block: [REDUCE_THREADS, 1, 1],
             shared_bytes: 0,
         })
     }?;
-    Ok(splits)
+    Ok(())
 }
 
 #[cfg(test)]

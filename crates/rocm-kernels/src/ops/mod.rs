@@ -10,6 +10,7 @@ pub mod embed;
 pub mod kv_cache;
 pub mod matmul;
 pub mod matmul_mma;
+pub mod matmul_q8_mma;
 pub mod matvec;
 pub mod matvec_q8;
 pub mod moe;

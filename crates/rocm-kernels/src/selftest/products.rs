@@ -25,7 +25,7 @@ use crate::ops::embed;
 use crate::ops::matvec::{self, QuantMatrix, MAX_TOKENS, WEIGHT_FORMATS};
 use crate::ops::matvec_q8::{self, Q8Activations, Q8ActivationsMut, GROUP};
 use crate::ops::moe::{self, Accumulate, ExpertInput, QuantExperts};
-use crate::ops::{matmul, matmul_mma};
+use crate::ops::{matmul, matmul_mma, matmul_q8_mma};
 use crate::reference;
 use crate::reference::matvec::HostMatrix;
 use crate::reference::matvec_q8::HostQ8;
@@ -92,6 +92,16 @@ pub const CASES: &[Case] = &[
         name: "matmul_mma_split_over_the_columns_matches_the_reference_and_the_unsplit_product",
         op: "matmul_mma_split",
         run: matmul_mma_split,
+    },
+    Case {
+        name: "matmul_q8_mma_matches_the_int8_reference_for_every_format",
+        op: "matmul_q8_mma",
+        run: matmul_q8_mma_every_format,
+    },
+    Case {
+        name: "matmul_q8_mma_native_and_simt_builds_agree_split_and_whole",
+        op: "matmul_q8_mma",
+        run: matmul_q8_mma_native_simt_split,
     },
     Case {
         name: "embed_gathers_every_format_and_zeroes_out_of_range_ids",
@@ -925,6 +935,109 @@ fn matvec_q8_every_format(rig: &Rig<'_>) -> crate::Result<()> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+fn matmul_q8_mma_every_format(rig: &Rig<'_>) -> crate::Result<()> {
+    let (k, s) = (rig.kernels(), rig.stream());
+    let mut rng = seeded(15);
+    for format in matmul_q8_mma::FORMATS {
+        // Nine 32-value blocks end a step of 256 columns part-way; 67 rows leave a partial row
+        // tile; 9 tokens a partial token tile, 70 a second one.
+        let widths = if format.block_size() == 32 {
+            [288, 1024]
+        } else {
+            [256, 1024]
+        };
+        for cols in widths {
+            for rows in [16, 67] {
+                let (wb, bytes) = weights_on_device(rig, &mut rng, format, rows, cols)?;
+                let w = quant_matrix(rig, &wb, &bytes, format, rows, cols)?;
+                let host = HostMatrix::new(&bytes, format, rows, cols)?;
+                for nt in [9, 70] {
+                    let x = uniform_vec(&mut rng, nt * cols, -1.0, 1.0);
+                    let (vb, sb, q) = quantize_on_device(rig, &x, nt, cols)?;
+                    let want = reference::matvec_q8::matvec(&host, &q, nt)?;
+                    let ob = rig.upload(&vec![f32::NAN; nt * rows])?;
+                    let act = q8_view(rig, &vb, &sb, nt * cols)?;
+                    let mut o = rig.view_mut(&ob, nt * rows)?;
+                    matmul_q8_mma::matmul(k, s, &w, act, &mut o, nt, None)?;
+                    let what = format!("matmul_q8_mma: {format} {rows} x {cols}, {nt} tokens");
+                    close_rms(rig, &what, &rig.download(&ob, nt * rows)?, &want, RMS_TOL);
+                }
+            }
+        }
+    }
+    // A format without a kernel is refused before anything is queued.
+    let (wb, bytes) = weights_on_device(rig, &mut rng, GgmlType::Q3K, 16, 256)?;
+    let w = quant_matrix(rig, &wb, &bytes, GgmlType::Q3K, 16, 256)?;
+    let x = uniform_vec(&mut rng, 9 * 256, -1.0, 1.0);
+    let (vb, sb, _) = quantize_on_device(rig, &x, 9, 256)?;
+    let ob = rig.upload(&vec![0.0f32; 9 * 16])?;
+    let act = q8_view(rig, &vb, &sb, 9 * 256)?;
+    let refused = matmul_q8_mma::matmul(k, s, &w, act, &mut rig.view_mut(&ob, 9 * 16)?, 9, None);
+    rig.refused("matmul_q8_mma: Q3_K", refused, &["Q3_K"]);
+    Ok(())
+}
+
+fn matmul_q8_mma_native_simt_split(rig: &Rig<'_>) -> crate::Result<()> {
+    let (k, s) = (rig.kernels(), rig.stream());
+    let simt = rig.simt_kernels()?;
+    let mut rng = seeded(16);
+    // Decode-step shapes with few row tiles, so the columns split; Q6_K's buffer holds three
+    // splits of its nine steps. Partials and outputs start as NaN: a value no split wrote
+    // would show.
+    for (format, rows, cols, nt, buffer_splits) in [
+        (GgmlType::Q4K, 256, 4096, 33, matmul_mma::MAX_SPLITS),
+        (GgmlType::Q6K, 130, 2304, 16, 3),
+    ] {
+        let (wb, bytes) = weights_on_device(rig, &mut rng, format, rows, cols)?;
+        let w = quant_matrix(rig, &wb, &bytes, format, rows, cols)?;
+        let host = HostMatrix::new(&bytes, format, rows, cols)?;
+        let x = uniform_vec(&mut rng, nt * cols, -1.0, 1.0);
+        let (vb, sb, q) = quantize_on_device(rig, &x, nt, cols)?;
+        let want = reference::matvec_q8::matvec(&host, &q, nt)?;
+        let what = format!("matmul_q8_mma: {format} {rows} x {cols}, {nt} tokens");
+        let floats = buffer_splits * rows * nt;
+        let mut got = Vec::new();
+        for kernels in [k, simt] {
+            let pb = rig.upload(&vec![f32::NAN; floats])?;
+            let ob = rig.upload(&vec![f32::NAN; nt * rows])?;
+            let act = q8_view(rig, &vb, &sb, nt * cols)?;
+            let splits = matmul_q8_mma::matmul(
+                kernels,
+                s,
+                &w,
+                act,
+                &mut rig.view_mut(&ob, nt * rows)?,
+                nt,
+                Some(&mut rig.view_mut(&pb, floats)?),
+            )?;
+            let build = kernels.mma_variant().name();
+            rig.holds(
+                &format!("{what}, {build}: the columns are split"),
+                splits > 1,
+                format!("{splits} splits"),
+            );
+            let split = rig.download(&ob, nt * rows)?;
+            close_rms(
+                rig,
+                &format!("{what}, {build}, split"),
+                &split,
+                &want,
+                RMS_TOL,
+            );
+            got.push(split);
+        }
+        let native = k.mma_variant().name();
+        close_rms(
+            rig,
+            &format!("{what}, {native} vs simt"),
+            &got[0],
+            &got[1],
+            RMS_TOL,
+        );
     }
     Ok(())
 }

@@ -21,7 +21,7 @@ use hip_ffi::DevicePtr;
 use offload::Placement;
 use rocm_alloc::Tag;
 use rocm_kernels::ops::{
-    elementwise, embed, kv_cache, matmul, matmul_mma,
+    elementwise, embed, kv_cache, matmul, matmul_mma, matmul_q8_mma,
     matvec::MAX_TOKENS,
     matvec_q8::{self},
     moe, norm, rope, sampling,
@@ -223,7 +223,12 @@ impl Backend for GpuBackend {
         }
         if int8 {
             for &(buf, width) in matmul_inputs {
-                let capacity = workspace::q8_input_capacity(bounds.max_tokens, width, buf.len);
+                let capacity = workspace::q8_input_capacity(
+                    bounds.max_tokens,
+                    self.int8_mma_max_rows,
+                    width,
+                    buf.len,
+                );
                 self.reserve_q8_shadow(buf, capacity)?;
             }
         }
@@ -535,7 +540,13 @@ impl Backend for GpuBackend {
             }
         }
         // Weights in host memory stay on the vendor GEMM, which streams them to the device
-        // block by block; the matrix-core kernel would read them over the link per row tile.
+        // block by block; the matrix-core kernels would read them over the link per row tile.
+        if w.host_bytes().is_none()
+            && self.int8_matrix_cores_take(rows, m.format())
+            && matmul_q8_mma::takes(&m)
+        {
+            return self.matmul_int8_mma(&m, x, out, rows);
+        }
         let on_matrix_cores = self.matvec_path == MatvecPath::Int8
             && w.host_bytes().is_none()
             && workspace::matrix_cores_take(

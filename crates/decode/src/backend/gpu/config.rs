@@ -59,6 +59,27 @@ pub static MMA_MAX_ROWS: Knob<usize> = Knob {
     },
 };
 
+/// Most token rows of a product on the int8 matrix-core kernel by default: the largest batch
+/// bucket of a decode step. Longer prefill chunks keep the vendor GEMM, which reads each
+/// weight once for any number of rows.
+pub const INT8_MMA_ROWS_DEFAULT: usize = 64;
+
+pub static INT8_MMA_MAX_ROWS: Knob<usize> = Knob {
+    name: "HIPDECODE_GPU_INT8_MMA_ROWS",
+    default: "64",
+    doc: "most token rows of a step whose products run on the int8 matrix-core kernel \
+          (quantized weights in their GGUF blocks against 8-bit activations, on devices with \
+          native matrix cores), from 9 rows up; 0 turns it off, and such steps take the vendor \
+          GEMM (or HIPDECODE_GPU_MMA_ROWS's kernel); for A/B runs",
+    scope: Scope::Run,
+    parse: |v| {
+        v.trim().parse::<usize>().map_err(|_| {
+            "not a row count; use a whole number (0 turns the int8 matrix-core kernel off)"
+                .to_string()
+        })
+    },
+};
+
 pub static ATTN_PREFILL: Knob<attn::PrefillKernel> = Knob {
     name: "HIPDECODE_GPU_ATTN_PREFILL",
     default: "auto",
@@ -105,6 +126,7 @@ pub static ATTN_DECODE: Knob<attn::DecodeKernel> = Knob {
 pub struct GpuConfig {
     pub matvec_path: MatvecPath,
     pub mma_max_rows: usize,
+    pub int8_mma_max_rows: usize,
     pub kv_type: KvType,
     pub attn_prefill: attn::PrefillKernel,
     pub attn_decode: attn::DecodeKernel,
@@ -121,6 +143,7 @@ impl GpuConfig {
         Ok(GpuConfig {
             matvec_path: MATVEC_PATH.value(env)?,
             mma_max_rows: MMA_MAX_ROWS.value(env)?,
+            int8_mma_max_rows: INT8_MMA_MAX_ROWS.value(env)?,
             // `-ctk` / `-ctv` set it (`BackendSettings::kv_type`); no knob reads it.
             kv_type: KvType::F16,
             attn_prefill: ATTN_PREFILL.value(env)?,

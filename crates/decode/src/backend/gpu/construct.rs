@@ -9,10 +9,13 @@ use crate::backend::gpu::{
 };
 use crate::backend::Phase;
 use crate::error::{DecodeError, Result};
+use crate::layout::workspace;
+use gguf_loader::GgmlType;
 use hip_ffi::{Device, Event, PinnedHostBuffer, Stream};
 use rocm_alloc::devices::hip::HipDevice;
 use rocm_alloc::{Allocator, AllocatorConfig, StreamId, Tag};
 use rocm_kernels::cache::KernelCache;
+use rocm_kernels::ops::matmul_q8_mma;
 use rocm_kernels::Kernels;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -117,6 +120,7 @@ impl GpuBackend {
             use_graphs,
             matvec_path: config.matvec_path,
             mma_max_rows: config.mma_max_rows,
+            int8_mma_max_rows: config.int8_mma_max_rows,
             attn_prefill: config.attn_prefill,
             attn_decode: config.attn_decode,
             kv_type: warn_of_an_unverified_kv_type(config.kv_type),
@@ -195,6 +199,19 @@ impl GpuBackend {
     /// The matrix-vector path in use.
     pub fn matvec_path(&self) -> MatvecPath {
         self.matvec_path
+    }
+
+    /// Whether a product of `rows` token rows by a device-resident matrix of `format` runs on
+    /// the int8 matrix-core kernel (8-bit activations; `HIPDECODE_GPU_INT8_MMA_ROWS`), given the
+    /// alignment GGUF files keep.
+    pub fn int8_matrix_cores_take(&self, rows: usize, format: GgmlType) -> bool {
+        self.matvec_path == MatvecPath::Int8
+            && workspace::int8_matrix_cores_take(
+                rows,
+                self.int8_mma_max_rows,
+                self.kernels.mma_variant().is_native(),
+            )
+            && matmul_q8_mma::FORMATS.contains(&format)
     }
 
     /// Sets the element type of KV caches allocated from now on (before a model is loaded).

@@ -23,6 +23,7 @@ pub mod capture_stream;
 mod config;
 mod construct;
 mod error;
+mod int8_mma;
 mod launch;
 mod moe_prefill;
 pub mod offload;
@@ -36,8 +37,8 @@ mod weight_block;
 
 pub use buffer::GpuBuffer;
 pub use config::{
-    GpuConfig, KvType, MatvecPath, ATTN_DECODE, ATTN_PREFILL, INT8_MAX_ROWS, MATVEC_PATH,
-    MMA_MAX_ROWS,
+    GpuConfig, KvType, MatvecPath, ATTN_DECODE, ATTN_PREFILL, INT8_MAX_ROWS, INT8_MMA_MAX_ROWS,
+    INT8_MMA_ROWS_DEFAULT, MATVEC_PATH, MMA_MAX_ROWS,
 };
 pub use offload::host_weights::{HostPlacement, WeightMemory};
 pub use offload::hybrid::{CpuShare, CPU_SHARE, MAX_CPU_SHARE};
@@ -156,6 +157,9 @@ pub struct GpuBackend {
     matvec_path: MatvecPath,
     /// Most token rows of a product on the matrix-core kernel (`HIPDECODE_GPU_MMA_ROWS`).
     mma_max_rows: usize,
+    /// Most token rows of a product on the int8 matrix-core kernel
+    /// (`HIPDECODE_GPU_INT8_MMA_ROWS`).
+    int8_mma_max_rows: usize,
     /// The prefill attention kernel.
     attn_prefill: attn::PrefillKernel,
     /// The decode attention kernel.
