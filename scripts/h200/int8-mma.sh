@@ -12,7 +12,8 @@
 #           rounds, then per-op profiles of 8 decode steps of 32 sequences, both arms;
 #   peer    this build's batched run and llama-batched-bench (the command),
 #           alternating, nvidia-smi sampling memory.used every 100 ms.
-# TESTS lists the test binaries of the tests phase (default: all five).
+# TESTS lists the test binaries of the tests phase (default: all five); AB_NPL the batch sizes
+# of the A/B (default: those of the peer phase); PROFILE_ROWS the arms profiled (0 64).
 # From the checkout root, with bundle-m/{bench-decode,hipdecode,xtask} and bundle-m/tests (this
 # build, release, stripped) and .peer (llama.cpp's source and build script):
 #   bash scripts/h200/int8-mma.sh tests|ab|peer; bash scripts/h200/int8-mma.sh collect
@@ -70,10 +71,10 @@ tests)
 ab)
     for i in $(seq 1 150); do [ -f $D/synth.done ] && break; sleep 2; done
     st "8B shape written"
-    timeout 500 $N/bench-decode -m $L --device gpu --npl $NPL --npp 128 --ntg 128 \
+    timeout 500 $N/bench-decode -m $L --device gpu --npl ${AB_NPL:-$NPL} --npp 128 --ntg 128 \
         --ab "HIPDECODE_GPU_INT8_MMA_ROWS=0" "" --rounds 2 >$D/ab-batched.md 2>&1
     st "ab batched exit $?"
-    for rows in 0 64; do
+    for rows in ${PROFILE_ROWS:-0 64}; do
         HIPDECODE_GPU_INT8_MMA_ROWS=$rows timeout 60 $N/hipdecode profile -m $L -b 32 -p 128 \
             -n 8 >$D/profile-rows$rows-b32.txt 2>&1
         st "profile rows $rows exit $?"
