@@ -2,9 +2,10 @@
 //! batched decode steps of a few dozen token rows.
 //!
 //! `out[t][r] = sum_c W[r][c] * x[t][c]`, with `x` quantized as
-//! [`matvec_q8::quantize`] leaves it, the op of [`matvec_q8::matvec`] for more tokens than its
-//! kernels take. The kernel (`kernels/matmul_q8_mma.hip`) unpacks each step of 256 columns of
-//! 64 weight rows into shared memory as signed bytes and multiplies them by the activation
+//! [`crate::ops::matvec_q8::quantize`] leaves it: the op of
+//! [`crate::ops::matvec_q8::matvec`] for more tokens than its kernels take. The kernel
+//! (`kernels/matmul_q8_mma.hip`) unpacks each step of 256 columns of 64 weight rows into
+//! shared memory as signed bytes and multiplies them by the activation
 //! bytes with `mma.h`'s `mma_i8_16x16x16`: the integer sums are exact, and the weight and
 //! activation scales are applied once per group of 32 in f32, as in the int8 matrix-vector
 //! kernels. So it differs from [`crate::reference::matvec_q8`] only in the order of the f32
