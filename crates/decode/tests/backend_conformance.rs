@@ -274,8 +274,8 @@ fn matrices(formats: &[GgmlType]) -> Vec<Matrix> {
 }
 
 const ROWS: [usize; 3] = [1, 3, 17];
-/// Token rows of matrix products: [`ROWS`], a step of the int8 matrix-core kernel's rows, and a
-/// prefill long enough for the vendor GEMM whatever that kernel's default cap (64).
+/// Token rows of matrix products: [`ROWS`] (17: a step of the int8 matrix-core kernel's rows),
+/// and steps past that kernel's default cap of 32 rows for the vendor GEMM.
 const MATMUL_ROWS: [usize; 5] = [1, 3, 17, 40, 70];
 const DIMS: [usize; 3] = [7, 64, 1152];
 /// Row lengths of ops with a vector weight (an F32 vector may have any length).
@@ -428,8 +428,8 @@ fn matmul<B: Backend + 'static>(make: impl Fn() -> B) {
     let mut rng = seeded(3);
     for full in matrices(&formats) {
         for m in [full.rows(7), full] {
-            // On gpu_int8, 17 and 40 rows > 8 take the int8 matrix-core kernel (formats it
-            // reads, on matrix cores) or the vendor GEMM, 70 the vendor GEMM.
+            // On gpu_int8, 17 rows take the int8 matrix-core kernel (formats it reads, on
+            // matrix cores) or the vendor GEMM, 40 and 70 the vendor GEMM.
             for rows in MATMUL_ROWS {
                 let x = uniform_vec(&mut rng, rows * m.dims[0], -1.0, 1.0);
                 let want = go(&mut exact(), &m, &x, rows);

@@ -59,14 +59,16 @@ pub static MMA_MAX_ROWS: Knob<usize> = Knob {
     },
 };
 
-/// Most token rows of a product on the int8 matrix-core kernel by default: the largest batch
-/// bucket of a decode step. Longer prefill chunks keep the vendor GEMM, which reads each
-/// weight once for any number of rows.
-pub const INT8_MMA_ROWS_DEFAULT: usize = 64;
+/// Most token rows of a product on the int8 matrix-core kernel by default. On an H100 (8B
+/// shape, `docs/benchmark_results/int8-mma-h100-2026-12-06.md`) it made batched decode 44 %
+/// faster than the vendor GEMM at 16 rows and 21 % at 32, and 4.8 % slower at 64: its weight
+/// reads do not overlap its products yet, so its time grows with the rows, and the vendor
+/// GEMM's f16 copy costs the same at any row count. Between 33 and 63 rows is unmeasured.
+pub const INT8_MMA_ROWS_DEFAULT: usize = 32;
 
 pub static INT8_MMA_MAX_ROWS: Knob<usize> = Knob {
     name: "HIPDECODE_GPU_INT8_MMA_ROWS",
-    default: "64",
+    default: "32",
     doc: "most token rows of a step whose products run on the int8 matrix-core kernel \
           (quantized weights in their GGUF blocks against 8-bit activations, on devices with \
           native matrix cores), from 9 rows up; 0 turns it off, and such steps take the vendor \
