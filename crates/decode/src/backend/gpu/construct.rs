@@ -48,6 +48,11 @@ impl GpuBackend {
         memory_limit: Option<u64>,
         config: &GpuConfig,
     ) -> Result<GpuBackend> {
+        // Refused before anything is allocated (a buffer of it would be refused later).
+        config
+            .kv_type
+            .on_gpu()
+            .map_err(DecodeError::InvalidArgument)?;
         let mem_before = device
             .mem_get_info()
             .map_err(|e| gpu_err("reading device memory", e))?;
@@ -123,7 +128,7 @@ impl GpuBackend {
             int8_mma_max_rows: config.int8_mma_max_rows,
             attn_prefill: config.attn_prefill,
             attn_decode: config.attn_decode,
-            kv_type: warn_of_an_unverified_kv_type(config.kv_type),
+            kv_type: config.kv_type,
             vendor_gemm,
             vendor_gemm_absent,
             largest_matrix: (0, 0),
@@ -214,9 +219,10 @@ impl GpuBackend {
             && matmul_q8_mma::FORMATS.contains(&format)
     }
 
-    /// Sets the element type of KV caches allocated from now on (before a model is loaded).
+    /// Sets the element type of KV caches allocated from now on (before a model is loaded). A
+    /// type the GPU does not store ([`KvType::on_gpu`]) makes those allocations fail.
     pub fn set_kv_type(&mut self, kv: KvType) {
-        self.kv_type = warn_of_an_unverified_kv_type(kv);
+        self.kv_type = kv;
     }
 
     /// Whether the vendor GEMM's library opened (so prefill reserves its buffers; the layout
@@ -249,20 +255,4 @@ impl GpuBackend {
     pub fn device(&self) -> &Device {
         self.hip.device()
     }
-}
-
-/// The q8_0 KV kernels have passed the compile checks of every target but have not yet run on
-/// a GPU (issue 23): a user who picks them is told so once, and the run goes on with them.
-fn warn_of_an_unverified_kv_type(kv: KvType) -> KvType {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    if kv == KvType::Q8_0 {
-        ONCE.call_once(|| {
-            tracing::warn!(
-                "the q8_0 KV cache's GPU kernels have not run on a GPU yet (only compiled and \
-                 checked against the CPU's reference in tests that need one); -ctk f16 is the \
-                 checked default, and --device cpu stores the same q8_0 rows as the reference"
-            )
-        });
-    }
-    kv
 }
