@@ -121,8 +121,7 @@ pub struct Args {
     /// CPU: f32 activations (the reference path) instead of 16-bit integer ones.
     #[arg(long)]
     pub exact: bool,
-    /// The KV cache's key type: f32, f16, q8_0 or q4_0 (CPU only so far; also `-ctk`, as
-    /// llama-bench spells it);
+    /// The KV cache's key type: f32, f16 or q8_0 (also `-ctk`, as llama-bench spells it);
     /// default f16 on the GPU, f32 on the CPU.
     #[arg(long = "cache-type-k", value_name = "TYPE")]
     pub cache_type_k: Option<decode::kv::KvType>,

@@ -97,8 +97,7 @@ pub struct BackendArgs {
     /// (the same tokens, slower; for debugging and comparison).
     #[arg(long)]
     pub no_graph: bool,
-    /// The KV cache's key type: f32, f16, q8_0 or q4_0 (CPU only so far; also `-ctk`, as
-    /// llama.cpp spells it).
+    /// The KV cache's key type: f32, f16 or q8_0 (also `-ctk`, as llama.cpp spells it).
     /// Default: f16 on the GPU, f32 on the CPU (which holds every type's values in f32 rows,
     /// rounded as the GPU stores them).
     #[arg(long = "cache-type-k", value_name = "TYPE")]

@@ -471,8 +471,6 @@ fn plan(args: PlanArgs) -> Result<()> {
     if let Some(kv) = decode::kv::KvType::of_flags(args.cache_type_k, args.cache_type_v)
         .map_err(anyhow::Error::msg)?
     {
-        // The plan is the GPU backend's.
-        kv.on_gpu().map_err(anyhow::Error::msg)?;
         gpu_config.kv_type = kv;
     }
     let options = decode::layout::LayoutOptions::for_config(args.context, &gpu_config);

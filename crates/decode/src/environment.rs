@@ -35,7 +35,7 @@ pub static RETIRED_KV_TYPE: Knob<()> = Knob {
     name: "HIPDECODE_KV_TYPE",
     default: "",
     doc: "retired: any value is an error; the KV cache type is `-ctk` / `--cache-type-k` and \
-          `-ctv` / `--cache-type-v` (f32, f16, q8_0; q4_0 on the CPU)",
+          `-ctv` / `--cache-type-v` (f32, f16, q8_0)",
     scope: Scope::Run,
     parse: |v| {
         if v.is_empty() {

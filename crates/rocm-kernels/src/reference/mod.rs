@@ -7,7 +7,6 @@ pub mod dequant;
 pub mod elementwise;
 pub mod embed;
 pub mod kv_cache;
-pub mod kv_q4;
 pub mod kv_q8;
 pub mod matmul;
 pub mod matmul_mma;

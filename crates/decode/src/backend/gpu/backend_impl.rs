@@ -61,7 +61,7 @@ impl Backend for GpuBackend {
             MemoryTag::KvCache => self.kv_type,
             _ => KvType::F32,
         };
-        let elem = Elem::of(kv)?;
+        let elem = Elem::of(kv);
         let bytes = crate::layout::context::kv_buffer_bytes(len, kv).map_err(|_| {
             DecodeError::Allocation {
                 what: format!("{len} values of {}", tag.name()),

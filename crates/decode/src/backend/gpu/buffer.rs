@@ -1,7 +1,6 @@
 //! Device arrays: the backend's f32 buffers (KV caches also f16 or q8_0) and their 8-bit
 //! shadows.
 
-use crate::error::{DecodeError, Result};
 use crate::kv::KvType;
 use crate::layout::workspace;
 use rocm_alloc::Allocation;
@@ -145,12 +144,11 @@ pub(super) enum Elem {
 
 impl Elem {
     /// The element type of a KV cache of `kv`.
-    pub(super) fn of(kv: KvType) -> Result<Elem> {
+    pub(super) fn of(kv: KvType) -> Elem {
         match kv {
-            KvType::F32 => Ok(Elem::F32),
-            KvType::F16 => Ok(Elem::F16),
-            KvType::Q8_0 => Ok(Elem::Q8_0),
-            KvType::Q4_0 => Err(DecodeError::InvalidArgument(kv.no_gpu_kernels())),
+            KvType::F32 => Elem::F32,
+            KvType::F16 => Elem::F16,
+            KvType::Q8_0 => Elem::Q8_0,
         }
     }
 

@@ -48,11 +48,6 @@ impl GpuBackend {
         memory_limit: Option<u64>,
         config: &GpuConfig,
     ) -> Result<GpuBackend> {
-        // Refused before anything is allocated (a buffer of it would be refused later).
-        config
-            .kv_type
-            .on_gpu()
-            .map_err(DecodeError::InvalidArgument)?;
         let mem_before = device
             .mem_get_info()
             .map_err(|e| gpu_err("reading device memory", e))?;
@@ -219,8 +214,7 @@ impl GpuBackend {
             && matmul_q8_mma::FORMATS.contains(&format)
     }
 
-    /// Sets the element type of KV caches allocated from now on (before a model is loaded). A
-    /// type the GPU does not store ([`KvType::on_gpu`]) makes those allocations fail.
+    /// Sets the element type of KV caches allocated from now on (before a model is loaded).
     pub fn set_kv_type(&mut self, kv: KvType) {
         self.kv_type = kv;
     }
