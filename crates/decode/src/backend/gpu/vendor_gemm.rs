@@ -13,7 +13,9 @@
 //!
 //! Only products of at least [`VENDOR_GEMM_MIN_ROWS`] token rows come here: below that, reading
 //! the quantized weights once per few tokens (the matrix-vector kernels) moves fewer bytes than
-//! writing and reading an f16 copy.
+//! writing and reading an f16 copy. On devices with native matrix cores, products of up to
+//! `HIPDECODE_GPU_INT8_MMA_ROWS` rows by the formats the int8 matrix-core kernel reads go to
+//! that kernel first (`int8_mma.rs`).
 
 use crate::backend::gpu::offload::prefetch::Prefetch;
 use crate::layout::workspace::block_rows;
