@@ -19,8 +19,8 @@
 
 use super::matmul_mma::{reduce_splits, split_count};
 use super::matvec::{check_io, shape_error, QuantMatrix};
-use super::matvec_q8::{Q8Activations, GROUP};
-use crate::error::{check_shape, KernelError, Result};
+use super::matvec_q8::{check_activations, format_index, Q8Activations, GROUP};
+use crate::error::{check_shape, Result};
 use crate::kernels::Kernels;
 use crate::source::KernelModule;
 use crate::view::DeviceSliceMut;
@@ -100,28 +100,13 @@ pub fn matmul(
     partials: Option<&mut DeviceSliceMut<f32>>,
 ) -> Result<usize> {
     let format = w.format();
-    let index = FORMATS.iter().position(|&f| f == format).ok_or_else(|| {
-        KernelError::UnsupportedFormat {
-            op: OP,
-            format,
-            supported: FORMATS.map(GgmlType::name).join(", "),
-        }
-    })?;
+    let index = format_index(OP, &FORMATS, format)?;
     let (rows, cols) = (w.rows(), w.cols());
     check_shape(cols.is_multiple_of(GROUP), OP, || {
         format!("{cols} columns are not a whole number of groups of {GROUP}")
     })?;
     check_io(OP, w, x.values.len(), out.len(), n_tokens)?;
-    check_shape(x.scales.len() >= n_tokens * cols / GROUP, OP, || {
-        format!(
-            "{} activation scales; {n_tokens} tokens of {cols} need {}",
-            x.scales.len(),
-            n_tokens * cols / GROUP
-        )
-    })?;
-    check_shape(x.values.addr().is_multiple_of(16), OP, || {
-        "the quantized values must be 16-byte aligned".into()
-    })?;
+    check_activations(OP, &x, n_tokens, cols)?;
     check_shape(
         w.data().addr().is_multiple_of(alignment(format)),
         OP,

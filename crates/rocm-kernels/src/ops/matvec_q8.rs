@@ -43,16 +43,24 @@ pub const Q8_FORMATS: [GgmlType; 12] = [
     GgmlType::Iq4Xs,
 ];
 
-/// `format`'s place in [`Q8_FORMATS`] (and so in the module's entry points), or the error that
-/// names the formats with a kernel.
-fn format_index(op: &'static str, format: GgmlType) -> Result<usize> {
-    Q8_FORMATS
+/// `format`'s place in `formats` (and so in a module's entry points), or the error that names
+/// the formats with a kernel.
+pub(crate) fn format_index(
+    op: &'static str,
+    formats: &[GgmlType],
+    format: GgmlType,
+) -> Result<usize> {
+    formats
         .iter()
         .position(|&f| f == format)
         .ok_or_else(|| KernelError::UnsupportedFormat {
             op,
             format,
-            supported: Q8_FORMATS.map(GgmlType::name).join(", "),
+            supported: formats
+                .iter()
+                .map(|f| f.name())
+                .collect::<Vec<_>>()
+                .join(", "),
         })
 }
 
@@ -91,6 +99,27 @@ impl Q8ActivationsMut {
             scales: self.scales.as_const(),
         }
     }
+}
+
+/// Checks what every kernel reading `x` needs of it for `rows` rows of `cols` values: their
+/// scales are all there, and the values start 16-byte aligned. (Their lengths are the
+/// caller's check, with the rest of the shape.)
+pub(crate) fn check_activations(
+    op: &'static str,
+    x: &Q8Activations,
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    let need = rows.saturating_mul(cols) / GROUP;
+    check_shape(x.scales.len() >= need, op, || {
+        format!(
+            "{} activation scales; {rows} rows of {cols} need {need}",
+            x.scales.len()
+        )
+    })?;
+    check_shape(x.values.addr().is_multiple_of(16), op, || {
+        "the quantized values must be 16-byte aligned".into()
+    })
 }
 
 fn check_cols(cols: usize) -> Result<()> {
@@ -225,23 +254,14 @@ fn launch_products(
     n_tokens: usize,
 ) -> Result<()> {
     let format = w.format();
-    let index = format_index(OP, format)?;
+    let index = format_index(OP, &Q8_FORMATS, format)?;
     let cols = w.cols();
     check_cols(cols)?;
     check_io(OP, w, x.values.len(), out.len(), n_tokens)?;
     if let Some((w2, out2)) = &second {
         check_io(OP, w2, x.values.len(), out2.len(), n_tokens)?;
     }
-    check_shape(x.scales.len() >= n_tokens * cols / GROUP, OP, || {
-        format!(
-            "{} activation scales; {n_tokens} tokens of {cols} need {}",
-            x.scales.len(),
-            n_tokens * cols / GROUP
-        )
-    })?;
-    check_shape(x.values.addr().is_multiple_of(16), OP, || {
-        "the quantized values must be 16-byte aligned".into()
-    })?;
+    check_activations(OP, &x, n_tokens, cols)?;
     let entries = &KernelModule::MatvecQ8.entry_points()[1..1 + 2 * Q8_FORMATS.len()];
     let many = kernels.function(KernelModule::MatvecQ8, entries[2 * index])?;
     let one = kernels.function(KernelModule::MatvecQ8, entries[2 * index + 1])?;
@@ -411,7 +431,7 @@ fn matvec_id_launch(
 ) -> Result<()> {
     const OP: &str = "matvec_id_q8";
     let format = experts.format();
-    let index = format_index(OP, format)?;
+    let index = format_index(OP, &Q8_FORMATS, format)?;
     let (rows, cols) = (experts.rows(), experts.cols());
     check_cols(cols)?;
     let outs = std::iter::once(out.len()).chain(second.as_ref().map(|(_, o)| o.len()));
@@ -431,16 +451,7 @@ fn matvec_id_launch(
         ExpertInput::PerToken => n_tokens,
         ExpertInput::PerSlot => n_tokens * k,
     };
-    check_shape(x.scales.len() >= x_rows * cols / GROUP, OP, || {
-        format!(
-            "{} activation scales; {x_rows} rows of {cols} need {}",
-            x.scales.len(),
-            x_rows * cols / GROUP
-        )
-    })?;
-    check_shape(x.values.addr().is_multiple_of(16), OP, || {
-        "the quantized values must be 16-byte aligned".into()
-    })?;
+    check_activations(OP, &x, x_rows, cols)?;
     let pairs = n_tokens.saturating_mul(k);
     if pairs == 0 {
         return Ok(());
@@ -529,7 +540,7 @@ pub fn moe_down(
 ) -> Result<()> {
     const OP: &str = "moe_down_q8";
     let format = experts.format();
-    let index = format_index(OP, format)?;
+    let index = format_index(OP, &Q8_FORMATS, format)?;
     let (rows, cols) = (experts.rows(), experts.cols());
     check_cols(cols)?;
     check_shape((1..=MOE_DOWN_MAX_K).contains(&k), OP, || {
@@ -547,13 +558,7 @@ pub fn moe_down(
         ExpertInput::PerSlot,
         usize::MAX,
     )?;
-    check_shape(x.scales.len() >= pairs * cols / GROUP, OP, || {
-        format!(
-            "{} activation scales; {pairs} rows of {cols} need {}",
-            x.scales.len(),
-            pairs * cols / GROUP
-        )
-    })?;
+    check_activations(OP, &x, pairs, cols)?;
     check_shape(weights.len() >= pairs, OP, || {
         format!("{} routing weights; {pairs} pairs need them", weights.len())
     })?;
@@ -563,9 +568,6 @@ pub fn moe_down(
             out.len(),
             n_tokens * rows
         )
-    })?;
-    check_shape(x.values.addr().is_multiple_of(16), OP, || {
-        "the quantized values must be 16-byte aligned".into()
     })?;
     if n_tokens == 0 || rows == 0 {
         return Ok(());
