@@ -60,26 +60,38 @@ pub fn splits_for(
     n_tokens: usize,
     partial_floats: usize,
 ) -> usize {
-    let tiles = rows.div_ceil(TILE_ROWS as usize) * n_tokens.div_ceil(TILE_TOKENS);
-    split_count(
-        multiprocessors,
-        tiles,
-        cols.div_ceil(TILE_COLS),
-        partial_floats / rows.saturating_mul(n_tokens).max(1),
-    )
+    let tile = Tile {
+        rows: TILE_ROWS as usize,
+        tokens: TILE_TOKENS,
+        cols: TILE_COLS,
+    };
+    split_count(multiprocessors, tile, rows, cols, n_tokens, partial_floats)
 }
 
-/// The split rule of every split-K product here: for a product of `tiles` output tiles and
-/// `steps` column steps on a device of `multiprocessors`, with room for `by_buffer` splits'
-/// partial sums, the splits that give about `BLOCKS_PER_MULTIPROCESSOR` blocks per
-/// multiprocessor, each at least `MIN_SPLIT_STEPS` steps, at most [`MAX_SPLITS`], none empty;
-/// 1 means no split.
+/// The output tile and column step of a split-K kernel.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Tile {
+    pub rows: usize,
+    pub tokens: usize,
+    pub cols: usize,
+}
+
+/// The split rule of every split-K product here: for a product of `n_tokens` rows by a `rows`
+/// x `cols` matrix in tiles of `tile` on a device of `multiprocessors`, with a partials buffer
+/// of `partial_floats` f32, the splits that give about `BLOCKS_PER_MULTIPROCESSOR` blocks per
+/// multiprocessor, each at least `MIN_SPLIT_STEPS` column steps, at most [`MAX_SPLITS`], all
+/// in the buffer and none empty; 1 means no split.
 pub(crate) fn split_count(
     multiprocessors: u32,
-    tiles: usize,
-    steps: usize,
-    by_buffer: usize,
+    tile: Tile,
+    rows: usize,
+    cols: usize,
+    n_tokens: usize,
+    partial_floats: usize,
 ) -> usize {
+    let tiles = rows.div_ceil(tile.rows) * n_tokens.div_ceil(tile.tokens);
+    let steps = cols.div_ceil(tile.cols);
+    let by_buffer = partial_floats / rows.saturating_mul(n_tokens).max(1);
     let wanted = (multiprocessors as usize * BLOCKS_PER_MULTIPROCESSOR).div_ceil(tiles.max(1));
     let by_steps = steps / MIN_SPLIT_STEPS;
     let splits = wanted.min(by_steps).min(by_buffer).min(MAX_SPLITS);

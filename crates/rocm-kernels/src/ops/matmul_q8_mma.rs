@@ -17,7 +17,7 @@
 //! [`crate::ops::matmul_mma`], and the splits are added in order: the result is the same on
 //! every run.
 
-use super::matmul_mma::{reduce_splits, split_count};
+use super::matmul_mma::{reduce_splits, split_count, Tile};
 use super::matvec::{check_io, shape_error, QuantMatrix};
 use super::matvec_q8::{check_activations, format_index, Q8Activations, GROUP};
 use crate::error::{check_shape, Result};
@@ -74,13 +74,12 @@ pub fn splits_for(
     n_tokens: usize,
     partial_floats: usize,
 ) -> usize {
-    let tiles = rows.div_ceil(TILE_ROWS) * n_tokens.div_ceil(TILE_TOKENS);
-    split_count(
-        multiprocessors,
-        tiles,
-        cols.div_ceil(TILE_COLS),
-        partial_floats / rows.saturating_mul(n_tokens).max(1),
-    )
+    let tile = Tile {
+        rows: TILE_ROWS,
+        tokens: TILE_TOKENS,
+        cols: TILE_COLS,
+    };
+    split_count(multiprocessors, tile, rows, cols, n_tokens, partial_floats)
 }
 
 /// `out[t][r] = sum_c w[r][c] * x[t][c]` for `t < n_tokens`, `x` quantized for `w.cols()`
