@@ -877,6 +877,119 @@ fn argmax<B: Backend + 'static>(make: impl Fn() -> B) {
     }
 }
 
+test_device!(argmax_rows);
+fn argmax_rows<B: Backend + 'static>(make: impl Fn() -> B) {
+    let mut rng = seeded(29);
+    let mut blocks: Vec<(usize, Vec<Vec<f32>>)> = Vec::new();
+    // An odd row length (no vector loads), a few values past a 1024-thread block's stride.
+    let n = 1001;
+    let mut rows = vec![uniform_vec(&mut rng, n, -5.0, 5.0)];
+    // Ties a block's stride apart and at the end: the first index wins.
+    let mut tie = uniform_vec(&mut rng, n, -5.0, 5.0);
+    for i in [100, 612, 1000] {
+        tie[i] = 9.0;
+    }
+    rows.push(tie);
+    // NaN and +inf-free: NaN at index 0 and at the largest value's neighbours never wins.
+    let mut nan = uniform_vec(&mut rng, n, -5.0, 5.0);
+    nan[0] = f32::NAN;
+    nan[700] = f32::NAN;
+    nan[702] = f32::NAN;
+    nan[701] = 8.0;
+    rows.push(nan);
+    // -inf never wins, even over a huge negative value.
+    let mut minus_inf = vec![f32::NEG_INFINITY; n];
+    minus_inf[500] = -1e30;
+    rows.push(minus_inf);
+    // -0 equals +0: the first of them wins, whichever sign it has.
+    let mut zeros = vec![-1.0f32; n];
+    zeros[200] = -0.0;
+    zeros[300] = 0.0;
+    rows.push(zeros);
+    let mut zeros = vec![-1.0f32; n];
+    zeros[200] = 0.0;
+    zeros[300] = -0.0;
+    rows.push(zeros);
+    // No winner: 0.
+    rows.push(vec![f32::NAN; n]);
+    rows.push(vec![f32::NEG_INFINITY; n]);
+    blocks.push((n, rows));
+    // A real vocabulary's length.
+    let n = 150_000;
+    let mut rows = vec![uniform_vec(&mut rng, n, -12.0, 18.0)];
+    let mut tie = uniform_vec(&mut rng, n, -1.0, 1.0);
+    for i in [70_001, 140_000, 149_999] {
+        tie[i] = 7.0;
+    }
+    rows.push(tie);
+    let mut nan = uniform_vec(&mut rng, n, -1.0, 1.0);
+    nan[149_999] = 3.0;
+    nan[149_998] = f32::NAN;
+    nan[1] = f32::NAN;
+    rows.push(nan);
+    rows.push(vec![f32::NAN; n]);
+    blocks.push((n, rows));
+
+    for (n, rows) in &blocks {
+        let (n, n_rows) = (*n, rows.len());
+        let flat = rows.concat();
+        let want: Vec<u32> = rows
+            .iter()
+            .map(|r| rocm_kernels::reference::sampling::argmax(r) as u32)
+            .collect();
+        // The CPU's per-row argmax is the reference's.
+        let mut cpu = exact();
+        let cb = upload(&mut cpu, &flat);
+        let cpu_rows: Vec<u32> = (0..n_rows)
+            .map(|row| cpu.argmax(&cb, row, n).expect("cpu argmax"))
+            .collect();
+        assert_eq!(cpu_rows, want, "cpu exact argmax of rows of {n}");
+
+        let mut be = make();
+        let xb = upload(&mut be, &flat);
+        let single: Vec<u32> = (0..n_rows)
+            .map(|row| be.argmax(&xb, row, n).expect("argmax"))
+            .collect();
+        assert_eq!(single, want, "single-row argmax of rows of {n}");
+        assert_eq!(
+            be.argmax_rows(&xb, 0, n_rows, n).expect("argmax_rows"),
+            want,
+            "argmax_rows of {n_rows} rows of {n}"
+        );
+        // A run that starts past row 0, and one of a single row.
+        assert_eq!(
+            be.argmax_rows(&xb, 1, n_rows - 1, n).expect("argmax_rows"),
+            want[1..],
+            "argmax_rows of rows 1.. of {n}"
+        );
+        assert_eq!(
+            be.argmax_rows(&xb, 2, 1, n).expect("argmax_rows"),
+            want[2..3],
+            "argmax_rows of row 2 of {n}"
+        );
+        assert_eq!(
+            be.argmax_rows(&xb, 0, 0, n).expect("argmax_rows"),
+            Vec::<u32>::new(),
+            "argmax_rows of no rows"
+        );
+        assert!(
+            be.argmax_rows(&xb, 1, n_rows, n).is_err(),
+            "argmax_rows past the buffer's rows of {n}"
+        );
+    }
+
+    // More rows than the GPU's step block holds a token for: an error, not a panic.
+    let mut be = make();
+    if (&be as &dyn Any).is::<GpuBackend>() {
+        let (n, n_rows) = (3, 65);
+        let xb = upload(&mut be, &vec![1.0; n * n_rows]);
+        assert!(
+            be.argmax_rows(&xb, 0, n_rows, n).is_err(),
+            "argmax_rows of {n_rows} rows on a backend sized for 64"
+        );
+    }
+}
+
 test_device!(embed);
 fn embed<B: Backend + 'static>(make: impl Fn() -> B) {
     fn go<C: Backend>(be: &mut C, m: &Matrix, tokens: &[u32], scale: f32) -> Vec<f32> {

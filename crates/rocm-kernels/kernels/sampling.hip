@@ -1,6 +1,8 @@
 // Argmax and temperature / top-k / top-p sampling over one row of f32 logits, writing the chosen
-// token id to out[0]. The rules are those of the CPU code, so both pick the same token:
-// `argmax` in crates/decode/src/backend/ops.rs and `Sampler::sample` in crates/decode/src/sampler.rs.
+// token id to out[0], and argmax over many rows at once, writing out[row]. The rules are those
+// of the CPU code, so both pick the same token: `argmax` in
+// crates/rocm-kernels/src/reference/sampling.rs and `Sampler::sample` in
+// crates/decode/src/sampler.rs.
 #include "portability.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -42,6 +44,41 @@ KERNEL void LAUNCH_BOUNDS(256) argmax_final(const u64* __restrict__ partial, u32
     }
     best = block_max_u64(best, scratch);
     if (threadIdx.x == 0) out[0] = best == 0ull ? 0 : (i32)(0xffffffffu - (u32)best);
+}
+
+// Every row of a batched step at once: block r reduces row r (x + r * n) and writes out[r]. One
+// launch instead of two per row, and the host reads all the tokens with one copy.
+// Grid: (n_rows, 1, 1). Blocks of 1024 threads: a decode step has tens of rows, fewer than the
+// device has compute units, so one block's loads in flight bound how fast its row is read, and
+// the largest block holds the most. Each thread issues ARGMAX_ROWS_UNROLL independent loads
+// before reducing them, for the same reason; rows may be odd in length (no vector loads), so
+// the loads are scalar, each warp's coalesced.
+#define ARGMAX_ROWS_UNROLL 8
+
+KERNEL void LAUNCH_BOUNDS(1024) argmax_rows(const float* __restrict__ x, u32 n, i32* __restrict__ out) {
+    KERNEL_PROLOGUE();
+    __shared__ u64 scratch[32];
+    const float* __restrict__ row = x + (u64)blockIdx.x * n;
+    const u32 stride = blockDim.x;
+    u64 best = 0ull;
+    u32 i = threadIdx.x;
+    // n < 2^31 and stride <= 1024: i + ARGMAX_ROWS_UNROLL * stride does not wrap.
+    for (; i + (ARGMAX_ROWS_UNROLL - 1) * stride < n; i += ARGMAX_ROWS_UNROLL * stride) {
+        float v[ARGMAX_ROWS_UNROLL];
+#pragma unroll
+        for (int u = 0; u < ARGMAX_ROWS_UNROLL; ++u) v[u] = row[i + u * stride];
+#pragma unroll
+        for (int u = 0; u < ARGMAX_ROWS_UNROLL; ++u) {
+            const u64 k = argmax_key(v[u], i + u * stride);
+            best = k > best ? k : best;
+        }
+    }
+    for (; i < n; i += stride) {
+        const u64 k = argmax_key(row[i], i);
+        best = k > best ? k : best;
+    }
+    best = block_max_u64(best, scratch);
+    if (threadIdx.x == 0) out[blockIdx.x] = best == 0ull ? 0 : (i32)(0xffffffffu - (u32)best);
 }
 
 // ---------------------------------------------------------------------------------------------

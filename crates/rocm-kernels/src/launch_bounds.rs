@@ -71,6 +71,7 @@ pub fn max_block(module: KernelModule, entry: &str) -> Option<MaxBlock> {
         KernelModule::AttentionMma => Waves(ops::attention::flash_warps(entry)?),
         KernelModule::Sampling => match entry {
             "sample_logits" => Threads(ops::sampling::SAMPLE_BLOCK),
+            "argmax_rows" => Threads(ops::sampling::ARGMAX_ROWS_BLOCK),
             _ => Threads(ops::sampling::ARGMAX_BLOCK),
         },
         KernelModule::Matvec => Threads(ops::matvec::ROW_BLOCK_THREADS),

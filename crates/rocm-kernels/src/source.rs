@@ -162,7 +162,12 @@ impl KernelModule {
                 "spin_cycles",
                 "gated_q8",
             ],
-            KernelModule::Sampling => &["argmax_partial", "argmax_final", "sample_logits"],
+            KernelModule::Sampling => &[
+                "argmax_partial",
+                "argmax_final",
+                "argmax_rows",
+                "sample_logits",
+            ],
             // Owners of these modules: list your entry points here.
             KernelModule::Embed => &[
                 "embed_f32",

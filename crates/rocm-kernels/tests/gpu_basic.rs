@@ -157,6 +157,19 @@ fn bad_shapes_are_errors_not_panics() {
         ),
         "argmax short workspace",
     );
+    let outs = upload(k, &[0i32; 8]);
+    is_shape(
+        sampling::argmax_rows(k, &s, view(&b, 16), 4, 5, &mut view_mut(&outs, 8)),
+        "argmax_rows past the end",
+    );
+    is_shape(
+        sampling::argmax_rows(k, &s, view(&b, 16), 4, 4, &mut view_mut(&outs, 3)),
+        "argmax_rows short out",
+    );
+    is_shape(
+        sampling::argmax_rows(k, &s, view(&b, 16), usize::MAX, 2, &mut view_mut(&outs, 8)),
+        "argmax_rows n past i32",
+    );
     let bad = SamplingParams {
         temperature: 1.0,
         top_k: 0,

@@ -518,6 +518,21 @@ pub trait Backend: Send {
     /// Index of the largest of `n` values in row `row` (greedy decoding without a copy of the
     /// logits to the host).
     fn argmax(&mut self, x: &Self::Buffer, row: usize, n: usize) -> Result<u32>;
+    /// [`Backend::argmax`] of each of the `n_rows` rows `first_row..first_row + n_rows`, in
+    /// row order (a batched step's greedy rows). The GPU backend picks them all with one launch
+    /// and reads them back with one copy; by default, one `argmax` per row.
+    fn argmax_rows(
+        &mut self,
+        x: &Self::Buffer,
+        first_row: usize,
+        n_rows: usize,
+        n: usize,
+    ) -> Result<Vec<u32>> {
+        let end = first_row.checked_add(n_rows).ok_or_else(|| {
+            DecodeError::InvalidArgument(format!("argmax of {n_rows} rows from row {first_row}"))
+        })?;
+        (first_row..end).map(|row| self.argmax(x, row, n)).collect()
+    }
     /// Samples a token from `n` logits of row `row` with `config`'s rule and the uniform
     /// `draw` (from [`crate::sampler::Sampler::next_draw`]), on the backend, so the logits do
     /// not come back to the host. `None` where the backend does not sample (the caller then

@@ -43,9 +43,10 @@ pub const ARGMAX_BYTES: usize = sampling::ARGMAX_WORKSPACE * 8;
 pub const DRAW_BYTES: usize = 4;
 
 /// i32 values of the step block for steps of up to `max_batch` tokens: the positions, the
-/// token ids, and the next token.
+/// token ids, and a next-token slot per row (greedy rows of a batch are picked in one launch).
 pub fn step_block_ints(max_batch: usize) -> usize {
-    2 * max_batch + 1
+    // Saturates so that `step_block_bytes` reports a size that overflows as an error.
+    max_batch.saturating_mul(3)
 }
 
 /// i32 values of the block-table buffer: a sequence id per row of the largest step, then
@@ -329,5 +330,13 @@ mod tests {
         assert!(moe_scratch(usize::MAX, 2, 2, 2).is_err());
         assert!(vendor_gemm_buffers(usize::MAX, 1, 2).is_err());
         assert!(step_block_bytes(usize::MAX / 2).is_err());
+        assert!(step_block_bytes(usize::MAX / 3).is_err());
+    }
+
+    #[test]
+    fn the_step_block_holds_positions_tokens_and_a_next_token_per_row() {
+        assert_eq!(step_block_ints(1), 3);
+        assert_eq!(step_block_ints(512), 3 * 512);
+        assert_eq!(step_block_bytes(64).unwrap(), 3 * 64 * 4);
     }
 }

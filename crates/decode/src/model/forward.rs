@@ -435,6 +435,9 @@ impl<B: Backend> Model<B> {
     /// on the backend where it samples, else on the host with the same draw. A row whose
     /// logits the host sees (a host sampler's, or any on a backend whose buffers are host
     /// memory) and finds NaN or infinite in gets no token but a place in the second list.
+    /// Greedy rows are picked together, one [`Backend::argmax_rows`] per run of consecutive
+    /// logit rows (usually the whole batch), so a batched step costs one launch and one read
+    /// back on the GPU rather than a pair per row. Both lists are in row order.
     fn sample_rows(
         &self,
         backend: &mut B,
@@ -445,6 +448,8 @@ impl<B: Backend> Model<B> {
         let mut sampled = Vec::new();
         let mut non_finite = Vec::new();
         let mut logits = Vec::new();
+        // (row, seq, row of the logits) of the greedy rows, in row order.
+        let mut greedy: Vec<(usize, SeqId, usize)> = Vec::new();
         let finite = |values: &[f32]| values.iter().all(|v| v.is_finite());
         for row in batch.output_rows() {
             let RowOutput::Sample(config) = batch.outputs()[row] else {
@@ -461,34 +466,81 @@ impl<B: Backend> Model<B> {
                 non_finite.push(NonFinite { row, seq });
                 continue;
             }
-            let token = if config.is_greedy() && !config.has_penalties() {
-                backend.argmax(&ctx.act.logits, index, vocab)?
+            if config.is_greedy() && !config.has_penalties() {
+                greedy.push((row, seq, index));
+                continue;
+            }
+            // A greedy chain draws nothing: its stream stays where it was.
+            let draw = if config.is_greedy() {
+                0.0
             } else {
-                // A greedy chain draws nothing: its stream stays where it was.
-                let draw = if config.is_greedy() {
-                    0.0
-                } else {
-                    ctx.sampler(seq, &config)?.next_draw()
-                };
-                let on_device = match config.needs_host() {
-                    false => backend.sample(&ctx.act.logits, index, vocab, &config, draw)?,
-                    true => None,
-                };
-                match on_device {
-                    Some(token) => token,
-                    None => {
-                        ctx.read_logits(backend, row, &mut logits)?;
-                        if !finite(&logits) {
-                            non_finite.push(NonFinite { row, seq });
-                            continue;
-                        }
-                        let recent = ctx.recent_tokens(seq);
-                        (ctx.sampler(seq, &config)?).sample_with_history(&mut logits, &recent, draw)
+                ctx.sampler(seq, &config)?.next_draw()
+            };
+            let on_device = match config.needs_host() {
+                false => backend.sample(&ctx.act.logits, index, vocab, &config, draw)?,
+                true => None,
+            };
+            let token = match on_device {
+                Some(token) => token,
+                None => {
+                    ctx.read_logits(backend, row, &mut logits)?;
+                    if !finite(&logits) {
+                        non_finite.push(NonFinite { row, seq });
+                        continue;
                     }
+                    let recent = ctx.recent_tokens(seq);
+                    (ctx.sampler(seq, &config)?).sample_with_history(&mut logits, &recent, draw)
                 }
             };
             sampled.push(Sampled { row, seq, token });
         }
+        if !greedy.is_empty() {
+            let indices: Vec<usize> = greedy.iter().map(|&(_, _, index)| index).collect();
+            let mut tokens = Vec::with_capacity(greedy.len());
+            for (first, len) in index_runs(&indices) {
+                tokens.extend(backend.argmax_rows(&ctx.act.logits, first, len, vocab)?);
+            }
+            if tokens.len() != greedy.len() {
+                return Err(DecodeError::InvalidArgument(format!(
+                    "the backend gave {} greedy tokens for {} rows",
+                    tokens.len(),
+                    greedy.len()
+                )));
+            }
+            let picked = greedy.iter().zip(tokens);
+            sampled.extend(picked.map(|(&(row, seq, _), token)| Sampled { row, seq, token }));
+            // Callers (`engine::run_plan`) match the tokens to the rows in row order.
+            sampled.sort_by_key(|s| s.row);
+        }
         Ok((sampled, non_finite))
+    }
+}
+
+/// The maximal runs of consecutive values in `indices`, in order, as (first, length):
+/// [0, 1, 2, 5, 6, 9] gives (0, 3), (5, 2), (9, 1).
+fn index_runs(indices: &[usize]) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &index in indices {
+        match runs.last_mut() {
+            Some((first, len)) if first.checked_add(*len) == Some(index) => *len += 1,
+            _ => runs.push((index, 1)),
+        }
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::index_runs;
+
+    #[test]
+    fn index_runs_split_at_every_gap() {
+        assert_eq!(index_runs(&[0, 1, 2, 5, 6, 9]), [(0, 3), (5, 2), (9, 1)]);
+        assert_eq!(index_runs(&[0, 1, 2, 3]), [(0, 4)]);
+        assert_eq!(index_runs(&[]), []);
+        assert_eq!(index_runs(&[7]), [(7, 1)]);
+        // Out of order or repeated: a run only continues with the next index up.
+        assert_eq!(index_runs(&[3, 2, 3, 4, 4]), [(3, 1), (2, 3), (4, 1)]);
+        assert_eq!(index_runs(&[usize::MAX, 0]), [(usize::MAX, 1), (0, 1)]);
     }
 }

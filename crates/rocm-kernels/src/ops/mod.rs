@@ -23,8 +23,9 @@ pub mod sampling;
 // - Per-token positions are a `DeviceSlice<i32>` (one per token of the step) and token ids a
 //   `DeviceSlice<i32>`: both live in the backend's device-side step block.
 // - Sampling writes the chosen token id into a one-element `DeviceSliceMut<i32>` (the step
-//   block's next-token slot) and reads its uniform random draw in [0, 1) from a
-//   `DeviceSlice<f32>` that the host fills from the seeded sampler each step.
+//   block's first next-token slot; `argmax_rows` writes one per row) and reads its uniform
+//   random draw in [0, 1) from a `DeviceSlice<f32>` that the host fills from the seeded
+//   sampler each step.
 // - The KV cache of a layer is `[slots][n_head_kv * head_dim]` in f16 (stored as u16 bits) or
 //   f32; position p lives in slot `p % slots` (a ring for sliding-window layers).
 // - Quantized weights are raw GGUF blocks in device memory, described by `matvec::QuantMatrix`.

@@ -1,14 +1,20 @@
 //! Choosing the next token on the device: argmax, and temperature / top-k / top-p sampling with
 //! the decode crate's seeded sampler's rule.
 //!
-//! Both read one row of `n` f32 logits and write the chosen token id into a one-element
-//! `DeviceSliceMut<i32>` (the step block's next-token slot), so nothing comes back to the host
-//! between steps.
+//! [`argmax`] and [`sample`] read one row of `n` f32 logits and write the chosen token id into
+//! a one-element `DeviceSliceMut<i32>` (the step block's next-token slot), so nothing comes back
+//! to the host between steps; [`argmax_rows`] does the same for every row of a batched step,
+//! one token per row.
 //!
 //! * [`argmax`]: the first index of the largest value; NaN and -inf never win, -0 equals +0,
 //!   and a row with no winner gives 0 (the CPU `argmax`). Two launches: up to
 //!   [`ARGMAX_WORKSPACE`] blocks reduce parts of the row into the workspace, one block reduces
 //!   those.
+//! * [`argmax_rows`]: [`argmax`]'s rule for each of `n_rows` consecutive rows of `n` values,
+//!   in one launch of one block of 1024 threads per row and no workspace, so greedy decoding
+//!   of a batch costs one launch and one read of `n_rows` ids instead of two launches and a
+//!   read per row. A row is read by one block only, so a single long row is faster through
+//!   [`argmax`].
 //! * [`sample`]: at temperature 0, [`argmax`]; else the rule of `Sampler::sample`
 //!   (crates/decode/src/sampler.rs) for the uniform draw `u` that it reads from a one-element
 //!   `DeviceSlice<f32>` (filled by the host from the seeded generator each step, so a captured
@@ -46,6 +52,10 @@ pub const ARGMAX_WORKSPACE: usize = 256;
 pub(crate) const ARGMAX_BLOCK: u32 = 256;
 /// Values per thread of an argmax block before another block is worth its launch share.
 const ARGMAX_PER_THREAD: u32 = 8;
+/// Threads per [`argmax_rows`] block (one block per row): the most a block may have, so each
+/// row is read with the most loads in flight (a step's rows are usually fewer than the
+/// device's compute units).
+pub(crate) const ARGMAX_ROWS_BLOCK: u32 = 1024;
 /// Threads of the one sampling block.
 pub(crate) const SAMPLE_BLOCK: u32 = 1024;
 /// Longest row [`sample`] takes: the fixed-point weights (2^40 per unit) of every candidate
@@ -135,6 +145,65 @@ pub fn argmax(
         l.launch(LaunchConfig {
             grid: [1, 1, 1],
             block: [ARGMAX_BLOCK, 1, 1],
+            shared_bytes: 0,
+        })
+    }?;
+    Ok(())
+}
+
+/// Writes the index of the largest of the `n` values of each row `r < n_rows` of `logits`
+/// (row `r` is `logits[r * n..(r + 1) * n]`) into `out[r]`, with [`argmax`]'s rule (0 for a row
+/// with no winner, and for every row when `n == 0`).
+///
+/// Reads `n_rows * n` values of `logits`; writes `out[..n_rows]`. One launch; `n_rows == 0`
+/// queues nothing. Errors (nothing queued) when a view is too short, `n >= 2^31` or `n_rows`
+/// is above a grid's `i32::MAX` blocks.
+pub fn argmax_rows(
+    kernels: &Kernels,
+    stream: &Stream,
+    logits: DeviceSlice<f32>,
+    n: usize,
+    n_rows: usize,
+    out: &mut DeviceSliceMut<i32>,
+) -> Result<()> {
+    check_shape(n <= i32::MAX as usize, OP, || {
+        format!("argmax over rows of {n} values: token ids are i32")
+    })?;
+    check_shape(n_rows <= i32::MAX as usize, OP, || {
+        format!(
+            "argmax over {n_rows} rows: more than a grid's {} blocks",
+            i32::MAX
+        )
+    })?;
+    let values = n.checked_mul(n_rows);
+    check_shape(values.is_some_and(|v| v <= logits.len()), OP, || {
+        format!(
+            "logits hold {} values, {n_rows} rows of {n} need more",
+            logits.len()
+        )
+    })?;
+    check_shape(out.len() >= n_rows, OP, || {
+        format!(
+            "out holds {} values, {n_rows} rows need one each",
+            out.len()
+        )
+    })?;
+    if n_rows == 0 {
+        return Ok(());
+    }
+    let (n_u, rows_u) = (n as u32, n_rows as u32);
+    let (logits_p, out_p) = (logits.ptr(), out.ptr());
+    let function = kernels.function(KernelModule::Sampling, "argmax_rows")?;
+    let mut l = function.builder(stream);
+    l.arg(&logits_p).arg(&n_u).arg(&out_p);
+    // SAFETY: the arguments match `argmax_rows(const float*, u32, i32*)`; block r reads
+    // logits[r * n..(r + 1) * n], inside the n_rows * n values checked above, and writes out[r],
+    // r < n_rows <= out.len(); the block of ARGMAX_ROWS_BLOCK threads fits its
+    // __launch_bounds__.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid: [rows_u, 1, 1],
+            block: [ARGMAX_ROWS_BLOCK, 1, 1],
             shared_bytes: 0,
         })
     }?;

@@ -68,6 +68,11 @@ pub const CASES: &[Case] = &[
         run: argmax_on_every_row,
     },
     Case {
+        name: "argmax_rows_matches_the_reference_on_every_row_of_one_launch",
+        op: "argmax",
+        run: argmax_rows_on_every_row,
+    },
+    Case {
         name: "sampling_picks_the_cpu_samplers_token_for_the_same_draw",
         op: "sample",
         run: sampling_picks_the_cpu_samplers_token,
@@ -670,6 +675,74 @@ fn argmax_on_every_row(rig: &Rig<'_>) -> crate::Result<()> {
         &format!("argmax of the rows ({})", names.join(", ")),
         &got,
         &want,
+    );
+    Ok(())
+}
+
+/// Rows of `n` values for one `argmax_rows` launch: random, ties, NaN, -inf, signed zeros,
+/// the largest first and last.
+fn argmax_row_block(rng: &mut StdRng, n: usize) -> Vec<Vec<f32>> {
+    let last = n - 1;
+    let mut rows = vec![uniform_vec(rng, n, -12.0, 18.0)];
+    let mut tie = uniform_vec(rng, n, -1.0, 1.0);
+    for i in [last / 3, last / 2, last] {
+        tie[i] = 7.0;
+    }
+    rows.push(tie);
+    let mut nan = uniform_vec(rng, n, -1.0, 1.0);
+    nan[0] = f32::NAN;
+    nan[last] = 5.0;
+    nan[last / 2] = f32::NAN;
+    rows.push(nan);
+    rows.push(vec![f32::NAN; n]);
+    rows.push(vec![f32::NEG_INFINITY; n]);
+    let mut zeros = vec![-1.0f32; n];
+    zeros[last / 2] = -0.0;
+    zeros[last] = 0.0;
+    rows.push(zeros);
+    rows.push((0..n).map(|i| -(i as f32)).collect());
+    rows.push((0..n).map(|i| i as f32).collect());
+    rows
+}
+
+fn argmax_rows_on_every_row(rig: &Rig<'_>) -> crate::Result<()> {
+    let (k, s) = (rig.kernels(), rig.stream());
+    let mut rng = seeded(8);
+    // Lengths below a block, odd, past the unrolled loop's reach, and a real vocabulary.
+    for n in [1usize, 7, 1001, 8 * 1024 + 3, 151_936] {
+        let rows = argmax_row_block(&mut rng, n);
+        let flat: Vec<f32> = rows.concat();
+        let want: Vec<i32> = rows
+            .iter()
+            .map(|r| reference::sampling::argmax(r) as i32)
+            .collect();
+        let lb = rig.upload(&flat)?;
+        // One slot past the rows, which must stay untouched.
+        let out = rig.upload(&vec![-1i32; rows.len() + 1])?;
+        sampling::argmax_rows(
+            k,
+            s,
+            rig.view(&lb, flat.len())?,
+            n,
+            rows.len(),
+            &mut rig.view_mut(&out, rows.len() + 1)?,
+        )?;
+        let mut want_out = want;
+        want_out.push(-1);
+        rig.equal(
+            &format!("argmax_rows of {} rows of {n}", rows.len()),
+            &rig.download::<i32>(&out, rows.len() + 1)?,
+            &want_out,
+        );
+    }
+    // n = 0 gives 0 on every row.
+    let lb = rig.upload(&[1.0f32])?;
+    let out = rig.upload(&[-1i32; 3])?;
+    sampling::argmax_rows(k, s, rig.view(&lb, 1)?, 0, 3, &mut rig.view_mut(&out, 3)?)?;
+    rig.equal(
+        "argmax_rows of rows of nothing",
+        &rig.download::<i32>(&out, 3)?,
+        &[0, 0, 0],
     );
     Ok(())
 }

@@ -1208,6 +1208,24 @@ impl Backend for GpuBackend {
         self.read_next_token()
     }
 
+    fn argmax_rows(
+        &mut self,
+        x: &GpuBuffer,
+        first_row: usize,
+        n_rows: usize,
+        n: usize,
+    ) -> Result<Vec<u32>> {
+        match n_rows {
+            0 => Ok(Vec::new()),
+            // A lone row is read faster by the two-pass argmax's many blocks.
+            1 => Ok(vec![self.argmax(x, first_row, n)?]),
+            _ => {
+                self.argmax_rows_to_step(x, first_row, n_rows, n)?;
+                self.read_next_tokens(n_rows)
+            }
+        }
+    }
+
     fn sample(
         &mut self,
         x: &GpuBuffer,

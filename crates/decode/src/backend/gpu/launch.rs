@@ -273,6 +273,31 @@ impl GpuBackend {
             .map_err(kerr("argmax"))?;
         self.op_done(|| "argmax".into(), (n * 4) as u64)
     }
+
+    /// Writes the index of the largest of `n` values of each of rows `first_row..first_row +
+    /// n_rows` into the step block's next-token slots `0..n_rows`, on the device, with one
+    /// launch.
+    pub fn argmax_rows_to_step(
+        &mut self,
+        x: &GpuBuffer,
+        first_row: usize,
+        n_rows: usize,
+        n: usize,
+    ) -> Result<()> {
+        let out_of_range = || {
+            DecodeError::InvalidArgument(format!(
+                "argmax rows {first_row}..{} of {n} are out of range",
+                first_row.saturating_add(n_rows)
+            ))
+        };
+        let start = first_row.checked_mul(n).ok_or_else(out_of_range)?;
+        let len = n_rows.checked_mul(n).ok_or_else(out_of_range)?;
+        let logits = x.view().slice(start, len).ok_or_else(out_of_range)?;
+        let mut out = self.step.next_tokens(n_rows)?;
+        sampling::argmax_rows(&self.kernels, &self.stream, logits, n, n_rows, &mut out)
+            .map_err(kerr("argmax rows"))?;
+        self.op_done(|| "argmax rows".into(), (len * 4) as u64)
+    }
 }
 
 pub(super) fn elementwise_zero_i32(

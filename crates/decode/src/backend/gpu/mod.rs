@@ -64,7 +64,8 @@ pub const DEFAULT_MAX_BATCH: usize = 512;
 
 /// The device-side step block and its pinned staging.
 struct StepBlock {
-    /// `positions[max_batch]`, `tokens[max_batch]`, `next_token`: i32 ([`StepBlock::ints_len`]).
+    /// `positions[max_batch]`, `tokens[max_batch]`, `next_tokens[max_batch]`: i32
+    /// ([`StepBlock::ints_len`]).
     ints: Allocation,
     staging: PinnedHostBuffer,
     /// Recorded after the copy out of `staging`; waited on before `staging` is written again.

@@ -17,9 +17,23 @@ impl StepBlock {
             DeviceSlice::from_raw(self.ints.ptr() + 4 * self.max_batch as u64, self.max_batch)
         }
     }
+    /// The first next-token slot: where the one-row argmax and the sampler write.
     pub(super) fn next_token(&self) -> DeviceSliceMut<i32> {
-        // SAFETY: as above; one i32 after the tokens.
+        // SAFETY: as above; the first of the max_batch (>= 1) i32 after the tokens.
         unsafe { DeviceSliceMut::from_raw(self.ints.ptr() + 8 * self.max_batch as u64, 1) }
+    }
+
+    /// The first `n` next-token slots, one per row of a batched argmax; an error past the
+    /// `max_batch` the block holds.
+    pub(super) fn next_tokens(&self, n: usize) -> Result<DeviceSliceMut<i32>> {
+        if n > self.max_batch {
+            return Err(DecodeError::InvalidArgument(format!(
+                "a next token for each of {n} rows: the step block holds {}",
+                self.max_batch
+            )));
+        }
+        // SAFETY: as above; n <= max_batch of the max_batch i32 after the tokens.
+        Ok(unsafe { DeviceSliceMut::from_raw(self.ints.ptr() + 8 * self.max_batch as u64, n) })
     }
 
     /// i32 values in the block for steps of up to `max_batch` tokens (the layout's rule).
@@ -76,6 +90,21 @@ impl GpuBackend {
     /// The next token as written on the device by [`GpuBackend::argmax_to_step`].
     pub fn read_next_token(&self) -> Result<u32> {
         let id = self.read_i32(self.step.next_token().addr())?;
-        u32::try_from(id).map_err(|_| gpu_err("argmax", format!("negative token id {id}")))
+        token_id(id)
     }
+
+    /// The first `n` next tokens, as written on the device by [`GpuBackend::argmax_rows_to_step`],
+    /// with one copy.
+    pub fn read_next_tokens(&self, n: usize) -> Result<Vec<u32>> {
+        let slots = self.step.next_tokens(n)?;
+        let mut ids = vec![0i32; n];
+        if n > 0 {
+            self.read_i32s(slots.addr(), &mut ids)?;
+        }
+        ids.into_iter().map(token_id).collect()
+    }
+}
+
+fn token_id(id: i32) -> Result<u32> {
+    u32::try_from(id).map_err(|_| gpu_err("argmax", format!("negative token id {id}")))
 }
