@@ -12,7 +12,7 @@ mod common;
 use common::preset_file;
 use decode::backend::cpu::CpuBackend;
 use decode::backend::gpu::vendor_gemm::VENDOR_GEMM_MIN_ROWS;
-use decode::backend::gpu::{GpuBackend, KvType, MatvecPath};
+use decode::backend::gpu::{GpuBackend, KvType, MatvecPath, MoeGrouped};
 use decode::backend::{
     Attention, Backend, BlockTables, GateActivation, KvGroup, KvLayer, MoeShape, Precision, Rope,
     StepBounds, WeightSource,
@@ -20,6 +20,7 @@ use decode::backend::{
 use decode::batch::{RowOutput, StepBatch};
 use decode::gguf_loader::synth::Preset;
 use decode::gguf_loader::GgmlType;
+use decode::layout::workspace::MOE_GROUPED_MIN_ROWS;
 use decode::memory::MemoryTag;
 use rand::Rng;
 use std::any::Any;
@@ -651,8 +652,12 @@ fn moe<B: Backend + 'static>(make: impl Fn() -> B) {
         download(be, &out, shape.rows * shape.n_embd)
     }
     let probe = make();
+    let formats = [gate.format, up.format, down.format];
+    let gpu = (&probe as &dyn Any).downcast_ref::<GpuBackend>();
+    // 40 rows run grouped by expert (gpu_int8): in place on the int8 matrix-core kernel where
+    // it takes the formats, and on the vendor GEMM, which the second arm asks for.
+    let in_place = gpu.is_some_and(|g| g.moe_grouped_in_place(formats));
     let mut rng = seeded(23);
-    // 40 rows run grouped by expert on the vendor GEMM (gpu_int8).
     for rows in [1, 3, 40] {
         let shape = MoeShape {
             rows,
@@ -667,12 +672,25 @@ fn moe<B: Backend + 'static>(make: impl Fn() -> B) {
         let want = go(&mut exact(), [&gate, &up, &down], &x, &logits, &shape);
         let got = go(&mut make(), [&gate, &up, &down], &x, &logits, &shape);
         let what = format!("moe {} x {rows} rows", gate.format.name());
+        let grouped = rows >= MOE_GROUPED_MIN_ROWS;
         let tol = match matmul_tolerance(&probe, rows, None) {
+            MATMUL_F16_TOL if grouped && in_place => MATMUL_INT8_TOL,
             MATMUL_F16_TOL => MOE_F16_TOL,
             tol => tol,
         };
         check(&what, &got, &want, tol);
+        let int8_gpu = gpu.is_some_and(|g| g.matvec_path() == MatvecPath::Int8);
+        if grouped && in_place && int8_gpu {
+            let mut vendor = make();
+            if let Some(g) = (&mut vendor as &mut dyn Any).downcast_mut::<GpuBackend>() {
+                g.set_moe_grouped(MoeGrouped::Vendor);
+            }
+            let got = go(&mut vendor, [&gate, &up, &down], &x, &logits, &shape);
+            check(&format!("{what} (vendor GEMM)"), &got, &want, MOE_F16_TOL);
+        }
     }
+    // Whether the in-place arm ran is the backend's answer, printed for the log.
+    eprintln!("moe: grouped prefill in place on the int8 kernel: {in_place} ({formats:?})");
 }
 
 test_device!(rope_qk_then_store_kv);

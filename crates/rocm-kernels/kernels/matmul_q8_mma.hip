@@ -229,10 +229,12 @@ template <> struct MqUnpack<FMT_Q6_K> {
 #define MQ_THREADS (MQ_WARPS * WARP_SIZE)
 #define MQ_ITEMS (MQ_BR * MQ_G / MQ_THREADS)
 
+// The block's tile: tokens t0 .. t0 + MQ_BT - 1 of the n_tokens rows of xq / xd / dst, weight
+// rows blockIdx.y * MQ_BR .., columns of split blockIdx.z.
 template <int FMT>
 DEVICE void matmul_q8_mma_impl(const u8* __restrict__ w, const i8* __restrict__ xq,
                                const float* __restrict__ xd, float* __restrict__ dst, u32 rows,
-                               u32 cols, u32 n_tokens, u32 k_split) {
+                               u32 cols, u32 n_tokens, u32 k_split, u32 t0) {
     typedef MqUnpack<FMT> U;
     __shared__ i8 w_q[MQ_BR * MQ_LDS] __attribute__((aligned(16)));
     __shared__ i8 x_q[MQ_BT * MQ_LDS] __attribute__((aligned(16)));
@@ -244,7 +246,6 @@ DEVICE void matmul_q8_mma_impl(const u8* __restrict__ w, const i8* __restrict__ 
 
     const u32 tid = threadIdx.x;
     const u32 warp = tid / WARP_SIZE;
-    const u32 t0 = blockIdx.x * MQ_BT;
     const u32 r0 = blockIdx.y * MQ_BR;
     const u32 k_begin = blockIdx.z * k_split;
     const u32 k_end = k_begin + k_split < cols ? k_begin + k_split : cols;
@@ -392,12 +393,39 @@ DEVICE void matmul_q8_mma_impl(const u8* __restrict__ w, const i8* __restrict__ 
     }
 }
 
+// Mixture-of-experts products in one launch for all experts: w holds n_expert matrices of rows
+// x cols one after the other, the activations are slots rows in expert order (each expert's
+// rows contiguous), and tiles lists, three i32 per block, (expert, first slot, rows <= MQ_BT):
+// block x multiplies those rows by that expert's matrix and writes rows x rows values at
+// dst + first slot * rows. No split (the experts' tiles fill the device). A tile naming an
+// expert or slots outside the launch's is skipped, so the table cannot send a read or write
+// out of bounds. Grid: (tiles, ceil(rows / MQ_BR), 1).
+template <int FMT>
+DEVICE void matmul_q8_mma_grouped_impl(const u8* __restrict__ w, const i32* __restrict__ tiles,
+                                       const i8* __restrict__ xq, const float* __restrict__ xd,
+                                       float* __restrict__ dst, u32 rows, u32 cols, u32 n_expert,
+                                       u32 slots) {
+    const i32* tile = tiles + 3 * (u64)blockIdx.x;
+    const u32 e = (u32)tile[0], first = (u32)tile[1], count = (u32)tile[2];
+    if (e >= n_expert || first > slots || count == 0 || count > slots - first || count > MQ_BT) return;
+    matmul_q8_mma_impl<FMT>(w + (u64)e * rows * row_bytes<FMT>(cols), xq + (u64)first * cols,
+                            xd + (u64)first * (cols / 32), dst + (u64)first * rows, rows, cols,
+                            count, cols, 0);
+}
+
 #define MATMUL_Q8_MMA_ENTRY(suffix, FMT)                                                          \
     KERNEL void LAUNCH_BOUNDS(MQ_WARPS * WARP_SIZE)                                               \
         matmul_q8_mma_##suffix(const u8* w, const i8* xq, const float* xd, float* dst, u32 rows, \
                                u32 cols, u32 n_tokens, u32 k_split) {                            \
         KERNEL_PROLOGUE();                                                                        \
-        matmul_q8_mma_impl<FMT>(w, xq, xd, dst, rows, cols, n_tokens, k_split);                   \
+        matmul_q8_mma_impl<FMT>(w, xq, xd, dst, rows, cols, n_tokens, k_split,                    \
+                                blockIdx.x * MQ_BT);                                              \
+    }                                                                                             \
+    KERNEL void LAUNCH_BOUNDS(MQ_WARPS * WARP_SIZE) matmul_q8_mma_grouped_##suffix(               \
+        const u8* w, const i32* tiles, const i8* xq, const float* xd, float* dst, u32 rows,       \
+        u32 cols, u32 n_expert, u32 slots) {                                                      \
+        KERNEL_PROLOGUE();                                                                        \
+        matmul_q8_mma_grouped_impl<FMT>(w, tiles, xq, xd, dst, rows, cols, n_expert, slots);      \
     }
 MATMUL_Q8_MMA_ENTRY(q4_0, FMT_Q4_0)
 MATMUL_Q8_MMA_ENTRY(q4_1, FMT_Q4_1)

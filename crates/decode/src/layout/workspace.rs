@@ -9,6 +9,7 @@
 use super::bytes::{overflow, product};
 use crate::error::{DecodeError, Result};
 use rocm_kernels::ops::attention::{decode_workspace_floats_up_to, AttentionShape};
+use rocm_kernels::ops::matmul_q8_mma::max_group_tiles;
 use rocm_kernels::ops::{matvec::MAX_TOKENS, matvec_q8, sampling};
 
 /// Token rows from which a dense product runs on the vendor GEMM: every step of more rows than
@@ -254,7 +255,8 @@ pub struct MoePrefill {
     pub slots: usize,
     /// f32 values of the gate and of the up scratch (each), grown to the padded slots.
     pub hidden_floats: usize,
-    /// Bytes of the slot-to-token and pair-to-slot index (i32).
+    /// Bytes of the slot-to-token and pair-to-slot index, then the int8 products' tile table
+    /// (i32; `matmul_q8_mma::group_tiles`).
     pub index_bytes: usize,
     /// Bytes of the token rows in expert order (f32).
     pub rows_bytes: usize,
@@ -279,7 +281,13 @@ pub fn moe_prefill(
         hidden_floats: product(what, &[slots, n_ff, 4])? / 4,
         index_bytes: product(
             what,
-            &[slots.checked_add(pairs).ok_or_else(|| overflow(what))?, 4],
+            &[
+                slots
+                    .checked_add(pairs)
+                    .and_then(|n| n.checked_add(3 * max_group_tiles(pairs, n_expert)))
+                    .ok_or_else(|| overflow(what))?,
+                4,
+            ],
         )?,
         rows_bytes: product(what, &[slots, n_embd, 4])?,
         f16_rows_bytes: product(what, &[slots, n_embd, 2])?,

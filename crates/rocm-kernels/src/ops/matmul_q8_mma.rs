@@ -16,6 +16,10 @@
 //! columns are split over the grid when the caller lends a partials buffer, under the rule of
 //! [`crate::ops::matmul_mma`], and the splits are added in order: the result is the same on
 //! every run.
+//!
+//! [`matmul_grouped`] is the same product for a mixture of experts' prefill: every expert's
+//! rows (token rows gathered in expert order) by its own matrix, in one launch over a table of
+//! (expert, first row, rows) tiles that [`group_tiles`] makes, with no split.
 
 use super::matmul_mma::{reduce_splits, split_count, Tile};
 use super::matvec::{check_io, shape_error, QuantMatrix};
@@ -23,7 +27,7 @@ use super::matvec_q8::{check_activations, format_index, Q8Activations, GROUP};
 use crate::error::{check_shape, Result};
 use crate::kernels::Kernels;
 use crate::source::KernelModule;
-use crate::view::DeviceSliceMut;
+use crate::view::{DeviceSlice, DeviceSliceMut};
 use gguf_loader::GgmlType;
 use hip_ffi::{LaunchConfig, Stream};
 
@@ -167,6 +171,159 @@ pub fn matmul(
     Ok(splits)
 }
 
+/// The tile table of [`matmul_grouped`] for experts whose rows start at `starts[e]` and number
+/// `counts[e]`: three i32 per tile, (expert, first row, rows), at most [`TILE_TOKENS`] rows a
+/// tile, experts with no rows left out. `None` when a row index does not fit an i32.
+pub fn group_tiles(starts: &[usize], counts: &[usize]) -> Option<Vec<i32>> {
+    let mut tiles = Vec::new();
+    for (e, (&start, &count)) in starts.iter().zip(counts).enumerate() {
+        for offset in (0..count).step_by(TILE_TOKENS) {
+            let rows = (count - offset).min(TILE_TOKENS);
+            tiles.push(i32::try_from(e).ok()?);
+            tiles.push(i32::try_from(start.checked_add(offset)?).ok()?);
+            tiles.push(rows as i32);
+        }
+    }
+    Some(tiles)
+}
+
+/// Most tiles [`group_tiles`] makes for `pairs` rows over `n_expert` experts: every expert's
+/// last tile may be partial.
+pub fn max_group_tiles(pairs: usize, n_expert: usize) -> usize {
+    pairs.div_ceil(TILE_TOKENS) + n_expert.min(pairs)
+}
+
+/// Products of every expert's rows by its matrix in one launch: for each tile (expert `e`,
+/// first row `s`, `n` rows) of `tiles` (`n_tiles` of them, as [`group_tiles`] lays them out),
+/// `out[s + t][r] = sum_c w_e[r][c] * x[s + t][c]` for `t < n`, where `w` stacks the experts'
+/// matrices of `rows_per_expert` rows each and `x` (quantized for `w.cols()` columns) and
+/// `out` hold `slots` rows. Rows no tile names are left as they were. A tile whose expert or
+/// rows lie outside these bounds is skipped by the kernel, so the table (device memory, often
+/// computed) cannot send it out of bounds.
+///
+/// Errors (nothing queued) when [`takes`] refuses `w`, its rows are not a whole number of
+/// experts, or a view is too short or misaligned.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_grouped(
+    kernels: &Kernels,
+    stream: &Stream,
+    w: &QuantMatrix,
+    rows_per_expert: usize,
+    tiles: DeviceSlice<i32>,
+    n_tiles: usize,
+    x: Q8Activations,
+    out: &mut DeviceSliceMut<f32>,
+    slots: usize,
+) -> Result<()> {
+    const OP_G: &str = "matmul_q8_mma (grouped)";
+    let format = w.format();
+    let index = format_index(OP_G, &FORMATS, format)?;
+    let cols = w.cols();
+    check_shape(
+        rows_per_expert > 0 && w.rows().is_multiple_of(rows_per_expert),
+        OP_G,
+        || {
+            format!(
+                "{} rows are not a whole number of experts of {rows_per_expert} rows",
+                w.rows()
+            )
+        },
+    )?;
+    let n_expert = w.rows() / rows_per_expert;
+    check_shape(cols.is_multiple_of(GROUP), OP_G, || {
+        format!("{cols} columns are not a whole number of groups of {GROUP}")
+    })?;
+    check_activations(OP_G, &x, slots, cols)?;
+    check_shape(
+        slots.checked_mul(cols).is_some_and(|n| x.values.len() >= n),
+        OP_G,
+        || {
+            format!(
+                "x holds {} values, {slots} rows of {cols} are read",
+                x.values.len()
+            )
+        },
+    )?;
+    let need_out = slots.checked_mul(rows_per_expert);
+    check_shape(need_out.is_some_and(|n| out.len() >= n), OP_G, || {
+        format!(
+            "out holds {} values, {slots} rows of {rows_per_expert} are written",
+            out.len()
+        )
+    })?;
+    check_shape(
+        n_tiles.checked_mul(3).is_some_and(|n| tiles.len() >= n),
+        OP_G,
+        || {
+            format!(
+                "the tile table holds {} i32, {n_tiles} tiles need 3 each",
+                tiles.len()
+            )
+        },
+    )?;
+    check_shape(
+        w.data().addr().is_multiple_of(alignment(format)),
+        OP_G,
+        || {
+            format!(
+                "{format} weights must be {}-byte aligned",
+                alignment(format)
+            )
+        },
+    )?;
+    if n_tiles == 0 {
+        return Ok(());
+    }
+    let row_tiles = rows_per_expert.div_ceil(TILE_ROWS);
+    check_shape(row_tiles <= MAX_GRID_Y, OP_G, || {
+        format!("{rows_per_expert} rows are more than one launch takes")
+    })?;
+    let grid_x = u32::try_from(n_tiles)
+        .map_err(|_| shape_error(OP_G, format!("{n_tiles} tiles; split the batch")))?;
+    let (r32, c32, e32, s32) = (
+        u32::try_from(rows_per_expert)
+            .map_err(|_| shape_error(OP_G, format!("{rows_per_expert} rows")))?,
+        cols as u32,
+        u32::try_from(n_expert).map_err(|_| shape_error(OP_G, format!("{n_expert} experts")))?,
+        u32::try_from(slots).map_err(|_| shape_error(OP_G, format!("{slots} rows")))?,
+    );
+    let entry = KernelModule::MatmulQ8Mma.entry_points()[FORMATS.len() + index];
+    let function = kernels.function(KernelModule::MatmulQ8Mma, entry)?;
+    let (w_p, t_p, v_p, s_p, o_p) = (
+        w.data().ptr(),
+        tiles.ptr(),
+        x.values.ptr(),
+        x.scales.ptr(),
+        out.ptr(),
+    );
+    let mut l = function.builder(stream);
+    l.arg(&w_p)
+        .arg(&t_p)
+        .arg(&v_p)
+        .arg(&s_p)
+        .arg(&o_p)
+        .arg(&r32)
+        .arg(&c32)
+        .arg(&e32)
+        .arg(&s32);
+    // SAFETY: the arguments match `matmul_q8_mma_grouped_<fmt>(const u8*, const i32*, const
+    // i8*, const float*, float*, u32, u32, u32, u32)`. Block x reads tiles[3x .. 3x + 2], x <
+    // n_tiles (checked against the table's length), and skips a tile unless its expert is <
+    // n_expert and its rows lie in 0..slots; it then reads expert e's rows of w (e *
+    // rows_per_expert + r < w.rows(), whose bytes QuantMatrix::new checked), activations of
+    // rows < slots and columns < cols (checked above, with the alignments), and writes rows <
+    // slots of out, which holds slots * rows_per_expert values. The block is the WARPS warps
+    // of the device's wave size; its shared memory is static.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid: [grid_x, row_tiles as u32, 1],
+            block: [WARPS * kernels.wave_size(), 1, 1],
+            shared_bytes: 0,
+        })
+    }?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,13 +331,24 @@ mod tests {
     #[test]
     fn entry_points_follow_the_format_list() {
         let entries = KernelModule::MatmulQ8Mma.entry_points();
-        assert_eq!(entries.len(), FORMATS.len());
-        for (entry, format) in entries.iter().zip(FORMATS) {
-            assert_eq!(
-                *entry,
-                format!("matmul_q8_mma_{}", format.name().to_ascii_lowercase())
-            );
+        assert_eq!(entries.len(), 2 * FORMATS.len());
+        let (plain, grouped) = entries.split_at(FORMATS.len());
+        for ((entry, grouped), format) in plain.iter().zip(grouped).zip(FORMATS) {
+            let name = format.name().to_ascii_lowercase();
+            assert_eq!(*entry, format!("matmul_q8_mma_{name}"));
+            assert_eq!(*grouped, format!("matmul_q8_mma_grouped_{name}"));
         }
+    }
+
+    #[test]
+    fn group_tiles_cover_each_experts_rows_in_tiles_of_at_most_64() {
+        // Expert 0: 3 rows from 0; expert 1: none; expert 2: 130 rows from 8.
+        let tiles = group_tiles(&[0, 8, 8], &[3, 0, 130]).unwrap();
+        assert_eq!(tiles, [0, 0, 3, 2, 8, 64, 2, 72, 64, 2, 136, 2]);
+        assert!(tiles.len() / 3 <= max_group_tiles(133, 3));
+        assert_eq!(group_tiles(&[], &[]).unwrap(), Vec::<i32>::new());
+        // A first row past i32 cannot be named.
+        assert!(group_tiles(&[1 << 40], &[1]).is_none());
     }
 
     #[test]

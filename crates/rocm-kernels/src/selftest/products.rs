@@ -104,6 +104,11 @@ pub const CASES: &[Case] = &[
         run: matmul_q8_mma_native_simt_split,
     },
     Case {
+        name: "matmul_q8_mma_grouped_multiplies_each_experts_rows_by_its_matrix",
+        op: "matmul_q8_mma_grouped",
+        run: matmul_q8_mma_grouped,
+    },
+    Case {
         name: "embed_gathers_every_format_and_zeroes_out_of_range_ids",
         op: "embed",
         run: embed_every_format,
@@ -1039,6 +1044,96 @@ fn matmul_q8_mma_native_simt_split(rig: &Rig<'_>) -> crate::Result<()> {
             RMS_TOL,
         );
     }
+    Ok(())
+}
+
+fn matmul_q8_mma_grouped(rig: &Rig<'_>) -> crate::Result<()> {
+    let (k, s) = (rig.kernels(), rig.stream());
+    let mut rng = seeded(17);
+    // Three experts of 67 rows (a partial row tile). Expert 0 has 5 rows from slot 0, expert 1
+    // none, expert 2 70 rows from slot 8 (a full tile and a partial one); slots 5..8 are
+    // padding no tile names, and must keep their NaN. Two more tiles are out of bounds (an
+    // expert past the last, rows past the slots) and must be skipped.
+    let (n_expert, rows) = (3, 67);
+    let (starts, counts) = ([0usize, 5, 8], [5usize, 0, 70]);
+    let slots = 78;
+    for format in matmul_q8_mma::FORMATS {
+        let cols = if format.block_size() == 32 { 288 } else { 512 };
+        let (wb, bytes) = weights_on_device(rig, &mut rng, format, n_expert * rows, cols)?;
+        let w = quant_matrix(rig, &wb, &bytes, format, n_expert * rows, cols)?;
+        let x = uniform_vec(&mut rng, slots * cols, -1.0, 1.0);
+        let (vb, sb, _) = quantize_on_device(rig, &x, slots, cols)?;
+        let mut tiles = matmul_q8_mma::group_tiles(&starts, &counts).ok_or_else(|| {
+            crate::KernelError::Shape {
+                op: "matmul_q8_mma grouped",
+                message: "the tile table's rows do not fit an i32".into(),
+            }
+        })?;
+        let n_good = tiles.len() / 3;
+        tiles.extend_from_slice(&[3, 0, 5, 0, 70, 64]);
+        let tb = rig.upload(&tiles)?;
+        let ob = rig.upload(&vec![f32::NAN; slots * rows])?;
+        let act = q8_view(rig, &vb, &sb, slots * cols)?;
+        let mut o = rig.view_mut(&ob, slots * rows)?;
+        let table = rig.view(&tb, tiles.len())?;
+        let n_tiles = tiles.len() / 3;
+        matmul_q8_mma::matmul_grouped(k, s, &w, rows, table, n_tiles, act, &mut o, slots)?;
+        let got = rig.download(&ob, slots * rows)?;
+        let what = format!("matmul_q8_mma grouped: {format} {n_expert} x {rows} x {cols}");
+        rig.holds(
+            &format!("{what}: the table has a tile per 64 rows of each expert"),
+            n_good == 3,
+            format!("{n_good} tiles"),
+        );
+        let row_bytes = bytes.len() / (n_expert * rows);
+        for e in 0..n_expert {
+            let (first, count) = (starts[e], counts[e]);
+            if count == 0 {
+                continue;
+            }
+            let w_e = &bytes[e * rows * row_bytes..(e + 1) * rows * row_bytes];
+            let host = HostMatrix::new(w_e, format, rows, cols)?;
+            let x_e = &x[first * cols..(first + count) * cols];
+            let (_, _, q) = quantize_on_device(rig, x_e, count, cols)?;
+            let want = reference::matvec_q8::matvec(&host, &q, count)?;
+            let got_e = &got[first * rows..(first + count) * rows];
+            close_rms(rig, &format!("{what}, expert {e}"), got_e, &want, RMS_TOL);
+        }
+        let padding = &got[5 * rows..8 * rows];
+        rig.holds(
+            &format!("{what}: rows no tile names are left as they were"),
+            padding.iter().all(|v| v.is_nan()),
+            format!(
+                "{} of {} padding values written",
+                padding.iter().filter(|v| !v.is_nan()).count(),
+                padding.len()
+            ),
+        );
+    }
+    // A table too short for its tile count is refused before anything is queued.
+    let format = GgmlType::Q4K;
+    let (wb, bytes) = weights_on_device(rig, &mut rng, format, 2 * 64, 256)?;
+    let w = quant_matrix(rig, &wb, &bytes, format, 2 * 64, 256)?;
+    let (vb, sb, _) =
+        quantize_on_device(rig, &uniform_vec(&mut rng, 64 * 256, -1.0, 1.0), 64, 256)?;
+    let tb = rig.upload(&[0i32, 0, 64])?;
+    let ob = rig.upload(&vec![0.0f32; 64 * 64])?;
+    let refused = matmul_q8_mma::matmul_grouped(
+        k,
+        s,
+        &w,
+        64,
+        rig.view(&tb, 3)?,
+        2,
+        q8_view(rig, &vb, &sb, 64 * 256)?,
+        &mut rig.view_mut(&ob, 64 * 64)?,
+        64,
+    );
+    rig.refused(
+        "matmul_q8_mma grouped: a short table",
+        refused,
+        &["tile table"],
+    );
     Ok(())
 }
 

@@ -82,6 +82,35 @@ pub static INT8_MMA_MAX_ROWS: Knob<usize> = Knob {
     },
 };
 
+/// Which products a mixture of experts' grouped prefill (steps of `MOE_GROUPED_MIN_ROWS` rows
+/// or more) runs its experts on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoeGrouped {
+    /// The int8 matrix-core kernel, one launch per projection for all experts, reading the
+    /// GGUF blocks in place, where the device has native matrix cores and every projection's
+    /// format has a kernel; else the vendor GEMM.
+    Int8,
+    /// The vendor GEMM, one product per expert and projection over an f16 copy of the
+    /// expert's rows.
+    Vendor,
+}
+
+pub static MOE_GROUPED: Knob<MoeGrouped> = Knob {
+    name: "HIPDECODE_GPU_MOE_GROUPED",
+    default: "int8",
+    doc: "the products of a mixture of experts' grouped prefill: `int8` (one launch per \
+          projection for all experts on the int8 matrix-core kernel, weights read in their \
+          GGUF blocks, where the device has native matrix cores and the formats a kernel) or \
+          `vendor` (the vendor GEMM per expert over f16 copies of its rows); for A/B runs",
+    scope: Scope::Run,
+    parse: |v| {
+        knobs::parse::choice(
+            v,
+            &[("int8", MoeGrouped::Int8), ("vendor", MoeGrouped::Vendor)],
+        )
+    },
+};
+
 pub static ATTN_PREFILL: Knob<attn::PrefillKernel> = Knob {
     name: "HIPDECODE_GPU_ATTN_PREFILL",
     default: "auto",
@@ -129,6 +158,7 @@ pub struct GpuConfig {
     pub matvec_path: MatvecPath,
     pub mma_max_rows: usize,
     pub int8_mma_max_rows: usize,
+    pub moe_grouped: MoeGrouped,
     pub kv_type: KvType,
     pub attn_prefill: attn::PrefillKernel,
     pub attn_decode: attn::DecodeKernel,
@@ -146,6 +176,7 @@ impl GpuConfig {
             matvec_path: MATVEC_PATH.value(env)?,
             mma_max_rows: MMA_MAX_ROWS.value(env)?,
             int8_mma_max_rows: INT8_MMA_MAX_ROWS.value(env)?,
+            moe_grouped: MOE_GROUPED.value(env)?,
             // `-ctk` / `-ctv` set it (`BackendSettings::kv_type`); no knob reads it.
             kv_type: KvType::F16,
             attn_prefill: ATTN_PREFILL.value(env)?,

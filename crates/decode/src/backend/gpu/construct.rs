@@ -5,7 +5,7 @@ use crate::backend::gpu::offload::prefetch::HostPrefill;
 use crate::backend::gpu::vendor_gemm::{PrefillPath, VendorGemm, GPU_PREFILL};
 use crate::backend::gpu::{
     capture_stream, error::gpu_err, launch::elementwise_zero_i32, weight_block, GpuBackend,
-    GpuConfig, HostPlacement, KvType, MatvecPath, Scratch, StepBlock, WeightMemory,
+    GpuConfig, HostPlacement, KvType, MatvecPath, MoeGrouped, Scratch, StepBlock, WeightMemory,
 };
 use crate::backend::Phase;
 use crate::error::{DecodeError, Result};
@@ -121,6 +121,7 @@ impl GpuBackend {
             matvec_path: config.matvec_path,
             mma_max_rows: config.mma_max_rows,
             int8_mma_max_rows: config.int8_mma_max_rows,
+            moe_grouped: config.moe_grouped,
             attn_prefill: config.attn_prefill,
             attn_decode: config.attn_decode,
             kv_type: config.kv_type,
@@ -188,6 +189,23 @@ impl GpuBackend {
     /// `MATVEC_PATH`).
     pub fn set_matvec_path(&mut self, path: MatvecPath) {
         self.matvec_path = path;
+    }
+
+    /// Switches the products of the grouped MoE prefill (tests run both; users set
+    /// `HIPDECODE_GPU_MOE_GROUPED`).
+    pub fn set_moe_grouped(&mut self, products: MoeGrouped) {
+        self.moe_grouped = products;
+    }
+
+    /// Whether the grouped MoE prefill runs experts of these gate, up and down formats in
+    /// place, on the int8 matrix-core kernel (else on the vendor GEMM): asked for, the int8
+    /// path, native matrix cores and a kernel for each format. (The prefill also needs the
+    /// matrices in device memory and aligned, as GGUF tensors are.)
+    pub fn moe_grouped_in_place(&self, formats: [GgmlType; 3]) -> bool {
+        self.moe_grouped == MoeGrouped::Int8
+            && self.matvec_path == MatvecPath::Int8
+            && self.kernels.mma_variant().is_native()
+            && formats.iter().all(|f| matmul_q8_mma::FORMATS.contains(f))
     }
 
     /// Sets how prefill reads weights in pinned host memory (before the model loads; tests and

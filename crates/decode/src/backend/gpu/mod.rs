@@ -37,8 +37,8 @@ mod weight_block;
 
 pub use buffer::GpuBuffer;
 pub use config::{
-    GpuConfig, KvType, MatvecPath, ATTN_DECODE, ATTN_PREFILL, INT8_MAX_ROWS, INT8_MMA_MAX_ROWS,
-    INT8_MMA_ROWS_DEFAULT, MATVEC_PATH, MMA_MAX_ROWS,
+    GpuConfig, KvType, MatvecPath, MoeGrouped, ATTN_DECODE, ATTN_PREFILL, INT8_MAX_ROWS,
+    INT8_MMA_MAX_ROWS, INT8_MMA_ROWS_DEFAULT, MATVEC_PATH, MMA_MAX_ROWS, MOE_GROUPED,
 };
 pub use offload::host_weights::{HostPlacement, WeightMemory};
 pub use offload::hybrid::{CpuShare, CPU_SHARE, MAX_CPU_SHARE};
@@ -161,6 +161,8 @@ pub struct GpuBackend {
     /// Most token rows of a product on the int8 matrix-core kernel
     /// (`HIPDECODE_GPU_INT8_MMA_ROWS`).
     int8_mma_max_rows: usize,
+    /// The products of the grouped MoE prefill (`HIPDECODE_GPU_MOE_GROUPED`).
+    moe_grouped: MoeGrouped,
     /// The prefill attention kernel.
     attn_prefill: attn::PrefillKernel,
     /// The decode attention kernel.

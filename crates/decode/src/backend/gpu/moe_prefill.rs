@@ -1,13 +1,22 @@
-//! Mixture-of-experts prefill on the vendor GEMM: token rows grouped by expert, one product per
-//! expert and projection.
+//! Mixture-of-experts prefill: token rows grouped by expert, each expert's projections run as
+//! products over its rows.
 //!
 //! Decode reads each selected expert's rows once per token (`matvec_id`), which is right for
 //! one token. A prefill chunk sends every token to `k` experts, so most experts serve dozens of
 //! tokens, and reading an expert once per token would move its weights that many times. Here
 //! the routing is read back (one synchronization per layer, in prefill only, which is never
 //! captured), the token rows are gathered in expert order, and each expert's gate, up and down
-//! projections run as products over its rows. The expert outputs are put back in token order
-//! and combined with the routing weights by the decode path's kernel.
+//! projections run as products over its rows:
+//! - by default (`HIPDECODE_GPU_MOE_GROUPED=int8`), on the int8 matrix-core kernel, one launch
+//!   per projection for all experts over a table of (expert, first row, rows) tiles, reading
+//!   the weights in their GGUF blocks against 8-bit copies of the rows (the int8 path's
+//!   rounding), where the device has native matrix cores, the three formats have a kernel and
+//!   the weights are in device memory;
+//! - else on the vendor GEMM, one product per expert and projection over f16 rows, each
+//!   expert's weight rows dequantized to f16 for it.
+//!
+//! The expert outputs are put back in token order and combined with the routing weights by the
+//! decode path's kernel.
 
 use crate::backend::gpu::offload::prefetch::HostPrefill;
 use crate::backend::gpu::{
@@ -19,11 +28,13 @@ use crate::error::{DecodeError, Result};
 use crate::layout::workspace::MOE_GROUPED_MIN_ROWS;
 // Each expert's slots are padded so every row block starts 256-byte aligned; the rule and the
 // buffers' sizes are the layout's (`layout::workspace::moe_prefill`).
+use crate::backend::gpu::buffer::{q8_views, Q8Shadow};
 use crate::layout::workspace::{moe_prefill_slots as slots_for, moe_slot_alignment};
 use gguf_loader::GgmlType;
 use hip_ffi::DevicePtr;
 use rocm_alloc::Tag;
-use rocm_kernels::ops::{dequant, elementwise, embed, matvec::QuantMatrix, moe};
+use rocm_kernels::ops::matvec_q8::{self, Q8Activations};
+use rocm_kernels::ops::{dequant, elementwise, embed, matmul_q8_mma, matvec::QuantMatrix, moe};
 use rocm_kernels::{DeviceSlice, DeviceSliceMut};
 use std::sync::Arc;
 
@@ -128,6 +139,7 @@ impl GpuBackend {
         ) else {
             return Err(not_reserved());
         };
+        let p_index_bytes = p.index.as_ref().map_or(0, |a| a.size() as usize);
         let (Some(index_ptr), Some(sorted_ptr), Some(tokens_ptr), Some(hidden_ptr)) = (
             p.index.as_ref().map(|a| a.ptr()),
             p.sorted.as_ref().map(|a| a.ptr()),
@@ -140,7 +152,7 @@ impl GpuBackend {
         // scratch and the prefill scratch were reserved for at least `pairs` pairs of these
         // widths (`moe_prefill_applies`), live as long as `self` and are not replaced during
         // this call, and only the backend's stream uses them.
-        let (mut weights, mut g, u, mut y) = unsafe {
+        let (mut weights, mut g, mut u, mut y) = unsafe {
             (
                 DeviceSliceMut::<f32>::from_raw(weights_ptr, pairs),
                 DeviceSliceMut::<f32>::from_raw(g_ptr, slots * n_ff),
@@ -196,6 +208,24 @@ impl GpuBackend {
             starts.push(end);
             end = (end + count).next_multiple_of(align);
         }
+        // The experts' products: in place on the int8 matrix-core kernel, one launch per
+        // projection (its tile table goes up with the index), or on the vendor GEMM.
+        let in_place = self.moe_grouped_in_place([gate, up, down].map(QuantMatrix::format))
+            && [gate, up, down].iter().all(|w| matmul_q8_mma::takes(w))
+            && [gate_host, up_host, down_host].iter().all(Option::is_none);
+        let tiles = match in_place {
+            true => matmul_q8_mma::group_tiles(&starts, &counts).ok_or_else(|| {
+                DecodeError::InvalidArgument(format!("moe: {slots} slots do not fit an i32"))
+            })?,
+            false => Vec::new(),
+        };
+        let n_tiles = tiles.len() / 3;
+        let index_room = p_index_bytes / 4;
+        if slots + pairs + tiles.len() > index_room {
+            return Err(DecodeError::InvalidArgument(format!(
+                "moe: {n_tiles} tiles do not fit the prefill index's {index_room} i32"
+            )));
+        }
         let mut index = vec![0i32; slots + pairs];
         let mut next = starts.clone();
         for (pair, &e) in chosen.iter().enumerate() {
@@ -204,6 +234,7 @@ impl GpuBackend {
             index[slot] = (pair / k) as i32;
             index[slots + pair] = slot as i32;
         }
+        index.extend_from_slice(&tiles);
         self.upload(index_ptr, &index)?;
         let rows_of = |base: u64, n: usize, width: usize| -> Result<QuantMatrix> {
             // SAFETY: `base` holds `n` rows of `width` f32 (the input buffer, checked above, or
@@ -212,7 +243,7 @@ impl GpuBackend {
             QuantMatrix::new(bytes, GgmlType::F32, n, width).map_err(kerr("moe rows"))
         };
         let (kn, st) = (&self.kernels, &*self.stream);
-        // Token rows in slot order, then in f16.
+        // Token rows in slot order.
         let x_rows = rows_of(x.mem.ptr(), rows, n_embd)?;
         embed::embed(
             kn,
@@ -225,68 +256,108 @@ impl GpuBackend {
             None,
         )
         .map_err(kerr("moe gather"))?;
-        dequant::f32_to_f16(
-            kn,
-            st,
-            sorted_rows.as_const(),
-            slots * n_embd,
-            &mut tokens_h,
-        )
-        .map_err(kerr("moe rows to f16"))?;
-        let stream_prefill = self.host_prefill == HostPrefill::Stream;
-        let mut prefetch = self.prefetch.as_mut().filter(|_| stream_prefill);
-        let vendor = self.vendor_gemm.as_mut().ok_or_else(not_reserved)?;
-        let experts = || {
-            (0..n_expert)
-                .map(|e| (e, starts[e], counts[e]))
-                .filter(|&(_, _, n)| n > 0)
-        };
-        for (e, start, count) in experts() {
-            let input = DevicePtr(tokens_ptr + (start * n_embd * 2) as u64);
-            for (w, host, dst) in [(gate, gate_host, g_ptr), (up, up_host, u_ptr)] {
-                let out_at = DevicePtr(dst + (start * n_ff * 4) as u64);
-                // SAFETY: `input` holds this expert's `count` f16 token rows and `out_at` room
-                // for `count` rows of `n_ff` f32 (slots `start..start + count` of the gate/up
-                // scratch); the expert's rows `e * n_ff..` lie inside the stacked matrix; a
-                // host copy is the model's pinned weight, alive as long as the backend.
+        if in_place {
+            // The rows' 8-bit copies go where the vendor path keeps their f16 ones: 1.125
+            // bytes a value against 2.
+            let (q_rows, q_hidden) = (slots * n_embd, slots * n_ff);
+            if Q8Shadow::bytes_for(q_rows) > tokens_h.len() * 2
+                || Q8Shadow::bytes_for(q_hidden) > hidden_h.len() * 2
+            {
+                return Err(not_reserved());
+            }
+            // SAFETY: the f16 row and hidden buffers hold slots * n_embd and slots * n_ff u16,
+            // at least `bytes_for` of each count (checked above); nothing else uses them in
+            // this call.
+            let (mut xq, mut hq) = unsafe {
+                (
+                    q8_views(tokens_ptr, q_rows, q_rows),
+                    q8_views(hidden_ptr, q_hidden, q_hidden),
+                )
+            };
+            // SAFETY: the tile table follows the index in its allocation (room checked above).
+            let table = unsafe {
+                DeviceSlice::<i32>::from_raw(index_ptr + ((slots + pairs) * 4) as u64, tiles.len())
+            };
+            let grouped =
+                |w: &QuantMatrix, per: usize, x: Q8Activations, out: &mut DeviceSliceMut<f32>| {
+                    matmul_q8_mma::matmul_grouped(kn, st, w, per, table, n_tiles, x, out, slots)
+                        .map_err(kerr("moe expert products (int8)"))
+                };
+            matvec_q8::quantize(kn, st, sorted_rows.as_const(), slots, n_embd, &mut xq)
+                .map_err(kerr("moe rows to int8"))?;
+            grouped(gate, n_ff, xq.as_const(), &mut g)?;
+            grouped(up, n_ff, xq.as_const(), &mut u)?;
+            elementwise::gated(kn, st, &mut g, u.as_const(), slots * n_ff, act)
+                .map_err(kerr("moe activation"))?;
+            matvec_q8::quantize(kn, st, g.as_const(), slots, n_ff, &mut hq)
+                .map_err(kerr("moe hidden to int8"))?;
+            grouped(down, n_embd, hq.as_const(), &mut sorted_rows)?;
+        } else {
+            dequant::f32_to_f16(
+                kn,
+                st,
+                sorted_rows.as_const(),
+                slots * n_embd,
+                &mut tokens_h,
+            )
+            .map_err(kerr("moe rows to f16"))?;
+            // The vendor GEMM takes f16 rows; each expert's weight rows are dequantized to f16
+            // for its products.
+            let stream_prefill = self.host_prefill == HostPrefill::Stream;
+            let mut prefetch = self.prefetch.as_mut().filter(|_| stream_prefill);
+            let vendor = self.vendor_gemm.as_mut().ok_or_else(not_reserved)?;
+            let experts = || {
+                (0..n_expert)
+                    .map(|e| (e, starts[e], counts[e]))
+                    .filter(|&(_, _, n)| n > 0)
+            };
+            for (e, start, count) in experts() {
+                let input = DevicePtr(tokens_ptr + (start * n_embd * 2) as u64);
+                for (w, host, dst) in [(gate, gate_host, g_ptr), (up, up_host, u_ptr)] {
+                    let out_at = DevicePtr(dst + (start * n_ff * 4) as u64);
+                    // SAFETY: `input` holds this expert's `count` f16 token rows and `out_at` room
+                    // for `count` rows of `n_ff` f32 (slots `start..start + count` of the gate/up
+                    // scratch); the expert's rows `e * n_ff..` lie inside the stacked matrix; a
+                    // host copy is the model's pinned weight, alive as long as the backend.
+                    unsafe {
+                        vendor.product(
+                            kn,
+                            st,
+                            w,
+                            host.zip(prefetch.as_deref_mut()),
+                            e * n_ff..(e + 1) * n_ff,
+                            input,
+                            count,
+                            out_at,
+                            n_ff,
+                        )
+                    }?;
+                }
+            }
+            elementwise::gated(kn, st, &mut g, u.as_const(), slots * n_ff, act)
+                .map_err(kerr("moe activation"))?;
+            dequant::f32_to_f16(kn, st, g.as_const(), slots * n_ff, &mut hidden_h)
+                .map_err(kerr("moe hidden to f16"))?;
+            for (e, start, count) in experts() {
+                let input = DevicePtr(hidden_ptr + (start * n_ff * 2) as u64);
+                let out_at = DevicePtr(sorted_ptr + (start * n_embd * 4) as u64);
+                let rows_e = e * n_embd..(e + 1) * n_embd;
+                // SAFETY: as above, for the down projection: `count` f16 rows of `n_ff` in, `count`
+                // f32 rows of `n_embd` out (the gathered token rows are no longer needed).
                 unsafe {
                     vendor.product(
                         kn,
                         st,
-                        w,
-                        host.zip(prefetch.as_deref_mut()),
-                        e * n_ff..(e + 1) * n_ff,
+                        down,
+                        down_host.zip(prefetch.as_deref_mut()),
+                        rows_e,
                         input,
                         count,
                         out_at,
-                        n_ff,
+                        n_embd,
                     )
                 }?;
             }
-        }
-        elementwise::gated(kn, st, &mut g, u.as_const(), slots * n_ff, act)
-            .map_err(kerr("moe activation"))?;
-        dequant::f32_to_f16(kn, st, g.as_const(), slots * n_ff, &mut hidden_h)
-            .map_err(kerr("moe hidden to f16"))?;
-        for (e, start, count) in experts() {
-            let input = DevicePtr(hidden_ptr + (start * n_ff * 2) as u64);
-            let out_at = DevicePtr(sorted_ptr + (start * n_embd * 4) as u64);
-            let rows_e = e * n_embd..(e + 1) * n_embd;
-            // SAFETY: as above, for the down projection: `count` f16 rows of `n_ff` in, `count`
-            // f32 rows of `n_embd` out (the gathered token rows are no longer needed).
-            unsafe {
-                vendor.product(
-                    kn,
-                    st,
-                    down,
-                    down_host.zip(prefetch.as_deref_mut()),
-                    rows_e,
-                    input,
-                    count,
-                    out_at,
-                    n_embd,
-                )
-            }?;
         }
         // Expert outputs back in (token, choice) order, then combined.
         let sorted_out = rows_of(sorted_ptr, slots, n_embd)?;
