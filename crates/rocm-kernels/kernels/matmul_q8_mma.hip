@@ -408,9 +408,11 @@ DEVICE void matmul_q8_mma_grouped_impl(const u8* __restrict__ w, const i32* __re
     const i32* tile = tiles + 3 * (u64)blockIdx.x;
     const u32 e = (u32)tile[0], first = (u32)tile[1], count = (u32)tile[2];
     if (e >= n_expert || first > slots || count == 0 || count > slots - first || count > MQ_BT) return;
-    matmul_q8_mma_impl<FMT>(w + (u64)e * rows * row_bytes<FMT>(cols), xq + (u64)first * cols,
-                            xd + (u64)first * (cols / 32), dst + (u64)first * rows, rows, cols,
-                            count, cols, 0);
+    // The tile is tokens first .. first + count - 1 of rows that end there, so the rows keep
+    // their places in xq, xd and dst, and the tile's first token is a run-time value as in the
+    // plain entry (with a constant 0 the SIMT build for gfx1030 spilled).
+    matmul_q8_mma_impl<FMT>(w + (u64)e * rows * row_bytes<FMT>(cols), xq, xd, dst, rows, cols,
+                            first + count, cols, first);
 }
 
 #define MATMUL_Q8_MMA_ENTRY(suffix, FMT)                                                          \
