@@ -15,12 +15,15 @@
 #   moe     the 30B-A3B shape: pp512 and batched decode at 32 and 64 with
 #           HIPDECODE_GPU_MOE_GROUPED=vendor against the default (--ab, two rounds), and
 #           llama-bench -p 512 -n 0 alternating with this build;
+#   moe-peer  the 30B-A3B shape batched, this build and llama-batched-bench alternating;
 #   peer    this build and llama-batched-bench (the command), alternating, nvidia-smi
 #           sampling memory.used every 100 ms.
 # From the checkout root, with bundle-r/{bench-decode,hipdecode,xtask,old-bench-decode} and
 # bundle-r/tests (release, stripped) and .peer (llama.cpp's source and build script):
-#   bash scripts/h200/int8-pipeline.sh tests|ab|moe|peer; bash scripts/h200/int8-pipeline.sh collect
+#   bash scripts/h200/int8-pipeline.sh tests|ab|moe|moe-peer|peer; bash scripts/h200/int8-pipeline.sh collect
 # Logs under /tmp/ip; collect packs them into $OUT/ip.tgz and prints the summary.
+# On 2026-12-06 (H200) the moe phase's batched A/B first ran with --rounds 1, which the bench
+# refuses; it and the moe-peer phase were then run by hand with these commands.
 set -u
 D=/tmp/ip
 if [ "${1:-}" = collect ]; then
@@ -94,7 +97,7 @@ moe)
         --ab "HIPDECODE_GPU_MOE_GROUPED=vendor" "" --rounds 2 >$D/moe-pp512.md 2>&1
     st "moe pp512 ab exit $?"
     timeout 300 $N/bench-decode -m $Q --device gpu --npl 32,64 --npp 128 --ntg 64 \
-        --ab "HIPDECODE_GPU_MOE_GROUPED=vendor" "" --rounds 1 >$D/moe-batched.md 2>&1
+        --ab "HIPDECODE_GPU_MOE_GROUPED=vendor" "" --rounds 2 >$D/moe-batched.md 2>&1
     st "moe batched ab exit $?"
     for i in 1 2; do
         timeout 120 $LB/llama-bench -m $Q -p 512 -n 0 -ngl 99 -fa 1 -r 3 >$D/moe-llama-$i.md 2>&1
@@ -102,6 +105,18 @@ moe)
         timeout 120 $N/bench-decode -m $Q --device gpu -p 512 -n 0 -r 3 >$D/moe-ours-$i.md 2>&1
         st "ours 30B pp512 exit $?"
     done
+    ;;
+moe-peer)
+    LOGS=$D
+    source scripts/h200/sampled.sh
+    ours() { sampled $1 timeout 150 $N/bench-decode -m $Q --device gpu --npl 1,8,32,64 --npp 128 \
+        --ntg 128; }
+    llama() { sampled $1 timeout 150 $LB/llama-batched-bench -m $Q -c 20480 -b 2048 -ub 512 \
+        -npp 128 -ntg 128 -npl 1,8,32,64 -ngl 99 -fa on; }
+    llama moe-peer-llama-1
+    ours moe-peer-ours-1
+    ours moe-peer-ours-2
+    llama moe-peer-llama-2
     ;;
 peer)
     LOGS=$D
@@ -119,7 +134,7 @@ peer)
     st peer-done
     ;;
 *)
-    echo "usage: $0 tests|ab|moe|peer|collect" >&2
+    echo "usage: $0 tests|ab|moe|moe-peer|peer|collect" >&2
     exit 2
     ;;
 esac

@@ -61,9 +61,10 @@ pub static MMA_MAX_ROWS: Knob<usize> = Knob {
 
 /// Most token rows of a product on the int8 matrix-core kernel by default. On an H100 (8B
 /// shape, `docs/benchmark_results/int8-mma-h100-2026-12-06.md`) it made batched decode 44 %
-/// faster than the vendor GEMM at 16 rows and 21 % at 32, and 4.8 % slower at 64: its weight
-/// reads do not overlap its products yet, so its time grows with the rows, and the vendor
-/// GEMM's f16 copy costs the same at any row count. Between 33 and 63 rows is unmeasured.
+/// faster than the vendor GEMM at 16 rows and 21 % at 32, and 4.8 % slower at 64; on the H200
+/// (`docs/benchmark_results/int8-moe-h200-2026-12-06.md`) 11.9 % slower at 48 rows and 21.4 %
+/// at 64. Its time grows with the rows, and the vendor GEMM's f16 copy costs the same at any
+/// row count.
 pub const INT8_MMA_ROWS_DEFAULT: usize = 32;
 
 pub static INT8_MMA_MAX_ROWS: Knob<usize> = Knob {
@@ -100,7 +101,7 @@ pub static MOE_GROUPED: Knob<MoeGrouped> = Knob {
     default: "int8",
     doc: "the products of a mixture of experts' grouped prefill: `int8` (one launch per \
           projection for all experts on the int8 matrix-core kernel, weights read in their \
-          GGUF blocks, where the device has native matrix cores and the formats a kernel) or \
+          GGUF blocks, where the device has native matrix cores and the formats have a kernel) or \
           `vendor` (the vendor GEMM per expert over f16 copies of its rows); for A/B runs",
     scope: Scope::Run,
     parse: |v| {
