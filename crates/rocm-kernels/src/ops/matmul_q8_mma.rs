@@ -102,24 +102,10 @@ pub fn matmul(
     n_tokens: usize,
     partials: Option<&mut DeviceSliceMut<f32>>,
 ) -> Result<usize> {
-    let format = w.format();
-    let index = format_index(OP, &FORMATS, format)?;
+    let index = check_weights(OP, w)?;
     let (rows, cols) = (w.rows(), w.cols());
-    check_shape(cols.is_multiple_of(GROUP), OP, || {
-        format!("{cols} columns are not a whole number of groups of {GROUP}")
-    })?;
     check_io(OP, w, x.values.len(), out.len(), n_tokens)?;
     check_activations(OP, &x, n_tokens, cols)?;
-    check_shape(
-        w.data().addr().is_multiple_of(alignment(format)),
-        OP,
-        || {
-            format!(
-                "{format} weights must be {}-byte aligned",
-                alignment(format)
-            )
-        },
-    )?;
     if n_tokens == 0 {
         return Ok(1);
     }
@@ -171,6 +157,28 @@ pub fn matmul(
     Ok(splits)
 }
 
+/// The checks both entries make of the weights: a format with a kernel (its index in
+/// [`FORMATS`] is returned), whole groups of columns, and the alignment its loads need.
+fn check_weights(op: &'static str, w: &QuantMatrix) -> Result<usize> {
+    let format = w.format();
+    let index = format_index(op, &FORMATS, format)?;
+    let cols = w.cols();
+    check_shape(cols.is_multiple_of(GROUP), op, || {
+        format!("{cols} columns are not a whole number of groups of {GROUP}")
+    })?;
+    check_shape(
+        w.data().addr().is_multiple_of(alignment(format)),
+        op,
+        || {
+            format!(
+                "{format} weights must be {}-byte aligned",
+                alignment(format)
+            )
+        },
+    )?;
+    Ok(index)
+}
+
 /// The tile table of [`matmul_grouped`] for experts whose rows start at `starts[e]` and number
 /// `counts[e]`: three i32 per tile, (expert, first row, rows), at most [`TILE_TOKENS`] rows a
 /// tile, experts with no rows left out. `None` when a row index does not fit an i32.
@@ -216,8 +224,7 @@ pub fn matmul_grouped(
     slots: usize,
 ) -> Result<()> {
     const OP_G: &str = "matmul_q8_mma (grouped)";
-    let format = w.format();
-    let index = format_index(OP_G, &FORMATS, format)?;
+    let index = check_weights(OP_G, w)?;
     let cols = w.cols();
     check_shape(
         rows_per_expert > 0 && w.rows().is_multiple_of(rows_per_expert),
@@ -230,9 +237,6 @@ pub fn matmul_grouped(
         },
     )?;
     let n_expert = w.rows() / rows_per_expert;
-    check_shape(cols.is_multiple_of(GROUP), OP_G, || {
-        format!("{cols} columns are not a whole number of groups of {GROUP}")
-    })?;
     check_activations(OP_G, &x, slots, cols)?;
     check_shape(
         slots.checked_mul(cols).is_some_and(|n| x.values.len() >= n),
@@ -258,16 +262,6 @@ pub fn matmul_grouped(
             format!(
                 "the tile table holds {} i32, {n_tiles} tiles need 3 each",
                 tiles.len()
-            )
-        },
-    )?;
-    check_shape(
-        w.data().addr().is_multiple_of(alignment(format)),
-        OP_G,
-        || {
-            format!(
-                "{format} weights must be {}-byte aligned",
-                alignment(format)
             )
         },
     )?;
