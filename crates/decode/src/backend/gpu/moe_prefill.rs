@@ -18,6 +18,7 @@
 //! The expert outputs are put back in token order and combined with the routing weights by the
 //! decode path's kernel.
 
+use crate::backend::gpu::buffer::{q8_views, Q8Shadow};
 use crate::backend::gpu::offload::prefetch::HostPrefill;
 use crate::backend::gpu::{
     error::{gpu_err, kerr},
@@ -28,7 +29,6 @@ use crate::error::{DecodeError, Result};
 use crate::layout::workspace::MOE_GROUPED_MIN_ROWS;
 // Each expert's slots are padded so every row block starts 256-byte aligned; the rule and the
 // buffers' sizes are the layout's (`layout::workspace::moe_prefill`).
-use crate::backend::gpu::buffer::{q8_views, Q8Shadow};
 use crate::layout::workspace::{moe_prefill_slots as slots_for, moe_slot_alignment};
 use gguf_loader::GgmlType;
 use hip_ffi::DevicePtr;
