@@ -62,9 +62,9 @@ pub static MMA_MAX_ROWS: Knob<usize> = Knob {
 /// Most token rows of a product on the int8 matrix-core kernel by default. On an H100 (8B
 /// shape, `docs/benchmark_results/int8-mma-h100-2026-12-06.md`) it made batched decode 44 %
 /// faster than the vendor GEMM at 16 rows and 21 % at 32, and 4.8 % slower at 64; on the H200
-/// (`docs/benchmark_results/int8-moe-h200-2026-12-06.md`) 11.9 % slower at 48 rows and 21.4 %
-/// at 64. Its time grows with the rows, and the vendor GEMM's f16 copy costs the same at any
-/// row count.
+/// (`docs/benchmark_results/int8-moe-h200-2026-12-06.md`, with a pipelined tile since reverted,
+/// itself 0.5 % from the parent's at 64 rows) 11.9 % slower at 48 rows and 21.4 % at 64. Its
+/// time grows with the rows, and the vendor GEMM's f16 copy costs the same at any row count.
 pub const INT8_MMA_ROWS_DEFAULT: usize = 32;
 
 pub static INT8_MMA_MAX_ROWS: Knob<usize> = Knob {
