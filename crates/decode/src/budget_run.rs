@@ -262,6 +262,13 @@ fn host_budget(flag: Option<&str>) -> Result<(u64, String)> {
         let bytes = offload::parse_size("--host-budget", text).map_err(invalid)?;
         return Ok((bytes, format!("--host-budget {text}")));
     }
+    unflagged_host_budget()
+}
+
+/// The host budget without `--host-budget`: `HIPDECODE_HOST_BUDGET`, else a share of the host's
+/// available memory, with its source. It also bounds what a run without a GPU budget pins (the
+/// embedding table the GPU backend keeps on the host).
+pub(crate) fn unflagged_host_budget() -> Result<(u64, String)> {
     if let Some(bytes) = HOST_BUDGET.read()? {
         return Ok((bytes, HOST_BUDGET.name.to_string()));
     }

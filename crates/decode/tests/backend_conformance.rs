@@ -12,7 +12,7 @@ mod common;
 use common::preset_file;
 use decode::backend::cpu::CpuBackend;
 use decode::backend::gpu::vendor_gemm::VENDOR_GEMM_MIN_ROWS;
-use decode::backend::gpu::{GpuBackend, KvType, MatvecPath, MoeGrouped};
+use decode::backend::gpu::{GpuBackend, GpuWeight, KvType, MatvecPath, MoeGrouped, ReadPath};
 use decode::backend::{
     Attention, Backend, BlockTables, GateActivation, KvGroup, KvLayer, MoeShape, Precision, Rope,
     StepBounds, WeightSource,
@@ -199,6 +199,7 @@ fn load_vector<B: Backend>(be: &mut B, name: &str, v: &[f32]) -> B::Weight {
         dims: [v.len(), 1, 1],
         bytes: &bytes,
         mapped: None,
+        lookup_only: false,
     })
     .expect("load a vector")
 }
@@ -230,6 +231,7 @@ impl Matrix {
             dims: self.dims,
             bytes: &self.bytes,
             mapped: None,
+            lookup_only: false,
         }
     }
 
@@ -1038,8 +1040,27 @@ fn argmax_rows<B: Backend + 'static>(make: impl Fn() -> B) {
 
 test_device!(embed);
 fn embed<B: Backend + 'static>(make: impl Fn() -> B) {
-    fn go<C: Backend>(be: &mut C, m: &Matrix, tokens: &[u32], scale: f32) -> Vec<f32> {
-        let table = be.load_weight(&m.source()).expect("load the table");
+    // `lookup_only` marks an untied embedding, which the GPU backend keeps in pinned host
+    // memory by default (`HIPDECODE_GPU_EMBED_TABLE=host`) and reads in place.
+    fn go<C: Backend>(
+        be: &mut C,
+        m: &Matrix,
+        tokens: &[u32],
+        scale: f32,
+        lookup_only: bool,
+    ) -> Vec<f32>
+    where
+        C::Weight: 'static,
+    {
+        let source = WeightSource {
+            lookup_only,
+            ..m.source()
+        };
+        let table = be.load_weight(&source).expect("load the table");
+        if let Some(w) = (&table as &dyn Any).downcast_ref::<GpuWeight>() {
+            let on_host = w.read_path() == ReadPath::ZeroCopy;
+            assert_eq!(on_host, lookup_only, "{}: where the table lives", m.name);
+        }
         let n = tokens.len();
         let mut out = be.alloc(MemoryTag::Activations, n * m.dims[0]).unwrap();
         be.begin_step(&step_at(5, tokens), &one_table(1))
@@ -1077,11 +1098,14 @@ fn embed<B: Backend + 'static>(make: impl Fn() -> B) {
                     _ => rng.random_range(0..vocab),
                 })
                 .collect();
-            for scale in [1.0, (m.dims[0] as f32).sqrt()] {
-                let want = go(&mut exact(), m, &tokens, scale);
-                let got = go(&mut make(), m, &tokens, scale);
+            for (scale, lookup_only) in [(1.0, false), ((m.dims[0] as f32).sqrt(), true)] {
+                let want = go(&mut exact(), m, &tokens, scale, false);
+                let got = go(&mut make(), m, &tokens, scale, lookup_only);
                 check(
-                    &format!("embed {} {} x{scale}", m.name, n),
+                    &format!(
+                        "embed {} {} x{scale} (lookup only: {lookup_only})",
+                        m.name, n
+                    ),
                     &got,
                     &want,
                     F32_TOL,

@@ -73,6 +73,84 @@ fn the_layout_is_what_a_cpu_load_books_per_tag() {
     }
 }
 
+/// An embedding table that is only looked up stays in pinned host memory on the GPU by
+/// default: the layout lists it apart from the device's weights, the plan keeps it on the host
+/// under a budget that holds everything, and a tied table (the output's matrix) stays a device
+/// weight.
+#[test]
+fn an_untied_embedding_is_a_host_weight_on_the_gpu() {
+    let mut seen = [false; 2];
+    for preset in TINY {
+        let file = common::preset_file(preset);
+        let tied = file.tensor("output.weight").is_none();
+        seen[tied as usize] = true;
+        let host = LayoutOptions::default();
+        let device = LayoutOptions {
+            lookup_on_host: false,
+            ..host
+        };
+        let (on_host, on_device) = (
+            ModelLayout::new(&file, &host).unwrap(),
+            ModelLayout::new(&file, &device).unwrap(),
+        );
+        let embed = |l: &ModelLayout| {
+            l.buffers
+                .iter()
+                .find(|b| b.what == "token_embd.weight")
+                .cloned()
+                .expect("the embedding's line")
+        };
+        let (h, d) = (embed(&on_host), embed(&on_device));
+        let what = preset.name();
+        assert_eq!(d.presence, Presence::Weight, "{what}");
+        let expected = if tied {
+            Presence::Weight
+        } else {
+            Presence::HostWeight
+        };
+        assert_eq!(h.presence, expected, "{what}");
+        let kept = if tied { 0 } else { h.bytes };
+        assert_eq!(
+            on_device.tag_bytes(PlanTag::Weights) - on_host.tag_bytes(PlanTag::Weights),
+            kept,
+            "{what}: the device's weights"
+        );
+        assert_eq!(
+            on_device.requested(MemoryTag::Weights) - on_host.requested(MemoryTag::Weights),
+            kept,
+            "{what}"
+        );
+        // A budget that holds every weight: the plan keeps the table on the host all the same.
+        let budget = on_device.needs.total().unwrap() + on_device.tag_bytes(PlanTag::Weights) * 2;
+        let plan = offload::plan(&on_host.plan_request(budget, offload::LinkModel::h200_default()))
+            .unwrap();
+        let planned = plan
+            .tensors
+            .iter()
+            .find(|t| t.tensor.name == "token_embd.weight")
+            .unwrap();
+        let expected = if tied {
+            offload::Placement::Device
+        } else {
+            offload::Placement::HostZeroCopy
+        };
+        assert_eq!(planned.placement, expected, "{what}: {plan}");
+        assert_eq!(
+            plan.tag(PlanTag::OffloadStaging),
+            0,
+            "{what}: no staging for it"
+        );
+        // The CPU reads its own copy wherever the option says.
+        let cpu = ModelLayout::new(&file, &LayoutOptions::cpu(&ContextOptions::default())).unwrap();
+        assert_eq!(embed(&cpu).presence, Presence::Weight, "{what}");
+    }
+    assert_eq!(
+        seen,
+        [true, true],
+        "the presets hold tied and untied embeddings"
+    );
+}
+
 /// The q8_0 KV cache's bytes against f16's, as the layout books them for the GPU under the
 /// `kv_cache` tag: at most 53.2 % (34 bytes per 32 values against 64).
 #[test]
@@ -127,6 +205,16 @@ fn compare_on_the_gpu(
     let view = layout.replay(true).expect("replay");
     let model = Session::load(file, backend, model_options).expect("load");
     let stats = model.backend().allocator().stats();
+    // An untied embedding stays in pinned host memory under the default
+    // HIPDECODE_GPU_EMBED_TABLE=host: the layout lists it apart, and the backend pinned it.
+    let on_host: u64 = layout
+        .buffers
+        .iter()
+        .filter(|b| b.presence == Presence::HostWeight)
+        .map(|b| b.bytes)
+        .sum();
+    let pinned = model.backend().pinned_lookup_bytes();
+    eprintln!("  lookup tables in pinned host memory: layout {on_host}, backend {pinned}");
     let what = format!("{label} at context {context}, {kv} KV");
     eprintln!("{what}:");
     eprintln!(
@@ -170,6 +258,10 @@ fn compare_on_the_gpu(
         outside,
         "",
         measured
+    );
+    assert_eq!(
+        on_host, pinned,
+        "{what}: lookup tables in pinned host memory"
     );
     assert!(differ.is_empty(), "{what}: {}", differ.join("; "));
 }

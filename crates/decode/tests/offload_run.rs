@@ -169,8 +169,10 @@ fn a_budget_on_the_cpu_backend_is_an_error_not_ignored() {
 /// What one greedy run on the GPU gave.
 struct GreedyRun {
     tokens: Vec<u32>,
-    /// Bytes pinned for weights.
+    /// Bytes pinned for the placement's weights.
     pinned: u64,
+    /// Bytes pinned for an untied embedding, kept on the host whatever the placement.
+    pinned_lookup: u64,
     /// The device's weight bytes after the run.
     on_device: u64,
     process_used: u64,
@@ -211,6 +213,7 @@ fn greedy_on_gpu(
     GreedyRun {
         tokens: report.tokens,
         pinned: backend.pinned_weight_bytes(),
+        pinned_lookup: backend.pinned_lookup_bytes(),
         on_device: model.memory().get(decode::MemoryTag::Weights),
         process_used: backend
             .device_memory()
@@ -263,6 +266,7 @@ fn offload_matches_resident(test: &str, file: Arc<GgufFile>, prompt: &[u32], n: 
         let got = greedy_on_gpu(device, &offloaded, share, &file, prompt, n);
         let GreedyRun {
             pinned,
+            pinned_lookup,
             on_device,
             process_used,
             ..
@@ -300,7 +304,15 @@ fn offload_matches_resident(test: &str, file: Arc<GgufFile>, prompt: &[u32], n: 
             "{test} ({share:?}): {}",
             got.report
         );
-        assert_eq!(pinned, host_bytes, "{test}: pinned bytes are the plan's");
+        assert_eq!(
+            pinned + pinned_lookup,
+            host_bytes,
+            "{test}: pinned bytes are the plan's"
+        );
+        assert_eq!(
+            pinned_lookup, want.pinned_lookup,
+            "{test}: the same table pinned"
+        );
         assert!(on_device + host_bytes >= weights && on_device < want.on_device);
         assert!(
             process_used <= budget,

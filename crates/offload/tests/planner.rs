@@ -72,6 +72,7 @@ fn plan_for(tensors: &[WeightTensor], budget: u64, link: LinkModel) -> Result<Pl
         link,
         other_device_reads_per_token: MIB,
         allow_streamed: true,
+        lookups_on_host: false,
     })
 }
 
@@ -137,6 +138,7 @@ fn the_minimum_is_rounded_up_in_the_message() {
         link: LinkModel::h200_default(),
         other_device_reads_per_token: 0,
         allow_streamed: true,
+        lookups_on_host: false,
     })
     .unwrap_err()
     .to_string();
@@ -362,6 +364,7 @@ fn contradictory_input_is_an_error_not_a_panic() {
         link: LinkModel::h200_default(),
         other_device_reads_per_token: 0,
         allow_streamed: true,
+        lookups_on_host: false,
     });
     assert!(matches!(e, Err(PlanError::Overflow { .. })), "{e:?}");
 }
@@ -459,6 +462,7 @@ proptest! {
                 link: link.clone(),
                 other_device_reads_per_token: kv_reads,
                 allow_streamed: true,
+                lookups_on_host: false,
             })
             .unwrap();
             prop_assert!(p.total() <= budget, "plan takes {} of {budget}:\n{p}", p.total());
@@ -499,6 +503,7 @@ proptest! {
                 link: link.clone(),
                 other_device_reads_per_token: 0,
                 allow_streamed: true,
+                lookups_on_host: false,
             })
             .unwrap();
             prop_assert!(p.total() <= budget);
@@ -537,6 +542,7 @@ fn without_streaming_no_weight_is_streamed_and_no_staging_is_reserved() {
             link: link.clone(),
             other_device_reads_per_token: MIB,
             allow_streamed: false,
+            lookups_on_host: false,
         })
         .unwrap();
         assert_eq!(placed(&p, Placement::Streamed, |_| true), 0, "{p}");
@@ -571,6 +577,7 @@ fn host_staging_is_planned_only_while_a_weight_stays_on_the_host() {
         link: LinkModel::h200_default(),
         other_device_reads_per_token: MIB,
         allow_streamed: false,
+        lookups_on_host: false,
     };
     let p = plan(&request(all_on_device)).unwrap();
     assert_eq!(placed(&p, Placement::Device, |_| true), 4, "{p}");
@@ -619,6 +626,7 @@ fn streaming_shares_the_host_staging_and_small_tensors_stay_in_place() {
         link,
         other_device_reads_per_token: MIB,
         allow_streamed: true,
+        lookups_on_host: false,
     })
     .unwrap();
     assert_eq!(p.staging_slot, 8 * MIB, "{p}");
@@ -633,4 +641,73 @@ fn streaming_shares_the_host_staging_and_small_tensors_stay_in_place() {
     };
     assert_eq!(placement("d0"), Placement::Streamed, "{p}");
     assert_eq!(placement("norm"), Placement::HostZeroCopy, "{p}");
+}
+
+#[test]
+fn lookup_tables_kept_on_the_host_leave_the_rest_planned_as_without_them() {
+    let tensors = moe_model(2);
+    let is_lookup = |t: &WeightTensor| matches!(t.kind, TensorKind::Lookup { .. });
+    let rest: Vec<WeightTensor> = tensors.iter().filter(|t| !is_lookup(t)).cloned().collect();
+    let staged = ResidentNeeds {
+        offload_staging: 4 * MIB,
+        ..needs()
+    };
+    let everything = footprints(&tensors, |_| true);
+    for budget in [
+        staged.total().unwrap(),
+        staged.total().unwrap() + everything / 3,
+        // Enough for every tensor, the table included.
+        staged.total().unwrap() + everything,
+    ] {
+        let request = |tensors, lookups_on_host| PlanRequest {
+            tensors,
+            needs: staged,
+            budget,
+            link: LinkModel::h200_default(),
+            other_device_reads_per_token: MIB,
+            allow_streamed: false,
+            lookups_on_host,
+        };
+        let with = plan(&request(&tensors, true)).unwrap();
+        let without_table = plan(&request(&rest, false)).unwrap();
+        assert_eq!(with.tensors.len(), tensors.len());
+        for (planned, t) in with.tensors.iter().zip(&tensors) {
+            assert_eq!(&planned.tensor, t, "input order");
+            if is_lookup(t) {
+                assert_eq!(planned.placement, Placement::HostZeroCopy, "{with}");
+                assert!(planned.time_fs > 0, "its row is read over the link: {with}");
+            } else {
+                let alone = without_table
+                    .tensors
+                    .iter()
+                    .find(|p| p.tensor.name == t.name)
+                    .unwrap();
+                assert_eq!(planned.placement, alone.placement, "{}: {with}", t.name);
+            }
+        }
+        // The device holds what the plan of the other tensors holds, staging included (none
+        // when those all fit), and the table's read joins the link's time.
+        assert_eq!(with.tags, without_table.tags, "{with}");
+        assert!(with.link_time_fs > without_table.link_time_fs, "{with}");
+        assert_eq!(with.device_time_fs, without_table.device_time_fs);
+        assert!(with.total() <= budget);
+    }
+    // Asked the default way, a budget that holds everything keeps the table on the device.
+    let budget = staged.total().unwrap() + everything;
+    let default = plan(&PlanRequest {
+        tensors: &tensors,
+        needs: staged,
+        budget,
+        link: LinkModel::h200_default(),
+        other_device_reads_per_token: MIB,
+        allow_streamed: false,
+        lookups_on_host: false,
+    })
+    .unwrap();
+    let table = default
+        .tensors
+        .iter()
+        .find(|p| is_lookup(&p.tensor))
+        .unwrap();
+    assert_eq!(table.placement, Placement::Device, "{default}");
 }

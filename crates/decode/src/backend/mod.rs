@@ -39,6 +39,10 @@ pub struct WeightSource<'a> {
     /// The file the bytes live in, for a backend that can read weights in place (the CPU
     /// backend keeps a reference instead of a copy). `None` for bytes from elsewhere.
     pub mapped: Option<MappedTensor<'a>>,
+    /// Whether the model only looks rows of this matrix up by token id and never multiplies
+    /// by it (an embedding table not tied to the output), so a backend may keep it where
+    /// whole reads would be slow (the GPU backend's host memory).
+    pub lookup_only: bool,
 }
 
 impl WeightSource<'_> {

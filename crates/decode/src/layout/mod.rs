@@ -26,7 +26,7 @@ pub mod workspace;
 use crate::backend::gpu::offload::prefetch::HostPrefill;
 use crate::backend::gpu::vendor_gemm::PrefillPath;
 use crate::backend::gpu::{
-    GpuConfig, KvType, MatvecPath, DEFAULT_MAX_BATCH, INT8_MMA_ROWS_DEFAULT,
+    EmbedTable, GpuConfig, KvType, MatvecPath, DEFAULT_MAX_BATCH, INT8_MMA_ROWS_DEFAULT,
 };
 use crate::backend::Attention;
 use crate::context::ContextOptions;
@@ -37,7 +37,9 @@ use allocator::{AllocatorView, Request};
 use bytes::{overflow, sum};
 use context::Activation;
 use gguf_loader::GgufFile;
-use offload::{device_footprint, LinkModel, PlanRequest, PlanTag, ResidentNeeds, WeightTensor};
+use offload::{
+    device_footprint, LinkModel, PlanRequest, PlanTag, ResidentNeeds, TensorKind, WeightTensor,
+};
 
 /// The backend a layout is for: the CPU backend books f32 buffers and the file's bytes, the
 /// GPU backend allocates from rocm-alloc with its own element types and workspace.
@@ -71,6 +73,9 @@ pub struct LayoutOptions {
     /// Whether prefill streams weights left in host memory through device slots
     /// (`HIPDECODE_OFFLOAD_PREFILL`), which the needs then hold.
     pub stream_prefill: bool,
+    /// Whether the GPU backend keeps an embedding table that is only looked up in pinned host
+    /// memory (`HIPDECODE_GPU_EMBED_TABLE=host`): never on the device, whatever the budget.
+    pub lookup_on_host: bool,
 }
 
 impl Default for LayoutOptions {
@@ -88,6 +93,7 @@ impl Default for LayoutOptions {
             vendor_gemm: true,
             step_block_batch: DEFAULT_MAX_BATCH,
             stream_prefill: true,
+            lookup_on_host: true,
         }
     }
 }
@@ -106,6 +112,7 @@ impl LayoutOptions {
             int8_mma_rows: config.int8_mma_max_rows,
             vendor_gemm: config.prefill_path != PrefillPath::Kernels,
             stream_prefill: config.host_prefill == HostPrefill::Stream,
+            lookup_on_host: config.embed_table == EmbedTable::Host,
             ..LayoutOptions::default()
         }
     }
@@ -119,6 +126,7 @@ impl LayoutOptions {
             int8_matvec: false,
             vendor_gemm: false,
             stream_prefill: false,
+            lookup_on_host: false,
             ..LayoutOptions::default()
         }
     }
@@ -141,6 +149,9 @@ pub enum Presence {
     Always,
     /// A weight: on the device unless the plan keeps it in host memory.
     Weight,
+    /// A weight the backend keeps in pinned host memory whatever the plan: an embedding table
+    /// that is only looked up, under [`LayoutOptions::lookup_on_host`].
+    HostWeight,
     /// Freed during the load, replaced by the buffer at this index of the list (which is
     /// allocated right after); its memory stays in the allocator's cache.
     ReplacedBy(usize),
@@ -234,7 +245,12 @@ impl ModelLayout {
         }
         for w in &weights {
             let bytes = if gpu { w.tensor.bytes } else { w.cpu_bytes() };
-            lines.add_as(PlanTag::Weights, &w.tensor.name, bytes, Presence::Weight);
+            let lookup = matches!(w.tensor.kind, TensorKind::Lookup { .. });
+            let presence = match gpu && o.lookup_on_host && lookup {
+                true => Presence::HostWeight,
+                false => Presence::Weight,
+            };
+            lines.add_as(PlanTag::Weights, &w.tensor.name, bytes, presence);
         }
 
         // `Context::new`: the KV cache, then the activations.
@@ -354,7 +370,7 @@ impl ModelLayout {
             .filter(|b| {
                 !matches!(
                     b.presence,
-                    Presence::ReplacedBy(_) | Presence::WithHostWeights
+                    Presence::ReplacedBy(_) | Presence::WithHostWeights | Presence::HostWeight
                 )
             })
             .map(|b| b.bytes)
@@ -402,6 +418,7 @@ impl ModelLayout {
                     true
                 }
                 Presence::Weight => weights_on_device,
+                Presence::HostWeight => false,
                 Presence::WithHostWeights => !weights_on_device,
                 Presence::OutsideAllocator | Presence::Slack => false,
             };
@@ -431,6 +448,7 @@ impl ModelLayout {
             link,
             other_device_reads_per_token: self.kv_read_per_token,
             allow_streamed: true,
+            lookups_on_host: self.options.target == Target::Gpu && self.options.lookup_on_host,
         }
     }
 }

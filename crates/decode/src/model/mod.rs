@@ -79,6 +79,17 @@ struct Loader<'a, B: Backend> {
 
 impl<B: Backend> Loader<'_, B> {
     fn optional(&mut self, name: &str, shape: &[usize]) -> Result<Option<B::Weight>> {
+        self.load(name, shape, false)
+    }
+
+    /// Loads `name` when the file has it; `lookup_only` marks a table the model only looks
+    /// rows up in ([`WeightSource::lookup_only`]).
+    fn load(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        lookup_only: bool,
+    ) -> Result<Option<B::Weight>> {
         let Some(info) = self.file.tensor(name) else {
             return Ok(None);
         };
@@ -112,6 +123,7 @@ impl<B: Backend> Loader<'_, B> {
                 file: self.file,
                 info,
             }),
+            lookup_only,
         })?;
         Ok(Some(w))
     }
@@ -142,7 +154,13 @@ impl<B: Backend> Model<B> {
         let s = &spec;
         let (e, qd, kd, vd) = (s.n_embd, s.widths.q, s.widths.k, s.widths.v);
         let mut ld = Loader { file, backend };
-        let embed = ld.required("token_embd.weight", &[e, s.vocab])?;
+        // Without an output projection the table is also the output's matrix (tied).
+        let tied = file.tensor("output.weight").is_none();
+        let embed = ld
+            .load("token_embd.weight", &[e, s.vocab], !tied)?
+            .ok_or_else(|| DecodeError::MissingTensor {
+                name: "token_embd.weight".into(),
+            })?;
         let output_norm = ld.required("output_norm.weight", &[e])?;
         let output = ld.optional("output.weight", &[e, s.vocab])?;
         let half_rot = [s.layers[0].rope.n_rot / 2];

@@ -7,7 +7,7 @@ use crate::backend::gpu::profile::{self, OpProfile};
 use crate::backend::gpu::{
     buffer::Elem,
     error::{gpu_err, kerr},
-    CpuShare, GpuBackend, GpuBuffer, GpuWeight, KvType, MatvecPath, ReadPath, StepRun,
+    CpuShare, EmbedTable, GpuBackend, GpuBuffer, GpuWeight, KvType, MatvecPath, ReadPath, StepRun,
     INT8_MAX_ROWS,
 };
 use crate::backend::{
@@ -101,6 +101,22 @@ impl Backend for GpuBackend {
             let mem = self.device_weight(cols * 4, src.name)?;
             self.upload(mem.ptr(), &v)?;
             return Ok(GpuWeight::Vector { mem, len: cols });
+        }
+        if src.lookup_only && self.embed_table == EmbedTable::Host {
+            // No product reads it, so it neither joins `host_matrices` (the prefetch slots'
+            // sizes) nor splits with the host's cores: the lookup kernel reads a row a token.
+            let mem = self.host_weights.place_lookup(
+                self.hip.device(),
+                src,
+                crate::budget_run::unflagged_host_budget,
+            )?;
+            return Ok(GpuWeight::Matrix {
+                mem,
+                format: src.format,
+                dims: src.dims,
+                name: src.name.to_string(),
+                read: ReadPath::ZeroCopy,
+            });
         }
         let (mem, read) = match self.host_weights.place(self.hip.device(), src, src.bytes)? {
             Some(pinned) => {

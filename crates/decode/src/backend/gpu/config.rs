@@ -112,6 +112,34 @@ pub static MOE_GROUPED: Knob<MoeGrouped> = Knob {
     },
 };
 
+/// Where the GPU backend keeps an embedding table that is only looked up (one not tied to the
+/// output projection).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EmbedTable {
+    /// In mapped pinned host memory, its rows read in place by the lookup kernel: a step
+    /// reads one row a token (2.3 KiB for Llama 3.1 8B at Q4_K) across the host link, and the
+    /// device keeps the table's size free (281 MiB there), as llama.cpp keeps it on the host.
+    Host,
+    /// In device memory.
+    Device,
+}
+
+pub static EMBED_TABLE: Knob<EmbedTable> = Knob {
+    name: "HIPDECODE_GPU_EMBED_TABLE",
+    default: "host",
+    doc: "where the GPU backend keeps an embedding table that is only looked up (not tied to \
+          the output): `host` (pinned host memory, a token's row read in place over the link, \
+          the table's size left free on the device) or `device`; a tied table is always on \
+          the device, since the output product reads all of it",
+    scope: Scope::Run,
+    parse: |v| {
+        knobs::parse::choice(
+            v,
+            &[("host", EmbedTable::Host), ("device", EmbedTable::Device)],
+        )
+    },
+};
+
 pub static ATTN_PREFILL: Knob<attn::PrefillKernel> = Knob {
     name: "HIPDECODE_GPU_ATTN_PREFILL",
     default: "auto",
@@ -160,6 +188,7 @@ pub struct GpuConfig {
     pub mma_max_rows: usize,
     pub int8_mma_max_rows: usize,
     pub moe_grouped: MoeGrouped,
+    pub embed_table: EmbedTable,
     pub kv_type: KvType,
     pub attn_prefill: attn::PrefillKernel,
     pub attn_decode: attn::DecodeKernel,
@@ -178,6 +207,7 @@ impl GpuConfig {
             mma_max_rows: MMA_MAX_ROWS.value(env)?,
             int8_mma_max_rows: INT8_MMA_MAX_ROWS.value(env)?,
             moe_grouped: MOE_GROUPED.value(env)?,
+            embed_table: EMBED_TABLE.value(env)?,
             // `-ctk` / `-ctv` set it (`BackendSettings::kv_type`); no knob reads it.
             kv_type: KvType::F16,
             attn_prefill: ATTN_PREFILL.value(env)?,

@@ -122,6 +122,7 @@ impl GpuBackend {
             mma_max_rows: config.mma_max_rows,
             int8_mma_max_rows: config.int8_mma_max_rows,
             moe_grouped: config.moe_grouped,
+            embed_table: config.embed_table,
             attn_prefill: config.attn_prefill,
             attn_decode: config.attn_decode,
             kv_type: config.kv_type,
@@ -180,9 +181,16 @@ impl GpuBackend {
         )?))
     }
 
-    /// Bytes of weights pinned in host memory.
+    /// Bytes of the placement's weights pinned in host memory (lookup tables apart:
+    /// [`GpuBackend::pinned_lookup_bytes`]).
     pub fn pinned_weight_bytes(&self) -> u64 {
         self.host_weights.pinned_bytes()
+    }
+
+    /// Bytes of lookup tables (an untied embedding) kept in pinned host memory whatever the
+    /// placement (`HIPDECODE_GPU_EMBED_TABLE=host`).
+    pub fn pinned_lookup_bytes(&self) -> u64 {
+        self.host_weights.lookup_bytes()
     }
 
     /// Switches how matrix-vector products read activations (tests run both paths; users set

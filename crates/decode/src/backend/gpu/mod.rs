@@ -37,8 +37,9 @@ mod weight_block;
 
 pub use buffer::GpuBuffer;
 pub use config::{
-    GpuConfig, KvType, MatvecPath, MoeGrouped, ATTN_DECODE, ATTN_PREFILL, INT8_MAX_ROWS,
-    INT8_MMA_MAX_ROWS, INT8_MMA_ROWS_DEFAULT, MATVEC_PATH, MMA_MAX_ROWS, MOE_GROUPED,
+    EmbedTable, GpuConfig, KvType, MatvecPath, MoeGrouped, ATTN_DECODE, ATTN_PREFILL, EMBED_TABLE,
+    INT8_MAX_ROWS, INT8_MMA_MAX_ROWS, INT8_MMA_ROWS_DEFAULT, MATVEC_PATH, MMA_MAX_ROWS,
+    MOE_GROUPED,
 };
 pub use offload::host_weights::{HostPlacement, WeightMemory};
 pub use offload::hybrid::{CpuShare, CPU_SHARE, MAX_CPU_SHARE};
@@ -163,6 +164,8 @@ pub struct GpuBackend {
     int8_mma_max_rows: usize,
     /// The products of the grouped MoE prefill (`HIPDECODE_GPU_MOE_GROUPED`).
     moe_grouped: MoeGrouped,
+    /// Where an embedding table that is only looked up goes (`HIPDECODE_GPU_EMBED_TABLE`).
+    embed_table: EmbedTable,
     /// The prefill attention kernel.
     attn_prefill: attn::PrefillKernel,
     /// The decode attention kernel.

@@ -81,8 +81,16 @@ impl WeightMemory {
 #[derive(Default)]
 pub(crate) struct HostWeights {
     pub(crate) placement: HostPlacement,
+    /// Whether a budget run set the placement (its host budget then bounds every pin).
+    pub(crate) planned: bool,
+    /// Bytes and tensors pinned for the placement's weights.
     pub(crate) pinned: u64,
     pub(crate) tensors: usize,
+    /// Bytes and tensors pinned for lookup tables kept on the host whatever the placement
+    /// (`HIPDECODE_GPU_EMBED_TABLE=host`). Apart from the placement's, since no product reads
+    /// them: they neither split with the host's cores nor need the prefetch slots.
+    pub(crate) lookup_pinned: u64,
+    pub(crate) lookup_tensors: usize,
 }
 
 impl HostWeights {
@@ -108,7 +116,73 @@ impl HostWeights {
             ));
         }
         self.placement = placement;
+        self.planned = true;
         Ok(())
+    }
+
+    /// Pins lookup table `src` (an embedding only looked up, never multiplied), which the
+    /// backend keeps in host memory whatever the placement. Its bytes count against the host
+    /// budget with the placement's: a budget run's plan already counted them (its request keeps
+    /// lookup tables on the host); a run without one is bounded by `unplanned_budget` (the
+    /// host budget's variable, or a share of available host memory), asked only then.
+    pub(crate) fn place_lookup(
+        &mut self,
+        device: &Device,
+        src: &WeightSource<'_>,
+        unplanned_budget: impl FnOnce() -> Result<(u64, String)>,
+    ) -> Result<WeightMemory> {
+        self.admit_lookup(src.name, src.bytes.len() as u64, unplanned_budget)?;
+        let pinned = PinnedHostBuffer::from_bytes(device, src.bytes).map_err(|e| {
+            DecodeError::Allocation {
+                what: format!("pinned host memory for the lookup table '{}'", src.name),
+                reason: format!(
+                    "{e}; keep the table on the device with HIPDECODE_GPU_EMBED_TABLE=device"
+                ),
+            }
+        })?;
+        self.lookup_pinned += src.bytes.len() as u64;
+        self.lookup_tensors += 1;
+        Ok(WeightMemory::Host(pinned))
+    }
+
+    /// Whether lookup table `name` of `len` bytes may be pinned: an error naming the fixes when
+    /// it would pass the host budget (checked before anything is pinned).
+    fn admit_lookup(
+        &self,
+        name: &str,
+        len: u64,
+        unplanned_budget: impl FnOnce() -> Result<(u64, String)>,
+    ) -> Result<()> {
+        let (budget, source) = match self.planned {
+            true => (
+                self.placement.host_budget,
+                "the run's host budget".to_string(),
+            ),
+            false => unplanned_budget()?,
+        };
+        let after = self.pinned_total().saturating_add(len);
+        if after > budget {
+            let raise = match self.planned {
+                true => "raise the host budget (--host-budget or HIPDECODE_HOST_BUDGET)",
+                false => "raise HIPDECODE_HOST_BUDGET or free host memory",
+            };
+            return Err(DecodeError::Allocation {
+                what: format!("pinned host memory for the lookup table '{name}'"),
+                reason: format!(
+                    "{} more would bring pinned host memory to {}, above {} ({source}); {raise}, \
+                     or keep the table on the device with HIPDECODE_GPU_EMBED_TABLE=device",
+                    fmt_bytes(len),
+                    fmt_bytes(after),
+                    fmt_bytes(budget)
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Bytes pinned for weights of either kind.
+    fn pinned_total(&self) -> u64 {
+        self.pinned.saturating_add(self.lookup_pinned)
     }
 
     /// `Some` with `bytes` pinned when the placement keeps `src` on the host, `None` when it
@@ -140,7 +214,7 @@ impl HostWeights {
         if self.placement_of(name) == Placement::Device {
             return Ok(false);
         }
-        let after = self.pinned.saturating_add(len);
+        let after = self.pinned_total().saturating_add(len);
         if after > self.placement.host_budget {
             return Err(DecodeError::Allocation {
                 what: format!("pinned host memory for weight '{name}'"),
@@ -162,22 +236,35 @@ impl HostWeights {
         self.placement.device_weight_bytes
     }
 
-    /// Bytes pinned for weights so far.
+    /// Bytes pinned for the placement's weights so far (lookup tables apart).
     pub(crate) fn pinned_bytes(&self) -> u64 {
         self.pinned
     }
 
+    /// Bytes pinned for lookup tables kept on the host.
+    pub(crate) fn lookup_bytes(&self) -> u64 {
+        self.lookup_pinned
+    }
+
     /// The device report's line, or nothing when no weight is on the host.
     pub(crate) fn report_line(&self) -> String {
-        if self.tensors == 0 {
-            return String::new();
+        let mut line = String::new();
+        if self.lookup_tensors > 0 {
+            line += &format!(
+                "pinned host: embedding table {} read in place, a row a token \
+                 (HIPDECODE_GPU_EMBED_TABLE=host)\n",
+                fmt_bytes(self.lookup_pinned)
+            );
         }
-        format!(
-            "pinned host: weights {} in {} tensors read in place (host budget {})\n",
-            fmt_bytes(self.pinned),
-            self.tensors,
-            fmt_bytes(self.placement.host_budget)
-        )
+        if self.tensors > 0 {
+            line += &format!(
+                "pinned host: weights {} in {} tensors read in place (host budget {})\n",
+                fmt_bytes(self.pinned),
+                self.tensors,
+                fmt_bytes(self.placement.host_budget)
+            );
+        }
+        line
     }
 }
 
@@ -203,6 +290,45 @@ mod tests {
         })
         .unwrap();
         b
+    }
+
+    #[test]
+    fn lookup_tables_share_the_host_budget_and_the_report() {
+        let unplanned = || Ok((100, "a test's 100 bytes".to_string()));
+        let never = || -> Result<(u64, String)> { panic!("a planned run has its own budget") };
+        // Without a plan: the unplanned budget bounds the table.
+        let b = HostWeights::default();
+        b.admit_lookup("token_embd.weight", 100, unplanned).unwrap();
+        let err = b
+            .admit_lookup("token_embd.weight", 101, unplanned)
+            .expect_err("one byte over")
+            .to_string();
+        for part in [
+            "'token_embd.weight'",
+            "a test's 100 bytes",
+            "EMBED_TABLE=device",
+        ] {
+            assert!(err.contains(part), "{part}: {err}");
+        }
+        // With a plan: its host budget bounds the table and the planned weights together.
+        let mut b = books(&["a"], 100);
+        b.admit_lookup("t", 100, never).unwrap();
+        b.lookup_pinned = 70;
+        b.lookup_tensors = 1;
+        assert!(b.admit("a", 30).unwrap());
+        let err = b
+            .admit("a", 31)
+            .expect_err("the table's bytes count")
+            .to_string();
+        assert!(err.contains("above the host budget"), "{err}");
+        let err = b.admit_lookup("t", 31, never).unwrap_err().to_string();
+        assert!(err.contains("--host-budget"), "{err}");
+        // Apart in the books: the placement's pinned bytes (which turn on the hybrid split)
+        // stay 0, and the report names the table.
+        assert_eq!((b.pinned_bytes(), b.lookup_bytes()), (0, 70));
+        assert!(b
+            .report_line()
+            .starts_with("pinned host: embedding table 70 B"));
     }
 
     #[test]
