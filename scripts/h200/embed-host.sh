@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The untied embedding table in pinned host memory (issue 24, item 6: device memory at or below
+# llama.cpp's), and the first GPU run of the int8 kernel's grouped MoE entry on the landed tile
+# (issue 23 c). In phases, each in the foreground of one device call (a lease ends 30 s after
+# its last call):
+#   tests  the int8 kernels' self-test cases, the conformance (embed with the table on the
+#          host, moe, argmax), the layout against the allocator per tag, offload under a budget
+#          and the golden GPU tokens, while llama.cpp builds and the 8B and 30B-A3B shapes are
+#          synthesized in the background;
+#   mem    each process alone, nvidia-smi sampling its used_memory every 50 ms: ours with the
+#          table on the host (the default) and on the device, and llama-bench, alternating, on
+#          the 8B and 30B-A3B shapes (`-p 512 -n 128`);
+#   ab     bench-decode --ab of HIPDECODE_GPU_EMBED_TABLE=device against the default on the 8B
+#          shape (pp512, tg128), and of HIPDECODE_GPU_MOE_GROUPED=vendor against the default on
+#          the 30B-A3B shape's batched decode at 32 and 64 sequences.
+# From the checkout root, with bundle-e/{bench-decode,hipdecode,xtask} and bundle-e/tests
+# (release, stripped) and .peer (llama.cpp's source and build script):
+#   bash scripts/h200/embed-host.sh tests|mem|ab; bash scripts/h200/embed-host.sh collect
+# Logs under /tmp/eh; collect packs them into $OUT/eh.tgz and prints the summary.
+set -u
+D=/tmp/eh
+if [ "${1:-}" = collect ]; then
+    tar czf "$OUT/eh.tgz" -C /tmp eh 2>/dev/null
+    cat $D/summary.txt 2>/dev/null
+    exit 0
+fi
+mkdir -p $D
+export HIPDECODE_KERNEL_CACHE=/tmp/kcache
+N=bundle-e
+L=/tmp/llama3-8b-q4_k_m.gguf
+Q=/tmp/qwen3-30b-a3b-q4_k_m.gguf
+LB=/tmp/llama/b/bin
+st() { echo "$* at $(date -u +%T)" >>$D/summary.txt; }
+run() { # crate binary [args]
+    local crate=$1 bin=$2
+    shift 2
+    (cd "crates/$crate" && HIPDECODE_REQUIRE_GPU=1 timeout 300 ../../$N/tests/"$bin"-* "$@" \
+        >$D/test-$bin.log 2>&1)
+    st "$crate/$bin exit $? $(grep -h 'test result' $D/test-$bin.log | tail -1)"
+}
+case "${1:-}" in
+tests)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >$D/gpu.txt
+    mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
+    [ -d /tmp/llama/b ] || (setsid bash .peer/build-on-device.sh >$D/llama-build.log 2>&1 \
+        </dev/null &)
+    [ -f $L ] || (setsid bash -c "$N/xtask synth-model llama3-8b-q4_k_m -o $L >$D/synth.log 2>&1; \
+        echo done >$D/synth.done; $N/xtask synth-model qwen3-30b-a3b-q4_k_m -o $Q \
+        >$D/synth-q.log 2>&1; echo done >$D/synth-q.done" </dev/null >/dev/null 2>&1 &)
+    st started
+    timeout 300 $N/hipdecode selftest --no-models --filter matmul_q8_mma >$D/selftest.log 2>&1
+    st "selftest matmul_q8_mma exit $? $(tail -1 $D/selftest.log)"
+    run decode backend_conformance --test-threads=2
+    run decode layout --test-threads=1
+    run decode offload_run --test-threads=1
+    run decode golden_tokens gpu_greedy
+    if ! grep -q "test result: ok" $D/test-golden_tokens.log; then
+        (cd crates/decode && HIPDECODE_REQUIRE_GPU=1 HIPDECODE_BLESS_GOLDEN=$D/greedy_tokens.json \
+            timeout 300 ../../$N/tests/golden_tokens-* gpu_greedy >$D/golden-bless.log 2>&1)
+        st "golden bless exit $?"
+    fi
+    ;;
+mem)
+    for _ in $(seq 1 150); do [ -f $D/synth-q.done ] && break; sleep 2; done
+    st "shapes written"
+    for _ in $(seq 1 90); do [ -f /tmp/llama/BUILD_RC ] && break; sleep 5; done
+    st "llama.cpp build rc $(cat /tmp/llama/BUILD_RC 2>/dev/null)"
+    peak() { # label command...
+        local label=$1
+        shift
+        nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 50 \
+            >"$D/$label.smi" 2>/dev/null &
+        local sampler=$!
+        "$@" >"$D/$label.out" 2>&1
+        local rc=$?
+        sleep 0.2
+        kill $sampler
+        local max
+        max=$(awk -F, '{gsub(/ /, "", $2); if ($2 + 0 > m) m = $2 + 0} END {print m + 0}' \
+            "$D/$label.smi")
+        st "$label exit $rc nvidia-smi peak $max MiB"
+    }
+    ours() { # label model table
+        peak "$1" env HIPDECODE_GPU_EMBED_TABLE=$3 timeout 150 $N/bench-decode -m "$2" \
+            --device gpu -p 512 -n 128 -r 3
+    }
+    llama() { peak "$1" timeout 150 $LB/llama-bench -m "$2" -p 512 -n 128 -ngl 99 -fa 1 -r 3; }
+    for m in 8b:$L 30b:$Q; do
+        name=${m%%:*} file=${m#*:}
+        ours "$name-host-1" "$file" host
+        ours "$name-device-1" "$file" device
+        llama "$name-llama-1" "$file"
+        ours "$name-device-2" "$file" device
+        ours "$name-host-2" "$file" host
+        llama "$name-llama-2" "$file"
+    done
+    ;;
+ab)
+    timeout 300 $N/bench-decode -m $L --device gpu -p 512 -n 128 -r 5 \
+        --ab "HIPDECODE_GPU_EMBED_TABLE=device" "" --rounds 2 >$D/ab-embed-8b.md 2>&1
+    st "ab embed 8B exit $?"
+    timeout 280 $N/bench-decode -m $Q --device gpu --npl 32,64 --npp 128 --ntg 64 \
+        --ab "HIPDECODE_GPU_MOE_GROUPED=vendor" "" --rounds 2 >$D/ab-moe-batched.md 2>&1
+    st "ab moe batched exit $?"
+    ;;
+esac
