@@ -142,7 +142,7 @@ pub fn with_budget(
     base: BackendSettings,
     choice: &decode::device::BackendChoice,
     file: &decode::gguf_loader::GgufFile,
-    context: usize,
+    bounds: &decode::context::ContextOptions,
     gpu_budget: Option<&str>,
     host_budget: Option<&str>,
 ) -> Result<BackendSettings> {
@@ -155,7 +155,7 @@ pub fn with_budget(
         file,
         gpu_budget,
         host_budget,
-        decode::layout::LayoutOptions::for_config(context, &gpu_config),
+        decode::layout::LayoutOptions::gpu(bounds, &gpu_config, base.gpu_max_batch),
         gpu_config.cpu_share,
     )?;
     if let Some(b) = &budget_run {

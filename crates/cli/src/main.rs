@@ -305,7 +305,10 @@ fn run(args: RunArgs) -> Result<()> {
         base,
         &choice.backend,
         &file,
-        args.backend.ctx,
+        &decode::context::ContextOptions {
+            context: args.backend.ctx,
+            ..Default::default()
+        },
         args.gpu_budget.as_deref(),
         args.host_budget.as_deref(),
     )?;

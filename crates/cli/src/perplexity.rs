@@ -76,7 +76,11 @@ pub fn perplexity(args: PerplexityArgs) -> Result<()> {
         device::BackendChoice::Cpu => ContextOptions::default().max_batch,
     }
     .min(chunk);
-    let settings = crate::args::with_budget(base, &choice.backend, &file, chunk, None, None)?;
+    let bounds = ContextOptions {
+        context: chunk,
+        ..ContextOptions::default()
+    };
+    let settings = crate::args::with_budget(base, &choice.backend, &file, &bounds, None, None)?;
     choice.backend.run(
         settings,
         Evaluation {

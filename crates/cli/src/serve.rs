@@ -43,8 +43,10 @@ pub struct ServeArgs {
     #[arg(long)]
     batch: Option<usize>,
     /// Bytes of KV cache all sequences share ("2GiB", "512MiB"): requests are admitted while
-    /// their prompts fit and wait otherwise. Default: every sequence's whole context
-    /// (--parallel × --ctx positions).
+    /// their prompts fit and wait otherwise. Default: HIPDECODE_KV_BUDGET; else on a GPU what
+    /// the device has left after the weights, activations and workspace, less a reserve, at
+    /// most every sequence's whole context (--parallel × --ctx positions), which the CPU
+    /// always takes.
     #[arg(long)]
     kv_budget: Option<String>,
     /// GPU: cap everything the server takes on the device (bytes, "6.5GiB", "75%"), as
@@ -94,9 +96,11 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     }
     let base = args.backend.settings()?;
     let max_body = offload::parse_size("--max-body", &args.max_body)?;
-    let kv_budget = (args.kv_budget.as_deref())
-        .map(|b| offload::parse_size("--kv-budget", b))
-        .transpose()?;
+    let kv_budget = match args.kv_budget.as_deref() {
+        Some(b) => Some((offload::parse_size("--kv-budget", b)?, "--kv-budget")),
+        None => (decode::layout::kv_fit::KV_BUDGET.read()?)
+            .map(|b| (b, decode::layout::kv_fit::KV_BUDGET.name)),
+    };
     let config = ServeConfig {
         host: args.host.clone(),
         port: args.port,
@@ -134,11 +138,23 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         gpu_max_batch: base.gpu_max_batch.max(batch),
         ..base
     };
+    // A GPU budget is planned for the server's own bounds: its sequences, its steps, and the
+    // KV pool of the KV budget where one is given (the planner's share of the budget).
+    let plan_bounds = ContextOptions {
+        context: args.backend.ctx,
+        max_batch: batch,
+        all_logits: false,
+        sequences: args.parallel,
+        kv_blocks: match kv_budget {
+            Some((budget, source)) => Some(budget_blocks(&file, &args, batch, budget, source)?),
+            None => None,
+        },
+    };
     let settings = crate::args::with_budget(
         base,
         &choice.backend,
         &file,
-        args.backend.ctx,
+        &plan_bounds,
         args.gpu_budget.as_deref(),
         args.host_budget.as_deref(),
     )?;
@@ -171,7 +187,8 @@ struct Serving<'a> {
     tokenizer: Arc<Tokenizer>,
     template: Result<ChatTemplate, String>,
     alias: String,
-    kv_budget: Option<u64>,
+    /// The KV budget in bytes and the flag or variable that gave it.
+    kv_budget: Option<(u64, &'static str)>,
     batch: usize,
     server: &'a Server,
 }
@@ -191,28 +208,33 @@ impl WithBackend for Serving<'_> {
             max_batch,
             backend.kv_storage(),
         )?;
-        let kv_blocks = match self.kv_budget {
-            None => None,
-            Some(budget) => {
-                let blocks = budget / block_bytes.max(1);
-                anyhow::ensure!(
-                    blocks >= 1,
-                    "--kv-budget {} holds no KV block: one block of {} positions takes {}; \
-                     raise the budget",
-                    human_bytes(budget),
-                    decode::kv::BLOCK_POSITIONS,
-                    human_bytes(block_bytes)
-                );
-                Some(usize::try_from(blocks).unwrap_or(usize::MAX))
-            }
-        };
-        let options = ContextOptions {
+        let whole = ContextOptions {
             context,
             max_batch,
             all_logits: false,
             sequences: args.parallel,
-            kv_blocks,
+            kv_blocks: None,
         };
+        let kv_blocks = match self.kv_budget {
+            // On a device without a budget: the pool the memory left after the weights holds.
+            None => match backend.fit_kv_pool(self.file, &whole) {
+                Some(fit) => {
+                    let fit = fit.context("sizing the KV pool to the device")?;
+                    eprintln!("{}", fit.describe());
+                    fit.blocks
+                }
+                None => None,
+            },
+            Some((budget, source)) => Some(kv_budget_blocks(
+                spec,
+                context,
+                max_batch,
+                backend.kv_storage(),
+                budget,
+                source,
+            )?),
+        };
+        let options = ContextOptions { kv_blocks, ..whole };
         let ctx = Context::new(&model, &mut backend, options).context("making the context")?;
         let plan = ctx.kv_plan();
         let positions = plan.pool_blocks * plan.block;
@@ -252,6 +274,46 @@ impl WithBackend for Serving<'_> {
         decode::engine::run(&model, backend, ctx, inbox)?;
         Ok(())
     }
+}
+
+/// The KV pool blocks of `budget` bytes (from `source`) for a GPU plan, before the backend
+/// exists: blocks of the KV type the GPU backend will store (-ctk, f16 by default).
+fn budget_blocks(
+    file: &decode::gguf_loader::GgufFile,
+    args: &ServeArgs,
+    batch: usize,
+    budget: u64,
+    source: &str,
+) -> Result<usize> {
+    let spec = decode::model::ModelSpec::from_gguf(file)?;
+    let context = decode::layout::context::clamp_context(&spec, args.backend.ctx);
+    let kv = args
+        .backend
+        .settings()?
+        .kv_type
+        .unwrap_or(decode::kv::KvType::F16);
+    kv_budget_blocks(&spec, context, batch, kv, budget, source)
+}
+
+/// Blocks of `kv` KV that `budget` bytes (from `source`) hold, or an error when not one does.
+fn kv_budget_blocks(
+    spec: &decode::model::ModelSpec,
+    context: usize,
+    max_batch: usize,
+    kv: decode::kv::KvType,
+    budget: u64,
+    source: &str,
+) -> Result<usize> {
+    let block_bytes = decode::layout::context::pool_block_bytes(spec, context, max_batch, kv)?;
+    let blocks = budget / block_bytes.max(1);
+    anyhow::ensure!(
+        blocks >= 1,
+        "{source} {} holds no KV block: one block of {} positions takes {}; raise the budget",
+        human_bytes(budget),
+        decode::kv::BLOCK_POSITIONS,
+        human_bytes(block_bytes)
+    );
+    Ok(usize::try_from(blocks).unwrap_or(usize::MAX))
 }
 
 /// The key from --api-key, or from the first line of --api-key-file: an error names the file

@@ -663,6 +663,21 @@ fn impossible_settings_are_refused_at_start_with_the_fix() {
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+    // The KV budget's variable, where --kv-budget is not given.
+    for (value, needle) in [
+        ("1KiB", "HIPDECODE_KV_BUDGET 1.0 KiB holds no KV block"),
+        ("lots", "HIPDECODE_KV_BUDGET"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hipdecode"))
+            .args(["serve", "--device", "cpu", "--port", "0", "-m"])
+            .arg(&model)
+            .env("HIPDECODE_KV_BUDGET", value)
+            .output()
+            .expect("run hipdecode serve");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{value}: {err}");
+        assert!(err.contains(needle), "{value}: {err}");
+    }
     // Two keys are a usage error (clap's status 2).
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_hipdecode"))
         .args(["serve", "--device", "cpu", "--port", "0", "-m"])

@@ -68,6 +68,7 @@ pub static TABLE: Table = &[
     &crate::backend::gpu::offload::prefetch::OFFLOAD_PREFILL,
     &crate::budget_run::OFFLOAD_STREAM,
     &crate::budget_run::HOST_BUDGET,
+    &crate::layout::kv_fit::KV_BUDGET,
     &SYNTH_MODELS,
     &BLESS_GOLDEN,
 ];

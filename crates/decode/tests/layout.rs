@@ -298,3 +298,80 @@ fn the_layout_is_what_a_gpu_load_allocates_per_tag() {
         }
     }
 }
+
+/// A server's default KV pool on a GPU (`Backend::fit_kv_pool`): under a memory limit that
+/// leaves room for a part of the whole contexts, the pool fitted to what is left after the
+/// weights allocates, with its activations and workspace, within the limit; with no limit
+/// every whole context fits a tiny model on a large device.
+#[test]
+fn a_kv_pool_fitted_to_the_device_allocates_within_its_limit() {
+    let test = "a_kv_pool_fitted_to_the_device_allocates_within_its_limit";
+    let _one_at_a_time = gpu_lock();
+    let Some(device) = hip_ffi::testing::device_or_skip(test) else {
+        return;
+    };
+    let file = Arc::new(common::preset_file(Preset::TinyLlama));
+    let bounds = ContextOptions {
+        context: 2048,
+        sequences: 16,
+        max_batch: DEFAULT_MAX_BATCH,
+        ..ContextOptions::default()
+    };
+    let open = |limit| {
+        let config = GpuConfig::from_process().expect("the GPU settings are valid");
+        GpuBackend::with_config(device, DEFAULT_MAX_BATCH, true, limit, &config)
+            .expect("the GPU backend starts")
+    };
+    // Unlimited: the whole contexts.
+    let mut backend = open(None);
+    let model = Model::load(&file, &mut backend).expect("load");
+    let weights_reserved = backend.allocator().stats().reserved_bytes;
+    let fit = backend
+        .fit_kv_pool(&file, &bounds)
+        .expect("a device")
+        .expect("fits");
+    eprintln!("{test}: unlimited: {}", fit.describe());
+    assert_eq!(fit.blocks, None, "{fit:?}");
+    // The allocator's part of the layout at `blocks` (None: whole contexts).
+    let allocator_needs = |blocks| {
+        let options = LayoutOptions {
+            bounds: ContextOptions {
+                kv_blocks: blocks,
+                ..bounds
+            },
+            ..backend.layout_options(&bounds)
+        };
+        let n = ModelLayout::new(&file, &options).unwrap().needs;
+        n.kv_cache + n.activations + n.workspace + n.allocator_slack
+    };
+    let (one, whole) = (allocator_needs(Some(1)), allocator_needs(None));
+    drop(model);
+    drop(backend);
+    // A limit of the weights and half way from one block to the whole contexts.
+    let limit = weights_reserved + one + (whole - one) / 2;
+    let mut backend = open(Some(limit));
+    let model = Model::load(&file, &mut backend).expect("load");
+    let fit = backend
+        .fit_kv_pool(&file, &bounds)
+        .expect("a device")
+        .expect("fits");
+    eprintln!("{test}: limit {limit}: {}", fit.describe());
+    let blocks = fit.blocks.expect("a part of the whole contexts");
+    assert!(blocks < fit.whole_blocks);
+    let ctx = Context::new(
+        &model,
+        &mut backend,
+        ContextOptions {
+            kv_blocks: Some(blocks),
+            ..bounds
+        },
+    )
+    .expect("the fitted pool allocates");
+    assert_eq!(ctx.kv_plan().pool_blocks, blocks);
+    let stats = backend.allocator().stats();
+    assert!(
+        stats.reserved_bytes <= limit,
+        "{} > {limit}",
+        stats.reserved_bytes
+    );
+}

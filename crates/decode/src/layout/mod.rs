@@ -19,6 +19,7 @@
 pub mod allocator;
 mod bytes;
 pub mod context;
+pub mod kv_fit;
 pub mod runtime;
 pub mod weights;
 pub mod workspace;

@@ -30,6 +30,51 @@ impl GpuBackend {
         })
     }
 
+    /// [`crate::backend::Backend::fit_kv_pool`]: the layout of this backend's buffers for
+    /// `bounds`, fitted to the device's free memory now and the allocator's limit.
+    pub(super) fn kv_pool_fit(
+        &self,
+        file: &gguf_loader::GgufFile,
+        bounds: &crate::context::ContextOptions,
+    ) -> Result<crate::layout::kv_fit::KvFit> {
+        let info = self
+            .device()
+            .mem_get_info()
+            .map_err(|e| gpu_err("reading device memory", e))?;
+        let reserved = self.alloc.stats().reserved_bytes;
+        let room = crate::layout::kv_fit::DeviceRoom {
+            free: info.free,
+            allocator_headroom: self
+                .alloc
+                .memory_limit()
+                .map(|l| l.saturating_sub(reserved)),
+            total: info.total,
+        };
+        let options = self.layout_options(bounds);
+        let host_weights = self.host_weights.pinned_bytes() > 0;
+        crate::layout::kv_fit::kv_blocks_that_fit(file, &options, &room, host_weights)
+    }
+
+    /// The layout options of this backend's buffers for a context of `bounds`: its KV type,
+    /// paths and step block as they are, the vendor GEMM's buffers where its library opened.
+    pub fn layout_options(
+        &self,
+        bounds: &crate::context::ContextOptions,
+    ) -> crate::layout::LayoutOptions {
+        use crate::backend::gpu::offload::prefetch::HostPrefill;
+        crate::layout::LayoutOptions {
+            bounds: *bounds,
+            target: crate::layout::Target::Gpu,
+            kv_type: self.kv_type,
+            int8_matvec: self.matvec_path == crate::backend::gpu::MatvecPath::Int8,
+            int8_mma_rows: self.int8_mma_max_rows,
+            vendor_gemm: self.vendor_gemm.is_some(),
+            step_block_batch: self.step.max_batch,
+            stream_prefill: self.host_prefill == HostPrefill::Stream,
+            lookup_on_host: self.embed_table == crate::backend::gpu::EmbedTable::Host,
+        }
+    }
+
     /// The memory report a user reads: per tag the bytes held, then the allocator's reserved,
     /// cached and peaks, and the device memory the process holds outside the allocator.
     pub(super) fn device_report_text(&self) -> Result<String> {
