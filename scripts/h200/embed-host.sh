@@ -7,7 +7,8 @@
 #          host, moe, argmax), the layout against the allocator per tag, offload under a budget
 #          and the golden GPU tokens, while llama.cpp builds and the 8B and 30B-A3B shapes are
 #          synthesized in the background;
-#   mem    each process alone, nvidia-smi sampling its used_memory every 50 ms: ours with the
+#   mem    a server asked for 64 x 131072 positions of KV on the 8B shape (its pool sized to
+#          the device); then each process alone, nvidia-smi sampling its used_memory every 50 ms: ours with the
 #          table on the host (the default) and on the device, and llama-bench, alternating, on
 #          the 8B and 30B-A3B shapes (`-p 512 -n 128`);
 #   ab     bench-decode --ab of HIPDECODE_GPU_EMBED_TABLE=device against the default on the 8B
@@ -51,7 +52,7 @@ tests)
     timeout 300 $N/hipdecode selftest --no-models --filter matmul_q8_mma >$D/selftest.log 2>&1
     st "selftest matmul_q8_mma exit $? $(tail -1 $D/selftest.log)"
     run decode backend_conformance --test-threads=2
-    run decode layout --test-threads=1
+    run decode layout --test-threads=1 --nocapture
     run decode offload_run --test-threads=1
     run decode golden_tokens gpu_greedy
     if ! grep -q "test result: ok" $D/test-golden_tokens.log; then
@@ -63,6 +64,15 @@ tests)
 mem)
     for _ in $(seq 1 150); do [ -f $D/synth-q.done ] && break; sleep 2; done
     st "shapes written"
+    # A server asked for far more KV than the device holds (64 sequences of 131072 positions,
+    # about 1 TiB at f16 on the 8B shape) sizes its pool to the device instead of failing.
+    $N/hipdecode serve -m $L --device gpu --port 0 --parallel 64 --ctx 131072 \
+        >$D/serve-fit.log 2>&1 &
+    pid=$!
+    for _ in $(seq 1 60); do grep -q '^ready' $D/serve-fit.log && break; sleep 1; done
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv >>$D/serve-fit.log 2>&1
+    kill $pid; wait $pid
+    st "serve fit exit $? $(grep -c '^ready' $D/serve-fit.log) ready"
     for _ in $(seq 1 90); do [ -f /tmp/llama/BUILD_RC ] && break; sleep 5; done
     st "llama.cpp build rc $(cat /tmp/llama/BUILD_RC 2>/dev/null)"
     peak() { # label command...
