@@ -10,10 +10,10 @@
 #   mem    a server asked for 64 x 131072 positions of KV on the 8B shape (its pool sized to
 #          the device); then each process alone, nvidia-smi sampling its used_memory every 50 ms: ours with the
 #          table on the host (the default) and on the device, and llama-bench, alternating, on
-#          the 8B and 30B-A3B shapes (`-p 512 -n 128`);
-#   ab     bench-decode --ab of HIPDECODE_GPU_EMBED_TABLE=device against the default on the 8B
-#          shape (pp512, tg128), and of HIPDECODE_GPU_MOE_GROUPED=vendor against the default on
-#          the 30B-A3B shape's batched decode at 32 and 64 sequences.
+#          the 8B shape (two rounds: host, device, llama.cpp, device, host, llama.cpp) and the
+#          30B-A3B shape (one) (`-p 512 -n 128 -r 3`, whose tg128 and pp512 are the A/B);
+#   ab     bench-decode --ab of HIPDECODE_GPU_MOE_GROUPED=vendor against the default on the
+#          30B-A3B shape's batched decode at 32 and 64 sequences.
 # From the checkout root, with bundle-e/{bench-decode,hipdecode,xtask} and bundle-e/tests
 # (release, stripped) and .peer (llama.cpp's source and build script):
 #   bash scripts/h200/embed-host.sh tests|mem|ab; bash scripts/h200/embed-host.sh collect
@@ -95,20 +95,17 @@ mem)
             --device gpu -p 512 -n 128 -r 3
     }
     llama() { peak "$1" timeout 150 $LB/llama-bench -m "$2" -p 512 -n 128 -ngl 99 -fa 1 -r 3; }
-    for m in 8b:$L 30b:$Q; do
-        name=${m%%:*} file=${m#*:}
-        ours "$name-host-1" "$file" host
-        ours "$name-device-1" "$file" device
-        llama "$name-llama-1" "$file"
-        ours "$name-device-2" "$file" device
-        ours "$name-host-2" "$file" host
-        llama "$name-llama-2" "$file"
-    done
+    ours 8b-host-1 $L host
+    ours 8b-device-1 $L device
+    llama 8b-llama-1 $L
+    ours 8b-device-2 $L device
+    ours 8b-host-2 $L host
+    llama 8b-llama-2 $L
+    ours 30b-host-1 $Q host
+    ours 30b-device-1 $Q device
+    llama 30b-llama-1 $Q
     ;;
 ab)
-    timeout 300 $N/bench-decode -m $L --device gpu -p 512 -n 128 -r 5 \
-        --ab "HIPDECODE_GPU_EMBED_TABLE=device" "" --rounds 2 >$D/ab-embed-8b.md 2>&1
-    st "ab embed 8B exit $?"
     timeout 280 $N/bench-decode -m $Q --device gpu --npl 32,64 --npp 128 --ntg 64 \
         --ab "HIPDECODE_GPU_MOE_GROUPED=vendor" "" --rounds 2 >$D/ab-moe-batched.md 2>&1
     st "ab moe batched exit $?"
