@@ -9,6 +9,12 @@
 //! bit-identical tokens on each path, including the int8 and f16 rounding. The prompt's token
 //! ids are recorded too, so the tokenizer is held to them as well.
 //!
+//! One rule relaxes that: on the GPU's int8 path, whose kernels are rebuilt for speed and so
+//! meet their sums in another order, a greedy continuation may part from the golden one at a
+//! near-tie: fed the golden tokens up to that point, this build puts its own token less than
+//! twice the path's order tolerance (`INT8_ORDER_TOL`) above the golden one. The test prints
+//! every such parting; any other parting fails.
+//!
 //! A change that is meant to alter tokens re-writes the entries it ran:
 //! `HIPDECODE_BLESS_GOLDEN=<path>` writes the committed file with this run's entries replaced to
 //! `<path>` (on the GPU machine, a path under `$OUT`), to be reviewed and committed.
@@ -33,6 +39,50 @@ use test_support::models::{gemma_path, workspace_root};
 const PROMPT: &str = "The history of computing began with the quick brown fox, 12 lazy dogs and";
 const NEW_TOKENS: usize = 64;
 const BLESS_VAR: &str = decode::environment::BLESS_GOLDEN.name;
+
+/// The int8 path's tolerance between two runs whose sums meet in another order (another
+/// build of a kernel, another batch), relative to max(1, RMS of the logits): step_batch.rs's
+/// GPU_TOL. A greedy token may part from the golden one where the two are within twice it.
+const INT8_ORDER_TOL: f32 = 1e-3;
+
+/// Whether a greedy continuation that parts from the golden one at token `at` does so at a
+/// near-tie, and the figures: `Some(text)` to accept it, `None` to fail.
+type NearTie<'a> = dyn Fn(&Entry, &[u32], usize) -> Option<String> + 'a;
+
+/// [`NearTie`] on the backends `backend` makes, within twice `tol`: the model fed the prompt
+/// and the golden tokens before `at` as the continuation was made (a prefill, then a decode
+/// step a token), and the logit of this run's token at `at` against the golden token's.
+fn near_tie_on<B: Backend>(
+    file: &Arc<GgufFile>,
+    backend: &dyn Fn() -> B,
+    tol: f32,
+    e: &Entry,
+    golden: &[u32],
+    at: usize,
+) -> Option<String> {
+    let options = ContextOptions {
+        context: 256,
+        ..ContextOptions::default()
+    };
+    let mut model = Session::load(file, backend(), options).expect("load");
+    model.forward(&e.prompt).expect("prefill");
+    for &t in &golden[..at] {
+        model.decode(t).expect("decode");
+    }
+    let mut logits = Vec::new();
+    model.last_logits(&mut logits).expect("logits");
+    let (ours, theirs) = (e.greedy[at] as usize, golden[at] as usize);
+    let lead = logits[ours] - logits[theirs];
+    let rms = test_support::tolerance::rms(&logits);
+    let bound = 2.0 * tol * rms.max(1.0);
+    let text = format!(
+        "{}: greedy parts from the golden file at token {at} ({ours} for {theirs}): fed the \
+         golden tokens, this run puts {ours} {lead:.3e} above {theirs} (bound {bound:.3e}, rms \
+         {rms:.3})",
+        e.key
+    );
+    (lead.is_finite() && lead <= bound).then_some(text)
+}
 
 fn golden_path() -> PathBuf {
     workspace_root().join("crates/decode/tests/golden/greedy_tokens.json")
@@ -124,7 +174,8 @@ fn run<B: Backend>(key: String, file: &Arc<GgufFile>, backend: &dyn Fn() -> B) -
 }
 
 /// Compares (or, when blessing, records) this run's entries; all mismatches are listed together.
-fn check(results: Vec<Entry>) {
+/// A greedy continuation that parts from the golden one passes where `near_tie` accepts it.
+fn check(results: Vec<Entry>, near_tie: &NearTie<'_>) {
     let bless = decode::environment::BLESS_GOLDEN.read().unwrap();
     if let Some(out) = bless {
         // The tests of this file run on threads of one process and bless into one file: one
@@ -184,11 +235,16 @@ fn check(results: Vec<Entry>) {
         }
         for (what, got) in [("greedy", &e.greedy), ("sampled", &e.sampled)] {
             let want = ids(what);
-            match (0..want.len().max(got.len())).find(|&i| want.get(i) != got.get(i)) {
-                Some(at) => failures.push(format!(
+            let parting = (0..want.len().max(got.len())).find(|&i| want.get(i) != got.get(i));
+            let tie = parting
+                .filter(|&at| what == "greedy" && at < want.len().min(got.len()))
+                .and_then(|at| near_tie(&e, &want, at));
+            match (parting, tie) {
+                (Some(_), Some(tie)) => eprintln!("{tie}: a near-tie, accepted"),
+                (Some(at), None) => failures.push(format!(
                     "{key}: {what} tokens part at token {at}:\n  got    {got:?}\n  golden {want:?}"
                 )),
-                None => eprintln!("{key}: {} {what} tokens equal the golden file", got.len()),
+                (None, _) => eprintln!("{key}: {} {what} tokens equal the golden file", got.len()),
             }
         }
     }
@@ -204,7 +260,43 @@ fn cpu_greedy_tokens_equal_the_golden_file() {
             results.push(run(key, &s.file, &|| CpuBackend::new(precision)));
         }
     }
-    check(results);
+    // The CPU's paths are held to every token.
+    check(results, &|_, _, _| None);
+}
+
+/// The near-tie rule on the CPU's fast path, where a golden file is made to part from the run
+/// at token 5 with the run's runner-up there: accepted within a bound above the run's top-2
+/// margin, refused within one below it, and refused for the run's least likely token.
+#[test]
+fn a_parting_passes_only_at_a_near_tie() {
+    let file = Arc::new(preset_file(Preset::TinyLlama));
+    let backend = || CpuBackend::new(Precision::Fast);
+    let e = run("tiny-llama/cpu/fast".into(), &file, &backend);
+    let at = 5;
+    let mut model = Session::load(&file, backend(), ContextOptions::default()).expect("load");
+    model.forward(&e.prompt).expect("prefill");
+    for &t in &e.greedy[..at] {
+        model.decode(t).expect("decode");
+    }
+    let mut logits = Vec::new();
+    model.last_logits(&mut logits).expect("logits");
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    assert_eq!(order[0], e.greedy[at] as usize, "the run's token leads");
+    let (margin, rms) = test_support::tolerance::top2_margin(&logits);
+    let tol_at = |m: f32| m / (2.0 * rms.max(1.0));
+    let mut golden = e.greedy.clone();
+    golden[at] = order[1] as u32;
+    let accepted = near_tie_on(&file, &backend, tol_at(margin * 1.01), &e, &golden, at);
+    assert!(accepted.is_some(), "a margin of {margin} within the bound");
+    let refused = near_tie_on(&file, &backend, tol_at(margin * 0.99), &e, &golden, at);
+    assert!(refused.is_none(), "{refused:?}");
+    golden[at] = *order.last().unwrap() as u32;
+    let far = near_tie_on(&file, &backend, tol_at(margin * 1.01), &e, &golden, at);
+    assert!(
+        far.is_none(),
+        "the least likely token is no near-tie: {far:?}"
+    );
 }
 
 #[test]
@@ -229,5 +321,20 @@ fn gpu_greedy_tokens_equal_the_golden_file() {
             results.push(run(format!("{}/gpu/{label}", s.name), &s.file, &backend));
         }
     }
-    check(results);
+    // The int8 path may part at a near-tie; the exact path is held to every token.
+    let files: Vec<(String, Arc<GgufFile>)> = subjects()
+        .into_iter()
+        .map(|s| (format!("{}/gpu/int8", s.name), s.file))
+        .collect();
+    let int8 = || {
+        let device = hip_ffi::testing::device_or_skip(test).expect("the GPU found above");
+        let mut be = GpuBackend::new(device, 64, true).expect("the GPU backend starts");
+        be.set_matvec_path(MatvecPath::Int8);
+        be.set_kv_type(KvType::F16);
+        be
+    };
+    check(results, &|e, golden, at| {
+        let (_, file) = files.iter().find(|(key, _)| *key == e.key)?;
+        near_tie_on(file, &int8, INT8_ORDER_TOL, e, golden, at)
+    });
 }
