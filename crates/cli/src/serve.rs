@@ -163,6 +163,11 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let alias = args.alias.clone().unwrap_or_else(|| {
         (args.model.file_name()).map_or_else(|| name.clone(), |n| n.to_string_lossy().into_owned())
     });
+    let gpu_config = match settings.gpu_config {
+        Some(c) => c,
+        None => decode::backend::gpu::GpuConfig::from_process()?,
+    };
+    let step_block_batch = settings.gpu_max_batch;
     choice.backend.run(
         settings,
         Serving {
@@ -173,6 +178,8 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             alias,
             kv_budget,
             batch,
+            gpu_config,
+            step_block_batch,
             server: &server,
         },
     )??;
@@ -190,6 +197,9 @@ struct Serving<'a> {
     /// The KV budget in bytes and the flag or variable that gave it.
     kv_budget: Option<(u64, &'static str)>,
     batch: usize,
+    /// The GPU backend's settings and step block, which size its buffers.
+    gpu_config: decode::backend::gpu::GpuConfig,
+    step_block_batch: usize,
     server: &'a Server,
 }
 
@@ -217,9 +227,19 @@ impl WithBackend for Serving<'_> {
         };
         let kv_blocks = match self.kv_budget {
             // On a device without a budget: the pool the memory left after the weights holds.
-            None => match backend.fit_kv_pool(self.file, &whole) {
-                Some(fit) => {
-                    let fit = fit.context("sizing the KV pool to the device")?;
+            None => match backend.device_room() {
+                Some(room) => {
+                    let room = room.context("reading the device's free memory")?;
+                    // The GPU's buffers as its settings size them (the vendor GEMM's taken as
+                    // present: the larger estimate).
+                    let options = decode::layout::LayoutOptions::gpu(
+                        &whole,
+                        &self.gpu_config,
+                        self.step_block_batch,
+                    );
+                    let fit =
+                        decode::layout::kv_fit::kv_blocks_that_fit(self.file, &options, &room)
+                            .context("sizing the KV pool to the device")?;
                     eprintln!("{}", fit.describe());
                     fit.blocks
                 }

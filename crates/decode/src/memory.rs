@@ -67,6 +67,31 @@ pub struct DeviceMemory {
     pub per_process: std::result::Result<u64, String>,
 }
 
+/// What a backend can still take from its device: what a KV pool without a budget is fitted to
+/// (`crate::layout::kv_fit`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceRoom {
+    /// Free device memory now, as the runtime reports it.
+    pub free: u64,
+    /// What the allocator's memory limit (a GPU budget) still allows: the limit less what it
+    /// reserves. `None` without a limit.
+    pub allocator_headroom: Option<u64>,
+    /// The device's memory in all.
+    pub total: u64,
+    /// Whether some weights stay in host memory under the plan (the prefill's staging slots
+    /// then take device memory).
+    pub host_weights: bool,
+}
+
+impl DeviceRoom {
+    /// Device memory left for the rest of the machine and what no layout lists (the runtime's
+    /// pages for kernels first launched, a driver's growth): 2 % of the device, at least
+    /// 256 MiB.
+    pub fn reserve(&self) -> u64 {
+        (self.total / 50).max(256 << 20)
+    }
+}
+
 /// The headline of [`DeviceMemory`]: what the allocator holds from the device (reserved, of
 /// it cached), its peak, and the bytes the process took outside it. One set of names for every
 /// report that prints them (`--json-stats`, bench-decode's phases).

@@ -299,7 +299,7 @@ fn the_layout_is_what_a_gpu_load_allocates_per_tag() {
     }
 }
 
-/// A server's default KV pool on a GPU (`Backend::fit_kv_pool`): under a memory limit that
+/// A server's default KV pool on a GPU (`layout::kv_fit` over `Backend::device_room`): under a memory limit that
 /// leaves room for a part of the whole contexts, the pool fitted to what is left after the
 /// weights allocates, with its activations and workspace, within the limit; with no limit
 /// every whole context fits a tiny model on a large device.
@@ -326,10 +326,12 @@ fn a_kv_pool_fitted_to_the_device_allocates_within_its_limit() {
     let mut backend = open(None);
     let model = Model::load(&file, &mut backend).expect("load");
     let weights_reserved = backend.allocator().stats().reserved_bytes;
-    let fit = backend
-        .fit_kv_pool(&file, &bounds)
+    let room = backend
+        .device_room()
         .expect("a device")
-        .expect("fits");
+        .expect("free memory");
+    let options = backend.layout_options(&bounds);
+    let fit = decode::layout::kv_fit::kv_blocks_that_fit(&file, &options, &room).expect("fits");
     eprintln!("{test}: unlimited: {}", fit.describe());
     assert_eq!(fit.blocks, None, "{fit:?}");
     // The allocator's part of the layout at `blocks` (None: whole contexts).
@@ -351,10 +353,12 @@ fn a_kv_pool_fitted_to_the_device_allocates_within_its_limit() {
     let limit = weights_reserved + one + (whole - one) / 2;
     let mut backend = open(Some(limit));
     let model = Model::load(&file, &mut backend).expect("load");
-    let fit = backend
-        .fit_kv_pool(&file, &bounds)
+    let room = backend
+        .device_room()
         .expect("a device")
-        .expect("fits");
+        .expect("free memory");
+    let options = backend.layout_options(&bounds);
+    let fit = decode::layout::kv_fit::kv_blocks_that_fit(&file, &options, &room).expect("fits");
     eprintln!("{test}: limit {limit}: {}", fit.describe());
     let blocks = fit.blocks.expect("a part of the whole contexts");
     assert!(blocks < fit.whole_blocks);

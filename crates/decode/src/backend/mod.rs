@@ -212,16 +212,10 @@ pub trait Backend: Send {
     fn kv_room(&self) -> Option<(u64, String)> {
         None
     }
-    /// The largest KV pool for a context of `bounds` over `file` (this backend's model) that
-    /// the device memory left now can hold with the context's other buffers
-    /// ([`crate::layout::kv_fit`]): what a server takes without a KV budget. `None` where the
-    /// backend has no device (on the host, every whole context, bounded by
-    /// [`Backend::kv_room`]).
-    fn fit_kv_pool(
-        &self,
-        _file: &GgufFile,
-        _bounds: &crate::context::ContextOptions,
-    ) -> Option<Result<crate::layout::kv_fit::KvFit>> {
+    /// What the backend can still take from its device now, for a KV pool sized to it
+    /// (`crate::layout::kv_fit`); `None` where it has no device (on the host, every whole
+    /// context, bounded by [`Backend::kv_room`]).
+    fn device_room(&self) -> Option<Result<crate::memory::DeviceRoom>> {
         None
     }
     /// A device-side memory report (allocator reserved, cached, peaks, bytes outside the

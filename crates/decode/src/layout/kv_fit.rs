@@ -12,6 +12,7 @@ use crate::error::{DecodeError, Result};
 use crate::gguf_loader::GgufFile;
 use crate::layout::{LayoutOptions, ModelLayout};
 use crate::memory::human_bytes;
+pub use crate::memory::DeviceRoom;
 use offload::PlanTag;
 
 pub static KV_BUDGET: knobs::Knob<Option<u64>> = knobs::Knob {
@@ -36,27 +37,6 @@ pub static KV_BUDGET: knobs::Knob<Option<u64>> = knobs::Knob {
             })
     },
 };
-
-/// What a backend can still take from its device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DeviceRoom {
-    /// Free device memory now, as the runtime reports it.
-    pub free: u64,
-    /// What the allocator's memory limit (a GPU budget) still allows: the limit less what it
-    /// reserves. `None` without a limit.
-    pub allocator_headroom: Option<u64>,
-    /// The device's memory in all.
-    pub total: u64,
-}
-
-impl DeviceRoom {
-    /// Device memory left for the rest of the machine and what no layout lists (the runtime's
-    /// pages for kernels first launched, a driver's growth): 2 % of the device, at least
-    /// 256 MiB.
-    pub fn reserve(&self) -> u64 {
-        (self.total / 50).max(256 << 20)
-    }
-}
 
 /// The pool that fits, and the figures it came from (for the line a server prints).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,15 +98,15 @@ fn needs(layout: &ModelLayout, host_weights: bool) -> (u64, u64) {
 }
 
 /// The largest KV pool for `options`'s bounds (its `kv_blocks` is ignored) whose layout fits
-/// `room` less its reserve, with the weights already loaded; `host_weights` says whether some
-/// stay in host memory (the prefill's staging slots then count). An error names the figures
-/// and the fixes when not even one block fits.
+/// `room` less its reserve, with the weights already loaded (the prefill's staging slots count
+/// where some stay in host memory). An error names the figures and the fixes when not even one
+/// block fits.
 pub fn kv_blocks_that_fit(
     file: &GgufFile,
     options: &LayoutOptions,
     room: &DeviceRoom,
-    host_weights: bool,
 ) -> Result<KvFit> {
+    let host_weights = room.host_weights;
     let layout_at = |blocks: Option<usize>| {
         let mut o = *options;
         o.bounds.kv_blocks = blocks;
@@ -226,6 +206,7 @@ mod tests {
             free,
             allocator_headroom: headroom,
             total: 1 << 30,
+            host_weights: false,
         }
     }
 
@@ -248,7 +229,7 @@ mod tests {
             whole > one + (1 << 20),
             "the test needs a KV cache that matters"
         );
-        let fit = kv_blocks_that_fit(&f, &o, &room(whole + reserve, None), false).unwrap();
+        let fit = kv_blocks_that_fit(&f, &o, &room(whole + reserve, None)).unwrap();
         assert_eq!(fit.blocks, None, "room for every whole context");
         assert_eq!(fit.kv_bytes + fit.other_bytes, whole);
         assert!(
@@ -258,7 +239,7 @@ mod tests {
         );
         let mut last = usize::MAX;
         for free in [whole - 1, (whole + one) / 2, one + (whole - one) / 8, one] {
-            let fit = kv_blocks_that_fit(&f, &o, &room(free + reserve, None), false).unwrap();
+            let fit = kv_blocks_that_fit(&f, &o, &room(free + reserve, None)).unwrap();
             let blocks = fit.blocks.expect("less than every whole context");
             assert!(blocks < fit.whole_blocks, "{fit:?}");
             assert_eq!(need(&f, &o, Some(blocks)).0, fit.kv_bytes + fit.other_bytes);
@@ -273,7 +254,7 @@ mod tests {
         // The allocator's rounding makes the layout grow in steps: the room of one block holds
         // as many as round the same way.
         assert_eq!(need(&f, &o, Some(last)).0, one, "the smallest room");
-        let err = kv_blocks_that_fit(&f, &o, &room(one + reserve - 1, None), false)
+        let err = kv_blocks_that_fit(&f, &o, &room(one + reserve - 1, None))
             .unwrap_err()
             .to_string();
         for part in [
@@ -293,7 +274,7 @@ mod tests {
         let (_, whole) = need(&f, &o, None);
         let (_, one) = need(&f, &o, Some(1));
         let limit = (whole + one) / 2;
-        let fit = kv_blocks_that_fit(&f, &o, &room(free, Some(limit)), false).unwrap();
+        let fit = kv_blocks_that_fit(&f, &o, &room(free, Some(limit))).unwrap();
         let blocks = fit.blocks.expect("half way: fewer blocks");
         assert!(need(&f, &o, Some(blocks)).1 <= limit && need(&f, &o, Some(blocks + 1)).1 > limit);
         assert!(
@@ -301,7 +282,7 @@ mod tests {
             "{}",
             fit.describe()
         );
-        let err = kv_blocks_that_fit(&f, &o, &room(free, Some(one - 1)), false).unwrap_err();
+        let err = kv_blocks_that_fit(&f, &o, &room(free, Some(one - 1))).unwrap_err();
         assert!(err.to_string().contains("under the GPU budget"), "{err}");
     }
 

@@ -152,12 +152,8 @@ impl Backend for GpuBackend {
         Some(self.device_report_text())
     }
 
-    fn fit_kv_pool(
-        &self,
-        file: &gguf_loader::GgufFile,
-        bounds: &crate::context::ContextOptions,
-    ) -> Option<Result<crate::layout::kv_fit::KvFit>> {
-        Some(self.kv_pool_fit(file, bounds))
+    fn device_room(&self) -> Option<Result<crate::memory::DeviceRoom>> {
+        Some(self.device_room_now())
     }
 
     fn device_memory(&self) -> Option<Result<DeviceMemory>> {

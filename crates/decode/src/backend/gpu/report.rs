@@ -30,29 +30,23 @@ impl GpuBackend {
         })
     }
 
-    /// [`crate::backend::Backend::fit_kv_pool`]: the layout of this backend's buffers for
-    /// `bounds`, fitted to the device's free memory now and the allocator's limit.
-    pub(super) fn kv_pool_fit(
-        &self,
-        file: &gguf_loader::GgufFile,
-        bounds: &crate::context::ContextOptions,
-    ) -> Result<crate::layout::kv_fit::KvFit> {
+    /// [`crate::backend::Backend::device_room`]: free device memory now and what the
+    /// allocator's limit still allows.
+    pub(super) fn device_room_now(&self) -> Result<crate::memory::DeviceRoom> {
         let info = self
             .device()
             .mem_get_info()
             .map_err(|e| gpu_err("reading device memory", e))?;
         let reserved = self.alloc.stats().reserved_bytes;
-        let room = crate::layout::kv_fit::DeviceRoom {
+        Ok(crate::memory::DeviceRoom {
             free: info.free,
             allocator_headroom: self
                 .alloc
                 .memory_limit()
                 .map(|l| l.saturating_sub(reserved)),
             total: info.total,
-        };
-        let options = self.layout_options(bounds);
-        let host_weights = self.host_weights.pinned_bytes() > 0;
-        crate::layout::kv_fit::kv_blocks_that_fit(file, &options, &room, host_weights)
+            host_weights: self.host_weights.pinned_bytes() > 0,
+        })
     }
 
     /// The layout options of this backend's buffers for a context of `bounds`: its KV type,
