@@ -3,8 +3,8 @@
 # llama.cpp's), and the first GPU run of the int8 kernel's grouped MoE entry on the landed tile
 # (issue 23 c). In phases, each in the foreground of one device call (a lease ends 30 s after
 # its last call):
-#   tests  the int8 kernels' self-test cases, the conformance (embed with the table on the
-#          host, moe, argmax), the layout against the allocator per tag, offload under a budget
+#   tests  the int8 kernels' self-test cases, the conformance tests of embed (the table on the
+#          host too), moe and argmax, the layout against the allocator per tag, offload under a budget
 #          and the golden GPU tokens, while llama.cpp builds and the 8B and 30B-A3B shapes are
 #          synthesized in the background;
 #   mem    a server asked for 64 x 131072 positions of KV on the 8B shape (its pool sized to
@@ -51,7 +51,7 @@ tests)
     st started
     timeout 300 $N/hipdecode selftest --no-models --filter matmul_q8_mma >$D/selftest.log 2>&1
     st "selftest matmul_q8_mma exit $? $(tail -1 $D/selftest.log)"
-    run decode backend_conformance --test-threads=2
+    run decode backend_conformance --test-threads=2 embed moe argmax
     run decode layout --test-threads=1 --nocapture
     run decode offload_run --test-threads=1
     run decode golden_tokens gpu_greedy
@@ -101,9 +101,11 @@ mem)
     ours 8b-device-2 $L device
     ours 8b-host-2 $L host
     llama 8b-llama-2 $L
-    ours 30b-host-1 $Q host
-    ours 30b-device-1 $Q device
-    llama 30b-llama-1 $Q
+    if [ "${MEM30:-1}" = 1 ]; then
+        ours 30b-host-1 $Q host
+        ours 30b-device-1 $Q device
+        llama 30b-llama-1 $Q
+    fi
     ;;
 ab)
     timeout 280 $N/bench-decode -m $Q --device gpu --npl 32,64 --npp 128 --ntg 64 \
