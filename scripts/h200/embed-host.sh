@@ -61,6 +61,40 @@ tests)
         st "golden bless exit $?"
     fi
     ;;
+quick)
+    # What a short lease allows: the 8B shape synthesized while the tests of the change run,
+    # then the table on the host and on the device alternating, no peer.
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >$D/gpu.txt
+    mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
+    (setsid bash -c "$N/xtask synth-model llama3-8b-q4_k_m -o $L >$D/synth.log 2>&1; \
+        echo done >$D/synth.done" </dev/null >/dev/null 2>&1 &)
+    st started
+    run decode backend_conformance --test-threads=2 embed moe argmax
+    run decode layout --test-threads=1 --nocapture
+    run decode golden_tokens gpu_greedy
+    for _ in $(seq 1 60); do [ -f $D/synth.done ] && break; sleep 2; done
+    peak() { # label command...
+        local label=$1
+        shift
+        nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 50 \
+            >"$D/$label.smi" 2>/dev/null &
+        local sampler=$!
+        "$@" >"$D/$label.out" 2>&1
+        local rc=$?
+        sleep 0.2
+        kill $sampler
+        local max
+        max=$(awk -F, '{gsub(/ /, "", $2); if ($2 + 0 > m) m = $2 + 0} END {print m + 0}' \
+            "$D/$label.smi")
+        st "$label exit $rc nvidia-smi peak $max MiB"
+    }
+    for i in 1 2; do
+        for t in host device; do
+            peak "8b-$t-$i" env HIPDECODE_GPU_EMBED_TABLE=$t timeout 100 $N/bench-decode -m $L \
+                --device gpu -p 512 -n 128 -r 3
+        done
+    done
+    ;;
 mem)
     for _ in $(seq 1 150); do [ -f $D/synth-q.done ] && break; sleep 2; done
     st "shapes written"
