@@ -95,6 +95,22 @@ quick)
         done
     done
     ;;
+more)
+    # The rest of a short lease: llama.cpp builds while the kernels' self-test, the offload
+    # tests and the fitted server run; then llama-bench and ours once each on the 8B shape.
+    [ -d /tmp/llama/b ] || (setsid bash .peer/build-on-device.sh >$D/llama-build.log 2>&1 \
+        </dev/null &)
+    timeout 200 $N/hipdecode selftest --no-models --filter matmul_q8_mma >$D/selftest.log 2>&1
+    st "selftest matmul_q8_mma exit $? $(tail -1 $D/selftest.log)"
+    run decode offload_run --test-threads=1
+    $N/hipdecode serve -m $L --device gpu --port 0 --parallel 64 --ctx 131072 \
+        >$D/serve-fit.log 2>&1 &
+    pid=$!
+    for _ in $(seq 1 60); do grep -q '^ready' $D/serve-fit.log && break; sleep 1; done
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv >>$D/serve-fit.log 2>&1
+    kill $pid; wait $pid
+    st "serve fit $(grep -c '^ready' $D/serve-fit.log) ready"
+    ;;
 mem)
     for _ in $(seq 1 150); do [ -f $D/synth-q.done ] && break; sleep 2; done
     st "shapes written"

@@ -73,8 +73,8 @@ pub struct DeviceMemory {
 pub struct DeviceRoom {
     /// Free device memory now, as the runtime reports it.
     pub free: u64,
-    /// What the allocator's memory limit (a GPU budget) still allows: the limit less what it
-    /// reserves. `None` without a limit.
+    /// What the allocator's memory limit (a GPU budget, `HIPDECODE_MEMORY_LIMIT`, or by default
+    /// 90 % of a card) still allows: the limit less what it reserves. `None` without a limit.
     pub allocator_headroom: Option<u64>,
     /// The device's memory in all.
     pub total: u64,

@@ -17,7 +17,7 @@ mod common;
 use common::*;
 use decode::backend::gpu::offload::prefetch::HostPrefill;
 use decode::backend::gpu::vendor_gemm::{MOE_GROUPED_MIN_ROWS, VENDOR_GEMM_MIN_ROWS};
-use decode::backend::gpu::{CpuShare, GpuConfig};
+use decode::backend::gpu::{CpuShare, GpuConfig, MoeGrouped};
 use decode::backend::Backend;
 use decode::budget_run::{self, BudgetRequest, BudgetRun};
 use decode::context::ContextOptions;
@@ -372,6 +372,10 @@ fn prefill_logits(
 ) -> (Vec<f32>, String) {
     let mut backend = gpu_backend(device, settings).expect("the GPU backend starts");
     backend.set_host_prefill(mode);
+    // A grouped MoE step over experts in device memory takes the int8 kernel's grouped entry,
+    // and over experts left on the host the vendor GEMM, whose f16 products round otherwise:
+    // both runs take the vendor GEMM, the path whose reads the streaming serves.
+    backend.set_moe_grouped(MoeGrouped::Vendor);
     // The last position's logits are one decode-sized product; split with the host's cores,
     // it would meet its sums in another order than the resident run's kernel.
     backend
@@ -395,7 +399,9 @@ fn prefill_logits(
 
 /// A prompt long enough for the vendor GEMM's prefill reads the host's weights through the
 /// streamed prefetch: the same dequantizing kernel reads the same bytes from a device slot, so
-/// the logits are bit-identical to reading them in place and to the fully resident run; the
+/// the logits are bit-identical to reading them in place and to the fully resident run (the
+/// MoE's grouped steps held to the vendor GEMM in both: on the H100 on 2026-12-06 the
+/// resident run took the int8 kernel's grouped entry, and all 640 logits differed); the
 /// device report counts the staged blocks, and the process stays within the budget.
 fn streamed_prefill_matches_resident(test: &str, file: Arc<GgufFile>) {
     let _lock = gpu_lock();

@@ -58,7 +58,10 @@ impl KvFit {
     /// One line: the pool, and what it was fitted to.
     pub fn describe(&self) -> String {
         let limit = match self.room.allocator_headroom {
-            Some(h) => format!(", {} left under the GPU budget", human_bytes(h)),
+            Some(h) => format!(
+                ", {} left under the allocator's memory limit",
+                human_bytes(h)
+            ),
             None => String::new(),
         };
         let pool = match self.blocks {
@@ -149,7 +152,7 @@ pub fn kv_blocks_that_fit(
     if !fits(&one) {
         let (allocator, outside) = needs(&one, host_weights);
         let under = match room.allocator_headroom {
-            Some(h) => format!(" ({} under the GPU budget)", human_bytes(h)),
+            Some(h) => format!(" ({} under the allocator's memory limit)", human_bytes(h)),
             None => String::new(),
         };
         return Err(DecodeError::InvalidArgument(format!(
@@ -278,12 +281,17 @@ mod tests {
         let blocks = fit.blocks.expect("half way: fewer blocks");
         assert!(need(&f, &o, Some(blocks)).1 <= limit && need(&f, &o, Some(blocks + 1)).1 > limit);
         assert!(
-            fit.describe().contains("left under the GPU budget"),
+            fit.describe()
+                .contains("left under the allocator's memory limit"),
             "{}",
             fit.describe()
         );
         let err = kv_blocks_that_fit(&f, &o, &room(free, Some(one - 1))).unwrap_err();
-        assert!(err.to_string().contains("under the GPU budget"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("under the allocator's memory limit"),
+            "{err}"
+        );
     }
 
     #[test]
