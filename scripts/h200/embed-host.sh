@@ -32,6 +32,21 @@ L=/tmp/llama3-8b-q4_k_m.gguf
 Q=/tmp/qwen3-30b-a3b-q4_k_m.gguf
 LB=/tmp/llama/b/bin
 st() { echo "$* at $(date -u +%T)" >>$D/summary.txt; }
+peak() { # label command...: the process's nvidia-smi peak, sampled every 50 ms
+    local label=$1
+    shift
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 50 \
+        >"$D/$label.smi" 2>/dev/null &
+    local sampler=$!
+    "$@" >"$D/$label.out" 2>&1
+    local rc=$?
+    sleep 0.2
+    kill $sampler
+    local max
+    max=$(awk -F, '{gsub(/ /, "", $2); if ($2 + 0 > m) m = $2 + 0} END {print m + 0}' \
+        "$D/$label.smi")
+    st "$label exit $rc nvidia-smi peak $max MiB"
+}
 run() { # crate binary [args]
     local crate=$1 bin=$2
     shift 2
@@ -73,21 +88,6 @@ quick)
     run decode layout --test-threads=1 --nocapture
     run decode golden_tokens gpu_greedy
     for _ in $(seq 1 60); do [ -f $D/synth.done ] && break; sleep 2; done
-    peak() { # label command...
-        local label=$1
-        shift
-        nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 50 \
-            >"$D/$label.smi" 2>/dev/null &
-        local sampler=$!
-        "$@" >"$D/$label.out" 2>&1
-        local rc=$?
-        sleep 0.2
-        kill $sampler
-        local max
-        max=$(awk -F, '{gsub(/ /, "", $2); if ($2 + 0 > m) m = $2 + 0} END {print m + 0}' \
-            "$D/$label.smi")
-        st "$label exit $rc nvidia-smi peak $max MiB"
-    }
     for i in 1 2; do
         for t in host device; do
             peak "8b-$t-$i" env HIPDECODE_GPU_EMBED_TABLE=$t timeout 100 $N/bench-decode -m $L \
@@ -125,21 +125,6 @@ mem)
     st "serve fit exit $? $(grep -c '^ready' $D/serve-fit.log) ready"
     for _ in $(seq 1 90); do [ -f /tmp/llama/BUILD_RC ] && break; sleep 5; done
     st "llama.cpp build rc $(cat /tmp/llama/BUILD_RC 2>/dev/null)"
-    peak() { # label command...
-        local label=$1
-        shift
-        nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 50 \
-            >"$D/$label.smi" 2>/dev/null &
-        local sampler=$!
-        "$@" >"$D/$label.out" 2>&1
-        local rc=$?
-        sleep 0.2
-        kill $sampler
-        local max
-        max=$(awk -F, '{gsub(/ /, "", $2); if ($2 + 0 > m) m = $2 + 0} END {print m + 0}' \
-            "$D/$label.smi")
-        st "$label exit $rc nvidia-smi peak $max MiB"
-    }
     ours() { # label model table
         peak "$1" env HIPDECODE_GPU_EMBED_TABLE=$3 timeout 150 $N/bench-decode -m "$2" \
             --device gpu -p 512 -n 128 -r 3

@@ -146,7 +146,13 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         all_logits: false,
         sequences: args.parallel,
         kv_blocks: match kv_budget {
-            Some((budget, source)) => Some(budget_blocks(&file, &args, batch, budget, source)?),
+            Some((budget, source)) => {
+                let spec = decode::model::ModelSpec::from_gguf(&file)?;
+                let context = decode::layout::context::clamp_context(&spec, args.backend.ctx);
+                // The type the GPU backend will store: -ctk, f16 by default.
+                let kv = base.kv_type.unwrap_or(decode::kv::KvType::F16);
+                Some(kv_budget_blocks(&spec, context, batch, kv, budget, source)?)
+            }
             None => None,
         },
     };
@@ -294,25 +300,6 @@ impl WithBackend for Serving<'_> {
         decode::engine::run(&model, backend, ctx, inbox)?;
         Ok(())
     }
-}
-
-/// The KV pool blocks of `budget` bytes (from `source`) for a GPU plan, before the backend
-/// exists: blocks of the KV type the GPU backend will store (-ctk, f16 by default).
-fn budget_blocks(
-    file: &decode::gguf_loader::GgufFile,
-    args: &ServeArgs,
-    batch: usize,
-    budget: u64,
-    source: &str,
-) -> Result<usize> {
-    let spec = decode::model::ModelSpec::from_gguf(file)?;
-    let context = decode::layout::context::clamp_context(&spec, args.backend.ctx);
-    let kv = args
-        .backend
-        .settings()?
-        .kv_type
-        .unwrap_or(decode::kv::KvType::F16);
-    kv_budget_blocks(&spec, context, batch, kv, budget, source)
 }
 
 /// Blocks of `kv` KV that `budget` bytes (from `source`) hold, or an error when not one does.

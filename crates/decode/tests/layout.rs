@@ -322,16 +322,20 @@ fn a_kv_pool_fitted_to_the_device_allocates_within_its_limit() {
         GpuBackend::with_config(device, DEFAULT_MAX_BATCH, true, limit, &config)
             .expect("the GPU backend starts")
     };
+    // What a server does without a KV budget: the pool its device room holds.
+    let fitted = |backend: &GpuBackend| {
+        let room = backend
+            .device_room()
+            .expect("a device")
+            .expect("free memory");
+        let options = backend.layout_options(&bounds);
+        decode::layout::kv_fit::kv_blocks_that_fit(&file, &options, &room).expect("fits")
+    };
     // Unlimited: the whole contexts.
     let mut backend = open(None);
     let model = Model::load(&file, &mut backend).expect("load");
     let weights_reserved = backend.allocator().stats().reserved_bytes;
-    let room = backend
-        .device_room()
-        .expect("a device")
-        .expect("free memory");
-    let options = backend.layout_options(&bounds);
-    let fit = decode::layout::kv_fit::kv_blocks_that_fit(&file, &options, &room).expect("fits");
+    let fit = fitted(&backend);
     eprintln!("{test}: unlimited: {}", fit.describe());
     assert_eq!(fit.blocks, None, "{fit:?}");
     // The allocator's part of the layout at `blocks` (None: whole contexts).
@@ -353,12 +357,7 @@ fn a_kv_pool_fitted_to_the_device_allocates_within_its_limit() {
     let limit = weights_reserved + one + (whole - one) / 2;
     let mut backend = open(Some(limit));
     let model = Model::load(&file, &mut backend).expect("load");
-    let room = backend
-        .device_room()
-        .expect("a device")
-        .expect("free memory");
-    let options = backend.layout_options(&bounds);
-    let fit = decode::layout::kv_fit::kv_blocks_that_fit(&file, &options, &room).expect("fits");
+    let fit = fitted(&backend);
     eprintln!("{test}: limit {limit}: {}", fit.describe());
     let blocks = fit.blocks.expect("a part of the whole contexts");
     assert!(blocks < fit.whole_blocks);

@@ -73,7 +73,7 @@ impl KvFit {
         };
         format!(
             "KV budget {}: {pool} in the {} free on the device after the weights{limit}, with \
-             {} of activations and workspace and a reserve of {}",
+             {} for the activations, workspace and runtime, and a reserve of {}",
             human_bytes(self.kv_bytes),
             human_bytes(self.room.free),
             human_bytes(self.other_bytes),
