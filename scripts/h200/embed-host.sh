@@ -47,6 +47,16 @@ peak() { # label command...: the process's nvidia-smi peak, sampled every 50 ms
         "$D/$label.smi")
     st "$label exit $rc nvidia-smi peak $max MiB"
 }
+serve_fit() { # a server asked for 64 x 131072 positions on the 8B shape, until it is ready
+    $N/hipdecode serve -m $L --device gpu --port 0 --parallel 64 --ctx 131072 \
+        >$D/serve-fit.log 2>&1 &
+    local pid=$!
+    for _ in $(seq 1 60); do grep -q '^ready' $D/serve-fit.log && break; sleep 1; done
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv >>$D/serve-fit.log 2>&1
+    kill $pid
+    wait $pid
+    st "serve fit $(grep -c '^ready' $D/serve-fit.log) ready"
+}
 run() { # crate binary [args]
     local crate=$1 bin=$2
     shift 2
@@ -103,26 +113,14 @@ more)
     timeout 200 $N/hipdecode selftest --no-models --filter matmul_q8_mma >$D/selftest.log 2>&1
     st "selftest matmul_q8_mma exit $? $(tail -1 $D/selftest.log)"
     run decode offload_run --test-threads=1
-    $N/hipdecode serve -m $L --device gpu --port 0 --parallel 64 --ctx 131072 \
-        >$D/serve-fit.log 2>&1 &
-    pid=$!
-    for _ in $(seq 1 60); do grep -q '^ready' $D/serve-fit.log && break; sleep 1; done
-    nvidia-smi --query-compute-apps=pid,used_memory --format=csv >>$D/serve-fit.log 2>&1
-    kill $pid; wait $pid
-    st "serve fit $(grep -c '^ready' $D/serve-fit.log) ready"
+    serve_fit
     ;;
 mem)
     for _ in $(seq 1 150); do [ -f $D/synth-q.done ] && break; sleep 2; done
     st "shapes written"
     # A server asked for far more KV than the device holds (64 sequences of 131072 positions,
     # about 1 TiB at f16 on the 8B shape) sizes its pool to the device instead of failing.
-    $N/hipdecode serve -m $L --device gpu --port 0 --parallel 64 --ctx 131072 \
-        >$D/serve-fit.log 2>&1 &
-    pid=$!
-    for _ in $(seq 1 60); do grep -q '^ready' $D/serve-fit.log && break; sleep 1; done
-    nvidia-smi --query-compute-apps=pid,used_memory --format=csv >>$D/serve-fit.log 2>&1
-    kill $pid; wait $pid
-    st "serve fit exit $? $(grep -c '^ready' $D/serve-fit.log) ready"
+    serve_fit
     for _ in $(seq 1 90); do [ -f /tmp/llama/BUILD_RC ] && break; sleep 5; done
     st "llama.cpp build rc $(cat /tmp/llama/BUILD_RC 2>/dev/null)"
     ours() { # label model table

@@ -26,19 +26,7 @@ pub static HOST_BUDGET: knobs::Knob<Option<u64>> = knobs::Knob {
     doc: "caps the pinned host memory of offloaded weights when --host-budget is not given, \
           in bytes (\"32GiB\"; unset: 90% of the host's available memory)",
     scope: knobs::Scope::Run,
-    parse: |v| {
-        if v.trim().is_empty() {
-            return Ok(None);
-        }
-        offload::parse_size(HOST_BUDGET.name, v)
-            .map(Some)
-            .map_err(|e| match e {
-                offload::BudgetError::Size { reason, .. } => {
-                    format!("{reason}; accepted forms: {}", offload::budget::SIZE_FORMS)
-                }
-                other => other.to_string(),
-            })
-    },
+    parse: |v| offload::budget::parse_optional_size(HOST_BUDGET.name, v),
 };
 
 /// Share of the host's available memory that offloaded weights may pin when no host budget is

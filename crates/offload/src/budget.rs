@@ -167,6 +167,18 @@ pub fn parse_size(source_name: &str, text: &str) -> Result<u64, BudgetError> {
     }
 }
 
+/// A knob's optional size: `None` for an empty value, else [`parse_size`], its error worded for
+/// the knob's message with the accepted forms.
+pub fn parse_optional_size(knob_name: &str, text: &str) -> Result<Option<u64>, String> {
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    parse_size(knob_name, text).map(Some).map_err(|e| match e {
+        BudgetError::Size { reason, .. } => format!("{reason}; accepted forms: {SIZE_FORMS}"),
+        other => other.to_string(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,19 +23,7 @@ pub static KV_BUDGET: knobs::Knob<Option<u64>> = knobs::Knob {
           workspace, less a reserve, at most every sequence's whole context; on the CPU every \
           sequence's whole context)",
     scope: knobs::Scope::Run,
-    parse: |v| {
-        if v.trim().is_empty() {
-            return Ok(None);
-        }
-        offload::parse_size(KV_BUDGET.name, v)
-            .map(Some)
-            .map_err(|e| match e {
-                offload::BudgetError::Size { reason, .. } => {
-                    format!("{reason}; accepted forms: {}", offload::budget::SIZE_FORMS)
-                }
-                other => other.to_string(),
-            })
-    },
+    parse: |v| offload::budget::parse_optional_size(KV_BUDGET.name, v),
 };
 
 /// The pool that fits, and the figures it came from (for the line a server prints).
