@@ -265,9 +265,12 @@ impl WithBackend for Serving<'_> {
         let plan = ctx.kv_plan();
         let positions = plan.pool_blocks * plan.block;
         let kv_budget_bytes = plan.pool_blocks as u64 * block_bytes;
+        // A shared pool's memory is taken as its blocks are handed out (where the device maps
+        // memory piece by piece): what the KV cache holds now.
+        let kv_now = backend.memory().get(decode::memory::MemoryTag::KvCache);
         eprintln!(
             "{} on {}: {} sequences of up to {} positions; KV pool {} blocks of {} positions \
-             ({}, {:.1} full sequences); chat template: {}",
+             ({}, {:.1} full sequences; {} held now); chat template: {}",
             spec.arch_name,
             backend.describe(),
             args.parallel,
@@ -276,6 +279,7 @@ impl WithBackend for Serving<'_> {
             plan.block,
             human_bytes(kv_budget_bytes),
             positions as f64 / ctx.capacity() as f64,
+            human_bytes(kv_now),
             match &self.template {
                 Ok(t) => t.name().to_string(),
                 Err(_) => "none".into(),

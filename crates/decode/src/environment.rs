@@ -61,6 +61,7 @@ pub static TABLE: Table = &[
     &crate::backend::gpu::INT8_MMA_MAX_ROWS,
     &crate::backend::gpu::MOE_GROUPED,
     &crate::backend::gpu::EMBED_TABLE,
+    &crate::backend::gpu::KV_POOL,
     &crate::backend::gpu::capture_stream::CAPTURE_STREAM,
     &crate::backend::gpu::capture_stream::GRAPH_POOL,
     &crate::backend::gpu::CPU_SHARE,

@@ -430,3 +430,110 @@ fn on_the_gpu_one_and_three_sequences_run_as_generate() {
         &reqs,
     );
 }
+
+/// Runs `reqs` through a context whose KV pool is `blocks` blocks shared by `sequences`
+/// sequences of 48 positions: what it held of the pool in the backend's books before and after,
+/// the blocks it backed, and each request's tokens.
+fn run_shared_pool<B: Backend>(
+    file: &Arc<GgufFile>,
+    be: &mut B,
+    blocks: Option<usize>,
+    sequences: usize,
+    reqs: &[Request],
+) -> (u64, u64, usize, Vec<Vec<u32>>) {
+    let model = Model::load(file, be).expect("load");
+    let opts = ContextOptions {
+        kv_blocks: blocks,
+        ..options(48, 16, sequences)
+    };
+    let mut ctx = Context::new(&model, be, opts).expect("context");
+    let before = be.memory().get(decode::memory::MemoryTag::KvCache);
+    let backed_before = ctx.kv_backed_blocks();
+    let report = generate_many(&model, be, &mut ctx, reqs, &mut |_, _| {}).expect("the run");
+    let after = be.memory().get(decode::memory::MemoryTag::KvCache);
+    assert!(
+        ctx.kv_backed_blocks() >= backed_before,
+        "backed blocks never shrink"
+    );
+    let tokens = report.requests.into_iter().map(|r| r.tokens).collect();
+    (before, after, ctx.kv_backed_blocks(), tokens)
+}
+
+#[test]
+fn a_shared_pool_is_backed_as_its_blocks_are_handed_out() {
+    let file = Arc::new(preset_file(Preset::TinyLlama));
+    let spec = ModelSpec::from_gguf(&file).expect("spec");
+    let vocab = spec.vocab as u32;
+    let reqs = requests(6, vocab);
+    // Four sequences of 48 positions own 12 blocks of 16; a pool of 10 is shared.
+    let mut be = CpuBackend::new(Precision::Exact);
+    let (before, after, backed, shared) = run_shared_pool(&file, &mut be, Some(10), 4, &reqs);
+    assert_eq!(
+        before, 0,
+        "a shared pool holds nothing before a block is handed out"
+    );
+    assert!(backed > 0 && backed <= 10, "{backed} blocks backed");
+    // Every layer is in the pool on Llama: each backed block is 16 positions of keys and
+    // values in f32 rows.
+    let (kd, vd) = (
+        spec.n_head_kv * spec.head_dim_k,
+        spec.n_head_kv * spec.head_dim_v,
+    );
+    let per_block = (16 * (kd + vd) * 4 * spec.n_layers) as u64;
+    assert_eq!(
+        after,
+        backed as u64 * per_block,
+        "the books hold the backed blocks"
+    );
+    // The same tokens as contexts whose sequences own their blocks from the start.
+    let mut whole = CpuBackend::new(Precision::Exact);
+    let (owned, _, owned_backed, tokens) = run_shared_pool(&file, &mut whole, None, 4, &reqs);
+    assert_eq!(
+        owned,
+        12 * per_block,
+        "owned blocks are all backed at creation"
+    );
+    assert_eq!(owned_backed, 12);
+    assert_eq!(shared, tokens);
+}
+
+#[test]
+fn on_the_gpu_a_shared_pool_grows_in_mapped_pieces_and_keeps_the_tokens() {
+    let test = "on_the_gpu_a_shared_pool_grows_in_mapped_pieces_and_keeps_the_tokens";
+    let _lock = test_support::gpu::gpu_lock();
+    let Some(device) = hip_ffi::testing::device_or_skip(test) else {
+        return;
+    };
+    let file = Arc::new(preset_file(Preset::TinyLlama));
+    let vocab = ModelSpec::from_gguf(&file).expect("spec").vocab as u32;
+    let reqs = requests(6, vocab);
+    let gpu = || {
+        let mut be = GpuBackend::new(device, 16, true).expect("the GPU backend starts");
+        be.set_matvec_path(MatvecPath::Exact);
+        be.set_kv_type(KvType::F32);
+        be
+    };
+    let mut be = gpu();
+    let grows = device.map_granularity().expect("the granularity query");
+    eprintln!("{test}: mapping granularity {grows:?}");
+    let (before, after, backed, shared) = run_shared_pool(&file, &mut be, Some(10), 4, &reqs);
+    let stats = be.allocator().stats();
+    eprintln!(
+        "{test}: kv before {before}, after {after}, {backed} blocks backed, {} mapped",
+        stats.mapped_bytes
+    );
+    assert!(backed > 0 && backed <= 10, "{backed} blocks backed");
+    if grows.is_some() {
+        assert_eq!(before, 0, "nothing mapped before a block is handed out");
+        assert!(
+            after > 0 && stats.mapped_bytes >= after,
+            "{after} {stats:?}"
+        );
+    }
+    let mut whole = gpu();
+    let (_, _, _, tokens) = run_shared_pool(&file, &mut whole, None, 4, &reqs);
+    assert_eq!(
+        shared, tokens,
+        "the same tokens as sequences owning their blocks"
+    );
+}

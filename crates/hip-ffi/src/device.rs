@@ -1,7 +1,7 @@
 //! A GPU device: its attributes and memory figures, and the entry point for allocations.
 
 use crate::error::{ErrorKind, HipError, Result};
-use crate::ffi::{Attr, GpuApi};
+use crate::ffi::{Attr, GpuApi, RawHandle};
 use crate::platform_kind::PlatformKind;
 use crate::sysfs::{self, GttInfo, PciLocation};
 use std::fmt;
@@ -263,6 +263,72 @@ impl Device {
             ));
         }
         self.api.malloc(self.ordinal, bytes).map(DevicePtr)
+    }
+
+    /// The size device memory is mapped in when this device can back a reserved address
+    /// range piece by piece (virtual memory management), or `None` where it cannot.
+    pub fn map_granularity(&self) -> Result<Option<u64>> {
+        self.api.map_granularity(self.ordinal)
+    }
+
+    /// Reserves `bytes` of address space (a multiple of [`Device::map_granularity`]), backed by
+    /// no memory until [`Device::map_new_raw`] maps some into it.
+    pub fn reserve_address_raw(&self, bytes: usize) -> Result<DevicePtr> {
+        self.check_granular("hipMemAddressReserve", bytes)?;
+        self.api.address_reserve(self.ordinal, bytes).map(DevicePtr)
+    }
+
+    /// Returns a reservation from [`Device::reserve_address_raw`].
+    ///
+    /// # Safety
+    /// `[ptr, ptr + bytes)` is the whole reservation, nothing is mapped in it any more, and
+    /// nothing uses it afterwards.
+    pub unsafe fn free_address_raw(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.api.address_free(self.ordinal, ptr.0, bytes) }
+    }
+
+    /// Creates `bytes` of device memory (a multiple of the granularity) and maps it at `ptr`,
+    /// readable and writable by this device; the handle goes to [`Device::unmap_raw`].
+    ///
+    /// # Safety
+    /// `[ptr, ptr + bytes)` lies inside one reservation of this device and nothing is mapped
+    /// there.
+    pub unsafe fn map_new_raw(&self, ptr: DevicePtr, bytes: usize) -> Result<RawHandle> {
+        self.check_granular("hipMemCreate", bytes)?;
+        // SAFETY: forwarded contract.
+        unsafe { self.api.map_new(self.ordinal, ptr.0, bytes) }
+    }
+
+    /// Unmaps what [`Device::map_new_raw`] mapped and releases its memory (synchronous with
+    /// respect to the device's use of it only as the caller guarantees below).
+    ///
+    /// # Safety
+    /// `ptr`, `bytes` and `handle` are exactly one `map_new_raw`'s, unmapped once, and no
+    /// queued or later work touches the range.
+    pub unsafe fn unmap_raw(&self, ptr: DevicePtr, bytes: usize, handle: RawHandle) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.api.unmap_release(self.ordinal, ptr.0, bytes, handle) }
+    }
+
+    /// Refuses a size of zero, or one that is not a multiple of the granularity (or on a
+    /// device that maps no memory piece by piece), before the runtime sees it.
+    fn check_granular(&self, op: &'static str, bytes: usize) -> Result<()> {
+        let Some(granularity) = self.map_granularity()? else {
+            return Err(HipError::host(
+                op,
+                ErrorKind::NotSupported,
+                "this device cannot map memory into reserved address ranges",
+            ));
+        };
+        if bytes == 0 || !(bytes as u64).is_multiple_of(granularity) {
+            return Err(HipError::host(
+                op,
+                ErrorKind::InvalidArgument,
+                format!("{bytes} bytes is not a whole number of {granularity}-byte pieces"),
+            ));
+        }
+        Ok(())
     }
 
     /// Frees a pointer from [`Device::malloc_raw`] (synchronous: waits for the device).

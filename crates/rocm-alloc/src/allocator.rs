@@ -69,8 +69,17 @@ struct State {
     hot_window: u64,
     /// Bytes held by live decode arenas (also counted under their tag).
     arena_bytes: u64,
+    /// Bytes mapped into growable regions, per tag (also active under their tag).
+    mapped: [u64; Tag::COUNT],
     /// Which streams are the main one and which are retired, for the snapshot's stranded list.
     roles: StreamRoles,
+}
+
+impl State {
+    /// Bytes obtained from the device: the pools' segments and the growable regions' pieces.
+    fn reserved(&self) -> u64 {
+        self.pool.reserved() + self.mapped.iter().sum::<u64>()
+    }
 }
 
 struct Shared {
@@ -252,6 +261,7 @@ impl Allocator {
             weight_bytes: config.weight_bytes,
             hot_window,
             arena_bytes: 0,
+            mapped: [0; Tag::COUNT],
             roles: StreamRoles::default(),
         };
         let device_name = device.name();
@@ -430,13 +440,13 @@ impl Allocator {
         bytes: u64,
     ) -> Result<Result<u64, OomCause>, AllocError> {
         if let Some(limit) = st.memory_limit {
-            if st.pool.reserved().saturating_add(bytes) > limit {
+            if st.reserved().saturating_add(bytes) > limit {
                 return Ok(Err(OomCause::MemoryLimit));
             }
         }
         match self.device().malloc(bytes) {
             Ok(addr) => {
-                let reserved = st.pool.reserved() + bytes;
+                let reserved = st.reserved() + bytes;
                 st.counters.on_reserve(reserved);
                 tracing::debug!(
                     "allocator grew by a segment of {}; it holds {} from the device",
@@ -463,7 +473,7 @@ impl Allocator {
             .map(|(u, t)| (t, u.current))
             .collect();
         per_tag.sort_by_key(|&(_, bytes)| std::cmp::Reverse(bytes));
-        let reserved = st.pool.reserved();
+        let reserved = st.reserved();
         let active = st.counters.active;
         let cached = reserved - active;
         let capture_active = st.captures.any_active();
@@ -674,20 +684,20 @@ impl Allocator {
         let limit = spec.resolve(self.shared.device_total)?;
         let mut st = self.lock();
         if let Some(l) = limit {
-            if st.pool.reserved() > l {
+            if st.reserved() > l {
                 Self::refuse_during_capture(
                     &st,
                     "lowering the memory limit below what is reserved",
                 )?;
                 self.collect_pending(&mut st, true);
-                let excess = st.pool.reserved() - l;
+                let excess = st.reserved() - l;
                 let target = st.pool.idle_default_bytes().saturating_sub(excess);
                 self.trim_locked(&mut st, target, None);
             }
-            if st.pool.reserved() > l {
+            if st.reserved() > l {
                 return Err(AllocError::LimitBelowReserved {
                     limit: l,
-                    reserved: st.pool.reserved(),
+                    reserved: st.reserved(),
                     active: st.counters.active,
                 });
             }
@@ -723,13 +733,13 @@ impl Allocator {
     /// Resets every peak to its current value.
     pub fn reset_peak(&self) {
         let mut st = self.lock();
-        let reserved = st.pool.reserved();
+        let reserved = st.reserved();
         st.counters.reset_peak(reserved);
     }
 
     fn stats_locked(st: &State) -> Stats {
         let c = &st.counters;
-        let reserved = st.pool.reserved();
+        let reserved = st.reserved();
         Stats {
             active_bytes: c.active,
             peak_active_bytes: c.peak_active,
@@ -752,6 +762,116 @@ impl Allocator {
             memory_limit: st.memory_limit,
             cache_limit: st.cache_limit,
             arena_bytes: st.arena_bytes,
+            mapped_bytes: st.mapped.iter().sum(),
+        }
+    }
+
+    /// The device's mapping granularity, where it maps memory piece by piece.
+    pub(crate) fn map_granularity(&self) -> Option<u64> {
+        self.device().map_granularity()
+    }
+
+    /// Reserves `bytes` of address space for a growable region (no memory, nothing booked).
+    pub(crate) fn reserve_region(&self, bytes: u64) -> Result<u64, AllocError> {
+        Ok(self.device().reserve_addresses(bytes)?)
+    }
+
+    /// Maps `bytes` of new memory at `addr` for a growable region of `tag`, within the memory
+    /// limit: over it, or with the device out of memory, the cache is released and the map
+    /// tried once more before an OOM report. Returns the device's handle.
+    pub(crate) fn map_region_piece(
+        &self,
+        addr: u64,
+        bytes: u64,
+        tag: Tag,
+    ) -> Result<u64, AllocError> {
+        let mut st = self.lock();
+        // Mapping is not stream-ordered and releasing the cache is illegal during a capture;
+        // a region grows between steps, never inside one.
+        if st.captures.any_active() {
+            return Err(AllocError::CaptureActive {
+                operation: "growing a region",
+            });
+        }
+        let mut attempt = 0;
+        let handle = loop {
+            let cause = match st.memory_limit {
+                Some(limit) if st.reserved().saturating_add(bytes) > limit => {
+                    Some(OomCause::MemoryLimit)
+                }
+                _ => None,
+            };
+            let cause = match cause {
+                Some(c) => c,
+                // SAFETY: the region reserved this range and maps its pieces in order, each
+                // once, so nothing is mapped there yet.
+                None => match unsafe { self.device().map(addr, bytes) } {
+                    Ok(handle) => break handle,
+                    Err(DeviceError::OutOfMemory { .. }) => OomCause::Device,
+                    Err(e) => return Err(e.into()),
+                },
+            };
+            if attempt == 1 {
+                return Err(self.oom_error(&st, bytes, bytes, cause));
+            }
+            attempt += 1;
+            st.counters.oom_retries += 1;
+            self.collect_pending(&mut st, true);
+            self.trim_locked(&mut st, 0, None);
+        };
+        st.mapped[tag.index()] += bytes;
+        let reserved = st.reserved();
+        st.counters.on_reserve(reserved);
+        st.counters.on_alloc(tag, bytes);
+        tracing::debug!(
+            "a {} region grew by {}; the allocator holds {} from the device",
+            tag.name(),
+            fmt_bytes(bytes),
+            fmt_bytes(reserved)
+        );
+        Ok(handle)
+    }
+
+    /// Unmaps one piece of a growable region of `tag`. A failure is counted, not returned:
+    /// this runs in a destructor.
+    pub(crate) fn unmap_region_piece(&self, addr: u64, bytes: u64, handle: u64, tag: Tag) {
+        let mut st = self.lock();
+        // SAFETY: the region hands over exactly one piece it mapped, once, when it is dropped;
+        // its owner has finished the work that used it (the same contract as freeing).
+        match unsafe { self.device().unmap(addr, bytes, handle) } {
+            Ok(()) => st.counters.device_frees += 1,
+            Err(e) => {
+                st.counters.device_free_failures += 1;
+                tracing::warn!("unmapping {} of a region failed: {e}", fmt_bytes(bytes));
+            }
+        }
+        st.mapped[tag.index()] -= bytes;
+        st.counters.on_free(tag, bytes);
+    }
+
+    /// Waits for the work queued on `stream` so far; `false` if the device could not say
+    /// (no event can be recorded there, or waiting failed) or a capture is active.
+    pub(crate) fn wait_for_stream(&self, stream: StreamId) -> bool {
+        if self.lock().captures.any_active() {
+            return false;
+        }
+        let device = self.device();
+        match device.record_event(stream) {
+            Ok(event) => {
+                let waited = device.event_wait(event).is_ok();
+                device.destroy_event(event);
+                waited
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Returns a growable region's address space once every piece is unmapped.
+    pub(crate) fn release_region(&self, addr: u64, bytes: u64) {
+        // SAFETY: the region's pieces were all unmapped just before, and it is being dropped.
+        if let Err(e) = unsafe { self.device().free_addresses(addr, bytes) } {
+            self.lock().counters.device_free_failures += 1;
+            tracing::warn!("returning a region's addresses failed: {e}");
         }
     }
 
@@ -767,6 +887,10 @@ impl Allocator {
             device: self.shared.device_name.clone(),
             stats: Self::stats_locked(&st),
             segments: snapshot::segments(&st.pool),
+            mapped_by_tag: Tag::ALL
+                .iter()
+                .map(|&t| (t, st.mapped[t.index()]))
+                .collect(),
             main_stream: st.roles.main,
             stranded: snapshot::stranded(&st.pool, &st.roles),
             stuck_blocks: st
@@ -834,6 +958,7 @@ impl Allocator {
         };
         let c = &st.counters;
         let recorded = RecordedCounters {
+            // Growable regions are not traced (`replay` simulates the pools only).
             reserved_bytes: st.pool.reserved(),
             active_bytes: c.active,
             peak_reserved_bytes: c.peak_reserved,

@@ -12,7 +12,8 @@ use crate::tag::Tag;
 /// `reserved_bytes` split into parts that do not overlap.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ReservedBreakdown {
-    /// Active blocks of the ordinary (stream) pools, per tag in [`Tag::ALL`] order.
+    /// Active blocks of the ordinary (stream) pools and memory mapped into growable regions,
+    /// per tag in [`Tag::ALL`] order.
     pub active_by_tag: Vec<(Tag, u64)>,
     /// Every byte of graph-pool segments, active or free: memory that belongs to captured
     /// graphs and that no trim releases.
@@ -28,6 +29,9 @@ pub struct ReservedBreakdown {
     pub pending: u64,
     /// Of the active bytes, those held by decode arenas (already inside `active_by_tag`).
     pub arena: u64,
+    /// Of the active bytes, those mapped into growable regions (already inside
+    /// `active_by_tag`).
+    pub mapped: u64,
     /// The reserved bytes these parts add up to.
     pub reserved: u64,
 }
@@ -79,6 +83,11 @@ impl Snapshot {
                     (BlockState::PendingFree, _) => b.pending += blk.size,
                 }
             }
+        }
+        for &(tag, bytes) in &self.mapped_by_tag {
+            by_tag[tag.index()] += bytes;
+            b.mapped += bytes;
+            b.reserved += bytes;
         }
         b.active_by_tag = Tag::ALL.iter().map(|&t| (t, by_tag[t.index()])).collect();
         b

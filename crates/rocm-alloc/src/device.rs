@@ -132,4 +132,57 @@ pub trait RawDevice: Send + Sync + 'static {
 
     /// Current memory facts.
     fn memory_info(&self) -> Result<MemoryInfo, DeviceError>;
+
+    /// The size memory is mapped in, where this device can back a reserved address range
+    /// piece by piece (virtual memory management); `None` where it cannot, and then
+    /// [`crate::Allocator::reserve_growable`] takes the whole region at once.
+    fn map_granularity(&self) -> Option<u64> {
+        None
+    }
+
+    /// Reserves `bytes` (a multiple of the granularity) of address space, backed by nothing.
+    fn reserve_addresses(&self, bytes: u64) -> Result<u64, DeviceError> {
+        Err(no_mapping("reserve_addresses", bytes))
+    }
+
+    /// Returns a reservation.
+    ///
+    /// # Safety
+    /// `[addr, addr + bytes)` is a whole range from `reserve_addresses`, nothing is mapped in
+    /// it, and nothing uses it afterwards.
+    unsafe fn free_addresses(&self, addr: u64, bytes: u64) -> Result<(), DeviceError> {
+        let _ = addr;
+        Err(no_mapping("free_addresses", bytes))
+    }
+
+    /// Backs `[addr, addr + bytes)` (inside a reservation, a multiple of the granularity) with
+    /// new device memory, readable and writable by the device; returns the handle that
+    /// [`RawDevice::unmap`] takes. Running out of memory is [`DeviceError::OutOfMemory`].
+    ///
+    /// # Safety
+    /// The range lies inside one reservation of this device and nothing is mapped there.
+    unsafe fn map(&self, addr: u64, bytes: u64) -> Result<u64, DeviceError> {
+        let _ = addr;
+        Err(no_mapping("map", bytes))
+    }
+
+    /// Unmaps what one [`RawDevice::map`] mapped and returns its memory.
+    ///
+    /// # Safety
+    /// `addr`, `bytes` and `handle` are exactly one `map`'s, unmapped once, and no queued or
+    /// later work touches the range.
+    unsafe fn unmap(&self, addr: u64, bytes: u64, handle: u64) -> Result<(), DeviceError> {
+        let _ = (addr, handle);
+        Err(no_mapping("unmap", bytes))
+    }
+}
+
+/// The error of a mapping call on a device that cannot map memory piece by piece.
+fn no_mapping(call: &'static str, bytes: u64) -> DeviceError {
+    DeviceError::Driver {
+        call,
+        message: format!(
+            "this device cannot map memory into reserved address ranges ({bytes} bytes asked)"
+        ),
+    }
 }

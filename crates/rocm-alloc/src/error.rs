@@ -74,6 +74,18 @@ pub enum AllocError {
         /// Highest demand seen, including this request.
         high_water: u64,
     },
+    /// A growable region was asked to back more than it was made for.
+    #[error(
+        "a growable region of {} was asked to back {}; make the region larger",
+        fmt_bytes(*capacity),
+        fmt_bytes(*requested)
+    )]
+    RegionExceeded {
+        /// Bytes asked for.
+        requested: u64,
+        /// The region's capacity.
+        capacity: u64,
+    },
     /// The device failed.
     #[error(transparent)]
     Device(#[from] DeviceError),

@@ -35,6 +35,7 @@ pub mod devices;
 mod error;
 mod free_list;
 mod graph_pool;
+mod growable;
 pub mod knobs;
 pub mod limits;
 mod oom;
@@ -54,6 +55,7 @@ pub use config::{AllocatorConfig, DEFAULT_TRIM_HOT_WINDOW};
 pub use device::{DeviceError, EventId, MemoryInfo, RawDevice, StreamId, UmaInfo};
 pub use error::AllocError;
 pub use graph_pool::{CaptureGuard, CaptureTarget, GraphPool};
+pub use growable::GrowableRegion;
 pub use limits::{InvalidLimit, LimitParseError, LimitSpec};
 pub use oom::{fmt_bytes, fmt_bytes_decimals, OomCause, OomReport};
 pub use snapshot::{

@@ -120,6 +120,9 @@ pub struct Snapshot {
     pub stats: Stats,
     /// Segments in address order.
     pub segments: Vec<SegmentInfo>,
+    /// Bytes mapped into growable regions, per tag in [`Tag::ALL`] order (outside the
+    /// segments).
+    pub mapped_by_tag: Vec<(Tag, u64)>,
     /// The main stream, if the runtime named one.
     pub main_stream: Option<StreamId>,
     /// Blocks the main stream cannot reuse: every block of a retired stream, and the free or

@@ -59,6 +59,9 @@ pub struct Stats {
     /// Bytes held by live decode arenas ([`crate::Allocator::new_arena`]); a part of
     /// `active_bytes`, also counted under each arena's tag.
     pub arena_bytes: u64,
+    /// Bytes mapped into growable regions ([`crate::Allocator::reserve_growable`]): a part of
+    /// both `reserved_bytes` and `active_bytes`, also counted under each region's tag.
+    pub mapped_bytes: u64,
 }
 
 impl Stats {

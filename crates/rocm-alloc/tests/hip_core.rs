@@ -270,3 +270,96 @@ fn allocation_inside_a_real_graph_capture() {
     drop((out, grown, exec, pool));
     alloc.clear_cache().unwrap();
 }
+
+/// A growable region on a real device: reserving takes no memory, each commit takes whole
+/// pieces that the device really gives up, kernels write and read across pieces at the
+/// region's one address, and dropping it (after its stream's work) gives every piece back.
+#[test]
+fn a_growable_region_maps_real_memory_piece_by_piece() {
+    let _gpu = gpu_lock();
+    let test = "a_growable_region_maps_real_memory_piece_by_piece";
+    let Some(dev) = device_or_skip(test) else {
+        return;
+    };
+    let Some(piece) = dev.map_granularity() else {
+        eprintln!("{test}: this device maps no memory piece by piece; the region is taken whole");
+        return;
+    };
+    let module = dev
+        .device()
+        .compile_module(KERNELS, "alloc_tests.cu", &[])
+        .unwrap();
+    let fill = module.function("fill").unwrap();
+    let copy = module.function("copy_u32").unwrap();
+    let (s, stream) = dev.create_stream().unwrap();
+    let alloc = common::allocator(dev.clone());
+    let pieces = 64 * (1 << 20) / piece.max(1) + 1;
+    let free_before = dev.memory_info().unwrap().free;
+    let mut region = alloc
+        .reserve_growable(pieces * piece, s, Tag::KvCache)
+        .unwrap();
+    assert!(region.grows());
+    let free_reserved = dev.memory_info().unwrap().free;
+    assert!(
+        free_before - free_reserved < piece,
+        "reserving took {} bytes",
+        free_before - free_reserved
+    );
+    // Two pieces, then the rest: the second commit leaves the first's contents in place.
+    assert_eq!(region.commit(2 * piece).unwrap(), 2 * piece);
+    let words = |bytes: u64| (bytes / 4) as u32;
+    // Writes `base + i` to word `i` of `n` words at `out`.
+    let fill_words = |out: DevicePtr, n: u32, base: u32| {
+        // SAFETY: `fill` takes (unsigned int*, unsigned int, unsigned int); `out` covers `n`
+        // words of committed memory, which outlives the synchronize below.
+        unsafe {
+            fill.builder(&stream)
+                .arg(&out)
+                .arg(&n)
+                .arg(&base)
+                .launch(LaunchConfig::for_elements(n, 256))
+                .unwrap();
+        }
+    };
+    let first = DevicePtr(region.ptr());
+    fill_words(first, words(2 * piece), 11);
+    assert_eq!(region.commit(pieces * piece).unwrap(), (pieces - 2) * piece);
+    let later = DevicePtr(region.ptr() + 2 * piece);
+    fill_words(later, words((pieces - 2) * piece), 11 + words(2 * piece));
+    let n = words(pieces * piece);
+    let mut result = DeviceBuffer::alloc(dev.device(), n as usize * 4).unwrap();
+    let result_ptr = result.ptr();
+    // SAFETY: `copy_u32` takes (const unsigned int*, unsigned int*, unsigned int); both cover
+    // `n` words and outlive the synchronize below.
+    unsafe {
+        copy.builder(&stream)
+            .arg(&first)
+            .arg(&result_ptr)
+            .arg(&n)
+            .launch(LaunchConfig::for_elements(n, 256))
+            .unwrap();
+    }
+    stream.synchronize().unwrap();
+    let host: Vec<u32> = result.to_host_vec().unwrap();
+    let wrong = host.iter().enumerate().find(|&(i, &v)| v != 11 + i as u32);
+    assert_eq!(
+        wrong, None,
+        "every word written across the pieces reads back"
+    );
+    result.memset(0).unwrap();
+    let free_grown = dev.memory_info().unwrap().free;
+    assert!(
+        free_reserved - free_grown >= pieces * piece,
+        "the device gave up the pieces: {free_reserved} -> {free_grown}"
+    );
+    assert_eq!(alloc.stats().tag(Tag::KvCache).current, pieces * piece);
+    assert_eq!(alloc.stats().mapped_bytes, pieces * piece);
+    drop(region);
+    assert_eq!(alloc.stats().mapped_bytes, 0);
+    assert_eq!(alloc.stats().reserved_bytes, 0);
+    let free_after = dev.memory_info().unwrap().free;
+    assert!(
+        free_after >= free_grown + pieces * piece,
+        "dropping returned the pieces: {free_grown} -> {free_after}"
+    );
+}

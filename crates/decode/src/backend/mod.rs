@@ -194,6 +194,18 @@ pub trait Backend: Send {
     fn describe(&self) -> String;
     /// A zeroed buffer of `len` f32, accounted under `tag`.
     fn alloc(&mut self, tag: MemoryTag, len: usize) -> Result<Self::Buffer>;
+    /// A zeroed buffer of `len` f32 whose memory is taken as [`Backend::commit`] asks, at an
+    /// address that never changes (a paged KV pool that grows with its sequences). Where the
+    /// backend cannot grow a buffer in place, the whole buffer now: the default.
+    fn alloc_growable(&mut self, tag: MemoryTag, len: usize) -> Result<Self::Buffer> {
+        self.alloc(tag, len)
+    }
+    /// Backs at least the first `len` values of a buffer from [`Backend::alloc_growable`],
+    /// zeroed where new; values already backed keep theirs. The default has nothing to do.
+    fn commit(&mut self, buffer: &mut Self::Buffer, len: usize) -> Result<()> {
+        let _ = (buffer, len);
+        Ok(())
+    }
     /// Makes a weight resident (accounted under [`MemoryTag::Weights`]).
     fn load_weight(&mut self, src: &WeightSource<'_>) -> Result<Self::Weight>;
     /// Bytes in use per tag.

@@ -4,10 +4,16 @@
 //! positions, so when `window + max_batch - 1` slots (enough for a whole prefill chunk) are
 //! fewer than the context, each sequence keeps a ring of that many slots in blocks of its own:
 //! on Gemma 3 that is 15 of 18 layers. The block tables say which block holds each slot.
+//!
+//! A shared pool (one a scheduler hands blocks out of) grows: its layers' buffers keep their
+//! addresses but are backed only up to the highest block handed out so far
+//! ([`Backend::alloc_growable`]), so a server sized for many long sequences takes device
+//! memory as its sequences do. The pool hands out its lowest free block first, which keeps
+//! what is backed close to what is used.
 
 use crate::backend::{Backend, KvLayer};
 use crate::error::Result;
-use crate::kv::BlockTables;
+use crate::kv::{BlockTables, KvGroup};
 use crate::layout::context::KvPlan;
 use crate::memory::MemoryTag;
 
@@ -19,6 +25,11 @@ pub struct KvCache<B: Backend> {
     pub(crate) tables: BlockTables,
     plan: KvPlan,
     capacity: usize,
+    dims: (usize, usize),
+    /// Whether the pool's layers grow ([`KvPlan::pool_is_shared`]), and the blocks of each
+    /// that are backed so far.
+    grows: bool,
+    backed_blocks: usize,
 }
 
 impl<B: Backend> KvCache<B> {
@@ -31,13 +42,19 @@ impl<B: Backend> KvCache<B> {
         (k_dim, v_dim): (usize, usize),
     ) -> Result<Self> {
         let n = plan.slots.len();
+        let grows = plan.pool_is_shared();
         let mut k = Vec::with_capacity(n);
         let mut v = Vec::with_capacity(n);
         for il in 0..n {
             for (buffers, dim) in [(&mut k, k_dim), (&mut v, v_dim)] {
                 // The layout's rule, which `ModelLayout` lists.
                 let len = plan.values(il, dim)?;
-                buffers.push(backend.alloc(MemoryTag::KvCache, len)?);
+                let buffer = if grows && plan.groups[il] == KvGroup::POOL {
+                    backend.alloc_growable(MemoryTag::KvCache, len)?
+                } else {
+                    backend.alloc(MemoryTag::KvCache, len)?
+                };
+                buffers.push(buffer);
             }
         }
         let layers = (plan.slots.iter().zip(&plan.groups))
@@ -50,7 +67,44 @@ impl<B: Backend> KvCache<B> {
             tables: plan.tables()?,
             plan,
             capacity,
+            dims: (k_dim, v_dim),
+            grows,
+            backed_blocks: 0,
         })
+    }
+
+    /// Whether the pool's storage grows as blocks are handed out.
+    pub fn grows(&self) -> bool {
+        self.grows
+    }
+
+    /// Blocks of the pool backed by memory so far (every block where the pool does not grow).
+    pub fn backed_blocks(&self) -> usize {
+        if self.grows {
+            self.backed_blocks
+        } else {
+            self.plan.pool_blocks
+        }
+    }
+
+    /// Backs the pool's first `blocks` blocks in every pool layer (no-op for blocks already
+    /// backed, or where the pool does not grow).
+    pub(crate) fn back_blocks(&mut self, backend: &mut B, blocks: usize) -> Result<()> {
+        let blocks = blocks.min(self.plan.pool_blocks);
+        if !self.grows || blocks <= self.backed_blocks {
+            return Ok(());
+        }
+        let rows = blocks * self.plan.block;
+        let (kd, vd) = self.dims;
+        for (il, layer) in self.layers.iter().enumerate() {
+            if layer.group != KvGroup::POOL {
+                continue;
+            }
+            backend.commit(&mut self.k[il], rows * kd)?;
+            backend.commit(&mut self.v[il], rows * vd)?;
+        }
+        self.backed_blocks = blocks;
+        Ok(())
     }
 
     /// Positions each sequence can hold.

@@ -184,10 +184,15 @@ impl<B: Backend> Context<B> {
         }
         let kv_before = backend.memory().get(MemoryTag::KvCache);
         let kv = KvCache::new(backend, plan, context, (kd, vd))?;
-        let kv_bytes = backend
-            .memory()
-            .get(MemoryTag::KvCache)
-            .saturating_sub(kv_before);
+        // A growing pool books its bytes as it grows; its size is the whole cache's.
+        let kv_bytes = if kv.grows() {
+            kv_need
+        } else {
+            backend
+                .memory()
+                .get(MemoryTag::KvCache)
+                .saturating_sub(kv_before)
+        };
         let sizes = layout::activations(s, mb, options.sequences, options.all_logits)?;
         let logit_rows = sizes.logit_rows();
         let mut a = |which| backend.alloc(MemoryTag::Activations, sizes.values(which));
@@ -261,10 +266,21 @@ impl<B: Backend> Context<B> {
     /// block the pool does not have.
     pub fn set_blocks(
         &mut self,
+        backend: &mut B,
         seq: SeqId,
         blocks: impl IntoIterator<Item = Option<u32>>,
     ) -> Result<()> {
+        let blocks: Vec<Option<u32>> = blocks.into_iter().collect();
+        // A growing pool backs every block it hands out before a step can touch it.
+        let highest = blocks.iter().flatten().max().map_or(0, |&b| b as usize + 1);
+        self.kv.back_blocks(backend, highest)?;
         self.kv.tables.set_pool_blocks(seq, blocks)
+    }
+
+    /// Blocks of the KV pool backed by memory now: every block unless the pool is shared
+    /// ([`ContextOptions::kv_blocks`]), whose storage grows as blocks are handed out.
+    pub fn kv_backed_blocks(&self) -> usize {
+        self.kv.backed_blocks()
     }
 
     /// Copies pool blocks in every full-context layer's keys and values: for each `(from, to)`,

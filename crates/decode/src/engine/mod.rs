@@ -50,7 +50,7 @@ pub fn run_plan<B: Backend>(
         }
         seen.push(seq);
         let blocks = scheduler.blocks(seq).unwrap_or_default();
-        ctx.set_blocks(seq, blocks.iter().map(|b| b.map(|id| id.0)))?;
+        ctx.set_blocks(backend, seq, blocks.iter().map(|b| b.map(|id| id.0)))?;
     }
     let copies: Vec<(usize, usize)> = (plan.copies.iter())
         .map(|c| (c.from.index(), c.to.index()))

@@ -7,7 +7,7 @@
 use crate::error::{DecodeError, Result};
 use crate::memory::MemoryTag;
 use rocm_alloc::devices::sim::SimDevice;
-use rocm_alloc::{Allocation, Allocator, AllocatorConfig, LimitSpec};
+use rocm_alloc::{Allocation, Allocator, AllocatorConfig, GrowableRegion, LimitSpec};
 use std::sync::Arc;
 
 /// One allocation of the replay.
@@ -19,6 +19,8 @@ pub struct Request {
     /// The earlier request (by position in the replay) freed just before this one is made:
     /// a buffer the load replaces by a larger one.
     pub frees: Option<usize>,
+    /// A growable region (`Allocator::reserve_growable`), replayed grown to its whole size.
+    pub grows: bool,
 }
 
 /// The allocator's figures after the replay.
@@ -57,7 +59,12 @@ pub fn replay(requests: &[Request]) -> Result<AllocatorView> {
         },
     )
     .map_err(|e| failed(&e))?;
-    let mut live: Vec<Option<Allocation>> = Vec::with_capacity(requests.len());
+    /// What a request holds while it lives.
+    enum Live {
+        Block(#[allow(dead_code)] Allocation),
+        Region(#[allow(dead_code)] GrowableRegion),
+    }
+    let mut live: Vec<Option<Live>> = Vec::with_capacity(requests.len());
     for r in requests {
         if let Some(i) = r.frees {
             let slot = live.get_mut(i).ok_or_else(|| {
@@ -67,10 +74,19 @@ pub fn replay(requests: &[Request]) -> Result<AllocatorView> {
             })?;
             *slot = None;
         }
-        let a = alloc
-            .alloc(r.bytes.max(1), stream, r.tag)
-            .map_err(|e| failed(&e))?;
-        live.push(Some(a));
+        let held = if r.grows {
+            let mut region = alloc
+                .reserve_growable(r.bytes.max(1), stream, r.tag)
+                .map_err(|e| failed(&e))?;
+            region.commit(r.bytes.max(1)).map_err(|e| failed(&e))?;
+            Live::Region(region)
+        } else {
+            let block = alloc
+                .alloc(r.bytes.max(1), stream, r.tag)
+                .map_err(|e| failed(&e))?;
+            Live::Block(block)
+        };
+        live.push(Some(held));
     }
     let stats = alloc.stats();
     let mut per_tag = [0u64; MemoryTag::COUNT];
@@ -99,17 +115,20 @@ mod tests {
                 tag: kv,
                 bytes: 100,
                 frees: None,
+                grows: false,
             },
             Request {
                 tag: ws,
                 bytes: 1000,
                 frees: None,
+                grows: false,
             },
             // Replaces the workspace buffer: freed first, cached in the small segment.
             Request {
                 tag: ws,
                 bytes: 3000,
                 frees: Some(1),
+                grows: false,
             },
         ])
         .unwrap();
@@ -120,9 +139,33 @@ mod tests {
             tag: ws,
             bytes: 1,
             frees: Some(3),
+            grows: false,
         }])
         .unwrap_err();
         assert!(err.to_string().contains("before it is made"), "{err}");
+    }
+
+    #[test]
+    fn a_growing_buffer_is_priced_in_whole_mapped_pieces() {
+        let piece = rocm_alloc::devices::sim::SIM_MAP_GRANULARITY;
+        let kv = MemoryTag::KvCache;
+        let view = replay(&[
+            Request {
+                tag: kv,
+                bytes: 100,
+                frees: None,
+                grows: true,
+            },
+            Request {
+                tag: kv,
+                bytes: piece + 1,
+                frees: None,
+                grows: true,
+            },
+        ])
+        .unwrap();
+        assert_eq!(view.get(kv), 3 * piece);
+        assert_eq!(view.peak_reserved, 3 * piece, "no pool segment besides");
     }
 
     #[test]
@@ -131,6 +174,7 @@ mod tests {
             tag: MemoryTag::Weights,
             bytes: (10 << 20) + 1,
             frees: None,
+            grows: false,
         }])
         .unwrap();
         // Rounded to 512 bytes; its segment to 2 MiB, whose remainder (over 1 MiB) is split off.

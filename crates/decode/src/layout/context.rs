@@ -138,6 +138,13 @@ impl KvPlan {
     }
 
     /// The tables this storage starts with.
+    /// Whether the pool is shared: fewer blocks than every sequence's whole context, so a
+    /// scheduler hands blocks out (and the storage can grow with them); otherwise each
+    /// sequence owns its run of blocks from the start.
+    pub fn pool_is_shared(&self) -> bool {
+        self.pool_blocks < self.pool_slots / self.block.max(1) * self.sequences
+    }
+
     pub fn tables(&self) -> Result<BlockTables> {
         BlockTables::new(
             self.block,

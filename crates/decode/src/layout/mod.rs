@@ -27,7 +27,7 @@ pub mod workspace;
 use crate::backend::gpu::offload::prefetch::HostPrefill;
 use crate::backend::gpu::vendor_gemm::PrefillPath;
 use crate::backend::gpu::{
-    EmbedTable, GpuConfig, KvType, MatvecPath, DEFAULT_MAX_BATCH, INT8_MMA_ROWS_DEFAULT,
+    EmbedTable, GpuConfig, KvPool, KvType, MatvecPath, DEFAULT_MAX_BATCH, INT8_MMA_ROWS_DEFAULT,
 };
 use crate::backend::Attention;
 use crate::context::ContextOptions;
@@ -77,6 +77,9 @@ pub struct LayoutOptions {
     /// Whether the GPU backend keeps an embedding table that is only looked up in pinned host
     /// memory (`HIPDECODE_GPU_EMBED_TABLE=host`): never on the device, whatever the budget.
     pub lookup_on_host: bool,
+    /// Whether the GPU backend maps a shared KV pool's memory as it grows
+    /// (`HIPDECODE_GPU_KV_POOL=grow`), so its layers are priced in the device's mapped pieces.
+    pub kv_pool_grows: bool,
 }
 
 impl Default for LayoutOptions {
@@ -95,6 +98,7 @@ impl Default for LayoutOptions {
             step_block_batch: DEFAULT_MAX_BATCH,
             stream_prefill: true,
             lookup_on_host: true,
+            kv_pool_grows: true,
         }
     }
 }
@@ -114,6 +118,7 @@ impl LayoutOptions {
             vendor_gemm: config.prefill_path != PrefillPath::Kernels,
             stream_prefill: config.host_prefill == HostPrefill::Stream,
             lookup_on_host: config.embed_table == EmbedTable::Host,
+            kv_pool_grows: config.kv_pool == KvPool::Grow,
             ..LayoutOptions::default()
         }
     }
@@ -128,6 +133,7 @@ impl LayoutOptions {
             vendor_gemm: false,
             stream_prefill: false,
             lookup_on_host: false,
+            kv_pool_grows: false,
             ..LayoutOptions::default()
         }
     }
@@ -162,6 +168,9 @@ pub enum Presence {
     OutsideAllocator,
     /// What the allocator reserves beyond its blocks (tag `allocator_slack`).
     Slack,
+    /// From the load on, in a region whose memory is mapped as it is used (a shared KV pool's
+    /// layer on the GPU): the bytes are its size grown whole, in the device's pieces.
+    Grows,
 }
 
 /// One line of the layout.
@@ -269,8 +278,19 @@ impl ModelLayout {
         let stored = if gpu { o.kv_type } else { KvType::F32 };
         for il in 0..slots.len() {
             let bytes = kv.layer_bytes(il, (kd, vd), stored)?;
+            // A shared pool grows on the GPU (`KvCache`); the host's pages come as written.
+            let grows = gpu
+                && o.kv_pool_grows
+                && kv.pool_is_shared()
+                && kv.groups[il] == crate::kv::KvGroup::POOL;
+            let presence = if grows {
+                Presence::Grows
+            } else {
+                Presence::Always
+            };
             for (bytes, what) in bytes.into_iter().zip(["keys", "values"]) {
-                lines.add(PlanTag::KvCache, format!("layer {il} {what}"), bytes);
+                let what = format!("layer {il} {what}");
+                lines.add_as(PlanTag::KvCache, what, bytes as u64, presence);
             }
         }
         let kv_read_per_token = context::kv_reads(
@@ -395,7 +415,12 @@ impl ModelLayout {
         self.buffers
             .iter()
             .filter(|b| b.tag.alloc_tag() == Some(tag))
-            .filter(|b| matches!(b.presence, Presence::Always | Presence::Weight))
+            .filter(|b| {
+                matches!(
+                    b.presence,
+                    Presence::Always | Presence::Weight | Presence::Grows
+                )
+            })
             .map(|b| b.bytes)
             .sum()
     }
@@ -413,7 +438,7 @@ impl ModelLayout {
                 continue;
             };
             let include = match b.presence {
-                Presence::Always => true,
+                Presence::Always | Presence::Grows => true,
                 Presence::ReplacedBy(by) => {
                     replaced.push((i, by));
                     true
@@ -435,6 +460,7 @@ impl ModelLayout {
                 tag,
                 bytes: b.bytes,
                 frees,
+                grows: b.presence == Presence::Grows,
             });
         }
         allocator::replay(&requests)

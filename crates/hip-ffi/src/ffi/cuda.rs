@@ -47,6 +47,14 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemHostGetDevicePointer_v2",
     "cuMemHostRegister_v2",
     "cuMemHostUnregister",
+    "cuMemGetAllocationGranularity",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemSetAccess",
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",
@@ -305,6 +313,17 @@ fn attribute_id(attr: Attr) -> cu::CUdevice_attribute {
     }
 }
 
+/// Plain device memory of `device`, as the virtual memory calls describe it.
+fn device_memory(device: cu::CUdevice) -> cu::CUmemAllocationProp {
+    // SAFETY: the struct is plain data for which all-zero bytes are valid (zero is each enum's
+    // "none" or first value); the fields that matter are set below.
+    let mut prop: cu::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    prop
+}
+
 impl GpuApi for CudaApi {
     fn version_string(&self) -> String {
         let driver = cuda_version_text(self.driver_version);
@@ -544,6 +563,103 @@ impl GpuApi for CudaApi {
         // SAFETY: the caller guarantees `ptr` was registered.
         check("cuMemHostUnregister", unsafe {
             cu::cuMemHostUnregister(ptr.cast())
+        })
+    }
+
+    fn map_granularity(&self, dev: i32) -> Result<Option<u64>> {
+        let device = self.device(dev)?;
+        let mut supported = 0;
+        // SAFETY: plain out-parameter.
+        check("cuDeviceGetAttribute", unsafe {
+            cu::cuDeviceGetAttribute(
+                &mut supported,
+                cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                device,
+            )
+        })?;
+        if supported == 0 {
+            return Ok(None);
+        }
+        let prop = device_memory(device);
+        let mut granularity = 0usize;
+        // SAFETY: plain out-parameter and a fully initialised property struct.
+        check("cuMemGetAllocationGranularity", unsafe {
+            cu::cuMemGetAllocationGranularity(
+                &mut granularity,
+                &prop,
+                cu::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+        })?;
+        Ok((granularity > 0).then_some(granularity as u64))
+    }
+
+    fn address_reserve(&self, dev: i32, bytes: usize) -> Result<Addr> {
+        self.bind(dev)?;
+        let mut addr: cu::CUdeviceptr = 0;
+        // SAFETY: plain out-parameter; no fixed address is asked for.
+        check("cuMemAddressReserve", unsafe {
+            cu::cuMemAddressReserve(&mut addr, bytes, 0, 0, 0)
+        })
+        .map_err(|e| e.with_detail(format!("asked for {bytes} bytes of address space")))?;
+        Ok(addr)
+    }
+
+    unsafe fn address_free(&self, dev: i32, addr: Addr, bytes: usize) -> Result<()> {
+        self.bind(dev)?;
+        // SAFETY: the caller guarantees a whole, unmapped reservation.
+        check("cuMemAddressFree", unsafe {
+            cu::cuMemAddressFree(addr, bytes)
+        })
+    }
+
+    unsafe fn map_new(&self, dev: i32, addr: Addr, bytes: usize) -> Result<RawHandle> {
+        self.bind(dev)?;
+        let device = self.device(dev)?;
+        let prop = device_memory(device);
+        let mut handle: cu::CUmemGenericAllocationHandle = 0;
+        // SAFETY: plain out-parameter and a fully initialised property struct.
+        check("cuMemCreate", unsafe {
+            cu::cuMemCreate(&mut handle, bytes, &prop, 0)
+        })
+        .map_err(|e| e.with_detail(format!("asked for {bytes} bytes")))?;
+        let access = cu::CUmemAccessDesc {
+            location: prop.location,
+            flags: cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the caller guarantees the range is reserved and unmapped; the handle holds
+        // `bytes`. On failure the steps done so far are undone before returning.
+        let mapped = unsafe {
+            check("cuMemMap", cu::cuMemMap(addr, bytes, 0, handle, 0)).and_then(|()| {
+                check(
+                    "cuMemSetAccess",
+                    cu::cuMemSetAccess(addr, bytes, &access, 1),
+                )
+                .inspect_err(|_| {
+                    cu::cuMemUnmap(addr, bytes);
+                })
+            })
+        };
+        if let Err(e) = mapped {
+            // SAFETY: the handle was created above and is mapped nowhere.
+            unsafe { cu::cuMemRelease(handle) };
+            return Err(e);
+        }
+        Ok(RawHandle(handle as usize))
+    }
+
+    unsafe fn unmap_release(
+        &self,
+        dev: i32,
+        addr: Addr,
+        bytes: usize,
+        handle: RawHandle,
+    ) -> Result<()> {
+        self.bind(dev)?;
+        // SAFETY: the caller guarantees the range and handle are one `map_new`'s and unused.
+        check("cuMemUnmap", unsafe { cu::cuMemUnmap(addr, bytes) })?;
+        // SAFETY: as above; the handle is mapped nowhere now.
+        check("cuMemRelease", unsafe {
+            cu::cuMemRelease(handle.0 as cu::CUmemGenericAllocationHandle)
         })
     }
 

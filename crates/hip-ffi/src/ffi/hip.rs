@@ -43,6 +43,8 @@ fn missing_symbol(name: &'static str) -> HipError {
 pub(crate) struct HipApi {
     rt: hip::HipRuntime,
     runtime_path: String,
+    /// The virtual memory calls, where the runtime has them.
+    vmm: Option<super::hip_vmm::VmmCalls>,
 }
 
 /// Library file names tried for the HIP runtime, newest soname first, then under ROCm roots.
@@ -72,7 +74,12 @@ impl HipApi {
         if rt.hipInit.is_err() || rt.hipGetDeviceCount.is_err() || rt.hipGetErrorName.is_err() {
             return Err(format!("{runtime_path} is not a usable HIP runtime"));
         }
-        let api = HipApi { rt, runtime_path };
+        let vmm = super::hip_vmm::VmmCalls::load(&runtime_path);
+        let api = HipApi {
+            rt,
+            runtime_path,
+            vmm,
+        };
         // SAFETY: hipInit takes flags only.
         unsafe { call!(api, hipInit(0)) }.map_err(|e| e.to_string())?;
         Ok(api)
@@ -142,6 +149,13 @@ fn attribute_id(attr: Attr) -> hip::hipDeviceAttribute_t {
 
 fn ptr(addr: Addr) -> *mut c_void {
     addr as usize as *mut c_void
+}
+
+impl HipApi {
+    /// The virtual memory calls, or the error that names the one asked for as missing.
+    fn vmm_calls(&self, name: &'static str) -> Result<&super::hip_vmm::VmmCalls> {
+        self.vmm.as_ref().ok_or_else(|| missing_symbol(name))
+    }
 }
 
 impl GpuApi for HipApi {
@@ -397,6 +411,96 @@ impl GpuApi for HipApi {
         self.bind(dev)?;
         // SAFETY: the caller guarantees `p` was registered.
         unsafe { call!(self, hipHostUnregister(p.cast())) }
+    }
+
+    fn map_granularity(&self, dev: i32) -> Result<Option<u64>> {
+        let Some(vmm) = &self.vmm else {
+            return Ok(None);
+        };
+        self.bind(dev)?;
+        let prop = super::hip_vmm::AllocationProp::device(dev);
+        let mut granularity = 0usize;
+        // SAFETY: plain out-parameter and a fully initialised property struct.
+        let status = unsafe {
+            (vmm.granularity)(&mut granularity, &prop, super::hip_vmm::GRANULARITY_MINIMUM)
+        };
+        // A device that cannot map memory piece by piece answers "not supported" here.
+        match self.check("hipMemGetAllocationGranularity", status) {
+            Ok(()) => Ok((granularity > 0).then_some(granularity as u64)),
+            Err(e) if e.kind == ErrorKind::NotSupported || e.kind == ErrorKind::InvalidArgument => {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn address_reserve(&self, dev: i32, bytes: usize) -> Result<Addr> {
+        let vmm = self.vmm_calls("hipMemAddressReserve")?;
+        self.bind(dev)?;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: plain out-parameter; no fixed address is asked for.
+        let status = unsafe { (vmm.reserve)(&mut p, bytes, 0, std::ptr::null_mut(), 0) };
+        self.check("hipMemAddressReserve", status)
+            .map_err(|e| e.with_detail(format!("asked for {bytes} bytes of address space")))?;
+        Ok(p as usize as Addr)
+    }
+
+    unsafe fn address_free(&self, dev: i32, addr: Addr, bytes: usize) -> Result<()> {
+        let vmm = self.vmm_calls("hipMemAddressFree")?;
+        self.bind(dev)?;
+        // SAFETY: the caller guarantees a whole, unmapped reservation.
+        let status = unsafe { (vmm.address_free)(ptr(addr), bytes) };
+        self.check("hipMemAddressFree", status)
+    }
+
+    unsafe fn map_new(&self, dev: i32, addr: Addr, bytes: usize) -> Result<RawHandle> {
+        let vmm = self.vmm_calls("hipMemCreate")?;
+        self.bind(dev)?;
+        let prop = super::hip_vmm::AllocationProp::device(dev);
+        let mut handle: super::hip_vmm::Handle = std::ptr::null_mut();
+        // SAFETY: plain out-parameter and a fully initialised property struct.
+        let status = unsafe { (vmm.create)(&mut handle, bytes, &prop, 0) };
+        self.check("hipMemCreate", status)
+            .map_err(|e| e.with_detail(format!("asked for {bytes} bytes")))?;
+        let access = super::hip_vmm::AccessDesc {
+            location: prop.location,
+            flags: super::hip_vmm::ACCESS_READ_WRITE,
+        };
+        // SAFETY: the caller guarantees the range is reserved and unmapped; the handle holds
+        // `bytes`. On failure the steps done so far are undone before returning.
+        let mapped = unsafe {
+            self.check("hipMemMap", (vmm.map)(ptr(addr), bytes, 0, handle, 0))
+                .and_then(|()| {
+                    self.check(
+                        "hipMemSetAccess",
+                        (vmm.set_access)(ptr(addr), bytes, &access, 1),
+                    )
+                    .inspect_err(|_| {
+                        (vmm.unmap)(ptr(addr), bytes);
+                    })
+                })
+        };
+        if let Err(e) = mapped {
+            // SAFETY: the handle was created above and is mapped nowhere.
+            unsafe { (vmm.release)(handle) };
+            return Err(e);
+        }
+        Ok(RawHandle::from_ptr(handle))
+    }
+
+    unsafe fn unmap_release(
+        &self,
+        dev: i32,
+        addr: Addr,
+        bytes: usize,
+        handle: RawHandle,
+    ) -> Result<()> {
+        let vmm = self.vmm_calls("hipMemUnmap")?;
+        self.bind(dev)?;
+        // SAFETY: the caller guarantees the range and handle are one `map_new`'s and unused.
+        self.check("hipMemUnmap", unsafe { (vmm.unmap)(ptr(addr), bytes) })?;
+        // SAFETY: as above; the handle is mapped nowhere now.
+        self.check("hipMemRelease", unsafe { (vmm.release)(handle.as_ptr()) })
     }
 
     fn stream_create(&self, dev: i32) -> Result<RawHandle> {

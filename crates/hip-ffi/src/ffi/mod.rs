@@ -10,6 +10,7 @@
 pub(crate) mod blaslt;
 pub(crate) mod cuda;
 pub(crate) mod hip;
+mod hip_vmm;
 mod library_search;
 pub(crate) mod nvml;
 pub(crate) mod rtc;
@@ -27,6 +28,17 @@ pub struct RawHandle(pub(crate) usize);
 impl RawHandle {
     /// The null handle: the legacy default stream where a stream is expected.
     pub const NULL: RawHandle = RawHandle(0);
+
+    /// The handle as a number, for a caller that keeps it outside this crate's types.
+    pub fn value(self) -> usize {
+        self.0
+    }
+
+    /// A handle from [`RawHandle::value`]. Any value may be made; only the `unsafe` calls that
+    /// take a handle rely on it being live.
+    pub fn from_value(value: usize) -> Self {
+        RawHandle(value)
+    }
 
     pub(crate) fn from_ptr<T>(ptr: *mut T) -> Self {
         RawHandle(ptr as usize)
@@ -151,6 +163,33 @@ pub(crate) trait GpuApi: Send + Sync + 'static {
     /// # Safety
     /// `ptr` was registered with `host_register` and no device work uses it any more.
     unsafe fn host_unregister(&self, dev: i32, ptr: *mut u8) -> Result<()>;
+
+    /// The size physical memory is mapped in, when `dev` can back a reserved address range
+    /// with memory piece by piece (virtual memory management); `None` where it cannot.
+    fn map_granularity(&self, dev: i32) -> Result<Option<u64>>;
+    /// Reserves `bytes` (a multiple of the granularity) of `dev`'s address space, backed by
+    /// nothing yet.
+    fn address_reserve(&self, dev: i32, bytes: usize) -> Result<Addr>;
+    /// # Safety
+    /// `[addr, addr + bytes)` is a whole range from `address_reserve` with nothing mapped in it,
+    /// and is not used afterwards.
+    unsafe fn address_free(&self, dev: i32, addr: Addr, bytes: usize) -> Result<()>;
+    /// Creates `bytes` (a multiple of the granularity) of physical memory on `dev`, maps it at
+    /// `addr` readable and writable by `dev`, and returns its handle.
+    /// # Safety
+    /// `[addr, addr + bytes)` lies inside a reservation of `dev` and has nothing mapped.
+    unsafe fn map_new(&self, dev: i32, addr: Addr, bytes: usize) -> Result<RawHandle>;
+    /// Unmaps `[addr, addr + bytes)` and releases the physical memory `handle` behind it.
+    /// # Safety
+    /// The range and handle are exactly one `map_new`'s, and no queued or later work uses the
+    /// range.
+    unsafe fn unmap_release(
+        &self,
+        dev: i32,
+        addr: Addr,
+        bytes: usize,
+        handle: RawHandle,
+    ) -> Result<()>;
 
     fn stream_create(&self, dev: i32) -> Result<RawHandle>;
     /// # Safety

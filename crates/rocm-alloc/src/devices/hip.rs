@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use hip_ffi::{Device, DevicePtr, Event, HipError, Stream};
+use hip_ffi::{Device, DevicePtr, Event, HipError, RawHandle, Stream};
 
 use crate::device::{DeviceError, EventId, MemoryInfo, RawDevice, StreamId, UmaInfo};
 
@@ -136,6 +136,53 @@ impl RawDevice for HipDevice {
         // SAFETY: the caller guarantees `ptr` came from `malloc` here, is freed once and is no
         // longer used by device work; that is `free_raw`'s contract.
         unsafe { self.device.free_raw(DevicePtr(ptr)) }.map_err(|e| driver("hipFree", e))
+    }
+
+    fn map_granularity(&self) -> Option<u64> {
+        // A query that fails reads as "cannot": the region is then taken whole, which is
+        // what the caller does on devices without virtual memory management anyway.
+        self.device.map_granularity().ok().flatten()
+    }
+
+    fn reserve_addresses(&self, bytes: u64) -> Result<u64, DeviceError> {
+        let size = usize::try_from(bytes).map_err(|_| DeviceError::OutOfMemory { bytes })?;
+        match self.device.reserve_address_raw(size) {
+            Ok(p) => Ok(p.0),
+            Err(e) if e.is_out_of_memory() => Err(DeviceError::OutOfMemory { bytes }),
+            Err(e) => Err(driver("hipMemAddressReserve", e)),
+        }
+    }
+
+    unsafe fn free_addresses(&self, addr: u64, bytes: u64) -> Result<(), DeviceError> {
+        // SAFETY: forwarded contract (a whole reservation, unmapped, unused); the size fit a
+        // usize when it was reserved.
+        unsafe {
+            self.device
+                .free_address_raw(DevicePtr(addr), bytes as usize)
+        }
+        .map_err(|e| driver("hipMemAddressFree", e))
+    }
+
+    unsafe fn map(&self, addr: u64, bytes: u64) -> Result<u64, DeviceError> {
+        let size = usize::try_from(bytes).map_err(|_| DeviceError::OutOfMemory { bytes })?;
+        // SAFETY: forwarded contract (inside one reservation, nothing mapped there).
+        match unsafe { self.device.map_new_raw(DevicePtr(addr), size) } {
+            Ok(handle) => Ok(handle.value() as u64),
+            Err(e) if e.is_out_of_memory() => Err(DeviceError::OutOfMemory { bytes }),
+            Err(e) => Err(driver("hipMemCreate", e)),
+        }
+    }
+
+    unsafe fn unmap(&self, addr: u64, bytes: u64, handle: u64) -> Result<(), DeviceError> {
+        // SAFETY: forwarded contract (exactly one `map`'s range and handle, unused).
+        unsafe {
+            self.device.unmap_raw(
+                DevicePtr(addr),
+                bytes as usize,
+                RawHandle::from_value(handle as usize),
+            )
+        }
+        .map_err(|e| driver("hipMemUnmap", e))
     }
 
     fn check_stream(&self, stream: StreamId) -> Result<(), DeviceError> {

@@ -46,6 +46,9 @@ impl CostModel {
     }
 }
 
+/// The mapping granularity of a simulated device: 2 MiB, what CUDA reports on discrete cards.
+pub const SIM_MAP_GRANULARITY: u64 = 2 << 20;
+
 /// Configuration of a [`SimDevice`].
 #[derive(Clone, Debug)]
 pub struct SimConfig {
@@ -57,6 +60,9 @@ pub struct SimConfig {
     pub cost: CostModel,
     /// When true, events complete as soon as they are recorded (streams are always idle).
     pub events_complete_immediately: bool,
+    /// The size memory is mapped in, if the device maps memory into reserved address ranges
+    /// (as HIP and CUDA devices with virtual memory management do); `None`: it cannot.
+    pub map_granularity: Option<u64>,
 }
 
 impl SimConfig {
@@ -65,6 +71,7 @@ impl SimConfig {
         SimConfig {
             capacity,
             uma: None,
+            map_granularity: Some(SIM_MAP_GRANULARITY),
             cost: CostModel::FREE,
             events_complete_immediately: false,
         }
@@ -75,6 +82,7 @@ impl SimConfig {
         SimConfig {
             capacity: uma.carve_out + uma.gtt,
             uma: Some(uma),
+            map_granularity: Some(SIM_MAP_GRANULARITY),
             cost: CostModel::FREE,
             events_complete_immediately: false,
         }
@@ -238,6 +246,10 @@ pub struct SimStats {
     pub simulated_ns: u64,
     /// Events recorded and not yet destroyed.
     pub live_events: u64,
+    /// Bytes mapped into reserved address ranges (a part of `used`).
+    pub mapped: u64,
+    /// Live address reservations.
+    pub reservations: u64,
 }
 
 /// Which event calls fail on a stream (fault injection).
@@ -254,6 +266,11 @@ pub struct EventFaults {
 #[derive(Default)]
 struct SimState {
     live: HashMap<u64, u64>,
+    /// Address reservations: start -> bytes.
+    reservations: HashMap<u64, u64>,
+    /// Mapped pieces: handle -> (address, bytes).
+    mappings: HashMap<u64, (u64, u64)>,
+    next_handle: u64,
     next_addr: u64,
     fail_next: u64,
     fail_above: Option<u64>,
@@ -319,6 +336,21 @@ impl SimDevice {
         match self.config.uma {
             Some(u) => u.carve_out + u.gtt,
             None => self.config.capacity,
+        }
+    }
+
+    /// The granularity, after checking that `bytes` is a whole number of pieces of it.
+    fn granular(&self, call: &'static str, bytes: u64) -> Result<u64, DeviceError> {
+        match self.config.map_granularity {
+            Some(g) if bytes > 0 && bytes.is_multiple_of(g) => Ok(g),
+            Some(g) => Err(DeviceError::Driver {
+                call,
+                message: format!("{bytes} bytes is not a whole number of {g}-byte pieces"),
+            }),
+            None => Err(DeviceError::Driver {
+                call,
+                message: "this simulated device maps no memory piece by piece".into(),
+            }),
         }
     }
 
@@ -396,6 +428,7 @@ impl SimDevice {
         let mut s = st.stats;
         s.live = st.live.len() as u64;
         s.live_events = st.events.len() as u64;
+        s.reservations = st.reservations.len() as u64;
         s
     }
 
@@ -525,6 +558,95 @@ impl RawDevice for SimDevice {
 
     fn destroy_event(&self, event: EventId) {
         self.lock().events.remove(&event.0);
+    }
+
+    fn map_granularity(&self) -> Option<u64> {
+        self.config.map_granularity
+    }
+
+    fn reserve_addresses(&self, bytes: u64) -> Result<u64, DeviceError> {
+        let granularity = self.granular("sim reserve_addresses", bytes)?;
+        let mut st = self.lock();
+        let addr = st.next_addr.next_multiple_of(granularity);
+        st.next_addr = addr + bytes + ADDR_ALIGN;
+        st.reservations.insert(addr, bytes);
+        Ok(addr)
+    }
+
+    unsafe fn free_addresses(&self, addr: u64, bytes: u64) -> Result<(), DeviceError> {
+        let mut st = self.lock();
+        if st.reservations.get(&addr) != Some(&bytes) {
+            return Err(DeviceError::Driver {
+                call: "sim free_addresses",
+                message: format!("{addr:#x} is not a reservation of {bytes} bytes"),
+            });
+        }
+        let end = addr + bytes;
+        if st.mappings.values().any(|&(a, _)| a >= addr && a < end) {
+            return Err(DeviceError::Driver {
+                call: "sim free_addresses",
+                message: format!("the reservation at {addr:#x} still has memory mapped"),
+            });
+        }
+        st.reservations.remove(&addr);
+        Ok(())
+    }
+
+    unsafe fn map(&self, addr: u64, bytes: u64) -> Result<u64, DeviceError> {
+        self.granular("sim map", bytes)?;
+        let cap = self.capacity();
+        let mut st = self.lock();
+        st.refuse_if_capturing("sim map")?;
+        let inside = st
+            .reservations
+            .iter()
+            .any(|(&start, &len)| addr >= start && addr + bytes <= start + len);
+        let overlaps = st
+            .mappings
+            .values()
+            .any(|&(a, n)| addr < a + n && a < addr + bytes);
+        if !inside || overlaps {
+            return Err(DeviceError::Driver {
+                call: "sim map",
+                message: format!(
+                    "[{addr:#x}, +{bytes}) is not free address space inside one reservation"
+                ),
+            });
+        }
+        st.stats.simulated_ns += self.config.cost.cost(bytes);
+        let injected = if st.fail_next > 0 {
+            st.fail_next -= 1;
+            true
+        } else {
+            false
+        };
+        if injected || st.stats.used.saturating_add(bytes) > cap {
+            st.stats.failed_mallocs += 1;
+            return Err(DeviceError::OutOfMemory { bytes });
+        }
+        st.next_handle += 1;
+        let handle = st.next_handle;
+        st.mappings.insert(handle, (addr, bytes));
+        st.stats.used += bytes;
+        st.stats.mapped += bytes;
+        st.stats.peak_used = st.stats.peak_used.max(st.stats.used);
+        Ok(handle)
+    }
+
+    unsafe fn unmap(&self, addr: u64, bytes: u64, handle: u64) -> Result<(), DeviceError> {
+        let mut st = self.lock();
+        st.refuse_if_capturing("sim unmap")?;
+        if st.mappings.get(&handle) != Some(&(addr, bytes)) {
+            return Err(DeviceError::Driver {
+                call: "sim unmap",
+                message: format!("handle {handle} does not map [{addr:#x}, +{bytes})"),
+            });
+        }
+        st.mappings.remove(&handle);
+        st.stats.simulated_ns += self.config.cost.cost(bytes);
+        st.stats.used -= bytes;
+        st.stats.mapped -= bytes;
+        Ok(())
     }
 
     fn memory_info(&self) -> Result<MemoryInfo, DeviceError> {

@@ -76,12 +76,35 @@ struct SeqSpan {
     rows: usize,
 }
 
+/// A zeroed buffer of `len` values: a fallible probe first, so an absurd size is an error and
+/// not an abort; then `vec!`, which takes zeroed pages lazily where filling the probe would
+/// touch every byte.
+fn zeroed(tag: MemoryTag, len: usize) -> Result<Vec<f32>> {
+    let failed = |reason: String| DecodeError::Allocation {
+        what: format!("{len} f32 values of {}", tag.name()),
+        reason,
+    };
+    let bytes = len
+        .checked_mul(4)
+        .ok_or_else(|| failed("the byte count overflows".into()))?;
+    let mut probe: Vec<f32> = Vec::new();
+    probe
+        .try_reserve_exact(len)
+        .map_err(|e| failed(format!("{bytes} bytes: {e}")))?;
+    drop(probe);
+    Ok(vec![0.0; len])
+}
+
 /// The CPU backend.
 pub struct CpuBackend {
     precision: Precision,
     /// The KV cache's type: its values are rounded to it on store and kept in f32 rows.
     kv_type: KvType,
     books: MemoryReport,
+    /// Buffers from `alloc_growable`, by address: their tag and the values committed (booked)
+    /// so far. Their pages are the kernel's lazily zeroed ones, so the host takes them as
+    /// they are written, much as a device maps a growing pool's pieces.
+    growable: std::collections::HashMap<usize, (MemoryTag, usize)>,
     /// The current step's tokens (from `begin_step`).
     step_tokens: Vec<u32>,
     /// Each row's position and sequence.
@@ -107,6 +130,7 @@ impl CpuBackend {
                 location: "host".into(),
                 ..Default::default()
             },
+            growable: Default::default(),
             act_q: Vec::new(),
             row: Vec::new(),
             step_tokens: Vec::new(),
@@ -192,22 +216,27 @@ impl Backend for CpuBackend {
     }
 
     fn alloc(&mut self, tag: MemoryTag, len: usize) -> Result<Vec<f32>> {
-        let failed = |reason: String| DecodeError::Allocation {
-            what: format!("{len} f32 values of {}", tag.name()),
-            reason,
-        };
-        let bytes = len
-            .checked_mul(4)
-            .ok_or_else(|| failed("the byte count overflows".into()))?;
-        // A fallible probe first, so an absurd size is an error and not an abort; then `vec!`,
-        // which takes zeroed pages lazily where filling the probe would touch every byte.
-        let mut probe: Vec<f32> = Vec::new();
-        probe
-            .try_reserve_exact(len)
-            .map_err(|e| failed(format!("{bytes} bytes: {e}")))?;
-        drop(probe);
-        self.books.add(tag, bytes as u64);
-        Ok(vec![0.0; len])
+        let buffer = zeroed(tag, len)?;
+        self.books.add(tag, len as u64 * 4);
+        Ok(buffer)
+    }
+
+    fn alloc_growable(&mut self, tag: MemoryTag, len: usize) -> Result<Vec<f32>> {
+        // Booked as it is committed.
+        let buffer = zeroed(tag, len)?;
+        self.growable.insert(buffer.as_ptr() as usize, (tag, 0));
+        Ok(buffer)
+    }
+
+    fn commit(&mut self, buffer: &mut Vec<f32>, len: usize) -> Result<()> {
+        let len = len.min(buffer.len());
+        if let Some((tag, committed)) = self.growable.get_mut(&(buffer.as_ptr() as usize)) {
+            if len > *committed {
+                self.books.add(*tag, (len - *committed) as u64 * 4);
+                *committed = len;
+            }
+        }
+        Ok(())
     }
 
     fn load_weight(&mut self, src: &WeightSource<'_>) -> Result<CpuWeight> {

@@ -5,7 +5,7 @@ use crate::backend::gpu::offload::host_weights;
 use crate::backend::gpu::offload::prefetch::{HostPrefill, Prefetch};
 use crate::backend::gpu::profile::{self, OpProfile};
 use crate::backend::gpu::{
-    buffer::Elem,
+    buffer::{BufferMemory, Elem},
     error::{gpu_err, kerr},
     CpuShare, EmbedTable, GpuBackend, GpuBuffer, GpuWeight, KvType, MatvecPath, ReadPath, StepRun,
     INT8_MAX_ROWS,
@@ -77,7 +77,70 @@ impl Backend for GpuBackend {
         let mut words = unsafe { DeviceSliceMut::<f32>::from_raw(mem.ptr(), bytes / 4) };
         elementwise::zero(&self.kernels, &self.stream, &mut words, bytes / 4)
             .map_err(kerr("zeroing a new buffer"))?;
-        Ok(GpuBuffer::with_elem(mem, len, elem))
+        Ok(GpuBuffer::with_elem(BufferMemory::Pooled(mem), len, elem))
+    }
+
+    fn alloc_growable(&mut self, tag: MemoryTag, len: usize) -> Result<GpuBuffer> {
+        if self.kv_pool == crate::backend::gpu::KvPool::Whole {
+            return self.alloc(tag, len);
+        }
+        let kv = match tag {
+            MemoryTag::KvCache => self.kv_type,
+            _ => KvType::F32,
+        };
+        let what = format!("{len} values of {}", tag.name());
+        let bytes = crate::layout::context::kv_buffer_bytes(len, kv).map_err(|_| {
+            DecodeError::Allocation {
+                what: what.clone(),
+                reason: format!(
+                    "the byte count overflows, or {len} is not whole {}-value {kv} blocks",
+                    kv.block_values()
+                ),
+            }
+        })?;
+        let region = self
+            .alloc
+            .reserve_growable(bytes.max(1) as u64, self.stream_id, tag)
+            .map_err(|e| DecodeError::Allocation {
+                what: what.clone(),
+                reason: e.to_string(),
+            })?;
+        let mut buffer = GpuBuffer::with_elem(BufferMemory::Region(region), len, Elem::of(kv));
+        if let BufferMemory::Region(r) = &buffer.mem {
+            if !r.grows() {
+                // Taken whole: zeroed whole, as `alloc` does.
+                self.zero_bytes(r.ptr(), 0, r.capacity(), &what)?;
+            }
+        }
+        buffer.version += 1;
+        Ok(buffer)
+    }
+
+    fn commit(&mut self, buffer: &mut GpuBuffer, len: usize) -> Result<()> {
+        let len = len.min(buffer.len);
+        let kv = buffer.elem.kv_type();
+        let BufferMemory::Region(region) = &mut buffer.mem else {
+            return Ok(());
+        };
+        let what = || format!("{len} of {} values of a growing buffer", buffer.len);
+        let bytes = kv
+            .bytes(len.next_multiple_of(kv.block_values()).min(buffer.len))
+            .ok_or_else(|| DecodeError::Allocation {
+                what: what(),
+                reason: "the byte count overflows".into(),
+            })?;
+        let before = region.committed();
+        let grown = region
+            .commit((bytes as u64).min(region.capacity()))
+            .map_err(|e| DecodeError::Allocation {
+                what: what(),
+                reason: e.to_string(),
+            })?;
+        if grown > 0 {
+            let base = region.ptr();
+            self.zero_bytes(base, before, grown, &what())?;
+        }
+        Ok(())
     }
 
     fn load_weight(&mut self, src: &WeightSource<'_>) -> Result<GpuWeight> {

@@ -3,7 +3,7 @@
 
 use crate::kv::KvType;
 use crate::layout::workspace;
-use rocm_alloc::Allocation;
+use rocm_alloc::{Allocation, GrowableRegion};
 use rocm_kernels::ops::{
     kv_cache,
     matvec_q8::{self, Q8ActivationsMut},
@@ -11,10 +11,28 @@ use rocm_kernels::ops::{
 use rocm_kernels::{DeviceSlice, DeviceSliceMut};
 use std::cell::RefCell;
 
+/// Where a buffer's memory comes from.
+pub(super) enum BufferMemory {
+    /// A block of the allocator's pools, whole from the start.
+    Pooled(Allocation),
+    /// A growable region (a paged KV pool): only its committed prefix is backed, and the
+    /// buffer's users touch only values below it (the pool hands out committed blocks only).
+    Region(GrowableRegion),
+}
+
+impl BufferMemory {
+    pub(super) fn ptr(&self) -> u64 {
+        match self {
+            BufferMemory::Pooled(a) => a.ptr(),
+            BufferMemory::Region(r) => r.ptr(),
+        }
+    }
+}
+
 /// A device array drawn from the allocator: f32, or for a KV cache the type it stores (see
 /// [`crate::kv::KvType`]).
 pub struct GpuBuffer {
-    pub(super) mem: Allocation,
+    pub(super) mem: BufferMemory,
     pub(super) len: usize,
     pub(super) elem: Elem,
     /// This buffer among all the backend's buffers.
@@ -28,10 +46,10 @@ pub struct GpuBuffer {
 
 impl GpuBuffer {
     pub(super) fn new(mem: Allocation, len: usize) -> GpuBuffer {
-        GpuBuffer::with_elem(mem, len, Elem::F32)
+        GpuBuffer::with_elem(BufferMemory::Pooled(mem), len, Elem::F32)
     }
 
-    pub(super) fn with_elem(mem: Allocation, len: usize, elem: Elem) -> GpuBuffer {
+    pub(super) fn with_elem(mem: BufferMemory, len: usize, elem: Elem) -> GpuBuffer {
         // Unique for the process's life, unlike the address, which a later buffer may reuse.
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         GpuBuffer {

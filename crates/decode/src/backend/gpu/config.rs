@@ -140,6 +140,29 @@ pub static EMBED_TABLE: Knob<EmbedTable> = Knob {
     },
 };
 
+/// How the GPU backend backs a shared KV pool (one a scheduler hands blocks out of, as a
+/// server's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvPool {
+    /// Address space for the whole pool at start, device memory mapped into it as blocks are
+    /// handed out (where the device maps memory piece by piece; else taken whole).
+    Grow,
+    /// The whole pool's memory at start: a server that started keeps its room whatever else
+    /// takes device memory later.
+    Whole,
+}
+
+pub static KV_POOL: Knob<KvPool> = Knob {
+    name: "HIPDECODE_GPU_KV_POOL",
+    default: "grow",
+    doc: "how a server's shared KV pool takes device memory: `grow` (the pool's addresses are \
+          set aside at start and memory is mapped into them as blocks are handed out, in the \
+          device's pieces, never above the KV budget) or `whole` (the whole budget at start, \
+          so memory other processes take later cannot stop the pool growing)",
+    scope: Scope::Run,
+    parse: |v| knobs::parse::choice(v, &[("grow", KvPool::Grow), ("whole", KvPool::Whole)]),
+};
+
 pub static ATTN_PREFILL: Knob<attn::PrefillKernel> = Knob {
     name: "HIPDECODE_GPU_ATTN_PREFILL",
     default: "auto",
@@ -189,6 +212,7 @@ pub struct GpuConfig {
     pub int8_mma_max_rows: usize,
     pub moe_grouped: MoeGrouped,
     pub embed_table: EmbedTable,
+    pub kv_pool: KvPool,
     pub kv_type: KvType,
     pub attn_prefill: attn::PrefillKernel,
     pub attn_decode: attn::DecodeKernel,
@@ -208,6 +232,7 @@ impl GpuConfig {
             int8_mma_max_rows: INT8_MMA_MAX_ROWS.value(env)?,
             moe_grouped: MOE_GROUPED.value(env)?,
             embed_table: EMBED_TABLE.value(env)?,
+            kv_pool: KV_POOL.value(env)?,
             // `-ctk` / `-ctv` set it (`BackendSettings::kv_type`); no knob reads it.
             kv_type: KvType::F16,
             attn_prefill: ATTN_PREFILL.value(env)?,

@@ -123,6 +123,7 @@ impl GpuBackend {
             int8_mma_max_rows: config.int8_mma_max_rows,
             moe_grouped: config.moe_grouped,
             embed_table: config.embed_table,
+            kv_pool: config.kv_pool,
             attn_prefill: config.attn_prefill,
             attn_decode: config.attn_decode,
             kv_type: config.kv_type,

@@ -36,6 +36,24 @@ impl GpuBackend {
             })
     }
 
+    /// Zeroes `bytes` (whole words) at `base + offset`, ordered on the backend's stream.
+    pub(super) fn zero_bytes(&self, base: u64, offset: u64, bytes: u64, what: &str) -> Result<()> {
+        let words = (bytes / 4) as usize;
+        if words == 0 {
+            return Ok(());
+        }
+        // SAFETY: callers pass memory of theirs that is backed for `bytes` from `base + offset`
+        // and outlives the stream's work; the zeroing is queued on the stream every later use
+        // of it follows.
+        let mut view = unsafe { DeviceSliceMut::<f32>::from_raw(base + offset, words) };
+        elementwise::zero(&self.kernels, &self.stream, &mut view, words).map_err(|e| {
+            DecodeError::Allocation {
+                what: what.to_string(),
+                reason: format!("zeroing new memory: {e}"),
+            }
+        })
+    }
+
     /// Copies host values to device memory, ordered on the backend's stream, and waits.
     pub(super) fn upload<T: hip_ffi::DeviceCopy>(&self, dst: u64, src: &[T]) -> Result<()> {
         // SAFETY: callers pass an allocation of at least `size_of_val(src)` bytes; the stream is

@@ -37,9 +37,9 @@ mod weight_block;
 
 pub use buffer::GpuBuffer;
 pub use config::{
-    EmbedTable, GpuConfig, KvType, MatvecPath, MoeGrouped, ATTN_DECODE, ATTN_PREFILL, EMBED_TABLE,
-    INT8_MAX_ROWS, INT8_MMA_MAX_ROWS, INT8_MMA_ROWS_DEFAULT, MATVEC_PATH, MMA_MAX_ROWS,
-    MOE_GROUPED,
+    EmbedTable, GpuConfig, KvPool, KvType, MatvecPath, MoeGrouped, ATTN_DECODE, ATTN_PREFILL,
+    EMBED_TABLE, INT8_MAX_ROWS, INT8_MMA_MAX_ROWS, INT8_MMA_ROWS_DEFAULT, KV_POOL, MATVEC_PATH,
+    MMA_MAX_ROWS, MOE_GROUPED,
 };
 pub use offload::host_weights::{HostPlacement, WeightMemory};
 pub use offload::hybrid::{CpuShare, CPU_SHARE, MAX_CPU_SHARE};
@@ -166,6 +166,7 @@ pub struct GpuBackend {
     moe_grouped: MoeGrouped,
     /// Where an embedding table that is only looked up goes (`HIPDECODE_GPU_EMBED_TABLE`).
     embed_table: EmbedTable,
+    kv_pool: KvPool,
     /// The prefill attention kernel.
     attn_prefill: attn::PrefillKernel,
     /// The decode attention kernel.

@@ -66,6 +66,7 @@ impl GpuBackend {
             step_block_batch: self.step.max_batch,
             stream_prefill: self.host_prefill == HostPrefill::Stream,
             lookup_on_host: self.embed_table == crate::backend::gpu::EmbedTable::Host,
+            kv_pool_grows: self.kv_pool == crate::backend::gpu::KvPool::Grow,
         }
     }
 
