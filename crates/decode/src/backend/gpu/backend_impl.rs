@@ -105,15 +105,15 @@ impl Backend for GpuBackend {
                 what: what.clone(),
                 reason: e.to_string(),
             })?;
-        let mut buffer = GpuBuffer::with_elem(BufferMemory::Region(region), len, Elem::of(kv));
-        if let BufferMemory::Region(r) = &buffer.mem {
-            if !r.grows() {
-                // Taken whole: zeroed whole, as `alloc` does.
-                self.zero_bytes(r.ptr(), 0, r.capacity(), &what)?;
-            }
+        if !region.grows() {
+            // Taken whole: zeroed whole, as `alloc` does.
+            self.zero_bytes(region.ptr(), 0, region.capacity(), &what)?;
         }
-        buffer.version += 1;
-        Ok(buffer)
+        Ok(GpuBuffer::with_elem(
+            BufferMemory::Region(region),
+            len,
+            Elem::of(kv),
+        ))
     }
 
     fn commit(&mut self, buffer: &mut GpuBuffer, len: usize) -> Result<()> {
