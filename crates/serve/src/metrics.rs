@@ -159,7 +159,8 @@ impl Metrics {
         r.register(
             "kv_blocks",
             "KV-pool blocks by state: used (held by running sequences), shared (held by more \
-             than one), cached (prefix cache, held by none), free, budget",
+             than one), cached (prefix cache, held by none), free, budget, and backed (with \
+             device memory behind them; a pool's memory grows as blocks are handed out)",
             m.kv_blocks.clone(),
         );
         r.register_with_unit(
@@ -242,6 +243,7 @@ impl Metrics {
         gauge("cached", p.cached);
         gauge("free", p.budget_blocks.saturating_sub(p.in_use + p.cached));
         gauge("budget", p.budget_blocks);
+        gauge("backed", stats.backed_blocks);
         self.kv_block_bytes.set(p.bytes_per_block as i64);
         let held: u64 = stats.sequences.iter().map(|s| s.bytes).sum();
         self.kv_sequence_bytes.set(held as i64);
@@ -301,6 +303,7 @@ mod tests {
     fn stats(device_process: Option<u64>) -> EngineStats {
         EngineStats {
             pool: PoolStats::default(),
+            backed_blocks: 3,
             sequences: Vec::new(),
             waiting: 0,
             memory: MemoryReport::default(),
@@ -326,5 +329,7 @@ mod tests {
             744u64 << 20
         );
         assert!(text.contains(&want), "{want} in:\n{text}");
+        let backed = "hipdecode_kv_blocks{state=\"backed\"} 3";
+        assert!(text.contains(backed), "{backed} in:\n{text}");
     }
 }

@@ -69,6 +69,9 @@ impl UpdateSink for mpsc::SyncSender<Update> {
 #[derive(Clone, Debug)]
 pub struct EngineStats {
     pub pool: PoolStats,
+    /// Blocks of the pool with memory behind them: a shared pool's storage grows as blocks
+    /// are handed out ([`crate::context::Context::kv_backed_blocks`]).
+    pub backed_blocks: usize,
     /// Running sequences, oldest first.
     pub sequences: Vec<SequenceUsage>,
     /// Requests waiting for a sequence.

@@ -294,6 +294,7 @@ fn step_loop<B: Backend>(
                     let device = backend.device_memory().and_then(|m| m.ok());
                     let _ = reply.send(EngineStats {
                         pool: scheduler.pool().stats(),
+                        backed_blocks: ctx.kv_backed_blocks(),
                         sequences: scheduler.usage(),
                         waiting: scheduler.waiting(),
                         memory: backend.memory(),
