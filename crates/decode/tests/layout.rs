@@ -361,7 +361,7 @@ fn a_kv_pool_fitted_to_the_device_allocates_within_its_limit() {
     eprintln!("{test}: limit {limit}: {}", fit.describe());
     let blocks = fit.blocks.expect("a part of the whole contexts");
     assert!(blocks < fit.whole_blocks);
-    let ctx = Context::new(
+    let mut ctx = Context::new(
         &model,
         &mut backend,
         ContextOptions {
@@ -371,10 +371,31 @@ fn a_kv_pool_fitted_to_the_device_allocates_within_its_limit() {
     )
     .expect("the fitted pool allocates");
     assert_eq!(ctx.kv_plan().pool_blocks, blocks);
+    // The pool grows as blocks are handed out: grown whole (its last block handed out), it
+    // still fits under the limit, as the layout priced it.
+    ctx.set_blocks(&mut backend, 0, [Some(blocks as u32 - 1)])
+        .expect("the whole pool is backed");
+    assert_eq!(ctx.kv_backed_blocks(), blocks);
     let stats = backend.allocator().stats();
+    eprintln!(
+        "{test}: grown whole: {} reserved, {} mapped",
+        stats.reserved_bytes, stats.mapped_bytes
+    );
     assert!(
         stats.reserved_bytes <= limit,
         "{} > {limit}",
         stats.reserved_bytes
     );
+    // The whole contexts do not fit under the limit: refused by name, before the allocator's
+    // OOM report.
+    match Context::new(&model, &mut backend, bounds) {
+        Ok(_) => panic!("{test}: the whole contexts were allocated under {limit}"),
+        Err(e) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("memory limit") && text.contains("--ctx"),
+                "{text}"
+            );
+        }
+    }
 }

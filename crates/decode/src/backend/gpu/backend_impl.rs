@@ -219,6 +219,22 @@ impl Backend for GpuBackend {
         Some(self.device_room_now())
     }
 
+    fn kv_room(&self) -> Option<(u64, String)> {
+        // A cache larger than the device has free, or than the allocator's limit still allows,
+        // can never be allocated (or, for a growing pool, never grow whole): refused by name
+        // before the allocator's OOM report. A failed query leaves that report to speak.
+        let room = self.device_room_now().ok()?;
+        Some(match room.allocator_headroom {
+            Some(headroom) if headroom < room.free => (
+                headroom,
+                "that the allocator's memory limit still allows (HIPDECODE_MEMORY_LIMIT or a \
+                 GPU budget)"
+                    .to_string(),
+            ),
+            _ => (room.free, "free on the device".to_string()),
+        })
+    }
+
     fn device_memory(&self) -> Option<Result<DeviceMemory>> {
         Some(self.device_memory_now())
     }
