@@ -224,15 +224,21 @@ impl Backend for GpuBackend {
         // can never be allocated (or, for a growing pool, never grow whole): refused by name
         // before the allocator's OOM report. A failed query leaves that report to speak.
         let room = self.device_room_now().ok()?;
-        Some(match room.allocator_headroom {
-            Some(headroom) if headroom < room.free => (
-                headroom,
-                "that the allocator's memory limit still allows (HIPDECODE_MEMORY_LIMIT or a \
+        // The allocator releases its idle cache (a load's freed staging buffers) before it
+        // would fail, so those bytes count as room on both sides.
+        let idle = self.alloc.stats().releasable_bytes;
+        let free = room.free.saturating_add(idle);
+        Some(
+            match room.allocator_headroom.map(|h| h.saturating_add(idle)) {
+                Some(headroom) if headroom < free => (
+                    headroom,
+                    "that the allocator's memory limit still allows (HIPDECODE_MEMORY_LIMIT or a \
                  GPU budget)"
-                    .to_string(),
-            ),
-            _ => (room.free, "free on the device".to_string()),
-        })
+                        .to_string(),
+                ),
+                _ => (free, "free on the device".to_string()),
+            },
+        )
     }
 
     fn device_memory(&self) -> Option<Result<DeviceMemory>> {
