@@ -5,6 +5,7 @@
 #   tests  the GPU tests this change touches: rocm-alloc's real-device tests (the growable
 #          region), generate_many (a shared pool on the GPU), layout and step_batch, while
 #          llama.cpp builds and the 8B and 30B-A3B shapes are synthesized in the background;
+#   quick  for a short lease: hip_core, generate_many's GPU tests and layout, the 8B synthesized;
 #   tests2 offload_run and gpu_backend (their binaries travel in bundle-k2);
 #   serve  a server on the 8B shape asked for 64 x 131072 positions (its pool sized to the
 #          device), with HIPDECODE_GPU_KV_POOL=grow then whole: nvidia-smi at `ready`, then 16
@@ -16,7 +17,7 @@
 #          30B-A3B shape's batched decode at 32 and 64 sequences.
 # From the checkout root, with bundle-k/{bench-decode,hipdecode,xtask} and bundle-k/tests
 # (release, stripped) and .peer (llama.cpp's source and build script):
-#   bash scripts/h200/kv-grow.sh tests|tests2|serve|mem|ab; bash scripts/h200/kv-grow.sh collect
+#   bash scripts/h200/kv-grow.sh tests|quick|tests2|serve|mem|ab; bash scripts/h200/kv-grow.sh collect
 # Logs under /tmp/kg; collect packs them into $OUT/kg.tgz and prints the summary.
 set -u
 D=/tmp/kg
@@ -92,6 +93,16 @@ tests)
     run decode generate_many --test-threads=1
     run decode layout --test-threads=1
     run decode step_batch --test-threads=1
+    ;;
+quick)
+    # A short lease: the new GPU tests alone, and the server (no llama.cpp, no 30B-A3B shape).
+    mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >$D/gpu.txt
+    [ -f $L ] || (setsid bash -c "$N/xtask synth-model llama3-8b-q4_k_m -o $L >$D/synth.log 2>&1; \
+        echo done >$D/synth.done" </dev/null >/dev/null 2>&1 &)
+    run rocm-alloc hip_core --test-threads=1
+    run decode generate_many --test-threads=1 on_the_gpu
+    run decode layout --test-threads=1 --nocapture
     ;;
 tests2)
     run decode offload_run --test-threads=1
