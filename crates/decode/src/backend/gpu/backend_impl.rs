@@ -57,47 +57,21 @@ impl Backend for GpuBackend {
     }
 
     fn alloc(&mut self, tag: MemoryTag, len: usize) -> Result<GpuBuffer> {
-        let kv = match tag {
-            MemoryTag::KvCache => self.kv_type,
-            _ => KvType::F32,
-        };
-        let elem = Elem::of(kv);
-        let bytes = crate::layout::context::kv_buffer_bytes(len, kv).map_err(|_| {
-            DecodeError::Allocation {
-                what: format!("{len} values of {}", tag.name()),
-                reason: format!(
-                    "the byte count overflows, or {len} is not whole {}-value {kv} blocks",
-                    kv.block_values()
-                ),
-            }
-        })?;
-        let mem = self.device_alloc(tag, bytes, &format!("{len} values of {}", tag.name()))?;
-        // SAFETY: the allocation holds `bytes / 4` f32 words and lives until the buffer made
-        // from it below is dropped; zeroing queues on the backend's stream before any use.
-        let mut words = unsafe { DeviceSliceMut::<f32>::from_raw(mem.ptr(), bytes / 4) };
-        elementwise::zero(&self.kernels, &self.stream, &mut words, bytes / 4)
-            .map_err(kerr("zeroing a new buffer"))?;
-        Ok(GpuBuffer::with_elem(BufferMemory::Pooled(mem), len, elem))
+        let (kv, bytes, what) = self.buffer_bytes(tag, len)?;
+        let mem = self.device_alloc(tag, bytes, &what)?;
+        self.zero_bytes(mem.ptr(), 0, bytes as u64, &what)?;
+        Ok(GpuBuffer::with_elem(
+            BufferMemory::Pooled(mem),
+            len,
+            Elem::of(kv),
+        ))
     }
 
     fn alloc_growable(&mut self, tag: MemoryTag, len: usize) -> Result<GpuBuffer> {
         if self.kv_pool == crate::backend::gpu::KvPool::Whole {
             return self.alloc(tag, len);
         }
-        let kv = match tag {
-            MemoryTag::KvCache => self.kv_type,
-            _ => KvType::F32,
-        };
-        let what = format!("{len} values of {}", tag.name());
-        let bytes = crate::layout::context::kv_buffer_bytes(len, kv).map_err(|_| {
-            DecodeError::Allocation {
-                what: what.clone(),
-                reason: format!(
-                    "the byte count overflows, or {len} is not whole {}-value {kv} blocks",
-                    kv.block_values()
-                ),
-            }
-        })?;
+        let (kv, bytes, what) = self.buffer_bytes(tag, len)?;
         let region = self
             .alloc
             .reserve_growable(bytes.max(1) as u64, self.stream_id, tag)

@@ -36,6 +36,30 @@ impl GpuBackend {
             })
     }
 
+    /// A new buffer of `len` values under `tag`: the type it stores (a KV cache's, else f32),
+    /// its bytes, and what to call it in an error.
+    pub(super) fn buffer_bytes(
+        &self,
+        tag: Tag,
+        len: usize,
+    ) -> Result<(crate::backend::gpu::KvType, usize, String)> {
+        let kv = match tag {
+            Tag::KvCache => self.kv_type,
+            _ => crate::backend::gpu::KvType::F32,
+        };
+        let what = format!("{len} values of {}", tag.name());
+        let bytes = crate::layout::context::kv_buffer_bytes(len, kv).map_err(|_| {
+            DecodeError::Allocation {
+                what: what.clone(),
+                reason: format!(
+                    "the byte count overflows, or {len} is not whole {}-value {kv} blocks",
+                    kv.block_values()
+                ),
+            }
+        })?;
+        Ok((kv, bytes, what))
+    }
+
     /// Zeroes `bytes` (whole words) at `base + offset`, ordered on the backend's stream.
     pub(super) fn zero_bytes(&self, base: u64, offset: u64, bytes: u64, what: &str) -> Result<()> {
         let words = (bytes / 4) as usize;
