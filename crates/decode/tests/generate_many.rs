@@ -517,18 +517,18 @@ fn on_the_gpu_a_shared_pool_grows_in_mapped_pieces_and_keeps_the_tokens() {
     let grows = device.map_granularity().expect("the granularity query");
     eprintln!("{test}: mapping granularity {grows:?}");
     let (before, after, backed, shared) = run_shared_pool(&file, &mut be, Some(10), 4, &reqs);
+    // The context is gone: its regions gave every piece back.
     let stats = be.allocator().stats();
     eprintln!(
-        "{test}: kv before {before}, after {after}, {backed} blocks backed, {} mapped",
+        "{test}: kv before {before}, after {after}, {backed} blocks backed, {} mapped once the \
+         context is dropped",
         stats.mapped_bytes
     );
     assert!(backed > 0 && backed <= 10, "{backed} blocks backed");
     if grows.is_some() {
         assert_eq!(before, 0, "nothing mapped before a block is handed out");
-        assert!(
-            after > 0 && stats.mapped_bytes >= after,
-            "{after} {stats:?}"
-        );
+        assert!(after > 0, "the pool's pieces are booked under kv_cache");
+        assert_eq!(stats.mapped_bytes, 0, "{stats:?}");
     }
     let mut whole = gpu();
     let (_, _, _, tokens) = run_shared_pool(&file, &mut whole, None, 4, &reqs);
