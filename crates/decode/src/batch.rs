@@ -67,6 +67,8 @@ pub struct StepBatch {
     sequences: Vec<SeqId>,
     kinds: Vec<RowKind>,
     outputs: Vec<RowOutput>,
+    /// Trailing rows that only fill a captured graph's row bucket ([`StepBatch::padded_to`]).
+    padding: usize,
 }
 
 impl StepBatch {
@@ -152,6 +154,47 @@ impl StepBatch {
         self.sequences.clear();
         self.kinds.clear();
         self.outputs.clear();
+        self.padding = 0;
+    }
+
+    /// This decode batch with padding rows appended up to `rows`, so that a backend replays
+    /// the graph it captured for that many rows (`Backend::step_rows`). A padding row is
+    /// token 0 at position 0 of the first row's sequence and wants logits, so the padded step
+    /// has the same ops as a step of `rows` real rows; a backend stores none of its keys and
+    /// values, and nobody reads its logits. `None` unless this is a decode batch of real rows
+    /// that all want logits, shorter than `rows` (the rows' logits then keep their places).
+    pub fn padded_to(&self, rows: usize) -> Option<StepBatch> {
+        let real = self.len();
+        let fits = self.padding == 0
+            && real < rows
+            && self.phase() == Phase::Decode
+            && self.n_outputs() == real;
+        if !fits {
+            return None;
+        }
+        let mut padded = self.clone();
+        for _ in real..rows {
+            padded.push(BatchRow {
+                seq: self.sequences[0],
+                pos: 0,
+                token: 0,
+                kind: RowKind::Decode,
+                output: RowOutput::Logits,
+            });
+        }
+        padded.padding = rows - real;
+        Some(padded)
+    }
+
+    /// How many trailing rows are padding ([`StepBatch::padded_to`]): rows
+    /// `len() - padding()..` store no keys or values.
+    pub fn padding(&self) -> usize {
+        self.padding
+    }
+
+    /// Whether row `i` is padding.
+    pub fn is_padding(&self, i: usize) -> bool {
+        i >= self.len() - self.padding.min(self.len())
     }
 
     pub fn len(&self) -> usize {

@@ -64,6 +64,7 @@ pub static TABLE: Table = &[
     &crate::backend::gpu::KV_POOL,
     &crate::backend::gpu::capture_stream::CAPTURE_STREAM,
     &crate::backend::gpu::capture_stream::GRAPH_POOL,
+    &crate::backend::gpu::GRAPH_ROWS,
     &crate::backend::gpu::CPU_SHARE,
     &crate::backend::host::pool::HOST_POOL,
     &crate::backend::gpu::offload::prefetch::OFFLOAD_PREFILL,

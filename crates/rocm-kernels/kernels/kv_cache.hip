@@ -24,7 +24,7 @@ KERNEL void LAUNCH_BOUNDS(256) kv_store_f16(u16* dst0, const float* src0, u32 di
     const float* src = second ? src1 : src0;
     const u32 dim = second ? dim1 : dim0;
     const u32 c = blockIdx.y * blockDim.x + threadIdx.x;
-    if (row >= rows || c >= dim) return;
+    if (row >= rows || c >= dim || kv_padding_row(kv_seqs, kv_tables, row)) return;
     const u64 slot = kv_row(kv_pages(KV_PAGES_ARGS, row), kv_slot(positions[row], slots));
     dst[slot * dim + c] = f32_to_f16(src[(u64)row * dim + c]);
 }
@@ -39,7 +39,7 @@ KERNEL void LAUNCH_BOUNDS(256) kv_store_f32(float* dst0, const float* src0, u32 
     const float* src = second ? src1 : src0;
     const u32 dim = second ? dim1 : dim0;
     const u32 c = blockIdx.y * blockDim.x + threadIdx.x;
-    if (row >= rows || c >= dim) return;
+    if (row >= rows || c >= dim || kv_padding_row(kv_seqs, kv_tables, row)) return;
     const u64 slot = kv_row(kv_pages(KV_PAGES_ARGS, row), kv_slot(positions[row], slots));
     dst[slot * dim + c] = src[(u64)row * dim + c];
 }
@@ -57,7 +57,7 @@ KERNEL void LAUNCH_BOUNDS(256) kv_store_q8_0(u8* dst0, const float* src0, u32 di
     const float* src = second ? src1 : src0;
     const u32 dim = second ? dim1 : dim0;
     const u32 c = blockIdx.y * blockDim.x + threadIdx.x;
-    if (row >= rows || c >= dim) return;
+    if (row >= rows || c >= dim || kv_padding_row(kv_seqs, kv_tables, row)) return;
     const u64 slot = kv_row(kv_pages(KV_PAGES_ARGS, row), kv_slot(positions[row], slots));
     const u64 row_bytes = (u64)(dim / KV_Q8_BLOCK) * KV_Q8_BLOCK_BYTES;
     u8* block = dst + slot * row_bytes + (u64)(c / KV_Q8_BLOCK) * KV_Q8_BLOCK_BYTES;

@@ -38,6 +38,14 @@ DEVICE KvPages kv_pages(const i32* seqs, const i32* tables, u32 table_len, u32 n
     return p;
 }
 
+// Whether token t is a padding row of a step run as a larger captured graph (sequence id
+// KV_PADDING_ROW). Its keys and values must not be stored: the id clamps to sequence 0's table,
+// which a store would overwrite. Reads through that table stay in bounds and go unused.
+#define KV_PADDING_ROW (-1)
+DEVICE bool kv_padding_row(const i32* seqs, const i32* tables, u32 t) {
+    return tables != 0 && seqs[t] == KV_PADDING_ROW;
+}
+
 // The cache row of `slot` (slot < table_len << shift, which the host checks).
 DEVICE u64 kv_row(const KvPages& p, u32 slot) {
     if (p.table == 0) return slot;

@@ -77,7 +77,8 @@ DEVICE void rope_store_impl(float* x, const i32* positions, const float* freq_fa
     __shared__ float sin_sh[ROPE_MAX_PAIRS];
     __shared__ float cos_sh[ROPE_MAX_PAIRS];
     const u32 row = blockIdx.x;
-    if (row >= rows) return;
+    // A padding row's block leaves its queries unrotated too: nobody reads them.
+    if (row >= rows || kv_padding_row(kv_seqs, kv_tables, row)) return;
     const u32 n_pairs = n_rot / 2;
     const i32 pos = positions[row];
     const float p = (float)pos / position_scale;

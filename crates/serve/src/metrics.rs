@@ -43,6 +43,7 @@ pub struct Metrics {
     engine_steps: Family<Labels, Gauge>,
     engine_rows: Family<Labels, Gauge>,
     engine_seconds: Family<Labels, Gauge<f64, AtomicU64>>,
+    decode_graphs: Gauge,
 }
 
 impl Default for Metrics {
@@ -81,6 +82,7 @@ impl Metrics {
             engine_steps: Family::default(),
             engine_rows: Family::default(),
             engine_seconds: Family::default(),
+            decode_graphs: Gauge::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -216,6 +218,12 @@ impl Metrics {
             Unit::Seconds,
             m.engine_seconds.clone(),
         );
+        r.register(
+            "decode_graphs",
+            "Decode-step graphs captured: one per bucket of row counts that came up \
+             (HIPDECODE_GPU_GRAPH_ROWS), none on the CPU",
+            m.decode_graphs.clone(),
+        );
         m
     }
 
@@ -264,6 +272,7 @@ impl Metrics {
             self.engine_rows.get_or_create(&label).set(c.rows as i64);
             self.engine_seconds.get_or_create(&label).set(c.seconds);
         }
+        self.decode_graphs.set(stats.decode_graphs as i64);
         if let Some(d) = &stats.device {
             self.allocator_reserved.set(d.reserved_bytes as i64);
             self.allocator_cached.set(d.cached_bytes as i64);
@@ -311,6 +320,7 @@ mod tests {
             device_process,
             decode_steps: StepCounters::default(),
             prefill_steps: StepCounters::default(),
+            decode_graphs: 5,
         }
     }
 
@@ -331,5 +341,7 @@ mod tests {
         assert!(text.contains(&want), "{want} in:\n{text}");
         let backed = "hipdecode_kv_blocks{state=\"backed\"} 3";
         assert!(text.contains(backed), "{backed} in:\n{text}");
+        let graphs = "hipdecode_decode_graphs 5";
+        assert!(text.contains(graphs), "{graphs} in:\n{text}");
     }
 }

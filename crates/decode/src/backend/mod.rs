@@ -269,6 +269,20 @@ pub trait Backend: Send {
     /// them takes a position, a token id or a table. A backend refuses a batch it cannot run
     /// here, before any op.
     fn begin_step(&mut self, batch: &StepBatch, tables: &BlockTables) -> Result<()>;
+    /// The rows a step of `key` should run as: `key.n_tokens` (the default), or more where
+    /// the backend replays graphs captured for a few row counts only (buckets), so that a
+    /// server whose row count changes every step replays a handful of graphs rather than
+    /// capturing one per count. The model then pads a decode batch up to it
+    /// ([`StepBatch::padded_to`]); a backend that answers more than `key.n_tokens` must skip
+    /// the keys and values of padding rows ([`StepBatch::padding`]) in `begin_step`'s step.
+    fn bucket_rows(&self, key: StepKey) -> usize {
+        key.n_tokens
+    }
+    /// How many step graphs the backend holds (one per [`StepKey`] captured); 0 for a backend
+    /// that captures none.
+    fn graphs_captured(&self) -> usize {
+        0
+    }
     /// Runs one step's ops. The default runs them at once. A GPU backend may capture them into
     /// a graph the first time a warm step of this `key` runs and replay the graph afterwards,
     /// so the ops must depend on nothing but the key, the buffers' contents and the step

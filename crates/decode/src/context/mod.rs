@@ -313,6 +313,13 @@ impl<B: Backend> Context<B> {
         self.logit_rows
     }
 
+    /// Most rows a padded decode step may have: what the activations, the logits and the
+    /// backend's decode attention workspace (a row per sequence) were sized for.
+    pub(crate) fn max_padded_rows(&self) -> usize {
+        let o = &self.options;
+        o.max_batch.min(o.sequences).min(self.logit_rows)
+    }
+
     /// Empties sequence `seq` (its next row starts at position 0) and drops its sampler; the
     /// memory stays allocated.
     pub fn clear(&mut self, seq: SeqId) {

@@ -87,6 +87,9 @@ pub struct EngineStats {
     /// Steps of decode rows only, and steps that carried prompt rows.
     pub decode_steps: StepCounters,
     pub prefill_steps: StepCounters,
+    /// Decode-step graphs the backend captured (`Backend::graphs_captured`): one per bucket of
+    /// row counts that came up, or per row count with `HIPDECODE_GPU_GRAPH_ROWS=exact`.
+    pub decode_graphs: usize,
 }
 
 /// Steps the engine ran since it started: how many, their rows, and the time they took.

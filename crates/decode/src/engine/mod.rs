@@ -302,6 +302,7 @@ fn step_loop<B: Backend>(
                         device: device.map(|m| m.stats),
                         decode_steps,
                         prefill_steps,
+                        decode_graphs: backend.graphs_captured(),
                     });
                 }
                 Command::Stop => {

@@ -211,22 +211,31 @@ impl<B: Backend> Model<B> {
         probe: Option<&mut Probe<'_, B>>,
     ) -> Result<()> {
         ctx.check_batch(batch, self.spec.vocab)?;
-        let n = batch.len();
         let all_logits = ctx.options().all_logits;
-        let n_out = if all_logits { n } else { batch.n_outputs() };
-        let Context { kv, act: a, .. } = &mut *ctx;
-        let key = StepKey {
+        let n_outputs = |b: &StepBatch| if all_logits { b.len() } else { b.n_outputs() };
+        let mut key = StepKey {
             phase: batch.phase(),
-            n_tokens: n,
-            n_outputs: n_out,
+            n_tokens: batch.len(),
+            n_outputs: n_outputs(batch),
         };
-        backend.begin_step(batch, &kv.tables)?;
+        // A probed run goes op by op, so it is never padded for a graph.
+        let padded = match probe {
+            None => batch.padded_to(backend.bucket_rows(key).min(ctx.max_padded_rows())),
+            Some(_) => None,
+        };
+        let run = padded.as_ref().unwrap_or(batch);
+        key.n_tokens = run.len();
+        key.n_outputs = n_outputs(run);
+        let Context { kv, act: a, .. } = &mut *ctx;
+        backend.begin_step(run, &kv.tables)?;
+        let n_out = key.n_outputs;
         match probe {
             None => backend.run_step(key, &mut |be: &mut B| {
-                self.ops(be, a, kv, batch, n_out, &mut |_, _, _, _| Ok(()))
+                self.ops(be, a, kv, run, n_out, &mut |_, _, _, _| Ok(()))
             })?,
-            Some(probe) => self.ops(backend, a, kv, batch, n_out, probe)?,
+            Some(probe) => self.ops(backend, a, kv, run, n_out, probe)?,
         }
+        // The padding rows' logits follow the real rows' and are never read.
         ctx.finish_step(batch);
         Ok(())
     }

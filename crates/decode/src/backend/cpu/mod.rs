@@ -109,6 +109,12 @@ pub struct CpuBackend {
     step_tokens: Vec<u32>,
     /// Each row's position and sequence.
     step_rows: Vec<(usize, usize)>,
+    /// Rows of the step that are padding (`StepBatch::padding`): the last ones.
+    step_padding: usize,
+    /// Padding rows of every step so far.
+    padding_rows_run: usize,
+    /// Pad decode steps to the GPU's graph buckets (`CpuBackend::pad_decode_steps`).
+    pad_decode_steps: bool,
     /// Per sequence of the step: its first and last position in it (the ring checks).
     step_spans: Vec<SeqSpan>,
     /// The context's block tables as of `begin_step`.
@@ -135,10 +141,26 @@ impl CpuBackend {
             row: Vec::new(),
             step_tokens: Vec::new(),
             step_rows: Vec::new(),
+            step_padding: 0,
+            padding_rows_run: 0,
+            pad_decode_steps: false,
             step_spans: Vec::new(),
             tables: None,
             step_positions: Vec::new(),
         }
+    }
+
+    /// Has the model pad decode steps up to the GPU backend's graph buckets
+    /// (`graph_rows::bucket`), as it does for a GPU that replays graphs, so that the padding's
+    /// path (padding rows that store nothing, real rows' logits in place) runs where there is
+    /// no GPU. Off by default: the CPU captures nothing, so padding only costs it.
+    pub fn pad_decode_steps(&mut self, on: bool) {
+        self.pad_decode_steps = on;
+    }
+
+    /// Padding rows of every step run so far.
+    pub fn padding_rows_run(&self) -> usize {
+        self.padding_rows_run
     }
 
     pub fn precision(&self) -> Precision {
@@ -294,6 +316,13 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn bucket_rows(&self, key: crate::backend::StepKey) -> usize {
+        match self.pad_decode_steps && key.phase == crate::batch::Phase::Decode {
+            true => crate::backend::gpu::graph_rows::bucket(key.n_tokens),
+            false => key.n_tokens,
+        }
+    }
+
     fn begin_step(&mut self, batch: &StepBatch, tables: &BlockTables) -> Result<()> {
         // Compared with the copy held, since two contexts may share a backend.
         if self.tables.as_ref() != Some(tables) {
@@ -304,6 +333,9 @@ impl Backend for CpuBackend {
         self.step_positions.clear();
         self.step_rows.clear();
         self.step_spans.clear();
+        self.step_padding = batch.padding();
+        self.padding_rows_run += batch.padding();
+        let real = batch.len() - batch.padding();
         for (&pos, &seq) in batch.positions().iter().zip(batch.sequences()) {
             // The rope reference takes i32 positions.
             let Ok(p) = i32::try_from(pos) else {
@@ -314,6 +346,11 @@ impl Backend for CpuBackend {
             };
             self.step_positions.push(p);
             self.step_rows.push((pos, seq));
+            if self.step_rows.len() > real {
+                // A padding row: its position-0 reads stay in its sequence's first block,
+                // which the sequence's real row of the step holds.
+                continue;
+            }
             match self.step_spans.iter_mut().find(|s| s.seq == seq) {
                 Some(span) => {
                     span.first = span.first.min(pos);
@@ -508,7 +545,12 @@ impl Backend for CpuBackend {
         }
         let tables = self.step_tables()?;
         let cache_rows = cache.len() / dim.max(1);
-        for (row, &(pos, seq)) in src.chunks_exact(dim).zip(&self.step_rows).take(rows) {
+        let real = self.step_rows.len() - self.step_padding;
+        for (row, &(pos, seq)) in src
+            .chunks_exact(dim)
+            .zip(&self.step_rows)
+            .take(rows.min(real))
+        {
             let slot = pos % slots;
             let at = tables
                 .row(layer.group, seq, slot)

@@ -7,8 +7,8 @@ use crate::backend::gpu::profile::{self, OpProfile};
 use crate::backend::gpu::{
     buffer::{BufferMemory, Elem},
     error::{gpu_err, kerr},
-    CpuShare, EmbedTable, GpuBackend, GpuBuffer, GpuWeight, KvType, MatvecPath, ReadPath, StepRun,
-    INT8_MAX_ROWS,
+    graph_rows, CpuShare, EmbedTable, GpuBackend, GpuBuffer, GpuWeight, GraphRows, KvType,
+    MatvecPath, ReadPath, StepRun, INT8_MAX_ROWS,
 };
 use crate::backend::{
     Attention, Backend, BlockTables, GateActivation, KvDestination, KvGroup, KvLayer, MoeShape,
@@ -326,7 +326,7 @@ impl Backend for GpuBackend {
             p.finish_step().map_err(|e| gpu_err("profiling", e))?;
         }
         self.write_step(batch.positions(), tokens)?;
-        self.write_block_tables(batch.sequences(), tables)?;
+        self.write_block_tables(batch.sequences(), batch.padding(), tables)?;
         // Runs of one sequence's consecutive rows: prefill attention takes each apart.
         self.step_runs.clear();
         for (i, (&seq, &pos)) in batch.sequences().iter().zip(batch.positions()).enumerate() {
@@ -365,29 +365,29 @@ impl Backend for GpuBackend {
         Some(p.report().map_err(|e| gpu_err("profiling", e)))
     }
 
+    fn bucket_rows(&self, key: StepKey) -> usize {
+        let rows = graph_rows::bucket(key.n_tokens).min(self.step.max_batch);
+        let padded = StepKey {
+            n_tokens: rows,
+            n_outputs: rows,
+            ..key
+        };
+        match self.graph_rows == GraphRows::Buckets && self.captures(padded) {
+            true => rows.max(key.n_tokens),
+            false => key.n_tokens,
+        }
+    }
+
+    fn graphs_captured(&self) -> usize {
+        self.graphs.len()
+    }
+
     fn run_step(
         &mut self,
         key: StepKey,
         ops: &mut dyn FnMut(&mut Self) -> Result<()>,
     ) -> Result<()> {
-        // Only decode steps are captured: prefill chunks vary in length and run once each. A
-        // step that splits offloaded products with the host waits on the device mid-step, so
-        // it cannot be a graph; nor can one that streams weights through the copy stream (its
-        // cross-stream waits are not captured).
-        // Nor can a decode step of so many rows that its MoE takes the grouped prefill path,
-        // which reads the experts' row counts back to the host.
-        let moe_syncs = self.moe_shape.is_some_and(|m| {
-            self.moe_prefill_applies(&MoeShape {
-                rows: key.n_tokens,
-                ..m
-            })
-        });
-        if !self.use_graphs
-            || key.phase != Phase::Decode
-            || moe_syncs
-            || self.hybrid_active()
-            || self.host_weights.stream_slot_bytes() > 0
-        {
+        if !self.captures(key) {
             return ops(self);
         }
         if let Some(exec) = self.graphs.get(&key) {

@@ -11,6 +11,9 @@ use rocm_alloc::Tag;
 use rocm_kernels::ops::kv_cache::KvPages;
 use rocm_kernels::DeviceSlice;
 
+/// The sequence id of a padding row on the device (`KV_PADDING_ROW` in kv_pages.h).
+const PADDING_ROW: i32 = -1;
+
 impl DeviceTables {
     /// The ids of a step's first `rows` rows (a view of `len` from row `start`).
     fn seqs(&self, start: usize, len: usize) -> Option<DeviceSlice<i32>> {
@@ -69,10 +72,13 @@ impl GpuBackend {
     }
 
     /// Writes the step's rows' sequence ids, and `tables` when they differ from the copy on
-    /// the device, ordered on the stream before the step's kernels.
+    /// the device, ordered on the stream before the step's kernels. The last `padding` rows
+    /// (`StepBatch::padding`) get the id -1, whose keys and values the KV stores skip
+    /// (kv_pages.h).
     pub(super) fn write_block_tables(
         &mut self,
         seqs: &[usize],
+        padding: usize,
         tables: &BlockTables,
     ) -> Result<()> {
         let total = tables.total_entries();
@@ -102,9 +108,10 @@ impl GpuBackend {
             .synchronize()
             .map_err(|e| gpu_err("waiting for the block-table copy", e))?;
         let staging = t.staging.as_mut_slice::<i32>();
-        for (slot, &s) in staging.iter_mut().zip(seqs) {
+        let real = seqs.len().saturating_sub(padding);
+        for (row, (slot, &s)) in staging.iter_mut().zip(seqs).enumerate() {
             // Context::check_batch keeps sequence ids below the context's count.
-            *slot = s as i32;
+            *slot = if row < real { s as i32 } else { PADDING_ROW };
         }
         let fresh = t.written.as_ref() != Some(tables);
         let mut end = seqs.len();

@@ -3,11 +3,33 @@
 
 use crate::backend::gpu::capture_stream::*;
 use crate::backend::gpu::{error::gpu_err, GpuBackend};
+use crate::backend::{MoeShape, Phase, StepKey};
 use crate::error::Result;
 use hip_ffi::{GraphExec, Stream};
 use std::sync::Arc;
 
 impl GpuBackend {
+    /// Whether a step of `key` is captured into a graph (and replayed from then on).
+    ///
+    /// Only decode steps are: prefill chunks vary in length and run once each. A step that
+    /// splits offloaded products with the host waits on the device mid-step, so it cannot be a
+    /// graph; nor can one that streams weights through the copy stream (its cross-stream waits
+    /// are not captured). Nor can a decode step of so many rows that its MoE takes the grouped
+    /// prefill path, which reads the experts' row counts back to the host.
+    pub(super) fn captures(&self, key: StepKey) -> bool {
+        let moe_syncs = self.moe_shape.is_some_and(|m| {
+            self.moe_prefill_applies(&MoeShape {
+                rows: key.n_tokens,
+                ..m
+            })
+        });
+        self.use_graphs
+            && key.phase == Phase::Decode
+            && !moe_syncs
+            && !self.hybrid_active()
+            && self.host_weights.stream_slot_bytes() == 0
+    }
+
     /// Sets where decode graphs are captured and which pool a capture allocates from, as
     /// [`CAPTURE_STREAM`] and [`GRAPH_POOL`] do at start-up. Refused once a graph has
     /// been captured: it would replay on the stream it was captured for, without the events

@@ -4,6 +4,7 @@
 use crate::backend::gpu::capture_stream::{
     CaptureStream, GraphPoolMode, CAPTURE_STREAM, GRAPH_POOL,
 };
+use crate::backend::gpu::graph_rows::{GraphRows, GRAPH_ROWS};
 use crate::backend::gpu::offload::hybrid::{CpuShare, CPU_SHARE};
 use crate::backend::gpu::offload::prefetch::{HostPrefill, OFFLOAD_PREFILL};
 use crate::backend::gpu::vendor_gemm::{PrefillPath, GPU_PREFILL};
@@ -221,6 +222,7 @@ pub struct GpuConfig {
     pub cpu_share: CpuShare,
     pub capture_stream: CaptureStream,
     pub graph_pool: GraphPoolMode,
+    pub graph_rows: GraphRows,
 }
 
 impl GpuConfig {
@@ -242,6 +244,7 @@ impl GpuConfig {
             cpu_share: CPU_SHARE.value(env)?,
             capture_stream: CAPTURE_STREAM.value(env)?,
             graph_pool: GRAPH_POOL.value(env)?,
+            graph_rows: GRAPH_ROWS.value(env)?,
         })
     }
 

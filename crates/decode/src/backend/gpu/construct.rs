@@ -140,6 +140,7 @@ impl GpuBackend {
             step_phase: Phase::Prefill,
             profile: None,
             graphs: HashMap::new(),
+            graph_rows: config.graph_rows,
             graph_pool,
             capture,
             host_weights: Default::default(),
@@ -239,6 +240,12 @@ impl GpuBackend {
                 self.kernels.mma_variant().is_native(),
             )
             && matmul_q8_mma::FORMATS.contains(&format)
+    }
+
+    /// Switches which row counts decode graphs are captured for (tests run both; users set
+    /// `HIPDECODE_GPU_GRAPH_ROWS`).
+    pub fn set_graph_rows(&mut self, rows: crate::backend::gpu::GraphRows) {
+        self.graph_rows = rows;
     }
 
     /// Sets the element type of KV caches allocated from now on (before a model is loaded).

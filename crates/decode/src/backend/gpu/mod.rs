@@ -23,6 +23,7 @@ pub mod capture_stream;
 mod config;
 mod construct;
 mod error;
+pub mod graph_rows;
 mod int8_mma;
 mod launch;
 mod moe_prefill;
@@ -41,6 +42,7 @@ pub use config::{
     EMBED_TABLE, INT8_MAX_ROWS, INT8_MMA_MAX_ROWS, INT8_MMA_ROWS_DEFAULT, KV_POOL, MATVEC_PATH,
     MMA_MAX_ROWS, MOE_GROUPED,
 };
+pub use graph_rows::{GraphRows, GRAPH_ROWS};
 pub use offload::host_weights::{HostPlacement, WeightMemory};
 pub use offload::hybrid::{CpuShare, CPU_SHARE, MAX_CPU_SHARE};
 pub use weight::{GpuWeight, ReadPath};
@@ -202,6 +204,8 @@ pub struct GpuBackend {
     profile: Option<OpProfile>,
     /// Captured steps by key.
     graphs: HashMap<StepKey, GraphExec>,
+    /// Which row counts decode steps are captured for (`HIPDECODE_GPU_GRAPH_ROWS`).
+    graph_rows: GraphRows,
     /// The private pool a capture allocates from (empty when a warm step allocates nothing).
     graph_pool: GraphPool,
     /// The capture stream and pool, and the books of what graphs took.
