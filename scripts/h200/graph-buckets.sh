@@ -3,9 +3,9 @@
 # (generate_many's GPU token check, offload_run, issue 24's 30B-A3B memory against llama.cpp).
 # In phases, each in the foreground of one device call (a lease ends 30 s after its last call):
 #   tests  the GPU tests this change touches (graph_buckets, generate_many, step_batch,
-#          gpu_backend, golden_tokens), while llama.cpp builds and the 8B and 30B-A3B shapes
+#          gpu_backend), while llama.cpp builds and the 8B and 30B-A3B shapes
 #          are synthesized in the background;
-#   tests2 offload_run and backend_conformance (their binaries travel in bundle-g2);
+#   tests2 golden_tokens, offload_run and backend_conformance (their binaries travel in bundle-g2);
 #   serve  a server on the 8B shape with 64 slots of 1024 positions, HIPDECODE_GPU_GRAPH_ROWS=exact then buckets,
 #          then buckets then exact: 64 completions at once whose lengths differ (8 + 2 i
 #          tokens), so the step's rows fall from 64 to 1, twice per server (the second wave
@@ -100,9 +100,9 @@ tests)
     run decode generate_many --test-threads=1
     run decode step_batch --test-threads=1
     run decode gpu_backend --test-threads=1
-    run decode golden_tokens --test-threads=1
     ;;
 tests2)
+    run decode golden_tokens --test-threads=1
     run decode offload_run --test-threads=1
     run decode backend_conformance --test-threads=1
     ;;
