@@ -1,0 +1,181 @@
+//! NCCL (NVIDIA) or RCCL (AMD), loaded at run time: the two share one C API, so one set of
+//! entry points serves both. A machine without either gets a reason that names what was tried
+//! and how to install it, never a panic; a program without tensor parallelism never loads it.
+//!
+//! What is loaded here is the library and its version. The device communicator over it (its
+//! unique id, `ncclCommInitRank`, the collectives on a stream, the asynchronous error query)
+//! comes with the multi-GPU runs it serves.
+
+use crate::CollectiveError;
+use std::ffi::c_int;
+
+/// Which library answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vendor {
+    Nccl,
+    Rccl,
+}
+
+/// The names tried, in order: the system's NCCL (also what the `nvidia-nccl-cu13` wheel puts on
+/// `LD_LIBRARY_PATH`), then ROCm's RCCL.
+const CANDIDATES: [(&str, Vendor); 4] = [
+    ("libnccl.so.2", Vendor::Nccl),
+    ("libnccl.so", Vendor::Nccl),
+    ("librccl.so.1", Vendor::Rccl),
+    ("librccl.so", Vendor::Rccl),
+];
+
+/// The environment NCCL must run with here: NVLink multicast (NVLS) stays off.
+pub const NCCL_ENVIRONMENT: (&str, &str) = ("NCCL_NVLS_ENABLE", "0");
+
+/// `ncclResult_t ncclGetVersion(int* version)`.
+type GetVersion = unsafe extern "C" fn(*mut c_int) -> c_int;
+
+/// A loaded collective library.
+pub struct Library {
+    vendor: Vendor,
+    name: &'static str,
+    get_version: GetVersion,
+    /// Keeps the code the entry points point into loaded.
+    _library: libloading::Library,
+}
+
+impl Library {
+    /// Loads the first of NCCL or RCCL the dynamic loader finds. Errors name every library
+    /// tried and why it failed. NCCL is refused unless `NCCL_NVLS_ENABLE=0` is set: multicast
+    /// must stay off before the library reads its environment.
+    pub fn open() -> Result<Library, CollectiveError> {
+        let mut tried = Vec::new();
+        for (name, vendor) in CANDIDATES {
+            // SAFETY: loading a shared library runs its initialisers; NCCL's and RCCL's only
+            // set up their own state. The name is a fixed library name, not a path from input.
+            match unsafe { libloading::Library::new(name) } {
+                Ok(library) => return Library::with(library, name, vendor),
+                Err(e) => tried.push(format!("{name} ({e})")),
+            }
+        }
+        Err(CollectiveError::Library(format!(
+            "no collective library found: tried {}. Tensor parallelism needs NCCL on NVIDIA \
+             (the system's libnccl, or `pip install nvidia-nccl-cu13` with its lib folder on \
+             LD_LIBRARY_PATH) or RCCL on AMD (ROCm's librccl)",
+            tried.join(", ")
+        )))
+    }
+
+    fn with(
+        library: libloading::Library,
+        name: &'static str,
+        vendor: Vendor,
+    ) -> Result<Library, CollectiveError> {
+        let (key, value) = NCCL_ENVIRONMENT;
+        if vendor == Vendor::Nccl && std::env::var(key).as_deref() != Ok(value) {
+            return Err(CollectiveError::Library(format!(
+                "{name} was found, but {key} is not {value}: NVLink multicast must stay off; \
+                 set {key}={value} in the environment of every process of the run"
+            )));
+        }
+        // SAFETY: `ncclGetVersion` has this signature in NCCL and RCCL alike (nccl.h); the
+        // pointer is kept with the library that holds its code.
+        let get_version = unsafe { library.get::<GetVersion>(b"ncclGetVersion\0") }
+            .map(|f| *f)
+            .map_err(|e| CollectiveError::Library(format!("{name} has no ncclGetVersion: {e}")))?;
+        Ok(Library {
+            vendor,
+            name,
+            get_version,
+            _library: library,
+        })
+    }
+
+    pub fn vendor(&self) -> Vendor {
+        self.vendor
+    }
+
+    /// The file name the library was loaded by.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The library's version as (major, minor, patch).
+    pub fn version(&self) -> Result<(u32, u32, u32), CollectiveError> {
+        let mut code: c_int = 0;
+        // SAFETY: `get_version` came from this loaded library and writes one int.
+        let result = unsafe { (self.get_version)(&mut code) };
+        check(self.name, "ncclGetVersion", result)?;
+        Ok(split_version(code))
+    }
+}
+
+/// NCCL's version code: major * 10000 + minor * 100 + patch from 2.9 on, major * 1000 + minor
+/// * 100 + patch before.
+fn split_version(code: c_int) -> (u32, u32, u32) {
+    let code = code.max(0) as u32;
+    if code >= 10_000 {
+        (code / 10_000, code % 10_000 / 100, code % 100)
+    } else {
+        (code / 1000, code % 1000 / 100, code % 100)
+    }
+}
+
+/// The one place a library result is read: `ncclSuccess` (0) or an error that names the call.
+fn check(library: &str, call: &str, result: c_int) -> Result<(), CollectiveError> {
+    match result {
+        0 => Ok(()),
+        code => Err(CollectiveError::Library(format!(
+            "{library}: {call} failed with ncclResult_t {code} ({})",
+            match code {
+                1 => "unhandled CUDA or HIP error",
+                2 => "system error",
+                3 => "internal error",
+                4 => "invalid argument",
+                5 => "invalid usage",
+                6 => "remote error",
+                7 => "in progress",
+                _ => "unknown code",
+            }
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_codes_of_both_eras_split() {
+        assert_eq!(split_version(22_805), (2, 28, 5));
+        assert_eq!(split_version(2804), (2, 8, 4));
+    }
+
+    #[test]
+    fn a_failed_call_is_named_with_its_code() {
+        assert!(check("libnccl.so.2", "ncclGetVersion", 0).is_ok());
+        let e = check("libnccl.so.2", "ncclAllReduce", 4)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("ncclAllReduce") && e.contains("invalid argument"),
+            "{e}"
+        );
+    }
+
+    /// Where neither library is installed (this project's CI), opening says what was tried
+    /// and how to get one; where one is, it reports a 2.x version.
+    #[test]
+    fn opening_gives_a_library_or_a_reason_never_a_panic() {
+        match Library::open() {
+            Ok(lib) => {
+                let (major, _, _) = lib.version().expect("the version");
+                assert_eq!(major, 2, "{} {:?}", lib.name(), lib.vendor());
+            }
+            Err(e) => {
+                let e = e.to_string();
+                assert!(
+                    (e.contains("libnccl.so.2") && e.contains("librccl.so"))
+                        || e.contains("NCCL_NVLS_ENABLE"),
+                    "{e}"
+                );
+            }
+        }
+    }
+}
