@@ -13,6 +13,8 @@ pub enum DecodeError {
     },
     #[error("the model file is not usable: {0}")]
     Gguf(#[from] gguf_loader::GgufError),
+    #[error("tensor parallelism: {0}")]
+    Collective(#[from] collective::CollectiveError),
     #[error("architecture '{name}' is not supported; supported are {supported}")]
     UnsupportedArchitecture { name: String, supported: String },
     #[error("tensor '{name}' is missing from the model; the file is incomplete or of another architecture")]

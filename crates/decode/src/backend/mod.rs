@@ -278,6 +278,16 @@ pub trait Backend: Send {
     fn bucket_rows(&self, key: StepKey) -> usize {
         key.n_tokens
     }
+    /// Sums `x[..len]` over the ranks of a tensor-parallel run, so every rank holds the whole
+    /// (`crate::model::tensor_parallel`). A backend without a collective refuses: a model
+    /// split over ranks cannot run on it.
+    fn all_reduce_sum(&mut self, _x: &mut Self::Buffer, _len: usize) -> Result<()> {
+        Err(DecodeError::InvalidArgument(
+            "a model split over ranks needs a backend with a collective \
+             (CpuBackend::with_collective)"
+                .into(),
+        ))
+    }
     /// How many step graphs the backend holds (one per [`StepKey`] captured); 0 for a backend
     /// that captures none.
     fn graphs_captured(&self) -> usize {

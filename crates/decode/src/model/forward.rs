@@ -257,8 +257,10 @@ impl<B: Backend> Model<B> {
             output,
             rope_factors,
             layers,
+            shard,
             ..
         } = self;
+        let sharded = !shard.is_whole();
         let n = batch.len();
         let e = s.n_embd;
         let (kd, vd) = (s.widths.k, s.widths.v);
@@ -335,6 +337,10 @@ impl<B: Backend> Model<B> {
             // Non-finite here with finite queries: the cache of an earlier step holds it.
             probe(be, at(Op("attention over the KV cache")), &a.attn, n * od)?;
             be.matmul(&layer.wo, &a.attn, &mut a.proj, n)?;
+            if sharded {
+                // Each rank's heads gave a part of the sum; every rank needs all of it.
+                be.all_reduce_sum(&mut a.proj, n * e)?;
+            }
             probe(be, at(Weight("attn_output.weight")), &a.proj, n * e)?;
             // Feed-forward block.
             let attn_post = layer.attn_post_norm.as_ref();
@@ -361,6 +367,9 @@ impl<B: Backend> Model<B> {
                     be.gated(&mut a.gate, &a.up, n * s.n_ff, s.gate)?;
                     probe(be, at(Op("gated activation")), &a.gate, n * s.n_ff)?;
                     be.matmul(down, &a.gate, &mut a.proj, n)?;
+                    if sharded {
+                        be.all_reduce_sum(&mut a.proj, n * e)?;
+                    }
                     probe(be, at(Weight("ffn_down.weight")), &a.proj, n * e)?;
                 }
                 Ffn::Moe {
@@ -385,6 +394,9 @@ impl<B: Backend> Model<B> {
                         act: s.gate,
                     };
                     be.moe(&a.xn, &a.router, gate, up, down, &mut a.proj, &shape)?;
+                    if sharded {
+                        be.all_reduce_sum(&mut a.proj, n * e)?;
+                    }
                     let experts = Op("experts (ffn_gate_exps, ffn_up_exps, ffn_down_exps)");
                     probe(be, at(experts), &a.proj, n * e)?;
                 }

@@ -5,9 +5,12 @@
 mod consistency;
 mod forward;
 mod spec;
+pub mod tensor_parallel;
 
 pub use consistency::AttentionWidths;
 pub use spec::{query_pre_attn_scalar, LayerSpec, ModelSpec, GEMMA3_27B_LAYERS};
+pub use tensor_parallel::Shard;
+use tensor_parallel::{bias_split, LayerSplits, Split};
 
 use crate::backend::{Backend, MappedTensor, WeightSource};
 use crate::error::{DecodeError, Result};
@@ -70,6 +73,8 @@ pub struct Model<B: Backend> {
     rope_factors: RopeFactors<B::Weight>,
     layers: Vec<Layer<B::Weight>>,
     file_bytes: u64,
+    /// This model's part of a tensor-parallel split (whole on one rank).
+    shard: Shard,
 }
 
 struct Loader<'a, B: Backend> {
@@ -79,16 +84,18 @@ struct Loader<'a, B: Backend> {
 
 impl<B: Backend> Loader<'_, B> {
     fn optional(&mut self, name: &str, shape: &[usize]) -> Result<Option<B::Weight>> {
-        self.load(name, shape, false)
+        self.load(name, shape, false, &Split::Whole)
     }
 
-    /// Loads `name` when the file has it; `lookup_only` marks a table the model only looks
-    /// rows up in ([`WeightSource::lookup_only`]).
+    /// Loads `split`'s part of `name`, of the whole model's `shape`, when the file has it;
+    /// `lookup_only` marks a table the model only looks rows up in
+    /// ([`WeightSource::lookup_only`]).
     fn load(
         &mut self,
         name: &str,
         shape: &[usize],
         lookup_only: bool,
+        split: &Split,
     ) -> Result<Option<B::Weight>> {
         let Some(info) = self.file.tensor(name) else {
             return Ok(None);
@@ -113,23 +120,43 @@ impl<B: Backend> Loader<'_, B> {
         for (d, &v) in dims.iter_mut().zip(&found) {
             *d = v;
         }
+        let bytes = self.file.tensor_data(info);
         // `load_weight` refuses a type the backends cannot read (`WeightSource::check_bytes`).
-        let w = self.backend.load_weight(&WeightSource {
-            name,
-            format: info.ggml_type,
-            dims,
-            bytes: self.file.tensor_data(info),
-            mapped: Some(MappedTensor {
-                file: self.file,
-                info,
-            }),
-            lookup_only,
-        })?;
+        let w = match split {
+            Split::Whole => self.backend.load_weight(&WeightSource {
+                name,
+                format: info.ggml_type,
+                dims,
+                bytes,
+                mapped: Some(MappedTensor {
+                    file: self.file,
+                    info,
+                }),
+                lookup_only,
+            })?,
+            // A part is bytes of its own, which the backend copies.
+            part => {
+                let (bytes, dims) =
+                    tensor_parallel::slice(name, info.ggml_type, dims, bytes, part)?;
+                self.backend.load_weight(&WeightSource {
+                    name,
+                    format: info.ggml_type,
+                    dims,
+                    bytes: &bytes,
+                    mapped: None,
+                    lookup_only,
+                })?
+            }
+        };
         Ok(Some(w))
     }
 
     fn required(&mut self, name: &str, shape: &[usize]) -> Result<B::Weight> {
-        self.optional(name, shape)?
+        self.required_part(name, shape, &Split::Whole)
+    }
+
+    fn required_part(&mut self, name: &str, shape: &[usize], split: &Split) -> Result<B::Weight> {
+        self.load(name, shape, false, split)?
             .ok_or_else(|| DecodeError::MissingTensor {
                 name: name.to_string(),
             })
@@ -150,14 +177,30 @@ impl<B: Backend> Model<B> {
         backend: &mut B,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Model<B>> {
-        let spec = ModelSpec::from_gguf(file)?;
-        let s = &spec;
+        Model::load_shard(file, backend, Shard::whole(), progress)
+    }
+
+    /// `shard`'s part of the model of `file` for a tensor-parallel run ([`tensor_parallel`]):
+    /// its spec has the rank's heads and feed-forward width, and its steps all-reduce the
+    /// attention and feed-forward outputs through the backend's collective
+    /// ([`Backend::all_reduce_sum`]).
+    pub fn load_shard(
+        file: &Arc<GgufFile>,
+        backend: &mut B,
+        shard: Shard,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Model<B>> {
+        let whole = ModelSpec::from_gguf(file)?;
+        let spec = tensor_parallel::shard_spec(&whole, shard)?;
+        let splits = LayerSplits::new(&whole, shard);
+        // Shapes are checked against the file's whole tensors, before a part is cut.
+        let s = &whole;
         let (e, qd, kd, vd) = (s.n_embd, s.widths.q, s.widths.k, s.widths.v);
         let mut ld = Loader { file, backend };
         // Without an output projection the table is also the output's matrix (tied).
         let tied = file.tensor("output.weight").is_none();
         let embed = ld
-            .load("token_embd.weight", &[e, s.vocab], !tied)?
+            .load("token_embd.weight", &[e, s.vocab], !tied, &Split::Whole)?
             .ok_or_else(|| DecodeError::MissingTensor {
                 name: "token_embd.weight".into(),
             })?;
@@ -176,11 +219,12 @@ impl<B: Backend> Model<B> {
         for il in 0..s.n_layers {
             let n = |t: &str| format!("blk.{il}.{t}.weight");
             let b = |t: &str| format!("blk.{il}.{t}.bias");
-            let bias = match ld.optional(&b("attn_q"), &[qd])? {
+            let bias_q = ld.load(&b("attn_q"), &[qd], false, &bias_split(&splits.q))?;
+            let bias = match bias_q {
                 Some(bq) => Some([
                     bq,
-                    ld.required(&b("attn_k"), &[kd])?,
-                    ld.required(&b("attn_v"), &[vd])?,
+                    ld.required_part(&b("attn_k"), &[kd], &bias_split(&splits.k))?,
+                    ld.required_part(&b("attn_v"), &[vd], &bias_split(&splits.v))?,
                 ]),
                 None => None,
             };
@@ -201,25 +245,27 @@ impl<B: Backend> Model<B> {
             };
             let ffn = if s.is_moe() {
                 let (x, f) = (s.n_expert, s.n_ff_expert);
+                let (rows, cols) = (&splits.ff_rows, &splits.ff_cols);
                 Ffn::Moe {
                     router: ld.required(&n("ffn_gate_inp"), &[e, x])?,
-                    gate: ld.required(&n("ffn_gate_exps"), &[e, f, x])?,
-                    up: ld.required(&n("ffn_up_exps"), &[e, f, x])?,
-                    down: ld.required(&n("ffn_down_exps"), &[f, e, x])?,
+                    gate: ld.required_part(&n("ffn_gate_exps"), &[e, f, x], rows)?,
+                    up: ld.required_part(&n("ffn_up_exps"), &[e, f, x], rows)?,
+                    down: ld.required_part(&n("ffn_down_exps"), &[f, e, x], cols)?,
                 }
             } else {
+                let (rows, cols) = (&splits.ff_rows, &splits.ff_cols);
                 Ffn::Dense {
-                    gate: ld.required(&n("ffn_gate"), &[e, s.n_ff])?,
-                    up: ld.required(&n("ffn_up"), &[e, s.n_ff])?,
-                    down: ld.required(&n("ffn_down"), &[s.n_ff, e])?,
+                    gate: ld.required_part(&n("ffn_gate"), &[e, s.n_ff], rows)?,
+                    up: ld.required_part(&n("ffn_up"), &[e, s.n_ff], rows)?,
+                    down: ld.required_part(&n("ffn_down"), &[s.n_ff, e], cols)?,
                 }
             };
             layers.push(Layer {
                 attn_norm: ld.required(&n("attn_norm"), &[e])?,
-                wq: ld.required(&n("attn_q"), &[e, qd])?,
-                wk: ld.required(&n("attn_k"), &[e, kd])?,
-                wv: ld.required(&n("attn_v"), &[e, vd])?,
-                wo: ld.required(&n("attn_output"), &[s.widths.o, e])?,
+                wq: ld.required_part(&n("attn_q"), &[e, qd], &splits.q)?,
+                wk: ld.required_part(&n("attn_k"), &[e, kd], &splits.k)?,
+                wv: ld.required_part(&n("attn_v"), &[e, vd], &splits.v)?,
+                wo: ld.required_part(&n("attn_output"), &[s.widths.o, e], &splits.o)?,
                 bias,
                 qk_norm,
                 attn_post_norm: post(&mut ld, "post_attention_norm")?,
@@ -238,7 +284,13 @@ impl<B: Backend> Model<B> {
             rope_factors,
             layers,
             file_bytes,
+            shard,
         })
+    }
+
+    /// This model's part of a tensor-parallel split.
+    pub fn shard(&self) -> Shard {
+        self.shard
     }
 
     pub fn spec(&self) -> &ModelSpec {

@@ -115,6 +115,8 @@ pub struct CpuBackend {
     padding_rows_run: usize,
     /// Pad decode steps to the GPU's graph buckets (`CpuBackend::pad_decode_steps`).
     pad_decode_steps: bool,
+    /// This rank's end of a tensor-parallel group (`CpuBackend::with_collective`).
+    collective: Option<Box<dyn collective::Collective>>,
     /// Per sequence of the step: its first and last position in it (the ring checks).
     step_spans: Vec<SeqSpan>,
     /// The context's block tables as of `begin_step`.
@@ -144,6 +146,7 @@ impl CpuBackend {
             step_padding: 0,
             padding_rows_run: 0,
             pad_decode_steps: false,
+            collective: None,
             step_spans: Vec::new(),
             tables: None,
             step_positions: Vec::new(),
@@ -156,6 +159,13 @@ impl CpuBackend {
     /// no GPU. Off by default: the CPU captures nothing, so padding only costs it.
     pub fn pad_decode_steps(&mut self, on: bool) {
         self.pad_decode_steps = on;
+    }
+
+    /// This backend as one rank of a tensor-parallel group: the all-reduces of a model split
+    /// over the group's ranks (`Model::load_shard`) go through `collective`.
+    pub fn with_collective(mut self, collective: Box<dyn collective::Collective>) -> CpuBackend {
+        self.collective = Some(collective);
+        self
     }
 
     /// Padding rows of every step run so far.
@@ -313,6 +323,19 @@ impl Backend for CpuBackend {
     fn write(&mut self, dst: &mut Vec<f32>, offset: usize, src: &[f32]) -> Result<()> {
         check_len("write", dst.len(), offset.saturating_add(src.len()))?;
         dst[offset..offset + src.len()].copy_from_slice(src);
+        Ok(())
+    }
+
+    fn all_reduce_sum(&mut self, x: &mut Vec<f32>, len: usize) -> Result<()> {
+        check_len("all_reduce_sum", x.len(), len)?;
+        let Some(c) = self.collective.as_mut() else {
+            return Err(DecodeError::InvalidArgument(
+                "a model split over ranks needs a backend with a collective \
+                 (CpuBackend::with_collective)"
+                    .into(),
+            ));
+        };
+        c.all_reduce_sum(&mut x[..len])?;
         Ok(())
     }
 

@@ -1,0 +1,185 @@
+//! A model split over ranks (tensor parallelism) on the CPU, the ranks threads joined by the
+//! in-process collective: at 2 and 4 ranks every rank's logits equal the single-rank run's
+//! within float tolerance (the partial sums are added in another order), on tiny models of
+//! every architecture, through a prompt and greedy decode steps. Weights are Q8_0, whose blocks
+//! of 32 let the tiny shapes' columns split (their Q4_K rows of 256 would not).
+
+mod common;
+
+use collective::in_process;
+use common::{preset_with_weights_as, EXACT_TOL};
+use decode::backend::cpu::CpuBackend;
+use decode::backend::Precision;
+use decode::batch::{RowOutput, StepBatch};
+use decode::context::{Context, ContextOptions};
+use decode::gguf_loader::synth::Preset;
+use decode::gguf_loader::GgmlType;
+use decode::model::{Model, ModelSpec, Shard};
+use decode::GgufFile;
+use std::sync::Arc;
+use std::thread;
+use test_support::tolerance::max_abs_diff;
+
+const DECODE_STEPS: usize = 3;
+
+fn options() -> ContextOptions {
+    ContextOptions {
+        context: 64,
+        max_batch: 16,
+        all_logits: false,
+        sequences: 1,
+        kv_blocks: None,
+    }
+}
+
+/// The logits after a prompt and after each of [`DECODE_STEPS`] greedy tokens, and those
+/// tokens, on `be` for `shard` of the model.
+fn run(file: &Arc<GgufFile>, mut be: CpuBackend, shard: Shard) -> decode::Result<Run> {
+    let vocab = ModelSpec::from_gguf(file)?.vocab as u32;
+    let model = Model::load_shard(file, &mut be, shard, &mut |_, _| {})?;
+    let mut ctx = Context::new(&model, &mut be, options())?;
+    let prompt: Vec<u32> = (0..11).map(|i| (i * 7 + 3) % vocab).collect();
+    let greedy = RowOutput::Sample(decode::sampler::SamplerConfig {
+        temperature: 0.0,
+        ..Default::default()
+    });
+    let mut batch = StepBatch::prefill(0, 0, &prompt, greedy);
+    let mut out = Run::default();
+    for step in 0..=DECODE_STEPS {
+        let sampled = model.step(&mut be, &mut ctx, &batch)?;
+        let mut logits = Vec::new();
+        ctx.read_logits(&mut be, batch.len() - 1, &mut logits)?;
+        out.logits.push(logits);
+        let token = sampled[0].token;
+        out.tokens.push(token);
+        batch = StepBatch::decode(0, prompt.len() + step, token, greedy);
+    }
+    Ok(out)
+}
+
+#[derive(Default, Debug)]
+struct Run {
+    logits: Vec<Vec<f32>>,
+    tokens: Vec<u32>,
+}
+
+/// Every rank of a split over `ranks`, each on its own thread.
+fn run_split(file: &Arc<GgufFile>, ranks: usize) -> Vec<decode::Result<Run>> {
+    let threads: Vec<_> = in_process::group(ranks)
+        .into_iter()
+        .enumerate()
+        .map(|(rank, comm)| {
+            let file = Arc::clone(file);
+            thread::spawn(move || {
+                let be = CpuBackend::new(Precision::Exact).with_collective(Box::new(comm));
+                run(&file, be, Shard::new(rank, ranks)?)
+            })
+        })
+        .collect();
+    threads
+        .into_iter()
+        .map(|t| t.join().expect("a rank's thread"))
+        .collect()
+}
+
+#[test]
+fn split_over_two_and_four_ranks_every_rank_matches_the_whole_model() {
+    let mut ran = Vec::new();
+    for preset in Preset::ALL.into_iter().filter(|p| p.is_tiny()) {
+        let name = preset.name();
+        let file = Arc::new(
+            GgufFile::from_bytes(preset_with_weights_as(preset, GgmlType::Q8_0)).expect("opens"),
+        );
+        let spec = ModelSpec::from_gguf(&file).expect("spec");
+        let whole = run(&file, CpuBackend::new(Precision::Exact), Shard::whole()).expect("whole");
+        for ranks in [2, 4] {
+            if !spec.n_head.is_multiple_of(ranks) {
+                // The refusal names the heads (checked below for one such model).
+                continue;
+            }
+            let split = run_split(&file, ranks);
+            for (rank, got) in split.into_iter().enumerate() {
+                let got = got.unwrap_or_else(|e| panic!("{name} rank {rank} of {ranks}: {e}"));
+                assert_eq!(
+                    got.tokens, whole.tokens,
+                    "{name} rank {rank} of {ranks}: tokens"
+                );
+                for (step, (g, w)) in got.logits.iter().zip(&whole.logits).enumerate() {
+                    let rms = (w.iter().map(|v| v * v).sum::<f32>() / w.len() as f32).sqrt();
+                    let diff = max_abs_diff(g, w);
+                    assert!(
+                        diff <= EXACT_TOL * rms.max(1.0),
+                        "{name} rank {rank} of {ranks}, step {step}: logits differ by {diff}"
+                    );
+                }
+            }
+            ran.push(format!("{name} x{ranks}"));
+        }
+    }
+    // Every architecture ran split at least once (two query heads allow only two ranks).
+    for preset in Preset::ALL.into_iter().filter(|p| p.is_tiny()) {
+        let x2 = format!("{} x2", preset.name());
+        assert!(ran.contains(&x2), "{x2} did not run: {ran:?}");
+    }
+}
+
+#[test]
+fn a_split_that_does_not_divide_the_heads_is_refused_by_name() {
+    // Tiny Gemma 3 has two query heads.
+    let file = Arc::new(
+        GgufFile::from_bytes(preset_with_weights_as(Preset::TinyGemma3, GgmlType::Q8_0))
+            .expect("opens"),
+    );
+    let e = run(
+        &file,
+        CpuBackend::new(Precision::Exact),
+        Shard::new(0, 4).unwrap(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("2 query heads") && e.contains("4 ranks"), "{e}");
+    // A split model on a backend without a collective stops at its first all-reduce.
+    let file = Arc::new(
+        GgufFile::from_bytes(preset_with_weights_as(Preset::TinyLlama, GgmlType::Q8_0))
+            .expect("opens"),
+    );
+    let e = run(
+        &file,
+        CpuBackend::new(Precision::Exact),
+        Shard::new(0, 2).unwrap(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("collective"), "{e}");
+    // A column split off the format's blocks: the tiny shapes' Q4_K rows of 256 values.
+    let file = Arc::new(common::preset_file(Preset::TinyLlama));
+    let e = run(
+        &file,
+        CpuBackend::new(Precision::Exact),
+        Shard::new(0, 2).unwrap(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("blocks of 256"), "{e}");
+}
+
+#[test]
+fn a_rank_that_fails_stops_the_others_instead_of_hanging() {
+    let file = Arc::new(
+        GgufFile::from_bytes(preset_with_weights_as(Preset::TinyLlama, GgmlType::Q8_0))
+            .expect("opens"),
+    );
+    let mut group = in_process::group(2);
+    let second = group.pop().unwrap();
+    let first = group.pop().unwrap();
+    // Rank 1 fails before its first step (here: it is given a bad rank and drops its end).
+    let failing = thread::spawn(move || {
+        drop(second);
+    });
+    let be = CpuBackend::new(Precision::Exact).with_collective(Box::new(first));
+    let e = run(&file, be, Shard::new(0, 2).unwrap())
+        .unwrap_err()
+        .to_string();
+    failing.join().unwrap();
+    assert!(e.contains("rank 1 left the group"), "{e}");
+}
