@@ -5,6 +5,7 @@
 #   tests  the GPU tests this change touches (graph_buckets, generate_many, step_batch,
 #          gpu_backend), while llama.cpp builds and the 8B and 30B-A3B shapes
 #          are synthesized in the background;
+#   quick  for a short lease: graph_buckets, generate_many and step_batch, the 8B synthesized;
 #   tests2 golden_tokens, offload_run and backend_conformance (their binaries travel in bundle-g2);
 #   serve  a server on the 8B shape with 64 slots of 1024 positions, HIPDECODE_GPU_GRAPH_ROWS=exact then buckets,
 #          then buckets then exact: 64 completions at once whose lengths differ (8 + 2 i
@@ -17,7 +18,7 @@
 #          ours, llama, llama).
 # From the checkout root, with bundle-g/{bench-decode,hipdecode,xtask}, bundle-g/tests and
 # bundle-g2/tests (release, stripped) and .peer (llama.cpp's source and build script):
-#   bash scripts/h200/graph-buckets.sh tests|tests2|serve|peer|mem; ... collect
+#   bash scripts/h200/graph-buckets.sh tests|quick|tests2|serve|peer|mem; ... collect
 # Logs under /tmp/gb; collect packs them into $OUT/gb.tgz and prints the summary.
 set -u
 D=/tmp/gb
@@ -100,6 +101,17 @@ tests)
     run decode generate_many --test-threads=1
     run decode step_batch --test-threads=1
     run decode gpu_backend --test-threads=1
+    ;;
+quick)
+    # A short lease: the bucket tests and the batched tests beside them; the 8B shape is
+    # synthesized in the background for `serve` (no llama.cpp, no 30B-A3B shape).
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >$D/gpu.txt
+    mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
+    [ -f $L ] || (setsid bash -c "$N/xtask synth-model llama3-8b-q4_k_m -o $L >$D/synth.log 2>&1; \
+        echo done >$D/synth.done" </dev/null >/dev/null 2>&1 &)
+    run decode graph_buckets --test-threads=1 --nocapture
+    run decode generate_many --test-threads=1
+    run decode step_batch --test-threads=1
     ;;
 tests2)
     run decode golden_tokens --test-threads=1

@@ -192,6 +192,10 @@ struct RunArgs {
     /// Default: HIPDECODE_HOST_BUDGET, else 90% of the host's available memory.
     #[arg(long)]
     host_budget: Option<String>,
+    /// Split the model over this many ranks (tensor parallelism): query heads, K/V heads and
+    /// the feed-forward width are divided, each rank a thread with its part. CPU only so far.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    tp: u32,
 }
 
 #[derive(clap::Args)]
@@ -312,16 +316,21 @@ fn run(args: RunArgs) -> Result<()> {
         args.gpu_budget.as_deref(),
         args.host_budget.as_deref(),
     )?;
-    choice.backend.run(
-        settings,
-        Generation {
-            args: &args,
-            prompt: &prompt,
-            file: &file,
-            tokenizer: &tokenizer,
-            sampler,
-        },
-    )?
+    let generation = Generation {
+        args: &args,
+        prompt: &prompt,
+        file: &file,
+        tokenizer: &tokenizer,
+        sampler,
+    };
+    match (&choice.backend, args.tp) {
+        (_, 1) => choice.backend.run(settings, generation)?,
+        (device::BackendChoice::Cpu, ranks) => generation.run_split(ranks as usize, &settings),
+        (device::BackendChoice::Gpu(_), ranks) => anyhow::bail!(
+            "--tp {ranks} runs on the CPU only so far: splitting over GPUs needs NCCL or RCCL \
+             device collectives, which are not built yet; pass --device cpu, or drop --tp"
+        ),
+    }
 }
 
 /// One `hipdecode run` on whichever backend was chosen.
@@ -358,46 +367,8 @@ impl WithBackend for Generation<'_> {
             prompt.len(),
             model.options().context
         );
-        if let Some(note) = args.sampling.seed_note(&sampler) {
-            eprintln!("{note}");
-        }
-        out!("{text}")?;
-        let mut stream = TextStream::new(tokenizer);
-        let mut stops = StopStrings::new(args.stops.iter().cloned());
-        let at_stop_string = std::cell::Cell::new(false);
-        // A failed write of the text stops the generation; the error is returned after it.
-        let write_error = std::cell::RefCell::new(None);
-        let report = generate(
-            &mut model,
-            &prompt,
-            args.n_predict,
-            sampler,
-            &|id| tokenizer.is_stop(id) || at_stop_string.get() || write_error.borrow().is_some(),
-            &mut |id| {
-                if let Err(e) = out!("{}", stops.push(&stream.push(id))) {
-                    write_error.borrow_mut().get_or_insert(e);
-                }
-                at_stop_string.set(stops.stopped());
-            },
-        )?;
-        if let Some(e) = write_error.into_inner() {
-            return Err(e);
-        }
-        outln!("{}{}", stops.push(&stream.finish()), stops.finish())?;
-        let stop = match report.stop {
-            _ if stops.stopped() => "stop string",
-            StopReason::EndOfSequence => "end of sequence",
-            StopReason::TokenLimit => "token limit",
-            StopReason::ContextFull => "context full",
-        };
+        let report = stream_generation(&mut model, args, text, &prompt, tokenizer, sampler)?;
         let mem = model.memory();
-        eprintln!(
-            "prompt {} tokens at {:.1} tok/s; generated {} tokens, decode at {:.1} tok/s; stopped at {stop}",
-            report.prompt_tokens,
-            report.prefill_tok_s(),
-            report.tokens.len(),
-            report.decode_tok_s()
-        );
         eprintln!("{mem}");
         if let Some(device) = model.backend().device_report() {
             eprint!("{}", device?);
@@ -428,6 +399,102 @@ impl WithBackend for Generation<'_> {
         }
         Ok(())
     }
+}
+
+impl Generation<'_> {
+    /// `hipdecode run --tp N` on the CPU: the model split over `ranks` threads
+    /// ([`decode::split_session::SplitSession`]), each rank's books printed.
+    fn run_split(self, ranks: usize, settings: &device::BackendSettings) -> Result<()> {
+        let Generation {
+            args,
+            prompt: text,
+            file,
+            tokenizer,
+            sampler,
+        } = self;
+        if args.json_stats {
+            anyhow::bail!("--json-stats does not cover --tp yet; drop one of them");
+        }
+        let options = ContextOptions {
+            context: args
+                .backend
+                .ctx
+                .min(decode::model::ModelSpec::from_gguf(file)?.context_length),
+            ..Default::default()
+        };
+        let started = std::time::Instant::now();
+        let settings = settings.clone();
+        let mut split =
+            decode::split_session::SplitSession::load(file, ranks, options, move || {
+                device::cpu_backend(&settings)
+            })?;
+        let prompt = tokenizer.encode(text, !args.no_bos && tokenizer.vocab().add_bos);
+        eprintln!(
+            "{} split over {ranks} CPU ranks: loaded in {}; {} prompt tokens, context {}",
+            split.spec().arch_name,
+            load_progress::seconds(started.elapsed()),
+            prompt.len(),
+            options.context
+        );
+        stream_generation(&mut split, args, text, &prompt, tokenizer, sampler)?;
+        for (rank, mem) in split.memory()?.iter().enumerate() {
+            eprintln!("rank {rank}: {mem}");
+        }
+        Ok(())
+    }
+}
+
+/// Prints `text`, then generates after `prompt` on `session`, streaming the tokens' text to
+/// stdout until a stop token, a stop string, the token limit or a full context, and prints
+/// the timing line on stderr.
+fn stream_generation(
+    session: &mut impl decode::generate::Generator,
+    args: &RunArgs,
+    text: &str,
+    prompt: &[u32],
+    tokenizer: &Tokenizer,
+    sampler: SamplerConfig,
+) -> Result<decode::generate::GenerationReport> {
+    if let Some(note) = args.sampling.seed_note(&sampler) {
+        eprintln!("{note}");
+    }
+    out!("{text}")?;
+    let mut stream = TextStream::new(tokenizer);
+    let mut stops = StopStrings::new(args.stops.iter().cloned());
+    let at_stop_string = std::cell::Cell::new(false);
+    // A failed write of the text stops the generation; the error is returned after it.
+    let write_error = std::cell::RefCell::new(None);
+    let report = generate(
+        session,
+        prompt,
+        args.n_predict,
+        sampler,
+        &|id| tokenizer.is_stop(id) || at_stop_string.get() || write_error.borrow().is_some(),
+        &mut |id| {
+            if let Err(e) = out!("{}", stops.push(&stream.push(id))) {
+                write_error.borrow_mut().get_or_insert(e);
+            }
+            at_stop_string.set(stops.stopped());
+        },
+    )?;
+    if let Some(e) = write_error.into_inner() {
+        return Err(e);
+    }
+    outln!("{}{}", stops.push(&stream.finish()), stops.finish())?;
+    let stop = match report.stop {
+        _ if stops.stopped() => "stop string",
+        StopReason::EndOfSequence => "end of sequence",
+        StopReason::TokenLimit => "token limit",
+        StopReason::ContextFull => "context full",
+    };
+    eprintln!(
+        "prompt {} tokens at {:.1} tok/s; generated {} tokens, decode at {:.1} tok/s; stopped at {stop}",
+        report.prompt_tokens,
+        report.prefill_tok_s(),
+        report.tokens.len(),
+        report.decode_tok_s()
+    );
+    Ok(report)
 }
 
 /// `hipdecode plan`: the budget resolved (a percentage against the device's memory), the

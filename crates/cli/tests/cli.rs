@@ -904,3 +904,29 @@ fn json_stats_carry_the_allocators_figures() {
     );
     std::fs::remove_file(&model).ok();
 }
+
+/// `run --tp 2` on the CPU splits the model over two ranks and writes the same greedy text as
+/// the whole model; a split the shape refuses, or one on the GPU, says why.
+#[test]
+fn run_split_over_two_ranks_writes_what_one_rank_writes() {
+    use decode::gguf_loader::GgmlType;
+    // Q8_0 weights: the tiny shape's Q4_K rows of 256 cannot be cut in two.
+    let model = common::scratch_dir().join(format!("cli-tp-{}.gguf", std::process::id()));
+    std::fs::write(
+        &model,
+        common::preset_with_weights_as(Preset::TinyQwen3, GgmlType::Q8_0),
+    )
+    .unwrap();
+    let args = ["-p", "hello world", "-n", "8", "--temp", "0", "--exact"];
+    let (code, whole, stderr) = run_on_cpu(&model, &args);
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, split, stderr) = run_on_cpu(&model, &[&args[..], &["--tp", "2"]].concat());
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(split, whole);
+    assert!(stderr.contains("split over 2 CPU ranks"), "{stderr}");
+    assert!(stderr.contains("rank 1:") && stderr.contains("kv_cache"), "{stderr}");
+    let (code, _, stderr) = run_on_cpu(&model, &[&args[..], &["--tp", "3"]].concat());
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("cannot be split over 3 ranks"), "{stderr}");
+    std::fs::remove_file(&model).ok();
+}

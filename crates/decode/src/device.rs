@@ -166,16 +166,19 @@ impl BackendChoice {
                         .into(),
                 ))
             }
-            BackendChoice::Cpu => {
-                let mut cpu = CpuBackend::new(settings.cpu_precision);
-                if let Some(kv) = settings.kv_type {
-                    cpu.set_kv_type(kv);
-                }
-                work.run(cpu)
-            }
+            BackendChoice::Cpu => work.run(cpu_backend(&settings)),
             BackendChoice::Gpu(device) => work.run(gpu_backend(*device, &settings)?),
         })
     }
+}
+
+/// The CPU backend as `settings` ask: its precision and KV cache type.
+pub fn cpu_backend(settings: &BackendSettings) -> CpuBackend {
+    let mut cpu = CpuBackend::new(settings.cpu_precision);
+    if let Some(kv) = settings.kv_type {
+        cpu.set_kv_type(kv);
+    }
+    cpu
 }
 
 /// The GPU backend on `device` as `settings` ask, a GPU budget's plan included.

@@ -44,11 +44,50 @@ impl GenerationReport {
     }
 }
 
+/// What [`generate`] drives: one sequence, a prompt then a token at a time. A [`Session`] on
+/// one backend, or a [`crate::split_session::SplitSession`] over the ranks of a model split
+/// for tensor parallelism.
+pub trait Generator {
+    /// Starts the sampling stream again from its seed.
+    fn restart_sampler(&mut self);
+    /// Runs a prompt without sampling.
+    fn forward(&mut self, tokens: &[u32]) -> Result<()>;
+    /// Runs a prompt and draws the next token.
+    fn prefill_and_sample(&mut self, prompt: &[u32], sampler: &SamplerConfig) -> Result<u32>;
+    /// Runs one token and draws the next.
+    fn decode_and_sample(&mut self, token: u32, sampler: &SamplerConfig) -> Result<u32>;
+    /// Tokens in the sequence so far.
+    fn position(&self) -> usize;
+    /// Positions the sequence may hold.
+    fn context_len(&self) -> usize;
+}
+
+impl<B: Backend> Generator for Session<B> {
+    fn restart_sampler(&mut self) {
+        Session::restart_sampler(self)
+    }
+    fn forward(&mut self, tokens: &[u32]) -> Result<()> {
+        Session::forward(self, tokens)
+    }
+    fn prefill_and_sample(&mut self, prompt: &[u32], sampler: &SamplerConfig) -> Result<u32> {
+        Session::prefill_and_sample(self, prompt, sampler)
+    }
+    fn decode_and_sample(&mut self, token: u32, sampler: &SamplerConfig) -> Result<u32> {
+        Session::decode_and_sample(self, token, sampler)
+    }
+    fn position(&self) -> usize {
+        Session::position(self)
+    }
+    fn context_len(&self) -> usize {
+        self.options().context
+    }
+}
+
 /// Generates up to `max_new` tokens after `prompt`, calling `on_token` for each as it comes.
 /// Stops early when `is_stop` says so (the stop token is reported and kept in the result).
 /// Sampling starts from `sampler`'s seed at each call.
-pub fn generate<B: Backend>(
-    session: &mut Session<B>,
+pub fn generate(
+    session: &mut impl Generator,
     prompt: &[u32],
     max_new: usize,
     sampler: SamplerConfig,
@@ -90,7 +129,7 @@ pub fn generate<B: Backend>(
         if report.tokens.len() >= max_new {
             break;
         }
-        if session.position() + 1 > session.options().context {
+        if session.position() + 1 > session.context_len() {
             report.stop = StopReason::ContextFull;
             break;
         }

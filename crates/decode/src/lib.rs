@@ -47,6 +47,7 @@ pub mod sampler;
 pub mod scheduler;
 pub mod selftest;
 pub mod session;
+pub mod split_session;
 pub mod stop_strings;
 pub mod tokenizer;
 

@@ -7,7 +7,7 @@ use crate::batch::{RowKind, RowOutput, StepBatch};
 use crate::context::{Context, ContextOptions};
 use crate::error::{DecodeError, Result};
 use crate::memory::MemoryReport;
-use crate::model::{Model, ModelSpec};
+use crate::model::{Model, ModelSpec, Shard};
 use crate::sampler::SamplerConfig;
 use gguf_loader::GgufFile;
 use std::sync::Arc;
@@ -39,8 +39,21 @@ impl<B: Backend> Session<B> {
     /// [`Model::load_with_progress`]).
     pub fn load_with_progress(
         file: &Arc<GgufFile>,
+        backend: B,
+        options: ContextOptions,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        Session::load_shard(file, backend, options, Shard::whole(), progress)
+    }
+
+    /// [`Session::load_with_progress`] of `shard`'s part of the model (tensor parallelism,
+    /// [`Model::load_shard`]): the backend must hold the rank's collective, and every rank's
+    /// session must be driven through the same calls ([`crate::split_session`] does that).
+    pub fn load_shard(
+        file: &Arc<GgufFile>,
         mut backend: B,
         options: ContextOptions,
+        shard: Shard,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
         if options.sequences != 1 {
@@ -50,7 +63,7 @@ impl<B: Backend> Session<B> {
             )));
         }
         let started = std::time::Instant::now();
-        let model = Model::load_with_progress(file, &mut backend, progress)?;
+        let model = Model::load_shard(file, &mut backend, shard, progress)?;
         let context = Context::new(&model, &mut backend, options)?;
         tracing::info!(
             "loaded {} onto {} in {:.2?}",

@@ -183,3 +183,49 @@ fn a_rank_that_fails_stops_the_others_instead_of_hanging() {
     failing.join().unwrap();
     assert!(e.contains("rank 1 left the group"), "{e}");
 }
+
+#[test]
+fn a_split_session_generates_what_the_whole_model_does() {
+    use decode::generate::generate;
+    use decode::sampler::SamplerConfig;
+    use decode::session::Session;
+    use decode::split_session::SplitSession;
+    let file = Arc::new(
+        GgufFile::from_bytes(preset_with_weights_as(Preset::TinyQwen3, GgmlType::Q8_0))
+            .expect("opens"),
+    );
+    let prompt: Vec<u32> = (0..9).map(|i| i * 13 + 5).collect();
+    let sampled = SamplerConfig {
+        temperature: 0.8,
+        top_k: 40,
+        seed: 17,
+        ..Default::default()
+    };
+    for sampler in [SamplerConfig::default(), sampled] {
+        let mut whole =
+            Session::load(&file, CpuBackend::new(Precision::Exact), options()).expect("load");
+        let want = generate(&mut whole, &prompt, 12, sampler, &|_| false, &mut |_| {})
+            .expect("whole")
+            .tokens;
+        let mut split =
+            SplitSession::load(&file, 2, options(), || CpuBackend::new(Precision::Exact))
+                .expect("a split session");
+        assert_eq!(split.spec().n_head, whole.spec().n_head / 2);
+        let got = generate(&mut split, &prompt, 12, sampler, &|_| false, &mut |_| {})
+            .expect("split")
+            .tokens;
+        assert_eq!(got, want, "temperature {}", sampler.temperature);
+        // Each rank holds half the feed-forward and attention weights, and all of the rest.
+        let memory = split.memory().expect("books");
+        assert_eq!(memory.len(), 2);
+        let weights = |m: &decode::MemoryReport| m.get(decode::MemoryTag::Weights);
+        assert!(weights(&memory[0]) < weights(&whole.memory()), "{memory:?}");
+        assert_eq!(weights(&memory[0]), weights(&memory[1]));
+    }
+    // A split the shape refuses is an error before any rank starts.
+    let e = SplitSession::load(&file, 3, options(), || CpuBackend::new(Precision::Exact))
+        .err()
+        .expect("3 ranks refused")
+        .to_string();
+    assert!(e.contains("3 ranks"), "{e}");
+}

@@ -168,6 +168,14 @@ impl CpuBackend {
         self
     }
 
+    /// Stops this rank's tensor-parallel group with `reason` (a failed call), so the other
+    /// ranks return it rather than wait; nothing without a collective.
+    pub fn abort_collective(&mut self, reason: &str) {
+        if let Some(c) = self.collective.as_mut() {
+            c.abort(reason);
+        }
+    }
+
     /// Padding rows of every step run so far.
     pub fn padding_rows_run(&self) -> usize {
         self.padding_rows_run
