@@ -924,7 +924,10 @@ fn run_split_over_two_ranks_writes_what_one_rank_writes() {
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(split, whole);
     assert!(stderr.contains("split over 2 CPU ranks"), "{stderr}");
-    assert!(stderr.contains("rank 1:") && stderr.contains("kv_cache"), "{stderr}");
+    assert!(
+        stderr.contains("rank 1:") && stderr.contains("kv_cache"),
+        "{stderr}"
+    );
     let (code, _, stderr) = run_on_cpu(&model, &[&args[..], &["--tp", "3"]].concat());
     assert_eq!(code, Some(1));
     assert!(stderr.contains("cannot be split over 3 ranks"), "{stderr}");

@@ -9,7 +9,8 @@ mod common;
 use collective::in_process;
 use common::{preset_with_weights_as, EXACT_TOL};
 use decode::backend::cpu::CpuBackend;
-use decode::backend::Precision;
+use decode::backend::gpu::{GpuBackend, KvType, MatvecPath};
+use decode::backend::{Backend, Precision};
 use decode::batch::{RowOutput, StepBatch};
 use decode::context::{Context, ContextOptions};
 use decode::gguf_loader::synth::Preset;
@@ -34,7 +35,7 @@ fn options() -> ContextOptions {
 
 /// The logits after a prompt and after each of [`DECODE_STEPS`] greedy tokens, and those
 /// tokens, on `be` for `shard` of the model.
-fn run(file: &Arc<GgufFile>, mut be: CpuBackend, shard: Shard) -> decode::Result<Run> {
+fn run<B: Backend>(file: &Arc<GgufFile>, mut be: B, shard: Shard) -> decode::Result<Run> {
     let vocab = ModelSpec::from_gguf(file)?.vocab as u32;
     let model = Model::load_shard(file, &mut be, shard, &mut |_, _| {})?;
     let mut ctx = Context::new(&model, &mut be, options())?;
@@ -228,4 +229,57 @@ fn a_split_session_generates_what_the_whole_model_does() {
         .expect("3 ranks refused")
         .to_string();
     assert!(e.contains("3 ranks"), "{e}");
+}
+
+/// The GPU's exact path (f32 products and KV cache) of a whole model against itself: the
+/// split adds the partial sums in another order (step_batch's GPU_TOL).
+const GPU_TOL: f32 = 1e-3;
+
+/// The split's GPU kernels on one device: two ranks, each a GPU backend whose all-reduces go
+/// through host memory, against the whole model on the same device.
+#[test]
+fn on_the_gpu_two_ranks_of_one_device_match_the_whole_model() {
+    let test = "on_the_gpu_two_ranks_of_one_device_match_the_whole_model";
+    let _lock = test_support::gpu::gpu_lock();
+    let Some(device) = hip_ffi::testing::device_or_skip(test) else {
+        return;
+    };
+    let make = move || {
+        let mut be = GpuBackend::new(device, 16, true).expect("the GPU backend starts");
+        be.set_matvec_path(MatvecPath::Exact);
+        be.set_kv_type(KvType::F32);
+        be
+    };
+    for preset in Preset::ALL.into_iter().filter(|p| p.is_tiny()) {
+        let name = preset.name();
+        let file = Arc::new(
+            GgufFile::from_bytes(preset_with_weights_as(preset, GgmlType::Q8_0)).expect("opens"),
+        );
+        let whole = run(&file, make(), Shard::whole()).expect("whole");
+        let threads: Vec<_> = in_process::group(2)
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| {
+                let file = Arc::clone(&file);
+                thread::spawn(move || {
+                    let be = make().with_host_collective(Box::new(comm));
+                    run(&file, be, Shard::new(rank, 2)?)
+                })
+            })
+            .collect();
+        for (rank, t) in threads.into_iter().enumerate() {
+            let got = t
+                .join()
+                .expect("a rank's thread")
+                .unwrap_or_else(|e| panic!("{name} rank {rank}: {e}"));
+            assert_eq!(got.tokens, whole.tokens, "{name} rank {rank}: tokens");
+            for (step, (g, w)) in got.logits.iter().zip(&whole.logits).enumerate() {
+                let diff = max_abs_diff(g, w);
+                assert!(
+                    diff <= GPU_TOL,
+                    "{name} rank {rank}, step {step}: logits differ by {diff} (allowed {GPU_TOL})"
+                );
+            }
+        }
+    }
 }

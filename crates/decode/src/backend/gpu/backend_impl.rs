@@ -378,6 +378,32 @@ impl Backend for GpuBackend {
         }
     }
 
+    fn all_reduce_sum(&mut self, x: &mut GpuBuffer, len: usize) -> Result<()> {
+        if x.elem != Elem::F32 {
+            return Err(DecodeError::InvalidArgument(format!(
+                "all_reduce_sum of a {:?} buffer; the sums are of f32 activations",
+                x.elem
+            )));
+        }
+        let Some(mut comm) = self.collective.take() else {
+            return Err(DecodeError::InvalidArgument(
+                "a model split over ranks needs a backend with a collective \
+                 (GpuBackend::with_host_collective)"
+                    .into(),
+            ));
+        };
+        let mut host = vec![0.0f32; len];
+        let summed = self
+            .read(x, 0, &mut host)
+            .and_then(|()| comm.all_reduce_sum(&mut host).map_err(DecodeError::from))
+            .and_then(|()| self.write(x, 0, &host));
+        if let Err(e) = &summed {
+            comm.abort(&e.to_string());
+        }
+        self.collective = Some(comm);
+        summed
+    }
+
     fn graphs_captured(&self) -> usize {
         self.graphs.len()
     }

@@ -15,7 +15,8 @@ impl GpuBackend {
     /// splits offloaded products with the host waits on the device mid-step, so it cannot be a
     /// graph; nor can one that streams weights through the copy stream (its cross-stream waits
     /// are not captured). Nor can a decode step of so many rows that its MoE takes the grouped
-    /// prefill path, which reads the experts' row counts back to the host.
+    /// prefill path, which reads the experts' row counts back to the host. Nor can a step whose
+    /// all-reduces go through host memory.
     pub(super) fn captures(&self, key: StepKey) -> bool {
         let moe_syncs = self.moe_shape.is_some_and(|m| {
             self.moe_prefill_applies(&MoeShape {
@@ -24,6 +25,7 @@ impl GpuBackend {
             })
         });
         self.use_graphs
+            && self.collective.is_none()
             && key.phase == Phase::Decode
             && !moe_syncs
             && !self.hybrid_active()

@@ -141,6 +141,7 @@ impl GpuBackend {
             profile: None,
             graphs: HashMap::new(),
             graph_rows: config.graph_rows,
+            collective: None,
             graph_pool,
             capture,
             host_weights: Default::default(),
@@ -240,6 +241,23 @@ impl GpuBackend {
                 self.kernels.mma_variant().is_native(),
             )
             && matmul_q8_mma::FORMATS.contains(&format)
+    }
+
+    /// This backend as one rank of a tensor-parallel group whose all-reduces go through host
+    /// memory (the in-process collective): each one waits for the stream, reads the partial
+    /// sums back, adds them with the other ranks' and writes the whole back. Slow, and never
+    /// in a captured graph, but it runs a split model's GPU kernels on one device, as the
+    /// tests do; NCCL or RCCL on the device is what a multi-GPU run needs.
+    pub fn with_host_collective(mut self, collective: Box<dyn collective::Collective>) -> Self {
+        self.collective = Some(collective);
+        self
+    }
+
+    /// Stops this rank's tensor-parallel group with `reason`; nothing without a collective.
+    pub fn abort_collective(&mut self, reason: &str) {
+        if let Some(c) = self.collective.as_mut() {
+            c.abort(reason);
+        }
     }
 
     /// Switches which row counts decode graphs are captured for (tests run both; users set

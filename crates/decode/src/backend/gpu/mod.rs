@@ -206,6 +206,9 @@ pub struct GpuBackend {
     graphs: HashMap<StepKey, GraphExec>,
     /// Which row counts decode steps are captured for (`HIPDECODE_GPU_GRAPH_ROWS`).
     graph_rows: GraphRows,
+    /// This rank's end of a tensor-parallel group over host memory
+    /// (`GpuBackend::with_host_collective`); its steps are never captured.
+    collective: Option<Box<dyn collective::Collective>>,
     /// The private pool a capture allocates from (empty when a warm step allocates nothing).
     graph_pool: GraphPool,
     /// The capture stream and pool, and the books of what graphs took.
