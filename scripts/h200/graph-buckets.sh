@@ -5,8 +5,9 @@
 #   tests  the GPU tests this change touches (graph_buckets, generate_many, step_batch,
 #          gpu_backend), while llama.cpp builds and the 8B and 30B-A3B shapes
 #          are synthesized in the background;
-#   quick  for a short lease: graph_buckets, generate_many and step_batch, the 8B synthesized;
-#   tests2 golden_tokens, offload_run and backend_conformance (their binaries travel in bundle-g2);
+#   quick  for a short lease: graph_buckets, tensor_parallel (two ranks on one device),
+#          generate_many and step_batch, the 8B shape synthesized;
+#   tests2 gpu_backend, golden_tokens and offload_run (their binaries travel in bundle-g2);
 #   serve  a server on the 8B shape with 64 slots of 1024 positions, HIPDECODE_GPU_GRAPH_ROWS=exact then buckets,
 #          then buckets then exact: 64 completions at once whose lengths differ (8 + 2 i
 #          tokens), so the step's rows fall from 64 to 1, twice per server (the second wave
@@ -110,13 +111,14 @@ quick)
     [ -f $L ] || (setsid bash -c "$N/xtask synth-model llama3-8b-q4_k_m -o $L >$D/synth.log 2>&1; \
         echo done >$D/synth.done" </dev/null >/dev/null 2>&1 &)
     run decode graph_buckets --test-threads=1 --nocapture
+    run decode tensor_parallel --test-threads=1
     run decode generate_many --test-threads=1
     run decode step_batch --test-threads=1
     ;;
 tests2)
+    run decode gpu_backend --test-threads=1
     run decode golden_tokens --test-threads=1
     run decode offload_run --test-threads=1
-    run decode backend_conformance --test-threads=1
     ;;
 serve)
     for _ in $(seq 1 120); do [ -f $D/synth.done ] && break; sleep 2; done
