@@ -158,7 +158,7 @@ impl StepBatch {
     }
 
     /// This decode batch with padding rows appended up to `rows`, so that a backend replays
-    /// the graph it captured for that many rows (`Backend::step_rows`). A padding row is
+    /// the graph it captured for that many rows (`Backend::bucket_rows`). A padding row is
     /// token 0 at position 0 of the first row's sequence and wants logits, so the padded step
     /// has the same ops as a step of `rows` real rows; a backend stores none of its keys and
     /// values, and nobody reads its logits. `None` unless this is a decode batch of real rows
@@ -190,11 +190,6 @@ impl StepBatch {
     /// `len() - padding()..` store no keys or values.
     pub fn padding(&self) -> usize {
         self.padding
-    }
-
-    /// Whether row `i` is padding.
-    pub fn is_padding(&self, i: usize) -> bool {
-        i >= self.len() - self.padding.min(self.len())
     }
 
     pub fn len(&self) -> usize {

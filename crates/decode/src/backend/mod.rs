@@ -94,6 +94,15 @@ pub struct ExpertChoice {
     pub weight: f32,
 }
 
+/// The error of an all-reduce on a backend that was given no collective.
+pub(crate) fn no_collective() -> DecodeError {
+    DecodeError::InvalidArgument(
+        "a model split over ranks needs a backend with a collective \
+         (CpuBackend::with_collective, GpuBackend::with_host_collective)"
+            .into(),
+    )
+}
+
 /// What makes two steps' op sequences the same: a captured step replays only for its key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct StepKey {
@@ -282,11 +291,7 @@ pub trait Backend: Send {
     /// (`crate::model::tensor_parallel`). A backend without a collective refuses: a model
     /// split over ranks cannot run on it.
     fn all_reduce_sum(&mut self, _x: &mut Self::Buffer, _len: usize) -> Result<()> {
-        Err(DecodeError::InvalidArgument(
-            "a model split over ranks needs a backend with a collective \
-             (CpuBackend::with_collective)"
-                .into(),
-        ))
+        Err(no_collective())
     }
     /// How many step graphs the backend holds (one per [`StepKey`] captured); 0 for a backend
     /// that captures none.

@@ -337,11 +337,7 @@ impl Backend for CpuBackend {
     fn all_reduce_sum(&mut self, x: &mut Vec<f32>, len: usize) -> Result<()> {
         check_len("all_reduce_sum", x.len(), len)?;
         let Some(c) = self.collective.as_mut() else {
-            return Err(DecodeError::InvalidArgument(
-                "a model split over ranks needs a backend with a collective \
-                 (CpuBackend::with_collective)"
-                    .into(),
-            ));
+            return Err(crate::backend::no_collective());
         };
         c.all_reduce_sum(&mut x[..len])?;
         Ok(())

@@ -386,11 +386,7 @@ impl Backend for GpuBackend {
             )));
         }
         let Some(mut comm) = self.collective.take() else {
-            return Err(DecodeError::InvalidArgument(
-                "a model split over ranks needs a backend with a collective \
-                 (GpuBackend::with_host_collective)"
-                    .into(),
-            ));
+            return Err(crate::backend::no_collective());
         };
         let mut host = vec![0.0f32; len];
         let summed = self
