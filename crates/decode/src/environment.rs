@@ -71,6 +71,7 @@ pub static TABLE: Table = &[
     &crate::budget_run::OFFLOAD_STREAM,
     &crate::budget_run::HOST_BUDGET,
     &crate::layout::kv_fit::KV_BUDGET,
+    &crate::engine::KV_IDLE_RELEASE,
     &SYNTH_MODELS,
     &BLESS_GOLDEN,
 ];

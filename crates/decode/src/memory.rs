@@ -34,6 +34,12 @@ impl MemoryReport {
         self.bytes[tag.index()] += bytes;
     }
 
+    /// Books `bytes` of `tag` as given back.
+    pub fn remove(&mut self, tag: MemoryTag, bytes: u64) {
+        let held = &mut self.bytes[tag.index()];
+        *held = held.saturating_sub(bytes);
+    }
+
     pub fn total(&self) -> u64 {
         self.bytes.iter().sum()
     }

@@ -181,6 +181,11 @@ impl Scheduler {
         &self.pool
     }
 
+    /// Empties the pool's prefix cache (see [`BlockPool::drop_cache`]).
+    pub fn drop_prefix_cache(&mut self) {
+        self.pool.drop_cache();
+    }
+
     /// Requests not finished yet (running or waiting).
     pub fn pending(&self) -> usize {
         self.waiting.len() + self.running.len()

@@ -174,3 +174,44 @@ fn requests_from_several_threads_stream_their_own_tokens_and_cancel() {
         .collect();
     assert_eq!(ok.0.len(), 1);
 }
+
+/// A server's pool that grows gives its memory back once the engine has been idle a while:
+/// the prefix cache goes, no block stays backed and the KV books fall, while a stats query in
+/// between does not count as work. The next request is served as before, the pool growing
+/// again.
+#[test]
+fn an_idle_engine_drops_its_prefix_cache_and_gives_the_pool_memory_back() {
+    use decode::MemoryTag;
+    use std::time::Duration;
+    let file = Arc::new(preset_file(Preset::TinyQwen3));
+    let mut be = CpuBackend::new(Precision::Exact);
+    let model = Model::load(&file, &mut be).unwrap();
+    // Fewer blocks than the three sequences' whole contexts (3 x 4): a shared pool.
+    let shared = ContextOptions {
+        kv_blocks: Some(8),
+        ..options(3)
+    };
+    let ctx = Context::new(&model, &mut be, shared).unwrap();
+    let idle_release = Some(Duration::from_millis(400));
+    let engine = Engine::start_with_idle_release(model, be, ctx, idle_release).unwrap();
+    let request = Request {
+        prompt: (1..=20).collect(),
+        sampler: SamplerConfig::default(),
+        max_new: 8,
+        stop: Vec::new(),
+    };
+    let (first, _) = engine.submit(request.clone()).unwrap().collect();
+    let busy = engine.stats().unwrap();
+    assert!(busy.backed_blocks > 0 && busy.pool.cached > 0, "{busy:?}");
+    let kv_busy = busy.memory.get(MemoryTag::KvCache);
+    std::thread::sleep(Duration::from_millis(250));
+    // Not yet: 250 ms idle, and this query does not restart the clock.
+    assert_eq!(engine.stats().unwrap().backed_blocks, busy.backed_blocks);
+    std::thread::sleep(Duration::from_millis(600));
+    let idle = engine.stats().unwrap();
+    assert_eq!((idle.backed_blocks, idle.pool.cached), (0, 0), "{idle:?}");
+    assert!(idle.memory.get(MemoryTag::KvCache) < kv_busy, "{idle:?}");
+    let (again, _) = engine.submit(request).unwrap().collect();
+    assert_eq!(again, first, "served from memory backed anew");
+    assert!(engine.stats().unwrap().backed_blocks > 0);
+}

@@ -130,6 +130,48 @@ impl GrowableRegion {
     }
 }
 
+impl GrowableRegion {
+    /// Gives back the mapped pieces that lie wholly beyond the first `bytes` of the region,
+    /// last first, once the region's stream has finished the work queued on it; returns the
+    /// bytes unmapped. Pieces are unmapped whole, as they were mapped, so a little more than
+    /// `bytes` may stay backed. A later [`GrowableRegion::commit`] maps memory there again.
+    /// Where the stream cannot be waited for, nothing is unmapped (that work may still touch
+    /// the memory) and the error says so.
+    pub fn shrink_to(&mut self, bytes: u64) -> Result<u64, AllocError> {
+        let Backing::Mapped { pieces, mapped, .. } = &mut self.backing else {
+            return Ok(0);
+        };
+        let beyond = |pieces: &[(u64, u64)], mapped: u64| {
+            pieces
+                .last()
+                .is_some_and(|&(piece, _)| mapped - piece >= bytes)
+        };
+        if !beyond(pieces, *mapped) {
+            return Ok(0);
+        }
+        if !self.allocator.wait_for_stream(self.stream) {
+            return Err(AllocError::Device(crate::device::DeviceError::Driver {
+                call: "waiting for a growable region's stream",
+                message: format!(
+                    "the {} region's work could not be waited for (or a capture is under \
+                     way), so its memory stays mapped",
+                    self.tag.name()
+                ),
+            }));
+        }
+        let before = *mapped;
+        while beyond(pieces, *mapped) {
+            let Some((piece, handle)) = pieces.pop() else {
+                break;
+            };
+            *mapped -= piece;
+            self.allocator
+                .unmap_region_piece(self.base + *mapped, piece, handle, self.tag);
+        }
+        Ok(before - *mapped)
+    }
+}
+
 impl Drop for GrowableRegion {
     fn drop(&mut self) {
         if let Backing::Mapped {
@@ -270,6 +312,35 @@ mod tests {
             11 * G,
             "the peak remembers it"
         );
+    }
+
+    #[test]
+    fn shrinking_gives_back_whole_pieces_beyond_and_a_commit_maps_them_again() {
+        let device = Arc::new(SimDevice::discrete(64 * G));
+        let alloc = allocator(&device);
+        let mut region = alloc
+            .reserve_growable(8 * G, StreamId::DEFAULT, Tag::KvCache)
+            .unwrap();
+        // Pieces of 1, 2 and 3 granules.
+        for bytes in [G, 3 * G, 6 * G] {
+            region.commit(bytes).unwrap();
+        }
+        assert_eq!(region.shrink_to(6 * G).unwrap(), 0, "nothing lies beyond");
+        // The 3-granule piece starts at 3 G, inside the first 4 G: it stays whole.
+        assert_eq!(region.shrink_to(4 * G).unwrap(), 0);
+        assert_eq!(region.shrink_to(2 * G).unwrap(), 3 * G);
+        assert_eq!(region.committed(), 3 * G);
+        assert_eq!(alloc.stats().mapped_bytes, 3 * G);
+        assert_eq!(alloc.stats().tag(Tag::KvCache).current, 3 * G);
+        assert_eq!(device.stats().mapped, 3 * G);
+        assert_eq!(region.shrink_to(0).unwrap(), 3 * G);
+        assert_eq!((region.committed(), device.stats().mapped), (0, 0));
+        let base = region.ptr();
+        assert_eq!(region.commit(5 * G).unwrap(), 5 * G, "mapped again");
+        assert_eq!(region.ptr(), base);
+        assert_eq!(alloc.stats().reserved_bytes, 5 * G);
+        drop(region);
+        assert_eq!(device.stats().used, 0);
     }
 
     #[test]

@@ -215,6 +215,13 @@ pub trait Backend: Send {
         let _ = (buffer, len);
         Ok(())
     }
+    /// Gives back what backs a buffer from [`Backend::alloc_growable`] beyond its first `len`
+    /// values, in the backend's pieces (so a little more may stay backed); a later
+    /// [`Backend::commit`] backs it again, zeroed. The default has nothing to do.
+    fn release_beyond(&mut self, buffer: &mut Self::Buffer, len: usize) -> Result<()> {
+        let _ = (buffer, len);
+        Ok(())
+    }
     /// Makes a weight resident (accounted under [`MemoryTag::Weights`]).
     fn load_weight(&mut self, src: &WeightSource<'_>) -> Result<Self::Weight>;
     /// Bytes in use per tag.

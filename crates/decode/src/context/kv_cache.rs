@@ -107,6 +107,26 @@ impl<B: Backend> KvCache<B> {
         Ok(())
     }
 
+    /// Gives back the memory behind the pool's blocks from `blocks` on in every pool layer,
+    /// where the pool grows (the backend gives it back in whole pieces, so some may stay);
+    /// the caller knows no sequence and no cached prefix holds any of them.
+    pub(crate) fn release_blocks_from(&mut self, backend: &mut B, blocks: usize) -> Result<()> {
+        if !self.grows || blocks >= self.backed_blocks {
+            return Ok(());
+        }
+        let rows = blocks * self.plan.block;
+        let (kd, vd) = self.dims;
+        for (il, layer) in self.layers.iter().enumerate() {
+            if layer.group != KvGroup::POOL {
+                continue;
+            }
+            backend.release_beyond(&mut self.k[il], rows * kd)?;
+            backend.release_beyond(&mut self.v[il], rows * vd)?;
+        }
+        self.backed_blocks = blocks;
+        Ok(())
+    }
+
     /// Positions each sequence can hold.
     pub fn capacity(&self) -> usize {
         self.capacity

@@ -277,6 +277,20 @@ impl<B: Backend> Context<B> {
         self.kv.tables.set_pool_blocks(seq, blocks)
     }
 
+    /// Gives back the memory behind the KV pool's blocks from `blocks` on, where the pool
+    /// grows: what a server does once a burst is over. The caller (the engine, from its
+    /// scheduler's pool) knows that no sequence holds any of them and no cached prefix lives
+    /// in them; block `blocks` and later are backed again, zeroed, when handed out.
+    pub fn release_kv_blocks_from(&mut self, backend: &mut B, blocks: usize) -> Result<()> {
+        self.kv.release_blocks_from(backend, blocks)
+    }
+
+    /// Whether the KV pool's memory grows as blocks are handed out (a shared pool on a
+    /// backend that maps memory piece by piece), so that it can also be given back.
+    pub fn kv_pool_grows(&self) -> bool {
+        self.kv.grows()
+    }
+
     /// Blocks of the KV pool backed by memory now: every block unless the pool is shared
     /// ([`ContextOptions::kv_blocks`]), whose storage grows as blocks are handed out.
     pub fn kv_backed_blocks(&self) -> usize {

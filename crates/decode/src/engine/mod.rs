@@ -22,6 +22,23 @@ use handle::Command;
 use std::collections::HashMap;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a server's engine waits idle before it empties the prefix cache and gives the KV
+/// pool's memory back.
+pub static KV_IDLE_RELEASE: knobs::Knob<Option<Duration>> = knobs::Knob {
+    name: "HIPDECODE_KV_IDLE_RELEASE",
+    default: "30",
+    doc: "seconds a server waits with no request before it drops its prefix cache and gives           back the memory of a KV pool that grows (`HIPDECODE_GPU_KV_POOL=grow`); `off` keeps           both until blocks are needed",
+    scope: knobs::Scope::Run,
+    parse: |v| match v.trim() {
+        "off" => Ok(None),
+        t => match t.parse::<f64>() {
+            Ok(s) if s.is_finite() && s >= 0.0 => Ok(Some(Duration::from_secs_f64(s))),
+            _ => Err("not a number of seconds; give e.g. 30, or `off`".into()),
+        },
+    },
+};
 
 /// Runs `plan` through `ctx`: the sequences that start in this step are restarted in their
 /// slots (at the prefix their blocks already hold), every sequence of the step gets the blocks
@@ -125,6 +142,15 @@ pub fn scheduler_for<B: Backend>(ctx: &Context<B>) -> Result<Scheduler> {
     Scheduler::new(config, pool).map_err(|e| invalid(&e))
 }
 
+/// [`KV_IDLE_RELEASE`] as the environment sets it. An invalid value was refused by the
+/// program's start-up check; a library user gets the default, with a warning.
+fn idle_release_setting() -> Option<Duration> {
+    KV_IDLE_RELEASE.read().unwrap_or_else(|e| {
+        tracing::warn!("{e}; the KV pool's memory is given back after 30 s idle");
+        Some(Duration::from_secs(30))
+    })
+}
+
 /// The step loop's end of an engine's commands.
 pub struct EngineInbox {
     commands: mpsc::Receiver<Command>,
@@ -153,11 +179,26 @@ impl Engine {
         Model<B>: Send,
         Context<B>: Send,
     {
+        Engine::start_with_idle_release(model, backend, ctx, idle_release_setting())
+    }
+
+    /// [`Engine::start`], giving a growing KV pool's memory back after `idle_release` with
+    /// no request (`None`: never) rather than after [`KV_IDLE_RELEASE`].
+    pub fn start_with_idle_release<B: Backend + 'static>(
+        model: Model<B>,
+        backend: B,
+        ctx: Context<B>,
+        idle_release: Option<Duration>,
+    ) -> Result<Engine>
+    where
+        Model<B>: Send,
+        Context<B>: Send,
+    {
         let scheduler = scheduler_for(&ctx)?;
         let (handle, inbox) = channel();
         let thread = std::thread::Builder::new()
             .name("hipdecode-engine".into())
-            .spawn(move || step_loop(&model, backend, ctx, scheduler, inbox))
+            .spawn(move || step_loop(&model, backend, ctx, scheduler, inbox, idle_release))
             .map_err(|e| DecodeError::InvalidArgument(format!("starting the engine: {e}")))?;
         Ok(Engine {
             handle,
@@ -200,7 +241,14 @@ pub fn run<B: Backend>(
     inbox: EngineInbox,
 ) -> Result<()> {
     let scheduler = scheduler_for(&ctx)?;
-    step_loop(model, backend, ctx, scheduler, inbox);
+    step_loop(
+        model,
+        backend,
+        ctx,
+        scheduler,
+        inbox,
+        idle_release_setting(),
+    );
     Ok(())
 }
 
@@ -251,20 +299,50 @@ fn step_loop<B: Backend>(
     mut ctx: Context<B>,
     mut scheduler: Scheduler,
     inbox: EngineInbox,
+    idle_release: Option<Duration>,
 ) {
     let mut requests = Requests::default();
     let (mut decode_steps, mut prefill_steps) = (StepCounters::default(), StepCounters::default());
     // A step that ran nothing and reported nothing: wait for a command rather than spin.
     let mut stalled = false;
+    let mut busy_at = Instant::now();
     loop {
+        if scheduler.pending() > 0 {
+            busy_at = Instant::now();
+        }
         let idle = scheduler.pending() == 0 || stalled;
-        let first = if idle {
-            match inbox.commands.recv() {
+        // A grown pool with memory behind it, on a server with nothing to do: after a while
+        // idle (commands such as a metrics scrape do not count), the prefix cache goes and
+        // the pool's memory is given back.
+        let release_at = idle_release
+            .filter(|_| scheduler.pending() == 0)
+            .filter(|_| ctx.kv_pool_grows() && ctx.kv_backed_blocks() > 0)
+            .map(|after| busy_at + after);
+        let first = match (idle, release_at) {
+            (false, _) => None,
+            (true, None) => match inbox.commands.recv() {
                 Ok(c) => Some(c),
                 Err(_) => return,
+            },
+            (true, Some(at)) => {
+                match inbox
+                    .commands
+                    .recv_timeout(at.saturating_duration_since(Instant::now()))
+                {
+                    Ok(c) => Some(c),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        scheduler.drop_prefix_cache();
+                        let end = scheduler.pool().occupied_end();
+                        if let Err(e) = ctx.release_kv_blocks_from(&mut backend, end) {
+                            tracing::warn!("giving back the idle KV pool's memory failed: {e}");
+                            // Not again until the next burst.
+                            busy_at = Instant::now() + Duration::from_secs(86_400);
+                        }
+                        continue;
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                }
             }
-        } else {
-            None
         };
         let commands: Vec<Command> = first.into_iter().chain(inbox.commands.try_iter()).collect();
         for command in commands {

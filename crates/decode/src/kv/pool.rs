@@ -14,7 +14,7 @@
 //! can try, and on [`PoolError::Full`] wait, preempt a sequence or refuse one.
 
 use super::prefix::{self, BlockKey};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// A block's index in the pool; its slots are `id * block_len ..` of every layer's storage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -150,8 +150,10 @@ pub struct BlockPool {
     budget_blocks: usize,
     segment_blocks: usize,
     blocks: Vec<Block>,
-    /// Free blocks, taken from the end.
-    free: Vec<BlockId>,
+    /// Free blocks, the lowest taken first: blocks in use stay packed at the start of the
+    /// pool, so a pool whose memory grows with use can give back its end after a burst
+    /// ([`BlockPool::occupied_end`]).
+    free: BTreeSet<BlockId>,
     /// The prefix cache: full blocks by key, held or cached.
     by_key: HashMap<BlockKey, BlockId>,
     /// Cached blocks by their last use, oldest first.
@@ -198,7 +200,7 @@ impl BlockPool {
             budget_blocks,
             segment_blocks,
             blocks: Vec::new(),
-            free: Vec::new(),
+            free: BTreeSet::new(),
             by_key: HashMap::new(),
             lru: BTreeMap::new(),
             tick: 0,
@@ -257,9 +259,9 @@ impl BlockPool {
             }));
             // In range: the budget fits a u32 (checked at creation). Lowest ids come out first.
             self.free
-                .extend((first..first + grow).rev().map(|i| BlockId(i as u32)));
+                .extend((first..first + grow).map(|i| BlockId(i as u32)));
         }
-        let id = match self.free.pop() {
+        let id = match self.free.pop_first() {
             Some(id) => id,
             None => {
                 let (_, id) = self.lru.pop_first()?;
@@ -297,7 +299,7 @@ impl BlockPool {
                 self.lru.insert(self.tick, id);
             } else {
                 block.state = State::Free;
-                self.free.push(id);
+                self.free.insert(id);
             }
         }
     }
@@ -441,6 +443,28 @@ impl BlockPool {
         seq
     }
 
+    /// Empties the prefix cache: its blocks become free (a pool whose memory grows can then
+    /// give them back). Blocks sequences hold keep their keys.
+    pub fn drop_cache(&mut self) {
+        for (_, id) in std::mem::take(&mut self.lru) {
+            let block = &mut self.blocks[id.index()];
+            if let Some(key) = block.key.take() {
+                self.by_key.remove(&key);
+            }
+            block.state = State::Free;
+            self.free.insert(id);
+        }
+    }
+
+    /// One past the highest block a sequence holds or the prefix cache keeps (0 when none
+    /// is): memory behind the blocks from here on holds nothing anyone will read.
+    pub fn occupied_end(&self) -> usize {
+        self.blocks
+            .iter()
+            .rposition(|b| !matches!(b.state, State::Free))
+            .map_or(0, |i| i + 1)
+    }
+
     pub fn stats(&self) -> PoolStats {
         let mut s = PoolStats {
             block_len: self.block_len,
@@ -478,6 +502,35 @@ mod tests {
 
     fn pool(budget_blocks: u64) -> BlockPool {
         BlockPool::new(4, 100, budget_blocks * 100, 2).unwrap()
+    }
+
+    fn ids(seq: &SeqBlocks) -> Vec<u32> {
+        seq.blocks().iter().flatten().map(|b| b.0).collect()
+    }
+
+    #[test]
+    fn the_lowest_free_block_goes_first_so_the_used_blocks_stay_packed() {
+        let mut p = pool(8);
+        let (mut a, mut b) = (SeqBlocks::default(), SeqBlocks::default());
+        p.reserve(&mut a, 8).unwrap();
+        p.reserve(&mut b, 8).unwrap();
+        assert_eq!((ids(&a), ids(&b)), (vec![0, 1], vec![2, 3]));
+        assert_eq!(p.occupied_end(), 4);
+        p.release(a);
+        assert_eq!(p.occupied_end(), 4, "block 3 is still held");
+        let mut c = SeqBlocks::default();
+        p.reserve(&mut c, 4).unwrap();
+        assert_eq!(ids(&c), vec![0], "the freed low block, not a later one");
+        p.release(b);
+        assert_eq!(p.occupied_end(), 1);
+        // A cached block keeps its memory wanted until the cache is dropped.
+        p.register(&mut c, &[1, 2, 3, 4]);
+        p.release(c);
+        assert_eq!((p.stats().cached, p.occupied_end()), (1, 1));
+        p.drop_cache();
+        assert_eq!((p.stats().cached, p.occupied_end()), (0, 0));
+        assert_eq!(p.lookup(&[1, 2, 3, 4], 4).len(), 0, "the cache is empty");
+        assert_eq!(p.stats().free, p.stats().committed);
     }
 
     #[test]

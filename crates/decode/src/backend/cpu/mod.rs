@@ -279,6 +279,18 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn release_beyond(&mut self, buffer: &mut Vec<f32>, len: usize) -> Result<()> {
+        if let Some((tag, committed)) = self.growable.get_mut(&(buffer.as_ptr() as usize)) {
+            if len < *committed {
+                self.books.remove(*tag, (*committed - len) as u64 * 4);
+                // What a commit backs again reads as zeros, as new device pieces do.
+                buffer[len..*committed].fill(0.0);
+                *committed = len;
+            }
+        }
+        Ok(())
+    }
+
     fn load_weight(&mut self, src: &WeightSource<'_>) -> Result<CpuWeight> {
         src.check_bytes()?;
         let [cols, rows, mats] = src.dims;

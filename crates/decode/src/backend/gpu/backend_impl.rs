@@ -117,6 +117,28 @@ impl Backend for GpuBackend {
         Ok(())
     }
 
+    fn release_beyond(&mut self, buffer: &mut GpuBuffer, len: usize) -> Result<()> {
+        let len = len.min(buffer.len);
+        let kv = buffer.elem.kv_type();
+        let BufferMemory::Region(region) = &mut buffer.mem else {
+            return Ok(());
+        };
+        let what = || format!("the growing buffer beyond {len} of {} values", buffer.len);
+        let bytes = kv
+            .bytes(len.next_multiple_of(kv.block_values()).min(buffer.len))
+            .ok_or_else(|| DecodeError::Allocation {
+                what: what(),
+                reason: "the byte count overflows".into(),
+            })?;
+        region
+            .shrink_to(bytes as u64)
+            .map(drop)
+            .map_err(|e| DecodeError::Allocation {
+                what: what(),
+                reason: e.to_string(),
+            })
+    }
+
     fn load_weight(&mut self, src: &WeightSource<'_>) -> Result<GpuWeight> {
         src.check_bytes()?;
         let [cols, rows, mats] = src.dims;
