@@ -13,13 +13,15 @@
 #          tokens), so the step's rows fall from 64 to 1, twice per server (the second wave
 #          replays what the first captured); per wave the wall time, and at the end the
 #          engine's decode steps, rows, seconds and graphs from /metrics;
+#   release a server with HIPDECODE_KV_IDLE_RELEASE=3: nvidia-smi after a wave and after 6 s
+#          idle, then a second wave;
 #   peer   llama-server on the same model and the same two waves (-np 64 -c 65536: 1024 a slot);
 #   mem    each process alone, nvidia-smi sampling its used_memory every 50 ms, on the 30B-A3B
 #          shape: bench-decode -p 512 -n 128 -r 3 and llama-bench, alternating (ours, llama,
 #          ours, llama, llama).
 # From the checkout root, with bundle-g/{bench-decode,hipdecode,xtask}, bundle-g/tests and
 # bundle-g2/tests (release, stripped) and .peer (llama.cpp's source and build script):
-#   bash scripts/h200/graph-buckets.sh tests|quick|tests2|serve|peer|mem; ... collect
+#   bash scripts/h200/graph-buckets.sh tests|quick|tests2|serve|release|peer|mem; ... collect
 # Logs under /tmp/gb; collect packs them into $OUT/gb.tgz and prints the summary.
 set -u
 D=/tmp/gb
@@ -126,6 +128,24 @@ serve)
     serve_arm buckets-1 buckets
     serve_arm buckets-2 buckets
     serve_arm exact-2 exact
+    ;;
+release)
+    # A growing pool given back when idle: a server with HIPDECODE_KV_IDLE_RELEASE=3, one wave,
+    # nvidia-smi right after it and 6 s later, and a second wave served after the release.
+    for _ in $(seq 1 120); do [ -f $D/synth.done ] && break; sleep 2; done
+    HIPDECODE_KV_IDLE_RELEASE=3 $N/hipdecode serve -m $L --device gpu --port 8098 --parallel 64 \
+        --ctx 1024 >$D/release.log 2>&1 &
+    pid=$!
+    for _ in $(seq 1 90); do grep -q '^ready' $D/release.log && break; sleep 1; done
+    st "release: ready $(smi | tr '\n' ' ')"
+    w=$(wave release-w1 8098 /v1/completions)
+    st "release: after a wave ($w ms) $(smi | tr '\n' ' ') $(curl -s localhost:8098/metrics | grep 'backed' | tr '\n' ' ')"
+    sleep 6
+    st "release: 6 s idle $(smi | tr '\n' ' ') $(curl -s localhost:8098/metrics | grep 'backed' | tr '\n' ' ')"
+    w=$(wave release-w2 8098 /v1/completions)
+    st "release: a second wave ($w ms) $(smi | tr '\n' ' ') answers $(cat $D/release-w2-*.json | grep -c '"text"')"
+    kill $pid
+    wait $pid
     ;;
 peer)
     for i in $(seq 1 60); do [ -f /tmp/llama/BUILD_RC ] && break; sleep 5; done
