@@ -133,8 +133,9 @@ release)
     # A growing pool given back when idle: a server with HIPDECODE_KV_IDLE_RELEASE=3, one wave,
     # nvidia-smi right after it and 6 s later, and a second wave served after the release.
     for _ in $(seq 1 120); do [ -f $D/synth.done ] && break; sleep 2; done
+    # --kv-budget below the sequences' whole contexts (8 GiB): only a shared pool grows.
     HIPDECODE_KV_IDLE_RELEASE=3 $N/hipdecode serve -m $L --device gpu --port 8098 --parallel 64 \
-        --ctx 1024 >$D/release.log 2>&1 &
+        --ctx 1024 --kv-budget 2GiB >$D/release.log 2>&1 &
     pid=$!
     for _ in $(seq 1 90); do grep -q '^ready' $D/release.log && break; sleep 1; done
     st "release: ready $(smi | tr '\n' ' ')"
