@@ -23,6 +23,18 @@ use test_support::tolerance::max_abs_diff;
 
 const DECODE_STEPS: usize = 3;
 
+/// `preset` with every weight stored as Q8_0.
+fn q8_model(preset: Preset) -> Arc<GgufFile> {
+    Arc::new(GgufFile::from_bytes(preset_with_weights_as(preset, GgmlType::Q8_0)).expect("opens"))
+}
+
+/// The error of running `shard` of `file` on a CPU backend without a collective.
+fn refusal(file: &Arc<GgufFile>, shard: Shard) -> String {
+    run(file, CpuBackend::new(Precision::Exact), shard)
+        .unwrap_err()
+        .to_string()
+}
+
 fn options() -> ContextOptions {
     ContextOptions {
         context: 64,
@@ -88,9 +100,7 @@ fn split_over_two_and_four_ranks_every_rank_matches_the_whole_model() {
     let mut ran = Vec::new();
     for preset in Preset::ALL.into_iter().filter(|p| p.is_tiny()) {
         let name = preset.name();
-        let file = Arc::new(
-            GgufFile::from_bytes(preset_with_weights_as(preset, GgmlType::Q8_0)).expect("opens"),
-        );
+        let file = q8_model(preset);
         let spec = ModelSpec::from_gguf(&file).expect("spec");
         let whole = run(&file, CpuBackend::new(Precision::Exact), Shard::whole()).expect("whole");
         for ranks in [2, 4] {
@@ -127,49 +137,22 @@ fn split_over_two_and_four_ranks_every_rank_matches_the_whole_model() {
 #[test]
 fn a_split_that_does_not_divide_the_heads_is_refused_by_name() {
     // Tiny Gemma 3 has two query heads.
-    let file = Arc::new(
-        GgufFile::from_bytes(preset_with_weights_as(Preset::TinyGemma3, GgmlType::Q8_0))
-            .expect("opens"),
-    );
-    let e = run(
-        &file,
-        CpuBackend::new(Precision::Exact),
-        Shard::new(0, 4).unwrap(),
-    )
-    .unwrap_err()
-    .to_string();
+    let file = q8_model(Preset::TinyGemma3);
+    let e = refusal(&file, Shard::new(0, 4).unwrap());
     assert!(e.contains("2 query heads") && e.contains("4 ranks"), "{e}");
     // A split model on a backend without a collective stops at its first all-reduce.
-    let file = Arc::new(
-        GgufFile::from_bytes(preset_with_weights_as(Preset::TinyLlama, GgmlType::Q8_0))
-            .expect("opens"),
-    );
-    let e = run(
-        &file,
-        CpuBackend::new(Precision::Exact),
-        Shard::new(0, 2).unwrap(),
-    )
-    .unwrap_err()
-    .to_string();
+    let file = q8_model(Preset::TinyLlama);
+    let e = refusal(&file, Shard::new(0, 2).unwrap());
     assert!(e.contains("collective"), "{e}");
     // A column split off the format's blocks: the tiny shapes' Q4_K rows of 256 values.
     let file = Arc::new(common::preset_file(Preset::TinyLlama));
-    let e = run(
-        &file,
-        CpuBackend::new(Precision::Exact),
-        Shard::new(0, 2).unwrap(),
-    )
-    .unwrap_err()
-    .to_string();
+    let e = refusal(&file, Shard::new(0, 2).unwrap());
     assert!(e.contains("blocks of 256"), "{e}");
 }
 
 #[test]
 fn a_rank_that_fails_stops_the_others_instead_of_hanging() {
-    let file = Arc::new(
-        GgufFile::from_bytes(preset_with_weights_as(Preset::TinyLlama, GgmlType::Q8_0))
-            .expect("opens"),
-    );
+    let file = q8_model(Preset::TinyLlama);
     let mut group = in_process::group(2);
     let second = group.pop().unwrap();
     let first = group.pop().unwrap();
@@ -191,10 +174,7 @@ fn a_split_session_generates_what_the_whole_model_does() {
     use decode::sampler::SamplerConfig;
     use decode::session::Session;
     use decode::split_session::SplitSession;
-    let file = Arc::new(
-        GgufFile::from_bytes(preset_with_weights_as(Preset::TinyQwen3, GgmlType::Q8_0))
-            .expect("opens"),
-    );
+    let file = q8_model(Preset::TinyQwen3);
     let prompt: Vec<u32> = (0..9).map(|i| i * 13 + 5).collect();
     let sampled = SamplerConfig {
         temperature: 0.8,
@@ -252,9 +232,7 @@ fn on_the_gpu_two_ranks_of_one_device_match_the_whole_model() {
     };
     for preset in Preset::ALL.into_iter().filter(|p| p.is_tiny()) {
         let name = preset.name();
-        let file = Arc::new(
-            GgufFile::from_bytes(preset_with_weights_as(preset, GgmlType::Q8_0)).expect("opens"),
-        );
+        let file = q8_model(preset);
         let whole = run(&file, make(), Shard::whole()).expect("whole");
         let threads: Vec<_> = in_process::group(2)
             .into_iter()

@@ -94,16 +94,26 @@ impl<B: Backend> KvCache<B> {
         if !self.grows || blocks <= self.backed_blocks {
             return Ok(());
         }
+        self.each_pool_buffer(blocks, |buffer, len| backend.commit(buffer, len))?;
+        self.backed_blocks = blocks;
+        Ok(())
+    }
+
+    /// Calls `f` with every pool layer's key and value buffer and the values of its first
+    /// `blocks` blocks.
+    fn each_pool_buffer(
+        &mut self,
+        blocks: usize,
+        mut f: impl FnMut(&mut B::Buffer, usize) -> Result<()>,
+    ) -> Result<()> {
         let rows = blocks * self.plan.block;
         let (kd, vd) = self.dims;
         for (il, layer) in self.layers.iter().enumerate() {
-            if layer.group != KvGroup::POOL {
-                continue;
+            if layer.group == KvGroup::POOL {
+                f(&mut self.k[il], rows * kd)?;
+                f(&mut self.v[il], rows * vd)?;
             }
-            backend.commit(&mut self.k[il], rows * kd)?;
-            backend.commit(&mut self.v[il], rows * vd)?;
         }
-        self.backed_blocks = blocks;
         Ok(())
     }
 
@@ -114,15 +124,7 @@ impl<B: Backend> KvCache<B> {
         if !self.grows || blocks >= self.backed_blocks {
             return Ok(());
         }
-        let rows = blocks * self.plan.block;
-        let (kd, vd) = self.dims;
-        for (il, layer) in self.layers.iter().enumerate() {
-            if layer.group != KvGroup::POOL {
-                continue;
-            }
-            backend.release_beyond(&mut self.k[il], rows * kd)?;
-            backend.release_beyond(&mut self.v[il], rows * vd)?;
-        }
+        self.each_pool_buffer(blocks, |buffer, len| backend.release_beyond(buffer, len))?;
         self.backed_blocks = blocks;
         Ok(())
     }

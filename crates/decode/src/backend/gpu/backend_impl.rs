@@ -91,50 +91,35 @@ impl Backend for GpuBackend {
     }
 
     fn commit(&mut self, buffer: &mut GpuBuffer, len: usize) -> Result<()> {
-        let len = len.min(buffer.len);
-        let kv = buffer.elem.kv_type();
-        let BufferMemory::Region(region) = &mut buffer.mem else {
+        let what = format!("{len} of {} values of a growing buffer", buffer.len);
+        let Some((region, bytes)) = growing_prefix(buffer, len, &what)? else {
             return Ok(());
         };
-        let what = || format!("{len} of {} values of a growing buffer", buffer.len);
-        let bytes = kv
-            .bytes(len.next_multiple_of(kv.block_values()).min(buffer.len))
-            .ok_or_else(|| DecodeError::Allocation {
-                what: what(),
-                reason: "the byte count overflows".into(),
-            })?;
         let before = region.committed();
-        let grown = region
-            .commit((bytes as u64).min(region.capacity()))
-            .map_err(|e| DecodeError::Allocation {
-                what: what(),
-                reason: e.to_string(),
-            })?;
+        let grown =
+            region
+                .commit(bytes.min(region.capacity()))
+                .map_err(|e| DecodeError::Allocation {
+                    what: what.clone(),
+                    reason: e.to_string(),
+                })?;
         if grown > 0 {
             let base = region.ptr();
-            self.zero_bytes(base, before, grown, &what())?;
+            self.zero_bytes(base, before, grown, &what)?;
         }
         Ok(())
     }
 
     fn release_beyond(&mut self, buffer: &mut GpuBuffer, len: usize) -> Result<()> {
-        let len = len.min(buffer.len);
-        let kv = buffer.elem.kv_type();
-        let BufferMemory::Region(region) = &mut buffer.mem else {
+        let what = format!("the growing buffer beyond {len} of {} values", buffer.len);
+        let Some((region, bytes)) = growing_prefix(buffer, len, &what)? else {
             return Ok(());
         };
-        let what = || format!("the growing buffer beyond {len} of {} values", buffer.len);
-        let bytes = kv
-            .bytes(len.next_multiple_of(kv.block_values()).min(buffer.len))
-            .ok_or_else(|| DecodeError::Allocation {
-                what: what(),
-                reason: "the byte count overflows".into(),
-            })?;
         region
-            .shrink_to(bytes as u64)
+            .shrink_to(bytes)
             .map(drop)
             .map_err(|e| DecodeError::Allocation {
-                what: what(),
+                what,
                 reason: e.to_string(),
             })
     }
@@ -1403,4 +1388,26 @@ impl Backend for GpuBackend {
         .map_err(kerr("sample"))?;
         self.read_next_token().map(Some)
     }
+}
+
+/// The region behind a growing buffer and the bytes of its first `len` values, in whole blocks
+/// of its element type (`None` for a buffer that does not grow); `what` names it in errors.
+fn growing_prefix<'a>(
+    buffer: &'a mut GpuBuffer,
+    len: usize,
+    what: &str,
+) -> Result<Option<(&'a mut rocm_alloc::GrowableRegion, u64)>> {
+    let total = buffer.len;
+    let len = len.min(total);
+    let kv = buffer.elem.kv_type();
+    let BufferMemory::Region(region) = &mut buffer.mem else {
+        return Ok(None);
+    };
+    let bytes = kv
+        .bytes(len.next_multiple_of(kv.block_values()).min(total))
+        .ok_or_else(|| DecodeError::Allocation {
+            what: what.to_string(),
+            reason: "the byte count overflows".into(),
+        })?;
+    Ok(Some((region, bytes as u64)))
 }
