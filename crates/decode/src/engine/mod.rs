@@ -29,7 +29,9 @@ use std::time::{Duration, Instant};
 pub static KV_IDLE_RELEASE: knobs::Knob<Option<Duration>> = knobs::Knob {
     name: "HIPDECODE_KV_IDLE_RELEASE",
     default: "30",
-    doc: "seconds a server waits with no request before it drops its prefix cache and gives           back the memory of a KV pool that grows (`HIPDECODE_GPU_KV_POOL=grow`); `off` keeps           both until blocks are needed",
+    doc: "seconds a server waits with no request before it drops its prefix cache and gives \
+          back the memory of a KV pool that grows (`HIPDECODE_GPU_KV_POOL=grow`); `off` keeps \
+          both until blocks are needed",
     scope: knobs::Scope::Run,
     parse: |v| match v.trim() {
         "off" => Ok(None),
