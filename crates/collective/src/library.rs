@@ -68,7 +68,8 @@ impl Library {
         vendor: Vendor,
     ) -> Result<Library, CollectiveError> {
         let (key, value) = NCCL_ENVIRONMENT;
-        if vendor == Vendor::Nccl && std::env::var(key).as_deref() != Ok(value) {
+        // NCCL's own variable, read by name (not a HIPDECODE_ knob); NCCL_ENVIRONMENT names it.
+        if vendor == Vendor::Nccl && std::env::var("NCCL_NVLS_ENABLE").as_deref() != Ok(value) {
             return Err(CollectiveError::Library(format!(
                 "{name} was found, but {key} is not {value}: NVLink multicast must stay off; \
                  set {key}={value} in the environment of every process of the run"
