@@ -36,12 +36,20 @@
 
 #define MQ_WARPS 4
 #define MQ_BR (16 * MQ_WARPS)  // weight rows per block: 16 per warp
-#define MQ_BT 64               // tokens per block: four 16-token tiles
-#define MQ_BK 256              // columns per step
-#define MQ_G (MQ_BK / 32)      // groups of 32 per step
-// Row stride of the byte tiles: 16 bytes of padding put the eight rows a warp's lanes read at
-// once on different banks and keep rows 16-byte aligned.
-#define MQ_LDS (MQ_BK + 16)
+// Tokens per block (BT, a template parameter): 64 (four 16-token tiles), or 32 for steps of
+// fewer tokens, whose smaller tiles leave room for more blocks on a multiprocessor. Columns per
+// step (BK): 128, whose smaller tiles likewise fit more blocks, except for Q6_K, whose heavier
+// unpacking measured faster over 256 (docs/benchmark_results/int8-mma-tiles-h100-2026-12-07.md).
+#define MQ_BT_LARGE 64
+#define MQ_BT_SMALL 32
+template <int FMT> struct MqStep { enum { BK = FMT == FMT_Q6_K ? 256 : 128 }; };
+
+// A weight row's scales for one group of 32: w = d * s * q - m, s = s_lo for values 0-15 and
+// s_hi for 16-31.
+struct __attribute__((aligned(16))) MqScales {
+    float d, m;
+    int s_lo, s_hi;
+};
 
 // q - 32 (or - 8) in every byte of a word of values below 64, without borrows between bytes.
 DEVICE u32 bytes_minus(u32 q, u32 k) { return ((q | 0x80808080u) - k) ^ 0x80808080u; }
@@ -107,10 +115,22 @@ DEVICE void mq_k4_group(const u8* row, u32 c, MqGroup& o) {
     enum { BYTES = FMT == FMT_Q5_K ? 176 : 144, QS = FMT == FMT_Q5_K ? 48 : 16 };
     const u8* b = row + (u64)(c / QK_K) * BYTES;
     const int g = (int)(c % QK_K) / 32;
+    // d, dmin and the 12 bytes of packed scales as four aligned words (blocks are 16-byte
+    // aligned), the scales taken apart as k4_scale_min does: fewer, wider loads.
+    const uint4 head = *(const uint4*)b;
+    const u32 shift8 = 8 * (g & 3);
+    const u32 lo = (head.y >> shift8) & 0xFF, mid = (head.z >> shift8) & 0xFF;
     int sc, mn;
-    k4_scale_min(b + 4, g, &sc, &mn);
-    o.d = load_half(b);
-    o.m = load_half(b + 2) * (float)mn;
+    if (g < 4) {
+        sc = (int)(lo & 0x3F);
+        mn = (int)(mid & 0x3F);
+    } else {
+        const u32 hi = (head.w >> shift8) & 0xFF;
+        sc = (int)((hi & 0x0F) | ((lo >> 6) << 4));
+        mn = (int)((hi >> 4) | ((mid >> 6) << 4));
+    }
+    o.d = f16_to_f32((u16)(head.x & 0xFFFF));
+    o.m = f16_to_f32((u16)(head.x >> 16)) * (float)mn;
     o.s_lo = sc;
     const int shift = 4 * (g & 1);
     const uint4* qs = (const uint4*)(b + QS + 32 * (g >> 1));
@@ -163,18 +183,27 @@ template <> struct MqUnpack<FMT_Q6_K> {
 
 // The block's tile: tokens t0 .. t0 + MQ_BT - 1 of the n_tokens rows of xq / xd / dst, weight
 // rows blockIdx.y * MQ_BR .., columns of split blockIdx.z.
-template <int FMT>
+template <int FMT, int BT>
 DEVICE void matmul_q8_mma_impl(const u8* __restrict__ w, const i8* __restrict__ xq,
                                const float* __restrict__ xd, float* __restrict__ dst, u32 rows,
                                u32 cols, u32 n_tokens, u32 k_split, u32 t0) {
     typedef MqUnpack<FMT> U;
-    __shared__ i8 w_q[MQ_BR * MQ_LDS] __attribute__((aligned(16)));
-    __shared__ i8 x_q[MQ_BT * MQ_LDS] __attribute__((aligned(16)));
-    __shared__ int w_s[MQ_BR * 2 * MQ_G];
-    __shared__ float w_d[MQ_BR * MQ_G];
-    __shared__ float w_m[MQ_BR * MQ_G];
-    __shared__ float x_d[MQ_BT * MQ_G];
-    __shared__ float x_s[MQ_BT * MQ_G];
+    enum {
+        BK = MqStep<FMT>::BK,
+        G = BK / 32,  // groups of 32 per step
+        // Row stride of the byte tiles: 16 bytes of padding put the eight rows a warp's lanes
+        // read at once on different banks and keep rows 16-byte aligned.
+        LDS = BK + 16,
+        // Entries per row of the scale tables: one per group, and one of padding.
+        SCALE_LD = G + 1,
+    };
+    __shared__ i8 w_q[MQ_BR * LDS] __attribute__((aligned(16)));
+    __shared__ i8 x_q[BT * LDS] __attribute__((aligned(16)));
+    // A row's or token's scales for a group, one wide load each. Rows are SCALE_LD entries
+    // apart (one more than the groups) so that the lanes of a fragment, which read rows 2 apart
+    // (NVIDIA) or 1 apart, fall on different banks.
+    __shared__ MqScales w_sc[MQ_BR * SCALE_LD];
+    __shared__ float2 x_ds[BT * SCALE_LD];
 
     const u32 tid = threadIdx.x;
     const u32 n_threads = MQ_WARPS * WARP_SIZE;
@@ -187,16 +216,16 @@ DEVICE void matmul_q8_mma_impl(const u8* __restrict__ w, const i8* __restrict__ 
     const u32 groups_per_row = cols / 32;
     // 16-token tiles of this block that hold tokens (uniform over the block).
     const u32 tiles_left = (n_tokens - t0 + 15) / 16;
-    const u32 live_tiles = tiles_left < MQ_BT / 16 ? tiles_left : MQ_BT / 16;
+    const u32 live_tiles = tiles_left < BT / 16 ? tiles_left : BT / 16;
 
-    MmaAcc acc[MQ_BT / 16];
+    MmaAcc acc[BT / 16];
 #pragma unroll
-    for (int i = 0; i < MQ_BT / 16; ++i) mma_zero(acc[i]);
+    for (int i = 0; i < BT / 16; ++i) mma_zero(acc[i]);
 
-    for (u32 k0 = k_begin; k0 < k_end; k0 += MQ_BK) {
+    for (u32 k0 = k_begin; k0 < k_end; k0 += BK) {
         // Weights: one group of 32 per item.
-        for (u32 i = tid; i < MQ_BR * MQ_G; i += n_threads) {
-            const u32 rl = i / MQ_G, g = i % MQ_G;
+        for (u32 i = tid; i < MQ_BR * G; i += n_threads) {
+            const u32 rl = i / G, g = i % G;
             const u32 r = r0 + rl, c = k0 + 32 * g;
             MqGroup o;
             o.s_lo = 1;
@@ -209,17 +238,19 @@ DEVICE void matmul_q8_mma_impl(const u8* __restrict__ w, const i8* __restrict__ 
 #pragma unroll
                 for (int k = 0; k < 8; ++k) o.q[k] = 0;
             }
-            uint4* dq = (uint4*)(w_q + rl * MQ_LDS + 32 * g);
+            uint4* dq = (uint4*)(w_q + rl * LDS + 32 * g);
             dq[0] = make_uint4(o.q[0], o.q[1], o.q[2], o.q[3]);
             dq[1] = make_uint4(o.q[4], o.q[5], o.q[6], o.q[7]);
-            w_s[rl * 2 * MQ_G + 2 * g] = o.s_lo;
-            w_s[rl * 2 * MQ_G + 2 * g + 1] = U::SCALE16 ? o.s_hi : o.s_lo;
-            w_d[rl * MQ_G + g] = o.d;
-            w_m[rl * MQ_G + g] = o.m;
+            MqScales sc;
+            sc.d = o.d;
+            sc.m = o.m;
+            sc.s_lo = o.s_lo;
+            sc.s_hi = U::SCALE16 ? o.s_hi : o.s_lo;
+            w_sc[rl * SCALE_LD + g] = sc;
         }
         // Activations of the live token tiles: one group of 32 per item.
-        for (u32 i = tid; i < live_tiles * 16 * MQ_G; i += n_threads) {
-            const u32 tl = i / MQ_G, g = i % MQ_G;
+        for (u32 i = tid; i < live_tiles * 16 * G; i += n_threads) {
+            const u32 tl = i / G, g = i % G;
             const u32 t = t0 + tl, c = k0 + 32 * g;
             int4 a = make_int4(0, 0, 0, 0), b = make_int4(0, 0, 0, 0);
             float d = 0.0f;
@@ -229,22 +260,23 @@ DEVICE void matmul_q8_mma_impl(const u8* __restrict__ w, const i8* __restrict__ 
                 b = src[1];
                 d = xd[(u64)t * groups_per_row + c / 32];
             }
-            int4* dq = (int4*)(x_q + tl * MQ_LDS + 32 * g);
+            int4* dq = (int4*)(x_q + tl * LDS + 32 * g);
             dq[0] = a;
             dq[1] = b;
-            x_d[tl * MQ_G + g] = d;
+            float x_sum = 0.0f;
             if (U::HAS_MIN) {
                 // The group's sum of activations, for the weights' offset: sum(w_m * x) =
                 // w_m * xd * sum(xq).
                 const int ones = 0x01010101;
                 int sum = dot4_i8(ones, a.x, dot4_i8(ones, a.y, dot4_i8(ones, a.z, dot4_i8(ones, a.w, 0))));
                 sum = dot4_i8(ones, b.x, dot4_i8(ones, b.y, dot4_i8(ones, b.z, dot4_i8(ones, b.w, sum))));
-                x_s[tl * MQ_G + g] = d * (float)sum;
+                x_sum = d * (float)sum;
             }
+            x_ds[tl * SCALE_LD + g] = make_float2(d, x_sum);
         }
         __syncthreads();
         const u32 wr = warp * 16;
-        const i8* wb = w_q + wr * MQ_LDS;
+        const i8* wb = w_q + wr * LDS;
         // Two groups in flight, except in the SIMT build (parts without matrix cores, and the
         // self-test's comparison), where the grouped entry then needed more than gfx1030's 256
         // registers a lane and spilled.
@@ -253,42 +285,45 @@ DEVICE void matmul_q8_mma_impl(const u8* __restrict__ w, const i8* __restrict__ 
 #else
 #pragma unroll 2
 #endif
-        for (u32 g = 0; g < MQ_G; ++g) {
+        for (u32 g = 0; g < G; ++g) {
             // This lane's rows' scales for the group.
             int s_lo[MMA_ACC], s_hi[MMA_ACC];
             float wd[MMA_ACC], wm[MMA_ACC];
 #pragma unroll
             for (int i = 0; i < MMA_ACC; ++i) {
-                const u32 n = wr + mma_n(i);
-                s_lo[i] = w_s[n * 2 * MQ_G + 2 * g];
-                s_hi[i] = w_s[n * 2 * MQ_G + 2 * g + 1];
-                wd[i] = w_d[n * MQ_G + g];
-                wm[i] = U::HAS_MIN ? w_m[n * MQ_G + g] : 0.0f;
+                const MqScales sc = w_sc[(wr + mma_n(i)) * SCALE_LD + g];
+                s_lo[i] = sc.s_lo;
+                s_hi[i] = sc.s_hi;
+                wd[i] = sc.d;
+                wm[i] = U::HAS_MIN ? sc.m : 0.0f;
             }
 #pragma unroll
-            for (u32 tile = 0; tile < MQ_BT / 16; ++tile) {
+            for (u32 tile = 0; tile < BT / 16; ++tile) {
                 if (tile >= live_tiles) continue;
-                const i8* xa = x_q + tile * 16 * MQ_LDS + 32 * g;
+                const i8* xa = x_q + tile * 16 * LDS + 32 * g;
                 MmaAccI lo, hi;
-                mma_zero_i(lo);
-                mma_i8_16x16x16(lo, xa, MQ_LDS, wb + 32 * g, MQ_LDS);
+                if (U::SCALE16) {
+                    mma_zero_i(lo);
+                    mma_i8_16x16x16(lo, xa, LDS, wb + 32 * g, LDS);
+                }
                 if (U::SCALE16) {
                     mma_zero_i(hi);
-                    mma_i8_16x16x16(hi, xa + 16, MQ_LDS, wb + 32 * g + 16, MQ_LDS);
+                    mma_i8_16x16x16(hi, xa + 16, LDS, wb + 32 * g + 16, LDS);
                 } else {
-                    mma_i8_16x16x16(lo, xa + 16, MQ_LDS, wb + 32 * g + 16, MQ_LDS);
+                    mma_zero_i(lo);
+                    mma_i8_16x16x32(lo, xa, LDS, wb + 32 * g, LDS);
                 }
 #pragma unroll
                 for (int i = 0; i < MMA_ACC; ++i) {
-                    const u32 m = tile * 16 + mma_m(i);
+                    const float2 xs = x_ds[(tile * 16 + mma_m(i)) * SCALE_LD + g];
                     int v = lo.v[i];
                     if (U::SCALE16) {
                         v = s_lo[i] * lo.v[i] + s_hi[i] * hi.v[i];
                     } else if (U::INT_SCALE) {
                         v *= s_lo[i];
                     }
-                    float a = acc[tile].v[i] + wd[i] * x_d[m * MQ_G + g] * (float)v;
-                    if (U::HAS_MIN) a -= wm[i] * x_s[m * MQ_G + g];
+                    float a = acc[tile].v[i] + wd[i] * xs.x * (float)v;
+                    if (U::HAS_MIN) a -= wm[i] * xs.y;
                     acc[tile].v[i] = a;
                 }
             }
@@ -297,7 +332,7 @@ DEVICE void matmul_q8_mma_impl(const u8* __restrict__ w, const i8* __restrict__ 
     }
 
 #pragma unroll
-    for (u32 tile = 0; tile < MQ_BT / 16; ++tile) {
+    for (u32 tile = 0; tile < BT / 16; ++tile) {
 #pragma unroll
         for (int i = 0; i < MMA_ACC; ++i) {
             const u32 t = t0 + tile * 16 + mma_m(i);
@@ -309,7 +344,7 @@ DEVICE void matmul_q8_mma_impl(const u8* __restrict__ w, const i8* __restrict__ 
 
 // Mixture-of-experts products in one launch for all experts: w holds n_expert matrices of rows
 // x cols one after the other, the activations are slots rows in expert order (each expert's
-// rows contiguous), and tiles lists, three i32 per block, (expert, first slot, rows <= MQ_BT):
+// rows contiguous), and tiles lists, three i32 per block, (expert, first slot, rows <= MQ_BT_LARGE):
 // block x multiplies those rows by that expert's matrix and writes rows x rows values at
 // dst + first slot * rows. No split (the experts' tiles fill the device). A tile naming an
 // expert or slots outside the launch's is skipped, so the table cannot send a read or write
@@ -321,12 +356,13 @@ DEVICE void matmul_q8_mma_grouped_impl(const u8* __restrict__ w, const i32* __re
                                        u32 slots) {
     const i32* tile = tiles + 3 * (u64)blockIdx.x;
     const u32 e = (u32)tile[0], first = (u32)tile[1], count = (u32)tile[2];
-    if (e >= n_expert || first > slots || count == 0 || count > slots - first || count > MQ_BT) return;
+    if (e >= n_expert || first > slots || count == 0 || count > slots - first || count > MQ_BT_LARGE)
+        return;
     // The tile is tokens first .. first + count - 1 of rows that end there, so the rows keep
     // their places in xq, xd and dst, and the tile's first token is a run-time value as in the
     // plain entry (with a constant 0 the SIMT build for gfx1030 spilled).
-    matmul_q8_mma_impl<FMT>(w + (u64)e * rows * row_bytes<FMT>(cols), xq, xd, dst, rows, cols,
-                            first + count, cols, first);
+    matmul_q8_mma_impl<FMT, MQ_BT_LARGE>(w + (u64)e * rows * row_bytes<FMT>(cols), xq, xd, dst,
+                                         rows, cols, first + count, cols, first);
 }
 
 #define MATMUL_Q8_MMA_ENTRY(suffix, FMT)                                                          \
@@ -334,8 +370,15 @@ DEVICE void matmul_q8_mma_grouped_impl(const u8* __restrict__ w, const i32* __re
         matmul_q8_mma_##suffix(const u8* w, const i8* xq, const float* xd, float* dst, u32 rows, \
                                u32 cols, u32 n_tokens, u32 k_split) {                            \
         KERNEL_PROLOGUE();                                                                        \
-        matmul_q8_mma_impl<FMT>(w, xq, xd, dst, rows, cols, n_tokens, k_split,                    \
-                                blockIdx.x * MQ_BT);                                              \
+        matmul_q8_mma_impl<FMT, MQ_BT_LARGE>(w, xq, xd, dst, rows, cols, n_tokens, k_split,       \
+                                             blockIdx.x * MQ_BT_LARGE);                           \
+    }                                                                                             \
+    KERNEL void LAUNCH_BOUNDS(MQ_WARPS * WARP_SIZE)                                               \
+        matmul_q8_mma_small_##suffix(const u8* w, const i8* xq, const float* xd, float* dst,     \
+                                     u32 rows, u32 cols, u32 n_tokens, u32 k_split) {            \
+        KERNEL_PROLOGUE();                                                                        \
+        matmul_q8_mma_impl<FMT, MQ_BT_SMALL>(w, xq, xd, dst, rows, cols, n_tokens, k_split,       \
+                                             blockIdx.x * MQ_BT_SMALL);                           \
     }                                                                                             \
     KERNEL void LAUNCH_BOUNDS(MQ_WARPS * WARP_SIZE) matmul_q8_mma_grouped_##suffix(               \
         const u8* w, const i32* tiles, const i8* xq, const float* xd, float* dst, u32 rows,       \

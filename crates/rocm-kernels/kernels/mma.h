@@ -200,7 +200,12 @@ DEVICE void mma_16x16x16(MmaAcc& c, const u16* a, u32 lda, const u16* b, u32 ldb
 //                        k contiguous: A[m][k] at a[m * lda + k], B[n][k] at b[n * ldb + k]
 //                        (lda, ldb in bytes, multiples of 16; a, b 16-byte aligned)
 //
-// Sums are exact in i32 whatever the variant (16 products of at most 128 * 128 each).
+//   mma_i8_16x16x32(c, a, lda, b, ldb);
+//                        the same over 32 values of k (a, b as above): one instruction where
+//                        the ISA has a 32-deep integer form (NVIDIA m16n8k32, CDNA 3), two
+//                        16-deep ones elsewhere
+//
+// Sums are exact in i32 whatever the variant (at most 32 products of 128 * 128 each).
 struct MmaAccI {
     int v[MMA_ACC];
 };
@@ -229,6 +234,28 @@ DEVICE void mma_i8_16x16x16(MmaAccI& c, const i8* a, u32 lda, const i8* b, u32 l
     }
 }
 
+// m16n8k32 with s8 operands: lane (g, t) holds A's bytes (g, 4t..4t+3), (g + 8, 4t..4t+3),
+// (g, 16+4t..) and (g + 8, 16+4t..), and B's (k 4t..4t+3, n g) and (k 16+4t.., n g); C as above.
+DEVICE void mma_i8_16x16x32(MmaAccI& c, const i8* a, u32 lda, const i8* b, u32 ldb) {
+    const u32 g = mma_lane() / 4, t = mma_lane() % 4;
+    const u32 a0 = *(const u32*)(a + g * lda + 4 * t);
+    const u32 a1 = *(const u32*)(a + (g + 8) * lda + 4 * t);
+    const u32 a2 = *(const u32*)(a + g * lda + 16 + 4 * t);
+    const u32 a3 = *(const u32*)(a + (g + 8) * lda + 16 + 4 * t);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const i8* bn = b + (g + 8 * h) * ldb;
+        const u32 b0 = *(const u32*)(bn + 4 * t);
+        const u32 b1 = *(const u32*)(bn + 16 + 4 * t);
+        int* d = c.v + 4 * h;
+        asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+}
+#define MMA_HAS_I8_K32 1
+
 #elif MMA_VARIANT == MMA_AMD_MFMA
 typedef int mma_int4 __attribute__((ext_vector_type(4)));
 #if defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__) || defined(__gfx950__)
@@ -246,6 +273,17 @@ DEVICE void mma_i8_16x16x16(MmaAccI& c, const i8* a, u32 lda, const i8* b, u32 l
 #pragma unroll
     for (int i = 0; i < 4; ++i) c.v[i] = d[i];
 }
+// The same instruction with every lane's eight bytes in use.
+DEVICE void mma_i8_16x16x32(MmaAccI& c, const i8* a, u32 lda, const i8* b, u32 ldb) {
+    const u32 r = mma_lane() % 16, q = mma_lane() / 16;
+    const long av = *(const long*)(a + r * lda + 8 * q);
+    const long bv = *(const long*)(b + r * ldb + 8 * q);
+    mma_int4 d = {c.v[0], c.v[1], c.v[2], c.v[3]};
+    d = __builtin_amdgcn_mfma_i32_16x16x32_i8(av, bv, d, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c.v[i] = d[i];
+}
+#define MMA_HAS_I8_K32 1
 #else
 // v_mfma_i32_16x16x16i8 (gfx908, gfx90a): lane l holds four bytes A[l % 16][4 (l / 16) + j]
 // (and B's likewise); C as in the f16 product.
@@ -300,5 +338,13 @@ DEVICE void mma_i8_16x16x16(MmaAccI& c, const i8* a, u32 lda, const i8* b, u32 l
         for (int k = 0; k < 4; ++k) s = dot4_i8(am[k], bn[k], s);
         c.v[i] = s;
     }
+}
+#endif
+
+#ifndef MMA_HAS_I8_K32
+// Two 16-deep products where the ISA has no 32-deep integer form (or it is not used here).
+DEVICE void mma_i8_16x16x32(MmaAccI& c, const i8* a, u32 lda, const i8* b, u32 ldb) {
+    mma_i8_16x16x16(c, a, lda, b, ldb);
+    mma_i8_16x16x16(c, a + 16, lda, b + 16, ldb);
 }
 #endif

@@ -315,8 +315,8 @@ impl KernelModule {
                 "matmul_mma_iq4_xs",
                 "matmul_mma_reduce",
             ],
-            // Per format of ops::matmul_q8_mma::FORMATS, then the grouped (MoE) ones in the
-            // same order.
+            // Per format of ops::matmul_q8_mma::FORMATS, then the grouped (MoE) ones, then
+            // the small-tile ones, each in the same order.
             KernelModule::MatmulQ8Mma => &[
                 "matmul_q8_mma_q4_0",
                 "matmul_q8_mma_q4_1",
@@ -330,6 +330,12 @@ impl KernelModule {
                 "matmul_q8_mma_grouped_q4_k",
                 "matmul_q8_mma_grouped_q5_k",
                 "matmul_q8_mma_grouped_q6_k",
+                "matmul_q8_mma_small_q4_0",
+                "matmul_q8_mma_small_q4_1",
+                "matmul_q8_mma_small_q8_0",
+                "matmul_q8_mma_small_q4_k",
+                "matmul_q8_mma_small_q5_k",
+                "matmul_q8_mma_small_q6_k",
             ],
             KernelModule::Moe => &[
                 "moe_route_top_k",

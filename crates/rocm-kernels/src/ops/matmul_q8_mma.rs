@@ -34,12 +34,32 @@ use hip_ffi::{LaunchConfig, Stream};
 const OP: &str = "matmul_q8_mma";
 /// Warps per block (`MQ_WARPS`): each owns 16 weight rows of the tile.
 pub(crate) const WARPS: u32 = 4;
-/// Tokens per tile (`MQ_BT`).
+/// Tokens per tile (`MQ_BT_LARGE`): of the grouped entries, and of steps of more than
+/// [`SMALL_TILE_TOKENS`] tokens.
 pub const TILE_TOKENS: usize = 64;
+/// Tokens per tile of the `small` entries (`MQ_BT_SMALL`), which take steps of up to this many
+/// tokens: smaller tiles leave room for more blocks on a multiprocessor.
+pub const SMALL_TILE_TOKENS: usize = 32;
 /// Weight rows per tile (`MQ_BR`).
 const TILE_ROWS: usize = 16 * WARPS as usize;
-/// Columns per step of the kernel (`MQ_BK`): a split covers a whole number of steps.
-const TILE_COLS: usize = 256;
+
+/// Tokens per tile of a plain product of `n_tokens` rows: what its entry was compiled for.
+pub fn tile_tokens(n_tokens: usize) -> usize {
+    if n_tokens <= SMALL_TILE_TOKENS {
+        SMALL_TILE_TOKENS
+    } else {
+        TILE_TOKENS
+    }
+}
+
+/// Columns per step of the kernel for `format` (`MqStep<FMT>::BK`): a split covers a whole
+/// number of steps.
+fn step_cols(format: GgmlType) -> usize {
+    match format {
+        GgmlType::Q6K => 256,
+        _ => 128,
+    }
+}
 /// Largest grid y dimension every device takes.
 const MAX_GRID_Y: usize = 65_535;
 
@@ -68,11 +88,12 @@ pub fn takes(w: &QuantMatrix) -> bool {
     FORMATS.contains(&w.format()) && w.data().addr().is_multiple_of(alignment(w.format()))
 }
 
-/// How many splits of the columns a product of `n_tokens` rows by a `rows` x `cols` matrix
-/// takes on a device of `multiprocessors`, given a partials buffer of `partial_floats` f32
-/// (1: no split, no partials).
+/// How many splits of the columns a product of `n_tokens` rows by a `rows` x `cols` matrix of
+/// `format` takes on a device of `multiprocessors`, given a partials buffer of `partial_floats`
+/// f32 (1: no split, no partials).
 pub fn splits_for(
     multiprocessors: u32,
+    format: GgmlType,
     rows: usize,
     cols: usize,
     n_tokens: usize,
@@ -80,8 +101,8 @@ pub fn splits_for(
 ) -> usize {
     let tile = Tile {
         rows: TILE_ROWS,
-        tokens: TILE_TOKENS,
-        cols: TILE_COLS,
+        tokens: tile_tokens(n_tokens),
+        cols: step_cols(format),
     };
     split_count(multiprocessors, tile, rows, cols, n_tokens, partial_floats)
 }
@@ -113,17 +134,31 @@ pub fn matmul(
     check_shape(row_tiles <= MAX_GRID_Y, OP, || {
         format!("{rows} rows are more than one launch takes")
     })?;
-    let token_tiles = u32::try_from(n_tokens.div_ceil(TILE_TOKENS))
+    let tile_tokens = tile_tokens(n_tokens);
+    let token_tiles = u32::try_from(n_tokens.div_ceil(tile_tokens))
         .map_err(|_| shape_error(OP, format!("{n_tokens} tokens; split the batch")))?;
     let splits = partials.as_ref().map_or(1, |p| {
-        splits_for(kernels.multiprocessors(), rows, cols, n_tokens, p.len())
+        splits_for(
+            kernels.multiprocessors(),
+            w.format(),
+            rows,
+            cols,
+            n_tokens,
+            p.len(),
+        )
     });
-    let k_split = (cols.div_ceil(TILE_COLS).div_ceil(splits) * TILE_COLS) as u32;
+    let step = step_cols(w.format());
+    let k_split = (cols.div_ceil(step).div_ceil(splits) * step) as u32;
     let dst = match &partials {
         Some(p) if splits > 1 => p.ptr(),
         _ => out.ptr(),
     };
-    let entry = KernelModule::MatmulQ8Mma.entry_points()[index];
+    // The plain entries, then the grouped, then the small-tile ones (source.rs).
+    let entry_index = match tile_tokens {
+        SMALL_TILE_TOKENS => 2 * FORMATS.len() + index,
+        _ => index,
+    };
+    let entry = KernelModule::MatmulQ8Mma.entry_points()[entry_index];
     let function = kernels.function(KernelModule::MatmulQ8Mma, entry)?;
     let (r32, c32, nt) = (rows as u32, cols as u32, n_tokens as u32);
     let (w_p, v_p, s_p) = (w.data().ptr(), x.values.ptr(), x.scales.ptr());
@@ -136,8 +171,9 @@ pub fn matmul(
         .arg(&c32)
         .arg(&nt)
         .arg(&k_split);
-    // SAFETY: the arguments match `matmul_q8_mma_<fmt>(const u8*, const i8*, const float*,
-    // float*, u32, u32, u32, u32)`. Every read of w is of a row < rows (QuantMatrix::new
+    // SAFETY: the arguments match `matmul_q8_mma_[small_]<fmt>(const u8*, const i8*, const
+    // float*, float*, u32, u32, u32, u32)`, the entry compiled for tiles of `tile_tokens`, the
+    // grid's x. Every read of w is of a row < rows (QuantMatrix::new
     // checked the bytes), of the activations at token < n_tokens and column < cols (values
     // and scales checked above), with the alignments checked above. Split z writes n_tokens x
     // rows values at dst + z * n_tokens * rows: with one split dst is out (check_io); with
@@ -325,12 +361,14 @@ mod tests {
     #[test]
     fn entry_points_follow_the_format_list() {
         let entries = KernelModule::MatmulQ8Mma.entry_points();
-        assert_eq!(entries.len(), 2 * FORMATS.len());
-        let (plain, grouped) = entries.split_at(FORMATS.len());
-        for ((entry, grouped), format) in plain.iter().zip(grouped).zip(FORMATS) {
+        assert_eq!(entries.len(), 3 * FORMATS.len());
+        let (plain, rest) = entries.split_at(FORMATS.len());
+        let (grouped, small) = rest.split_at(FORMATS.len());
+        for (i, format) in FORMATS.iter().enumerate() {
             let name = format.name().to_ascii_lowercase();
-            assert_eq!(*entry, format!("matmul_q8_mma_{name}"));
-            assert_eq!(*grouped, format!("matmul_q8_mma_grouped_{name}"));
+            assert_eq!(plain[i], format!("matmul_q8_mma_{name}"));
+            assert_eq!(grouped[i], format!("matmul_q8_mma_grouped_{name}"));
+            assert_eq!(small[i], format!("matmul_q8_mma_small_{name}"));
         }
     }
 
@@ -347,13 +385,21 @@ mod tests {
 
     #[test]
     fn the_8b_projections_are_split_and_the_output_head_is_not() {
-        // The K projection (1024 x 4096) at 32 tokens: 16 tiles, 16 steps; 8 splits of two.
-        assert_eq!(splits_for(132, 1024, 4096, 32, 1 << 24), 8);
+        let q4k = GgmlType::Q4K;
+        // The K projection (1024 x 4096) at 32 tokens: 16 tiles, 32 steps of 128; 16 splits.
+        assert_eq!(splits_for(132, q4k, 1024, 4096, 32, 1 << 24), 16);
         // The FFN's 14336 rows: 224 tiles, three splits to reach 528 blocks.
-        assert_eq!(splits_for(132, 14_336, 4096, 32, 1 << 24), 3);
+        assert_eq!(splits_for(132, q4k, 14_336, 4096, 32, 1 << 24), 3);
+        // The FFN's down product (Q6_K, 4096 x 14336): 64 tiles, 56 steps of 256; 8 splits.
+        assert_eq!(splits_for(132, GgmlType::Q6K, 4096, 14_336, 32, 1 << 24), 8);
+        // At 64 tokens the tiles are of 64 tokens: still one tile of tokens.
+        assert_eq!(splits_for(132, q4k, 14_336, 4096, 64, 1 << 24), 3);
+        // At 33 tokens two tiles of 64 would be one: 224 tiles still.
+        assert_eq!(tile_tokens(33), TILE_TOKENS);
+        assert_eq!(tile_tokens(32), SMALL_TILE_TOKENS);
         // The output head's 2004 tiles fill the device alone.
-        assert_eq!(splits_for(132, 128_256, 4096, 32, 1 << 24), 1);
+        assert_eq!(splits_for(132, q4k, 128_256, 4096, 32, 1 << 24), 1);
         // No buffer, no split.
-        assert_eq!(splits_for(132, 1024, 4096, 32, 0), 1);
+        assert_eq!(splits_for(132, q4k, 1024, 4096, 32, 0), 1);
     }
 }

@@ -949,7 +949,7 @@ fn matmul_q8_mma_every_format(rig: &Rig<'_>) -> crate::Result<()> {
     let mut rng = seeded(15);
     for format in matmul_q8_mma::FORMATS {
         // Nine 32-value blocks end a step of 256 columns part-way; 67 rows leave a partial row
-        // tile; 9 tokens a partial token tile, 70 a second one.
+        // tile; 9 tokens a partial small token tile, 32 a whole one, 70 a second large one.
         let widths = if format.block_size() == 32 {
             [288, 1024]
         } else {
@@ -960,7 +960,7 @@ fn matmul_q8_mma_every_format(rig: &Rig<'_>) -> crate::Result<()> {
                 let (wb, bytes) = weights_on_device(rig, &mut rng, format, rows, cols)?;
                 let w = quant_matrix(rig, &wb, &bytes, format, rows, cols)?;
                 let host = HostMatrix::new(&bytes, format, rows, cols)?;
-                for nt in [9, 70] {
+                for nt in [9, 32, 70] {
                     let x = uniform_vec(&mut rng, nt * cols, -1.0, 1.0);
                     let (vb, sb, q) = quantize_on_device(rig, &x, nt, cols)?;
                     let want = reference::matvec_q8::matvec(&host, &q, nt)?;

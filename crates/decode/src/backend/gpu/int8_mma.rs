@@ -36,7 +36,7 @@ impl GpuBackend {
         )
         .map_err(kerr("matmul (int8 matrix cores)"))?;
         // The kernel reads the weights once per tile of token rows.
-        let weight_reads = rows.div_ceil(matmul_q8_mma::TILE_TOKENS);
+        let weight_reads = rows.div_ceil(matmul_q8_mma::tile_tokens(rows));
         self.op_done(
             || {
                 format!(
