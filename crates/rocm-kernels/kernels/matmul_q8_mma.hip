@@ -1,25 +1,31 @@
 // Products of quantized weights by 8-bit activations on the matrix cores' integer path (mma.h's
-// mma_i8_16x16x16), for batched decode steps of a few dozen token rows.
+// mma_i8_16x16x32 and mma_i8_16x16x16), for batched decode steps of a few dozen token rows.
 //
 // out[t * rows + r] = sum_c W[r][c] * x[t][c], with x given as matvec_q8's quantize_q8 leaves it:
 // per group of 32 values a scale xd and 32 signed bytes xq. Weights stay in their GGUF blocks.
-// Per step of MQ_BK = 256 columns a block of MQ_WARPS warps unpacks MQ_BR weight rows into
+// Per step of BK columns (MqStep) a block of MQ_WARPS warps unpacks MQ_BR weight rows into
 // shared memory as signed bytes (a group of 32 values with its scales per item), with per row
-// and group:
-//   an integer scale per 16 values (w_s; Q4_K's and Q5_K's 6-bit scales, Q6_K's 8-bit ones),
-//   a float factor w_d (the block's d) and a float offset w_m (the minimum's weight, dmin * m;
-//   minus m for Q4_1),
-// so that W[r][c] = w_d * w_s * q - w_m for the group's bytes q. Beside them go the activations'
-// bytes, scales and, for formats with an offset, per-group sums x_s = xd * sum(xq). Warp w owns
-// weight rows 16 w .. 16 w + 15 and, for every 16-token tile, takes the exact i32 sum of q * xq
-// over each 16 values on the matrix cores, then adds w_d * xd * (scaled integer sum) - w_m * x_s
-// to its f32 accumulator once per group of 32. So the integer part is exact and only the per-group scaling rounds, as
-// in the int8 matrix-vector kernels; each weight byte is read from memory once per 64 tokens
-// and nothing is written back but the result.
+// and group one MqScales entry:
+//   an integer scale per 16 values (s_lo, s_hi; Q4_K's and Q5_K's 6-bit scales, Q6_K's 8-bit
+//   ones), a float factor d (the block's d) and a float offset m (the minimum's weight,
+//   dmin * m; minus m for Q4_1),
+// so that W[r][c] = d * s * q - m for the group's bytes q. Beside them go the activations'
+// bytes, and per token and group the scale xd with, for formats with an offset, the sum
+// x_s = xd * sum(xq). Warp w owns weight rows 16 w .. 16 w + 15 and, for every 16-token tile,
+// takes the exact i32 sum of q * xq over each 32 values (each 16 where the scale changes
+// there) on the matrix cores, then adds d * xd * (scaled integer sum) - m * x_s to its f32
+// accumulator once per group of 32. So the integer part is exact and only the per-group
+// scaling rounds, as in the int8 matrix-vector kernels; each weight byte is read from memory
+// once per BT tokens and nothing is written back but the result.
 //
-// Tokens are the products' m, weight rows their n. Grid: (ceil(n_tokens / MQ_BT),
+// The scale tables are one wide load per lane and group, padded so that the rows a fragment's
+// lanes read fall on different banks: as separate tables of 32-bit words they were the
+// kernel's largest share of shared-memory traffic, every load a four-way bank conflict
+// (docs/benchmark_results/int8-mma-tiles-h100-2026-12-07.md).
+//
+// Tokens are the products' m, weight rows their n. Grid: (ceil(n_tokens / BT),
 // ceil(rows / MQ_BR), splits); split z covers columns [z * k_split, (z + 1) * k_split) (k_split a
-// multiple of MQ_BK) and writes dst + z * n_tokens * rows, added in order by matmul_mma_reduce
+// multiple of BK) and writes dst + z * n_tokens * rows, added in order by matmul_mma_reduce
 // (matmul_mma.hip), as matmul_mma's splits are. Rows, tokens and groups past the matrix are
 // zeros. Block: MQ_WARPS * WARP_SIZE threads.
 //
@@ -27,9 +33,10 @@
 // Q5_K weights 16-byte aligned (their 144- and 176-byte blocks then keep 16-byte quant runs);
 // the other formats 2-byte aligned.
 //
-// Entry points, one per format of ops::matmul_q8_mma::FORMATS, in its order: matmul_q8_mma_q4_0,
-// matmul_q8_mma_q4_1, matmul_q8_mma_q8_0, matmul_q8_mma_q4_k, matmul_q8_mma_q5_k,
-// matmul_q8_mma_q6_k.
+// Entry points, each per format of ops::matmul_q8_mma::FORMATS in its order (q4_0, q4_1, q8_0,
+// q4_k, q5_k, q6_k): matmul_q8_mma_<fmt> (tiles of MQ_BT_LARGE tokens), matmul_q8_mma_grouped_<fmt>
+// (mixtures of experts, below) and matmul_q8_mma_small_<fmt> (tiles of MQ_BT_SMALL tokens, for
+// steps of up to that many).
 #include "portability.h"
 #include "quant.h"
 #include "mma.h"

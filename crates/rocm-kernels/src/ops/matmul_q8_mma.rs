@@ -4,13 +4,14 @@
 //! `out[t][r] = sum_c W[r][c] * x[t][c]`, with `x` quantized as
 //! [`crate::ops::matvec_q8::quantize`] leaves it: the op of
 //! [`crate::ops::matvec_q8::matvec`] for more tokens than its kernels take. The kernel
-//! (`kernels/matmul_q8_mma.hip`) unpacks each step of 256 columns of 64 weight rows into
-//! shared memory as signed bytes and multiplies them by the activation
-//! bytes with `mma.h`'s `mma_i8_16x16x16`: the integer sums are exact, and the weight and
-//! activation scales are applied once per group of 32 in f32, as in the int8 matrix-vector
-//! kernels. So it differs from [`crate::reference::matvec_q8`] only in the order of the f32
-//! additions, and each weight byte is read from memory once per [`TILE_TOKENS`] tokens, with
-//! no f16 copy of the matrix (which the vendor GEMM path writes and reads every step).
+//! (`kernels/matmul_q8_mma.hip`) unpacks each step of 128 columns (256 for Q6_K) of 64 weight
+//! rows into shared memory as signed bytes and multiplies them by the activation bytes with
+//! `mma.h`'s integer products: the integer sums are exact, and the weight and activation scales
+//! are applied once per group of 32 in f32, as in the int8 matrix-vector kernels. So it differs
+//! from [`crate::reference::matvec_q8`] only in the order of the f32 additions, and each weight
+//! byte is read from memory once per tile of [`tile_tokens`] tokens (32 for steps of up to 32,
+//! whose smaller tiles fit more blocks on a multiprocessor; else 64), with no f16 copy of the
+//! matrix (which the vendor GEMM path writes and reads every step).
 //!
 //! Few row tiles (a 1024-row projection is 16 of them) leave most of the device idle, so the
 //! columns are split over the grid when the caller lends a partials buffer, under the rule of
