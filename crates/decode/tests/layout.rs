@@ -17,7 +17,7 @@ use decode::backend::{Backend, Precision};
 use decode::context::{Context, ContextOptions};
 use decode::gguf_loader::synth::Preset;
 use decode::kv::KvType;
-use decode::layout::{LayoutOptions, ModelLayout, Presence};
+use decode::layout::{LayoutBuffer, LayoutOptions, ModelLayout, Presence, Target};
 use decode::model::Model;
 use decode::session::Session;
 use decode::MemoryTag;
@@ -149,6 +149,51 @@ fn an_untied_embedding_is_a_host_weight_on_the_gpu() {
         [true, true],
         "the presets hold tied and untied embeddings"
     );
+}
+
+/// The GPU takes a model's device weights as one block and a KV cache's fixed buffers as
+/// another, each rounded once by the allocator; the CPU replay takes each buffer alone. On
+/// buffers of the 8B shape's sizes at 32k context (64 KV layers of 62.625 MiB, three 33 MB
+/// matrices) that is 88 MiB of segment tails apart.
+#[test]
+fn the_gpu_replays_weights_and_a_kv_cache_as_one_block_each() {
+    const MIB: u64 = 1 << 20;
+    let file = Arc::new(common::preset_file(Preset::TinyLlama));
+    let mut layout = ModelLayout::new(&file, &LayoutOptions::default()).unwrap();
+    let line = |tag, bytes, presence| LayoutBuffer {
+        tag,
+        what: String::new(),
+        bytes,
+        presence,
+    };
+    let (layer, matrix) = (62 * MIB + 5 * MIB / 8, 33_030_144);
+    layout.buffers = (0..3)
+        .map(|_| line(PlanTag::Weights, matrix, Presence::Weight))
+        .chain((0..64).map(|_| line(PlanTag::KvCache, layer, Presence::Always)))
+        .collect();
+    let round = |b: u64| b.next_multiple_of(2 * MIB);
+    let piece = |b: u64| b.next_multiple_of(512);
+    assert_eq!(layout.options.target, Target::Gpu);
+    let gpu = layout.replay(true).unwrap();
+    assert_eq!(
+        gpu.peak_reserved,
+        round(3 * piece(matrix)) + round(64 * layer),
+        "one segment per block"
+    );
+    assert_eq!(gpu.get(MemoryTag::KvCache), 64 * layer);
+    layout.options.target = Target::Cpu;
+    let cpu = layout.replay(true).unwrap();
+    assert_eq!(cpu.peak_reserved, 3 * round(matrix) + 64 * round(layer));
+    assert_eq!(
+        cpu.peak_reserved - gpu.peak_reserved,
+        64 * (round(layer) - layer) + 3 * round(matrix) - round(3 * piece(matrix)),
+    );
+    // Weights left to the host: no block for them, the KV cache's still.
+    let host = {
+        layout.options.target = Target::Gpu;
+        layout.replay(false).unwrap()
+    };
+    assert_eq!(host.peak_reserved, round(64 * layer));
 }
 
 /// The q8_0 KV cache's bytes against f16's, as the layout books them for the GPU under the

@@ -43,19 +43,47 @@ impl<B: Backend> KvCache<B> {
     ) -> Result<Self> {
         let n = plan.slots.len();
         let grows = plan.pool_is_shared();
+        let grows_at = |il: usize| grows && plan.groups[il] == KvGroup::POOL;
+        // The layout's rule, which `ModelLayout` lists: a key and a value buffer per layer.
+        let mut lens = Vec::with_capacity(2 * n);
+        for il in 0..n {
+            lens.push((il, plan.values(il, k_dim)?));
+            lens.push((il, plan.values(il, v_dim)?));
+        }
+        // The buffers that do not grow are taken together, when the first of them is due
+        // (`Backend::alloc_together`, as `ModelLayout::replay` replays them).
+        let fixed: Vec<usize> = (lens.iter())
+            .filter(|&&(il, _)| !grows_at(il))
+            .map(|&(_, len)| len)
+            .collect();
+        let mut together = None;
+        let mut buffers = Vec::with_capacity(2 * n);
+        for &(il, len) in &lens {
+            let buffer = if grows_at(il) {
+                backend.alloc_growable(MemoryTag::KvCache, len)?
+            } else {
+                let taken = match together.as_mut() {
+                    Some(taken) => taken,
+                    None => together.insert(
+                        backend
+                            .alloc_together(MemoryTag::KvCache, &fixed)?
+                            .into_iter(),
+                    ),
+                };
+                taken.next().ok_or_else(|| {
+                    crate::error::DecodeError::InvalidArgument(
+                        "the backend returned fewer KV buffers than asked".into(),
+                    )
+                })?
+            };
+            buffers.push(buffer);
+        }
         let mut k = Vec::with_capacity(n);
         let mut v = Vec::with_capacity(n);
-        for il in 0..n {
-            for (buffers, dim) in [(&mut k, k_dim), (&mut v, v_dim)] {
-                // The layout's rule, which `ModelLayout` lists.
-                let len = plan.values(il, dim)?;
-                let buffer = if grows && plan.groups[il] == KvGroup::POOL {
-                    backend.alloc_growable(MemoryTag::KvCache, len)?
-                } else {
-                    backend.alloc(MemoryTag::KvCache, len)?
-                };
-                buffers.push(buffer);
-            }
+        let mut buffers = buffers.into_iter();
+        while let (Some(key), Some(value)) = (buffers.next(), buffers.next()) {
+            k.push(key);
+            v.push(value);
         }
         let layers = (plan.slots.iter().zip(&plan.groups))
             .map(|(&slots, &group)| KvLayer { slots, group })

@@ -427,13 +427,54 @@ impl ModelLayout {
 
     /// The allocator's figures for this layout's buffers, replayed in the load's order: with
     /// every weight on the device and no staging (`weights_on_device`), or with every weight
-    /// in host memory and the staging in.
+    /// in host memory and the staging in. The GPU backend holds its device weights as one
+    /// block ([`crate::backend::Backend::reserve_weights`]), and a KV cache's buffers that do
+    /// not grow as another ([`crate::backend::Backend::alloc_together`]), each taken at the
+    /// first of its buffers.
     pub fn replay(&self, weights_on_device: bool) -> Result<AllocatorView> {
         let mut requests: Vec<Request> = Vec::new();
         // Where each buffer of the list landed in the replay.
         let mut at = vec![None; self.buffers.len()];
         let mut replaced: Vec<(usize, usize)> = Vec::new();
+        // The GPU takes each of these groups as one block, at the first of its buffers.
+        let gpu = self.options.target == Target::Gpu;
+        let is_weight = |b: &LayoutBuffer| weights_on_device && b.presence == Presence::Weight;
+        let is_fixed_kv =
+            |b: &LayoutBuffer| b.tag == PlanTag::KvCache && b.presence == Presence::Always;
+        let block = |member: &dyn Fn(&LayoutBuffer) -> bool| -> (u64, usize) {
+            let members = self.buffers.iter().filter(|b| member(b));
+            members.fold((0, 0), |(bytes, n), b| {
+                (
+                    bytes + crate::backend::gpu::weight_piece_bytes(b.bytes),
+                    n + 1,
+                )
+            })
+        };
+        let blocks = [
+            (MemoryTag::Weights, block(&is_weight)),
+            (MemoryTag::KvCache, block(&is_fixed_kv)),
+        ];
+        let mut taken = [false; 2];
         for (i, b) in self.buffers.iter().enumerate() {
+            let group = match (gpu, is_weight(b), is_fixed_kv(b)) {
+                (true, true, _) => Some(0),
+                // One buffer alone is taken as itself (`Backend::alloc_together`).
+                (true, _, true) if blocks[1].1 .1 > 1 => Some(1),
+                _ => None,
+            };
+            if let Some(g) = group {
+                if !taken[g] {
+                    taken[g] = true;
+                    let (tag, (bytes, _)) = blocks[g];
+                    requests.push(Request {
+                        tag,
+                        bytes,
+                        frees: None,
+                        grows: false,
+                    });
+                }
+                continue;
+            }
             let Some(tag) = b.tag.alloc_tag() else {
                 continue;
             };

@@ -196,6 +196,12 @@ impl<B: Backend> Model<B> {
         // Shapes are checked against the file's whole tensors, before a part is cut.
         let s = &whole;
         let (e, qd, kd, vd) = (s.n_embd, s.widths.q, s.widths.k, s.widths.v);
+        // A part of a split is cut from its tensors as it loads, so only a whole model's sizes
+        // are known ahead.
+        if shard.ranks == 1 {
+            let (weights, _) = crate::layout::weights::loaded_weights(file, &whole)?;
+            backend.reserve_weights(&weights)?;
+        }
         let mut ld = Loader { file, backend };
         // Without an output projection the table is also the output's matrix (tied).
         let tied = file.tensor("output.weight").is_none();

@@ -67,6 +67,39 @@ impl Backend for GpuBackend {
         ))
     }
 
+    fn alloc_together(&mut self, tag: MemoryTag, lens: &[usize]) -> Result<Vec<GpuBuffer>> {
+        if lens.len() < 2 {
+            return lens.iter().map(|&len| self.alloc(tag, len)).collect();
+        }
+        // Each piece rounded as the weight block's are: the allocator's granularity, which
+        // keeps every buffer 256-byte aligned for the vector loads.
+        let mut pieces = Vec::with_capacity(lens.len());
+        let mut total = 0u64;
+        for &len in lens {
+            let (kv, bytes, _) = self.buffer_bytes(tag, len)?;
+            pieces.push((total, kv, len));
+            total = total.saturating_add(crate::backend::gpu::weight_piece_bytes(bytes as u64));
+        }
+        let what = format!("{} buffers of {} together", lens.len(), tag.name());
+        let bytes = usize::try_from(total).map_err(|_| DecodeError::Allocation {
+            what: what.clone(),
+            reason: "the byte count overflows".into(),
+        })?;
+        let mem = self.device_alloc(tag, bytes, &what)?;
+        self.zero_bytes(mem.ptr(), 0, total, &what)?;
+        let block = Arc::new(mem);
+        Ok(pieces
+            .into_iter()
+            .map(|(offset, kv, len)| {
+                let piece = BufferMemory::Piece {
+                    block: Arc::clone(&block),
+                    offset,
+                };
+                GpuBuffer::with_elem(piece, len, Elem::of(kv))
+            })
+            .collect())
+    }
+
     fn alloc_growable(&mut self, tag: MemoryTag, len: usize) -> Result<GpuBuffer> {
         if self.kv_pool == crate::backend::gpu::KvPool::Whole {
             return self.alloc(tag, len);
@@ -122,6 +155,10 @@ impl Backend for GpuBackend {
                 what,
                 reason: e.to_string(),
             })
+    }
+
+    fn reserve_weights(&mut self, weights: &[crate::layout::weights::LoadedWeight]) -> Result<()> {
+        self.size_weight_block(weights)
     }
 
     fn load_weight(&mut self, src: &WeightSource<'_>) -> Result<GpuWeight> {

@@ -18,6 +18,12 @@ pub(super) enum BufferMemory {
     /// A growable region (a paged KV pool): only its committed prefix is backed, and the
     /// buffer's users touch only values below it (the pool hands out committed blocks only).
     Region(GrowableRegion),
+    /// The bytes from `offset` of a block shared with the buffers made with it
+    /// (`Backend::alloc_together`); the block is freed with the last of them.
+    Piece {
+        block: std::sync::Arc<Allocation>,
+        offset: u64,
+    },
 }
 
 impl BufferMemory {
@@ -25,6 +31,7 @@ impl BufferMemory {
         match self {
             BufferMemory::Pooled(a) => a.ptr(),
             BufferMemory::Region(r) => r.ptr(),
+            BufferMemory::Piece { block, offset } => block.ptr() + offset,
         }
     }
 }

@@ -4,14 +4,16 @@ use crate::backend::gpu::offload::hybrid;
 use crate::backend::gpu::offload::prefetch::HostPrefill;
 use crate::backend::gpu::vendor_gemm::{PrefillPath, VendorGemm, GPU_PREFILL};
 use crate::backend::gpu::{
-    capture_stream, error::gpu_err, launch::elementwise_zero_i32, weight_block, GpuBackend,
-    GpuConfig, HostPlacement, KvType, MatvecPath, MoeGrouped, Scratch, StepBlock, WeightMemory,
+    capture_stream, error::gpu_err, launch::elementwise_zero_i32, weight_block, EmbedTable,
+    GpuBackend, GpuConfig, HostPlacement, KvType, MatvecPath, MoeGrouped, Scratch, StepBlock,
+    WeightMemory,
 };
 use crate::backend::Phase;
 use crate::error::{DecodeError, Result};
 use crate::layout::workspace;
 use gguf_loader::GgmlType;
 use hip_ffi::{Device, Event, PinnedHostBuffer, Stream};
+use offload::Placement;
 use rocm_alloc::devices::hip::HipDevice;
 use rocm_alloc::{Allocator, AllocatorConfig, StreamId, Tag};
 use rocm_kernels::cache::KernelCache;
@@ -146,6 +148,7 @@ impl GpuBackend {
             capture,
             host_weights: Default::default(),
             weight_block: None,
+            reserved_weight_bytes: 0,
             hybrid: hybrid::Hybrid::new(config.cpu_share),
         };
         // No stale ints a kernel could read before the first step.
@@ -161,11 +164,42 @@ impl GpuBackend {
         self.host_weights.set_placement(placement)
     }
 
-    /// Device memory for a weight of `len` bytes: a piece of the budget run's weight block
-    /// (made on the first call) when the plan sized one and the weight fits in what is left,
-    /// else an allocation of its own.
+    /// Sizes the block for the device weights of a model about to load: the pieces of every
+    /// weight that `load_weight` will put in device memory. A budget run's plan has sized the
+    /// block already and keeps it. Each load starts a block of its own: the last one's pieces
+    /// keep theirs alive, and only as long as its model holds them.
+    pub(super) fn size_weight_block(
+        &mut self,
+        weights: &[crate::layout::weights::LoadedWeight],
+    ) -> Result<()> {
+        if self.host_weights.device_weight_bytes() > 0 {
+            return Ok(());
+        }
+        let mut bytes = 0u64;
+        for w in weights {
+            let lookup_on_host = matches!(w.tensor.kind, offload::TensorKind::Lookup { .. })
+                && self.embed_table == EmbedTable::Host;
+            if !lookup_on_host
+                && self.host_weights.placement_of(&w.tensor.name) == Placement::Device
+            {
+                bytes = bytes.saturating_add(weight_block::piece_bytes(w.tensor.bytes));
+            }
+        }
+        self.weight_block = None;
+        self.reserved_weight_bytes = bytes;
+        Ok(())
+    }
+
+    /// Device memory for a weight of `len` bytes: a piece of the weight block (made on the
+    /// first call) when a budget run's plan or [`GpuBackend::size_weight_block`] sized one and
+    /// the weight fits in what is left, else an allocation of its own. One block leaves no
+    /// segment tails between weights: tensors under 10 MiB share 20 MiB segments and larger
+    /// ones are rounded to 2 MiB, which left 70 MiB of the 8B shape's weights unusable.
     pub(super) fn device_weight(&mut self, len: usize, name: &str) -> Result<WeightMemory> {
-        let block_bytes = self.host_weights.device_weight_bytes();
+        let block_bytes = match self.host_weights.device_weight_bytes() {
+            0 => self.reserved_weight_bytes,
+            planned => planned,
+        };
         if self.weight_block.is_none() && block_bytes > 0 {
             let bytes = usize::try_from(block_bytes).map_err(|_| {
                 DecodeError::InvalidArgument("the weight block does not fit this host".into())

@@ -215,8 +215,12 @@ pub struct GpuBackend {
     capture: capture_stream::CaptureState,
     /// Weights placed in pinned host memory (none unless a placement was set).
     host_weights: host_weights::HostWeights,
-    /// The block of a budget run's device weights, once the first device weight made it.
+    /// The block of the device weights, once the first device weight made it.
     weight_block: Option<weight_block::WeightBlock>,
+    /// Bytes of that block when no budget run's plan sized it: the device weights of the model
+    /// being loaded ([`crate::backend::Backend::reserve_weights`]); 0 for one allocation per
+    /// weight.
+    reserved_weight_bytes: u64,
     /// How offloaded decode products are split with the host's cores.
     hybrid: hybrid::Hybrid,
 }
