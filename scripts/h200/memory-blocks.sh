@@ -11,7 +11,7 @@
 #          -p 0 -n 64 -d 32000 -fa 1 -ngl 99 -r 1 -ctk T -ctv T, T = f16 and q8_0), then
 #          pp512/tg128 (bench-decode -p 512 -n 128 -r 3 against llama-bench -p 512 -n 128 -ngl
 #          99 -fa 1 -r 3), ours and llama.cpp alternating; the parent's binary once per KV type.
-# From the checkout root, with bundle-m/{bench-decode,old-bench-decode,xtask} (old: the parent,
+# From the checkout root, with bundle-m/{bench-decode,xtask}, bundle-m2/old-bench-decode (the parent,
 # ee90697), bundle-m/tests and .peer:
 #   bash scripts/h200/memory-blocks.sh tests|mem; ... collect
 # Logs under /tmp/mb; collect packs them into $OUT/mb.tgz and prints the summary.
@@ -73,7 +73,7 @@ mem)
     st "llama.cpp build rc $(cat /tmp/llama/BUILD_RC 2>/dev/null)"
     for t in f16 q8_0; do
         # The parent's binary (one allocation per weight and per KV buffer), once per type.
-        peak d32k-parent-$t timeout 200 $N/old-bench-decode -m $L --device gpu -p 0 -n 64 \
+        peak d32k-parent-$t timeout 200 bundle-m2/old-bench-decode -m $L --device gpu -p 0 -n 64 \
             -d 32000 -r 1 -ctk $t
         peak d32k-ours-$t-1 timeout 200 $N/bench-decode -m $L --device gpu -p 0 -n 64 -d 32000 \
             -r 1 -ctk $t
