@@ -7,11 +7,14 @@
 //!   split model through it, so the split logic is checked without a GPU.
 //! - [`library`]: NCCL on NVIDIA or RCCL on AMD (they share one API), loaded at run time like
 //!   the HIP and CUDA runtimes. A missing library is a reason string, never a panic.
+//!   [`device`] is one rank's communicator over it: sums and gathers of device buffers, queued
+//!   on a stream, with the library's asynchronous error query and abort.
 //!
 //! A rank that fails must not leave the others waiting: [`Collective::abort`] ends every
 //! rank's current and later collectives with its reason, and a rank that waits longer than its
 //! group's timeout for the others ends the group the same way.
 
+pub mod device;
 pub mod in_process;
 pub mod library;
 

@@ -2,12 +2,11 @@
 //! entry points serves both. A machine without either gets a reason that names what was tried
 //! and how to install it, never a panic; a program without tensor parallelism never loads it.
 //!
-//! What is loaded here is the library and its version. The device communicator over it (its
-//! unique id, `ncclCommInitRank`, the collectives on a stream, the asynchronous error query)
-//! comes with the multi-GPU runs it serves.
+//! This module holds every raw entry point and reads every result ([`check`]); the device
+//! communicator ([`crate::device`]) is written over [`Entries`].
 
 use crate::CollectiveError;
-use std::ffi::c_int;
+use std::ffi::{c_char, c_int, c_void, CStr};
 
 /// Which library answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,11 +30,58 @@ pub const NCCL_ENVIRONMENT: (&str, &str) = ("NCCL_NVLS_ENABLE", "0");
 /// `ncclResult_t ncclGetVersion(int* version)`.
 type GetVersion = unsafe extern "C" fn(*mut c_int) -> c_int;
 
+/// `ncclUniqueId`: 128 opaque bytes (nccl.h's `NCCL_UNIQUE_ID_BYTES`), passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct RawUniqueId {
+    pub internal: [c_char; 128],
+}
+
+/// An `ncclComm_t`.
+pub type RawComm = *mut c_void;
+
+/// `ncclFloat32` of `ncclDataType_t`.
+pub const NCCL_FLOAT32: c_int = 7;
+/// `ncclSum` of `ncclRedOp_t`.
+pub const NCCL_SUM: c_int = 0;
+
+/// The communicator's entry points, with nccl.h's signatures (RCCL's take a `hipStream_t` where
+/// NCCL's take a `cudaStream_t`: both are the runtime's stream handle).
+#[derive(Clone, Copy)]
+pub struct Entries {
+    pub get_unique_id: unsafe extern "C" fn(*mut RawUniqueId) -> c_int,
+    pub comm_init_rank: unsafe extern "C" fn(*mut RawComm, c_int, RawUniqueId, c_int) -> c_int,
+    pub all_reduce: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        RawComm,
+        *mut c_void,
+    ) -> c_int,
+    pub all_gather: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        RawComm,
+        *mut c_void,
+    ) -> c_int,
+    pub comm_get_async_error: unsafe extern "C" fn(RawComm, *mut c_int) -> c_int,
+    pub comm_abort: unsafe extern "C" fn(RawComm) -> c_int,
+    pub comm_destroy: unsafe extern "C" fn(RawComm) -> c_int,
+    pub get_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
+}
+
 /// A loaded collective library.
 pub struct Library {
     vendor: Vendor,
     name: &'static str,
     get_version: GetVersion,
+    /// `None` with the reason when the library lacks one of them (a version before the
+    /// asynchronous error query, 2.4).
+    entries: Result<Entries, String>,
     /// Keeps the code the entry points point into loaded.
     _library: libloading::Library,
 }
@@ -80,11 +126,36 @@ impl Library {
         let get_version = unsafe { library.get::<GetVersion>(b"ncclGetVersion\0") }
             .map(|f| *f)
             .map_err(|e| CollectiveError::Library(format!("{name} has no ncclGetVersion: {e}")))?;
+        let entries = load_entries(&library, name);
         Ok(Library {
             vendor,
             name,
             get_version,
+            entries,
             _library: library,
+        })
+    }
+
+    /// The communicator's entry points, or why the library lacks them.
+    pub fn entries(&self) -> Result<Entries, CollectiveError> {
+        self.entries.clone().map_err(CollectiveError::Library)
+    }
+
+    /// `result` of `call`, with the library's own words for a failure.
+    pub fn check(&self, call: &str, result: c_int) -> Result<(), CollectiveError> {
+        check(self.name, call, result).map_err(|e| match &self.entries {
+            Ok(entries) if result != 0 => {
+                // SAFETY: ncclGetErrorString takes any result code and returns a static
+                // NUL-terminated string (or null, checked).
+                let text = unsafe { (entries.get_error_string)(result) };
+                if text.is_null() {
+                    return e;
+                }
+                // SAFETY: non-null, NUL-terminated and static, as above.
+                let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+                CollectiveError::Library(format!("{e}: {text}"))
+            }
+            _ => e,
         })
     }
 
@@ -105,6 +176,29 @@ impl Library {
         check(self.name, "ncclGetVersion", result)?;
         Ok(split_version(code))
     }
+}
+
+/// Every communicator entry point of `library`, or the first one missing.
+fn load_entries(library: &libloading::Library, name: &str) -> Result<Entries, String> {
+    macro_rules! entry {
+        ($symbol:literal) => {
+            // SAFETY: each symbol is declared in Entries with nccl.h's signature, which RCCL
+            // shares; the pointer is kept with the library that holds its code.
+            unsafe { library.get(concat!($symbol, "\0").as_bytes()) }
+                .map(|f| *f)
+                .map_err(|e| format!("{name} has no {}: {e}", $symbol))?
+        };
+    }
+    Ok(Entries {
+        get_unique_id: entry!("ncclGetUniqueId"),
+        comm_init_rank: entry!("ncclCommInitRank"),
+        all_reduce: entry!("ncclAllReduce"),
+        all_gather: entry!("ncclAllGather"),
+        comm_get_async_error: entry!("ncclCommGetAsyncError"),
+        comm_abort: entry!("ncclCommAbort"),
+        comm_destroy: entry!("ncclCommDestroy"),
+        get_error_string: entry!("ncclGetErrorString"),
+    })
 }
 
 /// NCCL's version code: major * 10000 + minor * 100 + patch from 2.9 on, major * 1000 + minor
