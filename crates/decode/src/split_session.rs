@@ -53,8 +53,8 @@ impl SplitSession {
     ) -> Result<SplitSession> {
         let backend = Arc::new(backend);
         let whole = ModelSpec::from_gguf(file)?;
-        // Refused here, by name, before any thread starts.
-        crate::model::tensor_parallel::shard_spec(&whole, Shard::new(0, ranks)?)?;
+        // Refused here, by name, before any thread starts; rank 0's spec is the session's.
+        let spec = crate::model::tensor_parallel::shard_spec(&whole, Shard::new(0, ranks)?)?;
         let (loaded_tx, loaded) = channel::<(usize, Result<()>)>();
         let mut started = Vec::with_capacity(ranks);
         for (rank, comm) in in_process::group(ranks).into_iter().enumerate() {
@@ -95,7 +95,7 @@ impl SplitSession {
         results.sort_by_key(|(rank, _)| *rank);
         let session = SplitSession {
             ranks: started,
-            spec: crate::model::tensor_parallel::shard_spec(&whole, Shard::new(0, ranks)?)?,
+            spec,
             context: options.context,
             position: 0,
         };
