@@ -1,12 +1,13 @@
-//! One device allocation for all the device-resident weights of a budget run.
+//! One device allocation for all the device-resident weights of a load.
 //!
-//! A budget run fills its budget to within a few MiB, so the allocator's way of packing many
-//! weights matters: tensors under 10 MiB share 20 MiB segments, and the tails those leave
-//! (72 MiB of 992 on the 8B shape at a 1003 MiB budget, on the H200) made loads fail at the
-//! memory limit although the plan fit. When the plan names its device weight bytes, the backend
-//! takes them as one allocation on the first device weight and hands out consecutive pieces of
-//! it, each rounded to [`PIECE_ALIGN`]: no segment tails between weights, and the bytes the
-//! plan counted are the bytes the allocator holds.
+//! The allocator's way of packing many weights costs memory: tensors under 10 MiB share 20 MiB
+//! segments and larger ones get segments rounded to 2 MiB, and the tails those leave (72 MiB of
+//! 992 on the 8B shape at a 1003 MiB budget, on the H200) made budget runs fail at the memory
+//! limit although the plan fit, and every other run hold memory no tensor used. So the backend
+//! takes the device weights as one allocation on the first device weight and hands out
+//! consecutive pieces of it, each rounded to [`PIECE_ALIGN`]: no segment tails between weights.
+//! A budget run's plan names the bytes (the bytes the plan counted are the bytes the allocator
+//! holds); otherwise the load names them beforehand (`Backend::reserve_weights`).
 
 use rocm_alloc::Allocation;
 use std::sync::Arc;
