@@ -2,8 +2,8 @@
 //! entry points serves both. A machine without either gets a reason that names what was tried
 //! and how to install it, never a panic; a program without tensor parallelism never loads it.
 //!
-//! This module holds every raw entry point and reads every result ([`Library::check`]); the device
-//! communicator ([`crate::device`]) is written over [`Entries`].
+//! This module holds every raw entry point and reads every result ([`Library::check`]); the
+//! device communicator ([`crate::device`]) is written over [`Entries`].
 
 use crate::CollectiveError;
 use std::ffi::{c_char, c_int, c_void, CStr};
