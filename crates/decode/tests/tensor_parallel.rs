@@ -134,6 +134,69 @@ fn split_over_two_and_four_ranks_every_rank_matches_the_whole_model() {
     }
 }
 
+/// Every prompt row's logits on `be` for `shard` of the model (a context that keeps all of
+/// them, as a perplexity run reads them).
+fn prompt_logits<B: Backend>(file: &Arc<GgufFile>, mut be: B, shard: Shard) -> Vec<Vec<f32>> {
+    let model = Model::load_shard(file, &mut be, shard, &mut |_, _| {}).expect("load");
+    let options = ContextOptions {
+        all_logits: true,
+        ..options()
+    };
+    let mut ctx = Context::new(&model, &mut be, options).expect("context");
+    let prompt: Vec<u32> = (0..11).map(|i| (i * 37 + 5) % 512).collect();
+    let batch = StepBatch::prefill(0, 0, &prompt, RowOutput::Logits);
+    model.step(&mut be, &mut ctx, &batch).expect("the prompt");
+    (0..prompt.len())
+        .map(|row| {
+            let mut logits = Vec::new();
+            ctx.read_logits(&mut be, row, &mut logits).expect("logits");
+            logits
+        })
+        .collect()
+}
+
+/// Tiny Llama's output projection is its own tensor, so each rank holds half its vocabulary's
+/// rows and the gather joins every row's halves: with all of a prompt's rows' logits kept (so
+/// a row's columns could land in another row), each rank's equal the whole model's.
+#[test]
+fn a_vocabulary_split_joins_the_columns_of_every_rows_logits() {
+    let file = q8_model(Preset::TinyLlama);
+    let whole = prompt_logits(&file, CpuBackend::new(Precision::Exact), Shard::whole());
+    let threads: Vec<_> = in_process::group(2)
+        .into_iter()
+        .enumerate()
+        .map(|(rank, comm)| {
+            let file = Arc::clone(&file);
+            thread::spawn(move || {
+                let be = CpuBackend::new(Precision::Exact).with_collective(Box::new(comm));
+                prompt_logits(&file, be, Shard::new(rank, 2).unwrap())
+            })
+        })
+        .collect();
+    for (rank, t) in threads.into_iter().enumerate() {
+        let got = t.join().expect("a rank");
+        assert_eq!(got.len(), whole.len());
+        for (row, (g, w)) in got.iter().zip(&whole).enumerate() {
+            let rms = (w.iter().map(|v| v * v).sum::<f32>() / w.len() as f32).sqrt();
+            let diff = max_abs_diff(g, w);
+            assert!(
+                diff <= EXACT_TOL * rms.max(1.0),
+                "rank {rank}, row {row}: logits differ by {diff}"
+            );
+        }
+    }
+    // Split where the output is its own tensor; whole where it is the embedding (tied).
+    let is_split = |preset| {
+        let file = q8_model(preset);
+        let mut be = CpuBackend::new(Precision::Exact);
+        let shard = Shard::new(0, 2).unwrap();
+        let model = Model::load_shard(&file, &mut be, shard, &mut |_, _| {}).expect("load");
+        model.output_is_split()
+    };
+    assert!(is_split(Preset::TinyLlama));
+    assert!(!is_split(Preset::TinyGemma3));
+}
+
 #[test]
 fn a_split_that_does_not_divide_the_heads_is_refused_by_name() {
     // Tiny Gemma 3 has two query heads.
@@ -196,7 +259,8 @@ fn a_split_session_generates_what_the_whole_model_does() {
             .expect("split")
             .tokens;
         assert_eq!(got, want, "temperature {}", sampler.temperature);
-        // Each rank holds half the feed-forward and attention weights, and all of the rest.
+        // Each rank holds half the feed-forward and attention weights and of the output's
+        // rows (its vocabulary split), and all of the rest.
         let memory = split.memory().expect("books");
         assert_eq!(memory.len(), 2);
         let weights = |m: &decode::MemoryReport| m.get(decode::MemoryTag::Weights);

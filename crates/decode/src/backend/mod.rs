@@ -103,6 +103,37 @@ pub(crate) fn no_collective() -> DecodeError {
     )
 }
 
+/// [`Backend::all_gather_cols`] over host memory: `x` starts with this rank's `rows` x `cols`
+/// values and holds at least `rows` x (`ranks` x `cols`); after, each row holds every rank's
+/// columns, rank 0's first.
+pub(crate) fn gather_cols_on_host(
+    comm: &mut dyn collective::Collective,
+    x: &mut [f32],
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    let ranks = comm.ranks();
+    let part = rows * cols;
+    if x.len() < part * ranks {
+        return Err(DecodeError::InvalidArgument(format!(
+            "all_gather_cols of {rows} rows of {cols} columns over {ranks} ranks needs {} \
+             values; the buffer holds {}",
+            part * ranks,
+            x.len()
+        )));
+    }
+    let mut gathered = vec![0.0f32; part * ranks];
+    comm.all_gather(&x[..part], &mut gathered)?;
+    // Gathered rank-major (each rank's rows whole); the rows take every rank's columns.
+    for (k, block) in gathered.chunks_exact(part).enumerate() {
+        for (r, values) in block.chunks_exact(cols).enumerate() {
+            let at = r * ranks * cols + k * cols;
+            x[at..at + cols].copy_from_slice(values);
+        }
+    }
+    Ok(())
+}
+
 /// What makes two steps' op sequences the same: a captured step replays only for its key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct StepKey {
@@ -313,6 +344,13 @@ pub trait Backend: Send {
     /// (`crate::model::tensor_parallel`). A backend without a collective refuses: a model
     /// split over ranks cannot run on it.
     fn all_reduce_sum(&mut self, _x: &mut Self::Buffer, _len: usize) -> Result<()> {
+        Err(no_collective())
+    }
+    /// Joins the ranks' column blocks of a row-major matrix: before, `x` starts with this
+    /// rank's `rows` x `cols` values; after, it starts with `rows` x (`ranks` x `cols`), rank
+    /// k's block at columns `k * cols..` of every row (the logits of a vocabulary split,
+    /// `crate::model::tensor_parallel`). A backend without a collective refuses.
+    fn all_gather_cols(&mut self, _x: &mut Self::Buffer, _rows: usize, _cols: usize) -> Result<()> {
         Err(no_collective())
     }
     /// How many step graphs the backend holds (one per [`StepKey`] captured); 0 for a backend
@@ -619,5 +657,43 @@ pub trait Backend: Send {
         _draw: f64,
     ) -> Result<Option<u32>> {
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two ranks of three rows: rank k's values are 100 k + 10 row + column; after the gather
+    /// every row holds rank 0's two columns, then rank 1's.
+    #[test]
+    fn gathered_columns_land_in_their_rows() {
+        let (rows, cols) = (3, 2);
+        let threads: Vec<_> = collective::in_process::group(2)
+            .into_iter()
+            .enumerate()
+            .map(|(k, mut comm)| {
+                std::thread::spawn(move || {
+                    let mut x = vec![f32::NAN; rows * cols * 2];
+                    for r in 0..rows {
+                        for c in 0..cols {
+                            x[r * cols + c] = (100 * k + 10 * r + c) as f32;
+                        }
+                    }
+                    gather_cols_on_host(&mut comm, &mut x, rows, cols).map(|()| x)
+                })
+            })
+            .collect();
+        let want: Vec<f32> = (0..rows)
+            .flat_map(|r| (0..2).flat_map(move |k| (0..cols).map(move |c| 100 * k + 10 * r + c)))
+            .map(|v| v as f32)
+            .collect();
+        for t in threads {
+            assert_eq!(t.join().unwrap().unwrap(), want);
+        }
+        // A buffer too short for every rank's columns is refused by size.
+        let mut comm = collective::in_process::group(1).pop().unwrap();
+        let e = gather_cols_on_host(&mut comm, &mut [0.0; 5], 3, 2).unwrap_err();
+        assert!(e.to_string().contains("needs 6 values"), "{e}");
     }
 }

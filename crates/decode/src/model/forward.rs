@@ -255,6 +255,7 @@ impl<B: Backend> Model<B> {
             embed,
             output_norm,
             output,
+            output_split,
             rope_factors,
             layers,
             shard,
@@ -428,6 +429,9 @@ impl<B: Backend> Model<B> {
             probe(be, Site::top(Op("last residual add")), &a.x, n * e)?;
             probe(be, norm_site, &a.xn, n * e)?;
             be.matmul(out_w, &a.xn, &mut a.logits, n)?;
+            if *output_split {
+                be.all_gather_cols(&mut a.logits, n, s.vocab / shard.ranks)?;
+            }
         } else if n_out > 0 {
             // Only some rows' logits: the whole residual, then those rows gathered in
             // order and normed.
@@ -445,6 +449,9 @@ impl<B: Backend> Model<B> {
             be.rms_norm(&a.proj, output_norm, &mut a.xn, n_out, e, s.eps)?;
             probe(be, norm_site, &a.xn, n_out * e)?;
             be.matmul(out_w, &a.xn, &mut a.logits, n_out)?;
+            if *output_split {
+                be.all_gather_cols(&mut a.logits, n_out, s.vocab / shard.ranks)?;
+            }
         }
         if let (Some(cap), true) = (s.final_softcap, n_out > 0) {
             be.softcap(&mut a.logits, n_out * s.vocab, cap)?;

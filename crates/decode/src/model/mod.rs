@@ -10,7 +10,7 @@ pub mod tensor_parallel;
 pub use consistency::AttentionWidths;
 pub use spec::{query_pre_attn_scalar, LayerSpec, ModelSpec, GEMMA3_27B_LAYERS};
 pub use tensor_parallel::Shard;
-use tensor_parallel::{bias_split, LayerSplits, Split};
+use tensor_parallel::{bias_split, output_split, LayerSplits, Split};
 
 use crate::backend::{Backend, MappedTensor, WeightSource};
 use crate::error::{DecodeError, Result};
@@ -70,6 +70,9 @@ pub struct Model<B: Backend> {
     output_norm: B::Weight,
     /// `None` when the output projection is tied to the embedding.
     output: Option<B::Weight>,
+    /// Whether this rank holds only its part of the vocabulary's rows of `output`
+    /// ([`tensor_parallel::output_split`]), whose logits an all-gather joins.
+    output_split: bool,
     rope_factors: RopeFactors<B::Weight>,
     layers: Vec<Layer<B::Weight>>,
     file_bytes: u64,
@@ -211,7 +214,9 @@ impl<B: Backend> Model<B> {
                 name: "token_embd.weight".into(),
             })?;
         let output_norm = ld.required("output_norm.weight", &[e])?;
-        let output = ld.optional("output.weight", &[e, s.vocab])?;
+        let vocab_part = output_split(&whole, shard, !tied);
+        let output_split = vocab_part != Split::Whole;
+        let output = ld.load("output.weight", &[e, s.vocab], false, &vocab_part)?;
         let half_rot = [s.layers[0].rope.n_rot / 2];
         let rope_factors = match ld.optional("rope_freqs.weight", &half_rot)? {
             Some(w) => RopeFactors::Fixed(w),
@@ -287,6 +292,7 @@ impl<B: Backend> Model<B> {
             embed,
             output_norm,
             output,
+            output_split,
             rope_factors,
             layers,
             file_bytes,
@@ -297,6 +303,13 @@ impl<B: Backend> Model<B> {
     /// This model's part of a tensor-parallel split.
     pub fn shard(&self) -> Shard {
         self.shard
+    }
+
+    /// Whether this rank holds only its part of the vocabulary's rows of the output
+    /// projection (`tensor_parallel`): a split whose ranks divide the vocabulary, of a model
+    /// whose output is not tied to its embedding.
+    pub fn output_is_split(&self) -> bool {
+        self.output_split
     }
 
     pub fn spec(&self) -> &ModelSpec {

@@ -11,7 +11,12 @@
 //!   its query group;
 //! - the feed-forward width is split: rows of `ffn_gate` and `ffn_up`, columns of `ffn_down`,
 //!   and for a mixture of experts the same within every expert (the router stays whole);
-//! - norms, embeddings, the output projection and RoPE factors stay whole on every rank.
+//! - the output projection is split by vocabulary (its rows) when it is a tensor of its own and
+//!   the ranks divide the vocabulary: each rank computes its rows' logits and one all-gather
+//!   joins them (`Backend::all_gather_cols`), so each rank holds `1 / ranks` of the largest
+//!   matrix of most models (411 MiB of the 8B shape's Q6_K);
+//! - norms, embeddings (looked up whole), an output tied to the embedding and RoPE factors
+//!   stay whole on every rank.
 //!
 //! A column split cuts every row of a quantized matrix, so it must fall on the format's block
 //! boundaries; a shape that cannot be split is refused with what would fit.
@@ -172,6 +177,16 @@ impl LayerSplits {
     }
 }
 
+/// `shard`'s rows of a model's output projection: its part of the vocabulary where the
+/// projection is a tensor of its own (`untied`) and the ranks divide the vocabulary, else the
+/// whole (a tied projection is the embedding table, which every rank looks tokens up in).
+pub(crate) fn output_split(spec: &ModelSpec, shard: Shard, untied: bool) -> Split {
+    if shard.is_whole() || !untied || !spec.vocab.is_multiple_of(shard.ranks) {
+        return Split::Whole;
+    }
+    Split::Rows(shard.part(spec.vocab))
+}
+
 /// A bias vector's part under `split` of its projection's rows: the same range of its values.
 pub(crate) fn bias_split(rows: &Split) -> Split {
     match rows {
@@ -237,6 +252,22 @@ pub(crate) fn slice(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_output_is_split_by_vocabulary_only_where_it_is_its_own_and_divides() {
+        let bytes = gguf_loader::synth::preset_bytes(gguf_loader::synth::Preset::TinyLlama, 1);
+        let file = gguf_loader::GgufFile::from_bytes(bytes.unwrap()).unwrap();
+        let tiny = ModelSpec::from_gguf(&file).unwrap();
+        let spec = |vocab| ModelSpec {
+            vocab,
+            ..tiny.clone()
+        };
+        let (two, whole) = (Shard::new(1, 2).unwrap(), Shard::whole());
+        assert_eq!(output_split(&spec(512), two, true), Split::Rows(256..512));
+        assert_eq!(output_split(&spec(512), two, false), Split::Whole, "tied");
+        assert_eq!(output_split(&spec(513), two, true), Split::Whole, "odd");
+        assert_eq!(output_split(&spec(512), whole, true), Split::Whole);
+    }
 
     #[test]
     fn rows_and_columns_slice_every_matrix_on_block_boundaries() {

@@ -355,6 +355,13 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn all_gather_cols(&mut self, x: &mut Vec<f32>, rows: usize, cols: usize) -> Result<()> {
+        let Some(c) = self.collective.as_mut() else {
+            return Err(crate::backend::no_collective());
+        };
+        crate::backend::gather_cols_on_host(c.as_mut(), x, rows, cols)
+    }
+
     fn bucket_rows(&self, key: crate::backend::StepKey) -> usize {
         match self.pad_decode_steps && key.phase == crate::batch::Phase::Decode {
             true => crate::backend::gpu::graph_rows::bucket(key.n_tokens),

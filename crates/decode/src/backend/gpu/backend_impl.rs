@@ -444,6 +444,24 @@ impl Backend for GpuBackend {
         summed
     }
 
+    fn all_gather_cols(&mut self, x: &mut GpuBuffer, rows: usize, cols: usize) -> Result<()> {
+        let Some(mut comm) = self.collective.take() else {
+            return Err(crate::backend::no_collective());
+        };
+        let mut host = vec![0.0f32; rows * cols * comm.ranks()];
+        let joined = self
+            .read(x, 0, &mut host[..rows * cols])
+            .and_then(|()| {
+                crate::backend::gather_cols_on_host(comm.as_mut(), &mut host, rows, cols)
+            })
+            .and_then(|()| self.write(x, 0, &host));
+        if let Err(e) = &joined {
+            comm.abort(&e.to_string());
+        }
+        self.collective = Some(comm);
+        joined
+    }
+
     fn graphs_captured(&self) -> usize {
         self.graphs.len()
     }
