@@ -66,6 +66,10 @@ pub static MMA_MAX_ROWS: Knob<usize> = Knob {
 /// (`docs/benchmark_results/int8-moe-h200-2026-12-06.md`, with a pipelined tile since reverted,
 /// itself 0.5 % from the parent's at 64 rows) 11.9 % slower at 48 rows and 21.4 % at 64. Its
 /// time grows with the rows, and the vendor GEMM's f16 copy costs the same at any row count.
+/// The kernel with packed scales and per-step tiles made a cap of 64 faster than 32 on an H100
+/// (+23 % at 40 and 48 sequences, +10 % at 64;
+/// `docs/benchmark_results/int8-mma-tiles-h100-2026-12-07.md`, section 8); raising the default
+/// waits for the GPU golden tokens it moves to be re-blessed on a GPU.
 pub const INT8_MMA_ROWS_DEFAULT: usize = 32;
 
 pub static INT8_MMA_MAX_ROWS: Knob<usize> = Knob {
