@@ -32,18 +32,7 @@ N=bundle-t
 L=/tmp/llama3-8b-q4_k_m.gguf
 Q=/tmp/qwen3-30b-a3b-q4_k_m.gguf
 LB=/tmp/llama/b/bin
-st() { echo "$* at $(date -u +%T)" >>$D/summary.txt; }
-run() { # crate binary [args]
-    local crate=$1 bin=$2
-    shift 2
-    (cd "crates/$crate" && HIPDECODE_REQUIRE_GPU=1 timeout 300 ../../bundle-t*/tests/"$bin"-* "$@" \
-        >$D/test-$bin.log 2>&1)
-    st "$crate/$bin exit $? $(grep -h 'test result' $D/test-$bin.log | tail -1)"
-}
-wait_for() { # file seconds
-    for _ in $(seq 1 "$2"); do [ -f "$1" ] && return 0; sleep 1; done
-    return 1
-}
+source scripts/h200/lease.sh
 case "${1:-}" in
 tests)
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv \
@@ -112,21 +101,6 @@ moe)
     st moe-done
     ;;
 mem)
-    peak() { # label command...: the process's nvidia-smi peak, sampled every 50 ms
-        local label=$1
-        shift
-        nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 50 \
-            >"$D/$label.smi" 2>/dev/null &
-        local sampler=$!
-        "$@" >"$D/$label.out" 2>&1
-        local rc=$?
-        sleep 0.2
-        kill $sampler
-        local max
-        max=$(awk -F, '{gsub(/ /, "", $2); if ($2 + 0 > m) m = $2 + 0} END {print m + 0}' \
-            "$D/$label.smi")
-        st "$label exit $rc nvidia-smi peak $max MiB"
-    }
     wait_for $D/synth-q.done 300 || st "30B-A3B shape not written"
     peak mem-ours-1 timeout 200 $N/bench-decode -m $Q --device gpu -p 512 -n 128 -r 3
     peak mem-llama-1 timeout 200 $LB/llama-bench -m $Q -p 512 -n 128 -ngl 99 -fa 1 -r 3

@@ -27,29 +27,7 @@ export HIPDECODE_KERNEL_CACHE=/tmp/kcache
 N=bundle-m
 L=/tmp/llama3-8b-q4_k_m.gguf
 LB=/tmp/llama/b/bin
-st() { echo "$* at $(date -u +%T)" >>$D/summary.txt; }
-run() { # crate binary [args]
-    local crate=$1 bin=$2
-    shift 2
-    (cd "crates/$crate" && HIPDECODE_REQUIRE_GPU=1 timeout 300 ../../$N/tests/"$bin"-* "$@" \
-        >$D/test-$bin.log 2>&1)
-    st "$crate/$bin exit $? $(grep -h 'test result' $D/test-$bin.log | tail -1)"
-}
-peak() { # label command...: the process's nvidia-smi peak, sampled every 50 ms
-    local label=$1
-    shift
-    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 50 \
-        >"$D/$label.smi" 2>/dev/null &
-    local sampler=$!
-    "$@" >"$D/$label.out" 2>&1
-    local rc=$?
-    sleep 0.2
-    kill $sampler
-    local max
-    max=$(awk -F, '{gsub(/ /, "", $2); if ($2 + 0 > m) m = $2 + 0} END {print m + 0}' \
-        "$D/$label.smi")
-    st "$label exit $rc nvidia-smi peak $max MiB"
-}
+source scripts/h200/lease.sh
 case "${1:-}" in
 tests)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >$D/gpu.txt
