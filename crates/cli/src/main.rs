@@ -107,10 +107,15 @@ struct PlanArgs {
     #[arg(short, long)]
     model: PathBuf,
     /// The cap on everything the run takes on the device: bytes, a decimal with a binary unit
-    /// ("512MiB", "6.5GiB") or a percentage of the device ("75%"). Default:
+    /// ("512MiB", "6.5GiB") or a percentage of the device ("75%"). With `--tp`, one budget
+    /// for every GPU or a comma-separated budget per GPU ("20GiB,16GiB"). Default:
     /// HIPDECODE_GPU_BUDGET.
     #[arg(long)]
     gpu_budget: Option<String>,
+    /// Plan each GPU of a tensor-parallel split over N GPUs: each rank's part of the weights,
+    /// and the KV cache and activations of its heads, under its own budget.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    tp: u64,
     /// KV cache positions (clamped to the model's context length).
     #[arg(long, visible_alias = "ctx", default_value_t = 2048)]
     context: usize,
@@ -499,17 +504,54 @@ fn stream_generation(
 
 /// `hipdecode plan`: the budget resolved (a percentage against the device's memory), the
 /// model's resident needs estimated, the planner run, and its plan printed.
-fn plan(args: PlanArgs) -> Result<()> {
-    use offload::{parse_size, Budget, LinkModel};
-    let budget = match &args.gpu_budget {
-        Some(text) => Budget::parse("--gpu-budget", text)?,
-        None => offload::knobs::GPU_BUDGET.read()?.ok_or_else(|| {
+/// The budget of each of `ranks` GPUs: `--gpu-budget` (one for all, or one per GPU), else
+/// HIPDECODE_GPU_BUDGET for each.
+fn plan_budgets(args: &PlanArgs, ranks: usize) -> Result<Vec<offload::Budget>> {
+    use offload::Budget;
+    let Some(text) = &args.gpu_budget else {
+        let budget = offload::knobs::GPU_BUDGET.read()?.ok_or_else(|| {
             anyhow::anyhow!(
                 "no GPU budget: pass --gpu-budget (e.g. 8GiB, or 75% of the device) or set {}",
                 offload::knobs::GPU_BUDGET.name
             )
-        })?,
+        })?;
+        return Ok(vec![budget; ranks]);
     };
+    let each: Vec<Budget> = text
+        .split(',')
+        .map(|part| Budget::parse("--gpu-budget", part.trim()))
+        .collect::<std::result::Result<_, _>>()?;
+    match each.len() {
+        1 => Ok(vec![each[0]; ranks]),
+        n if n == ranks => Ok(each),
+        n => anyhow::bail!(
+            "--gpu-budget gives {n} budgets for --tp {ranks}: give one for every GPU, or one              budget per GPU separated by commas"
+        ),
+    }
+}
+
+fn plan(args: PlanArgs) -> Result<()> {
+    let ranks = args.tp as usize;
+    let budgets = plan_budgets(&args, ranks)?;
+    for (rank, budget) in budgets.into_iter().enumerate() {
+        if ranks > 1 {
+            if rank > 0 {
+                outln!()?;
+            }
+            outln!("== GPU {rank} of {ranks} (tensor-parallel rank {rank})")?;
+        }
+        let shard = decode::model::Shard::new(rank, ranks)?;
+        plan_rank(&args, budget, shard)?;
+    }
+    if args.probe {
+        probe_managed(&format!("{}", decode::managed_probe::PROBE_BYTES))?;
+    }
+    Ok(())
+}
+
+/// `hipdecode plan` for one GPU: `shard`'s part of the model under `budget`.
+fn plan_rank(args: &PlanArgs, budget: offload::Budget, shard: decode::model::Shard) -> Result<()> {
+    use offload::{parse_size, LinkModel};
     let budget_source = match &args.gpu_budget {
         Some(text) => format!("--gpu-budget {text}"),
         None => offload::knobs::GPU_BUDGET.name.to_string(),
@@ -543,7 +585,10 @@ fn plan(args: PlanArgs) -> Result<()> {
     {
         gpu_config.kv_type = kv;
     }
-    let options = decode::layout::LayoutOptions::for_config(args.context, &gpu_config);
+    let options = decode::layout::LayoutOptions {
+        shard,
+        ..decode::layout::LayoutOptions::for_config(args.context, &gpu_config)
+    };
     let layout = decode::layout::ModelLayout::new(&file, &options)?;
     let defaults = decode::budget_run::default_link(gpu_config.cpu_share)?;
     let given = args.hbm_gbps.is_some()
@@ -625,9 +670,6 @@ fn plan(args: PlanArgs) -> Result<()> {
     }
     if args.tensors {
         out!("{}", plan.tensor_listing())?;
-    }
-    if args.probe {
-        probe_managed(&format!("{}", decode::managed_probe::PROBE_BYTES))?;
     }
     Ok(())
 }

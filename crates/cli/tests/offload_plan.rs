@@ -318,3 +318,63 @@ fn plan_uses_the_rates_the_probes_kept_and_says_so() {
     std::fs::remove_dir_all(&dir).ok();
     std::fs::remove_file(&model).ok();
 }
+
+/// `plan --tp N` lays out each GPU of a tensor-parallel split: its part of the weights under
+/// its own budget (one for all, or one per GPU). Q8_0 weights, whose blocks of 32 let the tiny
+/// shapes' columns split.
+#[test]
+fn plan_tp_lays_out_each_gpu_under_its_own_budget() {
+    let bytes =
+        common::preset_with_weights_as(Preset::TinyLlama, decode::gguf_loader::GgmlType::Q8_0);
+    let model = common::scratch_dir().join(format!("plan-tp-{}.gguf", std::process::id()));
+    std::fs::write(&model, bytes).unwrap();
+    let plan = |extra: &[&str]| {
+        let out = hipdecode()
+            .args(["plan", "-m"])
+            .arg(&model)
+            .args(["--context", "256"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    };
+    // MiB of weights on the GPU, from the model line.
+    let weights = |stdout: &str| -> Vec<f64> {
+        stdout
+            .lines()
+            .filter_map(|l| l.split(" weight tensors, ").nth(1))
+            .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
+            .collect()
+    };
+    let (ok, whole, stderr) = plan(&["--gpu-budget", "120MiB"]);
+    assert!(ok, "{stderr}");
+    let (ok, split, stderr) = plan(&["--tp", "2", "--gpu-budget", "110MiB,120MiB"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        split.contains("== GPU 0 of 2") && split.contains("== GPU 1 of 2"),
+        "{split}"
+    );
+    assert!(
+        split.contains("budget   110.0 MiB from --gpu-budget 110MiB,120MiB"),
+        "{split}"
+    );
+    assert!(split.contains("budget   120.0 MiB"), "{split}");
+    let (whole, split) = (weights(&whole), weights(&split));
+    assert_eq!((whole.len(), split.len()), (1, 2));
+    for rank in split {
+        assert!(
+            rank < whole[0] * 0.75,
+            "a rank's {rank} MiB against {whole:?}"
+        );
+    }
+    // A budget count that is neither one nor one per GPU, and a split the heads refuse.
+    let (ok, _, stderr) = plan(&["--tp", "2", "--gpu-budget", "1GiB,2GiB,3GiB"]);
+    assert!(!ok && stderr.contains("3 budgets for --tp 2"), "{stderr}");
+    let (ok, _, stderr) = plan(&["--tp", "3", "--gpu-budget", "1GiB"]);
+    assert!(
+        !ok && stderr.contains("cannot be split over 3 ranks"),
+        "{stderr}"
+    );
+    std::fs::remove_file(&model).ok();
+}

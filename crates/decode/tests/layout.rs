@@ -73,6 +73,75 @@ fn the_layout_is_what_a_cpu_load_books_per_tag() {
     }
 }
 
+/// A rank of a tensor-parallel split (`LayoutOptions::shard`) is laid out as its CPU load
+/// books it, per tag: its parts of the weights (its heads' rows and columns, its share of the
+/// feed-forward width, its vocabulary rows of an untied output), and the KV cache and
+/// activations of its heads and width. Q8_0 weights, whose blocks of 32 let the tiny shapes'
+/// columns split.
+#[test]
+fn a_ranks_layout_is_what_its_cpu_load_books_per_tag() {
+    let mut ran = 0;
+    for preset in TINY {
+        let bytes = common::preset_with_weights_as(preset, decode::gguf_loader::GgmlType::Q8_0);
+        let file = Arc::new(decode::GgufFile::from_bytes(bytes).unwrap());
+        let spec = decode::model::ModelSpec::from_gguf(&file).unwrap();
+        let options = ContextOptions {
+            context: 64,
+            ..ContextOptions::default()
+        };
+        let whole = ModelLayout::new(&file, &LayoutOptions::cpu(&options)).unwrap();
+        for ranks in [2, 4] {
+            if !spec.n_head.is_multiple_of(ranks) {
+                continue;
+            }
+            for rank in 0..ranks {
+                let shard = decode::model::Shard::new(rank, ranks).unwrap();
+                let laid = LayoutOptions {
+                    shard,
+                    ..LayoutOptions::cpu(&options)
+                };
+                let layout = ModelLayout::new(&file, &laid).unwrap();
+                let mut backend = CpuBackend::new(Precision::Fast);
+                let model = Model::load_shard(&file, &mut backend, shard, &mut |_, _| {}).unwrap();
+                let _ctx = Context::new(&model, &mut backend, options).unwrap();
+                let mem = backend.memory();
+                let what = format!("{} rank {rank} of {ranks}", preset.name());
+                for tag in MemoryTag::ALL {
+                    assert_eq!(
+                        layout.requested(tag),
+                        mem.get(tag),
+                        "{what}: {} (layout against the CPU's books)",
+                        tag.name()
+                    );
+                }
+                let weights = layout.requested(MemoryTag::Weights);
+                assert!(
+                    weights < whole.requested(MemoryTag::Weights),
+                    "{what}: weights"
+                );
+                // The rank's K/V heads' share of the cache (with fewer K/V heads than ranks,
+                // each rank holds the one of its query group).
+                let (kv, whole_kv) = (
+                    layout.requested(MemoryTag::KvCache),
+                    whole.requested(MemoryTag::KvCache),
+                );
+                let heads = decode::model::tensor_parallel::shard_spec(&spec, shard)
+                    .unwrap()
+                    .n_head_kv;
+                assert!(heads < spec.n_head_kv || spec.n_head_kv < ranks, "{what}");
+                assert_eq!(
+                    kv * spec.n_head_kv as u64,
+                    whole_kv * heads as u64,
+                    "{what}: the KV cache of {heads} of {} K/V heads",
+                    spec.n_head_kv
+                );
+                ran += 1;
+            }
+        }
+    }
+    assert!(ran >= 2 * TINY.len(), "{ran} ranks laid out");
+}
+
 /// An embedding table that is only looked up stays in pinned host memory on the GPU by
 /// default: the layout lists it apart from the device's weights, the plan keeps it on the host
 /// under a budget that holds everything, and a tied table (the output's matrix) stays a device

@@ -33,7 +33,7 @@ use crate::backend::Attention;
 use crate::context::ContextOptions;
 use crate::error::{DecodeError, Result};
 use crate::memory::MemoryTag;
-use crate::model::ModelSpec;
+use crate::model::{ModelSpec, Shard};
 use allocator::{AllocatorView, Request};
 use bytes::{overflow, sum};
 use context::Activation;
@@ -80,6 +80,10 @@ pub struct LayoutOptions {
     /// Whether the GPU backend maps a shared KV pool's memory as it grows
     /// (`HIPDECODE_GPU_KV_POOL=grow`), so its layers are priced in the device's mapped pieces.
     pub kv_pool_grows: bool,
+    /// The rank of a tensor-parallel split whose part is laid out (the whole model on one
+    /// rank by default): its weights' parts, and the KV cache and activations of its heads
+    /// and width.
+    pub shard: Shard,
 }
 
 impl Default for LayoutOptions {
@@ -99,6 +103,7 @@ impl Default for LayoutOptions {
             stream_prefill: true,
             lookup_on_host: true,
             kv_pool_grows: true,
+            shard: Shard::whole(),
         }
     }
 }
@@ -235,15 +240,17 @@ impl Lines {
 impl ModelLayout {
     /// The layout of `file` under `options`.
     pub fn new(file: &GgufFile, options: &LayoutOptions) -> Result<ModelLayout> {
-        let s = ModelSpec::from_gguf(file)?;
+        let whole = ModelSpec::from_gguf(file)?;
         let o = options;
+        // A rank's spec has its heads and width (the whole model's on one rank).
+        let s = crate::model::tensor_parallel::shard_spec(&whole, o.shard)?;
         if o.bounds.max_batch == 0 || o.bounds.context == 0 || o.bounds.sequences == 0 {
             return Err(DecodeError::InvalidArgument(
                 "context, batch size and sequences must be at least 1".into(),
             ));
         }
         let gpu = o.target == Target::Gpu;
-        let (weights, matrices) = weights::loaded_weights(file, &s)?;
+        let (weights, matrices) = weights::loaded_weights(file, &whole, o.shard)?;
         let mb = o.bounds.max_batch;
         let (kd, vd) = (s.widths.k, s.widths.v);
         let mut lines = Lines(Vec::new());

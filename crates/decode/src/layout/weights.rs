@@ -4,6 +4,7 @@
 
 use super::bytes::{overflow, product};
 use crate::error::{DecodeError, Result};
+use crate::model::tensor_parallel::{self, Shard, Split};
 use crate::model::ModelSpec;
 use gguf_loader::GgufFile;
 use offload::{TensorKind, WeightTensor};
@@ -18,7 +19,7 @@ pub struct LoadedWeight {
     /// The tensor as the planner sees it: its bytes are the GPU backend's (vectors as f32,
     /// matrices in their file format).
     pub tensor: WeightTensor,
-    /// Its bytes in the file.
+    /// Its bytes in the file (of the shard's part, which the load copies out of it).
     pub file_bytes: u64,
     /// Whether it is a vector (one row), which the backends widen to f32.
     pub vector: bool,
@@ -36,10 +37,12 @@ impl LoadedWeight {
     }
 }
 
-/// The tensors `Model::load` uploads, in its order, and each matrix's shape.
+/// The tensors `Model::load_shard` uploads for `shard` of the model of `s` (the whole model's
+/// spec), in its order, each the part the shard holds, and each matrix's shape.
 pub fn loaded_weights(
     file: &GgufFile,
     s: &ModelSpec,
+    shard: Shard,
 ) -> Result<(Vec<LoadedWeight>, Vec<MatrixShape>)> {
     let mut out = Vec::new();
     let mut matrices = Vec::new();
@@ -55,15 +58,23 @@ pub fn loaded_weights(
             };
         };
         let dim = |i: usize| info.dims.get(i).copied().unwrap_or(1) as usize;
-        let (cols, rows, mats) = (dim(0), dim(1), dim(2));
+        let whole_dims = [dim(0), dim(1), dim(2)];
+        // The part this shard holds (the whole tensor on one rank), as the load cuts it.
+        let split = tensor_parallel::split_of(s, shard, !tied, name);
+        let (dims, part_bytes) = match split {
+            Split::Whole => (whole_dims, info.n_bytes),
+            _ => tensor_parallel::part_of(info.ggml_type, whole_dims, &split)
+                .ok_or_else(|| overflow(name))?,
+        };
+        let [cols, rows, mats] = dims;
         let vector = rows == 1 && mats == 1;
         let bytes = if vector {
             product(name, &[cols, 4])? as u64
         } else {
-            let row_bytes = usize::try_from(info.n_bytes).map_err(|_| overflow(name))?
+            let row_bytes = usize::try_from(part_bytes).map_err(|_| overflow(name))?
                 / rows.saturating_mul(mats).max(1);
             matrices.push((rows, cols, row_bytes));
-            info.n_bytes
+            part_bytes
         };
         out.push(LoadedWeight {
             tensor: WeightTensor {
@@ -72,7 +83,7 @@ pub fn loaded_weights(
                 layer,
                 kind,
             },
-            file_bytes: info.n_bytes,
+            file_bytes: part_bytes,
             vector,
         });
         Ok(true)

@@ -202,7 +202,7 @@ impl<B: Backend> Model<B> {
         // A part of a split is cut from its tensors as it loads, so only a whole model's sizes
         // are known ahead.
         if shard.ranks == 1 {
-            let (weights, _) = crate::layout::weights::loaded_weights(file, &whole)?;
+            let (weights, _) = crate::layout::weights::loaded_weights(file, &whole, shard)?;
             backend.reserve_weights(&weights)?;
         }
         let mut ld = Loader { file, backend };

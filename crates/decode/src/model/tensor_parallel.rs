@@ -187,6 +187,55 @@ pub(crate) fn output_split(spec: &ModelSpec, shard: Shard, untied: bool) -> Spli
     Split::Rows(shard.part(spec.vocab))
 }
 
+/// The part of tensor `name` that `shard` of a model of `whole` loads, as `Model::load_shard`
+/// cuts it (`untied`: the output projection is its own tensor), so the layout prices the part
+/// the load holds.
+pub(crate) fn split_of(whole: &ModelSpec, shard: Shard, untied: bool, name: &str) -> Split {
+    if shard.is_whole() {
+        return Split::Whole;
+    }
+    if name == "output.weight" {
+        return output_split(whole, shard, untied);
+    }
+    let Some((_, tensor)) = name.strip_prefix("blk.").and_then(|n| n.split_once('.')) else {
+        return Split::Whole;
+    };
+    let splits = LayerSplits::new(whole, shard);
+    match tensor {
+        "attn_q.weight" => splits.q,
+        "attn_k.weight" => splits.k,
+        "attn_v.weight" => splits.v,
+        "attn_output.weight" => splits.o,
+        "attn_q.bias" => bias_split(&splits.q),
+        "attn_k.bias" => bias_split(&splits.k),
+        "attn_v.bias" => bias_split(&splits.v),
+        "ffn_gate.weight" | "ffn_up.weight" | "ffn_gate_exps.weight" | "ffn_up_exps.weight" => {
+            splits.ff_rows
+        }
+        "ffn_down.weight" | "ffn_down_exps.weight" => splits.ff_cols,
+        _ => Split::Whole,
+    }
+}
+
+/// The dims and bytes of `split`'s part of a tensor of `format` and `dims` (as [`slice`] cuts
+/// it), or `None` where the part is not whole blocks.
+pub(crate) fn part_of(
+    format: GgmlType,
+    dims: [usize; 3],
+    split: &Split,
+) -> Option<([usize; 3], u64)> {
+    let [cols, rows, mats] = dims;
+    let part = match split {
+        Split::Whole => dims,
+        Split::Rows(r) => [cols, r.len(), mats],
+        Split::Cols(c) => [c.len(), rows, mats],
+    };
+    let bytes = quant::row_bytes(format, part[0])?
+        .checked_mul(part[1])?
+        .checked_mul(part[2])?;
+    Some((part, bytes as u64))
+}
+
 /// A bias vector's part under `split` of its projection's rows: the same range of its values.
 pub(crate) fn bias_split(rows: &Split) -> Split {
     match rows {

@@ -67,6 +67,9 @@ impl GpuBackend {
             stream_prefill: self.host_prefill == HostPrefill::Stream,
             lookup_on_host: self.embed_table == crate::backend::gpu::EmbedTable::Host,
             kv_pool_grows: self.kv_pool == crate::backend::gpu::KvPool::Grow,
+            // The backend does not know the model it will run; a caller laying out a rank
+            // sets its shard.
+            shard: crate::model::Shard::whole(),
         }
     }
 
