@@ -525,7 +525,8 @@ fn plan_budgets(args: &PlanArgs, ranks: usize) -> Result<Vec<offload::Budget>> {
         1 => Ok(vec![each[0]; ranks]),
         n if n == ranks => Ok(each),
         n => anyhow::bail!(
-            "--gpu-budget gives {n} budgets for --tp {ranks}: give one for every GPU, or one              budget per GPU separated by commas"
+            "--gpu-budget gives {n} budgets for --tp {ranks}: give one for every GPU, or one \
+             budget per GPU separated by commas"
         ),
     }
 }

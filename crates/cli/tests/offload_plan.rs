@@ -377,4 +377,18 @@ fn plan_tp_lays_out_each_gpu_under_its_own_budget() {
         "{stderr}"
     );
     std::fs::remove_file(&model).ok();
+    // Q4_K rows of 256 values cut at 128 columns: refused by the blocks, as the load is.
+    let q4k = tiny_model(Preset::TinyLlama, "tp-q4k");
+    let out = hipdecode()
+        .args(["plan", "-m"])
+        .arg(&q4k)
+        .args(["--tp", "2", "--gpu-budget", "1GiB"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("blocks of 256"),
+        "{stderr}"
+    );
+    std::fs::remove_file(&q4k).ok();
 }

@@ -63,8 +63,17 @@ pub fn loaded_weights(
         let split = tensor_parallel::split_of(s, shard, !tied, name);
         let (dims, part_bytes) = match split {
             Split::Whole => (whole_dims, info.n_bytes),
-            _ => tensor_parallel::part_of(info.ggml_type, whole_dims, &split)
-                .ok_or_else(|| overflow(name))?,
+            _ => tensor_parallel::part_of(info.ggml_type, whole_dims, &split).ok_or_else(|| {
+                let format = info.ggml_type;
+                DecodeError::InvalidArgument(format!(
+                    "{name}: rank {} of {}'s part ({split:?}) does not fall on {format}'s blocks \
+                     of {} values; a split of this tensor needs a rank count that leaves each \
+                     rank whole blocks",
+                    shard.rank,
+                    shard.ranks,
+                    format.block_size()
+                ))
+            })?,
         };
         let [cols, rows, mats] = dims;
         let vector = rows == 1 && mats == 1;
