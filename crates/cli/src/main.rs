@@ -532,53 +532,30 @@ fn plan_budgets(args: &PlanArgs, ranks: usize) -> Result<Vec<offload::Budget>> {
 }
 
 fn plan(args: PlanArgs) -> Result<()> {
+    use offload::{parse_size, LinkModel};
     let ranks = args.tp as usize;
     let budgets = plan_budgets(&args, ranks)?;
-    for (rank, budget) in budgets.into_iter().enumerate() {
-        if ranks > 1 {
-            if rank > 0 {
-                outln!()?;
-            }
-            outln!("== GPU {rank} of {ranks} (tensor-parallel rank {rank})")?;
-        }
-        let shard = decode::model::Shard::new(rank, ranks)?;
-        plan_rank(&args, budget, shard)?;
-    }
-    if args.probe {
-        probe_managed(&format!("{}", decode::managed_probe::PROBE_BYTES))?;
-    }
-    Ok(())
-}
-
-/// `hipdecode plan` for one GPU: `shard`'s part of the model under `budget`.
-fn plan_rank(args: &PlanArgs, budget: offload::Budget, shard: decode::model::Shard) -> Result<()> {
-    use offload::{parse_size, LinkModel};
-    let budget_source = match &args.gpu_budget {
-        Some(text) => format!("--gpu-budget {text}"),
-        None => offload::knobs::GPU_BUDGET.name.to_string(),
-    };
-    let (device_total, device_source) = match &args.device_memory {
-        Some(text) => (
-            Some(parse_size("--device-memory", text)?),
-            "--device-memory".to_string(),
-        ),
-        None if budget.needs_device_total() && device::gpu_present() => {
+    // What every GPU's plan shares, read once: the device's size (asked of the GPU only when a
+    // budget is a share of it), the model, the settings and the link rates.
+    let share = budgets.iter().find(|b| b.needs_device_total());
+    let device = match &args.device_memory {
+        Some(text) => Some((parse_size("--device-memory", text)?, "--device-memory")),
+        None if share.is_some() && device::gpu_present() => {
             let gpu = device::probe_gpu().map_err(|reason| {
                 anyhow::anyhow!(
                     "{}; the GPU could not be asked: {reason}",
                     offload::BudgetError::NeedsDeviceTotal {
-                        budget: budget.to_string()
+                        budget: share.map(|b| b.to_string()).unwrap_or_default()
                     }
                 )
             })?;
             let info = gpu
                 .mem_get_info()
                 .map_err(|e| anyhow::anyhow!("reading the GPU's memory: {e}"))?;
-            (Some(info.total), "asked the GPU".to_string())
+            Some((info.total, "asked the GPU"))
         }
-        None => (None, String::new()),
+        None => None,
     };
-    let bytes = budget.resolve(device_total)?;
     let file = decode::open_model(&args.model)?;
     let mut gpu_config = decode::backend::gpu::GpuConfig::from_process()?;
     if let Some(kv) = decode::kv::KvType::of_flags(args.cache_type_k, args.cache_type_v)
@@ -586,11 +563,6 @@ fn plan_rank(args: &PlanArgs, budget: offload::Budget, shard: decode::model::Sha
     {
         gpu_config.kv_type = kv;
     }
-    let options = decode::layout::LayoutOptions {
-        shard,
-        ..decode::layout::LayoutOptions::for_config(args.context, &gpu_config)
-    };
-    let layout = decode::layout::ModelLayout::new(&file, &options)?;
     let defaults = decode::budget_run::default_link(gpu_config.cpu_share)?;
     let given = args.hbm_gbps.is_some()
         || args.zero_copy_gbps.is_some()
@@ -611,7 +583,65 @@ fn plan_rank(args: &PlanArgs, budget: offload::Budget, shard: decode::model::Sha
     } else {
         defaults
     };
-    let plan = offload::plan(&decode::budget_run::plan_request(&layout, bytes, link)?)?;
+    let shared = PlanInputs {
+        file,
+        gpu_config,
+        link,
+        device,
+    };
+    for (rank, budget) in budgets.into_iter().enumerate() {
+        if ranks > 1 {
+            if rank > 0 {
+                outln!()?;
+            }
+            outln!("== GPU {rank} of {ranks} (tensor-parallel rank {rank})")?;
+        }
+        let shard = decode::model::Shard::new(rank, ranks)?;
+        plan_rank(&args, &shared, budget, shard)?;
+    }
+    if args.probe {
+        probe_managed(&format!("{}", decode::managed_probe::PROBE_BYTES))?;
+    }
+    Ok(())
+}
+
+/// What every GPU's plan of one `hipdecode plan` shares.
+struct PlanInputs {
+    file: std::sync::Arc<decode::GgufFile>,
+    gpu_config: decode::backend::gpu::GpuConfig,
+    link: offload::LinkModel,
+    /// The device's total memory and where it came from, when known.
+    device: Option<(u64, &'static str)>,
+}
+
+/// `hipdecode plan` for one GPU: `shard`'s part of the model under `budget`.
+fn plan_rank(
+    args: &PlanArgs,
+    shared: &PlanInputs,
+    budget: offload::Budget,
+    shard: decode::model::Shard,
+) -> Result<()> {
+    let PlanInputs {
+        file,
+        gpu_config,
+        link,
+        device,
+    } = shared;
+    let budget_source = match &args.gpu_budget {
+        Some(text) => format!("--gpu-budget {text}"),
+        None => offload::knobs::GPU_BUDGET.name.to_string(),
+    };
+    let bytes = budget.resolve(device.map(|(total, _)| total))?;
+    let options = decode::layout::LayoutOptions {
+        shard,
+        ..decode::layout::LayoutOptions::for_config(args.context, gpu_config)
+    };
+    let layout = decode::layout::ModelLayout::new(file, &options)?;
+    let plan = offload::plan(&decode::budget_run::plan_request(
+        &layout,
+        bytes,
+        link.clone(),
+    )?)?;
     let s = &layout.spec;
     let weights: u64 = layout.tensors.iter().map(|t| t.bytes).sum();
     outln!(
@@ -634,11 +664,8 @@ fn plan_rank(args: &PlanArgs, budget: offload::Budget, shard: decode::model::Sha
             "not reserved"
         }
     )?;
-    let device = match device_total {
-        Some(total) => format!(
-            "; device memory {} MiB ({device_source})",
-            offload::mib(total)
-        ),
+    let device = match device {
+        Some((total, source)) => format!("; device memory {} MiB ({source})", offload::mib(*total)),
         None => String::new(),
     };
     outln!(
