@@ -711,6 +711,43 @@ fn a_model_without_a_template_refuses_chat_and_still_completes() {
     std::fs::remove_file(&model).ok();
 }
 
+/// A request whose prompt and token limit need more KV blocks than the whole budget holds is
+/// refused at once with the bytes it needs and the budget (issue 21: a sequence that can never
+/// fit is refused, and nothing else waits on it); a request that fits is still answered.
+#[test]
+fn a_request_the_kv_budget_can_never_hold_is_refused_with_its_bytes() {
+    let _one = one_at_a_time();
+    let model = tiny_llama("never-fits");
+    let file = decode::open_model(&model).expect("opens");
+    let spec = decode::model::ModelSpec::from_gguf(&file).expect("spec");
+    // Two blocks of positions: 32 of the context's 512.
+    const CTX: usize = 512;
+    let block = decode::layout::context::pool_block_bytes(&spec, CTX, 64, decode::kv::KvType::F32)
+        .expect("block");
+    let budget = 2 * block;
+    let args = ["--device", "cpu", "--ctx", "512", "--kv-budget"];
+    let budget_arg = budget.to_string();
+    let srv = ServerProc::start(&model, &[&args[..], &[budget_arg.as_str()]].concat());
+    let long = "the quick brown fox jumps over the lazy dog ".repeat(4);
+    let body = json!({"prompt": long, "max_tokens": 8, "temperature": 0});
+    let (status, text) = srv.post("/v1/completions", body.to_string().as_bytes());
+    eprintln!("a request beyond the budget: {status} {text}");
+    assert_eq!(status, 400, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("a JSON error");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("could never run")
+            && message.contains(&format!("the budget is {budget} bytes"))
+            && message.contains("raise the KV budget"),
+        "{message}"
+    );
+    let body = json!({"prompt": "hello", "max_tokens": 3, "temperature": 0});
+    let (status, text) = srv.post("/v1/completions", body.to_string().as_bytes());
+    assert_eq!(status, 200, "a request that fits: {text}");
+    drop(srv);
+    std::fs::remove_file(&model).ok();
+}
+
 /// A streaming client that stops reading: once the socket's buffers and the response's
 /// bounded buffer are full, the request is cancelled and its KV blocks return, while the
 /// connection is still open; meanwhile other requests are answered (the step loop never

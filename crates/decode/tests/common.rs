@@ -370,3 +370,18 @@ pub fn check_cpu_logits_in(
 pub fn scratch_dir() -> PathBuf {
     test_support::models::scratch_dir("decode-tests")
 }
+
+/// Whether two greedy runs that chose `leader` and `other` at one step part there at a
+/// near-tie of `logits` (the run that chose `leader`): `leader`'s logit leads `other`'s by at
+/// most twice `tol`, relative to max(1, RMS of the logits). `Ok` or `Err` carries the figures.
+pub fn near_tie(logits: &[f32], leader: u32, other: u32, tol: f32) -> Result<String, String> {
+    let lead = logits[leader as usize] - logits[other as usize];
+    let rms = test_support::tolerance::rms(logits);
+    let bound = 2.0 * tol * rms.max(1.0);
+    let text = format!("{leader} leads {other} by {lead:.3e} (bound {bound:.3e}, rms {rms:.3})");
+    if lead.is_finite() && lead <= bound {
+        Ok(text)
+    } else {
+        Err(text)
+    }
+}

@@ -1,6 +1,7 @@
 //! Long contexts on the GPU against the CPU's exact path (issue 23, correctness): logits at every
 //! position of a 4096-token prompt and of 64 decode steps after it, on the tiny synthetic
-//! models of every architecture, on both GPU paths.
+//! models of every architecture, on both GPU paths and with the q8_0 KV cache; and real Gemma 3
+//! 270M at every 64th prompt position and the 64 steps.
 //!
 //! - The tiny models' context length (2048) is raised to 8192 in the file, so the context holds
 //!   the prompt and the steps.
@@ -29,8 +30,14 @@ use std::sync::Arc;
 use test_support::gpu::gpu_lock;
 use test_support::tolerance::{compare, top2_margin};
 
-/// gpu_backend's tolerances for the exact path (f32 KV) and the int8 path (f16 KV).
-const PATHS: [(MatvecPath, f32); 2] = [(MatvecPath::Exact, 1e-3), (MatvecPath::Int8, 0.2)];
+/// The GPU runs compared, with gpu_backend's tolerances: the exact path (f32 KV), the int8
+/// path (f16 KV) and the int8 path with the q8_0 KV cache. The CPU reference stores its KV as
+/// q8_0 where the GPU does (the same quantization, bit for bit) and as f32 otherwise.
+const PATHS: [(MatvecPath, KvType, f32); 3] = [
+    (MatvecPath::Exact, KvType::F32, 1e-3),
+    (MatvecPath::Int8, KvType::F16, 0.2),
+    (MatvecPath::Int8, KvType::Q8_0, 0.2),
+];
 const PROMPT: usize = 4096;
 const STEPS: usize = 64;
 const CHUNK: usize = 100;
@@ -54,86 +61,139 @@ fn tokens(n: usize, vocab: usize, salt: u32) -> Vec<u32> {
         .collect()
 }
 
-/// Logits of every prompt position (prefilled in chunks of `chunk`) and of each teacher-forced
-/// decode step after it.
+/// Logits of the prompt's `positions` (prefilled in chunks of `chunk`) and of each
+/// teacher-forced decode step after it.
 fn run<B: Backend>(
     file: &Arc<GgufFile>,
     backend: B,
     prompt: &[u32],
     steps: &[u32],
     chunk: usize,
+    positions: Positions,
 ) -> Vec<f32> {
+    let all_logits = matches!(positions, Positions::Every);
     let options = ContextOptions {
         context: prompt.len() + steps.len() + 1,
         max_batch: chunk,
-        all_logits: true,
+        all_logits,
         sequences: 1,
         kv_blocks: None,
     };
     let mut model = Session::load(file, backend, options).expect("load");
-    let mut all = model.forward_all_logits(prompt).expect("prefill");
-    for &t in steps {
-        all.extend(model.forward_all_logits(&[t]).expect("decode step"));
+    if all_logits {
+        let mut all = model.forward_all_logits(prompt).expect("prefill");
+        for &t in steps {
+            all.extend(model.forward_all_logits(&[t]).expect("decode step"));
+        }
+        return all;
     }
-    all
+    let (mut kept, mut last) = (Vec::new(), Vec::new());
+    for part in prompt.chunks(chunk) {
+        model.forward(part).expect("prefill chunk");
+        model.last_logits(&mut last).expect("logits");
+        kept.extend_from_slice(&last);
+    }
+    for &t in steps {
+        model.decode(t).expect("decode step");
+        model.last_logits(&mut last).expect("logits");
+        kept.extend_from_slice(&last);
+    }
+    kept
 }
 
-fn gpu_on(test: &str, path: MatvecPath, chunk: usize) -> Option<GpuBackend> {
+fn gpu_on(test: &str, path: MatvecPath, kv: KvType, chunk: usize) -> Option<GpuBackend> {
     let device = hip_ffi::testing::device_or_skip(test)?;
     let mut be = GpuBackend::new(device, chunk, true).expect("the GPU backend starts");
     be.set_matvec_path(path);
-    be.set_kv_type(match path {
-        MatvecPath::Exact => KvType::F32,
-        MatvecPath::Int8 => KvType::F16,
-    });
+    be.set_kv_type(kv);
     Some(be)
 }
 
-/// Compares the GPU's logits with the CPU's on both paths: the whole run within the path's
-/// tolerance, and each position's argmax equal but at near-ties.
+/// The CPU's exact path with the KV cache the reference for a GPU run of `kv` keeps.
+fn cpu_for(kv: KvType) -> CpuBackend {
+    let mut be = CpuBackend::new(Precision::Exact);
+    be.set_kv_type(match kv {
+        KvType::Q8_0 => KvType::Q8_0,
+        KvType::F32 | KvType::F16 => KvType::F32,
+    });
+    be
+}
+
+/// Compares the GPU's logits with the CPU's on every path of [`PATHS`], at every position.
 fn check(test: &str, file: &Arc<GgufFile>, prompt: &[u32], steps: &[u32], chunk: usize) -> bool {
-    let want = run(
-        file,
-        CpuBackend::new(Precision::Exact),
-        prompt,
-        steps,
-        chunk,
-    );
-    for (path, tol) in PATHS {
-        let Some(gpu) = gpu_on(test, path, chunk) else {
+    check_at(test, file, prompt, steps, chunk, Positions::Every)
+}
+
+/// Which positions' logits a run keeps.
+#[derive(Clone, Copy)]
+enum Positions {
+    /// Every prompt position and every step.
+    Every,
+    /// The last of each prefill chunk, and every step: for a vocabulary too large to keep
+    /// 4096 rows of logits.
+    ChunkEnds,
+}
+
+/// [`check`] at `positions`: the whole run within each path's tolerance, and each kept
+/// position's argmax equal but at near-ties.
+fn check_at(
+    test: &str,
+    file: &Arc<GgufFile>,
+    prompt: &[u32],
+    steps: &[u32],
+    chunk: usize,
+    positions: Positions,
+) -> bool {
+    let mut references: Vec<(KvType, Vec<f32>)> = Vec::new();
+    for (path, kv, tol) in PATHS {
+        let Some(gpu) = gpu_on(test, path, kv, chunk) else {
             return false;
         };
-        let got = run(file, gpu, prompt, steps, chunk);
+        let cpu = cpu_for(kv);
+        let cpu_kv = cpu.kv_type();
+        if !references.iter().any(|(k, _)| *k == cpu_kv) {
+            let want = run(file, cpu, prompt, steps, chunk, positions);
+            references.push((cpu_kv, want));
+        }
+        let want = &references
+            .iter()
+            .find(|(k, _)| *k == cpu_kv)
+            .expect("computed")
+            .1;
+        let got = run(file, gpu, prompt, steps, chunk, positions);
         let what = format!(
-            "{test} {path:?}, prompt {} in chunks of {chunk}, {} steps",
+            "{test} {path:?} with {kv:?} KV, prompt {} in chunks of {chunk}, {} steps",
             prompt.len(),
             steps.len()
         );
         assert_eq!(got.len(), want.len(), "{what}: logit count");
-        let (max, rms) = compare(&got, &want);
+        let (max, rms) = compare(&got, want);
         eprintln!("{what}: max |gpu - cpu| {max:.3e}, cpu rms {rms:.3}");
         assert!(
             max <= tol * rms.max(1.0),
             "{what}: max diff {max} > {tol} x max(rms {rms}, 1)"
         );
-        let positions = prompt.len() + steps.len();
-        let v = want.len() / positions;
+        let kept = match positions {
+            Positions::Every => prompt.len() + steps.len(),
+            Positions::ChunkEnds => prompt.len().div_ceil(chunk) + steps.len(),
+        };
+        let v = want.len() / kept;
         let mut near_ties = 0;
-        for p in 0..positions {
+        for p in 0..kept {
             let (w, g) = (&want[p * v..(p + 1) * v], &got[p * v..(p + 1) * v]);
             if argmax(w) != argmax(g) {
                 let (margin, rms) = top2_margin(w);
                 assert!(
                     margin < 2.0 * tol * rms.max(1.0),
-                    "{what}: position {p}: argmax {} on the GPU, {} on the CPU, which is no \
-                     near-tie (margin {margin}, rms {rms})",
+                    "{what}: kept position {p}: argmax {} on the GPU, {} on the CPU, which is \
+                     no near-tie (margin {margin}, rms {rms})",
                     argmax(g),
                     argmax(w)
                 );
                 near_ties += 1;
             }
         }
-        eprintln!("{what}: {near_ties} of {positions} argmaxes differ, all at near-ties");
+        eprintln!("{what}: {near_ties} of {kept} argmaxes differ, all at near-ties");
     }
     true
 }
@@ -180,6 +240,60 @@ fn a_4096_token_prompt_and_64_steps_on_tiny_qwen3moe_match_the_cpu() {
 #[test]
 fn a_4096_token_prompt_and_64_steps_on_tiny_gemma3_match_the_cpu() {
     long_prompt(Preset::TinyGemma3);
+}
+
+#[test]
+fn a_4096_token_prompt_and_64_steps_on_tiny_qwen2_match_the_cpu() {
+    long_prompt(Preset::TinyQwen2);
+}
+
+#[test]
+fn a_4096_token_prompt_and_64_steps_on_tiny_gemma2_match_the_cpu() {
+    long_prompt(Preset::TinyGemma2);
+}
+
+#[test]
+fn a_4096_token_prompt_and_64_steps_on_tiny_phi3_match_the_cpu() {
+    long_prompt(Preset::TinyPhi3);
+}
+
+#[test]
+fn a_4096_token_prompt_and_64_steps_on_tiny_phi3_longrope_match_the_cpu() {
+    long_prompt(Preset::TinyPhi3LongRope);
+}
+
+#[test]
+fn a_4096_token_prompt_and_64_steps_on_tiny_mistral_nemo_match_the_cpu() {
+    long_prompt(Preset::TinyMistralNemo);
+}
+
+/// Real Gemma 3 270M: its 262k vocabulary would make 4096 rows of logits 4 GiB, so the prompt
+/// runs in chunks of 64 and the logits of each chunk's last position (every 64th) are kept,
+/// with the 64 steps' after it.
+#[test]
+fn real_gemma_at_every_64th_position_of_4096_and_64_steps_matches_the_cpu() {
+    let test = "real_gemma_long_context";
+    let _one_at_a_time = gpu_lock();
+    if hip_ffi::testing::device_or_skip(test).is_none() {
+        return;
+    }
+    let Some(path) = test_support::models::gemma_path() else {
+        return;
+    };
+    let file = decode::open_model(&path).expect("the Gemma file opens");
+    let vocab = decode::model::ModelSpec::from_gguf(&file)
+        .expect("spec")
+        .vocab;
+    let prompt = tokens(PROMPT, vocab, 1);
+    let steps = tokens(STEPS, vocab, 2);
+    assert!(check_at(
+        test,
+        &file,
+        &prompt,
+        &steps,
+        64,
+        Positions::ChunkEnds
+    ));
 }
 
 /// Prompts of window - 1, window and window + 1 tokens on the sliding-window model, in chunks

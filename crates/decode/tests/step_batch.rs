@@ -3,7 +3,10 @@
 //! logits and sampled token equal those of the sequence run alone on the same backend: on the
 //! exact CPU path to summation order, on the GPU's exact path (f32 products and KV cache) to
 //! the tolerance its conformance tests use, since a batched step may take another kernel (a
-//! decode row inside a prefill step) or split attention's keys otherwise.
+//! decode row inside a prefill step) or split attention's keys otherwise. On the GPU's int8
+//! path the logits are held to that path's conformance tolerance (`selftest::INT8_TOL`) and
+//! the sampled tokens are not compared: a batched step rounds its activations through other
+//! kernels, and batched_runs.rs holds greedy tokens to the near-tie rule instead.
 
 mod common;
 
@@ -107,15 +110,17 @@ fn check_row<B: Backend>(
     let mut got = Vec::new();
     ctx.read_logits(be, batch_row, &mut got).expect("logits");
     let diff = max_abs_diff(&got, want);
+    // In units of max(1, RMS), as the conformance tests state their tolerances.
+    let scale = test_support::tolerance::rms(want).max(1.0);
     assert!(
-        diff <= tol,
-        "{what}: logits differ by {diff} from the run alone (allowed {tol})"
+        diff <= tol * scale,
+        "{what}: logits differ by {diff} from the run alone (allowed {tol} x {scale})"
     );
 }
 
 #[test]
 fn two_sequences_in_one_step_match_each_run_alone() {
-    two_sequences_match_alone(&|| CpuBackend::new(Precision::Exact), TOL);
+    two_sequences_match_alone(&|| CpuBackend::new(Precision::Exact), TOL, Tokens::Equal);
 }
 
 #[test]
@@ -131,10 +136,29 @@ fn two_sequences_in_one_gpu_step_match_each_run_alone() {
         be.set_kv_type(KvType::F32);
         be
     };
-    two_sequences_match_alone(&make, GPU_TOL);
+    two_sequences_match_alone(&make, GPU_TOL, Tokens::Equal);
 }
 
-fn two_sequences_match_alone<B: Backend>(backend: &impl Fn() -> B, tol: f32) {
+#[test]
+fn two_sequences_in_one_gpu_step_on_the_int8_path_match_alone_within_its_tolerance() {
+    let test = "two_sequences_in_one_gpu_step_on_the_int8_path_match_alone_within_its_tolerance";
+    let _lock = test_support::gpu::gpu_lock();
+    let Some(device) = hip_ffi::testing::device_or_skip(test) else {
+        return;
+    };
+    // The defaults: int8 products and an f16 KV cache.
+    let make = || GpuBackend::new(device, 16, true).expect("the GPU backend starts");
+    two_sequences_match_alone(&make, decode::selftest::INT8_TOL, Tokens::Unchecked);
+}
+
+/// Whether the rows' sampled tokens must equal the runs alone.
+#[derive(Clone, Copy, PartialEq)]
+enum Tokens {
+    Equal,
+    Unchecked,
+}
+
+fn two_sequences_match_alone<B: Backend>(backend: &impl Fn() -> B, tol: f32, tokens: Tokens) {
     for preset in Preset::ALL.into_iter().filter(|p| p.is_tiny()) {
         let name = preset.name();
         let file = Arc::new(preset_file(preset));
@@ -167,11 +191,13 @@ fn two_sequences_match_alone<B: Backend>(backend: &impl Fn() -> B, tol: f32) {
             tol,
         );
         assert_eq!(sampled.len(), 1);
-        assert_eq!(
-            (sampled[0].seq, sampled[0].token),
-            (0, a0.sampled[0]),
-            "{name}"
-        );
+        if tokens == Tokens::Equal {
+            assert_eq!(
+                (sampled[0].seq, sampled[0].token),
+                (0, a0.sampled[0]),
+                "{name}"
+            );
+        }
         assert_eq!((ctx.len(0), ctx.len(1)), (9, 3));
 
         // Step 2, mixed: sequence 0 decodes at 9 while sequence 1 finishes its prompt at 3..5.
@@ -195,12 +221,10 @@ fn two_sequences_match_alone<B: Backend>(backend: &impl Fn() -> B, tol: f32) {
             &a0.logits[1],
             tol,
         );
-        let tokens: Vec<(usize, u32)> = sampled.iter().map(|s| (s.seq, s.token)).collect();
-        assert_eq!(
-            tokens,
-            vec![(1, a1.sampled[0]), (0, a0.sampled[1])],
-            "{name}"
-        );
+        let got: Vec<(usize, u32)> = sampled.iter().map(|s| (s.seq, s.token)).collect();
+        if tokens == Tokens::Equal {
+            assert_eq!(got, vec![(1, a1.sampled[0]), (0, a0.sampled[1])], "{name}");
+        }
 
         // Decode steps of both, rows in either order, each with its own sampler.
         for i in 0..3 {
@@ -225,7 +249,9 @@ fn two_sequences_match_alone<B: Backend>(backend: &impl Fn() -> B, tol: f32) {
                 };
                 let what = format!("{name} decode {i} seq {}", r.seq);
                 check_row(&what, &ctx, &mut be, at, want_logits, tol);
-                assert_eq!(sampled[at].token, want_token, "{what}");
+                if tokens == Tokens::Equal {
+                    assert_eq!(sampled[at].token, want_token, "{what}");
+                }
             }
         }
         assert_eq!((ctx.len(0), ctx.len(1)), (13, 8));

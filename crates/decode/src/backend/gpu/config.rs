@@ -68,13 +68,14 @@ pub static MMA_MAX_ROWS: Knob<usize> = Knob {
 /// time grows with the rows, and the vendor GEMM's f16 copy costs the same at any row count.
 /// The kernel with packed scales and per-step tiles made a cap of 64 faster than 32 on an H100
 /// (+23 % at 40 and 48 sequences, +10 % at 64;
-/// `docs/benchmark_results/int8-mma-tiles-h100-2026-12-07.md`, section 8); raising the default
-/// waits for the GPU golden tokens it moves to be re-blessed on a GPU.
-pub const INT8_MMA_ROWS_DEFAULT: usize = 32;
+/// `docs/benchmark_results/int8-mma-tiles-h100-2026-12-07.md`, section 8), so 64 is the
+/// default: steps of 33 to 64 rows (batched decode, and a tiny model's first prefill chunk)
+/// run on it too.
+pub const INT8_MMA_ROWS_DEFAULT: usize = 64;
 
 pub static INT8_MMA_MAX_ROWS: Knob<usize> = Knob {
     name: "HIPDECODE_GPU_INT8_MMA_ROWS",
-    default: "32",
+    default: "64",
     doc: "most token rows of a step whose products run on the int8 matrix-core kernel \
           (quantized weights in their GGUF blocks against 8-bit activations, on devices with \
           native matrix cores), from 9 rows up; 0 turns it off, and such steps take the vendor \
