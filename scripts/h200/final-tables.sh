@@ -15,6 +15,12 @@
 #            30B-A3B and Gemma;
 #   batch1   issue 24: tg128/pp512 against llama-bench on the three models, each process's
 #            nvidia-smi peak (used_memory every 50 ms);
+#   verify   (a second lease, bundle-g) the GPU tests of the mended batched_runs and step_batch,
+#            the re-blessed golden_tokens, gpu_basic (the MoE grouping kernel), backend_conformance
+#            and gpu_backend;
+#   moe-ab   (bundle-g) pp512 and pp4096 on the 30B-A3B shape, the MoE grouping on the device
+#            (bench-decode) against the host's (old-bench-decode), alternating;
+#   long     (bundle-g) gpu_long_context: every tiny architecture, the q8_0 KV cache, real Gemma;
 #   collect  packs /tmp/ft into $OUT/ft.tgz and prints the summary.
 # From the checkout root, with bundle-f/{bench-decode,hipdecode,xtask,tests}, .peer, and
 # .dev/gemma/partNN (split -b 45M -d of models/gemma3-270m-q4_k_m.gguf) over the calls.
@@ -27,7 +33,7 @@ if [ "${1:-}" = collect ]; then
 fi
 mkdir -p $D /tmp/gemma-parts
 export HIPDECODE_KERNEL_CACHE=/tmp/kcache NCCL_NVLS_ENABLE=0
-N=bundle-f
+N=${N:-bundle-f}
 L=/tmp/llama3-8b-q4_k_m.gguf
 Q=/tmp/qwen3-30b-a3b-q4_k_m.gguf
 G=/tmp/gemma3-270m-q4_k_m.gguf
@@ -48,6 +54,7 @@ tests() {
         gpu_selftest) run rocm-kernels gpu_selftest --nocapture ;;
         golden_tokens) run decode golden_tokens gpu ;;
         backend_conformance) run decode backend_conformance --test-threads=2 ;;
+        gpu_basic) run rocm-kernels gpu_basic ;;
         *) run decode $t --test-threads=1 ;;
         esac
     done
@@ -57,7 +64,7 @@ setup)
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv \
         >$D/gpu.txt
     mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
-    [ -d /tmp/llama/b ] || (setsid bash .peer/build-on-device.sh >$D/llama-build.log 2>&1 \
+    [ -d /tmp/llama/b ] || [ -n "${NO_PEER:-}" ] || (setsid bash .peer/build-on-device.sh >$D/llama-build.log 2>&1 \
         </dev/null &)
     [ -f $L ] || (setsid bash -c "$N/xtask synth-model llama3-8b-q4_k_m -o $L >$D/synth.log 2>&1; \
         echo done >$D/synth.done; $N/xtask synth-model qwen3-30b-a3b-q4_k_m -o $Q \
@@ -151,8 +158,27 @@ batch1)
         done
     done
     ;;
+verify)
+    keep_parts
+    [ -f $G ] || { [ "$(ls /tmp/gemma-parts | wc -l)" = 6 ] && cat /tmp/gemma-parts/part* >$G; }
+    link_gemma
+    tests "batched_runs step_batch golden_tokens gpu_basic backend_conformance gpu_backend"
+    ;;
+moe-ab)
+    wait_for $D/synth-q.done 300 || st "30B-A3B shape not written"
+    for arm in old-1 new-1 new-2 old-2; do
+        b=$N/bench-decode
+        [ "${arm%-*}" = old ] && b=$N/old-bench-decode
+        timeout 200 $b -m $Q --device gpu -p 512,4096 -n 0 -r 3 >$D/moe-$arm.md 2>&1
+        st "moe-ab $arm exit $?"
+    done
+    ;;
+long)
+    link_gemma
+    tests gpu_long_context
+    ;;
 *)
-    echo "usage: $0 setup|part|golden|batched|depth|batch1|collect" >&2
+    echo "usage: $0 setup|part|golden|batched|depth|batch1|verify|moe-ab|long|collect" >&2
     exit 2
     ;;
 esac
