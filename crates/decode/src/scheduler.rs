@@ -296,6 +296,8 @@ impl Scheduler {
         {
             s.cancelled = true;
             s.failed = true;
+            // Its full blocks entered the prefix index as they were written (finish_step).
+            self.pool.unregister(&s.blocks);
         }
     }
 
@@ -485,6 +487,15 @@ impl Scheduler {
     /// returns what happened: new tokens and finished requests.
     pub fn finish_step(&mut self, plan: &StepPlan, sampled: &[u32]) -> Vec<Event> {
         let mut events = std::mem::take(&mut self.ended);
+        // What the step wrote is in the pool now: the running sequences' full blocks go into
+        // the prefix index at once, so a request admitted while they still run starts from
+        // them too. They are shared by reference count, and a full block is never written
+        // again (a lookup gives whole blocks only, short of the prompt's last position).
+        if self.config.prefix_cache {
+            for s in self.running.iter_mut().filter(|s| !s.cancelled) {
+                self.pool.register(&mut s.blocks, &s.tokens[..s.computed]);
+            }
+        }
         let asked = plan.batch.output_rows().map(|r| plan.requests[r]);
         for (id, &token) in asked.zip(sampled) {
             let Some(i) = self.running.iter().position(|s| s.id == id) else {

@@ -271,3 +271,61 @@ fn a_failed_request_leaves_nothing_in_the_prefix_cache() {
         assert_eq!(found, if fail { 0 } else { 32 }, "fail {fail}");
     }
 }
+
+/// A request admitted while another with the same prompt still runs starts from that one's
+/// full blocks, shared by reference count (issue 21's prefix sharing): its prefill begins
+/// after them, the pool counts them shared, and when both finish every block is released.
+#[test]
+fn a_running_sequence_s_full_blocks_are_shared_with_a_request_admitted_after_them() {
+    let pool = BlockPool::new(16, 1 << 10, 64 << 10, 1).unwrap();
+    let config = SchedulerConfig {
+        max_running: 2,
+        step_tokens: 64,
+        max_positions: 4096,
+        prefix_cache: true,
+    };
+    let mut sched = Scheduler::new(config, pool).unwrap();
+    let shared: Vec<u32> = (0..40).collect();
+    let request = |tail: u32| Request {
+        prompt: shared.iter().copied().chain([100 + tail]).collect(),
+        sampler: SamplerConfig::default(),
+        max_new: 3,
+        stop: Vec::new(),
+    };
+    let first = sched.submit(request(0)).unwrap();
+    let plan = sched.plan_step();
+    assert_eq!(plan.batch.len(), 41, "the first prompt in one step");
+    sched.finish_step(&plan, &[7]);
+    let second = sched.submit(request(1)).unwrap();
+    let plan = sched.plan_step();
+    assert_eq!(plan.admitted, vec![second]);
+    // The second starts after the first's two full blocks (32 positions).
+    assert_eq!(plan.started[0].1.len(), 32, "positions found");
+    let rows: Vec<usize> = (plan.batch.rows())
+        .zip(&plan.requests)
+        .filter(|(_, id)| **id == second)
+        .map(|(r, _)| r.pos)
+        .collect();
+    assert_eq!(rows, (32..41).collect::<Vec<_>>(), "its prefill rows");
+    assert_eq!(sched.pool().stats().shared, 2, "blocks held by both");
+    let mut finished = Vec::new();
+    let mut plan = plan;
+    for _ in 0..8 {
+        let asked = plan.batch.output_rows().count();
+        for e in sched.finish_step(&plan, &vec![9; asked]) {
+            if let Event::Finished { id, .. } = e {
+                finished.push(id);
+            }
+        }
+        plan = sched.plan_step();
+        if plan.batch.is_empty() {
+            break;
+        }
+    }
+    finished.sort();
+    assert_eq!(finished, vec![first, second]);
+    assert!(
+        sched.pool().reference_counts().iter().all(|&r| r == 0),
+        "no block held after both finished"
+    );
+}

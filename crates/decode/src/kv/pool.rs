@@ -423,6 +423,16 @@ impl BlockPool {
         }
     }
 
+    /// Takes the blocks `seq` holds out of the prefix index, so no later lookup finds them
+    /// (what they hold may be what a failed step wrote). Sequences holding them keep them.
+    pub fn unregister(&mut self, seq: &SeqBlocks) {
+        for id in seq.blocks.iter().flatten() {
+            if let Some(key) = self.blocks[id.index()].key.take() {
+                self.by_key.remove(&key);
+            }
+        }
+    }
+
     /// A new sequence holding the cached blocks that begin `tokens`, at most `max_len`
     /// positions of them (whole blocks only): prefill can start after its length.
     pub fn lookup(&mut self, tokens: &[u32], max_len: usize) -> SeqBlocks {
