@@ -210,16 +210,21 @@ proptest! {
     }
 }
 
-#[test]
-fn a_request_that_can_never_fit_is_refused_with_its_bytes() {
-    let pool = BlockPool::new(16, 1 << 20, 4 << 20, 1).unwrap();
+/// A scheduler of two running sequences, 64 tokens a step and the prefix cache on, over `pool`.
+fn two_sequences(pool: BlockPool) -> Scheduler {
     let config = SchedulerConfig {
         max_running: 2,
         step_tokens: 64,
         max_positions: 4096,
         prefix_cache: true,
     };
-    let mut sched = Scheduler::new(config, pool).unwrap();
+    Scheduler::new(config, pool).unwrap()
+}
+
+#[test]
+fn a_request_that_can_never_fit_is_refused_with_its_bytes() {
+    let pool = BlockPool::new(16, 1 << 20, 4 << 20, 1).unwrap();
+    let mut sched = two_sequences(pool);
     let request = Request {
         prompt: vec![1; 60],
         sampler: SamplerConfig::default(),
@@ -240,13 +245,7 @@ fn a_request_that_can_never_fit_is_refused_with_its_bytes() {
 fn a_failed_request_leaves_nothing_in_the_prefix_cache() {
     for fail in [false, true] {
         let pool = BlockPool::new(16, 1 << 10, 64 << 10, 1).unwrap();
-        let config = SchedulerConfig {
-            max_running: 2,
-            step_tokens: 64,
-            max_positions: 4096,
-            prefix_cache: true,
-        };
-        let mut sched = Scheduler::new(config, pool).unwrap();
+        let mut sched = two_sequences(pool);
         let request = Request {
             prompt: (0..40).collect(),
             sampler: SamplerConfig::default(),
@@ -278,13 +277,7 @@ fn a_failed_request_leaves_nothing_in_the_prefix_cache() {
 #[test]
 fn a_running_sequence_s_full_blocks_are_shared_with_a_request_admitted_after_them() {
     let pool = BlockPool::new(16, 1 << 10, 64 << 10, 1).unwrap();
-    let config = SchedulerConfig {
-        max_running: 2,
-        step_tokens: 64,
-        max_positions: 4096,
-        prefix_cache: true,
-    };
-    let mut sched = Scheduler::new(config, pool).unwrap();
+    let mut sched = two_sequences(pool);
     let shared: Vec<u32> = (0..40).collect();
     let request = |tail: u32| Request {
         prompt: shared.iter().copied().chain([100 + tail]).collect(),
