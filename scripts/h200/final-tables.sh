@@ -19,8 +19,10 @@
 #            the re-blessed golden_tokens, gpu_basic (the MoE grouping kernel), backend_conformance
 #            and gpu_backend;
 #   moe-ab   (bundle-g) pp512 and pp4096 on the 30B-A3B shape, the MoE grouping on the device
-#            (bench-decode) against the host's (old-bench-decode), alternating;
+#            (bench-decode) against the host's (old-bench-decode), alternating; then tg128 with
+#            the MoE router fused against split (--ab);
 #   long     (bundle-g) gpu_long_context: every tiny architecture, the q8_0 KV cache, real Gemma;
+#   quick    (bundle-g) all of verify but the real-model cases, and moe-ab, in one call;
 #   collect  packs /tmp/ft into $OUT/ft.tgz and prints the summary.
 # From the checkout root, with bundle-f/{bench-decode,hipdecode,xtask,tests}, .peer, and
 # .dev/gemma/partNN (split -b 45M -d of models/gemma3-270m-q4_k_m.gguf) over the calls.
@@ -162,7 +164,7 @@ verify)
     keep_parts
     [ -f $G ] || { [ "$(ls /tmp/gemma-parts | wc -l)" = 6 ] && cat /tmp/gemma-parts/part* >$G; }
     link_gemma
-    tests "batched_runs step_batch golden_tokens gpu_basic backend_conformance gpu_backend"
+    tests "batched_runs generate_many step_batch golden_tokens gpu_basic backend_conformance gpu_backend layout"
     ;;
 moe-ab)
     wait_for $D/synth-q.done 300 || st "30B-A3B shape not written"
@@ -172,13 +174,28 @@ moe-ab)
         timeout 200 $b -m $Q --device gpu -p 512,4096 -n 0 -r 3 >$D/moe-$arm.md 2>&1
         st "moe-ab $arm exit $?"
     done
+    timeout 300 $N/bench-decode -m $Q --device gpu -p 0 -n 128 -r 5 \
+        --ab "HIPDECODE_GPU_MOE_ROUTER=split" "HIPDECODE_GPU_MOE_ROUTER=fused" --rounds 2 \
+        >$D/router-ab.md 2>&1
+    st "router a/b exit $?"
     ;;
 long)
     link_gemma
     tests gpu_long_context
     ;;
+quick)
+    # One call for a lease with little device time: the 30B-A3B shape in the background, the
+    # GPU tests of the change, then moe-ab's runs.
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >$D/gpu.txt
+    mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
+    [ -f $Q ] || (setsid bash -c "$N/xtask synth-model qwen3-30b-a3b-q4_k_m -o $Q \
+        >$D/synth-q.log 2>&1; echo done >$D/synth-q.done" </dev/null >/dev/null 2>&1 &)
+    st "quick started"
+    tests "gpu_basic backend_conformance layout step_batch batched_runs generate_many golden_tokens gpu_backend"
+    N=$N bash "$0" moe-ab
+    ;;
 *)
-    echo "usage: $0 setup|part|golden|batched|depth|batch1|verify|moe-ab|long|collect" >&2
+    echo "usage: $0 setup|part|golden|batched|depth|batch1|verify|moe-ab|long|quick|collect" >&2
     exit 2
     ;;
 esac

@@ -239,3 +239,48 @@ fn real_gemma_batched_on_the_gpu_runs_as_each_request_alone() {
     let file = decode::open_model(&path).expect("the Gemma file opens");
     check_every_size("gemma3-270m", &file, device, 16);
 }
+
+/// After a warm-up run, batched steps allocate nothing on the device: a second run of requests
+/// of the same lengths (other tokens), through the same context of 8 sequences, makes no call
+/// of the device allocator and leaves its active bytes as they were, on both paths.
+#[test]
+fn batched_steps_allocate_nothing_on_the_device_after_warm_up() {
+    let test = "batched_steps_allocate_nothing_on_the_device_after_warm_up";
+    let _lock = test_support::gpu::gpu_lock();
+    let Some(device) = hip_ffi::testing::device_or_skip(test) else {
+        return;
+    };
+    let file = Arc::new(preset_file(Preset::TinyQwen3Moe));
+    let vocab = decode::model::ModelSpec::from_gguf(&file)
+        .expect("spec")
+        .vocab as u32;
+    for path in [Path::Exact, Path::Int8] {
+        let mut be = path.backend(device);
+        let alloc = Arc::clone(be.allocator());
+        let model = Model::load(&file, &mut be).expect("load");
+        let mut ctx = Context::new(&model, &mut be, options(64, 8)).expect("context");
+        let warm_up = requests(12, vocab, 12);
+        generate_many(&model, &mut be, &mut ctx, &warm_up, &mut |_, _| {}).expect("warm-up");
+        let warm = alloc.stats();
+        // The same lengths, every token moved, so no prompt is found in the prefix cache.
+        let again: Vec<Request> = (warm_up.iter())
+            .map(|r| Request {
+                prompt: r.prompt.iter().map(|&t| (t + 1) % vocab).collect(),
+                sampler: r.sampler,
+                max_new: r.max_new,
+                stop: Stop::Tokens(Vec::new()),
+            })
+            .collect();
+        generate_many(&model, &mut be, &mut ctx, &again, &mut |_, _| {}).expect("second run");
+        let after = alloc.stats();
+        assert_eq!(
+            (after.device_allocs, after.device_frees),
+            (warm.device_allocs, warm.device_frees),
+            "{path:?}: batched steps called the device allocator after the warm-up"
+        );
+        assert_eq!(
+            after.active_bytes, warm.active_bytes,
+            "{path:?}: batched steps changed the allocator's active bytes after the warm-up"
+        );
+    }
+}

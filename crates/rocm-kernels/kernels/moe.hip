@@ -18,7 +18,14 @@
 // moe_weighted_sum: out[t][c] (+)= sum_s weights[t * k + s] * y[(t * k + s) * dim + c], summed
 // in slot order from zero, then stored (accumulate == 0) or added to out (accumulate != 0).
 //
-// Entry points: moe_route_top_k, moe_weighted_sum, and one matvec_id per format
+// moe_group_pairs: the grouped prefill's index, built on the device from the routing, so a
+// prefill layer never waits for the host (see the kernel).
+//
+// moe_router_top_k_f32: an f32 router's product for a few decode rows and moe_route_top_k's
+// choice in one launch (see the kernel).
+//
+// Entry points: moe_route_top_k, moe_weighted_sum, moe_group_pairs, moe_router_top_k_f32, and
+// one matvec_id per format
 // (FOR_EACH_WEIGHT_FORMAT in quant.h): matvec_id_f32, matvec_id_f16, matvec_id_bf16,
 // matvec_id_q4_0, matvec_id_q4_1, matvec_id_q5_0, matvec_id_q5_1, matvec_id_q8_0,
 // matvec_id_q4_k, matvec_id_q5_k, matvec_id_q6_k.
@@ -31,16 +38,10 @@ DEVICE i32 total_order_key(float v) {
     return bits < 0 ? (bits ^ 0x7fffffff) : bits;
 }
 
-KERNEL void LAUNCH_BOUNDS(256) moe_route_top_k(const float* __restrict__ logits, i32* __restrict__ ids,
-                            float* __restrict__ weights, u32 rows, u32 n_expert, u32 k) {
-    KERNEL_PROLOGUE();
-    const u32 warps = blockDim.x / WARP_SIZE;
-    const u32 row = blockIdx.x * warps + threadIdx.x / WARP_SIZE;
-    if (row >= rows) return;  // the whole warp leaves together
-    const u32 lane = threadIdx.x % WARP_SIZE;
-    const float* lr = logits + (u64)row * n_expert;
-    i32* row_ids = ids + (u64)row * k;
-    float* row_w = weights + (u64)row * k;
+// One row's top-k choice and weights (see moe_route_top_k) by the lanes of one warp, reading
+// the row's logits through `lr` (a plain or a volatile pointer: see moe_router_top_k_f32).
+template <typename P>
+DEVICE void route_row(P lr, i32* row_ids, float* row_w, u32 n_expert, u32 k, u32 lane) {
     u64 taken = 0;  // bit i: expert lane + i * WARP_SIZE is already chosen
     for (u32 s = 0; s < k; ++s) {
         i32 best_key = (i32)0x80000000;
@@ -82,6 +83,74 @@ KERNEL void LAUNCH_BOUNDS(256) moe_route_top_k(const float* __restrict__ logits,
         }
         for (u32 s = 0; s < k; ++s) row_w[s] = row_w[s] / sum;
     }
+}
+
+KERNEL void LAUNCH_BOUNDS(256) moe_route_top_k(const float* __restrict__ logits, i32* __restrict__ ids,
+                            float* __restrict__ weights, u32 rows, u32 n_expert, u32 k) {
+    KERNEL_PROLOGUE();
+    const u32 warps = blockDim.x / WARP_SIZE;
+    const u32 row = blockIdx.x * warps + threadIdx.x / WARP_SIZE;
+    if (row >= rows) return;  // the whole warp leaves together
+    const u32 lane = threadIdx.x % WARP_SIZE;
+    route_row(logits + (u64)row * n_expert, ids + (u64)row * k, weights + (u64)row * k, n_expert,
+              k, lane);
+}
+
+// moe_router_top_k_f32: the router's product and the routing in one launch, for decode rows.
+// Block e (grid.x = n_expert) computes logits[r * n_expert + e] = W[e] . x[r] for every row
+// r < rows (rows <= MOE_ROUTER_MAX_ROWS; W f32 [n_expert][cols], x f32 [rows][cols]), its
+// threads striding over the columns in fours (cols % 4 == 0) and meeting in shared memory.
+// Each block then counts itself done on `counter` (zero before the launch); the last one
+// routes every row as moe_route_top_k does (one warp per row) and sets the counter back to 0
+// for the next launch, so a captured graph replays it as it is. The other blocks' logits reach
+// it through their __threadfence before the count and volatile loads after it.
+#define MOE_ROUTER_MAX_ROWS 8
+KERNEL void LAUNCH_BOUNDS(256) moe_router_top_k_f32(const float* __restrict__ w, const float* __restrict__ x,
+                                                    float* logits, i32* __restrict__ ids,
+                                                    float* __restrict__ weights, u32* counter,
+                                                    u32 rows, u32 cols, u32 n_expert, u32 k) {
+    KERNEL_PROLOGUE();
+    __shared__ float part[MOE_ROUTER_MAX_ROWS][32];
+    __shared__ u32 last;
+    const u32 e = blockIdx.x;
+    const u32 lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const u32 warps = blockDim.x / WARP_SIZE;
+    const float4* wr = (const float4*)(w + (u64)e * cols);
+    float acc[MOE_ROUTER_MAX_ROWS];
+#pragma unroll
+    for (u32 r = 0; r < MOE_ROUTER_MAX_ROWS; ++r) acc[r] = 0.0f;
+    for (u32 c = threadIdx.x; c < cols / 4; c += blockDim.x) {
+        const float4 a = wr[c];
+#pragma unroll
+        for (u32 r = 0; r < MOE_ROUTER_MAX_ROWS; ++r) {
+            if (r >= rows) break;
+            const float4 b = ((const float4*)(x + (u64)r * cols))[c];
+            acc[r] += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+        }
+    }
+#pragma unroll
+    for (u32 r = 0; r < MOE_ROUTER_MAX_ROWS; ++r) {
+        if (r >= rows) break;
+        const float v = warp_sum(acc[r]);
+        if (lane == 0) part[r][warp] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < rows) {
+        float sum = 0.0f;
+        for (u32 i = 0; i < warps; ++i) sum += part[threadIdx.x][i];
+        logits[(u64)threadIdx.x * n_expert + e] = sum;
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (u32 r = warp; r < rows; r += warps) {
+        const volatile float* lr = logits + (u64)r * n_expert;
+        route_row(lr, ids + (u64)r * k, weights + (u64)r * k, n_expert, k, lane);
+    }
+    if (threadIdx.x == 0) *counter = 0;
 }
 
 template <int FMT>
@@ -128,4 +197,65 @@ KERNEL void LAUNCH_BOUNDS(256) moe_weighted_sum(const float* __restrict__ y, con
         acc += weights[p] * y[p * dim + c];
     }
     out[i] = accumulate ? out[i] + acc : acc;
+}
+
+// moe_group_pairs: for the pairs p = t * k + s routed to ids[p], the slots of the grouped
+// prefill (decode's ops::matmul_q8_mma::matmul_grouped), in one block:
+// - expert e's pairs take slots starts[e] .. starts[e] + counts[e] - 1, where starts[0] = 0 and
+//   starts[e + 1] is starts[e] + counts[e] rounded up to `align`;
+// - slot_token[slot] = the pair's token p / k, and 0 for the padding slots;
+// - pair_slot[p] = the pair's slot, or -1 for an id outside [0, n_expert) or a slot past
+//   `slots` (the scatter back then gives a zero row, as matvec_id does for such an id);
+// - tiles: (expert, first slot, rows <= tile_rows) for each expert's rows in order, then
+//   (0, 0, 0) up to max_tiles, which the grouped kernel skips; a table longer than max_tiles
+//   is cut there.
+// Within an expert, pairs take slots in the order their shared-memory atomics land. Each slot's
+// row is computed on its own and goes back to its own pair, so the order changes no value.
+// n_expert <= MOE_GROUP_MAX_EXPERTS; blockDim.x any multiple of the warp size.
+#define MOE_GROUP_MAX_EXPERTS 1024
+KERNEL void LAUNCH_BOUNDS(256) moe_group_pairs(const i32* __restrict__ ids, i32* __restrict__ slot_token,
+                                               i32* __restrict__ pair_slot, i32* __restrict__ tiles,
+                                               u32 pairs, u32 k, u32 n_expert, u32 align, u32 slots,
+                                               u32 tile_rows, u32 max_tiles) {
+    KERNEL_PROLOGUE();
+    __shared__ u32 counts[MOE_GROUP_MAX_EXPERTS];
+    __shared__ u32 next[MOE_GROUP_MAX_EXPERTS];
+    __shared__ u32 n_tiles;
+    for (u32 e = threadIdx.x; e < n_expert; e += blockDim.x) counts[e] = 0;
+    for (u32 s = threadIdx.x; s < slots; s += blockDim.x) slot_token[s] = 0;
+    __syncthreads();
+    for (u32 p = threadIdx.x; p < pairs; p += blockDim.x) {
+        const i32 e = ids[p];
+        if (e >= 0 && (u32)e < n_expert) atomicAdd(&counts[e], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        // Serial over the experts: a few hundred shared-memory reads, against a launch.
+        u32 end = 0, t = 0;
+        for (u32 e = 0; e < n_expert; ++e) {
+            const u32 count = counts[e];
+            next[e] = end;
+            for (u32 off = 0; off < count && t < max_tiles; off += tile_rows, ++t) {
+                tiles[3 * t] = (i32)e;
+                tiles[3 * t + 1] = (i32)(end + off);
+                tiles[3 * t + 2] = (i32)min(tile_rows, count - off);
+            }
+            end = (end + count + align - 1) / align * align;
+        }
+        n_tiles = t;
+    }
+    __syncthreads();
+    for (u32 i = 3 * n_tiles + threadIdx.x; i < 3 * max_tiles; i += blockDim.x) tiles[i] = 0;
+    for (u32 p = threadIdx.x; p < pairs; p += blockDim.x) {
+        const i32 e = ids[p];
+        i32 slot = -1;
+        if (e >= 0 && (u32)e < n_expert) {
+            const u32 at = atomicAdd(&next[e], 1u);
+            if (at < slots) {
+                slot = (i32)at;
+                slot_token[at] = (i32)(p / k);
+            }
+        }
+        pair_slot[p] = slot;
+    }
 }

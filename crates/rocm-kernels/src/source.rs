@@ -340,6 +340,8 @@ impl KernelModule {
             KernelModule::Moe => &[
                 "moe_route_top_k",
                 "moe_weighted_sum",
+                "moe_group_pairs",
+                "moe_router_top_k_f32",
                 "matvec_id_f32",
                 "matvec_id_f16",
                 "matvec_id_bf16",

@@ -1,12 +1,17 @@
 //! GPU tests of the basic ops (norm, elementwise, sampling) that are not comparisons with the
 //! reference, which live in the self-test table (`rocm_kernels::selftest`, run by
-//! gpu_selftest.rs): refused shapes, and the sampler's time on a real vocabulary. Each skips
+//! gpu_selftest.rs): refused shapes, the sampler's time on a real vocabulary, and the MoE
+//! prefill's grouping of routed pairs, whose order within an expert is the device's. Each skips
 //! with a printed reason without a GPU (fails under `HIPDECODE_REQUIRE_GPU=1`).
 
 mod common;
 
 use common::{download, setup, upload, view, view_mut};
+use gguf_loader::GgmlType;
 use rocm_kernels::ops::elementwise::{self, GateActivation};
+use rocm_kernels::ops::matmul_q8_mma::group_tiles;
+use rocm_kernels::ops::matvec::QuantMatrix;
+use rocm_kernels::ops::moe::{self, PairGroups};
 use rocm_kernels::ops::norm;
 use rocm_kernels::ops::sampling::{self, SamplingParams, ARGMAX_WORKSPACE};
 use rocm_kernels::reference;
@@ -189,4 +194,174 @@ fn bad_shapes_are_errors_not_panics() {
         "top_p 0",
     );
     s.synchronize().unwrap();
+}
+
+/// `moe::group_pairs` against the host's grouping: the same tile table (then empty tiles),
+/// each expert's slots holding exactly its pairs' tokens, padding slots token 0, each pair
+/// sent back from a slot holding its token, and ids outside the experts sent nowhere (-1).
+#[test]
+fn moe_pairs_are_grouped_on_the_device_as_the_host_groups_them() {
+    let Some((kn, s)) = setup("moe_pairs_are_grouped_on_the_device_as_the_host_groups_them") else {
+        return;
+    };
+    let mut rng = seeded(23);
+    // A prefill chunk of 61 tokens routed to 8 of 128 experts (some experts get more than a
+    // tile of 64 rows, most a few, some none), with two ids no expert has.
+    let (n_tokens, k, n_expert, align) = (61usize, 8usize, 128usize, 4usize);
+    let pairs = n_tokens * k;
+    let mut ids: Vec<i32> = (0..pairs)
+        .map(|p| {
+            let r = (uniform_vec(&mut rng, 1, 0.0, 1.0)[0] * 1000.0) as usize;
+            // Skewed: a third of the pairs go to experts 0..3.
+            if r.is_multiple_of(3) {
+                (p % 3) as i32
+            } else {
+                (r % n_expert) as i32
+            }
+        })
+        .collect();
+    ids[5] = -1;
+    ids[77] = n_expert as i32;
+    let slots = pairs + n_expert * (align - 1);
+    let shape = PairGroups {
+        pairs,
+        k,
+        n_expert,
+        align,
+        slots,
+    };
+    let entries = shape.tile_entries();
+    let ids_d = upload(kn, &ids);
+    let (slot_d, pair_d) = (
+        upload(kn, &vec![7i32; slots]),
+        upload(kn, &vec![7i32; pairs]),
+    );
+    let tiles_d = upload(kn, &vec![7i32; entries]);
+    moe::group_pairs(
+        kn,
+        &s,
+        view(&ids_d, pairs),
+        shape,
+        &mut view_mut(&slot_d, slots),
+        &mut view_mut(&pair_d, pairs),
+        &mut view_mut(&tiles_d, entries),
+    )
+    .expect("group_pairs");
+    let slot_token: Vec<i32> = download(&s, &slot_d, slots);
+    let pair_slot: Vec<i32> = download(&s, &pair_d, pairs);
+    let tiles: Vec<i32> = download(&s, &tiles_d, entries);
+
+    let mut counts = vec![0usize; n_expert];
+    for &e in &ids {
+        if (0..n_expert as i32).contains(&e) {
+            counts[e as usize] += 1;
+        }
+    }
+    let mut starts = Vec::new();
+    let mut end = 0;
+    for &c in &counts {
+        starts.push(end);
+        end = (end + c).next_multiple_of(align);
+    }
+    let mut want_tiles = group_tiles(&starts, &counts).expect("tiles");
+    assert!(
+        counts.iter().any(|&c| c > 64),
+        "a test routing with a two-tile expert"
+    );
+    want_tiles.resize(entries, 0);
+    assert_eq!(tiles, want_tiles, "the tile table");
+    let mut used = vec![false; slots];
+    for (p, &e) in ids.iter().enumerate() {
+        let slot = pair_slot[p];
+        if !(0..n_expert as i32).contains(&e) {
+            assert_eq!(slot, -1, "pair {p} of id {e}");
+            continue;
+        }
+        let (start, count) = (starts[e as usize], counts[e as usize]);
+        let slot = usize::try_from(slot).expect("a slot");
+        assert!(
+            (start..start + count).contains(&slot),
+            "pair {p} of expert {e} in slot {slot}, outside {start}..{}",
+            start + count
+        );
+        assert!(!used[slot], "slot {slot} taken twice");
+        used[slot] = true;
+        assert_eq!(slot_token[slot], (p / k) as i32, "slot {slot}'s token");
+    }
+    for (slot, taken) in used.iter().enumerate() {
+        if !taken {
+            assert_eq!(slot_token[slot], 0, "padding slot {slot}");
+        }
+    }
+}
+
+/// `moe::router_top_k` (the router's product and the routing in one launch): its logits within
+/// f32 rounding of an f64 product, and its ids and weights exactly what the reference routing
+/// makes of those logits; launched again on other rows with the same counter (which each
+/// launch must leave at 0), and at 1, 3 and 8 rows.
+#[test]
+fn the_fused_router_routes_as_its_logits_say_launch_after_launch() {
+    let Some((kn, s)) = setup("the_fused_router_routes_as_its_logits_say_launch_after_launch")
+    else {
+        return;
+    };
+    let (n_expert, cols, k) = (128usize, 512usize, 8usize);
+    let mut rng = seeded(29);
+    let w = uniform_vec(&mut rng, n_expert * cols, -1.0, 1.0);
+    let w_d = upload(kn, &w);
+    // SAFETY (the view): the buffer holds n_expert * cols f32, as bytes.
+    let w_bytes = view::<u8>(&w_d, n_expert * cols * 4);
+    let router = QuantMatrix::new(w_bytes, GgmlType::F32, n_expert, cols).expect("router");
+    let counter = upload(kn, &[0u32]);
+    let (logits_d, ids_d, weights_d) = (
+        upload(kn, &vec![0f32; 8 * n_expert]),
+        upload(kn, &vec![0i32; 8 * k]),
+        upload(kn, &vec![0f32; 8 * k]),
+    );
+    for (launch, rows) in [1usize, 3, 8, 8].into_iter().enumerate() {
+        let x = uniform_vec(&mut rng, rows * cols, -1.0, 1.0);
+        let x_d = upload(kn, &x);
+        moe::router_top_k(
+            kn,
+            &s,
+            &router,
+            view(&x_d, rows * cols),
+            rows,
+            k,
+            &mut view_mut(&logits_d, rows * n_expert),
+            &mut view_mut(&ids_d, rows * k),
+            &mut view_mut(&weights_d, rows * k),
+            &mut view_mut(&counter, 1),
+        )
+        .expect("router_top_k");
+        let logits: Vec<f32> = download(&s, &logits_d, rows * n_expert);
+        let ids: Vec<i32> = download(&s, &ids_d, rows * k);
+        let weights: Vec<f32> = download(&s, &weights_d, rows * k);
+        let left: Vec<u32> = download(&s, &counter, 1);
+        assert_eq!(left, vec![0], "launch {launch}: the counter is left at 0");
+        for r in 0..rows {
+            for e in 0..n_expert {
+                let want: f64 = (0..cols)
+                    .map(|c| f64::from(w[e * cols + c]) * f64::from(x[r * cols + c]))
+                    .sum();
+                let got = f64::from(logits[r * n_expert + e]);
+                assert!(
+                    (got - want).abs() <= 1e-4 * want.abs().max(1.0),
+                    "launch {launch}, row {r}, expert {e}: logit {got} against {want}"
+                );
+            }
+        }
+        let (want_ids, want_weights) =
+            reference::moe::route_top_k(&logits, rows, n_expert, k).expect("reference");
+        assert_eq!(
+            ids, want_ids,
+            "launch {launch}: the experts its own logits choose"
+        );
+        for (i, (g, w)) in weights.iter().zip(&want_weights).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-6,
+                "launch {launch}, weight {i}: {g} against {w}"
+            );
+        }
+    }
 }

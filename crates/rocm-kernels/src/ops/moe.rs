@@ -400,3 +400,234 @@ pub fn weighted_sum(
     }?;
     Ok(())
 }
+
+/// Threads of [`group_pairs`]' one block.
+pub(crate) const GROUP_THREADS: u32 = 256;
+/// Most experts [`group_pairs`] takes (its shared counters).
+pub const GROUP_MAX_EXPERTS: usize = 1024;
+
+/// The shape of [`group_pairs`]: `pairs = n_tokens * k` routed pairs over `n_expert` experts,
+/// each expert's slots starting on a multiple of `align`, in `slots` slots in all (enough for
+/// every routing: `pairs` plus each expert's padding).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PairGroups {
+    pub pairs: usize,
+    pub k: usize,
+    pub n_expert: usize,
+    pub align: usize,
+    pub slots: usize,
+}
+
+impl PairGroups {
+    /// Entries of the tile table [`group_pairs`] writes: three i32 for each of
+    /// [`matmul_q8_mma::max_group_tiles`](super::matmul_q8_mma::max_group_tiles) tiles.
+    pub fn tile_entries(&self) -> usize {
+        3 * super::matmul_q8_mma::max_group_tiles(self.pairs, self.n_expert)
+    }
+}
+
+/// The grouped prefill's index from the routing `ids` (`pairs` i32, read when the kernel
+/// runs), on the device: `slot_token[slot]` (the token whose row each slot gathers, 0 for
+/// padding), `pair_slot[p]` (the slot pair `p`'s output comes back from, -1 for an id outside
+/// `[0, n_expert)`), and the tile table of
+/// [`matmul_grouped`](super::matmul_q8_mma::matmul_grouped), as
+/// [`group_tiles`](super::matmul_q8_mma::group_tiles) lays it out for these counts, padded
+/// with empty tiles to [`PairGroups::tile_entries`]. Expert `e`'s pairs take the slots from
+/// its start (the earlier experts' counts, each rounded up to `align`); within an expert their
+/// order is the device's, which changes no product (each slot's row is its own).
+///
+/// Errors (nothing queued) when a view is too short, `k` or `align` is 0, or there are more
+/// than [`GROUP_MAX_EXPERTS`] experts or 2^31 slots.
+pub fn group_pairs(
+    kernels: &Kernels,
+    stream: &Stream,
+    ids: DeviceSlice<i32>,
+    shape: PairGroups,
+    slot_token: &mut DeviceSliceMut<i32>,
+    pair_slot: &mut DeviceSliceMut<i32>,
+    tiles: &mut DeviceSliceMut<i32>,
+) -> Result<()> {
+    const OP: &str = "moe_group_pairs";
+    let PairGroups {
+        pairs,
+        k,
+        n_expert,
+        align,
+        slots,
+    } = shape;
+    check_shape(k > 0 && align > 0, OP, || {
+        format!("k {k} and align {align} must be at least 1")
+    })?;
+    check_shape(n_expert <= GROUP_MAX_EXPERTS, OP, || {
+        format!("{n_expert} experts are more than the {GROUP_MAX_EXPERTS} its counters hold")
+    })?;
+    let entries = shape.tile_entries();
+    check_shape(
+        ids.len() >= pairs
+            && pair_slot.len() >= pairs
+            && slot_token.len() >= slots
+            && tiles.len() >= entries,
+        OP,
+        || {
+            format!(
+                "ids {}, pair_slot {} (need {pairs}), slot_token {} (need {slots}), tiles {} \
+                 (need {entries})",
+                ids.len(),
+                pair_slot.len(),
+                slot_token.len(),
+                tiles.len()
+            )
+        },
+    )?;
+    let to_u32 = |v: usize, what: &str| {
+        u32::try_from(v)
+            .ok()
+            .filter(|&v| v <= i32::MAX as u32)
+            .ok_or_else(|| shape_error(OP, format!("{what} {v} does not fit an i32")))
+    };
+    let (pairs_u, k_u, n_expert_u, align_u) = (
+        to_u32(pairs, "pairs")?,
+        to_u32(k, "k")?,
+        to_u32(n_expert, "n_expert")?,
+        to_u32(align, "align")?,
+    );
+    let (slots_u, tile_rows, max_tiles) = (
+        to_u32(slots, "slots")?,
+        super::matmul_q8_mma::TILE_TOKENS as u32,
+        to_u32(entries / 3, "tiles")?,
+    );
+    if pairs == 0 && slots == 0 && entries == 0 {
+        return Ok(());
+    }
+    let function = kernels.function(KernelModule::Moe, OP)?;
+    let (ids_p, slot_p, pair_p, tiles_p) =
+        (ids.ptr(), slot_token.ptr(), pair_slot.ptr(), tiles.ptr());
+    let mut l = function.builder(stream);
+    l.arg(&ids_p)
+        .arg(&slot_p)
+        .arg(&pair_p)
+        .arg(&tiles_p)
+        .arg(&pairs_u)
+        .arg(&k_u)
+        .arg(&n_expert_u)
+        .arg(&align_u)
+        .arg(&slots_u)
+        .arg(&tile_rows)
+        .arg(&max_tiles);
+    // SAFETY: the arguments match `moe_group_pairs(const i32*, i32*, i32*, i32*, u32 x 7)`.
+    // The block reads ids[0..pairs] and writes slot_token[0..slots], pair_slot[0..pairs] and
+    // tiles[0..3 * max_tiles], inside the views (checked above); a slot it would give past
+    // `slots` is written as -1 instead, and n_expert fits its shared counters.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid: [1, 1, 1],
+            block: [GROUP_THREADS, 1, 1],
+            shared_bytes: 0,
+        })
+    }?;
+    Ok(())
+}
+
+/// Most rows [`router_top_k`] takes (`MOE_ROUTER_MAX_ROWS` in moe.hip): a decode step's.
+pub const ROUTER_MAX_ROWS: usize = 8;
+/// Threads of each of [`router_top_k`]'s blocks.
+pub(crate) const ROUTER_THREADS: u32 = 256;
+
+/// Whether [`router_top_k`] takes an f32 router of `n_expert` rows of `cols` at `w`, for
+/// `rows` rows routed to `k` experts on a device of `wave` lanes: a decode step's rows, whole
+/// float4 loads, and no more experts than [`route_top_k`] takes.
+pub fn router_takes(w: &QuantMatrix, rows: usize, k: usize, wave: u32) -> bool {
+    w.format() == GgmlType::F32
+        && (1..=ROUTER_MAX_ROWS).contains(&rows)
+        && w.cols().is_multiple_of(4)
+        && w.data().ptr().0.is_multiple_of(16)
+        && k >= 1
+        && k <= w.rows()
+        && w.rows() <= 64 * wave as usize
+        && w.rows() <= u32::MAX as usize
+}
+
+/// The router's logits and [`route_top_k`]'s choice in one launch: `logits[r][e] = w[e] . x[r]`
+/// for `rows` rows of `w.cols()` (an f32 router of `n_expert = w.rows()` rows), then `ids` and
+/// `weights` as [`route_top_k`] writes them from those logits. The sums meet in another order
+/// than the f32 matrix-vector kernel's, so the logits agree with it to f32 rounding.
+///
+/// `counter` is one u32 of device memory, 0 before the first launch; each launch leaves it 0.
+/// Launches that share a counter must not run at once (one stream). Errors (nothing queued)
+/// unless [`router_takes`], or when a view is too short.
+#[allow(clippy::too_many_arguments)]
+pub fn router_top_k(
+    kernels: &Kernels,
+    stream: &Stream,
+    w: &QuantMatrix,
+    x: DeviceSlice<f32>,
+    rows: usize,
+    k: usize,
+    logits: &mut DeviceSliceMut<f32>,
+    ids: &mut DeviceSliceMut<i32>,
+    weights: &mut DeviceSliceMut<f32>,
+    counter: &mut DeviceSliceMut<u32>,
+) -> Result<()> {
+    const OP: &str = "moe_router_top_k_f32";
+    let wave = kernels.wave_size();
+    check_shape(router_takes(w, rows, k, wave), OP, || {
+        format!(
+            "a {} router of {}x{} for {rows} rows and k {k}: it takes f32, 1 to \
+             {ROUTER_MAX_ROWS} rows, columns in fours, 16-byte aligned rows and at most {} \
+             experts",
+            w.format().name(),
+            w.rows(),
+            w.cols(),
+            64 * wave
+        )
+    })?;
+    let (n_expert, cols) = (w.rows(), w.cols());
+    check_shape(
+        x.len() >= rows * cols
+            && logits.len() >= rows * n_expert
+            && ids.len() >= rows * k
+            && weights.len() >= rows * k
+            && !counter.is_empty(),
+        OP,
+        || {
+            format!(
+                "x {}, logits {}, ids {}, weights {}, counter {} for {rows} rows of {cols} to \
+                 {n_expert} experts, k {k}",
+                x.len(),
+                logits.len(),
+                ids.len(),
+                weights.len(),
+                counter.len()
+            )
+        },
+    )?;
+    let function = kernels.function(KernelModule::Moe, OP)?;
+    let (rows_u, cols_u, n_expert_u, k_u) = (rows as u32, cols as u32, n_expert as u32, k as u32);
+    let (w_p, x_p, logits_p) = (w.data().ptr(), x.ptr(), logits.ptr());
+    let (ids_p, weights_p, counter_p) = (ids.ptr(), weights.ptr(), counter.ptr());
+    let mut l = function.builder(stream);
+    l.arg(&w_p)
+        .arg(&x_p)
+        .arg(&logits_p)
+        .arg(&ids_p)
+        .arg(&weights_p)
+        .arg(&counter_p)
+        .arg(&rows_u)
+        .arg(&cols_u)
+        .arg(&n_expert_u)
+        .arg(&k_u);
+    // SAFETY: the arguments match `moe_router_top_k_f32(const float*, const float*, float*,
+    // i32*, float*, u32*, u32, u32, u32, u32)`. Block e reads w's row e (inside the f32 matrix
+    // `w`) and rows < `rows` of x, and writes logits[r * n_expert + e]; the last block reads
+    // the logits and writes ids and weights [r * k .. + k] for each row, all inside the views
+    // (checked above); rows <= MOE_ROUTER_MAX_ROWS and n_expert <= 64 * wave size, as the
+    // kernel needs; the counter is one u32 the caller owns for this stream.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid: [n_expert_u, 1, 1],
+            block: [ROUTER_THREADS, 1, 1],
+            shared_bytes: 0,
+        })
+    }?;
+    Ok(())
+}

@@ -5,8 +5,8 @@ use crate::backend::gpu::offload::prefetch::HostPrefill;
 use crate::backend::gpu::vendor_gemm::{PrefillPath, VendorGemm, GPU_PREFILL};
 use crate::backend::gpu::{
     capture_stream, error::gpu_err, launch::elementwise_zero_i32, weight_block, EmbedTable,
-    GpuBackend, GpuConfig, HostPlacement, KvType, MatvecPath, MoeGrouped, Scratch, StepBlock,
-    WeightMemory,
+    GpuBackend, GpuConfig, HostPlacement, KvType, MatvecPath, MoeGrouped, MoeRouter, Scratch,
+    StepBlock, WeightMemory,
 };
 use crate::backend::Phase;
 use crate::error::{DecodeError, Result};
@@ -124,6 +124,7 @@ impl GpuBackend {
             mma_max_rows: config.mma_max_rows,
             int8_mma_max_rows: config.int8_mma_max_rows,
             moe_grouped: config.moe_grouped,
+            moe_router: config.moe_router,
             embed_table: config.embed_table,
             kv_pool: config.kv_pool,
             attn_prefill: config.attn_prefill,
@@ -240,6 +241,12 @@ impl GpuBackend {
     /// `HIPDECODE_GPU_MOE_GROUPED`).
     pub fn set_moe_grouped(&mut self, products: MoeGrouped) {
         self.moe_grouped = products;
+    }
+
+    /// Switches decode rows' MoE router between the fused launch and the product then the
+    /// routing (tests run both; users set `HIPDECODE_GPU_MOE_ROUTER`).
+    pub fn set_moe_router(&mut self, router: MoeRouter) {
+        self.moe_router = router;
     }
 
     /// Whether the grouped MoE prefill runs experts of these gate, up and down formats in

@@ -4,16 +4,18 @@
 //! Decode reads each selected expert's rows once per token (`matvec_id`), which is right for
 //! one token. A prefill chunk sends every token to `k` experts, so most experts serve dozens of
 //! tokens, and reading an expert once per token would move its weights that many times. Here
-//! the routing is read back (one synchronization per layer, in prefill only, which is never
-//! captured), the token rows are gathered in expert order, and each expert's gate, up and down
+//! the token rows are gathered in expert order, and each expert's gate, up and down
 //! projections run as products over its rows:
 //! - by default (`HIPDECODE_GPU_MOE_GROUPED=int8`), on the int8 matrix-core kernel, one launch
 //!   per projection for all experts over a table of (expert, first row, rows) tiles, reading
 //!   the weights in their GGUF blocks against 8-bit copies of the rows (the int8 path's
 //!   rounding), where the device has native matrix cores, the three formats have a kernel and
-//!   the weights are in device memory;
+//!   the weights are in device memory. The slots and the tile table are built on the device
+//!   from the routing (`moe::group_pairs`), so the layer queues its launches without waiting;
 //! - else on the vendor GEMM, one product per expert and projection over f16 rows, each
-//!   expert's weight rows dequantized to f16 for it.
+//!   expert's weight rows dequantized to f16 for it. The host launches those per expert, so it
+//!   reads the routing back (one synchronization per layer, in prefill only, which is never
+//!   captured) and sorts the pairs itself.
 //!
 //! The expert outputs are put back in token order and combined with the routing weights by the
 //! decode path's kernel.
@@ -184,58 +186,93 @@ impl GpuBackend {
             &mut weights,
         )
         .map_err(kerr("moe routing"))?;
-        // Read the choices back and put the pairs in expert order.
-        let mut chosen = vec![0i32; pairs];
-        self.read_i32s(ids.ptr().0, &mut chosen)?;
-        // counts[e]: the pairs routed to expert e. Its slots start at starts[e], padded to
-        // `align`; the padding slots gather token 0 and are never read back.
-        let mut counts = vec![0usize; n_expert];
-        for &e in &chosen {
-            let e = usize::try_from(e)
-                .ok()
-                .filter(|&e| e < n_expert)
-                .ok_or_else(|| {
-                    gpu_err(
-                        "moe routing",
-                        format!("expert id {e} outside 0..{n_expert}"),
-                    )
-                })?;
-            counts[e] += 1;
-        }
-        let mut starts = Vec::with_capacity(n_expert);
-        let mut end = 0;
-        for &count in &counts {
-            starts.push(end);
-            end = (end + count).next_multiple_of(align);
-        }
         // The experts' products: in place on the int8 matrix-core kernel, one launch per
-        // projection (its tile table goes up with the index), or on the vendor GEMM.
+        // projection over a tile table, or on the vendor GEMM, one product per expert.
         let in_place = self.moe_grouped_in_place([gate, up, down].map(QuantMatrix::format))
             && [gate, up, down].iter().all(|w| matmul_q8_mma::takes(w))
-            && [gate_host, up_host, down_host].iter().all(Option::is_none);
-        let tiles = match in_place {
-            true => matmul_q8_mma::group_tiles(&starts, &counts).ok_or_else(|| {
-                DecodeError::InvalidArgument(format!("moe: {slots} slots do not fit an i32"))
-            })?,
-            false => Vec::new(),
-        };
-        let n_tiles = tiles.len() / 3;
+            && [gate_host, up_host, down_host].iter().all(Option::is_none)
+            && n_expert <= moe::GROUP_MAX_EXPERTS;
         let index_room = p_index_bytes / 4;
-        if slots + pairs + tiles.len() > index_room {
-            return Err(DecodeError::InvalidArgument(format!(
-                "moe: {n_tiles} tiles do not fit the prefill index's {index_room} i32"
-            )));
-        }
-        let mut index = vec![0i32; slots + pairs];
-        let mut next = starts.clone();
-        for (pair, &e) in chosen.iter().enumerate() {
-            let slot = next[e as usize];
-            next[e as usize] += 1;
-            index[slot] = (pair / k) as i32;
-            index[slots + pair] = slot as i32;
-        }
-        index.extend_from_slice(&tiles);
-        self.upload(index_ptr, &index)?;
+        let (counts, starts, n_tiles) = if in_place {
+            // The index and the tile table are built on the device from the routing, so the
+            // layer never waits for the host; the table is as long as any routing's, and the
+            // kernel skips its empty tail.
+            let groups = moe::PairGroups {
+                pairs,
+                k,
+                n_expert,
+                align,
+                slots,
+            };
+            let entries = groups.tile_entries();
+            if slots + pairs + entries > index_room {
+                return Err(DecodeError::InvalidArgument(format!(
+                    "moe: {} tiles do not fit the prefill index's {index_room} i32",
+                    entries / 3
+                )));
+            }
+            // SAFETY: slot_token, pair_slot and the tile table lie one after the other in the
+            // prefill index (room checked above), which nothing else uses in this call.
+            let (mut slot_token, mut pair_slot, mut table) = unsafe {
+                (
+                    DeviceSliceMut::<i32>::from_raw(index_ptr, slots),
+                    DeviceSliceMut::<i32>::from_raw(index_ptr + (slots * 4) as u64, pairs),
+                    DeviceSliceMut::<i32>::from_raw(
+                        index_ptr + ((slots + pairs) * 4) as u64,
+                        entries,
+                    ),
+                )
+            };
+            let ids = ids.as_const();
+            let (kn, st) = (&self.kernels, &*self.stream);
+            moe::group_pairs(
+                kn,
+                st,
+                ids,
+                groups,
+                &mut slot_token,
+                &mut pair_slot,
+                &mut table,
+            )
+            .map_err(kerr("moe grouping"))?;
+            (Vec::new(), Vec::new(), entries / 3)
+        } else {
+            // Read the choices back and put the pairs in expert order on the host, for the
+            // vendor GEMM's products, which the host launches per expert.
+            let mut chosen = vec![0i32; pairs];
+            self.read_i32s(ids.ptr().0, &mut chosen)?;
+            // counts[e]: the pairs routed to expert e. Its slots start at starts[e], padded
+            // to `align`; the padding slots gather token 0 and are never read back.
+            let mut counts = vec![0usize; n_expert];
+            for &e in &chosen {
+                let e = usize::try_from(e)
+                    .ok()
+                    .filter(|&e| e < n_expert)
+                    .ok_or_else(|| {
+                        gpu_err(
+                            "moe routing",
+                            format!("expert id {e} outside 0..{n_expert}"),
+                        )
+                    })?;
+                counts[e] += 1;
+            }
+            let mut starts = Vec::with_capacity(n_expert);
+            let mut end = 0;
+            for &count in &counts {
+                starts.push(end);
+                end = (end + count).next_multiple_of(align);
+            }
+            let mut index = vec![0i32; slots + pairs];
+            let mut next = starts.clone();
+            for (pair, &e) in chosen.iter().enumerate() {
+                let slot = next[e as usize];
+                next[e as usize] += 1;
+                index[slot] = (pair / k) as i32;
+                index[slots + pair] = slot as i32;
+            }
+            self.upload(index_ptr, &index)?;
+            (counts, starts, 0)
+        };
         let rows_of = |base: u64, n: usize, width: usize| -> Result<QuantMatrix> {
             // SAFETY: `base` holds `n` rows of `width` f32 (the input buffer, checked above, or
             // the prefill scratch), read as bytes while this call runs.
@@ -276,7 +313,7 @@ impl GpuBackend {
             };
             // SAFETY: the tile table follows the index in its allocation (room checked above).
             let table = unsafe {
-                DeviceSlice::<i32>::from_raw(index_ptr + ((slots + pairs) * 4) as u64, tiles.len())
+                DeviceSlice::<i32>::from_raw(index_ptr + ((slots + pairs) * 4) as u64, 3 * n_tiles)
             };
             let grouped =
                 |w: &QuantMatrix, per: usize, x: Q8Activations, out: &mut DeviceSliceMut<f32>| {
