@@ -9,9 +9,9 @@ mod common;
 use common::{download, setup, upload, view, view_mut};
 use gguf_loader::GgmlType;
 use rocm_kernels::ops::elementwise::{self, GateActivation};
-use rocm_kernels::ops::matmul_q8_mma::group_tiles;
+use rocm_kernels::ops::matmul_q8_mma::{self, group_tiles, PairGroups};
 use rocm_kernels::ops::matvec::QuantMatrix;
-use rocm_kernels::ops::moe::{self, PairGroups};
+use rocm_kernels::ops::moe;
 use rocm_kernels::ops::norm;
 use rocm_kernels::ops::sampling::{self, SamplingParams, ARGMAX_WORKSPACE};
 use rocm_kernels::reference;
@@ -196,7 +196,7 @@ fn bad_shapes_are_errors_not_panics() {
     s.synchronize().unwrap();
 }
 
-/// `moe::group_pairs` against the host's grouping: the same tile table (then empty tiles),
+/// `matmul_q8_mma::group_pairs` against the host's grouping: the same tile table (then empty tiles),
 /// each expert's slots holding exactly its pairs' tokens, padding slots token 0, each pair
 /// sent back from a slot holding its token, and ids outside the experts sent nowhere (-1).
 #[test]
@@ -237,7 +237,7 @@ fn moe_pairs_are_grouped_on_the_device_as_the_host_groups_them() {
         upload(kn, &vec![7i32; pairs]),
     );
     let tiles_d = upload(kn, &vec![7i32; entries]);
-    moe::group_pairs(
+    matmul_q8_mma::group_pairs(
         kn,
         &s,
         view(&ids_d, pairs),

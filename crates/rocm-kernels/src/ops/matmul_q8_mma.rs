@@ -238,6 +238,134 @@ pub fn max_group_tiles(pairs: usize, n_expert: usize) -> usize {
     pairs.div_ceil(TILE_TOKENS) + n_expert.min(pairs)
 }
 
+/// Threads of [`group_pairs`]' one block.
+pub(crate) const GROUP_THREADS: u32 = 256;
+/// Most experts [`group_pairs`] takes (its shared counters).
+pub const GROUP_MAX_EXPERTS: usize = 1024;
+
+/// The shape of [`group_pairs`]: `pairs = n_tokens * k` routed pairs over `n_expert` experts,
+/// each expert's slots starting on a multiple of `align`, in `slots` slots in all (enough for
+/// every routing: `pairs` plus each expert's padding).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PairGroups {
+    pub pairs: usize,
+    pub k: usize,
+    pub n_expert: usize,
+    pub align: usize,
+    pub slots: usize,
+}
+
+impl PairGroups {
+    /// Entries of the tile table [`group_pairs`] writes: three i32 for each of
+    /// [`max_group_tiles`] tiles.
+    pub fn tile_entries(&self) -> usize {
+        3 * max_group_tiles(self.pairs, self.n_expert)
+    }
+}
+
+/// The grouped prefill's index from the routing `ids` (`pairs` i32, read when the kernel
+/// runs), on the device: `slot_token[slot]` (the token whose row each slot gathers, 0 for
+/// padding), `pair_slot[p]` (the slot pair `p`'s output comes back from, -1 for an id outside
+/// `[0, n_expert)`), and the tile table of
+/// [`matmul_grouped`], as
+/// [`group_tiles`] lays it out for these counts, padded
+/// with empty tiles to [`PairGroups::tile_entries`]. Expert `e`'s pairs take the slots from
+/// its start (the earlier experts' counts, each rounded up to `align`); within an expert their
+/// order is the device's, which changes no product (each slot's row is its own).
+///
+/// Errors (nothing queued) when a view is too short, `k` or `align` is 0, or there are more
+/// than [`GROUP_MAX_EXPERTS`] experts or 2^31 slots.
+pub fn group_pairs(
+    kernels: &Kernels,
+    stream: &Stream,
+    ids: DeviceSlice<i32>,
+    shape: PairGroups,
+    slot_token: &mut DeviceSliceMut<i32>,
+    pair_slot: &mut DeviceSliceMut<i32>,
+    tiles: &mut DeviceSliceMut<i32>,
+) -> Result<()> {
+    const OP: &str = "moe_group_pairs";
+    let PairGroups {
+        pairs,
+        k,
+        n_expert,
+        align,
+        slots,
+    } = shape;
+    check_shape(k > 0 && align > 0, OP, || {
+        format!("k {k} and align {align} must be at least 1")
+    })?;
+    check_shape(n_expert <= GROUP_MAX_EXPERTS, OP, || {
+        format!("{n_expert} experts are more than the {GROUP_MAX_EXPERTS} its counters hold")
+    })?;
+    let entries = shape.tile_entries();
+    check_shape(
+        ids.len() >= pairs
+            && pair_slot.len() >= pairs
+            && slot_token.len() >= slots
+            && tiles.len() >= entries,
+        OP,
+        || {
+            format!(
+                "ids {}, pair_slot {} (need {pairs}), slot_token {} (need {slots}), tiles {} \
+                 (need {entries})",
+                ids.len(),
+                pair_slot.len(),
+                slot_token.len(),
+                tiles.len()
+            )
+        },
+    )?;
+    let to_u32 = |v: usize, what: &str| {
+        u32::try_from(v)
+            .ok()
+            .filter(|&v| v <= i32::MAX as u32)
+            .ok_or_else(|| shape_error(OP, format!("{what} {v} does not fit an i32")))
+    };
+    let (pairs_u, k_u, n_expert_u, align_u) = (
+        to_u32(pairs, "pairs")?,
+        to_u32(k, "k")?,
+        to_u32(n_expert, "n_expert")?,
+        to_u32(align, "align")?,
+    );
+    let (slots_u, tile_rows, max_tiles) = (
+        to_u32(slots, "slots")?,
+        TILE_TOKENS as u32,
+        to_u32(entries / 3, "tiles")?,
+    );
+    if pairs == 0 && slots == 0 && entries == 0 {
+        return Ok(());
+    }
+    // The kernel is moe.hip's, beside the routing it reads.
+    let function = kernels.function(KernelModule::Moe, OP)?;
+    let (ids_p, slot_p, pair_p, tiles_p) =
+        (ids.ptr(), slot_token.ptr(), pair_slot.ptr(), tiles.ptr());
+    let mut l = function.builder(stream);
+    l.arg(&ids_p)
+        .arg(&slot_p)
+        .arg(&pair_p)
+        .arg(&tiles_p)
+        .arg(&pairs_u)
+        .arg(&k_u)
+        .arg(&n_expert_u)
+        .arg(&align_u)
+        .arg(&slots_u)
+        .arg(&tile_rows)
+        .arg(&max_tiles);
+    // SAFETY: the arguments match `moe_group_pairs(const i32*, i32*, i32*, i32*, u32 x 7)`.
+    // The block reads ids[0..pairs] and writes slot_token[0..slots], pair_slot[0..pairs] and
+    // tiles[0..3 * max_tiles], inside the views (checked above); a slot it would give past
+    // `slots` is written as -1 instead, and n_expert fits its shared counters.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid: [1, 1, 1],
+            block: [GROUP_THREADS, 1, 1],
+            shared_bytes: 0,
+        })
+    }?;
+    Ok(())
+}
+
 /// Products of every expert's rows by its matrix in one launch: for each tile (expert `e`,
 /// first row `s`, `n` rows) of `tiles` (`n_tiles` of them, as [`group_tiles`] lays them out),
 /// `out[s + t][r] = sum_c w_e[r][c] * x[s + t][c]` for `t < n`, where `w` stacks the experts'

@@ -11,7 +11,7 @@
 //!   the weights in their GGUF blocks against 8-bit copies of the rows (the int8 path's
 //!   rounding), where the device has native matrix cores, the three formats have a kernel and
 //!   the weights are in device memory. The slots and the tile table are built on the device
-//!   from the routing (`moe::group_pairs`), so the layer queues its launches without waiting;
+//!   from the routing (`matmul_q8_mma::group_pairs`), so the layer queues its launches without waiting;
 //! - else on the vendor GEMM, one product per expert and projection over f16 rows, each
 //!   expert's weight rows dequantized to f16 for it. The host launches those per expert, so it
 //!   reads the routing back (one synchronization per layer, in prefill only, which is never
@@ -191,13 +191,13 @@ impl GpuBackend {
         let in_place = self.moe_grouped_in_place([gate, up, down].map(QuantMatrix::format))
             && [gate, up, down].iter().all(|w| matmul_q8_mma::takes(w))
             && [gate_host, up_host, down_host].iter().all(Option::is_none)
-            && n_expert <= moe::GROUP_MAX_EXPERTS;
+            && n_expert <= matmul_q8_mma::GROUP_MAX_EXPERTS;
         let index_room = p_index_bytes / 4;
         let (counts, starts, n_tiles) = if in_place {
             // The index and the tile table are built on the device from the routing, so the
             // layer never waits for the host; the table is as long as any routing's, and the
             // kernel skips its empty tail.
-            let groups = moe::PairGroups {
+            let groups = matmul_q8_mma::PairGroups {
                 pairs,
                 k,
                 n_expert,
@@ -225,7 +225,7 @@ impl GpuBackend {
             };
             let ids = ids.as_const();
             let (kn, st) = (&self.kernels, &*self.stream);
-            moe::group_pairs(
+            matmul_q8_mma::group_pairs(
                 kn,
                 st,
                 ids,
