@@ -18,12 +18,15 @@
 #   verify   (a second lease, bundle-g) the GPU tests of the mended batched_runs and step_batch,
 #            the re-blessed golden_tokens, gpu_basic (the MoE grouping kernel), backend_conformance
 #            and gpu_backend;
-#   moe-ab   (bundle-g) pp512 and pp4096 on the 30B-A3B shape, the MoE grouping on the device
-#            (bench-decode) against the host's (old-bench-decode), alternating; then tg128 with
-#            the MoE router fused against split (--ab);
+#   moe-ab   (bundle-g) pp512 and pp4096 on the 30B-A3B shape with the grouped prefill's index
+#            built on the host against the device (--ab), then tg128 with the MoE router split
+#            against fused;
 #   long     (bundle-g) gpu_long_context: every tiny architecture, the q8_0 KV cache, real Gemma;
 #   quick    (bundle-g) all of verify but the real-model cases, and moe-ab, in one call;
+#   kernels  (bundle-g) only the MoE kernels' GPU tests and the conformance test's MoE cases;
 #   collect  packs /tmp/ft into $OUT/ft.tgz and prints the summary.
+# Only setup, part, golden, batched, depth and batch1 ran on 2026-12-07 (one lease); no device
+# was lent for the later phases, which wait for the next lease.
 # From the checkout root, with bundle-f/{bench-decode,hipdecode,xtask,tests}, .peer, and
 # .dev/gemma/partNN (split -b 45M -d of models/gemma3-270m-q4_k_m.gguf) over the calls.
 set -u
@@ -168,12 +171,10 @@ verify)
     ;;
 moe-ab)
     wait_for $D/synth-q.done 300 || st "30B-A3B shape not written"
-    for arm in old-1 new-1 new-2 old-2; do
-        b=$N/bench-decode
-        [ "${arm%-*}" = old ] && b=$N/old-bench-decode
-        timeout 200 $b -m $Q --device gpu -p 512,4096 -n 0 -r 3 >$D/moe-$arm.md 2>&1
-        st "moe-ab $arm exit $?"
-    done
+    timeout 300 $N/bench-decode -m $Q --device gpu -p 512,4096 -n 0 -r 3 \
+        --ab "HIPDECODE_GPU_MOE_INDEX=host" "HIPDECODE_GPU_MOE_INDEX=device" --rounds 2 \
+        >$D/index-ab.md 2>&1
+    st "index a/b exit $?"
     timeout 300 $N/bench-decode -m $Q --device gpu -p 0 -n 128 -r 5 \
         --ab "HIPDECODE_GPU_MOE_ROUTER=split" "HIPDECODE_GPU_MOE_ROUTER=fused" --rounds 2 \
         >$D/router-ab.md 2>&1
@@ -194,8 +195,17 @@ quick)
     tests "gpu_basic backend_conformance layout step_batch batched_runs generate_many golden_tokens gpu_backend"
     N=$N bash "$0" moe-ab
     ;;
+kernels)
+    # The least a lease must check of the MoE change: the two kernels against the host, then
+    # the MoE cases of the conformance test (the grouped prefill in place, the fused router).
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >$D/gpu.txt
+    mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
+    st "kernels started"
+    run rocm-kernels gpu_basic moe_ the_fused_router
+    run decode backend_conformance moe --test-threads=2
+    ;;
 *)
-    echo "usage: $0 setup|part|golden|batched|depth|batch1|verify|moe-ab|long|quick|collect" >&2
+    echo "usage: $0 setup|part|golden|batched|depth|batch1|verify|moe-ab|long|quick|kernels|collect" >&2
     exit 2
     ;;
 esac

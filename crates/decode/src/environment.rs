@@ -61,6 +61,7 @@ pub static TABLE: Table = &[
     &crate::backend::gpu::INT8_MMA_MAX_ROWS,
     &crate::backend::gpu::MOE_GROUPED,
     &crate::backend::gpu::MOE_ROUTER,
+    &crate::backend::gpu::MOE_INDEX,
     &crate::backend::gpu::EMBED_TABLE,
     &crate::backend::gpu::KV_POOL,
     &crate::backend::gpu::capture_stream::CAPTURE_STREAM,

@@ -13,7 +13,7 @@ use common::preset_file;
 use decode::backend::cpu::CpuBackend;
 use decode::backend::gpu::vendor_gemm::VENDOR_GEMM_MIN_ROWS;
 use decode::backend::gpu::{
-    GpuBackend, GpuWeight, KvType, MatvecPath, MoeGrouped, MoeRouter, ReadPath,
+    GpuBackend, GpuWeight, KvType, MatvecPath, MoeGrouped, MoeIndex, MoeRouter, ReadPath,
 };
 use decode::backend::{
     Attention, Backend, BlockTables, GateActivation, KvGroup, KvLayer, MoeShape, Precision, Rope,
@@ -616,7 +616,8 @@ test_device!(route_and_moe);
 /// The router's product and the mixture of experts in one call (`route_and_moe`) over the tiny
 /// Qwen3-MoE model's first layer, for decode steps of 1, 3 and 8 rows: the output and the
 /// router's logits against the CPU's exact path; on a GPU's int8 path the fused router
-/// (the default) against the product then the routing, which must agree to f32 rounding.
+/// (`HIPDECODE_GPU_MOE_ROUTER=fused`) against the default product then routing, which must
+/// agree to f32 rounding.
 fn route_and_moe<B: Backend + 'static>(make: impl Fn() -> B) {
     let file = preset_file(Preset::TinyQwen3Moe);
     let tensor = |name: &str| -> Matrix {
@@ -697,15 +698,15 @@ fn route_and_moe<B: Backend + 'static>(make: impl Fn() -> B) {
             MATMUL_F32_TOL,
         );
         if int8_gpu {
-            let mut unfused = make();
-            if let Some(g) = (&mut unfused as &mut dyn Any).downcast_mut::<GpuBackend>() {
-                g.set_moe_router(MoeRouter::Split);
+            let mut fused = make();
+            if let Some(g) = (&mut fused as &mut dyn Any).downcast_mut::<GpuBackend>() {
+                g.set_moe_router(MoeRouter::Fused);
             }
-            let other = go(&mut unfused, w, &x, &shape);
+            let other = go(&mut fused, w, &x, &shape);
             check(
                 &format!("{what}: fused against split"),
-                &got,
                 &other,
+                &got,
                 F32_TOL,
             );
         }
@@ -812,6 +813,21 @@ fn moe<B: Backend + 'static>(make: impl Fn() -> B) {
             );
         }
         let int8_gpu = gpu.is_some_and(|g| g.matvec_path() == MatvecPath::Int8);
+        if grouped && in_place && int8_gpu {
+            // The index built on the device: the same slots per expert in another order, and
+            // each slot's row is its own, so the output is the host-built index's.
+            let mut on_device = make();
+            if let Some(g) = (&mut on_device as &mut dyn Any).downcast_mut::<GpuBackend>() {
+                g.set_moe_index(MoeIndex::Device);
+            }
+            let other = go(&mut on_device, [&gate, &up, &down], &x, &logits, &shape);
+            check(
+                &format!("{what}: index built on the device"),
+                &other,
+                &got,
+                F32_TOL,
+            );
+        }
         if grouped && in_place && int8_gpu {
             let mut vendor = make();
             if let Some(g) = (&mut vendor as &mut dyn Any).downcast_mut::<GpuBackend>() {

@@ -118,6 +118,26 @@ pub static MOE_GROUPED: Knob<MoeGrouped> = Knob {
     },
 };
 
+/// Where a grouped MoE prefill on the int8 kernel builds its slots and tile table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoeIndex {
+    /// On the host, from the routing read back: one synchronization per layer.
+    Host,
+    /// On the device (`matmul_q8_mma::group_pairs`): no synchronization.
+    Device,
+}
+
+pub static MOE_INDEX: Knob<MoeIndex> = Knob {
+    name: "HIPDECODE_GPU_MOE_INDEX",
+    default: "host",
+    doc: "where a mixture of experts' grouped prefill on the int8 kernel builds its slots and \
+          tile table: `host` (the routing read back, one synchronization per layer) or \
+          `device` (one kernel, no synchronization; not yet run on a GPU, hence not the \
+          default); for A/B runs",
+    scope: Scope::Run,
+    parse: |v| knobs::parse::choice(v, &[("host", MoeIndex::Host), ("device", MoeIndex::Device)]),
+};
+
 /// How a mixture of experts' decode rows get their routing from an f32 router.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MoeRouter {
@@ -130,10 +150,11 @@ pub enum MoeRouter {
 
 pub static MOE_ROUTER: Knob<MoeRouter> = Knob {
     name: "HIPDECODE_GPU_MOE_ROUTER",
-    default: "fused",
-    doc: "a mixture of experts' router for decode rows (f32 routers, the int8 path): `fused` \
-          (the router's product and the top-k choice in one launch) or `split` (the f32 \
-          matrix-vector product, then the routing kernel); for A/B runs",
+    default: "split",
+    doc: "a mixture of experts' router for decode rows (f32 routers, the int8 path): `split` \
+          (the f32 matrix-vector product, then the routing kernel) or `fused` (the router's \
+          product and the top-k choice in one launch; not yet run on a GPU, hence not the \
+          default); for A/B runs",
     scope: Scope::Run,
     parse: |v| {
         knobs::parse::choice(
@@ -243,6 +264,7 @@ pub struct GpuConfig {
     pub int8_mma_max_rows: usize,
     pub moe_grouped: MoeGrouped,
     pub moe_router: MoeRouter,
+    pub moe_index: MoeIndex,
     pub embed_table: EmbedTable,
     pub kv_pool: KvPool,
     pub kv_type: KvType,
@@ -265,6 +287,7 @@ impl GpuConfig {
             int8_mma_max_rows: INT8_MMA_MAX_ROWS.value(env)?,
             moe_grouped: MOE_GROUPED.value(env)?,
             moe_router: MOE_ROUTER.value(env)?,
+            moe_index: MOE_INDEX.value(env)?,
             embed_table: EMBED_TABLE.value(env)?,
             kv_pool: KV_POOL.value(env)?,
             // `-ctk` / `-ctv` set it (`BackendSettings::kv_type`); no knob reads it.

@@ -38,9 +38,9 @@ mod weight_block;
 
 pub use buffer::GpuBuffer;
 pub use config::{
-    EmbedTable, GpuConfig, KvPool, KvType, MatvecPath, MoeGrouped, MoeRouter, ATTN_DECODE,
-    ATTN_PREFILL, EMBED_TABLE, INT8_MAX_ROWS, INT8_MMA_MAX_ROWS, INT8_MMA_ROWS_DEFAULT, KV_POOL,
-    MATVEC_PATH, MMA_MAX_ROWS, MOE_GROUPED, MOE_ROUTER,
+    EmbedTable, GpuConfig, KvPool, KvType, MatvecPath, MoeGrouped, MoeIndex, MoeRouter,
+    ATTN_DECODE, ATTN_PREFILL, EMBED_TABLE, INT8_MAX_ROWS, INT8_MMA_MAX_ROWS,
+    INT8_MMA_ROWS_DEFAULT, KV_POOL, MATVEC_PATH, MMA_MAX_ROWS, MOE_GROUPED, MOE_INDEX, MOE_ROUTER,
 };
 pub use graph_rows::{GraphRows, GRAPH_ROWS};
 pub use offload::host_weights::{HostPlacement, WeightMemory};
@@ -170,6 +170,8 @@ pub struct GpuBackend {
     moe_grouped: MoeGrouped,
     /// Decode rows' router: fused with the routing or not (`HIPDECODE_GPU_MOE_ROUTER`).
     moe_router: MoeRouter,
+    /// Where the grouped prefill's index is built (`HIPDECODE_GPU_MOE_INDEX`).
+    moe_index: MoeIndex,
     /// Where an embedding table that is only looked up goes (`HIPDECODE_GPU_EMBED_TABLE`).
     embed_table: EmbedTable,
     kv_pool: KvPool,

@@ -10,12 +10,14 @@
 //!   per projection for all experts over a table of (expert, first row, rows) tiles, reading
 //!   the weights in their GGUF blocks against 8-bit copies of the rows (the int8 path's
 //!   rounding), where the device has native matrix cores, the three formats have a kernel and
-//!   the weights are in device memory. The slots and the tile table are built on the device
-//!   from the routing (`matmul_q8_mma::group_pairs`), so the layer queues its launches without waiting;
+//!   the weights are in device memory. The slots and the tile table are built from the routing
+//!   on the host (read back: one synchronization per layer, in prefill only, which is never
+//!   captured), or on the device with `HIPDECODE_GPU_MOE_INDEX=device`
+//!   (`matmul_q8_mma::group_pairs`), so the layer queues its launches without waiting; that
+//!   path has not run on a GPU yet, so it is not the default;
 //! - else on the vendor GEMM, one product per expert and projection over f16 rows, each
 //!   expert's weight rows dequantized to f16 for it. The host launches those per expert, so it
-//!   reads the routing back (one synchronization per layer, in prefill only, which is never
-//!   captured) and sorts the pairs itself.
+//!   reads the routing back and sorts the pairs itself.
 //!
 //! The expert outputs are put back in token order and combined with the routing weights by the
 //! decode path's kernel.
@@ -24,7 +26,7 @@ use crate::backend::gpu::buffer::{q8_views, Q8Shadow};
 use crate::backend::gpu::offload::prefetch::HostPrefill;
 use crate::backend::gpu::{
     error::{gpu_err, kerr},
-    GpuBackend, GpuBuffer, MatvecPath, MoePrefillScratch,
+    GpuBackend, GpuBuffer, MatvecPath, MoeIndex, MoePrefillScratch,
 };
 use crate::backend::MoeShape;
 use crate::error::{DecodeError, Result};
@@ -190,10 +192,12 @@ impl GpuBackend {
         // projection over a tile table, or on the vendor GEMM, one product per expert.
         let in_place = self.moe_grouped_in_place([gate, up, down].map(QuantMatrix::format))
             && [gate, up, down].iter().all(|w| matmul_q8_mma::takes(w))
-            && [gate_host, up_host, down_host].iter().all(Option::is_none)
+            && [gate_host, up_host, down_host].iter().all(Option::is_none);
+        let on_device = in_place
+            && self.moe_index == MoeIndex::Device
             && n_expert <= matmul_q8_mma::GROUP_MAX_EXPERTS;
         let index_room = p_index_bytes / 4;
-        let (counts, starts, n_tiles) = if in_place {
+        let (counts, starts, n_tiles) = if on_device {
             // The index and the tile table are built on the device from the routing, so the
             // layer never waits for the host; the table is as long as any routing's, and the
             // kernel skips its empty tail.
@@ -237,8 +241,7 @@ impl GpuBackend {
             .map_err(kerr("moe grouping"))?;
             (Vec::new(), Vec::new(), entries / 3)
         } else {
-            // Read the choices back and put the pairs in expert order on the host, for the
-            // vendor GEMM's products, which the host launches per expert.
+            // Read the choices back and put the pairs in expert order on the host.
             let mut chosen = vec![0i32; pairs];
             self.read_i32s(ids.ptr().0, &mut chosen)?;
             // counts[e]: the pairs routed to expert e. Its slots start at starts[e], padded
@@ -262,6 +265,19 @@ impl GpuBackend {
                 starts.push(end);
                 end = (end + count).next_multiple_of(align);
             }
+            // The int8 kernel's tile table goes up with the index.
+            let tiles = match in_place {
+                true => matmul_q8_mma::group_tiles(&starts, &counts).ok_or_else(|| {
+                    DecodeError::InvalidArgument(format!("moe: {slots} slots do not fit an i32"))
+                })?,
+                false => Vec::new(),
+            };
+            let n_tiles = tiles.len() / 3;
+            if slots + pairs + tiles.len() > index_room {
+                return Err(DecodeError::InvalidArgument(format!(
+                    "moe: {n_tiles} tiles do not fit the prefill index's {index_room} i32"
+                )));
+            }
             let mut index = vec![0i32; slots + pairs];
             let mut next = starts.clone();
             for (pair, &e) in chosen.iter().enumerate() {
@@ -270,8 +286,9 @@ impl GpuBackend {
                 index[slot] = (pair / k) as i32;
                 index[slots + pair] = slot as i32;
             }
+            index.extend_from_slice(&tiles);
             self.upload(index_ptr, &index)?;
-            (counts, starts, 0)
+            (counts, starts, n_tiles)
         };
         let rows_of = |base: u64, n: usize, width: usize| -> Result<QuantMatrix> {
             // SAFETY: `base` holds `n` rows of `width` f32 (the input buffer, checked above, or
