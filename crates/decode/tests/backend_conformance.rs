@@ -612,6 +612,21 @@ fn gated_then_product<B: Backend + 'static>(make: impl Fn() -> B) {
     }
 }
 
+/// What a model does after loading and at each step, for one MoE layer's op tests: the GPU
+/// takes its MoE scratch (and for long chunks the grouped prefill's buffers), then a step of
+/// `shape.rows` rows of one sequence begins.
+fn begin_moe_step<C: Backend>(be: &mut C, shape: &MoeShape) {
+    let bounds = StepBounds {
+        max_tokens: shape.rows,
+        decode_attention: Vec::new(),
+        moe: Some(*shape),
+        table_entries: 0,
+    };
+    be.reserve_workspace(&bounds, &[]).expect("reserve");
+    be.begin_step(&step_at(0, &vec![0; shape.rows]), &one_table(1))
+        .expect("begin_step");
+}
+
 test_device!(route_and_moe);
 /// The router's product and the mixture of experts in one call (`route_and_moe`) over the tiny
 /// Qwen3-MoE model's first layer, for decode steps of 1, 3 and 8 rows: the output and the
@@ -641,15 +656,7 @@ fn route_and_moe<B: Backend + 'static>(make: impl Fn() -> B) {
     let [n_embd, n_ff, n_expert] = gate.dims;
     fn go<C: Backend>(be: &mut C, w: [&Matrix; 4], x: &[f32], shape: &MoeShape) -> Vec<f32> {
         let [r, g, u, d] = w.map(|m| be.load_weight(&m.source()).expect("load"));
-        let bounds = StepBounds {
-            max_tokens: shape.rows,
-            decode_attention: Vec::new(),
-            moe: Some(*shape),
-            table_entries: 0,
-        };
-        be.reserve_workspace(&bounds, &[]).expect("reserve");
-        be.begin_step(&step_at(0, &vec![0; shape.rows]), &one_table(1))
-            .expect("begin_step");
+        begin_moe_step(be, shape);
         let xb = upload(be, x);
         let (rows, e) = (shape.rows, shape.n_embd);
         let mut logits = be
@@ -743,17 +750,7 @@ fn moe<B: Backend + 'static>(make: impl Fn() -> B) {
         shape: &MoeShape,
     ) -> Vec<f32> {
         let [g, u, d] = w.map(|m| be.load_weight(&m.source()).expect("load experts"));
-        // As a model does after loading: the GPU takes its MoE scratch, and for long chunks
-        // the grouped prefill's buffers, here.
-        let bounds = StepBounds {
-            max_tokens: shape.rows,
-            decode_attention: Vec::new(),
-            moe: Some(*shape),
-            table_entries: 0,
-        };
-        be.reserve_workspace(&bounds, &[]).expect("reserve");
-        be.begin_step(&step_at(0, &vec![0; shape.rows]), &one_table(1))
-            .expect("begin_step");
+        begin_moe_step(be, shape);
         let xb = upload(be, x);
         let lb = upload(be, logits);
         let mut out = be

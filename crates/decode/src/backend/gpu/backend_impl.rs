@@ -1367,6 +1367,11 @@ impl GpuBackend {
         out: &mut GpuBuffer,
         shape: &MoeShape,
     ) -> Result<()> {
+        // A fused router's bytes are this op's too (its own matmul op is not run).
+        let (router_bytes, fused) = match &route {
+            Route::Fused { router, .. } => (router.data().len(), " with its router"),
+            Route::Logits(_) => (0, ""),
+        };
         let experts = |w: &GpuWeight, what: &str| -> Result<moe::QuantExperts> {
             let (m, dims) = w.matrix(what)?;
             moe::QuantExperts::new(m.data(), m.format(), dims[2], dims[1], dims[0])
@@ -1539,8 +1544,8 @@ impl GpuBackend {
         let selected = (rows * k).min(n_expert);
         let path = if int8 { "int8" } else { "f32" };
         self.op_done(
-            || format!("moe {path} ({selected} experts of {n_expert}, {k} per token)"),
-            (selected * expert_bytes) as u64,
+            || format!("moe {path}{fused} ({selected} experts of {n_expert}, {k} per token)"),
+            (selected * expert_bytes + router_bytes) as u64,
         )
     }
 
