@@ -340,8 +340,6 @@ impl KernelModule {
             KernelModule::Moe => &[
                 "moe_route_top_k",
                 "moe_weighted_sum",
-                "moe_group_pairs",
-                "moe_router_top_k_f32",
                 "matvec_id_f32",
                 "matvec_id_f16",
                 "matvec_id_bf16",
@@ -357,6 +355,9 @@ impl KernelModule {
                 "matvec_id_q3_k",
                 "matvec_id_iq4_nl",
                 "matvec_id_iq4_xs",
+                // After the per-format entries, whose places `format_entry` counts.
+                "moe_group_pairs",
+                "moe_router_top_k_f32",
             ],
             // Per format of WEIGHT_FORMATS (ops::dequant), then the plain conversion.
             KernelModule::Dequant => &[
