@@ -105,12 +105,14 @@ KERNEL void LAUNCH_BOUNDS(256) moe_route_top_k(const float* __restrict__ logits,
 // for the next launch, so a captured graph replays it as it is. The other blocks' logits reach
 // it through their __threadfence before the count and volatile loads after it.
 #define MOE_ROUTER_MAX_ROWS 8
-KERNEL void LAUNCH_BOUNDS(256) moe_router_top_k_f32(const float* __restrict__ w, const float* __restrict__ x,
+// Threads of a block (ops::moe::ROUTER_THREADS).
+#define MOE_ROUTER_THREADS 256
+KERNEL void LAUNCH_BOUNDS(MOE_ROUTER_THREADS) moe_router_top_k_f32(const float* __restrict__ w, const float* __restrict__ x,
                                                     float* logits, i32* __restrict__ ids,
                                                     float* __restrict__ weights, u32* counter,
                                                     u32 rows, u32 cols, u32 n_expert, u32 k) {
     KERNEL_PROLOGUE();
-    __shared__ float part[MOE_ROUTER_MAX_ROWS][32];
+    __shared__ float part[MOE_ROUTER_MAX_ROWS][MOE_ROUTER_THREADS / WARP_SIZE];
     __shared__ u32 last;
     const u32 e = blockIdx.x;
     const u32 lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
