@@ -16,7 +16,7 @@ mod common;
 
 use common::*;
 use decode::backend::cpu::CpuBackend;
-use decode::backend::gpu::{GpuBackend, KvType, MatvecPath};
+use decode::backend::gpu::{GpuBackend, GpuConfig, KvType, MatvecPath};
 use decode::backend::{Backend, Precision};
 use decode::context::ContextOptions;
 use decode::gguf_loader::synth::Preset;
@@ -324,19 +324,28 @@ fn profiling_times_every_op_of_a_decode_step() {
     }
 }
 
-/// A prefill long enough for the vendor GEMM (int8 path, one chunk of 48 tokens): logits at
-/// every position against the CPU's exact path, on a dense, an MoE and a sliding-window model.
-/// With `HIPDECODE_REQUIRE_BLAS=1` (the verification machine) the vendor library must be the one
-/// in use, so a missing library cannot pass as our kernels.
+/// A prefill on the vendor GEMM (int8 path, one chunk of 48 tokens, with the int8 matrix-core
+/// kernel's cap set below 48 rows so the chunk goes past it): logits at every position against
+/// the CPU's exact path, on a dense, an MoE and a sliding-window model. With
+/// `HIPDECODE_REQUIRE_BLAS=1` (the verification machine) the vendor library must be the one in
+/// use, so a missing library cannot pass as our kernels.
 #[test]
 fn a_long_prefill_on_the_vendor_gemm_matches_the_cpu() {
     let _one_at_a_time = gpu_lock();
     let require = hip_ffi::knobs::REQUIRE_BLAS.read().unwrap();
     for preset in [Preset::TinyLlama, Preset::TinyQwen3Moe, Preset::TinyGemma3] {
         let test = "a_long_prefill_on_the_vendor_gemm_matches_the_cpu";
-        let Some(gpu) = gpu_backend_on(test, MatvecPath::Int8) else {
+        let Some(device) = hip_ffi::testing::device_or_skip(test) else {
             return;
         };
+        // The default cap (64 rows) would give a 48-row chunk to the int8 matrix-core kernel.
+        let config = GpuConfig {
+            int8_mma_max_rows: 16,
+            ..GpuConfig::from_process().unwrap()
+        };
+        let mut gpu = GpuBackend::with_config(device, 64, true, None, &config).unwrap();
+        gpu.set_matvec_path(MatvecPath::Int8);
+        gpu.set_kv_type(KvType::F16);
         let described = gpu.describe();
         eprintln!("{described}");
         assert!(

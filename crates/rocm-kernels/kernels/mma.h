@@ -189,6 +189,221 @@ DEVICE void mma_16x16x16(MmaAcc& c, const u16* a, u32 lda, const u16* b, u32 ldb
 }
 #endif
 
+// ---- Operands held for several products, and rows reduced in registers (attention_mma.hip):
+//
+//   MmaA a;              a 16 x 16 f16 A operand ready for products (registers where the
+//                        variant can, else a place in shared memory)
+//   mma_load_a(a, p, lda);
+//                        A[m][k] from p[m * lda + k] in shared memory (lda in halves, a multiple
+//                        of 8; p 16-byte aligned); it must stay there while `a` is used where
+//                        the variant keeps only its place (MMA_SIMT)
+//   mma_a_from_acc(a, c, scratch, ld);
+//                        C rounded to f16 as an A operand (C's columns become A's k). scratch is
+//                        this warp's 16 x ld halves of shared memory (ld a multiple of 8,
+//                        16-byte aligned), written where registers do not suffice; it must stay
+//                        unchanged while `a` is used
+//   mma_16x16x16_a(c, a, b, ldb);     c += A . B^T, B[n][k] at b[n * ldb + k] (k contiguous)
+//   mma_16x16x16_a_kn(c, a, b, ldb);  c += A . B, B[k][n] at b[k * ldb + n] (n contiguous)
+//                        (ldb a multiple of 8, b 16-byte aligned, both in shared memory)
+//
+//   MMA_A_IN_REGS        1 where MmaA holds the operand itself, 0 where only its place
+//   MMA_A_FROM_ACC_SCRATCH
+//                        1 where mma_a_from_acc writes its scratch, 0 where it needs none
+//   MMA_ROWS             how many rows of C this lane holds values of
+//   mma_row_of(i)        which of them (0 .. MMA_ROWS - 1) value c.v[i] lies in
+//   mma_row(r)           the tile row of the lane's r-th
+//   mma_row_max(x), mma_row_sum(x)
+//                        over the lanes holding values of the same rows (x one per row of the
+//                        lane's, the same r on every lane): the row's max or sum on each of them
+
+// Makes shared-memory stores of this warp visible to its other lanes: the operand exchange
+// through scratch.
+#if defined(__CUDACC__)
+DEVICE void mma_warp_sync() { __syncwarp(); }
+#else
+// A wave runs in lockstep and its LDS operations complete in order; the barrier keeps the
+// compiler from moving loads above the stores.
+DEVICE void mma_warp_sync() { __builtin_amdgcn_wave_barrier(); }
+#endif
+
+#if MMA_VARIANT == MMA_NV_SYNC
+// The 32-bit shared-memory address ldmatrix takes.
+DEVICE u32 mma_smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+// Four 8 x 8 matrices of halves: lane l gives the address of row l % 8 of matrix l / 8 and gets
+// matrix i's (row g, columns 2t, 2t + 1) in r[i], or with `trans` (rows 2t, 2t + 1, column g).
+DEVICE void mma_ldmatrix4(u32 (&r)[4], const u16* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(mma_smem_addr(row)));
+}
+DEVICE void mma_ldmatrix4_trans(u32 (&r)[4], const u16* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(mma_smem_addr(row)));
+}
+#define MMA_A_IN_REGS 1
+#define MMA_A_FROM_ACC_SCRATCH 0
+struct MmaA {
+    u32 r[4];  // a0..a3 of m16n8k16 (see mma_16x16x16)
+};
+DEVICE void mma_load_a(MmaA& a, const u16* p, u32 lda) {
+    // Matrices: rows 0-7 / 8-15 by (l / 8) % 2, k 0-7 / 8-15 by l / 16: a0, a1, a2, a3.
+    const u32 l = mma_lane(), i = l / 8;
+    mma_ldmatrix4(a.r, p + (l % 8 + 8 * (i & 1)) * lda + 8 * (i >> 1));
+}
+// The accumulator's (g, 2t + j) and (g + 8, 2t + j) for columns n < 8 and n >= 8 are exactly
+// the A fragment's pairs of k, so no lane exchange is needed.
+DEVICE void mma_a_from_acc(MmaA& a, const MmaAcc& c, u16*, u32) {
+    a.r[0] = pack_f16x2(c.v[0], c.v[1]);
+    a.r[1] = pack_f16x2(c.v[2], c.v[3]);
+    a.r[2] = pack_f16x2(c.v[4], c.v[5]);
+    a.r[3] = pack_f16x2(c.v[6], c.v[7]);
+}
+DEVICE void mma_nv_16x8x16(float* d, const MmaA& a, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b0), "r"(b1));
+}
+DEVICE void mma_16x16x16_a(MmaAcc& c, const MmaA& a, const u16* b, u32 ldb) {
+    // Matrices: n 0-7 / 8-15 by l / 16, k 0-7 / 8-15 by (l / 8) % 2: b0, b1 of each half of n.
+    const u32 l = mma_lane(), i = l / 8;
+    u32 r[4];
+    mma_ldmatrix4(r, b + (l % 8 + 8 * (i >> 1)) * ldb + 8 * (i & 1));
+    mma_nv_16x8x16(c.v, a, r[0], r[1]);
+    mma_nv_16x8x16(c.v + 4, a, r[2], r[3]);
+}
+DEVICE void mma_16x16x16_a_kn(MmaAcc& c, const MmaA& a, const u16* b, u32 ldb) {
+    // Transposed matrices: k 0-7 / 8-15 by (l / 8) % 2, n 0-7 / 8-15 by l / 16.
+    const u32 l = mma_lane(), i = l / 8;
+    u32 r[4];
+    mma_ldmatrix4_trans(r, b + (l % 8 + 8 * (i & 1)) * ldb + 8 * (i >> 1));
+    mma_nv_16x8x16(c.v, a, r[0], r[1]);
+    mma_nv_16x8x16(c.v + 4, a, r[2], r[3]);
+}
+// Lane (g, t) holds rows g and g + 8; the four lanes of group g share them.
+#define MMA_ROWS 2
+DEVICE int mma_row_of(int i) { return (i >> 1) & 1; }
+DEVICE u32 mma_row(int r) { return mma_lane() / 4 + 8 * (u32)r; }
+#define MMA_ROW_LANES 4
+
+#else
+// The other variants hold one value per row of C (MMA_ACC rows), and the 16 lanes of a
+// quarter (or half) of the wave share them: mma_m(i) depends on the lane only through l / 16.
+#define MMA_ROWS MMA_ACC
+DEVICE int mma_row_of(int i) { return i; }
+DEVICE u32 mma_row(int r) { return mma_m(r); }
+#define MMA_ROW_LANES 16
+#define MMA_A_FROM_ACC_SCRATCH 1
+
+#if MMA_VARIANT == MMA_SIMT
+#define MMA_A_IN_REGS 0
+struct MmaA {
+    const u16* p;
+    u32 ld;
+};
+DEVICE void mma_load_a(MmaA& a, const u16* p, u32 lda) {
+    a.p = p;
+    a.ld = lda;
+}
+DEVICE void mma_16x16x16_a(MmaAcc& c, const MmaA& a, const u16* b, u32 ldb) {
+    mma_16x16x16(c, a.p, a.ld, b, ldb);
+}
+DEVICE void mma_16x16x16_a_kn(MmaAcc& c, const MmaA& a, const u16* b, u32 ldb) {
+    const u16* bn = b + mma_n(0);
+#pragma unroll
+    for (int i = 0; i < MMA_ACC; ++i) {
+        const u16* am = a.p + mma_m(i) * a.ld;
+        float s = c.v[i];
+#pragma unroll
+        for (int k = 0; k < 16; ++k) s += f16_to_f32(am[k]) * f16_to_f32(bn[k * ldb]);
+        c.v[i] = s;
+    }
+}
+#else
+// MFMA and WMMA: the A operand's registers as mma_16x16x16 loads them, and B's gathered from
+// an n-contiguous tile one half at a time (k differs between a lane's halves).
+#if MMA_VARIANT == MMA_AMD_MFMA
+#define MMA_A_HALVES 4
+#define MMA_A_K0 (4 * (mma_lane() / 16))
+typedef mma_half4 mma_a_vec;
+#else
+#define MMA_A_HALVES MMA_K_PER_LANE
+#define MMA_A_K0 MMA_K_OFFSET
+typedef mma_halfk mma_a_vec;
+#endif
+#define MMA_A_IN_REGS 1
+struct MmaA {
+    mma_a_vec v;
+};
+DEVICE void mma_load_a(MmaA& a, const u16* p, u32 lda) {
+    __builtin_memcpy(&a.v, p + (mma_lane() % 16) * lda + MMA_A_K0, sizeof(a.v));
+}
+DEVICE mma_a_vec mma_b_row(const u16* b, u32 ldb) {
+    mma_a_vec v;
+    __builtin_memcpy(&v, b + (mma_lane() % 16) * ldb + MMA_A_K0, sizeof(v));
+    return v;
+}
+DEVICE mma_a_vec mma_b_col(const u16* b, u32 ldb) {
+    u16 h[MMA_A_HALVES];
+#pragma unroll
+    for (int j = 0; j < MMA_A_HALVES; ++j) h[j] = b[(MMA_A_K0 + j) * ldb + mma_lane() % 16];
+    mma_a_vec v;
+    __builtin_memcpy(&v, h, sizeof(v));
+    return v;
+}
+DEVICE void mma_product(MmaAcc& c, const mma_a_vec& av, const mma_a_vec& bv) {
+#if MMA_VARIANT == MMA_AMD_MFMA
+    mma_float4 d = {c.v[0], c.v[1], c.v[2], c.v[3]};
+    d = __builtin_amdgcn_mfma_f32_16x16x16f16(av, bv, d, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c.v[i] = d[i];
+#else
+    mma_float8 d;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) d[i] = c.v[i];
+#if MMA_VARIANT == MMA_AMD_WMMA11
+    d = __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(av, bv, d);
+#else
+    d = __builtin_amdgcn_wmma_f32_16x16x16_f16_w32_gfx12(av, bv, d);
+#endif
+#pragma unroll
+    for (int i = 0; i < 8; ++i) c.v[i] = d[i];
+#endif
+}
+DEVICE void mma_16x16x16_a(MmaAcc& c, const MmaA& a, const u16* b, u32 ldb) {
+    mma_product(c, a.v, mma_b_row(b, ldb));
+}
+DEVICE void mma_16x16x16_a_kn(MmaAcc& c, const MmaA& a, const u16* b, u32 ldb) {
+    mma_product(c, a.v, mma_b_col(b, ldb));
+}
+#endif
+
+// Through this warp's scratch: each lane stores its values of C, then the operand is loaded
+// as from any tile.
+DEVICE void mma_a_from_acc(MmaA& a, const MmaAcc& c, u16* scratch, u32 ld) {
+#pragma unroll
+    for (int i = 0; i < MMA_ACC; ++i) scratch[mma_m(i) * ld + mma_n(i)] = f32_to_f16_rn(c.v[i]);
+    mma_warp_sync();
+    mma_load_a(a, scratch, ld);
+}
+#endif
+
+DEVICE float mma_row_max(float x) {
+#pragma unroll
+    for (int m = 1; m < MMA_ROW_LANES; m <<= 1) x = fmaxf(x, warp_shfl_xor(x, m));
+    return x;
+}
+DEVICE float mma_row_sum(float x) {
+#pragma unroll
+    for (int m = 1; m < MMA_ROW_LANES; m <<= 1) x += warp_shfl_xor(x, m);
+    return x;
+}
+
 // ---- 8-bit integer products, for the products of quantized weights by 8-bit activations
 // (matmul_q8_mma.hip):
 //

@@ -314,4 +314,33 @@ DEVICE void store8_f16_aligned(u16* dst, const float* v) {
                               pack_f16x2(v[4], v[5]), pack_f16x2(v[6], v[7]));
 }
 
+// 16 bytes from global to shared memory (both 16-byte aligned) without holding registers for
+// them where the target can (NVIDIA sm_80 and later: cp.async, in flight while the block
+// computes), else a plain copy. copy_async_commit() closes the group of copies issued since the
+// last one; copy_async_wait<N>() returns once at most N groups are still in flight, after which
+// a __syncthreads() makes this thread's copies visible to the block. Where the copy is plain,
+// both are empty and the __syncthreads() alone orders the stores.
+#if defined(__CUDACC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+DEVICE void copy_async16(void* dst_shared, const void* src_global) {
+    u32 dst;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
+        : "=r"(dst)
+        : "l"(dst_shared));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src_global)
+                 : "memory");
+}
+DEVICE void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+DEVICE void copy_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+#else
+DEVICE void copy_async16(void* dst_shared, const void* src_global) {
+    *(uint4*)dst_shared = *(const uint4*)src_global;
+}
+DEVICE void copy_async_commit() {}
+template <int N>
+DEVICE void copy_async_wait() {}
+#endif
+
 DEVICE float bf16_to_f32(u16 h) { return __int_as_float((int)((u32)h << 16)); }

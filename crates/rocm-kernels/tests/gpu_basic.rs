@@ -212,9 +212,10 @@ fn moe_pairs_are_grouped_on_the_device_as_the_host_groups_them() {
     let mut ids: Vec<i32> = (0..pairs)
         .map(|p| {
             let r = (uniform_vec(&mut rng, 1, 0.0, 1.0)[0] * 1000.0) as usize;
-            // Skewed: a third of the pairs go to experts 0..3.
-            if r.is_multiple_of(3) {
-                (p % 3) as i32
+            // Skewed: half of the pairs go to experts 0 and 1 (about 120 each, so both take
+            // two tiles of 64 slots).
+            if r.is_multiple_of(2) {
+                (p % 2) as i32
             } else {
                 (r % n_expert) as i32
             }

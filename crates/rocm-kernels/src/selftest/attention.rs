@@ -1379,7 +1379,8 @@ fn flash_runs() -> Vec<Run> {
     };
     let specs = [
         // Whole prompts from position 0: tiles of 64 queries (heads of 64 and 128) and of 32
-        // (256), the last partial, with 32-key tiles.
+        // (256), the last partial, with key tiles of 64 (16 for heads of 256 and the SIMT
+        // build).
         flash(8, 2, 128, 512, 0, 300, None),
         flash(16, 8, 64, 64, 0, 37, None),
         flash(4, 1, 256, 300, 0, 300, None),

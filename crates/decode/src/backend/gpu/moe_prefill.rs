@@ -11,10 +11,9 @@
 //!   the weights in their GGUF blocks against 8-bit copies of the rows (the int8 path's
 //!   rounding), where the device has native matrix cores, the three formats have a kernel and
 //!   the weights are in device memory. The slots and the tile table are built from the routing
-//!   on the host (read back: one synchronization per layer, in prefill only, which is never
-//!   captured), or on the device with `HIPDECODE_GPU_MOE_INDEX=device`
-//!   (`matmul_q8_mma::group_pairs`), so the layer queues its launches without waiting; that
-//!   path has not run on a GPU yet, so it is not the default;
+//!   on the device (`matmul_q8_mma::group_pairs`), so the layer queues its launches without
+//!   waiting, or with `HIPDECODE_GPU_MOE_INDEX=host` on the host (read back: one
+//!   synchronization per layer, in prefill only, which is never captured), the fallback;
 //! - else on the vendor GEMM, one product per expert and projection over f16 rows, each
 //!   expert's weight rows dequantized to f16 for it. The host launches those per expert, so it
 //!   reads the routing back and sorts the pairs itself.
