@@ -60,7 +60,6 @@ pub static TABLE: Table = &[
     &crate::backend::gpu::MMA_MAX_ROWS,
     &crate::backend::gpu::INT8_MMA_MAX_ROWS,
     &crate::backend::gpu::MOE_GROUPED,
-    &crate::backend::gpu::MOE_ROUTER,
     &crate::backend::gpu::MOE_INDEX,
     &crate::backend::gpu::EMBED_TABLE,
     &crate::backend::gpu::KV_POOL,

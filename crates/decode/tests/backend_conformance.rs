@@ -13,7 +13,7 @@ use common::preset_file;
 use decode::backend::cpu::CpuBackend;
 use decode::backend::gpu::vendor_gemm::VENDOR_GEMM_MIN_ROWS;
 use decode::backend::gpu::{
-    GpuBackend, GpuWeight, KvType, MatvecPath, MoeGrouped, MoeIndex, MoeRouter, ReadPath,
+    GpuBackend, GpuWeight, KvType, MatvecPath, MoeGrouped, MoeIndex, ReadPath,
 };
 use decode::backend::{
     Attention, Backend, BlockTables, GateActivation, KvGroup, KvLayer, MoeShape, Precision, Rope,
@@ -625,99 +625,6 @@ fn begin_moe_step<C: Backend>(be: &mut C, shape: &MoeShape) {
     be.reserve_workspace(&bounds, &[]).expect("reserve");
     be.begin_step(&step_at(0, &vec![0; shape.rows]), &one_table(1))
         .expect("begin_step");
-}
-
-test_device!(route_and_moe);
-/// The router's product and the mixture of experts in one call (`route_and_moe`) over the tiny
-/// Qwen3-MoE model's first layer, for decode steps of 1, 3 and 8 rows: the output and the
-/// router's logits against the CPU's exact path; on a GPU's int8 path the fused router
-/// (`HIPDECODE_GPU_MOE_ROUTER=fused`) against the default product then routing, which must
-/// agree to f32 rounding.
-fn route_and_moe<B: Backend + 'static>(make: impl Fn() -> B) {
-    let file = preset_file(Preset::TinyQwen3Moe);
-    let tensor = |name: &str| -> Matrix {
-        let t = (file.tensors().iter())
-            .find(|t| t.name == name)
-            .unwrap_or_else(|| panic!("the tiny MoE model has no {name}"));
-        let mut dims = [1usize; 3];
-        for (d, &v) in dims.iter_mut().zip(&t.dims) {
-            *d = v as usize;
-        }
-        Matrix {
-            name: name.to_string(),
-            format: t.ggml_type,
-            dims,
-            bytes: file.tensor_data(t).to_vec(),
-        }
-    };
-    let router = tensor("blk.0.ffn_gate_inp.weight");
-    let [gate, up, down] =
-        ["gate", "up", "down"].map(|p| tensor(&format!("blk.0.ffn_{p}_exps.weight")));
-    let [n_embd, n_ff, n_expert] = gate.dims;
-    fn go<C: Backend>(be: &mut C, w: [&Matrix; 4], x: &[f32], shape: &MoeShape) -> Vec<f32> {
-        let [r, g, u, d] = w.map(|m| be.load_weight(&m.source()).expect("load"));
-        begin_moe_step(be, shape);
-        let xb = upload(be, x);
-        let (rows, e) = (shape.rows, shape.n_embd);
-        let mut logits = be
-            .alloc(MemoryTag::Activations, rows * shape.n_expert)
-            .unwrap();
-        let mut out = be.alloc(MemoryTag::Activations, rows * e).unwrap();
-        be.route_and_moe(&xb, &r, &mut logits, &g, &u, &d, &mut out, shape)
-            .expect("route_and_moe");
-        let mut got = download(be, &out, rows * e);
-        got.extend(download(be, &logits, rows * shape.n_expert));
-        got
-    }
-    let probe = make();
-    let gpu = (&probe as &dyn Any).downcast_ref::<GpuBackend>();
-    let int8_gpu = gpu.is_some_and(|g| g.matvec_path() == MatvecPath::Int8);
-    let mut rng = seeded(31);
-    for rows in [1, 3, 8] {
-        let shape = MoeShape {
-            rows,
-            n_embd,
-            n_ff,
-            n_expert,
-            k: 4.min(n_expert),
-            act: GateActivation::Silu,
-        };
-        let x = uniform_vec(&mut rng, rows * n_embd, -2.0, 2.0);
-        let w = [&router, &gate, &up, &down];
-        let want = go(&mut exact(), w, &x, &shape);
-        let got = go(&mut make(), w, &x, &shape);
-        let split = rows * n_embd;
-        let what = format!("route_and_moe x {rows} rows");
-        let tol = match matmul_tolerance(&probe, rows, None) {
-            MATMUL_F16_TOL => MOE_F16_TOL,
-            tol => tol,
-        };
-        check(
-            &format!("{what}: output"),
-            &got[..split],
-            &want[..split],
-            tol,
-        );
-        check(
-            &format!("{what}: logits"),
-            &got[split..],
-            &want[split..],
-            MATMUL_F32_TOL,
-        );
-        if int8_gpu {
-            let mut fused = make();
-            if let Some(g) = (&mut fused as &mut dyn Any).downcast_mut::<GpuBackend>() {
-                g.set_moe_router(MoeRouter::Fused);
-            }
-            let other = go(&mut fused, w, &x, &shape);
-            check(
-                &format!("{what}: fused against split"),
-                &other,
-                &got,
-                F32_TOL,
-            );
-        }
-    }
 }
 
 test_device!(moe);

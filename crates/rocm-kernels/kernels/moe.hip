@@ -21,11 +21,7 @@
 // moe_group_pairs: the grouped prefill's index, built on the device from the routing, so a
 // prefill layer never waits for the host (see the kernel).
 //
-// moe_router_top_k_f32: an f32 router's product for a few decode rows and moe_route_top_k's
-// choice in one launch (see the kernel).
-//
-// Entry points: moe_route_top_k, moe_weighted_sum, moe_group_pairs, moe_router_top_k_f32, and
-// one matvec_id per format
+// Entry points: moe_route_top_k, moe_weighted_sum, moe_group_pairs, and one matvec_id per format
 // (FOR_EACH_WEIGHT_FORMAT in quant.h): matvec_id_f32, matvec_id_f16, matvec_id_bf16,
 // matvec_id_q4_0, matvec_id_q4_1, matvec_id_q5_0, matvec_id_q5_1, matvec_id_q8_0,
 // matvec_id_q4_k, matvec_id_q5_k, matvec_id_q6_k.
@@ -38,10 +34,16 @@ DEVICE i32 total_order_key(float v) {
     return bits < 0 ? (bits ^ 0x7fffffff) : bits;
 }
 
-// One row's top-k choice and weights (see moe_route_top_k) by the lanes of one warp, reading
-// the row's logits through `lr` (a plain or a volatile pointer: see moe_router_top_k_f32).
-template <typename P>
-DEVICE void route_row(P lr, i32* row_ids, float* row_w, u32 n_expert, u32 k, u32 lane) {
+KERNEL void LAUNCH_BOUNDS(256) moe_route_top_k(const float* __restrict__ logits, i32* __restrict__ ids,
+                            float* __restrict__ weights, u32 rows, u32 n_expert, u32 k) {
+    KERNEL_PROLOGUE();
+    const u32 warps = blockDim.x / WARP_SIZE;
+    const u32 row = blockIdx.x * warps + threadIdx.x / WARP_SIZE;
+    if (row >= rows) return;  // the whole warp leaves together
+    const u32 lane = threadIdx.x % WARP_SIZE;
+    const float* lr = logits + (u64)row * n_expert;
+    i32* row_ids = ids + (u64)row * k;
+    float* row_w = weights + (u64)row * k;
     u64 taken = 0;  // bit i: expert lane + i * WARP_SIZE is already chosen
     for (u32 s = 0; s < k; ++s) {
         i32 best_key = (i32)0x80000000;
@@ -83,76 +85,6 @@ DEVICE void route_row(P lr, i32* row_ids, float* row_w, u32 n_expert, u32 k, u32
         }
         for (u32 s = 0; s < k; ++s) row_w[s] = row_w[s] / sum;
     }
-}
-
-KERNEL void LAUNCH_BOUNDS(256) moe_route_top_k(const float* __restrict__ logits, i32* __restrict__ ids,
-                            float* __restrict__ weights, u32 rows, u32 n_expert, u32 k) {
-    KERNEL_PROLOGUE();
-    const u32 warps = blockDim.x / WARP_SIZE;
-    const u32 row = blockIdx.x * warps + threadIdx.x / WARP_SIZE;
-    if (row >= rows) return;  // the whole warp leaves together
-    const u32 lane = threadIdx.x % WARP_SIZE;
-    route_row(logits + (u64)row * n_expert, ids + (u64)row * k, weights + (u64)row * k, n_expert,
-              k, lane);
-}
-
-// moe_router_top_k_f32: the router's product and the routing in one launch, for decode rows.
-// Block e (grid.x = n_expert) computes logits[r * n_expert + e] = W[e] . x[r] for every row
-// r < rows (rows <= MOE_ROUTER_MAX_ROWS; W f32 [n_expert][cols], x f32 [rows][cols]), its
-// threads striding over the columns in fours (cols % 4 == 0) and meeting in shared memory.
-// Each block then counts itself done on `counter` (zero before the launch); the last one
-// routes every row as moe_route_top_k does (one warp per row) and sets the counter back to 0
-// for the next launch, so a captured graph replays it as it is. The other blocks' logits reach
-// it through their __threadfence before the count and volatile loads after it.
-#define MOE_ROUTER_MAX_ROWS 8
-// Threads of a block (ops::moe::ROUTER_THREADS).
-#define MOE_ROUTER_THREADS 256
-KERNEL void LAUNCH_BOUNDS(MOE_ROUTER_THREADS) moe_router_top_k_f32(const float* __restrict__ w, const float* __restrict__ x,
-                                                    float* logits, i32* __restrict__ ids,
-                                                    float* __restrict__ weights, u32* counter,
-                                                    u32 rows, u32 cols, u32 n_expert, u32 k) {
-    KERNEL_PROLOGUE();
-    __shared__ float part[MOE_ROUTER_MAX_ROWS][MOE_ROUTER_THREADS / WARP_SIZE];
-    __shared__ u32 last;
-    const u32 e = blockIdx.x;
-    const u32 lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    const u32 warps = blockDim.x / WARP_SIZE;
-    const float4* wr = (const float4*)(w + (u64)e * cols);
-    float acc[MOE_ROUTER_MAX_ROWS];
-#pragma unroll
-    for (u32 r = 0; r < MOE_ROUTER_MAX_ROWS; ++r) acc[r] = 0.0f;
-    for (u32 c = threadIdx.x; c < cols / 4; c += blockDim.x) {
-        const float4 a = wr[c];
-#pragma unroll
-        for (u32 r = 0; r < MOE_ROUTER_MAX_ROWS; ++r) {
-            if (r >= rows) break;
-            const float4 b = ((const float4*)(x + (u64)r * cols))[c];
-            acc[r] += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
-        }
-    }
-#pragma unroll
-    for (u32 r = 0; r < MOE_ROUTER_MAX_ROWS; ++r) {
-        if (r >= rows) break;
-        const float v = warp_sum(acc[r]);
-        if (lane == 0) part[r][warp] = v;
-    }
-    __syncthreads();
-    if (threadIdx.x < rows) {
-        float sum = 0.0f;
-        for (u32 i = 0; i < warps; ++i) sum += part[threadIdx.x][i];
-        logits[(u64)threadIdx.x * n_expert + e] = sum;
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (u32 r = warp; r < rows; r += warps) {
-        const volatile float* lr = logits + (u64)r * n_expert;
-        route_row(lr, ids + (u64)r * k, weights + (u64)r * k, n_expert, k, lane);
-    }
-    if (threadIdx.x == 0) *counter = 0;
 }
 
 template <int FMT>

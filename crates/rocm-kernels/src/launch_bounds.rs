@@ -94,7 +94,6 @@ pub fn max_block(module: KernelModule, entry: &str) -> Option<MaxBlock> {
         KernelModule::Moe => match entry {
             "moe_weighted_sum" => Threads(ops::moe::SUM_THREADS),
             "moe_group_pairs" => Threads(ops::matmul_q8_mma::GROUP_THREADS),
-            "moe_router_top_k_f32" => Threads(ops::moe::ROUTER_THREADS),
             // moe_route_top_k and matvec_id_*: warps of a matvec block.
             _ => Threads(ops::matvec::ROW_BLOCK_THREADS),
         },

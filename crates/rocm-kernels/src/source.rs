@@ -357,7 +357,6 @@ impl KernelModule {
                 "matvec_id_iq4_xs",
                 // After the per-format entries, whose places `format_entry` counts.
                 "moe_group_pairs",
-                "moe_router_top_k_f32",
             ],
             // Per format of WEIGHT_FORMATS (ops::dequant), then the plain conversion.
             KernelModule::Dequant => &[

@@ -7,11 +7,8 @@
 mod common;
 
 use common::{download, setup, upload, view, view_mut};
-use gguf_loader::GgmlType;
 use rocm_kernels::ops::elementwise::{self, GateActivation};
 use rocm_kernels::ops::matmul_q8_mma::{self, group_tiles, PairGroups};
-use rocm_kernels::ops::matvec::QuantMatrix;
-use rocm_kernels::ops::moe;
 use rocm_kernels::ops::norm;
 use rocm_kernels::ops::sampling::{self, SamplingParams, ARGMAX_WORKSPACE};
 use rocm_kernels::reference;
@@ -292,77 +289,6 @@ fn moe_pairs_are_grouped_on_the_device_as_the_host_groups_them() {
     for (slot, taken) in used.iter().enumerate() {
         if !taken {
             assert_eq!(slot_token[slot], 0, "padding slot {slot}");
-        }
-    }
-}
-
-/// `moe::router_top_k` (the router's product and the routing in one launch): its logits within
-/// f32 rounding of an f64 product, and its ids and weights exactly what the reference routing
-/// makes of those logits; launched again on other rows with the same counter (which each
-/// launch must leave at 0), and at 1, 3 and 8 rows.
-#[test]
-fn the_fused_router_routes_as_its_logits_say_launch_after_launch() {
-    let Some((kn, s)) = setup("the_fused_router_routes_as_its_logits_say_launch_after_launch")
-    else {
-        return;
-    };
-    let (n_expert, cols, k) = (128usize, 512usize, 8usize);
-    let mut rng = seeded(29);
-    let w = uniform_vec(&mut rng, n_expert * cols, -1.0, 1.0);
-    let w_d = upload(kn, &w);
-    // SAFETY (the view): the buffer holds n_expert * cols f32, as bytes.
-    let w_bytes = view::<u8>(&w_d, n_expert * cols * 4);
-    let router = QuantMatrix::new(w_bytes, GgmlType::F32, n_expert, cols).expect("router");
-    let counter = upload(kn, &[0u32]);
-    let (logits_d, ids_d, weights_d) = (
-        upload(kn, &vec![0f32; 8 * n_expert]),
-        upload(kn, &vec![0i32; 8 * k]),
-        upload(kn, &vec![0f32; 8 * k]),
-    );
-    for (launch, rows) in [1usize, 3, 8, 8].into_iter().enumerate() {
-        let x = uniform_vec(&mut rng, rows * cols, -1.0, 1.0);
-        let x_d = upload(kn, &x);
-        moe::router_top_k(
-            kn,
-            &s,
-            &router,
-            view(&x_d, rows * cols),
-            rows,
-            k,
-            &mut view_mut(&logits_d, rows * n_expert),
-            &mut view_mut(&ids_d, rows * k),
-            &mut view_mut(&weights_d, rows * k),
-            &mut view_mut(&counter, 1),
-        )
-        .expect("router_top_k");
-        let logits: Vec<f32> = download(&s, &logits_d, rows * n_expert);
-        let ids: Vec<i32> = download(&s, &ids_d, rows * k);
-        let weights: Vec<f32> = download(&s, &weights_d, rows * k);
-        let left: Vec<u32> = download(&s, &counter, 1);
-        assert_eq!(left, vec![0], "launch {launch}: the counter is left at 0");
-        for r in 0..rows {
-            for e in 0..n_expert {
-                let want: f64 = (0..cols)
-                    .map(|c| f64::from(w[e * cols + c]) * f64::from(x[r * cols + c]))
-                    .sum();
-                let got = f64::from(logits[r * n_expert + e]);
-                assert!(
-                    (got - want).abs() <= 1e-4 * want.abs().max(1.0),
-                    "launch {launch}, row {r}, expert {e}: logit {got} against {want}"
-                );
-            }
-        }
-        let (want_ids, want_weights) =
-            reference::moe::route_top_k(&logits, rows, n_expert, k).expect("reference");
-        assert_eq!(
-            ids, want_ids,
-            "launch {launch}: the experts its own logits choose"
-        );
-        for (i, (g, w)) in weights.iter().zip(&want_weights).enumerate() {
-            assert!(
-                (g - w).abs() <= 1e-6,
-                "launch {launch}, weight {i}: {g} against {w}"
-            );
         }
     }
 }

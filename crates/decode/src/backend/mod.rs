@@ -504,25 +504,6 @@ pub trait Backend: Send {
         out: &mut Self::Buffer,
         shape: &MoeShape,
     ) -> Result<()>;
-    /// The router's product then [`Backend::moe`]: `router_logits = router · x` (`[rows]
-    /// [n_expert]`), and the experts over them. A backend may run the product and the routing
-    /// as one (the GPU does for a decode step's rows: `HIPDECODE_GPU_MOE_ROUTER`); the logits
-    /// are written either way.
-    #[allow(clippy::too_many_arguments)]
-    fn route_and_moe(
-        &mut self,
-        x: &Self::Buffer,
-        router: &Self::Weight,
-        router_logits: &mut Self::Buffer,
-        gate: &Self::Weight,
-        up: &Self::Weight,
-        down: &Self::Weight,
-        out: &mut Self::Buffer,
-        shape: &MoeShape,
-    ) -> Result<()> {
-        self.matmul(router, x, router_logits, shape.rows)?;
-        self.moe(x, router_logits, gate, up, down, out, shape)
-    }
     /// `x[r] += bias` for `rows` rows.
     fn add_bias(&mut self, x: &mut Self::Buffer, bias: &Self::Weight, rows: usize) -> Result<()>;
     /// Rotates `rows` rows of `n_heads` heads of `head_dim`, row r at the position of the

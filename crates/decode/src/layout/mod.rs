@@ -552,7 +552,6 @@ fn gpu_workspace(
         let (e, nf) = (s.n_embd, s.n_ff_expert);
         let m = w::moe_scratch(mb, e, nf, s.n_expert_used)?;
         lines.add(ws, "MoE expert ids", w::moe_ids_bytes(m.pairs));
-        lines.add(ws, "MoE router counter", w::ROUTER_COUNTER_BYTES);
         lines.add(ws, "MoE weights", m.pairs.max(1) * 4);
         let gate = lines.add(ws, "MoE gate", m.hidden_floats.max(1) * 4);
         let up = lines.add(ws, "MoE up", m.hidden_floats.max(1) * 4);

@@ -213,9 +213,6 @@ pub struct MoeScratch {
     pub q8_values: usize,
 }
 
-/// Bytes of the fused MoE router's counter of finished blocks: one u32.
-pub const ROUTER_COUNTER_BYTES: usize = 4;
-
 /// Bytes of the expert ids of `pairs` (token, choice) pairs: an i32 each.
 pub fn moe_ids_bytes(pairs: usize) -> usize {
     pairs.max(1) * 4

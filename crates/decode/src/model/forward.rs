@@ -379,6 +379,13 @@ impl<B: Backend> Model<B> {
                     up,
                     down,
                 } => {
+                    be.matmul(router, &a.xn, &mut a.router, n)?;
+                    probe(
+                        be,
+                        at(Weight("ffn_gate_inp.weight")),
+                        &a.router,
+                        n * s.n_expert,
+                    )?;
                     let shape = MoeShape {
                         rows: n,
                         n_embd: e,
@@ -387,16 +394,7 @@ impl<B: Backend> Model<B> {
                         k: s.n_expert_used,
                         act: s.gate,
                     };
-                    let (xn, logits) = (&a.xn, &mut a.router);
-                    be.route_and_moe(xn, router, logits, gate, up, down, &mut a.proj, &shape)?;
-                    // The logits were written by the same call (a backend may fuse the router
-                    // with the routing), so their probe comes after it.
-                    probe(
-                        be,
-                        at(Weight("ffn_gate_inp.weight")),
-                        &a.router,
-                        n * s.n_expert,
-                    )?;
+                    be.moe(&a.xn, &a.router, gate, up, down, &mut a.proj, &shape)?;
                     if sharded {
                         be.all_reduce_sum(&mut a.proj, n * e)?;
                     }

@@ -329,13 +329,13 @@ mod tests {
     #[test]
     fn entry_points_follow_the_format_list() {
         // (module, entries before the per-format ones, op, entries after them: matmul_mma's
-        // split-K reduction, moe's pair grouping and fused router).
+        // split-K reduction, moe's pair grouping).
         for (module, first, op, after) in [
             (KernelModule::Matvec, 0, "matvec", 0),
             (KernelModule::Matmul, 0, "matmul", 0),
             (KernelModule::MatmulMma, 0, "matmul_mma", 1),
             (KernelModule::Embed, 0, "embed", 0),
-            (KernelModule::Moe, 2, "matvec_id", 2),
+            (KernelModule::Moe, 2, "matvec_id", 1),
         ] {
             for format in WEIGHT_FORMATS {
                 let entry = format_entry(module, first, op, format).unwrap();

@@ -20,7 +20,6 @@ use crate::memory::{DeviceMemory, MemoryReport, MemoryTag};
 use hip_ffi::DevicePtr;
 use offload::Placement;
 use rocm_alloc::Tag;
-use rocm_kernels::ops::matvec::QuantMatrix;
 use rocm_kernels::ops::{
     elementwise, embed, kv_cache, matmul, matmul_mma, matmul_q8_mma,
     matvec::MAX_TOKENS,
@@ -316,8 +315,6 @@ impl Backend for GpuBackend {
         if let Some(moe) = &bounds.moe {
             let m = workspace::moe_scratch(bounds.max_tokens, moe.n_embd, moe.n_ff, moe.k)?;
             self.moe_ids_scratch(m.pairs)?;
-            // Whatever the router knob, so the layout's books need not know it.
-            self.router_counter()?;
             let s = &mut self.scratch;
             Self::scratch_buffer(&mut s.moe_weights, a, st, m.pairs, "moe weights")?;
             Self::scratch_buffer(&mut s.moe_gate, a, st, m.hidden_floats, "moe gate")?;
@@ -880,29 +877,158 @@ impl Backend for GpuBackend {
         out: &mut GpuBuffer,
         shape: &MoeShape,
     ) -> Result<()> {
-        self.moe_routed(x, Route::Logits(router_logits), gate, up, down, out, shape)
-    }
-
-    fn route_and_moe(
-        &mut self,
-        x: &GpuBuffer,
-        router: &GpuWeight,
-        router_logits: &mut GpuBuffer,
-        gate: &GpuWeight,
-        up: &GpuWeight,
-        down: &GpuWeight,
-        out: &mut GpuBuffer,
-        shape: &MoeShape,
-    ) -> Result<()> {
-        if let Some(router) = self.fused_router(router, shape)? {
-            let route = Route::Fused {
-                router,
-                logits: router_logits,
-            };
-            return self.moe_routed(x, route, gate, up, down, out, shape);
+        let experts = |w: &GpuWeight, what: &str| -> Result<moe::QuantExperts> {
+            let (m, dims) = w.matrix(what)?;
+            moe::QuantExperts::new(m.data(), m.format(), dims[2], dims[1], dims[0])
+                .map_err(kerr("moe"))
+        };
+        if self.moe_prefill_applies(shape) {
+            let (g, _) = gate.matrix("moe gate")?;
+            let (u, _) = up.matrix("moe up")?;
+            let (d, _) = down.matrix("moe down")?;
+            let format = g.format().name();
+            let hosts = [gate, up, down].map(GpuWeight::host_bytes);
+            self.moe_prefill(x, router_logits, [&g, &u, &d], hosts, out, shape)?;
+            let bytes = g.data().len() + u.data().len() + d.data().len();
+            return self.op_done(|| format!("moe vendor gemm {format}"), bytes as u64);
         }
-        self.matmul(router, x, router_logits, shape.rows)?;
-        self.moe_routed(x, Route::Logits(router_logits), gate, up, down, out, shape)
+        let hosts = [gate, up, down].map(GpuWeight::host_bytes);
+        let expert_bytes = [gate, up, down]
+            .iter()
+            .map(|w| w.matrix("moe").map(|(m, d)| m.data().len() / d[2].max(1)))
+            .sum::<Result<usize>>()?;
+        let (gate, up, down) = (
+            experts(gate, "moe gate")?,
+            experts(up, "moe up")?,
+            experts(down, "moe down")?,
+        );
+        let MoeShape {
+            rows,
+            n_embd,
+            n_ff,
+            n_expert,
+            k,
+            act,
+        } = *shape;
+        let pairs = rows * k;
+        // Scratch: reserved before the first step (`reserve_workspace`), grown here only for a
+        // caller that skipped that.
+        let mut ids = self.moe_ids_scratch(pairs)?;
+        let (a, s) = (&*self.alloc, self.stream_id);
+        let mut weights =
+            Self::scratch_buffer(&mut self.scratch.moe_weights, a, s, pairs, "moe weights")?;
+        let mut g =
+            Self::scratch_buffer(&mut self.scratch.moe_gate, a, s, pairs * n_ff, "moe gate")?;
+        let mut u = Self::scratch_buffer(&mut self.scratch.moe_up, a, s, pairs * n_ff, "moe up")?;
+        let mut y =
+            Self::scratch_buffer(&mut self.scratch.moe_out, a, s, pairs * n_embd, "moe out")?;
+        // Decode on the int8 path: the token rows come quantized (the norm before left them
+        // so), and the gated activations are quantized for the down projection by the kernel
+        // that computes them.
+        let int8 = self.matvec_path == MatvecPath::Int8
+            && rows <= INT8_MAX_ROWS
+            && [gate.format(), up.format(), down.format()]
+                .iter()
+                .all(|&f| matvec_q8::supports(f))
+            && n_embd % matvec_q8::GROUP == 0
+            && n_ff % matvec_q8::GROUP == 0;
+        let quantized = if int8 {
+            let xq = self.q8_activations(x, rows, n_embd)?.as_const();
+            Some((xq, self.moe_q8_scratch(pairs * n_ff)?))
+        } else {
+            None
+        };
+        // On the int8 path the down projection adds the routing-weighted slots itself, so no
+        // weighted sum follows it.
+        let down_adds_slots = quantized.is_some() && k <= matvec_q8::MOE_DOWN_MAX_K;
+        let (kn, st) = (&self.kernels, &*self.stream);
+        moe::route_top_k(
+            kn,
+            st,
+            router_logits.view(),
+            rows,
+            n_expert,
+            k,
+            &mut ids,
+            &mut weights,
+        )
+        .map_err(kerr("moe routing"))?;
+        let ids = ids.as_const();
+        if let (Some((xq, _)), [Some(hg), Some(hu), Some(hd)]) = (&quantized, hosts) {
+            if down_adds_slots && self.hybrid_active() {
+                let routing = (ids, weights.as_const());
+                let experts = [&gate, &up, &down];
+                let (xq, gated) = (*xq, (&mut g, &mut u));
+                if self.moe_split(experts, [hg, hu, hd], xq, routing, shape, gated, out)? {
+                    let selected = k.min(n_expert);
+                    return self.op_done(
+                        || format!("moe hybrid ({selected} experts of {n_expert}, {k} per token)"),
+                        (selected * expert_bytes) as u64,
+                    );
+                }
+            }
+        }
+        let (kn, st) = (&self.kernels, &*self.stream);
+        match quantized {
+            Some((xq, mut gq)) => {
+                let input = moe::ExpertInput::PerToken;
+                let (gate_out, up_out) = ((&gate, &mut g), (&up, &mut u));
+                if gate.format() == up.format() {
+                    matvec_q8::matvec_id_pair(kn, st, gate_out, up_out, ids, rows, k, xq, input)
+                        .map_err(kerr("moe gate+up"))?;
+                } else {
+                    for (w, dst) in [gate_out, up_out] {
+                        matvec_q8::matvec_id(kn, st, w, ids, rows, k, xq, input, dst)
+                            .map_err(kerr("moe gate/up"))?;
+                    }
+                }
+                elementwise::gated_q8(kn, st, &mut g, u.as_const(), pairs * n_ff, act, &mut gq)
+                    .map_err(kerr("moe activation"))?;
+                if down_adds_slots {
+                    let (w, dst) = (weights.as_const(), &mut out.view_mut());
+                    matvec_q8::moe_down(kn, st, &down, ids, w, rows, k, gq.as_const(), dst)
+                        .map_err(kerr("moe down"))?;
+                } else {
+                    let input = moe::ExpertInput::PerSlot;
+                    let x = gq.as_const();
+                    matvec_q8::matvec_id(kn, st, &down, ids, rows, k, x, input, &mut y)
+                        .map_err(kerr("moe down"))?;
+                }
+            }
+            None => {
+                for (w, dst, what) in [(&gate, &mut g, "moe gate"), (&up, &mut u, "moe up")] {
+                    let input = moe::ExpertInput::PerToken;
+                    moe::matvec_id(kn, st, w, ids, rows, k, x.view(), input, dst)
+                        .map_err(kerr(what))?;
+                }
+                elementwise::gated(kn, st, &mut g, u.as_const(), pairs * n_ff, act)
+                    .map_err(kerr("moe activation"))?;
+                let input = moe::ExpertInput::PerSlot;
+                moe::matvec_id(kn, st, &down, ids, rows, k, g.as_const(), input, &mut y)
+                    .map_err(kerr("moe down"))?;
+            }
+        }
+        if !down_adds_slots {
+            moe::weighted_sum(
+                kn,
+                st,
+                y.as_const(),
+                weights.as_const(),
+                rows,
+                k,
+                n_embd,
+                &mut out.view_mut(),
+                moe::Accumulate::Store,
+            )
+            .map_err(kerr("moe weighted sum"))?;
+        }
+        // Weights read: the selected experts' rows (at most rows * k distinct experts).
+        let selected = (rows * k).min(n_expert);
+        let path = if int8 { "int8" } else { "f32" };
+        self.op_done(
+            || format!("moe {path} ({selected} experts of {n_expert}, {k} per token)"),
+            (selected * expert_bytes) as u64,
+        )
     }
 
     fn add_bias(&mut self, x: &mut GpuBuffer, bias: &GpuWeight, rows: usize) -> Result<()> {
@@ -1339,246 +1465,4 @@ fn growing_prefix<'a>(
             reason: "the byte count overflows".into(),
         })?;
     Ok(Some((region, bytes as u64)))
-}
-
-/// Where a mixture of experts' routing comes from.
-enum Route<'a> {
-    /// The router's logits, already computed: the routing kernel chooses from them.
-    Logits(&'a GpuBuffer),
-    /// The f32 router itself: one launch writes its logits into `logits` and chooses
-    /// (`moe::router_top_k`, decode rows only).
-    Fused {
-        router: QuantMatrix,
-        logits: &'a mut GpuBuffer,
-    },
-}
-
-impl GpuBackend {
-    /// The mixture of experts with its routing from `route`: [`Backend::moe`]'s body, and
-    /// [`Backend::route_and_moe`]'s where the router runs fused with the routing.
-    #[allow(clippy::too_many_arguments)]
-    fn moe_routed(
-        &mut self,
-        x: &GpuBuffer,
-        route: Route<'_>,
-        gate: &GpuWeight,
-        up: &GpuWeight,
-        down: &GpuWeight,
-        out: &mut GpuBuffer,
-        shape: &MoeShape,
-    ) -> Result<()> {
-        // A fused router's bytes are this op's too (its own matmul op is not run).
-        let (router_bytes, fused) = match &route {
-            Route::Fused { router, .. } => (router.data().len(), " with its router"),
-            Route::Logits(_) => (0, ""),
-        };
-        let experts = |w: &GpuWeight, what: &str| -> Result<moe::QuantExperts> {
-            let (m, dims) = w.matrix(what)?;
-            moe::QuantExperts::new(m.data(), m.format(), dims[2], dims[1], dims[0])
-                .map_err(kerr("moe"))
-        };
-        if let (Route::Logits(router_logits), true) = (&route, self.moe_prefill_applies(shape)) {
-            let (g, _) = gate.matrix("moe gate")?;
-            let (u, _) = up.matrix("moe up")?;
-            let (d, _) = down.matrix("moe down")?;
-            let format = g.format().name();
-            let hosts = [gate, up, down].map(GpuWeight::host_bytes);
-            self.moe_prefill(x, router_logits, [&g, &u, &d], hosts, out, shape)?;
-            let bytes = g.data().len() + u.data().len() + d.data().len();
-            return self.op_done(|| format!("moe vendor gemm {format}"), bytes as u64);
-        }
-        let hosts = [gate, up, down].map(GpuWeight::host_bytes);
-        let expert_bytes = [gate, up, down]
-            .iter()
-            .map(|w| w.matrix("moe").map(|(m, d)| m.data().len() / d[2].max(1)))
-            .sum::<Result<usize>>()?;
-        let (gate, up, down) = (
-            experts(gate, "moe gate")?,
-            experts(up, "moe up")?,
-            experts(down, "moe down")?,
-        );
-        let MoeShape {
-            rows,
-            n_embd,
-            n_ff,
-            n_expert,
-            k,
-            act,
-        } = *shape;
-        let pairs = rows * k;
-        // Scratch: reserved before the first step (`reserve_workspace`), grown here only for a
-        // caller that skipped that.
-        let mut ids = self.moe_ids_scratch(pairs)?;
-        let (a, s) = (&*self.alloc, self.stream_id);
-        let mut weights =
-            Self::scratch_buffer(&mut self.scratch.moe_weights, a, s, pairs, "moe weights")?;
-        let mut g =
-            Self::scratch_buffer(&mut self.scratch.moe_gate, a, s, pairs * n_ff, "moe gate")?;
-        let mut u = Self::scratch_buffer(&mut self.scratch.moe_up, a, s, pairs * n_ff, "moe up")?;
-        let mut y =
-            Self::scratch_buffer(&mut self.scratch.moe_out, a, s, pairs * n_embd, "moe out")?;
-        // Decode on the int8 path: the token rows come quantized (the norm before left them
-        // so), and the gated activations are quantized for the down projection by the kernel
-        // that computes them.
-        let int8 = self.matvec_path == MatvecPath::Int8
-            && rows <= INT8_MAX_ROWS
-            && [gate.format(), up.format(), down.format()]
-                .iter()
-                .all(|&f| matvec_q8::supports(f))
-            && n_embd % matvec_q8::GROUP == 0
-            && n_ff % matvec_q8::GROUP == 0;
-        let quantized = if int8 {
-            let xq = self.q8_activations(x, rows, n_embd)?.as_const();
-            Some((xq, self.moe_q8_scratch(pairs * n_ff)?))
-        } else {
-            None
-        };
-        // On the int8 path the down projection adds the routing-weighted slots itself, so no
-        // weighted sum follows it.
-        let down_adds_slots = quantized.is_some() && k <= matvec_q8::MOE_DOWN_MAX_K;
-        let (kn, st) = (&self.kernels, &*self.stream);
-        match route {
-            Route::Logits(logits) => {
-                moe::route_top_k(
-                    kn,
-                    st,
-                    logits.view(),
-                    rows,
-                    n_expert,
-                    k,
-                    &mut ids,
-                    &mut weights,
-                )
-                .map_err(kerr("moe routing"))?;
-            }
-            Route::Fused { router, logits } => {
-                let mut counter = self.router_counter()?;
-                let (kn, st) = (&self.kernels, &*self.stream);
-                let x = x.view();
-                let logits = &mut logits.view_mut();
-                moe::router_top_k(
-                    kn,
-                    st,
-                    &router,
-                    x,
-                    rows,
-                    k,
-                    logits,
-                    &mut ids,
-                    &mut weights,
-                    &mut counter,
-                )
-                .map_err(kerr("moe router and routing"))?;
-            }
-        }
-        let ids = ids.as_const();
-        if let (Some((xq, _)), [Some(hg), Some(hu), Some(hd)]) = (&quantized, hosts) {
-            if down_adds_slots && self.hybrid_active() {
-                let routing = (ids, weights.as_const());
-                let experts = [&gate, &up, &down];
-                let (xq, gated) = (*xq, (&mut g, &mut u));
-                if self.moe_split(experts, [hg, hu, hd], xq, routing, shape, gated, out)? {
-                    let selected = k.min(n_expert);
-                    return self.op_done(
-                        || format!("moe hybrid ({selected} experts of {n_expert}, {k} per token)"),
-                        (selected * expert_bytes) as u64,
-                    );
-                }
-            }
-        }
-        let (kn, st) = (&self.kernels, &*self.stream);
-        match quantized {
-            Some((xq, mut gq)) => {
-                let input = moe::ExpertInput::PerToken;
-                let (gate_out, up_out) = ((&gate, &mut g), (&up, &mut u));
-                if gate.format() == up.format() {
-                    matvec_q8::matvec_id_pair(kn, st, gate_out, up_out, ids, rows, k, xq, input)
-                        .map_err(kerr("moe gate+up"))?;
-                } else {
-                    for (w, dst) in [gate_out, up_out] {
-                        matvec_q8::matvec_id(kn, st, w, ids, rows, k, xq, input, dst)
-                            .map_err(kerr("moe gate/up"))?;
-                    }
-                }
-                elementwise::gated_q8(kn, st, &mut g, u.as_const(), pairs * n_ff, act, &mut gq)
-                    .map_err(kerr("moe activation"))?;
-                if down_adds_slots {
-                    let (w, dst) = (weights.as_const(), &mut out.view_mut());
-                    matvec_q8::moe_down(kn, st, &down, ids, w, rows, k, gq.as_const(), dst)
-                        .map_err(kerr("moe down"))?;
-                } else {
-                    let input = moe::ExpertInput::PerSlot;
-                    let x = gq.as_const();
-                    matvec_q8::matvec_id(kn, st, &down, ids, rows, k, x, input, &mut y)
-                        .map_err(kerr("moe down"))?;
-                }
-            }
-            None => {
-                for (w, dst, what) in [(&gate, &mut g, "moe gate"), (&up, &mut u, "moe up")] {
-                    let input = moe::ExpertInput::PerToken;
-                    moe::matvec_id(kn, st, w, ids, rows, k, x.view(), input, dst)
-                        .map_err(kerr(what))?;
-                }
-                elementwise::gated(kn, st, &mut g, u.as_const(), pairs * n_ff, act)
-                    .map_err(kerr("moe activation"))?;
-                let input = moe::ExpertInput::PerSlot;
-                moe::matvec_id(kn, st, &down, ids, rows, k, g.as_const(), input, &mut y)
-                    .map_err(kerr("moe down"))?;
-            }
-        }
-        if !down_adds_slots {
-            moe::weighted_sum(
-                kn,
-                st,
-                y.as_const(),
-                weights.as_const(),
-                rows,
-                k,
-                n_embd,
-                &mut out.view_mut(),
-                moe::Accumulate::Store,
-            )
-            .map_err(kerr("moe weighted sum"))?;
-        }
-        // Weights read: the selected experts' rows (at most rows * k distinct experts).
-        let selected = (rows * k).min(n_expert);
-        let path = if int8 { "int8" } else { "f32" };
-        self.op_done(
-            || format!("moe {path}{fused} ({selected} experts of {n_expert}, {k} per token)"),
-            (selected * expert_bytes + router_bytes) as u64,
-        )
-    }
-
-    /// The router as the fused launch takes it, where `HIPDECODE_GPU_MOE_ROUTER=fused` and it
-    /// applies: an f32 router in device memory, decode rows on the int8 path (the grouped
-    /// prefill routes from logits itself), and a shape the kernel takes.
-    fn fused_router(&self, router: &GpuWeight, shape: &MoeShape) -> Result<Option<QuantMatrix>> {
-        if self.moe_router != super::MoeRouter::Fused
-            || self.matvec_path != MatvecPath::Int8
-            || shape.rows > INT8_MAX_ROWS
-            || router.host_bytes().is_some()
-            || self.moe_prefill_applies(shape)
-        {
-            return Ok(None);
-        }
-        let (m, _) = router.matrix("moe router")?;
-        let wave = self.kernels.wave_size();
-        Ok(moe::router_takes(&m, shape.rows, shape.k, wave).then_some(m))
-    }
-
-    /// The fused router's counter (one u32, zeroed when it is made, left at zero by every
-    /// launch); made with the MoE scratch in `reserve_workspace`, so a warm step allocates
-    /// nothing.
-    pub(super) fn router_counter(&mut self) -> Result<DeviceSliceMut<u32>> {
-        if self.scratch.moe_router_counter.is_none() {
-            let bytes = workspace::ROUTER_COUNTER_BYTES;
-            let counter = self.device_alloc(Tag::Workspace, bytes, "moe router counter")?;
-            self.upload(counter.ptr(), &[0i32])?;
-            self.scratch.moe_router_counter = Some(counter);
-        }
-        let base = (self.scratch.moe_router_counter.as_ref()).map_or(0, |a| a.ptr());
-        // SAFETY: the allocation holds one u32, lives as long as `self` and is only used on
-        // the backend's stream, by one launch at a time.
-        Ok(unsafe { DeviceSliceMut::<u32>::from_raw(base, 1) })
-    }
 }

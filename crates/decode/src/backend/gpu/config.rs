@@ -139,32 +139,6 @@ pub static MOE_INDEX: Knob<MoeIndex> = Knob {
     parse: |v| knobs::parse::choice(v, &[("host", MoeIndex::Host), ("device", MoeIndex::Device)]),
 };
 
-/// How a mixture of experts' decode rows get their routing from an f32 router.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MoeRouter {
-    /// One launch computes the router's logits and chooses the experts
-    /// (`moe::router_top_k`), where it applies (see `route_and_moe`).
-    Fused,
-    /// The router's product on the f32 matrix-vector kernel, then the routing kernel.
-    Split,
-}
-
-pub static MOE_ROUTER: Knob<MoeRouter> = Knob {
-    name: "HIPDECODE_GPU_MOE_ROUTER",
-    default: "split",
-    doc: "a mixture of experts' router for decode rows (f32 routers, the int8 path): `split` \
-          (the f32 matrix-vector product, then the routing kernel) or `fused` (the router's \
-          product and the top-k choice in one launch; not yet run on a GPU, hence not the \
-          default); for A/B runs",
-    scope: Scope::Run,
-    parse: |v| {
-        knobs::parse::choice(
-            v,
-            &[("fused", MoeRouter::Fused), ("split", MoeRouter::Split)],
-        )
-    },
-};
-
 /// Where the GPU backend keeps an embedding table that is only looked up (one not tied to the
 /// output projection).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -264,7 +238,6 @@ pub struct GpuConfig {
     pub mma_max_rows: usize,
     pub int8_mma_max_rows: usize,
     pub moe_grouped: MoeGrouped,
-    pub moe_router: MoeRouter,
     pub moe_index: MoeIndex,
     pub embed_table: EmbedTable,
     pub kv_pool: KvPool,
@@ -287,7 +260,6 @@ impl GpuConfig {
             mma_max_rows: MMA_MAX_ROWS.value(env)?,
             int8_mma_max_rows: INT8_MMA_MAX_ROWS.value(env)?,
             moe_grouped: MOE_GROUPED.value(env)?,
-            moe_router: MOE_ROUTER.value(env)?,
             moe_index: MOE_INDEX.value(env)?,
             embed_table: EMBED_TABLE.value(env)?,
             kv_pool: KV_POOL.value(env)?,

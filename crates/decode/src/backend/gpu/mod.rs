@@ -38,9 +38,9 @@ mod weight_block;
 
 pub use buffer::GpuBuffer;
 pub use config::{
-    EmbedTable, GpuConfig, KvPool, KvType, MatvecPath, MoeGrouped, MoeIndex, MoeRouter,
-    ATTN_DECODE, ATTN_PREFILL, EMBED_TABLE, INT8_MAX_ROWS, INT8_MMA_MAX_ROWS,
-    INT8_MMA_ROWS_DEFAULT, KV_POOL, MATVEC_PATH, MMA_MAX_ROWS, MOE_GROUPED, MOE_INDEX, MOE_ROUTER,
+    EmbedTable, GpuConfig, KvPool, KvType, MatvecPath, MoeGrouped, MoeIndex, ATTN_DECODE,
+    ATTN_PREFILL, EMBED_TABLE, INT8_MAX_ROWS, INT8_MMA_MAX_ROWS, INT8_MMA_ROWS_DEFAULT, KV_POOL,
+    MATVEC_PATH, MMA_MAX_ROWS, MOE_GROUPED, MOE_INDEX,
 };
 pub use graph_rows::{GraphRows, GRAPH_ROWS};
 pub use offload::host_weights::{HostPlacement, WeightMemory};
@@ -117,8 +117,6 @@ struct Scratch {
     moe_out: Option<GpuBuffer>,
     /// MoE on the int8 path: the gated activations quantized for the down projection.
     moe_q8: Option<Allocation>,
-    /// The fused router's counter of finished blocks (one u32, left at 0 by each launch).
-    moe_router_counter: Option<Allocation>,
     /// The sampler's uniform draw for the device (one f32).
     draw: Option<Allocation>,
     /// MoE prefill grouped by expert on the vendor GEMM.
@@ -168,8 +166,6 @@ pub struct GpuBackend {
     int8_mma_max_rows: usize,
     /// The products of the grouped MoE prefill (`HIPDECODE_GPU_MOE_GROUPED`).
     moe_grouped: MoeGrouped,
-    /// Decode rows' router: fused with the routing or not (`HIPDECODE_GPU_MOE_ROUTER`).
-    moe_router: MoeRouter,
     /// Where the grouped prefill's index is built (`HIPDECODE_GPU_MOE_INDEX`).
     moe_index: MoeIndex,
     /// Where an embedding table that is only looked up goes (`HIPDECODE_GPU_EMBED_TABLE`).
