@@ -25,8 +25,8 @@
 #   quick    (bundle-g) all of verify but the real-model cases, and moe-ab, in one call;
 #   kernels  (bundle-g) only the MoE kernels' GPU tests and the conformance test's MoE cases;
 #   collect  packs /tmp/ft into $OUT/ft.tgz and prints the summary.
-# Only setup, part, golden, batched, depth and batch1 ran on 2026-12-07 (one lease); no device
-# was lent for the later phases, which wait for the next lease.
+# setup, part, golden, batched, depth and batch1 ran in one lease on 2026-12-07; quick (with
+# N=bundle-g) in a second lease that day: docs/benchmark_results/moe-levers-h100-2026-12-07.md.
 # From the checkout root, with bundle-f/{bench-decode,hipdecode,xtask,tests}, .peer, and
 # .dev/gemma/partNN (split -b 45M -d of models/gemma3-270m-q4_k_m.gguf) over the calls.
 set -u
@@ -175,10 +175,8 @@ moe-ab)
         --ab "HIPDECODE_GPU_MOE_INDEX=host" "HIPDECODE_GPU_MOE_INDEX=device" --rounds 2 \
         >$D/index-ab.md 2>&1
     st "index a/b exit $?"
-    timeout 300 $N/bench-decode -m $Q --device gpu -p 0 -n 128 -r 5 \
-        --ab "HIPDECODE_GPU_MOE_ROUTER=split" "HIPDECODE_GPU_MOE_ROUTER=fused" --rounds 2 \
-        >$D/router-ab.md 2>&1
-    st "router a/b exit $?"
+    # The router's A/B (HIPDECODE_GPU_MOE_ROUTER=split against fused, -p 0 -n 128 -r 5) ran here
+    # on 2026-12-07; the fused router lost and is gone with its knob (1f9a225).
     ;;
 long)
     link_gemma

@@ -8,6 +8,8 @@
 #   bench  this build's bench-decode (bundle-h) against the parent's (bundle-g), alternating
 #          A B B A, pp512 and pp4096 on the 8B and 30B-A3B shapes, then llama-bench on the same
 #          rows, then the per-op profile of the 8B shape's 4096-token prefill on both builds;
+#   one    (what ran, in a lease with little device time left) the tests, then the A/B on both
+#          shapes, without llama.cpp or profiles;
 #   collect packs /tmp/fr into $OUT/fr.tgz and prints the summary.
 # From the checkout root, with bundle-h/{bench-decode,hipdecode,xtask,tests} and
 # bundle-g/{bench-decode,hipdecode} carried over the calls.
@@ -81,8 +83,42 @@ bench)
         st "$b llama-bench exit $?"
     done
     ;;
+one)
+    # All of it in one call, for a lease with little device time left: no llama.cpp (its
+    # figures come from the day's earlier lease), no profiles; the tests, then the 8B shape's
+    # A/B, then the 30B-A3B shape's if it is written by then.
+    export HIPDECODE_GPU_MOE_INDEX=device
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >$D/gpu.txt
+    mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
+    cp -r bundle-h/. $N/
+    mkdir -p /tmp/bg && cp bundle-g/bench-decode /tmp/bg/
+    (setsid bash -c "$N/xtask synth-model llama3-8b-q4_k_m -o $L >$D/synth.log 2>&1; \
+        echo done >$D/synth.done; $N/xtask synth-model qwen3-30b-a3b-q4_k_m -o $Q \
+        >$D/synth-q.log 2>&1; echo done >$D/synth-q.done" </dev/null >/dev/null 2>&1 &)
+    st "one started"
+    run rocm-kernels gpu_selftest --nocapture
+    run rocm-kernels gpu_attention
+    run decode gpu_long_context --test-threads=1
+    run decode gpu_backend --test-threads=1
+    run decode golden_tokens gpu
+    run decode batched_runs --test-threads=1
+    run rocm-kernels gpu_basic
+    run decode backend_conformance --test-threads=2
+    wait_for $D/synth.done 120 || st "8B shape not written"
+    for m in $L $Q; do
+        [ -f $D/synth-q.done ] || [ $m = $L ] || { st "30B-A3B shape not written in time"; break; }
+        b=$(basename $m .gguf)
+        for arm in new old old new; do
+            bin=$N/bench-decode
+            [ $arm = old ] && bin=/tmp/bg/bench-decode
+            n=$(ls $D/$b-$arm-*.md 2>/dev/null | wc -l)
+            timeout 120 $bin -m $m --device gpu -p 512,4096 -n 0 -r 3 >$D/$b-$arm-$((n + 1)).md 2>&1
+            st "$b $arm exit $?"
+        done
+    done
+    ;;
 *)
-    echo "usage: $0 setup|bench|collect" >&2
+    echo "usage: $0 setup|bench|one|collect" >&2
     exit 2
     ;;
 esac
