@@ -14,7 +14,7 @@
 # From the checkout root, with bundle-h/{bench-decode,hipdecode,xtask,tests} and
 # bundle-g/{bench-decode,hipdecode} carried over the calls.
 set -u
-D=/tmp/fr
+D=${FR_DIR:-/tmp/fr}  # FR_DIR=$OUT/fr: logs come back even from a call cut short
 if [ "${1:-}" = collect ]; then
     tar czf "$OUT/fr.tgz" -C /tmp fr 2>/dev/null
     cat $D/summary.txt 2>/dev/null
@@ -96,26 +96,28 @@ one)
         echo done >$D/synth.done; $N/xtask synth-model qwen3-30b-a3b-q4_k_m -o $Q \
         >$D/synth-q.log 2>&1; echo done >$D/synth-q.done" </dev/null >/dev/null 2>&1 &)
     st "one started"
+    # The flash kernel's own tests first, then the 8B shape's A/B, then the rest.
     run rocm-kernels gpu_selftest --nocapture
     run rocm-kernels gpu_attention
     run decode gpu_long_context --test-threads=1
+    ab() { # model: this build against the parent's, alternating
+        local b
+        b=$(basename $1 .gguf)
+        for arm in new old old new; do
+            bin=$N/bench-decode
+            [ $arm = old ] && bin=/tmp/bg/bench-decode
+            n=$(ls $D/$b-$arm-*.md 2>/dev/null | wc -l)
+            timeout 120 $bin -m $1 --device gpu -p 512,4096 -n 0 -r 3 >$D/$b-$arm-$((n + 1)).md 2>&1
+            st "$b $arm exit $?"
+        done
+    }
+    wait_for $D/synth.done 120 && ab $L || st "8B shape not written"
     run decode gpu_backend --test-threads=1
     run decode golden_tokens gpu
     run decode batched_runs --test-threads=1
     run rocm-kernels gpu_basic
     run decode backend_conformance --test-threads=2
-    wait_for $D/synth.done 120 || st "8B shape not written"
-    for m in $L $Q; do
-        [ -f $D/synth-q.done ] || [ $m = $L ] || { st "30B-A3B shape not written in time"; break; }
-        b=$(basename $m .gguf)
-        for arm in new old old new; do
-            bin=$N/bench-decode
-            [ $arm = old ] && bin=/tmp/bg/bench-decode
-            n=$(ls $D/$b-$arm-*.md 2>/dev/null | wc -l)
-            timeout 120 $bin -m $m --device gpu -p 512,4096 -n 0 -r 3 >$D/$b-$arm-$((n + 1)).md 2>&1
-            st "$b $arm exit $?"
-        done
-    done
+    [ -f $D/synth-q.done ] && ab $Q || st "30B-A3B shape not written in time"
     ;;
 *)
     echo "usage: $0 setup|bench|one|collect" >&2
