@@ -90,16 +90,18 @@ one)
     export HIPDECODE_GPU_MOE_INDEX=device
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >$D/gpu.txt
     mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
-    cp -r bundle-h/. $N/
+    cp -r ${BUNDLE:-bundle-h}/. $N/
     mkdir -p /tmp/bg && cp bundle-g/bench-decode /tmp/bg/
     (setsid bash -c "$N/xtask synth-model llama3-8b-q4_k_m -o $L >$D/synth.log 2>&1; \
         echo done >$D/synth.done; $N/xtask synth-model qwen3-30b-a3b-q4_k_m -o $Q \
         >$D/synth-q.log 2>&1; echo done >$D/synth-q.done" </dev/null >/dev/null 2>&1 &)
     st "one started"
     # The flash kernel's own tests first, then the 8B shape's A/B, then the rest.
-    run rocm-kernels gpu_selftest --nocapture
+    # The self-test's attention cases alone (the whole table takes 100 s): every attention
+    # kernel against the reference, flash among them in its native and SIMT builds.
+    timeout 120 $N/hipdecode selftest --filter attention --no-models >$D/selftest-attention.txt 2>&1
+    st "selftest --filter attention exit $?"
     run rocm-kernels gpu_attention
-    run decode gpu_long_context --test-threads=1
     ab() { # model: this build against the parent's, alternating
         local b
         b=$(basename $1 .gguf)
@@ -112,8 +114,7 @@ one)
         done
     }
     wait_for $D/synth.done 120 && ab $L || st "8B shape not written"
-    run decode gpu_backend --test-threads=1
-    run decode golden_tokens gpu
+    run decode gpu_long_context --test-threads=1
     run decode batched_runs --test-threads=1
     run rocm-kernels gpu_basic
     run decode backend_conformance --test-threads=2
