@@ -26,7 +26,8 @@ pub enum KernelModule {
     KvCache,
     /// Decode attention (split over the KV length) and causal prefill attention.
     Attention,
-    /// Causal prefill attention on the matrix cores (flash attention over f16 caches).
+    /// Causal prefill attention on the matrix cores (flash attention over f16 and q8_0 caches),
+    /// in two kernels while their A/B is pending.
     AttentionMma,
     /// Argmax and temperature / top-k / top-p sampling into the step block.
     Sampling,
@@ -209,6 +210,12 @@ impl KernelModule {
                 "attn_prefill_mma_q8_0_d64",
                 "attn_prefill_mma_q8_0_d128",
                 "attn_prefill_mma_q8_0_d256",
+                "attn_prefill_mma_regs_d64",
+                "attn_prefill_mma_regs_d128",
+                "attn_prefill_mma_regs_d256",
+                "attn_prefill_mma_regs_q8_0_d64",
+                "attn_prefill_mma_regs_q8_0_d128",
+                "attn_prefill_mma_regs_q8_0_d256",
             ],
             KernelModule::Matvec => &[
                 "matvec_f32",

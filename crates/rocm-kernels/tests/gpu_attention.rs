@@ -396,20 +396,22 @@ fn flash_prefill_refuses_what_it_is_not_built_for() {
             KvElem::Q8_0 => unreachable!("no q8_0 case here"),
         };
         let mut out = Buf::<f32>::new(&gpu, 4 * 2 * d);
-        let err = attention_prefill_on(
-            gpu.kernels,
-            &gpu.stream,
-            PrefillKernel::Flash,
-            &q.view(),
-            &k.view(),
-            &v.view(),
-            &pos.view(),
-            None,
-            &mut out.view_mut(),
-            &shape,
-        )
-        .expect_err("the flash kernel is not built for this");
-        assert!(err.to_string().contains("flash"), "{err}");
+        for kernel in [PrefillKernel::Flash, PrefillKernel::FlashRegs] {
+            let err = attention_prefill_on(
+                gpu.kernels,
+                &gpu.stream,
+                kernel,
+                &q.view(),
+                &k.view(),
+                &v.view(),
+                &pos.view(),
+                None,
+                &mut out.view_mut(),
+                &shape,
+            )
+            .expect_err("the flash kernels are not built for this");
+            assert!(err.to_string().contains("flash"), "{kernel:?}: {err}");
+        }
     }
 }
 

@@ -804,6 +804,11 @@ pub enum PrefillKernel {
     /// aligned) or q8_0 caches (dequantized to f16 tiles) and heads of 64, 128 or 256 (dk = dv)
     /// only; anything else is an error.
     Flash,
+    /// [`PrefillKernel::Flash`]'s second kernel (`attn_prefill_mma_regs_*`), for the same
+    /// calls: the scores and probabilities in registers, K and V tiles copied while the block
+    /// computes, 64-key tiles for heads up to 128. Not yet run on a GPU, so `Auto` does not
+    /// take it.
+    FlashRegs,
     /// 16 queries of a head against 16-key tiles (heads up to [`PREFILL_TILED_MAX_HEAD_DIM`];
     /// larger ones fall back to the other).
     Tiled,
@@ -838,7 +843,7 @@ pub fn attention_prefill_on(
     };
     let page_args = check_io(&io, shape)?;
     let flash = flash_fits(k_cache, v_cache, shape);
-    if kernel == PrefillKernel::Flash && !flash {
+    if matches!(kernel, PrefillKernel::Flash | PrefillKernel::FlashRegs) && !flash {
         return Err(crate::ops::matvec::shape_error(
             OP,
             format!(
@@ -855,12 +860,15 @@ pub fn attention_prefill_on(
         return Ok(());
     }
     let on_matrix_cores = match kernel {
-        PrefillKernel::Flash => true,
-        PrefillKernel::Auto => flash && kernels.mma_variant().is_native(),
-        PrefillKernel::Tiled | PrefillKernel::PerQuery => false,
+        PrefillKernel::Flash => Some(FlashBody::Shared),
+        PrefillKernel::FlashRegs => Some(FlashBody::Registers),
+        PrefillKernel::Auto => {
+            (flash && kernels.mma_variant().is_native()).then_some(FlashBody::Shared)
+        }
+        PrefillKernel::Tiled | PrefillKernel::PerQuery => None,
     };
-    if on_matrix_cores {
-        return launch_prefill_flash(kernels, stream, &io, &page_args, shape);
+    if let Some(body) = on_matrix_cores {
+        return launch_prefill_flash(kernels, stream, body, &io, &page_args, shape);
     }
     let tiled = shape.head_dim_k <= PREFILL_TILED_MAX_HEAD_DIM
         && shape.head_dim_v <= PREFILL_TILED_MAX_HEAD_DIM;
@@ -895,29 +903,57 @@ pub fn flash_fits(k_cache: &KvSlice, v_cache: &KvSlice, shape: &AttentionShape) 
     caches
         && v_cache.elem() == elem
         && shape.head_dim_k == shape.head_dim_v
-        && flash_kernel(elem, shape.head_dim_k).is_some()
+        && flash_kernel(FlashBody::Shared, elem, shape.head_dim_k).is_some()
 }
 
-/// The flash kernel's entry point for a cache type and head size and its queries per block
+/// Which of `attention_mma.hip`'s two flash kernels runs a call (the same calls, shapes and
+/// blocks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FlashBody {
+    /// `attn_prefill_mma_*`: the scores and probabilities through shared memory.
+    Shared,
+    /// `attn_prefill_mma_regs_*`: the scores and probabilities in registers.
+    Registers,
+}
+
+/// A flash kernel's entry point for a cache type and head size and its queries per block
 /// (`attention_mma.hip`), or `None` for a pair it is not built for.
-fn flash_kernel(elem: KvElem, head_dim: usize) -> Option<(&'static str, usize)> {
-    match (elem, head_dim) {
-        (KvElem::F16, 64) => Some(("attn_prefill_mma_d64", 64)),
-        (KvElem::F16, 128) => Some(("attn_prefill_mma_d128", 64)),
-        (KvElem::F16, 256) => Some(("attn_prefill_mma_d256", 32)),
-        (KvElem::Q8_0, 64) => Some(("attn_prefill_mma_q8_0_d64", 64)),
-        (KvElem::Q8_0, 128) => Some(("attn_prefill_mma_q8_0_d128", 64)),
-        (KvElem::Q8_0, 256) => Some(("attn_prefill_mma_q8_0_d256", 32)),
-        _ => None,
-    }
+fn flash_kernel(body: FlashBody, elem: KvElem, head_dim: usize) -> Option<(&'static str, usize)> {
+    let shared = match (elem, head_dim) {
+        (KvElem::F16, 64) => ("attn_prefill_mma_d64", "attn_prefill_mma_regs_d64", 64),
+        (KvElem::F16, 128) => ("attn_prefill_mma_d128", "attn_prefill_mma_regs_d128", 64),
+        (KvElem::F16, 256) => ("attn_prefill_mma_d256", "attn_prefill_mma_regs_d256", 32),
+        (KvElem::Q8_0, 64) => (
+            "attn_prefill_mma_q8_0_d64",
+            "attn_prefill_mma_regs_q8_0_d64",
+            64,
+        ),
+        (KvElem::Q8_0, 128) => (
+            "attn_prefill_mma_q8_0_d128",
+            "attn_prefill_mma_regs_q8_0_d128",
+            64,
+        ),
+        (KvElem::Q8_0, 256) => (
+            "attn_prefill_mma_q8_0_d256",
+            "attn_prefill_mma_regs_q8_0_d256",
+            32,
+        ),
+        _ => return None,
+    };
+    let (entry_shared, entry_regs, queries) = shared;
+    Some(match body {
+        FlashBody::Shared => (entry_shared, queries),
+        FlashBody::Registers => (entry_regs, queries),
+    })
 }
 
 /// Warps per block of the flash kernel `entry` (its queries / 16, as [`launch_prefill_flash`]
 /// launches it), for the launch-bounds table; `None` for another name.
 pub(crate) fn flash_warps(entry: &str) -> Option<u32> {
-    [KvElem::F16, KvElem::Q8_0]
+    [FlashBody::Shared, FlashBody::Registers]
         .into_iter()
-        .flat_map(|elem| [64, 128, 256].map(|d| flash_kernel(elem, d)))
+        .flat_map(|body| [KvElem::F16, KvElem::Q8_0].map(|elem| (body, elem)))
+        .flat_map(|(body, elem)| [64, 128, 256].map(|d| flash_kernel(body, elem, d)))
         .flatten()
         .find(|(name, _)| *name == entry)
         .map(|(_, queries)| (queries / 16) as u32)
@@ -926,6 +962,7 @@ pub(crate) fn flash_warps(entry: &str) -> Option<u32> {
 fn launch_prefill_flash(
     kernels: &Kernels,
     stream: &Stream,
+    body: FlashBody,
     io: &Io<'_>,
     pages: &PageArgs,
     shape: &AttentionShape,
@@ -945,7 +982,7 @@ fn launch_prefill_flash(
         )
     })?;
     let d = shape.head_dim_k;
-    let (entry, queries) = flash_kernel(io.k.elem(), d).ok_or_else(|| {
+    let (entry, queries) = flash_kernel(body, io.k.elem(), d).ok_or_else(|| {
         crate::ops::matvec::shape_error(OP, format!("no flash prefill kernel for heads of {d}"))
     })?;
     let function = kernels.function(KernelModule::AttentionMma, entry)?;
@@ -974,7 +1011,8 @@ fn launch_prefill_flash(
         shared_bytes: 0,
     };
     // SAFETY: the arguments match `attn_prefill_mma_d<D>` (f16) or `attn_prefill_mma_q8_0_d<D>`
-    // (q8_0, chosen by the caches' element type) in order and type, with D the head size of
+    // (q8_0, chosen by the caches' element type), or their `_regs_` twins, which take the same
+    // arguments, in order and type, with D the head size of
     // both caches (flash_fits). `check_io` made q, out, both caches and the positions
     // long enough for the shape (n_tokens > 0, so every block has a query); cache rows are
     // slots (position % slots < slots) unpaged, and paged rows of the tile's table, clamped to

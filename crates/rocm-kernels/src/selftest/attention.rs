@@ -791,6 +791,31 @@ enum Kind {
     /// [`Kind::PrefillFlash`] of the kernels built with the SIMT matrix-core layer, whatever
     /// the device has (the build the native variants are checked against).
     PrefillFlashSimt,
+    /// The second flash kernel, with the scores in registers (`PrefillKernel::FlashRegs`).
+    PrefillFlashRegs,
+    /// [`Kind::PrefillFlashRegs`] built with the SIMT matrix-core layer.
+    PrefillFlashRegsSimt,
+}
+
+impl Kind {
+    /// Whether this path is one of the flash kernels (f16 queries and probabilities).
+    fn is_flash(self) -> bool {
+        matches!(
+            self,
+            Kind::PrefillFlash
+                | Kind::PrefillFlashSimt
+                | Kind::PrefillFlashRegs
+                | Kind::PrefillFlashRegsSimt
+        )
+    }
+}
+
+impl Run {
+    /// With both flash kernels added (the one in registers beside the one through shared
+    /// memory), on the same inputs and reference.
+    fn and_flash(self) -> Run {
+        self.and(Kind::PrefillFlash).and(Kind::PrefillFlashRegs)
+    }
 }
 
 /// Tolerances (max, RMS, relative to the reference's RMS) of the flash kernel, which rounds
@@ -990,7 +1015,7 @@ fn run_paths(rig: &Rig<'_>, run: &Run, references: References) -> crate::Result<
         let dout = rig.filled::<f32>(want.len(), 0xff)?;
         let mut out = rig.view_mut(&dout, want.len())?;
         let kernels = match path {
-            Kind::PrefillFlashSimt => rig.simt_kernels()?,
+            Kind::PrefillFlashSimt | Kind::PrefillFlashRegsSimt => rig.simt_kernels()?,
             _ => rig.kernels(),
         };
         match path {
@@ -1019,10 +1044,16 @@ fn run_paths(rig: &Rig<'_>, run: &Run, references: References) -> crate::Result<
                 // The workspace goes at the end of this arm: its work must be done first.
                 rig.stream().synchronize()?;
             }
-            Kind::Prefill | Kind::PrefillPerQuery | Kind::PrefillFlash | Kind::PrefillFlashSimt => {
+            Kind::Prefill
+            | Kind::PrefillPerQuery
+            | Kind::PrefillFlash
+            | Kind::PrefillFlashSimt
+            | Kind::PrefillFlashRegs
+            | Kind::PrefillFlashRegsSimt => {
                 let kernel = match path {
                     Kind::Prefill => PrefillKernel::Tiled,
                     Kind::PrefillFlash | Kind::PrefillFlashSimt => PrefillKernel::Flash,
+                    Kind::PrefillFlashRegs | Kind::PrefillFlashRegsSimt => PrefillKernel::FlashRegs,
                     _ => PrefillKernel::PerQuery,
                 };
                 attention_prefill_on(
@@ -1041,7 +1072,7 @@ fn run_paths(rig: &Rig<'_>, run: &Run, references: References) -> crate::Result<
         }
         let got = rig.download::<f32>(&dout, want.len())?;
         let what = format!("{spec:?} (decode splits {splits})");
-        let flash = matches!(path, Kind::PrefillFlash | Kind::PrefillFlashSimt);
+        let flash = path.is_flash();
         let (max_rel, rms_rel) = if flash { FLASH_TOLERANCE } else { (5e-5, 1e-5) };
         close_rel(rig, &what, &got, &want, max_rel, rms_rel);
         if let Some(exact) = &exact {
@@ -1351,7 +1382,7 @@ fn q8_0_prefill_runs() -> Vec<Run> {
         .map(|(i, c)| {
             let run = Run::new(c, 1600 + i as u64).and(Kind::PrefillPerQuery);
             if matches!(c.head_dim, 64 | 128 | 256) {
-                run.and(Kind::PrefillFlash)
+                run.and_flash()
             } else {
                 run
             }
@@ -1379,8 +1410,8 @@ fn flash_runs() -> Vec<Run> {
     };
     let specs = [
         // Whole prompts from position 0: tiles of 64 queries (heads of 64 and 128) and of 32
-        // (256), the last partial, with key tiles of 64 (16 for heads of 256 and the SIMT
-        // build).
+        // (256), the last partial, with 32-key tiles (the second kernel's: 64, or 16 for heads
+        // of 256 and in its SIMT build).
         flash(8, 2, 128, 512, 0, 300, None),
         flash(16, 8, 64, 64, 0, 37, None),
         flash(4, 1, 256, 300, 0, 300, None),
@@ -1398,11 +1429,13 @@ fn flash_runs() -> Vec<Run> {
         .into_iter()
         .enumerate()
         .map(|(i, c)| {
-            let run = Run::new(c, 900 + i as u64);
-            // The SIMT build of the same kernel, against the same reference: a head of each
-            // size, a window and a later chunk.
+            // The spec's path is the first flash kernel; the second on the same inputs, and
+            // the SIMT builds of both against the same reference for a head of each size, a
+            // window and a later chunk.
+            let run = Run::new(c, 900 + i as u64).and(Kind::PrefillFlashRegs);
             if [0, 1, 3, 6].contains(&i) {
                 run.and(Kind::PrefillFlashSimt)
+                    .and(Kind::PrefillFlashRegsSimt)
             } else {
                 run
             }
@@ -1477,10 +1510,15 @@ fn soft_capped_runs() -> Vec<Run> {
         ),
         capped(Kind::PrefillFlash, KvElem::Q8_0, 64, 600, 256, 65, None),
     ];
-    // The SIMT build with the same inputs and references as the native one.
+    // The second flash kernel and the SIMT builds of both with the same inputs and references.
     for c in flash {
         seed += 1;
-        runs.push(Run::new(c, seed).and(Kind::PrefillFlashSimt));
+        runs.push(
+            Run::new(c, seed)
+                .and(Kind::PrefillFlashRegs)
+                .and(Kind::PrefillFlashSimt)
+                .and(Kind::PrefillFlashRegsSimt),
+        );
     }
     runs
 }

@@ -194,8 +194,9 @@ pub static ATTN_PREFILL: Knob<attn::PrefillKernel> = Knob {
     name: "HIPDECODE_GPU_ATTN_PREFILL",
     default: "auto",
     doc: "the prefill attention kernel: `auto` (flash attention on the matrix cores where the \
-          device has them and the cache is f16, else `tiled`), `flash`, `tiled` or `per-query` \
-          (for A/B runs)",
+          device has them and the cache is f16, else `tiled`), `flash`, `flash-regs` (flash \
+          with the scores in registers; not yet run on a GPU, hence not what `auto` takes), \
+          `tiled` or `per-query` (for A/B runs)",
     scope: Scope::Run,
     parse: |v| {
         knobs::parse::choice(
@@ -203,6 +204,7 @@ pub static ATTN_PREFILL: Knob<attn::PrefillKernel> = Knob {
             &[
                 ("auto", attn::PrefillKernel::Auto),
                 ("flash", attn::PrefillKernel::Flash),
+                ("flash-regs", attn::PrefillKernel::FlashRegs),
                 ("tiled", attn::PrefillKernel::Tiled),
                 ("per-query", attn::PrefillKernel::PerQuery),
             ],
