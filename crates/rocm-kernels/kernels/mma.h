@@ -117,14 +117,16 @@ DEVICE mma_half4 mma_load4(const u16* p) {
     __builtin_memcpy(&v, p, sizeof(v));
     return v;
 }
-DEVICE void mma_16x16x16(MmaAcc& c, const u16* a, u32 lda, const u16* b, u32 ldb) {
-    const u32 r = mma_lane() % 16, k = 4 * (mma_lane() / 16);
-    const mma_half4 av = mma_load4(a + r * lda + k);
-    const mma_half4 bv = mma_load4(b + r * ldb + k);
+// c += A . B^T from this lane's operand registers.
+DEVICE void mma_product(MmaAcc& c, const mma_half4& av, const mma_half4& bv) {
     mma_float4 d = {c.v[0], c.v[1], c.v[2], c.v[3]};
     d = __builtin_amdgcn_mfma_f32_16x16x16f16(av, bv, d, 0, 0, 0);
 #pragma unroll
     for (int i = 0; i < 4; ++i) c.v[i] = d[i];
+}
+DEVICE void mma_16x16x16(MmaAcc& c, const u16* a, u32 lda, const u16* b, u32 ldb) {
+    const u32 r = mma_lane() % 16, k = 4 * (mma_lane() / 16);
+    mma_product(c, mma_load4(a + r * lda + k), mma_load4(b + r * ldb + k));
 }
 DEVICE u32 mma_m(int i) { return 4 * (mma_lane() / 16) + (u32)i; }
 DEVICE u32 mma_n(int i) { return mma_lane() % 16; }
@@ -149,10 +151,8 @@ DEVICE mma_halfk mma_loadk(const u16* p) {
     __builtin_memcpy(&v, p, sizeof(v));
     return v;
 }
-DEVICE void mma_16x16x16(MmaAcc& c, const u16* a, u32 lda, const u16* b, u32 ldb) {
-    const u32 r = mma_lane() % 16;
-    const mma_halfk av = mma_loadk(a + r * lda + MMA_K_OFFSET);
-    const mma_halfk bv = mma_loadk(b + r * ldb + MMA_K_OFFSET);
+// c += A . B^T from this lane's operand registers.
+DEVICE void mma_product(MmaAcc& c, const mma_halfk& av, const mma_halfk& bv) {
     mma_float8 d;
 #pragma unroll
     for (int i = 0; i < 8; ++i) d[i] = c.v[i];
@@ -163,6 +163,11 @@ DEVICE void mma_16x16x16(MmaAcc& c, const u16* a, u32 lda, const u16* b, u32 ldb
 #endif
 #pragma unroll
     for (int i = 0; i < 8; ++i) c.v[i] = d[i];
+}
+DEVICE void mma_16x16x16(MmaAcc& c, const u16* a, u32 lda, const u16* b, u32 ldb) {
+    const u32 r = mma_lane() % 16;
+    mma_product(c, mma_loadk(a + r * lda + MMA_K_OFFSET),
+                mma_loadk(b + r * ldb + MMA_K_OFFSET));
 }
 #if MMA_VARIANT == MMA_AMD_WMMA11
 DEVICE u32 mma_m(int i) { return 2 * (u32)i + mma_lane() / 16; }
@@ -355,25 +360,6 @@ DEVICE mma_a_vec mma_b_col(const u16* b, u32 ldb) {
     mma_a_vec v;
     __builtin_memcpy(&v, h, sizeof(v));
     return v;
-}
-DEVICE void mma_product(MmaAcc& c, const mma_a_vec& av, const mma_a_vec& bv) {
-#if MMA_VARIANT == MMA_AMD_MFMA
-    mma_float4 d = {c.v[0], c.v[1], c.v[2], c.v[3]};
-    d = __builtin_amdgcn_mfma_f32_16x16x16f16(av, bv, d, 0, 0, 0);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) c.v[i] = d[i];
-#else
-    mma_float8 d;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) d[i] = c.v[i];
-#if MMA_VARIANT == MMA_AMD_WMMA11
-    d = __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(av, bv, d);
-#else
-    d = __builtin_amdgcn_wmma_f32_16x16x16_f16_w32_gfx12(av, bv, d);
-#endif
-#pragma unroll
-    for (int i = 0; i < 8; ++i) c.v[i] = d[i];
-#endif
 }
 DEVICE void mma_16x16x16_a(MmaAcc& c, const MmaA& a, const u16* b, u32 ldb) {
     mma_product(c, a.v, mma_b_row(b, ldb));

@@ -919,7 +919,7 @@ enum FlashBody {
 /// A flash kernel's entry point for a cache type and head size and its queries per block
 /// (`attention_mma.hip`), or `None` for a pair it is not built for.
 fn flash_kernel(body: FlashBody, elem: KvElem, head_dim: usize) -> Option<(&'static str, usize)> {
-    let shared = match (elem, head_dim) {
+    let (shared, registers, queries) = match (elem, head_dim) {
         (KvElem::F16, 64) => ("attn_prefill_mma_d64", "attn_prefill_mma_regs_d64", 64),
         (KvElem::F16, 128) => ("attn_prefill_mma_d128", "attn_prefill_mma_regs_d128", 64),
         (KvElem::F16, 256) => ("attn_prefill_mma_d256", "attn_prefill_mma_regs_d256", 32),
@@ -940,10 +940,9 @@ fn flash_kernel(body: FlashBody, elem: KvElem, head_dim: usize) -> Option<(&'sta
         ),
         _ => return None,
     };
-    let (entry_shared, entry_regs, queries) = shared;
     Some(match body {
-        FlashBody::Shared => (entry_shared, queries),
-        FlashBody::Registers => (entry_regs, queries),
+        FlashBody::Shared => (shared, queries),
+        FlashBody::Registers => (registers, queries),
     })
 }
 
@@ -1012,14 +1011,14 @@ fn launch_prefill_flash(
     };
     // SAFETY: the arguments match `attn_prefill_mma_d<D>` (f16) or `attn_prefill_mma_q8_0_d<D>`
     // (q8_0, chosen by the caches' element type), or their `_regs_` twins, which take the same
-    // arguments, in order and type, with D the head size of
-    // both caches (flash_fits). `check_io` made q, out, both caches and the positions
-    // long enough for the shape (n_tokens > 0, so every block has a query); cache rows are
-    // slots (position % slots < slots) unpaged, and paged rows of the tile's table, clamped to
-    // the caches' rows; the caches are f16 at 16-byte aligned addresses, as the kernel's
-    // 16-byte row copies need, or q8_0 at even addresses, as its 2-byte loads need (rows and
-    // heads of D, a multiple of 32, are whole blocks); the block is the queries / 16 warps its tiling assumes, and its
-    // shared memory is static.
+    // arguments, in order and type, with D the head size of both caches (flash_fits).
+    // `check_io` made q, out, both caches and the positions long enough for the shape
+    // (n_tokens > 0, so every block has a query); cache rows are slots (position % slots <
+    // slots) unpaged, and paged rows of the tile's table, clamped to the caches' rows; the
+    // caches are f16 at 16-byte aligned addresses, as the kernels' 16-byte row copies need, or
+    // q8_0 at even addresses, as their 2-byte loads need (rows and heads of D, a multiple of
+    // 32, are whole blocks); the block is the queries / 16 warps their tiling assumes, and
+    // their shared memory is static.
     unsafe { l.launch(config) }?;
     Ok(())
 }
