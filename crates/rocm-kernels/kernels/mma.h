@@ -348,11 +348,6 @@ struct MmaA {
 DEVICE void mma_load_a(MmaA& a, const u16* p, u32 lda) {
     __builtin_memcpy(&a.v, p + (mma_lane() % 16) * lda + MMA_A_K0, sizeof(a.v));
 }
-DEVICE mma_a_vec mma_b_row(const u16* b, u32 ldb) {
-    mma_a_vec v;
-    __builtin_memcpy(&v, b + (mma_lane() % 16) * ldb + MMA_A_K0, sizeof(v));
-    return v;
-}
 DEVICE mma_a_vec mma_b_col(const u16* b, u32 ldb) {
     u16 h[MMA_A_HALVES];
 #pragma unroll
@@ -361,8 +356,11 @@ DEVICE mma_a_vec mma_b_col(const u16* b, u32 ldb) {
     __builtin_memcpy(&v, h, sizeof(v));
     return v;
 }
+// B stored [n][k] is laid out in the lanes as A is ([m][k]).
 DEVICE void mma_16x16x16_a(MmaAcc& c, const MmaA& a, const u16* b, u32 ldb) {
-    mma_product(c, a.v, mma_b_row(b, ldb));
+    MmaA bt;
+    mma_load_a(bt, b, ldb);
+    mma_product(c, a.v, bt.v);
 }
 DEVICE void mma_16x16x16_a_kn(MmaAcc& c, const MmaA& a, const u16* b, u32 ldb) {
     mma_product(c, a.v, mma_b_col(b, ldb));

@@ -913,7 +913,6 @@ impl Backend for GpuBackend {
         let pairs = rows * k;
         // Scratch: reserved before the first step (`reserve_workspace`), grown here only for a
         // caller that skipped that.
-        let mut ids = self.moe_ids_scratch(pairs)?;
         let (a, s) = (&*self.alloc, self.stream_id);
         let mut weights =
             Self::scratch_buffer(&mut self.scratch.moe_weights, a, s, pairs, "moe weights")?;
@@ -941,18 +940,7 @@ impl Backend for GpuBackend {
         // On the int8 path the down projection adds the routing-weighted slots itself, so no
         // weighted sum follows it.
         let down_adds_slots = quantized.is_some() && k <= matvec_q8::MOE_DOWN_MAX_K;
-        let (kn, st) = (&self.kernels, &*self.stream);
-        moe::route_top_k(
-            kn,
-            st,
-            router_logits.view(),
-            rows,
-            n_expert,
-            k,
-            &mut ids,
-            &mut weights,
-        )
-        .map_err(kerr("moe routing"))?;
+        let ids = self.route_moe_rows(router_logits, shape, &mut weights)?;
         let ids = ids.as_const();
         if let (Some((xq, _)), [Some(hg), Some(hu), Some(hd)]) = (&quantized, hosts) {
             if down_adds_slots && self.hybrid_active() {

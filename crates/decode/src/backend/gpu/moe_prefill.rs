@@ -174,19 +174,7 @@ impl GpuBackend {
             )
         };
         // Routing, as in decode.
-        let mut ids = self.moe_ids_scratch(pairs)?;
-        let (kn, st) = (&self.kernels, &*self.stream);
-        moe::route_top_k(
-            kn,
-            st,
-            router_logits.view(),
-            rows,
-            n_expert,
-            k,
-            &mut ids,
-            &mut weights,
-        )
-        .map_err(kerr("moe routing"))?;
+        let ids = self.route_moe_rows(router_logits, shape, &mut weights)?;
         // The experts' products: in place on the int8 matrix-core kernel, one launch per
         // projection over a tile table, or on the vendor GEMM, one product per expert.
         let in_place = self.moe_grouped_in_place([gate, up, down].map(QuantMatrix::format))

@@ -5,12 +5,13 @@ use crate::backend::gpu::{
     error::kerr,
     GpuBackend, GpuBuffer, INT8_MAX_ROWS,
 };
+use crate::backend::MoeShape;
 use crate::error::{DecodeError, Result};
 use crate::layout::workspace;
 use rocm_alloc::{Allocator, StreamId, Tag};
 use rocm_kernels::ops::{
     matvec_q8::{self, Q8ActivationsMut},
-    sampling,
+    moe, sampling,
 };
 use rocm_kernels::DeviceSliceMut;
 
@@ -91,6 +92,30 @@ impl GpuBackend {
         // SAFETY: the scratch holds at least `pairs` i32, lives as long as `self` and is only
         // used on the backend's stream.
         Ok(unsafe { DeviceSliceMut::<i32>::from_raw(base, pairs) })
+    }
+
+    /// Routes `shape.rows` rows from their router logits (`[rows][n_expert]`): each pair's
+    /// expert id into the ids scratch, which is returned, and its weight into `weights`. The
+    /// one routing launch of both MoE paths (decode's `moe` and `moe_prefill`).
+    pub(super) fn route_moe_rows(
+        &mut self,
+        router_logits: &GpuBuffer,
+        shape: &MoeShape,
+        weights: &mut DeviceSliceMut<f32>,
+    ) -> Result<DeviceSliceMut<i32>> {
+        let mut ids = self.moe_ids_scratch(shape.rows * shape.k)?;
+        moe::route_top_k(
+            &self.kernels,
+            &self.stream,
+            router_logits.view(),
+            shape.rows,
+            shape.n_expert,
+            shape.k,
+            &mut ids,
+            weights,
+        )
+        .map_err(kerr("moe routing"))?;
+        Ok(ids)
     }
 
     /// The MoE's scratch for `values` quantized gated activations (grown, never shrunk, so a
