@@ -7,19 +7,17 @@
 #          (bundle/xtask and .peer carried), then the GPU tests: the self-test's attention cases
 #          (both flash kernels, native and SIMT builds, against the reference), gpu_attention,
 #          and the engine's tests that prefill;
-#   bench  `--ab` of the two kernels at pp512 and pp4096 on the 8B and 30B-A3B shapes, the
-#          per-op profile of the 8B shape's 4096-token prefill on each, and llama-bench on the
-#          same rows (the peer, same lease);
-#   one    the self-test's attention cases and the 8B A/B in one call, for a lease with little
-#          time left;
-#   collect packs the log folder into $OUT/fr.tgz and prints the summary.
+#   ab8b, ab30b  `--ab` of the two kernels at pp512 and pp4096 on the 8B and 30B-A3B shapes;
+#   profile the per-op profile of the 8B shape's 4096-token prefill on each kernel;
+#   peer   llama-bench on the same rows (the peer, same lease);
+#   collect copies the log folder into $OUT and prints the summary.
+# Several phases may be named in one call; the logs stay in /tmp/fr on the warm machine.
 # From the checkout root, with $BUNDLE (default bundle) holding hipdecode, bench-decode, xtask
-# and tests/ (release test binaries), carried over the calls. FR_DIR=$OUT/fr writes the logs
-# under $OUT as they come, so a call cut short still returns them.
+# and tests/ (release test binaries), carried over the calls.
 set -u
 D=${FR_DIR:-/tmp/fr}
 if [ "${1:-}" = collect ]; then
-    tar czf "$OUT/fr.tgz" -C "$(dirname $D)" "$(basename $D)" 2>/dev/null
+    cp -r "$D" "$OUT/" 2>/dev/null
     cat $D/summary.txt 2>/dev/null
     exit 0
 fi
@@ -46,7 +44,8 @@ ab() { # model tests: the two kernels, alternating, in fresh processes
         --rounds 2 >$D/ab-$(basename $1 .gguf).md 2>&1
     st "a/b $(basename $1 .gguf) exit $?"
 }
-case "${1:-}" in
+for phase in "$@"; do
+case $phase in
 setup)
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv \
         >$D/gpu.txt
@@ -57,6 +56,7 @@ setup)
     st started
     selftest_attention
     run rocm-kernels gpu_attention
+    run rocm-kernels gpu_basic
     for t in ${TESTS:-gpu_long_context gpu_backend backend_conformance step_batch batched_runs golden_tokens}; do
         case $t in
         golden_tokens) run decode golden_tokens gpu ;;
@@ -65,16 +65,20 @@ setup)
         esac
     done
     ;;
-bench)
-    wait_for $D/synth.done 300 || st "8B shape not written"
-    ab $L "-p 512,4096"
-    wait_for $D/synth-q.done 400 || st "30B-A3B shape not written"
-    ab $Q "-p 512,4096"
+ab8b)
+    wait_for $D/synth.done 300 && ab $L "-p 512,4096" || st "8B shape not written"
+    ;;
+ab30b)
+    wait_for $D/synth-q.done 400 && ab $Q "-p 512,4096" || st "30B-A3B shape not written"
+    ;;
+profile)
     for k in flash flash-regs; do
         HIPDECODE_GPU_ATTN_PREFILL=$k timeout 200 $N/hipdecode profile -m $L -p 4096 --prefill \
             >$D/profile-8b-pp4096-$k.md 2>&1
         st "profile $k exit $?"
     done
+    ;;
+peer)
     wait_for /tmp/llama/BUILD_RC 240
     st "llama.cpp build rc $(cat /tmp/llama/BUILD_RC 2>/dev/null)"
     for m in $L $Q; do
@@ -83,17 +87,9 @@ bench)
         st "llama-bench $(basename $m .gguf) exit $?"
     done
     ;;
-one)
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >$D/gpu.txt
-    mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
-    synth
-    st "one started"
-    selftest_attention
-    run rocm-kernels gpu_attention
-    wait_for $D/synth.done 120 && ab $L "-p 512,4096" || st "8B shape not written"
-    ;;
 *)
-    echo "usage: $0 setup|bench|one|collect" >&2
+    echo "usage: $0 PHASE... (setup ab8b ab30b profile peer) | collect" >&2
     exit 2
     ;;
 esac
+done

@@ -9,7 +9,9 @@ st() { echo "$* at $(date -u +%T)" >>"$D/summary.txt"; }
 run() {
     local crate=$1 bin=$2
     shift 2
-    (cd "crates/$crate" && HIPDECODE_REQUIRE_GPU=1 timeout 300 ../../$N/tests/"$bin"-* "$@" \
+    local tests=$N/tests
+    [[ $tests = /* ]] || tests=../../$tests
+    (cd "crates/$crate" && HIPDECODE_REQUIRE_GPU=1 timeout 300 "$tests/$bin"-* "$@" \
         >"$D/test-$bin.log" 2>&1)
     st "$crate/$bin exit $? $(grep -h 'test result' "$D/test-$bin.log" | tail -1)"
 }

@@ -14,9 +14,14 @@
 //! The scheduler holds no device memory and runs no model: [`Scheduler::plan_step`] says what
 //! to run, the engine runs it (copying the blocks [`StepPlan::copies`] names first), and
 //! [`Scheduler::finish_step`] takes the sampled tokens and reports what happened.
+//!
+//! On a model with ring-buffered sliding-window layers, each running sequence also holds one
+//! of the context's ring runs ([`RingRuns`]), and a prefix found in the pool is gone on from
+//! only as far as a finished sequence's run holds the window before it: the new sequence takes
+//! that run over ([`Scheduler::ring_run`] says which run a slot's ring tables name).
 
 use crate::batch::{BatchRow, RowKind, RowOutput, SeqId, StepBatch};
-use crate::kv::{BlockCopy, BlockId, BlockPool, PoolError, SeqBlocks};
+use crate::kv::{BlockCopy, BlockId, BlockPool, PoolError, RingRuns, SeqBlocks};
 use crate::sampler::SamplerConfig;
 use std::collections::VecDeque;
 
@@ -44,9 +49,20 @@ pub struct SchedulerConfig {
     pub step_tokens: usize,
     /// Positions one sequence may reach (the model's or the context's length).
     pub max_positions: usize,
-    /// Whether prompts start from blocks the prefix cache holds. Off where the KV storage is
-    /// not the pool's blocks, so a found block would not hold the sequence's keys.
+    /// Whether prompts start from blocks the prefix cache holds.
     pub prefix_cache: bool,
+    /// The ring runs of the context's sliding-window layers, where it has any.
+    pub rings: Option<RingConfig>,
+}
+
+/// A context's ring runs as the scheduler hands them out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingConfig {
+    /// Runs: the context's sequences, one run each at the start.
+    pub runs: usize,
+    /// Slots every ring holds past its window (at least the step's rows less one): how far
+    /// before a finished run's end a prefix may end and still find its window there.
+    pub slack: usize,
 }
 
 /// The default per-step token limit: the GPU's prefill chunk, a step's largest batch.
@@ -115,6 +131,8 @@ struct Sequence {
     blocks: SeqBlocks,
     /// Its slot in the context while running.
     slot: Option<SeqId>,
+    /// Its ring run while running, on a model with window rings.
+    run: Option<usize>,
     /// When it was (last) admitted: preemption takes the latest.
     admitted: u64,
     cancelled: bool,
@@ -146,6 +164,7 @@ pub struct SequenceUsage {
 pub struct Scheduler {
     config: SchedulerConfig,
     pool: BlockPool,
+    rings: Option<RingRuns>,
     waiting: VecDeque<Sequence>,
     /// In admission order, oldest first.
     running: Vec<Sequence>,
@@ -165,8 +184,15 @@ impl Scheduler {
                 config.step_tokens, config.max_running
             )));
         }
+        if let Some(r) = config.rings.filter(|r| r.runs < config.max_running) {
+            return Err(ScheduleError::Invalid(format!(
+                "{} ring runs for {} running sequences: every running sequence needs a ring",
+                r.runs, config.max_running
+            )));
+        }
         Ok(Scheduler {
             free_slots: (0..config.max_running).rev().collect(),
+            rings: config.rings.map(|r| RingRuns::new(r.runs, r.slack)),
             config,
             pool,
             waiting: VecDeque::new(),
@@ -181,9 +207,25 @@ impl Scheduler {
         &self.pool
     }
 
-    /// Empties the pool's prefix cache (see [`BlockPool::drop_cache`]).
+    /// Empties the pool's prefix cache (see [`BlockPool::drop_cache`]) and forgets the rings
+    /// finished sequences left.
     pub fn drop_prefix_cache(&mut self) {
         self.pool.drop_cache();
+        if let Some(rings) = &mut self.rings {
+            rings.drop_cache();
+        }
+    }
+
+    /// The ring run whose blocks slot `slot`'s ring tables are to name while its sequence
+    /// runs (`None` without window rings, or for a slot no sequence runs in).
+    pub fn ring_run(&self, slot: SeqId) -> Option<usize> {
+        self.running.iter().find(|s| s.slot == Some(slot))?.run
+    }
+
+    /// Ring runs held by running sequences, and those finished sequences left cached
+    /// (`(0, 0)` without window rings).
+    pub fn ring_runs(&self) -> (usize, usize) {
+        self.rings.as_ref().map_or((0, 0), RingRuns::counts)
     }
 
     /// Requests not finished yet (running or waiting).
@@ -264,6 +306,7 @@ impl Scheduler {
             computed: 0,
             blocks: SeqBlocks::default(),
             slot: None,
+            run: None,
             admitted: 0,
             cancelled: false,
             failed: false,
@@ -302,11 +345,16 @@ impl Scheduler {
     }
 
     /// Takes a running sequence out: its blocks go back (its full blocks into the prefix
-    /// cache) and its slot is free.
+    /// cache), its ring run too (cached with the tokens it holds, unless its step failed) and
+    /// its slot is free.
     fn retire(&mut self, index: usize) -> Sequence {
         let mut s = self.running.remove(index);
         let blocks = std::mem::take(&mut s.blocks);
         self.pool.release(blocks);
+        if let (Some(rings), Some(run)) = (&mut self.rings, s.run.take()) {
+            let keep = self.config.prefix_cache && !s.failed;
+            rings.release(run, keep.then(|| &s.tokens[..s.computed]));
+        }
         if let Some(slot) = s.slot.take() {
             self.free_slots.push(slot);
         }
@@ -409,6 +457,14 @@ impl Scheduler {
             } else {
                 SeqBlocks::default()
             };
+            // With window rings, the found prefix counts only as far as a cached ring holds
+            // the window before its end.
+            let mut ring_hit = None;
+            if let Some(rings) = &self.rings {
+                ring_hit = rings.find(&front.tokens, found.len(), self.pool.block_len());
+                let len = ring_hit.map_or(0, |h| h.len);
+                self.pool.truncate(&mut found, len);
+            }
             let need = self.pool.blocks_for(front.tokens.len()) - found.held();
             if !self.pool.can_take(need) {
                 self.pool.release(std::mem::take(&mut found));
@@ -429,6 +485,10 @@ impl Scheduler {
                 }
             }
             s.slot = self.free_slots.pop();
+            if let Some(rings) = &mut self.rings {
+                // A free slot means a run not held: there are as many as slots or more.
+                s.run = rings.take(ring_hit);
+            }
             if let Some(slot) = s.slot {
                 plan.started.push((slot, s.tokens[..s.computed].to_vec()));
                 plan.admitted.push(s.id);

@@ -215,3 +215,92 @@ fn an_idle_engine_drops_its_prefix_cache_and_gives_the_pool_memory_back() {
     assert_eq!(again, first, "served from memory backed anew");
     assert!(engine.stats().unwrap().backed_blocks > 0);
 }
+
+/// On a model with sliding-window rings (Gemma 3), a conversation's next turn goes on from the
+/// prefix the last turn left: its window layers read the ring that turn's sequence filled,
+/// taken over by another sequence slot while a third request runs in the first. Its tokens
+/// are those of the whole prompt run alone.
+#[test]
+fn a_next_turn_on_window_rings_goes_on_from_the_ring_the_last_turn_left() {
+    let file = Arc::new(preset_file(Preset::TinyGemma3));
+    let spec = ModelSpec::from_gguf(&file).expect("spec");
+    assert!(
+        spec.layers.iter().any(|l| l.window.is_some()),
+        "the preset has window layers"
+    );
+    let vocab = spec.vocab as u32;
+    let greedy = |prompt: Vec<u32>, max_new| Request {
+        prompt,
+        sampler: SamplerConfig::default(),
+        max_new,
+        stop: Vec::new(),
+    };
+    let alone = |r: &Request| {
+        let mut s = Session::load(&file, CpuBackend::new(Precision::Exact), options(1)).unwrap();
+        let g = decode::generate::generate(
+            &mut s,
+            &r.prompt,
+            r.max_new,
+            r.sampler,
+            &|_| false,
+            &mut |_| {},
+        );
+        g.unwrap().tokens
+    };
+
+    let mut be = CpuBackend::new(Precision::Exact);
+    let model = Model::load(&file, &mut be).unwrap();
+    let ctx = Context::new(&model, &mut be, options(3)).unwrap();
+    assert!(
+        !ctx.kv_plan().ring_slots.is_empty(),
+        "a window of 8 in a context of 64 is a ring"
+    );
+    let engine = Engine::start(model, be, ctx).unwrap();
+
+    let first = greedy((0..20).map(|t| (t * 5 + 3) % vocab).collect(), 8);
+    let (answer, _) = engine.submit(first.clone()).unwrap().collect();
+    assert_eq!(answer, alone(&first));
+    assert_eq!(engine.stats().unwrap().ring_runs_cached, 1);
+
+    // Another request takes the first slot (and a free ring), so the next turn runs in the
+    // second slot, on the first turn's ring.
+    let mut other = engine.submit(greedy(vec![1, 2, 3], 40)).unwrap();
+    assert_eq!(other.next_update(), Some(Update::Started { cached: 0 }));
+    assert!(matches!(other.next_update(), Some(Update::Token(_))));
+    let mut prompt = first.prompt.clone();
+    prompt.extend(&answer);
+    prompt.extend([7, 8, 9, 10, 11].map(|t| t % vocab));
+    // Sampled at temperature 1, so that every probability counts, not just the largest.
+    let next = Request {
+        sampler: SamplerConfig {
+            temperature: 1.0,
+            seed: 11,
+            ..SamplerConfig::default()
+        },
+        ..greedy(prompt, 12)
+    };
+    let mut handle = engine.submit(next.clone()).unwrap();
+    // The first turn wrote 27 positions: one whole block of 16 goes on from its ring.
+    assert_eq!(handle.next_update(), Some(Update::Started { cached: 16 }));
+    let (tokens, end) = handle.collect();
+    assert!(
+        matches!(
+            end,
+            Update::Finished {
+                reason: Finish::TokenLimit,
+                ..
+            }
+        ),
+        "{end:?}"
+    );
+    assert_eq!(tokens, alone(&next), "the next turn's tokens");
+    other.cancel();
+    other.collect();
+
+    // A prompt that leaves the first turn early finds no ring holding its window: it starts
+    // from nothing, and still gets its own tokens.
+    let early = greedy(first.prompt[..18].to_vec(), 4);
+    let mut handle = engine.submit(early.clone()).unwrap();
+    assert_eq!(handle.next_update(), Some(Update::Started { cached: 0 }));
+    assert_eq!(handle.collect().0, alone(&early));
+}

@@ -7,18 +7,25 @@
 //! within a step bound the test computes (no livelock from preemption, no starvation), with
 //! the tokens the stand-in model gives, no block is held, and a cancelled request's blocks
 //! were free after the step that followed its cancellation.
+//!
+//! With window rings on, a stand-in ring per run records which tokens' keys each of its slots
+//! holds, and every row must find its request's own keys at each position its window reads
+//! that the step does not write: a sequence that went on from a finished one's prefix must
+//! have been given that one's ring, and the ring must still hold the window.
 
 use decode::batch::RowKind;
 use decode::kv::BlockPool;
 use decode::sampler::SamplerConfig;
-use decode::scheduler::SchedulerConfig;
 use decode::scheduler::{Event, Finish, Request, RequestId, ScheduleError, Scheduler};
+use decode::scheduler::{RingConfig, SchedulerConfig};
 use proptest::prelude::*;
 use std::collections::HashMap;
 
 const BLOCK: usize = 4;
 const BYTES_PER_BLOCK: u64 = 1000;
 const MAX_POSITIONS: usize = 48;
+/// The stand-in window layers' window.
+const WINDOW: usize = 6;
 
 /// The stand-in model's token after `pos` positions of request `id`.
 fn next_token(id: RequestId, pos: usize) -> u32 {
@@ -78,6 +85,8 @@ proptest! {
         max_running in 1usize..5,
         extra_tokens in 0usize..12,
         prefix_cache in any::<bool>(),
+        rings in any::<bool>(),
+        spare_runs in 0usize..3,
     ) {
         let pool = BlockPool::new(BLOCK, BYTES_PER_BLOCK, budget_blocks * BYTES_PER_BLOCK, 2).unwrap();
         let config = SchedulerConfig {
@@ -85,7 +94,16 @@ proptest! {
             step_tokens: max_running + extra_tokens,
             max_positions: MAX_POSITIONS,
             prefix_cache,
+            rings: rings.then_some(RingConfig {
+                runs: max_running + spare_runs,
+                slack: max_running + extra_tokens - 1,
+            }),
         };
+        // Each run's ring: slot `pos % ring_slots` holds the keys of the tokens up to `pos`.
+        let ring_slots = WINDOW + config.step_tokens - 1;
+        let mut ring_holds: Vec<Vec<Option<Vec<u32>>>> =
+            vec![vec![None; ring_slots]; max_running + spare_runs];
+        let mut prompts: HashMap<RequestId, Vec<u32>> = HashMap::new();
         let mut sched = Scheduler::new(config, pool).unwrap();
         let mut ids: Vec<Option<RequestId>> = vec![None; arrivals.len()];
         let mut outputs: HashMap<RequestId, Vec<u32>> = HashMap::new();
@@ -97,8 +115,9 @@ proptest! {
         loop {
             for (k, a) in arrivals.iter().enumerate() {
                 if a.at_step == step {
+                    let prompt = prompt_tokens(a.prompt, a.prompt_len);
                     let request = Request {
-                        prompt: prompt_tokens(a.prompt, a.prompt_len),
+                        prompt: prompt.clone(),
                         sampler: SamplerConfig::default(),
                         max_new: a.max_new,
                         stop: a.stop.into_iter().collect(),
@@ -106,6 +125,7 @@ proptest! {
                     let positions = (a.prompt_len + a.max_new - 1).min(MAX_POSITIONS);
                     match sched.submit(request) {
                         Ok(id) => {
+                            prompts.insert(id, prompt);
                             prop_assert!(positions.div_ceil(BLOCK) as u64 <= budget_blocks);
                             ids[k] = Some(id);
                             work += a.prompt_len + a.max_new;
@@ -147,6 +167,41 @@ proptest! {
                     matches!(table.get(row.pos / BLOCK), Some(Some(_))),
                     "row at position {} of slot {} has no block", row.pos, row.seq
                 );
+            }
+            // The window rings: each running slot holds its own run, and every position a row's
+            // window reads that the step does not write holds the request's own keys.
+            if rings {
+                let mut runs: Vec<usize> = (0..max_running).filter_map(|s| sched.ring_run(s)).collect();
+                prop_assert_eq!(runs.len(), sched.running(), "a running sequence without a ring");
+                runs.sort_unstable();
+                runs.dedup();
+                prop_assert_eq!(runs.len(), sched.running(), "two sequences on one ring");
+                let history = |id: RequestId| {
+                    let mut t = prompts[&id].clone();
+                    t.extend(outputs.get(&id).into_iter().flatten());
+                    t
+                };
+                let mut writes = Vec::new();
+                for (r, row) in plan.batch.rows().enumerate() {
+                    let run = sched.ring_run(row.seq).expect("a running slot's ring");
+                    let tokens = history(plan.requests[r]);
+                    let first_in_step = plan.batch.rows().find(|x| x.seq == row.seq).map(|x| x.pos);
+                    for q in row.pos.saturating_sub(WINDOW - 1)..row.pos {
+                        if first_in_step.is_some_and(|f| q >= f) {
+                            continue;
+                        }
+                        prop_assert_eq!(
+                            ring_holds[run][q % ring_slots].as_deref(),
+                            Some(&tokens[..=q]),
+                            "slot {} at position {} reads position {} from ring {}",
+                            row.seq, row.pos, q, run
+                        );
+                    }
+                    writes.push((run, row.pos, tokens[..=row.pos].to_vec()));
+                }
+                for (run, pos, tokens) in writes {
+                    ring_holds[run][pos % ring_slots] = Some(tokens);
+                }
             }
             // The pool: within budget, each block held by exactly the tables naming it.
             let stats = sched.pool().stats();
@@ -217,6 +272,7 @@ fn two_sequences(pool: BlockPool) -> Scheduler {
         step_tokens: 64,
         max_positions: 4096,
         prefix_cache: true,
+        rings: None,
     };
     Scheduler::new(config, pool).unwrap()
 }

@@ -315,6 +315,7 @@ mod tests {
             backed_blocks: 3,
             sequences: Vec::new(),
             waiting: 0,
+            ring_runs_cached: 0,
             memory: MemoryReport::default(),
             device: None,
             device_process,

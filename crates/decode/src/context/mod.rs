@@ -277,6 +277,13 @@ impl<B: Backend> Context<B> {
         self.kv.tables.set_pool_blocks(seq, blocks)
     }
 
+    /// Points sequence `seq`'s sliding-window layers at ring run `run` (the run sequence `run`
+    /// starts with): what a scheduler does when `seq` goes on from the prefix a finished
+    /// sequence left in that run ([`crate::kv::RingRuns`]). No-op without window rings.
+    pub fn set_ring_run(&mut self, seq: SeqId, run: usize) -> Result<()> {
+        self.kv.tables.set_ring_run(seq, run)
+    }
+
     /// Gives back the memory behind the KV pool's blocks from `blocks` on, where the pool
     /// grows: what a server does once a burst is over. The caller (the engine, from its
     /// scheduler's pool) knows that no sequence holds any of them and no cached prefix lives

@@ -76,6 +76,9 @@ pub struct EngineStats {
     pub sequences: Vec<SequenceUsage>,
     /// Requests waiting for a sequence.
     pub waiting: usize,
+    /// Window-layer rings that finished sequences left for the prefix cache (they are the
+    /// free sequence slots' own storage, so they cost no memory of their own).
+    pub ring_runs_cached: usize,
     /// Bytes in use per tag.
     pub memory: MemoryReport,
     /// The device allocator's counters (reserved, cached, per tag), on a backend with a

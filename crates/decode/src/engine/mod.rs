@@ -17,7 +17,9 @@ use crate::context::Context;
 use crate::error::{DecodeError, Result};
 use crate::kv::BlockPool;
 use crate::model::Model;
-use crate::scheduler::{Event, Request, RequestId, Scheduler, SchedulerConfig, StepPlan};
+use crate::scheduler::{
+    Event, Request, RequestId, RingConfig, Scheduler, SchedulerConfig, StepPlan,
+};
 use handle::Command;
 use std::collections::HashMap;
 use std::sync::mpsc;
@@ -58,6 +60,11 @@ pub fn run_plan<B: Backend>(
 ) -> Result<PlanResults> {
     for (seq, prefix) in &plan.started {
         ctx.start(*seq, prefix)?;
+        // Its window layers read the ring the scheduler gave it: a finished sequence's, when
+        // the prefix came from that one.
+        if let Some(run) = scheduler.ring_run(*seq) {
+            ctx.set_ring_run(*seq, run)?;
+        }
     }
     if plan.batch.is_empty() {
         return Ok(PlanResults::default());
@@ -109,8 +116,9 @@ pub struct PlanResults {
 /// The scheduler over a context's paged KV storage: its pool is the context's pool of blocks
 /// (the full-context layers'), so the blocks it hands out are the storage the steps write. A
 /// block's bytes are those layers' share of the context's KV bytes; the window layers' rings
-/// are each sequence's own and outside the pool. The prefix cache is on when every layer is in
-/// the pool (a ring holds only a window of a prefix's keys, so a found prefix would lack them).
+/// are outside the pool, a run of them per sequence slot, which the scheduler moves from a
+/// finished sequence to one that goes on from its prefix (a ring holds only the window before
+/// its end, which is all a window layer reads).
 pub fn scheduler_for<B: Backend>(ctx: &Context<B>) -> Result<Scheduler> {
     let plan = ctx.kv_plan();
     let max_batch = ctx.options().max_batch;
@@ -139,7 +147,12 @@ pub fn scheduler_for<B: Backend>(ctx: &Context<B>) -> Result<Scheduler> {
         max_running: running,
         step_tokens: max_batch,
         max_positions: ctx.capacity(),
-        prefix_cache: plan.ring_slots.is_empty(),
+        prefix_cache: true,
+        // Every ring holds `window + max_batch - 1` slots or more (`kv_plan`).
+        rings: (!plan.ring_slots.is_empty()).then(|| RingConfig {
+            runs: plan.sequences,
+            slack: ctx.options().max_batch.saturating_sub(1),
+        }),
     };
     Scheduler::new(config, pool).map_err(|e| invalid(&e))
 }
@@ -377,6 +390,7 @@ fn step_loop<B: Backend>(
                         backed_blocks: ctx.kv_backed_blocks(),
                         sequences: scheduler.usage(),
                         waiting: scheduler.waiting(),
+                        ring_runs_cached: scheduler.ring_runs().1,
                         memory: backend.memory(),
                         device_process: device.as_ref().and_then(|m| m.per_process.clone().ok()),
                         device: device.map(|m| m.stats),

@@ -10,14 +10,18 @@
 //! - [`element`]: [`KvType`], how the cache stores its values and the bytes that takes.
 //! - [`pool`]: [`BlockPool`], the blocks, their reference counts and the budget.
 //! - [`prefix`]: the keys the prefix cache finds full blocks by.
+//! - [`rings`]: [`RingRuns`], the sliding-window layers' rings that finished sequences leave
+//!   for the prefix cache.
 //! - [`tables`]: [`BlockTables`], which block holds each sequence's slots, as the context and
 //!   the backends' kernels read them.
 
 pub mod element;
 pub mod pool;
 pub mod prefix;
+pub mod rings;
 pub mod tables;
 
 pub use element::KvType;
 pub use pool::{BlockCopy, BlockId, BlockPool, PoolError, PoolStats, SeqBlocks};
+pub use rings::{RingHit, RingRuns};
 pub use tables::{BlockTables, KvGroup, BLOCK_POSITIONS};

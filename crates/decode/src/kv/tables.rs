@@ -174,6 +174,27 @@ impl BlockTables {
         Ok(())
     }
 
+    /// Gives sequence `seq` ring run `run` in every ring group: the run of blocks that
+    /// sequence `run` owns at the start. A scheduler moves runs between sequences this way, so
+    /// that a sequence that goes on from a finished one's prefix reads the window that one
+    /// left behind ([`super::RingRuns`]). The caller keeps each run with one running sequence.
+    pub fn set_ring_run(&mut self, seq: usize, run: usize) -> Result<()> {
+        let sequences = self.sequences;
+        if seq >= sequences || run >= sequences {
+            return Err(DecodeError::InvalidArgument(format!(
+                "ring run {run} for sequence {seq} in a context of {sequences} sequences"
+            )));
+        }
+        for g in &mut self.groups[1..] {
+            let n = g.table_len;
+            let first = (run * n) as u32;
+            for (i, entry) in g.entries[seq * n..][..n].iter_mut().enumerate() {
+                *entry = first + i as u32;
+            }
+        }
+        Ok(())
+    }
+
     /// The cache row of sequence `seq`'s slot `slot` in `group`, `None` where its block is
     /// unassigned.
     pub fn row(&self, group: KvGroup, seq: usize, slot: usize) -> Option<usize> {
@@ -219,5 +240,22 @@ mod tests {
         assert_eq!(t, before, "a refused table changes nothing");
         assert!(BlockTables::new(3, 1, 6, 2, &[]).is_err());
         assert!(BlockTables::new(4, 1, 6, 2, &[]).is_err());
+    }
+
+    #[test]
+    fn a_ring_run_moves_to_another_sequence_in_every_ring_group() {
+        let mut t = BlockTables::new(4, 3, 8, 6, &[8, 4]).unwrap();
+        t.set_ring_run(0, 2).unwrap();
+        // Run 2 of the first ring group is blocks 4 and 5; of the second, block 2.
+        assert_eq!(t.group(KvGroup(1)).table(0), [4, 5]);
+        assert_eq!(t.group(KvGroup(2)).table(0), [2]);
+        assert_eq!(t.row(KvGroup(1), 0, 5), Some(5 * 4 + 1));
+        // The pool and the other sequences are untouched.
+        assert_eq!(t.group(KvGroup(1)).table(2), [4, 5]);
+        assert_eq!(t.group(KvGroup::POOL).table(0), [0, 1]);
+        let before = t.clone();
+        assert!(t.set_ring_run(0, 3).is_err());
+        assert!(t.set_ring_run(3, 0).is_err());
+        assert_eq!(t, before);
     }
 }
