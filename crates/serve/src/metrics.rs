@@ -44,6 +44,7 @@ pub struct Metrics {
     engine_rows: Family<Labels, Gauge>,
     engine_seconds: Family<Labels, Gauge<f64, AtomicU64>>,
     decode_graphs: Gauge,
+    kv_ring_runs_cached: Gauge,
 }
 
 impl Default for Metrics {
@@ -83,6 +84,7 @@ impl Metrics {
             engine_rows: Family::default(),
             engine_seconds: Family::default(),
             decode_graphs: Gauge::default(),
+            kv_ring_runs_cached: Gauge::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -224,6 +226,12 @@ impl Metrics {
              (HIPDECODE_GPU_GRAPH_ROWS), none on the CPU",
             m.decode_graphs.clone(),
         );
+        r.register(
+            "kv_ring_runs_cached",
+            "Sliding-window rings finished sequences left for the prefix cache (free sequence \
+             slots' own storage, no memory of their own; 0 on models without window rings)",
+            m.kv_ring_runs_cached.clone(),
+        );
         m
     }
 
@@ -273,6 +281,7 @@ impl Metrics {
             self.engine_seconds.get_or_create(&label).set(c.seconds);
         }
         self.decode_graphs.set(stats.decode_graphs as i64);
+        self.kv_ring_runs_cached.set(stats.ring_runs_cached as i64);
         if let Some(d) = &stats.device {
             self.allocator_reserved.set(d.reserved_bytes as i64);
             self.allocator_cached.set(d.cached_bytes as i64);
@@ -315,7 +324,7 @@ mod tests {
             backed_blocks: 3,
             sequences: Vec::new(),
             waiting: 0,
-            ring_runs_cached: 0,
+            ring_runs_cached: 2,
             memory: MemoryReport::default(),
             device: None,
             device_process,
@@ -343,6 +352,7 @@ mod tests {
         let backed = "hipdecode_kv_blocks{state=\"backed\"} 3";
         assert!(text.contains(backed), "{backed} in:\n{text}");
         let graphs = "hipdecode_decode_graphs 5";
+        assert!(text.contains("hipdecode_kv_ring_runs_cached 2"), "{text}");
         assert!(text.contains(graphs), "{graphs} in:\n{text}");
     }
 }
