@@ -8,6 +8,7 @@
 #          (both flash kernels, native and SIMT builds, against the reference), gpu_attention,
 #          and the engine's tests that prefill;
 #   ab8b, ab30b  `--ab` of the two kernels at pp512 and pp4096 on the 8B and 30B-A3B shapes;
+#   block  issue 21's KV block size: batched runs at 16 positions against 32 and 64;
 #   profile the per-op profile of the 8B shape's 4096-token prefill on each kernel;
 #   peer   llama-bench on the same rows (the peer, same lease);
 #   collect copies the log folder into $OUT and prints the summary.
@@ -71,6 +72,17 @@ ab8b)
 ab30b)
     wait_for $D/synth-q.done 400 && ab $Q "-p 512,4096" || st "30B-A3B shape not written"
     ;;
+block)
+    # Issue 21's block size: batched decode and prefill of the 8B shape at 16 positions a
+    # block against 32 and 64 (HIPDECODE_KV_BLOCK), alternating.
+    wait_for $D/synth.done 300 || st "8B shape not written"
+    for b in 32 64; do
+        timeout 280 $N/bench-decode -m $L --device gpu --npl 8,32 --npp 512 --ntg 128 \
+            --ab "HIPDECODE_KV_BLOCK=16" "HIPDECODE_KV_BLOCK=$b" --rounds 2 \
+            >$D/block-16-$b.md 2>&1
+        st "block 16/$b exit $?"
+    done
+    ;;
 profile)
     for k in flash flash-regs; do
         HIPDECODE_GPU_ATTN_PREFILL=$k timeout 200 $N/hipdecode profile -m $L -p 4096 --prefill \
@@ -88,7 +100,7 @@ peer)
     done
     ;;
 *)
-    echo "usage: $0 PHASE... (setup ab8b ab30b profile peer) | collect" >&2
+    echo "usage: $0 PHASE... (setup ab8b ab30b block profile peer) | collect" >&2
     exit 2
     ;;
 esac

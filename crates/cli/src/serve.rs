@@ -321,7 +321,7 @@ fn kv_budget_blocks(
         blocks >= 1,
         "{source} {} holds no KV block: one block of {} positions takes {}; raise the budget",
         human_bytes(budget),
-        decode::kv::BLOCK_POSITIONS,
+        decode::kv::block_positions(),
         human_bytes(block_bytes)
     );
     Ok(usize::try_from(blocks).unwrap_or(usize::MAX))

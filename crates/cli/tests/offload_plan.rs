@@ -44,7 +44,7 @@ fn the_gpu_defaults_halve_the_cache_and_ring_the_sliding_layers() {
     // f16, one K and one V row per slot; sliding layers hold window + max_batch - 1 slots, in
     // whole KV blocks.
     let row = (s.widths.k + s.widths.v) as u64 * 2;
-    let block = decode::kv::BLOCK_POSITIONS;
+    let block = decode::kv::block_positions();
     let expect: u64 = s
         .layers
         .iter()

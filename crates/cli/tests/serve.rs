@@ -122,7 +122,7 @@ fn sixteen_streams_in_a_budget_of_four_sequences_equal_each_request_alone() {
     // their prompts fit, and the scheduler preempts when they grow.
     let block = decode::layout::context::pool_block_bytes(&spec, CTX, 64, decode::kv::KvType::F32)
         .expect("block");
-    let budget_blocks = 4 * CTX / decode::kv::BLOCK_POSITIONS;
+    let budget_blocks = 4 * CTX / decode::kv::block_positions();
     let budget = (budget_blocks as u64 * block).to_string();
     let ctx = CTX.to_string();
     let mut srv = ServerProc::start(

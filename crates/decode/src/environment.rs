@@ -73,6 +73,7 @@ pub static TABLE: Table = &[
     &crate::budget_run::HOST_BUDGET,
     &crate::layout::kv_fit::KV_BUDGET,
     &crate::engine::KV_IDLE_RELEASE,
+    &crate::kv::KV_BLOCK,
     &SYNTH_MODELS,
     &BLESS_GOLDEN,
 ];

@@ -65,7 +65,7 @@ fn sliding_window_layers_keep_only_a_window_of_keys() {
     assert!(windowed > 0 && window + 15 < 64);
     let full = s.n_layers as u64 - windowed;
     // Full layers hold 64 positions; window layers window + max_batch - 1, in whole KV blocks.
-    let block = decode::kv::BLOCK_POSITIONS as u64;
+    let block = decode::kv::block_positions() as u64;
     let ring = (window + 15).next_multiple_of(block);
     assert!(ring < 64, "the ring is smaller than the context");
     let want = per_slot * (full * 64 + windowed * ring);

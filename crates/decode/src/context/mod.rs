@@ -29,7 +29,7 @@ pub struct ContextOptions {
     pub all_logits: bool,
     /// Sequences the context holds at once.
     pub sequences: usize,
-    /// Blocks of [`crate::kv::BLOCK_POSITIONS`] positions in the pool of the full-context
+    /// Blocks of [`crate::kv::block_positions`] positions in the pool of the full-context
     /// layers' KV storage. `None`: every sequence's whole context, each sequence given its
     /// blocks at creation. With fewer, no sequence holds a block until the caller hands it
     /// blocks with [`Context::set_blocks`] (what a scheduler over a [`crate::kv::BlockPool`]
@@ -162,7 +162,7 @@ impl<B: Backend> Context<B> {
             context,
             mb,
             options.sequences,
-            crate::kv::BLOCK_POSITIONS,
+            crate::kv::block_positions(),
             options.kv_blocks,
         )?;
         if plan.pool_blocks == 0 {

@@ -24,4 +24,4 @@ pub mod tables;
 pub use element::KvType;
 pub use pool::{BlockCopy, BlockId, BlockPool, PoolError, PoolStats, SeqBlocks};
 pub use rings::{RingHit, RingRuns};
-pub use tables::{BlockTables, KvGroup, BLOCK_POSITIONS};
+pub use tables::{block_positions, BlockTables, KvGroup, BLOCK_POSITIONS, KV_BLOCK};

@@ -16,10 +16,33 @@ use crate::error::{DecodeError, Result};
 /// A table entry that names no block yet.
 pub const UNASSIGNED: u32 = u32::MAX;
 
-/// Positions per KV block: a power of two. Sixteen keeps the rounding of a sequence's last
-/// block (at most 15 positions) small against any context while a table of a 128k context
-/// stays at 8k entries.
+/// Positions per KV block by default: a power of two. Sixteen keeps the rounding of a
+/// sequence's last block (at most 15 positions) small against any context while a table of a
+/// 128k context stays at 8k entries.
 pub const BLOCK_POSITIONS: usize = 16;
+
+/// Positions per KV block, for measuring the choice ([`BLOCK_POSITIONS`] by default).
+pub static KV_BLOCK: knobs::Knob<usize> = knobs::Knob {
+    name: "HIPDECODE_KV_BLOCK",
+    default: "16",
+    doc: "positions per block of the paged KV cache: a power of two from 8 to 256; longer \
+          blocks mean shorter tables and fewer block lookups in attention, but more rounding \
+          per sequence and a coarser prefix cache",
+    scope: knobs::Scope::Run,
+    parse: |v| match v.trim().parse::<usize>() {
+        Ok(n) if n.is_power_of_two() && (8..=256).contains(&n) => Ok(n),
+        _ => Err("not a power of two from 8 to 256; give e.g. 16".into()),
+    },
+};
+
+/// Positions per KV block as [`KV_BLOCK`] sets them. An invalid value was refused by the
+/// program's start-up check; a library user gets the default, with a warning.
+pub fn block_positions() -> usize {
+    KV_BLOCK.read().unwrap_or_else(|e| {
+        tracing::warn!("{e}; KV blocks hold {BLOCK_POSITIONS} positions");
+        BLOCK_POSITIONS
+    })
+}
 
 /// A group of layers with one table per sequence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -240,6 +263,16 @@ mod tests {
         assert_eq!(t, before, "a refused table changes nothing");
         assert!(BlockTables::new(3, 1, 6, 2, &[]).is_err());
         assert!(BlockTables::new(4, 1, 6, 2, &[]).is_err());
+    }
+
+    #[test]
+    fn the_block_knob_takes_powers_of_two_from_8_to_256_only() {
+        assert_eq!((KV_BLOCK.parse)(" 32"), Ok(32));
+        assert_eq!((KV_BLOCK.parse)(KV_BLOCK.default), Ok(BLOCK_POSITIONS));
+        for bad in ["12", "4", "512", "0", "sixteen"] {
+            let e = (KV_BLOCK.parse)(bad).unwrap_err();
+            assert!(e.contains("power of two"), "{bad}: {e}");
+        }
     }
 
     #[test]

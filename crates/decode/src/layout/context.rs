@@ -223,7 +223,7 @@ pub fn pool_block_bytes(
         context,
         max_batch,
         1,
-        crate::kv::BLOCK_POSITIONS,
+        crate::kv::block_positions(),
         None,
     )?;
     let pool_layers = (plan.groups.iter())

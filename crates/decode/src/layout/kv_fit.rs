@@ -129,7 +129,7 @@ pub fn kv_blocks_that_fit(
         whole.context,
         options.bounds.max_batch,
         options.bounds.sequences,
-        crate::kv::BLOCK_POSITIONS,
+        crate::kv::block_positions(),
         None,
     )?
     .pool_blocks;
@@ -148,7 +148,7 @@ pub fn kv_blocks_that_fit(
              memory and a reserve of {}, but {} is free after the weights{under}; lower \
              --parallel or --batch, raise --gpu-budget so fewer weights stay on the host (or \
              give one so that some do), or free device memory",
-            crate::kv::BLOCK_POSITIONS,
+            crate::kv::block_positions(),
             human_bytes(allocator.saturating_add(outside)),
             human_bytes(room.reserve()),
             human_bytes(room.free)

@@ -277,7 +277,7 @@ impl ModelLayout {
             context,
             mb,
             o.bounds.sequences,
-            crate::kv::BLOCK_POSITIONS,
+            crate::kv::block_positions(),
             o.bounds.kv_blocks,
         )?;
         let slots = &kv.slots;
