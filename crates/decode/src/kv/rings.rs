@@ -9,10 +9,14 @@
 //! over: its ring table names the run ([`super::BlockTables::set_ring_run`]), nothing is
 //! copied.
 //!
-//! A run that ends at position `L` can be gone on from at a prefix of `h` positions only when
-//! the ring still holds `h - window .. h`: `L - h` at most the ring's slots past the window
-//! (`slack`, at least `max_batch - 1`). A conversation's next turn starts with the whole of
-//! the last one, so it goes on from the end of the block before the last one's end.
+//! A run can be gone on from at a prefix of `h` positions only when the ring still holds
+//! `h - window .. h`. A slot holds the last position written to it, so that needs `high - h`
+//! at most the ring's slots past the window (`slack`, at least `max_batch - 1`), where `high`
+//! is one past the highest position any sequence on the run wrote since it was last taken
+//! fresh: a sequence that went on from `h0` and stopped short of its predecessor's end leaves
+//! the predecessor's later writes in the ring. Below `h0` only the window before `h0` was
+//! known good, so `h` must also be at least `h0`. A conversation's next turn starts with the
+//! whole of the last one, so it goes on from the end of the block before the last one's end.
 //!
 //! There are as many runs as the context has sequences, so a sequence admitted to a free
 //! sequence slot always gets one: a free run, or else the least recently left cached one.
@@ -22,13 +26,24 @@
 enum Run {
     Free,
     /// A running sequence's ring.
-    Held,
+    Held(Written),
     /// A finished sequence's ring, holding the keys and values of `tokens` (from position
-    /// 0); left at tick `at`.
+    /// 0) as far as `written` allows; left at tick `at`.
     Cached {
         tokens: Vec<u32>,
+        written: Written,
         at: u64,
     },
+}
+
+/// What a run's slots may hold (the module's notes say why).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Written {
+    /// The prefix its holder went on from (0 when taken fresh): below it, only the window
+    /// before it was known good.
+    floor: usize,
+    /// One past the highest position written to it since it was last taken fresh.
+    high: usize,
 }
 
 /// The ring runs of a context's sliding-window layers: who holds each, and the cached ones.
@@ -64,16 +79,20 @@ impl RingRuns {
         let max_len = max_len.min(tokens.len());
         let mut best: Option<RingHit> = None;
         for (run, state) in self.runs.iter().enumerate() {
-            let Run::Cached { tokens: held, .. } = state else {
+            let Run::Cached {
+                tokens: held,
+                written,
+                ..
+            } = state
+            else {
                 continue;
             };
-            let same = held
-                .iter()
-                .zip(&tokens[..max_len])
+            let same = (held.iter().zip(&tokens[..max_len]))
                 .take_while(|(a, b)| a == b)
                 .count();
             let len = same / block * block;
-            if len > 0 && len + self.slack >= held.len() && best.is_none_or(|b| len > b.len) {
+            let holds_window = len >= written.floor && written.high <= len + self.slack;
+            if len > 0 && holds_window && best.is_none_or(|b| len > b.len) {
                 best = Some(RingHit { run, len });
             }
         }
@@ -83,36 +102,46 @@ impl RingRuns {
     /// A run for a sequence that starts now: `hit`'s run (one [`Self::find`] gave), else a
     /// free run, else the least recently left cached one. `None` only when every run is held.
     pub fn take(&mut self, hit: Option<RingHit>) -> Option<usize> {
-        let run = match hit {
-            Some(h) if matches!(self.runs.get(h.run), Some(Run::Cached { .. })) => h.run,
-            _ => match self.runs.iter().position(|r| *r == Run::Free) {
-                Some(run) => run,
-                None => {
-                    (self.runs.iter().enumerate())
-                        .filter_map(|(i, r)| match r {
-                            Run::Cached { at, .. } => Some((*at, i)),
-                            _ => None,
-                        })
-                        .min()?
-                        .1
-                }
-            },
+        if let Some(h) = hit {
+            if let Some(Run::Cached { written, .. }) = self.runs.get(h.run) {
+                let high = written.high;
+                self.runs[h.run] = Run::Held(Written { floor: h.len, high });
+                return Some(h.run);
+            }
+        }
+        let run = match self.runs.iter().position(|r| *r == Run::Free) {
+            Some(run) => run,
+            None => {
+                (self.runs.iter().enumerate())
+                    .filter_map(|(i, r)| match r {
+                        Run::Cached { at, .. } => Some((*at, i)),
+                        _ => None,
+                    })
+                    .min()?
+                    .1
+            }
         };
-        self.runs[run] = Run::Held;
+        // Taken fresh: its holder writes every position it reads before reading it.
+        self.runs[run] = Run::Held(Written::default());
         Some(run)
     }
 
     /// Gives back a held run: cached as holding `tokens` (every position of them written),
     /// or free with `None` (what its ring holds is not worth keeping, or not to be trusted).
     pub fn release(&mut self, run: usize, tokens: Option<&[u32]>) {
-        let Some(state) = self.runs.get_mut(run) else {
-            return;
+        let written = match self.runs.get(run) {
+            Some(Run::Held(written)) => *written,
+            _ => return,
         };
-        *state = match tokens {
+        self.runs[run] = match tokens {
             Some(t) if !t.is_empty() => {
                 self.tick += 1;
                 Run::Cached {
                     tokens: t.to_vec(),
+                    written: Written {
+                        high: written.high.max(t.len()),
+                        ..written
+                    },
                     at: self.tick,
                 }
             }
@@ -131,7 +160,9 @@ impl RingRuns {
 
     /// Runs held by running sequences, and cached runs.
     pub fn counts(&self) -> (usize, usize) {
-        let held = self.runs.iter().filter(|r| **r == Run::Held).count();
+        let held = (self.runs.iter())
+            .filter(|r| matches!(r, Run::Held(_)))
+            .count();
         let cached = (self.runs.iter())
             .filter(|r| matches!(r, Run::Cached { .. }))
             .count();
@@ -168,6 +199,35 @@ mod tests {
         let hit = r.find(&next, 11, 4);
         assert_eq!(r.take(hit), Some(first));
         assert_eq!(r.find(&next, 11, 4), None, "a held run is not found");
+    }
+
+    #[test]
+    fn a_run_gone_on_from_keeps_what_its_last_holder_wrote_past_the_new_end() {
+        let mut r = RingRuns::new(1, 4);
+        let t: Vec<u32> = (0..24).collect();
+        r.take(None);
+        r.release(0, Some(&t));
+        // Taken at 20 and left after one more position, the ring still holds what the first
+        // holder wrote up to 24, which overwrote the slots of positions before 24 - 4 - window.
+        let hit = r.find(&t[..21], 20, 4);
+        assert_eq!(hit, Some(RingHit { run: 0, len: 20 }));
+        r.take(hit);
+        r.release(0, Some(&t[..21]));
+        assert_eq!(r.find(&t[..17], 16, 4), None, "24 - 16 is past the slack");
+        assert_eq!(r.find(&t[..21], 20, 4), Some(RingHit { run: 0, len: 20 }));
+        // Below the prefix its holder went on from, nothing is known good.
+        let mut wide = RingRuns::new(1, 100);
+        wide.take(None);
+        wide.release(0, Some(&t));
+        let hit = wide.find(&t, 20, 4);
+        wide.take(hit);
+        wide.release(0, Some(&t));
+        assert_eq!(wide.find(&t[..17], 16, 4), None);
+        assert!(wide.find(&t, 20, 4).is_some());
+        // Taken fresh, a run's past no longer counts.
+        wide.take(None);
+        wide.release(0, Some(&t[..9]));
+        assert_eq!(wide.find(&t[..9], 8, 4), Some(RingHit { run: 0, len: 8 }));
     }
 
     #[test]
