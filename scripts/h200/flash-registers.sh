@@ -5,8 +5,10 @@
 # In phases, each in the foreground of one device call:
 #   setup  starts llama.cpp's build and the 8B and 30B-A3B shapes' synthesis in the background
 #          (bundle/xtask and .peer carried), then the GPU tests: the self-test's attention cases
-#          (both flash kernels, native and SIMT builds, against the reference), gpu_attention,
-#          and the engine's tests that prefill;
+#          (both flash kernels, native and SIMT builds, against the reference), gpu_attention
+#          and gpu_basic;
+#   one    the self-test's attention cases, gpu_attention and the 8B A/B, for a short lease;
+#   tests  the engine's GPU tests named in $TESTS;
 #   ab8b, ab30b  `--ab` of the two kernels at pp512 and pp4096 on the 8B and 30B-A3B shapes;
 #   block  issue 21's KV block size: batched runs at 16 positions against 32 and 64;
 #   profile the per-op profile of the 8B shape's 4096-token prefill on each kernel;
@@ -58,6 +60,16 @@ setup)
     selftest_attention
     run rocm-kernels gpu_attention
     run rocm-kernels gpu_basic
+    ;;
+one)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >$D/gpu.txt
+    synth
+    st "one started"
+    selftest_attention
+    run rocm-kernels gpu_attention
+    wait_for $D/synth.done 150 && ab $L "-p 512,4096" || st "8B shape not written"
+    ;;
+tests)
     for t in ${TESTS:-gpu_long_context gpu_backend backend_conformance step_batch batched_runs golden_tokens}; do
         case $t in
         golden_tokens) run decode golden_tokens gpu ;;
@@ -100,7 +112,7 @@ peer)
     done
     ;;
 *)
-    echo "usage: $0 PHASE... (setup ab8b ab30b block profile peer) | collect" >&2
+    echo "usage: $0 PHASE... (setup one tests ab8b ab30b block profile peer) | collect" >&2
     exit 2
     ;;
 esac
