@@ -405,6 +405,35 @@ fn a_cached_prefix_skips_its_prefill_and_keeps_the_tokens() {
     assert_eq!(report.rows, 42 + 3 + (43 - 32) + 3, "rows run");
 }
 
+/// Real Gemma 3 has sliding-window layers (a window of 512 in rings of `512 + max_batch - 1`
+/// slots here): the second request goes on from the ring the first left, as far as its window
+/// is still there, and its tokens are still its own.
+#[test]
+fn real_gemma_goes_on_from_the_ring_a_finished_request_left() {
+    let Some(path) = test_support::models::gemma_path() else {
+        return;
+    };
+    let file = decode::open_model(&path).expect("the Gemma file opens");
+    let shared: Vec<u32> = std::iter::once(2)
+        .chain((0..39).map(|j| 1000 + j * 97))
+        .collect();
+    let reqs: Vec<Request> = [vec![1, 2], vec![3, 4, 5]]
+        .into_iter()
+        .map(|tail| Request {
+            prompt: shared.iter().copied().chain(tail).collect(),
+            sampler: SamplerConfig::default(),
+            max_new: 8,
+            stop: Stop::Tokens(Vec::new()),
+        })
+        .collect();
+    let opts = options(640, 32, 1);
+    let fast = || CpuBackend::new(Precision::Fast);
+    let report = check_against_alone("gemma3-270m ring", &file, fast, opts, &reqs);
+    // The first wrote 49 positions; the second finds the first 32 (two blocks, 17 before the
+    // ring's last write, within its 31 spare slots) and computes its last 11.
+    assert_eq!(report.rows, 42 + 7 + (43 - 32) + 7, "rows run");
+}
+
 #[test]
 fn on_the_gpu_one_and_three_sequences_run_as_generate() {
     let test = "on_the_gpu_one_and_three_sequences_run_as_generate";
