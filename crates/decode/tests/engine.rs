@@ -37,6 +37,20 @@ fn sampler(seed: u64) -> SamplerConfig {
     }
 }
 
+/// The tokens `r` gets run alone on a one-sequence session on the CPU's exact path.
+fn alone(file: &Arc<decode::GgufFile>, r: &Request) -> Vec<u32> {
+    let mut s = Session::load(file, CpuBackend::new(Precision::Exact), options(1)).unwrap();
+    let g = decode::generate::generate(
+        &mut s,
+        &r.prompt,
+        r.max_new,
+        r.sampler,
+        &|_| false,
+        &mut |_| {},
+    );
+    g.unwrap().tokens
+}
+
 #[test]
 fn requests_from_several_threads_stream_their_own_tokens_and_cancel() {
     let file = Arc::new(preset_file(Preset::TinyQwen3));
@@ -53,23 +67,7 @@ fn requests_from_several_threads_stream_their_own_tokens_and_cancel() {
             stop: Vec::new(),
         })
         .collect();
-    let alone: Vec<Vec<u32>> = requests
-        .iter()
-        .map(|r| {
-            let backend = CpuBackend::new(Precision::Exact);
-            let mut s = Session::load(&file, backend, options(1)).unwrap();
-            decode::generate::generate(
-                &mut s,
-                &r.prompt,
-                r.max_new,
-                r.sampler,
-                &|_| false,
-                &mut |_| {},
-            )
-            .unwrap()
-            .tokens
-        })
-        .collect();
+    let alone: Vec<Vec<u32>> = requests.iter().map(|r| alone(&file, r)).collect();
 
     let mut be = CpuBackend::new(Precision::Exact);
     let model = Model::load(&file, &mut be).unwrap();
@@ -235,18 +233,7 @@ fn a_next_turn_on_window_rings_goes_on_from_the_ring_the_last_turn_left() {
         max_new,
         stop: Vec::new(),
     };
-    let alone = |r: &Request| {
-        let mut s = Session::load(&file, CpuBackend::new(Precision::Exact), options(1)).unwrap();
-        let g = decode::generate::generate(
-            &mut s,
-            &r.prompt,
-            r.max_new,
-            r.sampler,
-            &|_| false,
-            &mut |_| {},
-        );
-        g.unwrap().tokens
-    };
+    let alone = |r: &Request| alone(&file, r);
 
     let mut be = CpuBackend::new(Precision::Exact);
     let model = Model::load(&file, &mut be).unwrap();
