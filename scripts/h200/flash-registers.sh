@@ -7,14 +7,14 @@
 #          (bundle/xtask and .peer carried), then the GPU tests: the self-test's attention cases
 #          (both flash kernels, native and SIMT builds, against the reference), gpu_attention
 #          and gpu_basic;
-#   one    the self-test's attention cases, gpu_attention and the 8B A/B, for a short lease;
 #   tests  the engine's GPU tests named in $TESTS;
 #   ab8b, ab30b  `--ab` of the two kernels at pp512 and pp4096 on the 8B and 30B-A3B shapes;
 #   block  issue 21's KV block size: batched runs at 16 positions against 32 and 64;
 #   profile the per-op profile of the 8B shape's 4096-token prefill on each kernel;
 #   peer   llama-bench on the same rows (the peer, same lease);
 #   collect copies the log folder into $OUT and prints the summary.
-# Several phases may be named in one call; the logs stay in /tmp/fr on the warm machine.
+# Several phases may be named in one call; the logs stay in /tmp/fr on the warm machine. For a
+# short lease, short-lease.sh runs the verdict first with its logs under $OUT.
 # From the checkout root, with $BUNDLE (default bundle) holding hipdecode, bench-decode, xtask
 # and tests/ (release test binaries), carried over the calls.
 set -u
@@ -61,14 +61,6 @@ setup)
     run rocm-kernels gpu_attention
     run rocm-kernels gpu_basic
     ;;
-one)
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >$D/gpu.txt
-    synth
-    st "one started"
-    selftest_attention
-    run rocm-kernels gpu_attention
-    wait_for $D/synth.done 150 && ab $L "-p 512,4096" || st "8B shape not written"
-    ;;
 tests)
     for t in ${TESTS:-gpu_long_context gpu_backend backend_conformance step_batch batched_runs golden_tokens}; do
         case $t in
@@ -112,7 +104,7 @@ peer)
     done
     ;;
 *)
-    echo "usage: $0 PHASE... (setup one tests ab8b ab30b block profile peer) | collect" >&2
+    echo "usage: $0 PHASE... (setup tests ab8b ab30b block profile peer) | collect" >&2
     exit 2
     ;;
 esac

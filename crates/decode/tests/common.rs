@@ -385,3 +385,12 @@ pub fn near_tie(logits: &[f32], leader: u32, other: u32, tol: f32) -> Result<Str
         Err(text)
     }
 }
+
+/// Panics unless `end` is a request's last update with `reason`.
+#[track_caller]
+pub fn assert_finished(end: &decode::engine::Update, reason: decode::scheduler::Finish) {
+    assert!(
+        matches!(end, decode::engine::Update::Finished { reason: r, .. } if *r == reason),
+        "ended as {end:?}, not {reason:?}"
+    );
+}

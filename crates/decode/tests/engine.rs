@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::preset_file;
+use common::{assert_finished, preset_file};
 use decode::backend::cpu::CpuBackend;
 use decode::backend::Precision;
 use decode::context::{Context, ContextOptions};
@@ -109,16 +109,7 @@ fn requests_from_several_threads_stream_their_own_tokens_and_cancel() {
     }
     handle.cancel();
     let (_, end) = handle.collect();
-    assert!(
-        matches!(
-            end,
-            Update::Finished {
-                reason: Finish::Cancelled,
-                ..
-            }
-        ),
-        "{end:?}"
-    );
+    assert_finished(&end, Finish::Cancelled);
     assert_eq!(
         engine.stats().unwrap().pool.in_use,
         0,
@@ -132,17 +123,7 @@ fn requests_from_several_threads_stream_their_own_tokens_and_cancel() {
         .submit(Request { max_new: 2, ..long })
         .unwrap()
         .collect();
-    assert!(
-        matches!(
-            after.1,
-            Update::Finished {
-                reason: Finish::TokenLimit,
-                ..
-            }
-        ),
-        "{:?}",
-        after.1
-    );
+    assert_finished(&after.1, Finish::TokenLimit);
     assert_eq!(
         engine.stats().unwrap().pool.in_use,
         0,
@@ -270,16 +251,7 @@ fn a_next_turn_on_window_rings_goes_on_from_the_ring_the_last_turn_left() {
     // The first turn wrote 27 positions: one whole block of 16 goes on from its ring.
     assert_eq!(handle.next_update(), Some(Update::Started { cached: 16 }));
     let (tokens, end) = handle.collect();
-    assert!(
-        matches!(
-            end,
-            Update::Finished {
-                reason: Finish::TokenLimit,
-                ..
-            }
-        ),
-        "{end:?}"
-    );
+    assert_finished(&end, Finish::TokenLimit);
     assert_eq!(tokens, alone(&next), "the next turn's tokens");
     other.cancel();
     other.collect();

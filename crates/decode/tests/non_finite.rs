@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::preset_bytes;
+use common::{assert_finished, preset_bytes};
 use decode::backend::cpu::CpuBackend;
 use decode::backend::Precision;
 use decode::context::{Context, ContextOptions};
@@ -241,16 +241,7 @@ fn in_the_engine_only_the_failing_request_ends() {
     );
     let (tokens, end) = good.collect();
     assert_eq!(tokens, clean_alone, "the request beside the failing one");
-    assert!(
-        matches!(
-            end,
-            Update::Finished {
-                reason: Finish::TokenLimit,
-                ..
-            }
-        ),
-        "{end:?}"
-    );
+    assert_finished(&end, Finish::TokenLimit);
     // The engine goes on, and the failed request's blocks are back.
     let next = engine.submit(request(&clean, SamplerConfig::GREEDY));
     let (tokens, _) = next.expect("submits").collect();
